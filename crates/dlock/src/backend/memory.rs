@@ -1,0 +1,197 @@
+//! The in-process store: the embedded default.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::time::{Duration, Instant};
+
+use tokio::sync::Notify;
+
+use crate::error::Result;
+use crate::keys::LockKeys;
+use crate::raw::{Acquire, RawFencing, RawLock, ReleaseWatch};
+use crate::token::Token;
+use crate::watchdog::Leases;
+
+/// An in-process lock store: for single-process programs, tests and doctests.
+///
+/// It follows the same contract as the networked stores (leases expire by themselves,
+/// releases are owner-checked, fences strictly increase, waiters are woken one per
+/// release), so code written against it behaves the same on Redis. Clones share one store.
+/// Nothing survives the process; fences restart at 1 in a new process.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> dlock::Result<()> {
+/// use dlock::{Lock, backend::Memory};
+///
+/// let store = Memory::new();
+/// let lock = Lock::new(store.clone(), "invoice-42")?;
+/// let guard = lock.lock().await?;
+/// assert!(lock.try_lock().await?.is_none()); // held
+/// guard.release().await?;
+/// assert!(lock.try_lock().await?.is_some());
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Default)]
+pub struct Memory {
+    inner: Arc<Inner>,
+}
+
+#[derive(Default)]
+struct Inner {
+    state: Mutex<State>,
+    leases: Leases,
+}
+
+#[derive(Default)]
+struct State {
+    locks: HashMap<String, Held>,
+    fences: HashMap<String, u64>,
+    watchers: HashMap<String, Weak<Notify>>,
+    /// Sweep expired entries when the map grows past this.
+    sweep_at: usize,
+}
+
+struct Held {
+    token: Token,
+    expires: Instant,
+}
+
+impl std::fmt::Debug for Memory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Memory").finish_non_exhaustive()
+    }
+}
+
+impl Memory {
+    /// A new, empty store.
+    pub fn new() -> Memory {
+        Memory::default()
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.inner
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Deletes a lock key whoever holds it, as an operator's force-unlock would (the holder
+    /// learns it at its next renewal). Returns whether a live key was deleted.
+    pub fn force_delete(&self, key: &str) -> bool {
+        let mut state = self.state();
+        let now = Instant::now();
+        let live = state.locks.remove(key).is_some_and(|h| h.expires > now);
+        state.notify_one(key);
+        live
+    }
+
+    /// The remaining time to live of a lock key, or `None` if it is not held.
+    pub fn remaining(&self, key: &str) -> Option<Duration> {
+        let now = Instant::now();
+        self.state()
+            .locks
+            .get(key)
+            .and_then(|h| h.expires.checked_duration_since(now))
+            .filter(|d| !d.is_zero())
+    }
+}
+
+impl State {
+    /// The live holder of `key`, dropping an expired one.
+    fn live(&mut self, key: &str, now: Instant) -> Option<&mut Held> {
+        if self.locks.get(key).is_some_and(|h| h.expires <= now) {
+            self.locks.remove(key);
+        }
+        self.locks.get_mut(key)
+    }
+
+    fn notify_one(&mut self, key: &str) {
+        match self.watchers.get(key).map(Weak::upgrade) {
+            Some(Some(notify)) => notify.notify_one(),
+            Some(None) => {
+                self.watchers.remove(key);
+            }
+            None => {}
+        }
+    }
+
+    fn sweep(&mut self, now: Instant) {
+        if self.locks.len() < self.sweep_at {
+            return;
+        }
+        self.locks.retain(|_, h| h.expires > now);
+        self.watchers.retain(|_, w| w.strong_count() > 0);
+        self.sweep_at = (self.locks.len() * 2).max(1024);
+    }
+}
+
+impl RawLock for Memory {
+    async fn acquire(&self, keys: &LockKeys, token: &Token, ttl: Duration) -> Result<Acquire> {
+        let now = Instant::now();
+        let mut state = self.state();
+        state.sweep(now);
+        if let Some(held) = state.live(keys.lock(), now) {
+            return Ok(Acquire::Held {
+                remaining: Some(held.expires - now),
+            });
+        }
+        state.locks.insert(
+            keys.lock().to_owned(),
+            Held {
+                token: token.clone(),
+                expires: now + ttl,
+            },
+        );
+        let fence = state.fences.entry(keys.lock().to_owned()).or_insert(0);
+        *fence += 1;
+        Ok(Acquire::Acquired { fence: *fence })
+    }
+
+    async fn release(&self, keys: &LockKeys, token: &Token) -> Result<bool> {
+        let now = Instant::now();
+        let mut state = self.state();
+        let ours = state
+            .live(keys.lock(), now)
+            .is_some_and(|h| h.token == *token);
+        if ours {
+            state.locks.remove(keys.lock());
+            state.notify_one(keys.lock());
+        }
+        Ok(ours)
+    }
+
+    async fn extend(&self, keys: &LockKeys, token: &Token, ttl: Duration) -> Result<bool> {
+        let now = Instant::now();
+        let mut state = self.state();
+        match state.live(keys.lock(), now) {
+            Some(held) if held.token == *token => {
+                held.expires = now + ttl;
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
+    async fn watch(&self, keys: &LockKeys) -> Result<ReleaseWatch> {
+        let mut state = self.state();
+        let key = keys.lock();
+        let notify = match state.watchers.get(key).and_then(Weak::upgrade) {
+            Some(n) => n,
+            None => {
+                let n = Arc::new(Notify::new());
+                state.watchers.insert(key.to_owned(), Arc::downgrade(&n));
+                n
+            }
+        };
+        Ok(ReleaseWatch::new(notify, None))
+    }
+
+    fn leases(&self) -> &Leases {
+        &self.inner.leases
+    }
+}
+
+/// Fences come from a per-key counter in the same critical section as the grant, and the
+/// counter is never dropped while the store lives.
+impl RawFencing for Memory {}

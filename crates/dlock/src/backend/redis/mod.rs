@@ -1,0 +1,359 @@
+//! Redis: the lock of seed 000, done right, plus fencing and release notification.
+//!
+//! * Acquire is ONE round trip: a script does `SET key token NX PX ttl` and, only on
+//!   success, `INCR` of the fence counter, returning the fence (or the holder's `PTTL`).
+//! * Release is ONE round trip: compare-and-delete, then `PUBLISH` on the lock's channel.
+//! * Extend is compare-and-`PEXPIRE`; the watchdog pipelines many of them in one round trip.
+//! * Scripts are sent by SHA (`EVALSHA`), loaded once at connect and again on `NOSCRIPT`.
+//! * One multiplexed, self-reconnecting connection carries every command of a client;
+//!   a second one, opened on first need, carries the client's pub/sub subscriptions.
+//!
+//! # Guarantees of this backend
+//!
+//! Fences strictly increase per name while the fence counter survives: a restart without
+//! persistence (or a failover to a replica that had not received the last `INCR`) resets
+//! it, and fences may then repeat. Run Redis with `appendonly yes` and `appendfsync always`
+//! if fencing must survive restarts. A single Redis master loses locks on failover
+//! (replication is asynchronous); see the crate docs' safety section.
+
+mod pubsub;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{RedisError, Script, ServerErrorKind};
+
+use crate::error::{Error, ErrorKind, Result};
+use crate::keys::LockKeys;
+use crate::raw::{Acquire, RawFencing, RawLock, ReleaseWatch, Renewal};
+use crate::token::Token;
+use crate::watchdog::Leases;
+
+use pubsub::PubSub;
+
+/// Default bound on establishing a connection.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// Default bound on waiting for one reply.
+pub const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// A Redis client for locks. Cheap to clone; clones share one connection, one pub/sub
+/// connection and one watchdog.
+///
+/// ```no_run
+/// # async fn demo() -> dlock::Result<()> {
+/// let redis = dlock::backend::Redis::connect("redis://127.0.0.1:6379/0").await?;
+/// let lock = dlock::Lock::new(redis, "orders")?;
+/// let guard = lock.lock().await?;
+/// println!("fence {}", guard.fencing_token());
+/// guard.release().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Redis {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    conn: ConnectionManager,
+    acquire: Script,
+    release: Script,
+    extend: Script,
+    leases: Leases,
+    pubsub: PubSub,
+    addr: String,
+}
+
+impl std::fmt::Debug for Redis {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Redis")
+            .field("addr", &self.inner.addr)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Connection options for [`Redis`]; made by [`Redis::builder`].
+#[derive(Debug, Clone)]
+#[must_use = "a builder does nothing until .connect()"]
+pub struct RedisBuilder {
+    url: String,
+    connect_timeout: Duration,
+    response_timeout: Duration,
+}
+
+impl RedisBuilder {
+    /// Bound on establishing the connection (default 2 s). A server that cannot be
+    /// reached within it fails [`connect`](RedisBuilder::connect) with `Unavailable`.
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// Bound on waiting for one reply (default 2 s). A reply that takes longer fails the
+    /// call with `TimedOut` (its effect is then unknown; every dlock call is safe to retry).
+    pub fn response_timeout(mut self, timeout: Duration) -> Self {
+        self.response_timeout = timeout;
+        self
+    }
+
+    /// Connects and loads the scripts.
+    ///
+    /// # Errors
+    /// * `InvalidArgument`: malformed URL, unsupported scheme, `rediss://` without the
+    ///   `redis-tls` feature, zero timeouts;
+    /// * `Unavailable`: the server could not be reached within the connect timeout;
+    /// * `Backend`: authentication failed, or the user may not run scripts.
+    pub async fn connect(self) -> Result<Redis> {
+        if self.connect_timeout.is_zero() || self.response_timeout.is_zero() {
+            return Err(Error::invalid("redis timeouts must not be zero"));
+        }
+        let scheme = self.url.split("://").next().unwrap_or_default();
+        if !matches!(scheme, "redis" | "rediss" | "redis+unix" | "unix") || !self.url.contains("://") {
+            return Err(Error::invalid(format!(
+                "unsupported redis URL {:?}: expected redis://, rediss:// or redis+unix://",
+                redact(&self.url)
+            )));
+        }
+        let client = redis::Client::open(self.url.as_str()).map_err(|e| {
+            Error::invalid(format!("bad redis URL {:?}: {e}", redact(&self.url))).with_source(e)
+        })?;
+        let addr = client.get_connection_info().addr().to_string();
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(self.connect_timeout))
+            .set_response_timeout(Some(self.response_timeout))
+            .set_number_of_retries(2)
+            .set_max_delay(Duration::from_millis(500));
+        let conn = tokio::time::timeout(
+            self.connect_timeout,
+            ConnectionManager::new_with_config(client.clone(), config),
+        )
+        .await
+        .map_err(|_| {
+            Error::new(
+                ErrorKind::Unavailable,
+                format!("could not connect to redis at {addr} within {:?}", self.connect_timeout),
+            )
+        })?
+        .map_err(|e| map_err(e, &format!("connecting to redis at {addr}")))?;
+
+        let redis = Redis {
+            inner: Arc::new(Inner {
+                conn,
+                acquire: Script::new(include_str!("lua/acquire.lua")),
+                release: Script::new(include_str!("lua/release.lua")),
+                extend: Script::new(include_str!("lua/extend.lua")),
+                leases: Leases::new(),
+                pubsub: PubSub::new(&client, self.connect_timeout, self.response_timeout),
+                addr,
+            }),
+        };
+        redis.load_scripts().await?;
+        Ok(redis)
+    }
+}
+
+impl Redis {
+    /// Connects with default options. URLs: `redis://[user[:password]@]host[:port][/db]`,
+    /// `rediss://…` (TLS, with the `redis-tls` feature), `redis+unix:///path/to.sock`.
+    ///
+    /// # Errors
+    /// As [`RedisBuilder::connect`].
+    pub async fn connect(url: impl Into<String>) -> Result<Redis> {
+        Redis::builder(url).connect().await
+    }
+
+    /// Connection options for `url`.
+    pub fn builder(url: impl Into<String>) -> RedisBuilder {
+        RedisBuilder {
+            url: url.into(),
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            response_timeout: DEFAULT_RESPONSE_TIMEOUT,
+        }
+    }
+
+    /// The server's address, as connected.
+    pub fn addr(&self) -> &str {
+        &self.inner.addr
+    }
+
+    fn conn(&self) -> ConnectionManager {
+        self.inner.conn.clone()
+    }
+
+    async fn load_scripts(&self) -> Result<()> {
+        let mut conn = self.conn();
+        for script in [&self.inner.acquire, &self.inner.release, &self.inner.extend] {
+            script.prepare_invoke().load_async(&mut conn).await.map_err(|e| {
+                map_err(e, "loading dlock's Lua scripts (SCRIPT LOAD)")
+            })?;
+        }
+        Ok(())
+    }
+}
+
+fn redact(url: &str) -> String {
+    // Drop credentials from messages: everything between "://" and the last '@'.
+    match (url.find("://"), url.rfind('@')) {
+        (Some(s), Some(at)) if at > s => format!("{}://***@{}", &url[..s], &url[at + 1..]),
+        _ => url.to_owned(),
+    }
+}
+
+fn ttl_ms(ttl: Duration) -> u64 {
+    u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
+/// Turns a redis-rs error into a dlock error, keeping it as the source.
+fn map_err(err: RedisError, doing: &str) -> Error {
+    let detail = err.to_string();
+    let (kind, message, retryable) = if err.is_timeout() {
+        (ErrorKind::TimedOut, format!("{doing}: no reply in time"), true)
+    } else if err.is_io_error() || err.is_connection_refusal() || err.is_connection_dropped() {
+        (ErrorKind::Unavailable, format!("{doing}: {detail}"), true)
+    } else if err.kind() == redis::ErrorKind::Server(ServerErrorKind::NoPerm)
+        || detail.contains("NOPERM")
+    {
+        (
+            ErrorKind::Backend,
+            format!("{doing}: the redis user is not permitted to run dlock's commands (dlock needs EVALSHA/EVAL/SCRIPT LOAD, i.e. scripting): {detail}"),
+            false,
+        )
+    } else if detail.contains("WRONGTYPE") {
+        (
+            ErrorKind::Backend,
+            format!("{doing}: a key of the lock holds a value of the wrong type (not a dlock lock): {detail}"),
+            false,
+        )
+    } else if err.kind() == redis::ErrorKind::AuthenticationFailed {
+        (ErrorKind::Backend, format!("{doing}: authentication failed: {detail}"), false)
+    } else {
+        let retryable = matches!(
+            err.kind(),
+            redis::ErrorKind::Server(
+                ServerErrorKind::TryAgain
+                    | ServerErrorKind::BusyLoading
+                    | ServerErrorKind::MasterDown
+                    | ServerErrorKind::ClusterDown
+            )
+        );
+        (ErrorKind::Backend, format!("{doing}: {detail}"), retryable)
+    };
+    Error::new(kind, message).retryable(retryable).with_source(err)
+}
+
+impl RawLock for Redis {
+    async fn acquire(&self, keys: &LockKeys, token: &Token, ttl: Duration) -> Result<Acquire> {
+        let reply: Vec<i64> = self
+            .inner
+            .acquire
+            .key(keys.lock())
+            .key(keys.fence())
+            .arg(token.as_str())
+            .arg(ttl_ms(ttl))
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(|e| map_err(e, "acquiring"))?;
+        match reply.as_slice() {
+            [1, fence] => Ok(Acquire::Acquired {
+                fence: u64::try_from(*fence).unwrap_or(0),
+            }),
+            [0, pttl] => Ok(Acquire::Held {
+                remaining: u64::try_from(*pttl).ok().map(Duration::from_millis),
+            }),
+            other => Err(Error::new(
+                ErrorKind::Backend,
+                format!("unexpected reply from the acquire script: {other:?}"),
+            )),
+        }
+    }
+
+    async fn release(&self, keys: &LockKeys, token: &Token) -> Result<bool> {
+        let released: i64 = self
+            .inner
+            .release
+            .key(keys.lock())
+            .arg(token.as_str())
+            .arg(keys.channel())
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(|e| map_err(e, "releasing"))?;
+        Ok(released == 1)
+    }
+
+    async fn extend(&self, keys: &LockKeys, token: &Token, ttl: Duration) -> Result<bool> {
+        let extended: i64 = self
+            .inner
+            .extend
+            .key(keys.lock())
+            .arg(token.as_str())
+            .arg(ttl_ms(ttl))
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(|e| map_err(e, "extending"))?;
+        Ok(extended == 1)
+    }
+
+    /// All renewals in one pipelined round trip of `EVALSHA`s.
+    async fn extend_many(&self, renewals: &[Renewal]) -> Vec<Result<bool>> {
+        let sha = self.inner.extend.get_hash();
+        let mut pipe = redis::pipe();
+        for r in renewals {
+            pipe.cmd("EVALSHA")
+                .arg(sha)
+                .arg(1)
+                .arg(r.keys.lock())
+                .arg(r.token.as_str())
+                .arg(ttl_ms(r.ttl));
+        }
+        pipe.ignore_errors();
+        let mut conn = self.conn();
+        for round in 0..2 {
+            let replies: Vec<redis::RedisResult<i64>> = match pipe.query_async(&mut conn).await {
+                Ok(replies) => replies,
+                Err(e) => {
+                    let err = map_err(e, "renewing leases");
+                    return renewals
+                        .iter()
+                        .map(|_| Err(Error::new(err.kind(), err.message().to_owned())))
+                        .collect();
+                }
+            };
+            let noscript = replies.iter().any(|r| {
+                r.as_ref()
+                    .is_err_and(|e| e.kind() == redis::ErrorKind::Server(ServerErrorKind::NoScript))
+            });
+            if noscript && round == 0 {
+                // The script cache was flushed: load it again and resend. Renewal is
+                // idempotent, so the ones that did go through are unharmed by a repeat.
+                if let Err(e) = self.inner.extend.prepare_invoke().load_async(&mut conn).await {
+                    let err = map_err(e, "reloading the extend script");
+                    return renewals
+                        .iter()
+                        .map(|_| Err(Error::new(err.kind(), err.message().to_owned())))
+                        .collect();
+                }
+                continue;
+            }
+            return replies
+                .into_iter()
+                .map(|r| r.map(|n| n == 1).map_err(|e| map_err(e, "renewing a lease")))
+                .collect();
+        }
+        renewals
+            .iter()
+            .map(|_| Err(Error::new(ErrorKind::Backend, "extend script missing after reload")))
+            .collect()
+    }
+
+    async fn watch(&self, keys: &LockKeys) -> Result<ReleaseWatch> {
+        self.inner.pubsub.watch(keys.channel()).await
+    }
+
+    fn leases(&self) -> &Leases {
+        &self.inner.leases
+    }
+}
+
+/// Fences come from `INCR` in the same script as the `SET NX`; see the module docs for
+/// what resets the counter.
+impl RawFencing for Redis {}

@@ -1,0 +1,203 @@
+//! One shared pub/sub connection per client, demultiplexed per lock channel.
+//!
+//! Each channel is subscribed once, however many local waiters it has, and unsubscribed
+//! when its last waiter leaves. A release message wakes ONE local waiter. When the
+//! connection drops, every waiter is woken to retry (messages may have been missed while
+//! it was down); the connection manager reconnects and resubscribes by itself.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{ProtocolVersion, PushKind, Value};
+use tokio::sync::{Notify, OnceCell};
+
+use super::map_err;
+use crate::error::Result;
+use crate::raw::ReleaseWatch;
+
+pub(super) struct PubSub {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    client: Option<redis::Client>,
+    config: Option<ConnectionManagerConfig>,
+    conn: OnceCell<ConnectionManager>,
+    channels: Arc<Mutex<HashMap<String, Channel>>>,
+    /// Serialises SUBSCRIBE / UNSUBSCRIBE so that a late UNSUBSCRIBE never undoes a newer
+    /// SUBSCRIBE of the same channel.
+    serial: tokio::sync::Mutex<()>,
+}
+
+struct Channel {
+    notify: Arc<Notify>,
+    watchers: usize,
+    subscribed: bool,
+}
+
+fn lock(channels: &Mutex<HashMap<String, Channel>>) -> MutexGuard<'_, HashMap<String, Channel>> {
+    channels.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl PubSub {
+    pub(super) fn new(
+        client: &redis::Client,
+        connect_timeout: Duration,
+        response_timeout: Duration,
+    ) -> PubSub {
+        let channels: Arc<Mutex<HashMap<String, Channel>>> = Arc::default();
+        let info = client.get_connection_info().clone();
+        let settings = info.redis_settings().clone().set_protocol(ProtocolVersion::RESP3);
+        // RESP3 carries pushes on a multiplexed connection; without it (Redis < 6) waiters
+        // fall back to the holder's ttl and backoff.
+        let resp3 = redis::Client::open(info.set_redis_settings(settings)).ok();
+        let sink = Arc::clone(&channels);
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(connect_timeout))
+            .set_response_timeout(Some(response_timeout))
+            .set_automatic_resubscription()
+            .set_push_sender(move |push: redis::PushInfo| {
+                deliver(&sink, push);
+                Ok::<(), redis::aio::SendError>(())
+            });
+        PubSub {
+            shared: Arc::new(Shared {
+                client: resp3,
+                config: Some(config),
+                conn: OnceCell::new(),
+                channels,
+                serial: tokio::sync::Mutex::new(()),
+            }),
+        }
+    }
+
+    pub(super) async fn watch(&self, channel: &str) -> Result<ReleaseWatch> {
+        let (notify, subscribed) = {
+            let mut channels = lock(&self.shared.channels);
+            let entry = channels.entry(channel.to_owned()).or_insert_with(|| Channel {
+                notify: Arc::new(Notify::new()),
+                watchers: 0,
+                subscribed: false,
+            });
+            entry.watchers += 1;
+            (Arc::clone(&entry.notify), entry.subscribed)
+        };
+        // From here on, dropping `subscription` undoes the registration.
+        let subscription = Subscription {
+            shared: Arc::clone(&self.shared),
+            channel: channel.to_owned(),
+        };
+        if !subscribed {
+            let _serial = self.shared.serial.lock().await;
+            let still_needed = lock(&self.shared.channels)
+                .get(channel)
+                .is_some_and(|c| !c.subscribed);
+            if still_needed {
+                let mut conn = self.shared.connection().await?;
+                conn.subscribe(channel)
+                    .await
+                    .map_err(|e| map_err(e, "subscribing to release announcements"))?;
+                if let Some(c) = lock(&self.shared.channels).get_mut(channel) {
+                    c.subscribed = true;
+                }
+            }
+        }
+        Ok(ReleaseWatch::new(notify, Some(Box::new(subscription))))
+    }
+}
+
+impl Shared {
+    async fn connection(&self) -> Result<ConnectionManager> {
+        let conn = self
+            .conn
+            .get_or_try_init(|| async {
+                let (Some(client), Some(config)) = (&self.client, &self.config) else {
+                    return Err(crate::Error::new(
+                        crate::ErrorKind::Backend,
+                        "no RESP3 client for pub/sub",
+                    ));
+                };
+                ConnectionManager::new_with_config(client.clone(), config.clone())
+                    .await
+                    .map_err(|e| map_err(e, "opening the pub/sub connection"))
+            })
+            .await?;
+        Ok(conn.clone())
+    }
+}
+
+fn deliver(channels: &Mutex<HashMap<String, Channel>>, push: redis::PushInfo) {
+    match push.kind {
+        PushKind::Message => {
+            let Some(Value::BulkString(name)) = push.data.first() else {
+                return;
+            };
+            let Ok(name) = std::str::from_utf8(name) else {
+                return;
+            };
+            if let Some(channel) = lock(channels).get(name) {
+                channel.notify.notify_one();
+            }
+        }
+        PushKind::Disconnection => {
+            // Releases announced while we were away are lost: let every waiter retry now.
+            for channel in lock(channels).values() {
+                channel.notify.notify_waiters();
+            }
+        }
+        _ => {}
+    }
+}
+
+/// One waiter's hold on a channel subscription.
+struct Subscription {
+    shared: Arc<Shared>,
+    channel: String,
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        {
+            let mut channels = lock(&self.shared.channels);
+            let Some(entry) = channels.get_mut(&self.channel) else {
+                return;
+            };
+            entry.watchers -= 1;
+            if entry.watchers > 0 {
+                return;
+            }
+            if !entry.subscribed {
+                channels.remove(&self.channel);
+                return;
+            }
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            // The subscription lingers until the connection closes; harmless.
+            lock(&self.shared.channels).remove(&self.channel);
+            return;
+        };
+        let shared = Arc::clone(&self.shared);
+        let channel = std::mem::take(&mut self.channel);
+        runtime.spawn(async move {
+            let _serial = shared.serial.lock().await;
+            let idle = {
+                let mut channels = lock(&shared.channels);
+                let idle = channels.get(&channel).is_some_and(|c| c.watchers == 0);
+                if idle {
+                    channels.remove(&channel);
+                }
+                idle
+            };
+            if !idle {
+                return;
+            }
+            if let Ok(mut conn) = shared.connection().await
+                && let Err(err) = conn.unsubscribe(&channel).await
+            {
+                tracing::debug!(%channel, error = %err, "unsubscribe failed");
+            }
+        });
+    }
+}

@@ -1,0 +1,182 @@
+//! The one error type of the crate.
+//!
+//! Contention is not an error: `try_*` methods return `Ok(None)` when someone else holds a
+//! lock. An [`Error`] means the operation could not be carried out (or, for
+//! [`ErrorKind::LockLost`], that a guarantee the caller relied on no longer holds).
+
+use std::borrow::Cow;
+use std::fmt;
+
+/// What went wrong, in terms a caller can act on.
+///
+/// The store client's own error, where there is one, is reachable through
+/// [`std::error::Error::source`]; it is not part of this crate's API.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// The lock was no longer ours: its lease ran out, the key was deleted, or another
+    /// holder took it over. Work done under the lock may have overlapped with another
+    /// holder's; a fenced resource will have rejected stale writes.
+    LockLost,
+    /// An argument or option was out of range or malformed (empty name, zero ttl, bad URL…).
+    /// Nothing was sent to the store.
+    InvalidArgument,
+    /// The store could not be reached (connection refused, dropped, DNS…).
+    Unavailable,
+    /// A store operation did not complete within its time bound. Whether it took effect is
+    /// unknown; dlock's operations are safe to retry.
+    TimedOut,
+    /// The store answered with an error or an unexpected reply (wrong value type at the
+    /// lock key, scripting not permitted, protocol mismatch…).
+    Backend,
+}
+
+impl ErrorKind {
+    fn as_str(self) -> &'static str {
+        match self {
+            ErrorKind::LockLost => "lock lost",
+            ErrorKind::InvalidArgument => "invalid argument",
+            ErrorKind::Unavailable => "backend unavailable",
+            ErrorKind::TimedOut => "timed out",
+            ErrorKind::Backend => "backend error",
+        }
+    }
+}
+
+impl fmt::Display for ErrorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+type Source = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// An error from a dlock operation: a [`kind`](Error::kind), a message, and maybe a source.
+pub struct Error {
+    inner: Box<Inner>,
+}
+
+struct Inner {
+    kind: ErrorKind,
+    message: Cow<'static, str>,
+    retryable: bool,
+    source: Option<Source>,
+}
+
+/// `Result<T, dlock::Error>`.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// A new error of `kind`. Backends outside this crate use it to report their failures.
+    pub fn new(kind: ErrorKind, message: impl Into<Cow<'static, str>>) -> Self {
+        let retryable = matches!(kind, ErrorKind::Unavailable | ErrorKind::TimedOut);
+        Error {
+            inner: Box::new(Inner {
+                kind,
+                message: message.into(),
+                retryable,
+                source: None,
+            }),
+        }
+    }
+
+    /// Attaches the underlying error (kept behind [`std::error::Error::source`]).
+    #[must_use]
+    pub fn with_source(mut self, source: impl Into<Source>) -> Self {
+        self.inner.source = Some(source.into());
+        self
+    }
+
+    /// Overrides whether [`is_retryable`](Error::is_retryable) answers yes.
+    #[must_use]
+    pub fn retryable(mut self, retryable: bool) -> Self {
+        self.inner.retryable = retryable;
+        self
+    }
+
+    pub(crate) fn invalid(message: impl Into<Cow<'static, str>>) -> Self {
+        Error::new(ErrorKind::InvalidArgument, message)
+    }
+
+    pub(crate) fn lost(message: impl Into<Cow<'static, str>>) -> Self {
+        Error::new(ErrorKind::LockLost, message)
+    }
+
+    /// What kind of failure this is.
+    pub fn kind(&self) -> ErrorKind {
+        self.inner.kind
+    }
+
+    /// The human-readable message (without the kind or source).
+    pub fn message(&self) -> &str {
+        &self.inner.message
+    }
+
+    /// Whether the same call may succeed if tried again later: the store was unreachable,
+    /// slow, or answered with a transient error. Invalid arguments and lost locks are not
+    /// retryable.
+    pub fn is_retryable(&self) -> bool {
+        self.inner.retryable
+    }
+
+    /// Shorthand for `kind() == ErrorKind::LockLost`.
+    pub fn is_lock_lost(&self) -> bool {
+        self.kind() == ErrorKind::LockLost
+    }
+}
+
+impl fmt::Debug for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut d = f.debug_struct("Error");
+        d.field("kind", &self.inner.kind)
+            .field("message", &self.inner.message)
+            .field("retryable", &self.inner.retryable);
+        if let Some(source) = &self.inner.source {
+            d.field("source", source);
+        }
+        d.finish()
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.inner.kind, self.inner.message)
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.inner
+            .source
+            .as_ref()
+            .map(|s| &**s as &(dyn std::error::Error + 'static))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kind_message_source_and_retry_classification() {
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
+        let err = Error::new(ErrorKind::Unavailable, "cannot reach redis").with_source(io);
+        assert_eq!(err.kind(), ErrorKind::Unavailable);
+        assert!(err.is_retryable());
+        assert_eq!(err.to_string(), "backend unavailable: cannot reach redis");
+        let source = std::error::Error::source(&err).map(|s| s.to_string());
+        assert_eq!(source.as_deref(), Some("refused"));
+
+        let err = Error::invalid("ttl must not be zero");
+        assert!(!err.is_retryable());
+        assert!(!Error::lost("gone").is_retryable());
+        assert!(Error::lost("gone").is_lock_lost());
+    }
+
+    #[test]
+    fn error_is_send_sync_and_small() {
+        fn assert_send_sync<T: Send + Sync + 'static>() {}
+        assert_send_sync::<Error>();
+        assert_eq!(std::mem::size_of::<Error>(), std::mem::size_of::<usize>());
+    }
+}

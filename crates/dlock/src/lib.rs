@@ -1,0 +1,80 @@
+//! Distributed locks that say what they guarantee.
+//!
+//! dlock gives many processes on many machines mutual exclusion over one resource: a
+//! lease in a shared store (Redis, or in-process [`Memory`](backend::Memory) for tests and
+//! single-process programs), renewed by a watchdog while you hold it, with a fencing token
+//! that lets the resource itself reject a holder whose lease silently ran out.
+//!
+//! # Deduct stock without overselling
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> dlock::Result<()> {
+//! use dlock::{Lock, backend::Memory};
+//! use std::time::Duration;
+//!
+//! let store = Memory::new(); // or dlock::backend::Redis::connect("redis://127.0.0.1/").await?
+//! let lock = Lock::builder(store, "stock:sku-42")
+//!     .ttl(Duration::from_secs(10))
+//!     .build()?;
+//!
+//! let guard = lock.lock().await?;          // waits; renewed every ttl/3 while held
+//! let fence = guard.fencing_token();       // send it with every write
+//! // ... read stock, check, write stock - 1 (the store rejects fences below its maximum)
+//! # let _ = fence;
+//! guard.release().await?;                  // Err(LockLost) if it was not ours any more
+//! # Ok(()) }
+//! ```
+//!
+//! # Contention is a value, failure is an error
+//!
+//! [`Lock::try_lock`] returns `Ok(None)` when someone else holds the lock; an [`Error`]
+//! means the store failed or a guarantee broke ([`ErrorKind::LockLost`]).
+//!
+//! # Safety: what a lease lock can and cannot promise
+//!
+//! A lease lock guarantees that *the store* grants the key to one token at a time. It
+//! cannot guarantee that only one *process* acts at a time: a holder that pauses longer
+//! than its lease (GC, `SIGSTOP`, a stalled VM) or whose writes are delayed in the network
+//! keeps acting after its lease expired and another holder was granted the lock. No
+//! library can prevent that. What dlock does:
+//!
+//! * [`LockGuard::lost`] resolves, and [`LockGuard::is_lost`] turns true, as soon as the
+//!   lease can no longer be guaranteed (renewals failed until the validity — measured on
+//!   the monotonic clock from when the request was sent, minus a drift allowance — ran
+//!   out, or the store reported the key gone). Stop work when it fires.
+//! * [`LockGuard::release`] returns [`ErrorKind::LockLost`] if the lock was no longer ours
+//!   — never silent success.
+//! * [`LockGuard::fencing_token`] is a number minted atomically with each grant that
+//!   strictly increases per lock name. A resource that remembers the highest fence it has
+//!   accepted and **rejects writes with a smaller one** turns a stale holder into a
+//!   rejected writer. That check is the only thing that makes the protected resource safe
+//!   under pauses:
+//!
+//! ```text
+//! write(value, fence):   if fence < max_fence_seen: reject
+//!                        else: max_fence_seen = fence; apply(value)
+//! ```
+//!
+//! (In SQL: `UPDATE stock SET qty = qty - 1, fence = $f WHERE sku = $s AND fence <= $f`.)
+//!
+//! Per backend: a single Redis master loses locks on failover, because replication is
+//! asynchronous; a restart without persistence forgets locks *and* resets fence counters
+//! (use `appendonly yes`, `appendfsync always` where fences must survive restarts). The
+//! memory backend is exact within one process and nothing outside it.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod backend;
+mod error;
+pub mod keys;
+mod lock;
+pub mod raw;
+mod token;
+pub mod validity;
+pub mod watchdog;
+
+pub use error::{Error, ErrorKind, Result};
+pub use lock::{DEFAULT_TTL, Lock, LockBuilder, LockGuard, MAX_TTL, MIN_TTL, Retry};
+pub use token::{FencingToken, Token};

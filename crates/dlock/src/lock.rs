@@ -1,0 +1,597 @@
+//! The mutual-exclusion lock, written once for every backend.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::error::{Error, ErrorKind, Result};
+use crate::keys::{DEFAULT_PREFIX, LockKeys};
+use crate::raw::{Acquire, RawFencing, RawLock, ReleaseWatch};
+use crate::token::{FencingToken, Token};
+use crate::watchdog::{End, Lease};
+
+/// Default lease length.
+pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
+/// Shortest lease accepted: the watchdog must be able to renew it (at a third of it) over
+/// a real network.
+pub const MIN_TTL: Duration = Duration::from_millis(100);
+/// Longest lease accepted. A longer one is indistinguishable from a lock that never
+/// expires if its holder dies; hold locks longer than this with the watchdog instead.
+pub const MAX_TTL: Duration = Duration::from_secs(24 * 3600);
+
+/// How long a dropped guard's background release may take before it is abandoned (the
+/// lease then simply expires).
+const DROP_RELEASE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Backoff between attempts on stores that cannot announce releases (and the fallback
+/// timer when a holder's remaining ttl is unknown): exponential from `min` to `max`, with
+/// full jitter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Retry {
+    /// First delay.
+    pub min: Duration,
+    /// Largest delay.
+    pub max: Duration,
+}
+
+impl Retry {
+    /// Exponential backoff from `min` to `max`.
+    pub fn exponential(min: Duration, max: Duration) -> Retry {
+        Retry { min, max }
+    }
+
+    fn validate(self) -> Result<Retry> {
+        if self.min.is_zero() || self.min > self.max || self.max > Duration::from_secs(60) {
+            return Err(Error::invalid(
+                "retry backoff needs 0 < min <= max <= 60 s",
+            ));
+        }
+        Ok(self)
+    }
+}
+
+impl Default for Retry {
+    fn default() -> Self {
+        Retry::exponential(Duration::from_millis(10), Duration::from_millis(500))
+    }
+}
+
+struct Backoff {
+    retry: Retry,
+    attempt: u32,
+}
+
+impl Backoff {
+    fn next(&mut self) -> Duration {
+        let ceiling = self
+            .retry
+            .min
+            .saturating_mul(1u32 << self.attempt.min(16))
+            .min(self.retry.max);
+        self.attempt = self.attempt.saturating_add(1);
+        // Full jitter between min and the ceiling, so waiters that lost together spread out.
+        let span = ceiling.saturating_sub(self.retry.min);
+        self.retry.min + span.mul_f64(jitter())
+    }
+}
+
+/// A uniform number in [0, 1) for jitter. Not for secrets.
+fn jitter() -> f64 {
+    let mut b = [0u8; 4];
+    if getrandom::fill(&mut b).is_err() {
+        return 0.5;
+    }
+    f64::from(u32::from_le_bytes(b)) / (f64::from(u32::MAX) + 1.0)
+}
+
+fn validate_ttl(ttl: Duration) -> Result<Duration> {
+    if ttl.is_zero() {
+        return Err(Error::invalid("ttl must not be zero"));
+    }
+    if ttl < MIN_TTL {
+        return Err(Error::invalid(format!(
+            "ttl {ttl:?} is below the minimum of {MIN_TTL:?} that the watchdog can renew"
+        )));
+    }
+    if ttl > MAX_TTL {
+        return Err(Error::invalid(format!(
+            "ttl {ttl:?} is above the cap of {MAX_TTL:?}; use the watchdog to hold a lock longer"
+        )));
+    }
+    Ok(ttl)
+}
+
+/// A named lock in a store: at most one holder at a time across every process that uses
+/// the same name (and prefix) on the same store.
+///
+/// `Lock` itself holds nothing; [`lock`](Lock::lock) and friends return a [`LockGuard`]
+/// that does. Cloning is cheap; clones name the same lock.
+#[derive(Clone)]
+pub struct Lock<B: RawLock> {
+    backend: B,
+    keys: LockKeys,
+    ttl: Duration,
+    watchdog: bool,
+    retry: Retry,
+}
+
+impl<B: RawLock> std::fmt::Debug for Lock<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lock")
+            .field("key", &self.keys.lock())
+            .field("ttl", &self.ttl)
+            .field("watchdog", &self.watchdog)
+            .finish()
+    }
+}
+
+/// Options for a [`Lock`]; made by [`Lock::builder`].
+#[must_use = "a builder does nothing until .build()"]
+#[derive(Debug)]
+pub struct LockBuilder<B: RawLock> {
+    backend: B,
+    name: String,
+    prefix: String,
+    ttl: Duration,
+    watchdog: bool,
+    retry: Retry,
+}
+
+impl<B: RawLock> LockBuilder<B> {
+    /// Lease length (default 30 s, at least [`MIN_TTL`], at most [`MAX_TTL`]). With the
+    /// watchdog on, the lease is renewed every `ttl / 3` and a crashed holder's lock frees
+    /// itself within `ttl`; with it off, the lock is held for at most `ttl`.
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// Whether to renew the lease for as long as the guard lives (default `true`).
+    pub fn watchdog(mut self, on: bool) -> Self {
+        self.watchdog = on;
+        self
+    }
+
+    /// Backoff for stores that cannot announce releases.
+    pub fn retry(mut self, retry: Retry) -> Self {
+        self.retry = retry;
+        self
+    }
+
+    /// Key prefix (default `"dlock:"`). With an empty prefix the lock key is the name
+    /// itself, for sharing a key with another client of the standard protocol.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// Checks the options and makes the lock.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidArgument`] for an empty or over-long name or prefix, a ttl out of
+    /// range, or a bad retry policy.
+    pub fn build(self) -> Result<Lock<B>> {
+        Ok(Lock {
+            keys: LockKeys::new(&self.prefix, &self.name)?,
+            ttl: validate_ttl(self.ttl)?,
+            retry: self.retry.validate()?,
+            watchdog: self.watchdog,
+            backend: self.backend,
+        })
+    }
+}
+
+/// The result of one attempt.
+enum Attempt<B: RawLock> {
+    Got(LockGuard<B>),
+    Held(Option<Duration>),
+    /// Granted, but the reply came too late to leave any validity; already being released.
+    Late,
+}
+
+impl<B: RawLock> Lock<B> {
+    /// A lock named `name` with default options (30 s ttl, watchdog on, prefix `dlock:`).
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidArgument`] for an empty name or one over
+    /// [`MAX_NAME_LEN`](crate::keys::MAX_NAME_LEN) bytes.
+    pub fn new(backend: B, name: impl Into<String>) -> Result<Lock<B>> {
+        Lock::builder(backend, name).build()
+    }
+
+    /// Options for a lock named `name`.
+    pub fn builder(backend: B, name: impl Into<String>) -> LockBuilder<B> {
+        LockBuilder {
+            backend,
+            name: name.into(),
+            prefix: DEFAULT_PREFIX.to_owned(),
+            ttl: DEFAULT_TTL,
+            watchdog: true,
+            retry: Retry::default(),
+        }
+    }
+
+    /// The lock's name.
+    pub fn name(&self) -> &str {
+        self.keys.name()
+    }
+
+    /// The lock's keys in the store.
+    pub fn keys(&self) -> &LockKeys {
+        &self.keys
+    }
+
+    /// The lease length.
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// The backend this lock lives in.
+    pub fn backend(&self) -> &B {
+        &self.backend
+    }
+
+    /// Waits until the lock is ours.
+    ///
+    /// Sleeps between attempts: until a release is announced (stores that notify), or the
+    /// holder's remaining ttl runs out, or a jittered backoff passes (stores that don't).
+    ///
+    /// # Errors
+    /// Store failures (`Unavailable`, `TimedOut`, `Backend`); contention is waited out.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: dropping the future leaves no hold and no renewal behind. If an
+    /// acquire request was in flight, a release of its token is sent in the background.
+    pub async fn lock(&self) -> Result<LockGuard<B>> {
+        match self.acquire_until(None).await? {
+            Some(guard) => Ok(guard),
+            None => Err(Error::new(ErrorKind::TimedOut, "lock wait ended without a deadline")),
+        }
+    }
+
+    /// One attempt: `Ok(Some(guard))` if the lock is now ours, `Ok(None)` if someone else
+    /// holds it.
+    ///
+    /// # Errors
+    /// Store failures (`Unavailable`, `TimedOut`, `Backend`).
+    ///
+    /// # Cancel safety
+    /// Cancel-safe, as [`lock`](Lock::lock).
+    pub async fn try_lock(&self) -> Result<Option<LockGuard<B>>> {
+        match self.attempt().await? {
+            Attempt::Got(guard) => Ok(Some(guard)),
+            Attempt::Held(_) | Attempt::Late => Ok(None),
+        }
+    }
+
+    /// Waits at most `timeout` for the lock: `Ok(None)` if it stayed held that long.
+    ///
+    /// # Errors
+    /// Store failures (`Unavailable`, `TimedOut`, `Backend`).
+    ///
+    /// # Cancel safety
+    /// Cancel-safe, as [`lock`](Lock::lock).
+    pub async fn try_lock_for(&self, timeout: Duration) -> Result<Option<LockGuard<B>>> {
+        self.try_lock_until(Instant::now() + timeout).await
+    }
+
+    /// Waits until `deadline` at most for the lock: `Ok(None)` if it stayed held.
+    ///
+    /// # Errors
+    /// Store failures (`Unavailable`, `TimedOut`, `Backend`).
+    ///
+    /// # Cancel safety
+    /// Cancel-safe, as [`lock`](Lock::lock).
+    pub async fn try_lock_until(&self, deadline: Instant) -> Result<Option<LockGuard<B>>> {
+        self.acquire_until(Some(deadline)).await
+    }
+
+    async fn acquire_until(&self, deadline: Option<Instant>) -> Result<Option<LockGuard<B>>> {
+        let mut watch: Option<ReleaseWatch> = None;
+        let mut backoff = Backoff {
+            retry: self.retry,
+            attempt: 0,
+        };
+        loop {
+            let attempt = match deadline {
+                Some(d) => match tokio::time::timeout_at(d, self.attempt()).await {
+                    Ok(a) => a?,
+                    Err(_) => return Ok(None),
+                },
+                None => self.attempt().await?,
+            };
+            let remaining = match attempt {
+                Attempt::Got(guard) => return Ok(Some(guard)),
+                Attempt::Late => continue,
+                Attempt::Held(remaining) => remaining,
+            };
+            let now = Instant::now();
+            if deadline.is_some_and(|d| now >= d) {
+                return Ok(None);
+            }
+            let Some(watch) = &watch else {
+                // Subscribe, then try again at once: a release between our attempt and the
+                // subscription would otherwise go unheard.
+                watch = Some(match self.backend.watch(&self.keys).await {
+                    Ok(w) => w,
+                    Err(err) => {
+                        tracing::debug!(lock = self.name(), error = %err, "cannot watch releases; polling");
+                        ReleaseWatch::none()
+                    }
+                });
+                continue;
+            };
+            let mut sleep = if watch.is_active() {
+                // The release announcement normally wakes us; the holder's ttl is the
+                // fallback if the message is lost.
+                remaining
+                    .map(|r| r + Duration::from_millis(1))
+                    .unwrap_or(self.retry.max)
+            } else {
+                let b = backoff.next();
+                remaining.map_or(b, |r| b.min(r + Duration::from_millis(1)))
+            };
+            if let Some(d) = deadline {
+                sleep = sleep.min(d.saturating_duration_since(now));
+            }
+            tokio::select! {
+                () = watch.released() => {}
+                () = tokio::time::sleep(sleep) => {}
+            }
+        }
+    }
+
+    async fn attempt(&self) -> Result<Attempt<B>> {
+        let token = Token::random()?;
+        let sent = Instant::now();
+        let mut pending = PendingAcquire {
+            backend: &self.backend,
+            keys: &self.keys,
+            token: Some(&token),
+        };
+        let outcome = self.backend.acquire(&self.keys, &token, self.ttl).await;
+        pending.token = None;
+        drop(pending);
+        let fence = match outcome? {
+            Acquire::Acquired { fence } => fence,
+            Acquire::Held { remaining } => return Ok(Attempt::Held(remaining)),
+        };
+        let lease = Arc::new(Lease::new(self.keys.clone(), token, sent, self.ttl));
+        if lease.is_lost_at(Instant::now()) {
+            tracing::warn!(
+                lock = self.name(),
+                elapsed = ?sent.elapsed(),
+                "acquire reply arrived after the lease's validity; releasing"
+            );
+            spawn_release(&self.backend, &lease);
+            return Ok(Attempt::Late);
+        }
+        let registration = if self.watchdog {
+            match self.backend.leases().register(&self.backend, Arc::clone(&lease)) {
+                Ok(id) => Some(id),
+                Err(err) => {
+                    spawn_release(&self.backend, &lease);
+                    return Err(err);
+                }
+            }
+        } else {
+            None
+        };
+        Ok(Attempt::Got(LockGuard {
+            backend: self.backend.clone(),
+            lease,
+            fence,
+            registration,
+            armed: true,
+        }))
+    }
+}
+
+/// Releases the token of an acquire whose future was dropped mid-flight: the store may
+/// have granted it without us ever seeing the reply.
+struct PendingAcquire<'a, B: RawLock> {
+    backend: &'a B,
+    keys: &'a LockKeys,
+    token: Option<&'a Token>,
+}
+
+impl<B: RawLock> Drop for PendingAcquire<'_, B> {
+    fn drop(&mut self) {
+        if let Some(token) = self.token {
+            let lease = Lease::new(self.keys.clone(), token.clone(), Instant::now(), MIN_TTL);
+            spawn_release(self.backend, &lease);
+        }
+    }
+}
+
+fn spawn_release<B: RawLock>(backend: &B, lease: &Lease) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return; // no runtime: the lease simply expires
+    };
+    let backend = backend.clone();
+    let keys = lease.keys.clone();
+    let token = lease.token.clone();
+    runtime.spawn(async move {
+        let release = backend.release(&keys, &token);
+        match tokio::time::timeout(DROP_RELEASE_TIMEOUT, release).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(err)) => {
+                tracing::debug!(lock = keys.name(), error = %err, "background release failed; the lease will expire");
+            }
+            Err(_) => {
+                tracing::debug!(lock = keys.name(), "background release timed out; the lease will expire");
+            }
+        }
+    });
+}
+
+/// Proof that this process holds a lock; released by [`release`](LockGuard::release) (or,
+/// in the background, when dropped).
+///
+/// The guard is `'static` and `Send`: move it into tasks freely. It carries the lease's
+/// validity: watch [`lost`](LockGuard::lost) to stop work when the lock can no longer be
+/// guaranteed.
+#[must_use = "the lock is released in the background as soon as the guard is dropped"]
+pub struct LockGuard<B: RawLock> {
+    backend: B,
+    lease: Arc<Lease>,
+    fence: u64,
+    registration: Option<u64>,
+    armed: bool,
+}
+
+impl<B: RawLock> std::fmt::Debug for LockGuard<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LockGuard")
+            .field("key", &self.lease.keys.lock())
+            .field("token", &self.lease.token)
+            .field("lost", &self.is_lost())
+            .finish()
+    }
+}
+
+impl<B: RawFencing> LockGuard<B> {
+    /// The fence minted with this grant: strictly greater than every earlier grant's of the
+    /// same name. Send it with every write to the protected resource, which must reject
+    /// writes whose fence is below the highest it has accepted.
+    pub fn fencing_token(&self) -> FencingToken {
+        FencingToken::new(self.fence)
+    }
+}
+
+impl<B: RawLock> LockGuard<B> {
+    /// The lock's name.
+    pub fn name(&self) -> &str {
+        self.lease.keys.name()
+    }
+
+    /// The owner token stored at the lock key.
+    pub fn token(&self) -> &Token {
+        &self.lease.token
+    }
+
+    /// Whether the lease can no longer be guaranteed: the store reported it gone, or its
+    /// validity ran out without a successful renewal.
+    pub fn is_lost(&self) -> bool {
+        self.lease.is_lost_at(Instant::now())
+    }
+
+    /// How much validity is left (zero once lost). Counted on the monotonic clock from
+    /// the last successful acquire or renewal request, minus drift.
+    pub fn remaining(&self) -> Duration {
+        let s = self.lease.snapshot();
+        if s.end == End::Held {
+            s.valid_until.saturating_duration_since(Instant::now())
+        } else {
+            Duration::ZERO
+        }
+    }
+
+    /// A future that resolves when the lease can no longer be guaranteed (see
+    /// [`is_lost`](LockGuard::is_lost)). It is `'static`: race it against the work done
+    /// under the lock.
+    ///
+    /// ```
+    /// # async fn demo() -> dlock::Result<()> {
+    /// # let lock = dlock::Lock::new(dlock::backend::Memory::new(), "jobs")?;
+    /// let guard = lock.lock().await?;
+    /// tokio::select! {
+    ///     () = guard.lost() => eprintln!("lock lost; abandoning the job"),
+    ///     () = async { /* the work */ } => {}
+    /// }
+    /// guard.release().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
+        self.lease.lost_future()
+    }
+
+    /// Resets the lease to expire `ttl` from now (the watchdog, if on, keeps renewing with
+    /// this new ttl).
+    ///
+    /// # Errors
+    /// [`ErrorKind::LockLost`] if the lock was no longer ours (the guard is then lost);
+    /// `InvalidArgument` for a ttl out of range; store failures otherwise.
+    ///
+    /// # Cancel safety
+    /// Cancelling may leave the lease extended or not; either way the guard stays valid
+    /// for at least what [`remaining`](LockGuard::remaining) said before.
+    pub async fn extend(&self, ttl: Duration) -> Result<()> {
+        let ttl = validate_ttl(ttl)?;
+        if self.lease.snapshot().end != End::Held {
+            return Err(Error::lost("the lock was already lost"));
+        }
+        let sent = Instant::now();
+        let extended = self
+            .backend
+            .extend(&self.lease.keys, &self.lease.token, ttl)
+            .await?;
+        if extended {
+            self.lease.renewed(sent, ttl);
+            Ok(())
+        } else {
+            self.lease.end(End::Taken);
+            Err(Error::lost(format!(
+                "lock {:?} was no longer ours when extending",
+                self.name()
+            )))
+        }
+    }
+
+    /// Releases the lock and reports whether it was still ours.
+    ///
+    /// # Errors
+    /// [`ErrorKind::LockLost`] if the lock key no longer held our token (expired, deleted
+    /// or taken over): work done under it may have overlapped with another holder. Never
+    /// silent success. Store failures otherwise (the lease then expires by itself).
+    ///
+    /// # Cancel safety
+    /// If cancelled, the release may or may not have happened; the lease is out of
+    /// renewal either way and expires within its ttl.
+    pub async fn release(mut self) -> Result<()> {
+        self.disarm();
+        let released = self
+            .backend
+            .release(&self.lease.keys, &self.lease.token)
+            .await;
+        let lost_before = self.lease.snapshot().end;
+        self.lease.end(End::Released);
+        match released? {
+            true => Ok(()),
+            false => Err(Error::lost(format!(
+                "lock {:?} was no longer ours when releasing ({})",
+                self.name(),
+                match lost_before {
+                    End::Taken => "the store reported it deleted or taken over",
+                    End::Expired => "its lease ran out",
+                    _ => "its key had expired or been replaced",
+                }
+            ))),
+        }
+    }
+
+    /// Stops renewing and keeps the lock until its ttl runs out, without releasing it.
+    pub fn forget(mut self) {
+        self.disarm();
+        self.lease.end(End::Released);
+    }
+
+    fn disarm(&mut self) {
+        self.armed = false;
+        if let Some(id) = self.registration.take() {
+            self.backend.leases().deregister(id);
+        }
+    }
+}
+
+impl<B: RawLock> Drop for LockGuard<B> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.disarm();
+            self.lease.end(End::Released);
+            spawn_release(&self.backend, &self.lease);
+        }
+    }
+}

@@ -1,0 +1,186 @@
+//! The contract between the primitives and the stores.
+//!
+//! Every user-facing primitive ([`Lock`](crate::Lock) and its guard, the watchdog, waiting)
+//! is written once, generic over these traits; a store implements only the small
+//! operations below. What a store cannot guarantee is a missing trait impl, so the
+//! compiler refuses code that relies on it (a [`LockGuard`](crate::LockGuard) only has
+//! `fencing_token()` when its backend implements [`RawFencing`]).
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::Notify;
+
+use crate::error::Result;
+use crate::keys::LockKeys;
+use crate::token::Token;
+use crate::watchdog::Leases;
+
+/// The outcome of one acquire attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Acquire {
+    /// The lock key now holds our token with the requested expiry.
+    Acquired {
+        /// The fence minted with this grant (0 from stores that do not implement
+        /// [`RawFencing`]; it is then never shown to users).
+        fence: u64,
+    },
+    /// Someone else holds the lock.
+    Held {
+        /// The holder's remaining time to live, if the store knows it. `None` means the
+        /// key has no expiry (set by a foreign client) or the store cannot tell.
+        remaining: Option<Duration>,
+    },
+}
+
+/// One lease to renew, as handed to [`RawLock::extend_many`].
+#[derive(Debug, Clone)]
+pub struct Renewal {
+    /// The lock's keys.
+    pub keys: LockKeys,
+    /// Our token at the lock key.
+    pub token: Token,
+    /// The new time to live, counted from when the store applies it.
+    pub ttl: Duration,
+}
+
+/// A mutual-exclusion lease in a store.
+///
+/// # Correctness
+///
+/// An implementation must guarantee, for each lock key:
+///
+/// 1. **Atomic acquire with expiry.** [`acquire`](RawLock::acquire) sets the key to the
+///    token *and* its expiry in one indivisible step, and only if the key is absent. There
+///    must be no moment at which the key exists without an expiry (seed 000's
+///    `SETNX`-then-`EXPIRE` is the bug this rules out).
+/// 2. **Owner-checked mutation.** [`release`](RawLock::release) and
+///    [`extend`](RawLock::extend) act only if the key still holds *this* token, checked
+///    and applied in one indivisible step (never `GET` then `DEL`), and report whether they
+///    did. They are idempotent: repeating one whose reply was lost does no harm.
+/// 3. **Expiry is the store's.** The key disappears when its time to live runs out, by the
+///    store's own clock; the client never decides expiry from its wall clock.
+/// 4. **Release notification is advisory.** [`watch`](RawLock::watch) may miss messages;
+///    waiters always also wake on the holder's remaining ttl, so a lost message costs
+///    latency, never liveness.
+///
+/// Errors are [`crate::Error`]s: `Unavailable` / `TimedOut` when the outcome is unknown,
+/// `Backend` when the store refused.
+pub trait RawLock: Clone + Send + Sync + 'static {
+    /// Tries once to set `keys.lock()` to `token` with a time to live of `ttl`, if absent.
+    /// On success, a store that implements [`RawFencing`] mints the next fence of the name
+    /// in the same atomic step.
+    fn acquire(
+        &self,
+        keys: &LockKeys,
+        token: &Token,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<Acquire>> + Send;
+
+    /// Deletes the lock key if it holds `token`, announcing the release to waiters.
+    /// Returns whether the key held our token.
+    fn release(&self, keys: &LockKeys, token: &Token) -> impl Future<Output = Result<bool>> + Send;
+
+    /// Resets the lock key's time to live to `ttl` if it holds `token`. Returns whether it
+    /// did.
+    fn extend(
+        &self,
+        keys: &LockKeys,
+        token: &Token,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<bool>> + Send;
+
+    /// Renews many leases at once (the watchdog's call). Stores that can batch round trips
+    /// should override the default, which renews one after the other. Returns one result
+    /// per renewal, in order.
+    fn extend_many(
+        &self,
+        renewals: &[Renewal],
+    ) -> impl Future<Output = Vec<Result<bool>>> + Send {
+        async move {
+            let mut out = Vec::with_capacity(renewals.len());
+            for r in renewals {
+                out.push(self.extend(&r.keys, &r.token, r.ttl).await);
+            }
+            out
+        }
+    }
+
+    /// Starts listening for releases of `keys`, so a waiter can sleep until one happens.
+    /// The default returns [`ReleaseWatch::none`]: waiters then back off and retry.
+    ///
+    /// The subscription must be in effect when the returned future completes, so that a
+    /// release after that moment is heard.
+    fn watch(&self, keys: &LockKeys) -> impl Future<Output = Result<ReleaseWatch>> + Send {
+        let _ = keys;
+        async { Ok(ReleaseWatch::none()) }
+    }
+
+    /// The client's lease registry: one watchdog task renews every lease of this client.
+    /// Clones of a backend value must return the same registry.
+    fn leases(&self) -> &Leases;
+}
+
+/// Marker: the fence returned by [`RawLock::acquire`] strictly increases with every grant
+/// of the same lock name, across all clients of the store, and is minted atomically with
+/// the grant.
+///
+/// # Correctness
+///
+/// Implement it only if no two grants of one name can ever carry the same fence and a
+/// later grant never carries a smaller one — for as long as the store's fence counter is
+/// durable. Say in the backend's docs what loses the counter (a restart without
+/// persistence, eviction).
+pub trait RawFencing: RawLock {}
+
+/// A subscription to release announcements of one lock, held by one waiter.
+///
+/// Each announcement wakes one waiter of this client (not all of them); a waiter that is
+/// woken but gives up passes the wake-up on.
+pub struct ReleaseWatch {
+    inner: Option<(Arc<Notify>, Option<Subscription>)>,
+}
+
+/// Whatever keeps a store-side subscription alive; dropping it may end the subscription.
+pub type Subscription = Box<dyn Send + Sync>;
+
+impl ReleaseWatch {
+    /// A watch that never fires: the store cannot notify.
+    pub fn none() -> Self {
+        ReleaseWatch { inner: None }
+    }
+
+    /// A watch woken through `notify` (with `notify_one`). `subscription` is dropped with
+    /// the watch; its `Drop` can end the store-side subscription.
+    pub fn new(notify: Arc<Notify>, subscription: Option<Subscription>) -> Self {
+        ReleaseWatch {
+            inner: Some((notify, subscription)),
+        }
+    }
+
+    /// Whether this watch can fire at all.
+    pub fn is_active(&self) -> bool {
+        self.inner.is_some()
+    }
+
+    /// Waits for the next release announcement (forever, for [`ReleaseWatch::none`]).
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: a wake-up delivered to a cancelled wait is passed to another waiter.
+    pub async fn released(&self) {
+        match &self.inner {
+            Some((notify, _)) => notify.notified().await,
+            None => std::future::pending().await,
+        }
+    }
+}
+
+impl std::fmt::Debug for ReleaseWatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReleaseWatch")
+            .field("active", &self.is_active())
+            .finish()
+    }
+}

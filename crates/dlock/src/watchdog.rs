@@ -1,0 +1,339 @@
+//! Lease state and the watchdog: ONE renewal task per backend client for all its leases.
+//!
+//! Each held lease is renewed when a third of its ttl has passed since the last successful
+//! renewal. Renewals that fall due within [`BATCH_WINDOW`] of each other go to the store
+//! in one [`RawLock::extend_many`] call (one pipelined round trip on Redis). The task
+//! exists only while there are leases to renew: it exits when the registry is empty, so it
+//! never keeps a backend client alive on its own.
+//!
+//! A lease is *lost* when the store says the key no longer holds our token, or when
+//! renewals kept failing until its validity (monotonic clock, minus drift) ran out.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use tokio::sync::{Notify, watch};
+use tokio::time::Instant;
+
+use crate::error::{Error, ErrorKind, Result};
+use crate::keys::LockKeys;
+use crate::raw::{RawLock, Renewal};
+use crate::token::Token;
+use crate::validity;
+
+/// Renewals due within this window of the earliest one are sent together.
+pub const BATCH_WINDOW: Duration = Duration::from_millis(10);
+
+/// Why a lease ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum End {
+    /// Still ours as far as we know.
+    Held,
+    /// The store reported the key gone or holding another token.
+    Taken,
+    /// Renewal did not succeed before the validity ran out.
+    Expired,
+    /// Released or forgotten by its guard.
+    Released,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct LeaseState {
+    pub(crate) valid_until: Instant,
+    pub(crate) ttl: Duration,
+    pub(crate) end: End,
+}
+
+/// One held lease, shared by its guard and the watchdog.
+#[derive(Debug)]
+pub(crate) struct Lease {
+    pub(crate) keys: LockKeys,
+    pub(crate) token: Token,
+    pub(crate) state: watch::Sender<LeaseState>,
+}
+
+impl Lease {
+    pub(crate) fn new(keys: LockKeys, token: Token, sent: Instant, ttl: Duration) -> Lease {
+        let (state, _) = watch::channel(LeaseState {
+            valid_until: validity::valid_until(sent.into_std(), ttl).into(),
+            ttl,
+            end: End::Held,
+        });
+        Lease { keys, token, state }
+    }
+
+    pub(crate) fn snapshot(&self) -> LeaseState {
+        *self.state.borrow()
+    }
+
+    /// Lost (or ended) at `now`: the store said so, or validity ran out.
+    pub(crate) fn is_lost_at(&self, now: Instant) -> bool {
+        let s = self.snapshot();
+        s.end != End::Held || now >= s.valid_until
+    }
+
+    pub(crate) fn renewed(&self, sent: Instant, ttl: Duration) {
+        self.state.send_modify(|s| {
+            if s.end == End::Held {
+                s.valid_until = validity::valid_until(sent.into_std(), ttl).into();
+                s.ttl = ttl;
+            }
+        });
+    }
+
+    pub(crate) fn end(&self, end: End) {
+        self.state.send_if_modified(|s| {
+            if s.end == End::Held {
+                s.end = end;
+                true
+            } else {
+                false
+            }
+        });
+    }
+
+    /// Resolves when the lease can no longer be guaranteed.
+    pub(crate) fn lost_future(&self) -> impl Future<Output = ()> + Send + 'static {
+        let mut rx = self.state.subscribe();
+        async move {
+            loop {
+                let s = *rx.borrow_and_update();
+                if s.end != End::Held {
+                    return;
+                }
+                tokio::select! {
+                    changed = rx.changed() => {
+                        if changed.is_err() {
+                            // Every sender is gone: nobody renews any more.
+                            tokio::time::sleep_until(s.valid_until).await;
+                            return;
+                        }
+                    }
+                    () = tokio::time::sleep_until(s.valid_until) => return,
+                }
+            }
+        }
+    }
+}
+
+/// A backend client's registry of leases under renewal. Cheap to clone; clones share.
+#[derive(Clone, Default)]
+pub struct Leases {
+    inner: Arc<Shared>,
+}
+
+#[derive(Default)]
+struct Shared {
+    registry: Mutex<Registry>,
+    wake: Notify,
+}
+
+#[derive(Default)]
+struct Registry {
+    next_id: u64,
+    entries: HashMap<u64, Entry>,
+    /// `(next_due, id)` of every entry not currently being renewed.
+    due: BTreeSet<(Instant, u64)>,
+    task_running: bool,
+}
+
+struct Entry {
+    lease: Arc<Lease>,
+    /// `None` while a renewal is in flight.
+    next_due: Option<Instant>,
+}
+
+impl std::fmt::Debug for Leases {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Leases")
+            .field("held", &self.len())
+            .finish()
+    }
+}
+
+impl Leases {
+    /// An empty registry.
+    pub fn new() -> Leases {
+        Leases::default()
+    }
+
+    /// How many leases are under renewal now.
+    pub fn len(&self) -> usize {
+        self.lock().entries.len()
+    }
+
+    /// Whether no lease is under renewal.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Registry> {
+        self.inner
+            .registry
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Puts `lease` under renewal; starts the watchdog task if none runs.
+    pub(crate) fn register<B: RawLock>(&self, backend: &B, lease: Arc<Lease>) -> Result<u64> {
+        let runtime = tokio::runtime::Handle::try_current().map_err(|_| {
+            Error::new(
+                ErrorKind::InvalidArgument,
+                "the lease watchdog needs a tokio runtime",
+            )
+        })?;
+        let ttl = lease.snapshot().ttl;
+        let mut reg = self.lock();
+        let id = reg.next_id;
+        reg.next_id += 1;
+        let due = Instant::now() + ttl / 3;
+        reg.entries.insert(
+            id,
+            Entry {
+                lease,
+                next_due: Some(due),
+            },
+        );
+        reg.due.insert((due, id));
+        if !reg.task_running {
+            reg.task_running = true;
+            let backend = backend.clone();
+            let shared = Arc::clone(&self.inner);
+            runtime.spawn(run(backend, shared));
+        } else {
+            self.inner.wake.notify_one();
+        }
+        Ok(id)
+    }
+
+    /// Takes a lease out of renewal at once (released, forgotten or dropped).
+    pub(crate) fn deregister(&self, id: u64) {
+        let mut reg = self.lock();
+        if let Some(entry) = reg.entries.remove(&id) {
+            if let Some(due) = entry.next_due {
+                reg.due.remove(&(due, id));
+            }
+            if reg.entries.is_empty() {
+                // Let the task notice it has nothing left to do and exit.
+                self.inner.wake.notify_one();
+            }
+        }
+    }
+}
+
+fn retry_delay(ttl: Duration) -> Duration {
+    (ttl / 10).clamp(Duration::from_millis(10), Duration::from_secs(1))
+}
+
+async fn run<B: RawLock>(backend: B, shared: Arc<Shared>) {
+    let leases = Leases {
+        inner: Arc::clone(&shared),
+    };
+    loop {
+        let now = Instant::now();
+        let mut batch: Vec<(u64, Arc<Lease>)> = Vec::new();
+        let next_wake;
+        {
+            let mut reg = leases.lock();
+            if reg.entries.is_empty() {
+                reg.task_running = false;
+                return;
+            }
+            while let Some(&(due, id)) = reg.due.first() {
+                if due > now + BATCH_WINDOW {
+                    break;
+                }
+                reg.due.pop_first();
+                let Some(entry) = reg.entries.get_mut(&id) else {
+                    continue;
+                };
+                if entry.lease.is_lost_at(now) {
+                    entry.lease.end(End::Expired);
+                    reg.entries.remove(&id);
+                    continue;
+                }
+                entry.next_due = None;
+                batch.push((id, Arc::clone(&entry.lease)));
+            }
+            next_wake = reg.due.first().map(|&(due, _)| due);
+        }
+
+        if batch.is_empty() {
+            let sleep_until = next_wake.unwrap_or(now + Duration::from_secs(3600));
+            tokio::select! {
+                () = tokio::time::sleep_until(sleep_until) => {}
+                () = shared.wake.notified() => {}
+            }
+            continue;
+        }
+
+        let renewals: Vec<Renewal> = batch
+            .iter()
+            .map(|(_, lease)| Renewal {
+                keys: lease.keys.clone(),
+                token: lease.token.clone(),
+                ttl: lease.snapshot().ttl,
+            })
+            .collect();
+        // No reply is worth waiting for past the earliest validity in the batch.
+        let limit = batch
+            .iter()
+            .map(|(_, l)| l.snapshot().valid_until.saturating_duration_since(now))
+            .min()
+            .unwrap_or_default()
+            .max(Duration::from_millis(10));
+        let sent = Instant::now();
+        let results = match tokio::time::timeout(limit, backend.extend_many(&renewals)).await {
+            Ok(results) if results.len() == renewals.len() => results,
+            Ok(_) => renewals
+                .iter()
+                .map(|_| Err(Error::new(ErrorKind::Backend, "renewal batch reply mismatch")))
+                .collect(),
+            Err(_) => renewals
+                .iter()
+                .map(|_| Err(Error::new(ErrorKind::TimedOut, "lease renewal timed out")))
+                .collect(),
+        };
+
+        let done = Instant::now();
+        let mut reg = leases.lock();
+        for (((id, lease), renewal), result) in batch.into_iter().zip(&renewals).zip(results) {
+            if !reg.entries.contains_key(&id) {
+                continue; // released while the renewal was in flight
+            }
+            let next = match result {
+                Ok(true) => {
+                    lease.renewed(sent, renewal.ttl);
+                    Some(sent + renewal.ttl / 3)
+                }
+                Ok(false) => {
+                    tracing::warn!(lock = lease.keys.name(), "lease lost: key deleted or taken over");
+                    lease.end(End::Taken);
+                    None
+                }
+                Err(err) if lease.is_lost_at(done) => {
+                    tracing::warn!(lock = lease.keys.name(), error = %err, "lease lost: renewals failed until validity ran out");
+                    lease.end(End::Expired);
+                    None
+                }
+                Err(err) => {
+                    tracing::debug!(lock = lease.keys.name(), error = %err, "lease renewal failed; retrying");
+                    let valid_until = lease.snapshot().valid_until;
+                    Some((done + retry_delay(renewal.ttl)).min(valid_until))
+                }
+            };
+            match next {
+                Some(due) => {
+                    if let Some(entry) = reg.entries.get_mut(&id) {
+                        entry.next_due = Some(due);
+                    }
+                    reg.due.insert((due, id));
+                }
+                None => {
+                    reg.entries.remove(&id);
+                }
+            }
+        }
+    }
+}
