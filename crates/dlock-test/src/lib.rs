@@ -1,1 +1,15 @@
+//! Test kit for dlock: real servers on loopback, and one conformance suite for every
+//! backend.
+//!
+//! * [`server::RedisServer`] spawns `redis-server` (from `PATH`, or `$DLOCK_REDIS_SERVER`)
+//!   on a free loopback port, can restart it empty, freeze (SIGSTOP) and thaw it, and kills
+//!   it on drop.
+//! * [`conformance`] holds one function per behaviour, generic over a [`conformance::Target`].
+//! * [`targets`] has the targets of the built-in backends.
 
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod conformance;
+pub mod server;
+pub mod targets;

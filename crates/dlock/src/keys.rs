@@ -139,7 +139,10 @@ mod tests {
         // The Redis Cluster specification's reference value and well-known slots.
         assert_eq!(crc16_xmodem(b"123456789"), 0x31c3);
         assert_eq!(cluster_slot(b"foo"), 12182);
-        assert_eq!(cluster_slot(b"{user1000}.following"), cluster_slot(b"user1000"));
+        assert_eq!(
+            cluster_slot(b"{user1000}.following"),
+            cluster_slot(b"user1000")
+        );
         assert_eq!(cluster_slot(b"foo{}{bar}"), cluster_slot(b"foo{}{bar}"));
         assert_eq!(hash_tag(b"foo{}{bar}"), None);
         assert_eq!(hash_tag(b"foo{{bar}}zap"), Some(&b"{bar"[..]));

@@ -44,9 +44,7 @@ impl Retry {
 
     fn validate(self) -> Result<Retry> {
         if self.min.is_zero() || self.min > self.max || self.max > Duration::from_secs(60) {
-            return Err(Error::invalid(
-                "retry backoff needs 0 < min <= max <= 60 s",
-            ));
+            return Err(Error::invalid("retry backoff needs 0 < min <= max <= 60 s"));
         }
         Ok(self)
     }
@@ -247,7 +245,10 @@ impl<B: RawLock> Lock<B> {
     pub async fn lock(&self) -> Result<LockGuard<B>> {
         match self.acquire_until(None).await? {
             Some(guard) => Ok(guard),
-            None => Err(Error::new(ErrorKind::TimedOut, "lock wait ended without a deadline")),
+            None => Err(Error::new(
+                ErrorKind::TimedOut,
+                "lock wait ended without a deadline",
+            )),
         }
     }
 
@@ -369,7 +370,11 @@ impl<B: RawLock> Lock<B> {
             return Ok(Attempt::Late);
         }
         let registration = if self.watchdog {
-            match self.backend.leases().register(&self.backend, Arc::clone(&lease)) {
+            match self
+                .backend
+                .leases()
+                .register(&self.backend, Arc::clone(&lease))
+            {
                 Ok(id) => Some(id),
                 Err(err) => {
                     spawn_release(&self.backend, &lease);

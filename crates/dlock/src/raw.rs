@@ -95,10 +95,7 @@ pub trait RawLock: Clone + Send + Sync + 'static {
     /// Renews many leases at once (the watchdog's call). Stores that can batch round trips
     /// should override the default, which renews one after the other. Returns one result
     /// per renewal, in order.
-    fn extend_many(
-        &self,
-        renewals: &[Renewal],
-    ) -> impl Future<Output = Vec<Result<bool>>> + Send {
+    fn extend_many(&self, renewals: &[Renewal]) -> impl Future<Output = Vec<Result<bool>>> + Send {
         async move {
             let mut out = Vec::with_capacity(renewals.len());
             for r in renewals {

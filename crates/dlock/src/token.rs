@@ -25,7 +25,10 @@ impl Token {
     pub fn random() -> Result<Token> {
         let mut bytes = [0u8; Self::RANDOM_BYTES];
         getrandom::fill(&mut bytes).map_err(|e| {
-            Error::new(ErrorKind::Backend, format!("OS random generator failed: {e}"))
+            Error::new(
+                ErrorKind::Backend,
+                format!("OS random generator failed: {e}"),
+            )
         })?;
         let mut hex = String::with_capacity(Self::RANDOM_BYTES * 2);
         for b in bytes {

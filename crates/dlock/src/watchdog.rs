@@ -135,7 +135,9 @@ struct Registry {
     entries: HashMap<u64, Entry>,
     /// `(next_due, id)` of every entry not currently being renewed.
     due: BTreeSet<(Instant, u64)>,
-    task_running: bool,
+    /// The renewal task, if one was started. It may have died with its runtime (a holder
+    /// process's runtime shut down): then the next registration starts a new one.
+    task: Option<tokio::task::JoinHandle<()>>,
 }
 
 struct Entry {
@@ -146,9 +148,7 @@ struct Entry {
 
 impl std::fmt::Debug for Leases {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Leases")
-            .field("held", &self.len())
-            .finish()
+        f.debug_struct("Leases").field("held", &self.len()).finish()
     }
 }
 
@@ -196,11 +196,14 @@ impl Leases {
             },
         );
         reg.due.insert((due, id));
-        if !reg.task_running {
-            reg.task_running = true;
+        if reg
+            .task
+            .as_ref()
+            .is_none_or(tokio::task::JoinHandle::is_finished)
+        {
             let backend = backend.clone();
             let shared = Arc::clone(&self.inner);
-            runtime.spawn(run(backend, shared));
+            reg.task = Some(runtime.spawn(run(backend, shared)));
         } else {
             self.inner.wake.notify_one();
         }
@@ -237,7 +240,7 @@ async fn run<B: RawLock>(backend: B, shared: Arc<Shared>) {
         {
             let mut reg = leases.lock();
             if reg.entries.is_empty() {
-                reg.task_running = false;
+                reg.task = None;
                 return;
             }
             while let Some(&(due, id)) = reg.due.first() {
@@ -288,7 +291,12 @@ async fn run<B: RawLock>(backend: B, shared: Arc<Shared>) {
             Ok(results) if results.len() == renewals.len() => results,
             Ok(_) => renewals
                 .iter()
-                .map(|_| Err(Error::new(ErrorKind::Backend, "renewal batch reply mismatch")))
+                .map(|_| {
+                    Err(Error::new(
+                        ErrorKind::Backend,
+                        "renewal batch reply mismatch",
+                    ))
+                })
                 .collect(),
             Err(_) => renewals
                 .iter()
@@ -308,7 +316,10 @@ async fn run<B: RawLock>(backend: B, shared: Arc<Shared>) {
                     Some(sent + renewal.ttl / 3)
                 }
                 Ok(false) => {
-                    tracing::warn!(lock = lease.keys.name(), "lease lost: key deleted or taken over");
+                    tracing::warn!(
+                        lock = lease.keys.name(),
+                        "lease lost: key deleted or taken over"
+                    );
                     lease.end(End::Taken);
                     None
                 }

@@ -108,7 +108,9 @@ impl RedisBuilder {
             return Err(Error::invalid("redis timeouts must not be zero"));
         }
         let scheme = self.url.split("://").next().unwrap_or_default();
-        if !matches!(scheme, "redis" | "rediss" | "redis+unix" | "unix") || !self.url.contains("://") {
+        if !matches!(scheme, "redis" | "rediss" | "redis+unix" | "unix")
+            || !self.url.contains("://")
+        {
             return Err(Error::invalid(format!(
                 "unsupported redis URL {:?}: expected redis://, rediss:// or redis+unix://",
                 redact(&self.url)
@@ -131,7 +133,10 @@ impl RedisBuilder {
         .map_err(|_| {
             Error::new(
                 ErrorKind::Unavailable,
-                format!("could not connect to redis at {addr} within {:?}", self.connect_timeout),
+                format!(
+                    "could not connect to redis at {addr} within {:?}",
+                    self.connect_timeout
+                ),
             )
         })?
         .map_err(|e| map_err(e, &format!("connecting to redis at {addr}")))?;
@@ -183,9 +188,11 @@ impl Redis {
     async fn load_scripts(&self) -> Result<()> {
         let mut conn = self.conn();
         for script in [&self.inner.acquire, &self.inner.release, &self.inner.extend] {
-            script.prepare_invoke().load_async(&mut conn).await.map_err(|e| {
-                map_err(e, "loading dlock's Lua scripts (SCRIPT LOAD)")
-            })?;
+            script
+                .prepare_invoke()
+                .load_async(&mut conn)
+                .await
+                .map_err(|e| map_err(e, "loading dlock's Lua scripts (SCRIPT LOAD)"))?;
         }
         Ok(())
     }
@@ -207,7 +214,11 @@ fn ttl_ms(ttl: Duration) -> u64 {
 fn map_err(err: RedisError, doing: &str) -> Error {
     let detail = err.to_string();
     let (kind, message, retryable) = if err.is_timeout() {
-        (ErrorKind::TimedOut, format!("{doing}: no reply in time"), true)
+        (
+            ErrorKind::TimedOut,
+            format!("{doing}: no reply in time"),
+            true,
+        )
     } else if err.is_io_error() || err.is_connection_refusal() || err.is_connection_dropped() {
         (ErrorKind::Unavailable, format!("{doing}: {detail}"), true)
     } else if err.kind() == redis::ErrorKind::Server(ServerErrorKind::NoPerm)
@@ -215,17 +226,25 @@ fn map_err(err: RedisError, doing: &str) -> Error {
     {
         (
             ErrorKind::Backend,
-            format!("{doing}: the redis user is not permitted to run dlock's commands (dlock needs EVALSHA/EVAL/SCRIPT LOAD, i.e. scripting): {detail}"),
+            format!(
+                "{doing}: the redis user is not permitted to run dlock's commands (dlock needs EVALSHA/EVAL/SCRIPT LOAD, i.e. scripting): {detail}"
+            ),
             false,
         )
     } else if detail.contains("WRONGTYPE") {
         (
             ErrorKind::Backend,
-            format!("{doing}: a key of the lock holds a value of the wrong type (not a dlock lock): {detail}"),
+            format!(
+                "{doing}: a key of the lock holds a value of the wrong type (not a dlock lock): {detail}"
+            ),
             false,
         )
     } else if err.kind() == redis::ErrorKind::AuthenticationFailed {
-        (ErrorKind::Backend, format!("{doing}: authentication failed: {detail}"), false)
+        (
+            ErrorKind::Backend,
+            format!("{doing}: authentication failed: {detail}"),
+            false,
+        )
     } else {
         let retryable = matches!(
             err.kind(),
@@ -238,7 +257,9 @@ fn map_err(err: RedisError, doing: &str) -> Error {
         );
         (ErrorKind::Backend, format!("{doing}: {detail}"), retryable)
     };
-    Error::new(kind, message).retryable(retryable).with_source(err)
+    Error::new(kind, message)
+        .retryable(retryable)
+        .with_source(err)
 }
 
 impl RawLock for Redis {
@@ -325,7 +346,13 @@ impl RawLock for Redis {
             if noscript && round == 0 {
                 // The script cache was flushed: load it again and resend. Renewal is
                 // idempotent, so the ones that did go through are unharmed by a repeat.
-                if let Err(e) = self.inner.extend.prepare_invoke().load_async(&mut conn).await {
+                if let Err(e) = self
+                    .inner
+                    .extend
+                    .prepare_invoke()
+                    .load_async(&mut conn)
+                    .await
+                {
                     let err = map_err(e, "reloading the extend script");
                     return renewals
                         .iter()
@@ -336,12 +363,20 @@ impl RawLock for Redis {
             }
             return replies
                 .into_iter()
-                .map(|r| r.map(|n| n == 1).map_err(|e| map_err(e, "renewing a lease")))
+                .map(|r| {
+                    r.map(|n| n == 1)
+                        .map_err(|e| map_err(e, "renewing a lease"))
+                })
                 .collect();
         }
         renewals
             .iter()
-            .map(|_| Err(Error::new(ErrorKind::Backend, "extend script missing after reload")))
+            .map(|_| {
+                Err(Error::new(
+                    ErrorKind::Backend,
+                    "extend script missing after reload",
+                ))
+            })
             .collect()
     }
 

@@ -49,7 +49,10 @@ impl PubSub {
     ) -> PubSub {
         let channels: Arc<Mutex<HashMap<String, Channel>>> = Arc::default();
         let info = client.get_connection_info().clone();
-        let settings = info.redis_settings().clone().set_protocol(ProtocolVersion::RESP3);
+        let settings = info
+            .redis_settings()
+            .clone()
+            .set_protocol(ProtocolVersion::RESP3);
         // RESP3 carries pushes on a multiplexed connection; without it (Redis < 6) waiters
         // fall back to the holder's ttl and backoff.
         let resp3 = redis::Client::open(info.set_redis_settings(settings)).ok();
@@ -76,11 +79,13 @@ impl PubSub {
     pub(super) async fn watch(&self, channel: &str) -> Result<ReleaseWatch> {
         let (notify, subscribed) = {
             let mut channels = lock(&self.shared.channels);
-            let entry = channels.entry(channel.to_owned()).or_insert_with(|| Channel {
-                notify: Arc::new(Notify::new()),
-                watchers: 0,
-                subscribed: false,
-            });
+            let entry = channels
+                .entry(channel.to_owned())
+                .or_insert_with(|| Channel {
+                    notify: Arc::new(Notify::new()),
+                    watchers: 0,
+                    subscribed: false,
+                });
             entry.watchers += 1;
             (Arc::clone(&entry.notify), entry.subscribed)
         };

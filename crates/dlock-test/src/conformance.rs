@@ -1,0 +1,561 @@
+//! One behavioural suite that every backend must pass.
+//!
+//! Each function checks one behaviour against a [`Target`] and panics (fails the test) if
+//! the backend misbehaves. Backends run it from the kit's integration tests; a new backend
+//! is done when it passes all of it against a real server.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use dlock::raw::{RawFencing, RawLock};
+use dlock::{ErrorKind, Lock, Retry};
+use tokio::time::{Instant, sleep, timeout};
+
+/// A store under test.
+pub trait Target: Send + Sync + 'static {
+    /// The backend type.
+    type Backend: RawFencing;
+
+    /// A new client of the store (as another process or machine would have).
+    fn client(&self) -> impl Future<Output = Self::Backend> + Send;
+
+    /// Deletes a key behind every holder's back, as an operator or eviction would.
+    fn delete_key(&self, key: &str) -> impl Future<Output = ()> + Send;
+}
+
+/// A lock name no other test uses.
+pub fn unique(what: &str) -> String {
+    static N: AtomicU64 = AtomicU64::new(0);
+    let token = dlock::Token::random().expect("os rng");
+    format!(
+        "{what}-{}-{}",
+        N.fetch_add(1, Ordering::Relaxed),
+        &token.as_str()[..8]
+    )
+}
+
+/// What a read-sleep-write run of workers under some exclusion produced.
+#[derive(Debug, Default)]
+pub struct RmwOutcome {
+    /// Increments the workers believed they made.
+    pub acknowledged: u64,
+    /// The counter's final value.
+    pub final_value: u64,
+    /// Times a worker entered while another was inside.
+    pub overlaps: usize,
+    /// Fences in grant order (empty when the run had none).
+    pub fences: Vec<u64>,
+}
+
+impl RmwOutcome {
+    /// Increments lost to overlapping read-modify-writes.
+    pub fn lost(&self) -> u64 {
+        self.acknowledged - self.final_value
+    }
+}
+
+/// Shared state of the read-sleep-write checker.
+#[derive(Default)]
+struct Resource {
+    value: AtomicU64,
+    inside: AtomicUsize,
+    overlaps: AtomicUsize,
+    fences: std::sync::Mutex<Vec<u64>>,
+}
+
+impl Resource {
+    /// The unprotected critical section: read, pause, write back + 1.
+    async fn read_sleep_write(&self, fence: Option<u64>) {
+        if self.inside.fetch_add(1, Ordering::SeqCst) != 0 {
+            self.overlaps.fetch_add(1, Ordering::SeqCst);
+        }
+        if let Some(f) = fence {
+            self.fences.lock().expect("fences").push(f);
+        }
+        let v = self.value.load(Ordering::SeqCst);
+        sleep(Duration::from_millis(1)).await;
+        self.value.store(v + 1, Ordering::SeqCst);
+        self.inside.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Runs `workers` × `rounds` read-sleep-write increments, each under `lock` when given
+/// (one client per worker), with no exclusion at all when `None` (the negative control).
+pub async fn run_rmw<T: Target>(
+    target: &T,
+    name: Option<&str>,
+    workers: usize,
+    rounds: usize,
+) -> RmwOutcome {
+    let resource = Arc::new(Resource::default());
+    let mut tasks = Vec::new();
+    for _ in 0..workers {
+        let resource = Arc::clone(&resource);
+        let lock = match name {
+            Some(name) => Some(
+                Lock::builder(target.client().await, name)
+                    .ttl(Duration::from_secs(10))
+                    .build()
+                    .expect("valid lock"),
+            ),
+            None => None,
+        };
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..rounds {
+                match &lock {
+                    Some(lock) => {
+                        let guard = lock.lock().await.expect("lock");
+                        resource
+                            .read_sleep_write(Some(guard.fencing_token().get()))
+                            .await;
+                        guard.release().await.expect("release of a held lock");
+                    }
+                    None => resource.read_sleep_write(None).await,
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.expect("worker task");
+    }
+    let fences = resource.fences.lock().expect("fences").clone();
+    RmwOutcome {
+        acknowledged: (workers * rounds) as u64,
+        final_value: resource.value.load(Ordering::SeqCst),
+        overlaps: resource.overlaps.load(Ordering::SeqCst),
+        fences,
+    }
+}
+
+/// Many clients doing read-sleep-write on one name: no overlapping holders, no lost
+/// increments, and fences strictly increase in grant order.
+pub async fn mutual_exclusion<T: Target>(target: &T) {
+    let name = unique("mutex");
+    let out = run_rmw(target, Some(&name), 8, 12).await;
+    assert_eq!(out.overlaps, 0, "two holders at once: {out:?}");
+    assert_eq!(out.lost(), 0, "lost increments: {out:?}");
+    assert!(
+        out.fences.windows(2).all(|w| w[0] < w[1]),
+        "fences not strictly increasing in grant order: {:?}",
+        out.fences
+    );
+}
+
+/// The checker itself must catch a run without exclusion (negative control).
+pub async fn checker_catches_no_lock<T: Target>(target: &T) {
+    let out = run_rmw(target, None, 8, 12).await;
+    assert!(
+        out.overlaps > 0 && out.lost() > 0,
+        "the read-sleep-write checker saw nothing wrong without a lock: {out:?}"
+    );
+}
+
+/// Fences strictly increase across grants by different clients, including a grant that
+/// follows an expired (never released) holder.
+pub async fn fences_strictly_increase<T: Target>(target: &T) {
+    let name = unique("fence");
+    let mut seen = Vec::new();
+    for _ in 0..3 {
+        let lock = Lock::new(target.client().await, &name).expect("valid");
+        let guard = lock.try_lock().await.expect("store").expect("free");
+        seen.push(guard.fencing_token());
+        guard.release().await.expect("release");
+    }
+    let lock = Lock::builder(target.client().await, &name)
+        .ttl(Duration::from_millis(200))
+        .watchdog(false)
+        .build()
+        .expect("valid");
+    let guard = lock.try_lock().await.expect("store").expect("free");
+    seen.push(guard.fencing_token());
+    guard.forget();
+    let next = lock
+        .try_lock_for(Duration::from_secs(5))
+        .await
+        .expect("store")
+        .expect("free after expiry");
+    seen.push(next.fencing_token());
+    next.release().await.expect("release");
+    assert!(
+        seen.windows(2).all(|w| w[0] < w[1]),
+        "fences must strictly increase: {seen:?}"
+    );
+}
+
+/// A holder that vanished without releasing (forgot its guard) blocks others for at most
+/// its ttl; meanwhile nobody else gets the lock.
+pub async fn forgotten_holder_frees_within_ttl<T: Target>(target: &T) {
+    let name = unique("forgotten");
+    let ttl = Duration::from_millis(500);
+    let holder = Lock::builder(target.client().await, &name)
+        .ttl(ttl)
+        .build()
+        .expect("valid");
+    let guard = holder.try_lock().await.expect("store").expect("free");
+    let forgotten_at = Instant::now();
+    guard.forget();
+    let other = Lock::new(target.client().await, &name).expect("valid");
+    assert!(
+        other.try_lock().await.expect("store").is_none(),
+        "a forgotten guard's lease must still exclude others"
+    );
+    let guard = other
+        .try_lock_for(ttl * 10)
+        .await
+        .expect("store")
+        .expect("the lease must expire by itself");
+    let waited = forgotten_at.elapsed();
+    assert!(
+        waited >= ttl - Duration::from_millis(50),
+        "lock freed after {waited:?}, before its ttl {ttl:?}"
+    );
+    guard.release().await.expect("release");
+}
+
+/// A holder whose runtime died (its process, as far as the lock can tell) stops renewing:
+/// the lock frees itself within ttl + ε, and no renewal outlives the holder.
+pub async fn killed_holder_frees_within_ttl<T: Target>(target: &T) {
+    let name = unique("killed");
+    let ttl = Duration::from_millis(600);
+    let backend = target.client().await;
+    let lock = Lock::builder(backend, &name)
+        .ttl(ttl)
+        .build()
+        .expect("valid");
+    // The holder lives in its own runtime, which we then shut down: the watchdog task dies
+    // with it, as it would with the process.
+    let held = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async {
+            let guard = lock.try_lock().await.expect("store").expect("free");
+            std::mem::forget(guard); // never dropped: no release is sent
+        });
+        rt.shutdown_background();
+    })
+    .join();
+    assert!(held.is_ok(), "holder thread panicked");
+    let died = Instant::now();
+    let other = Lock::new(target.client().await, &name).expect("valid");
+    let guard = other
+        .try_lock_for(ttl * 10)
+        .await
+        .expect("store")
+        .expect("a dead holder's lease must expire");
+    let waited = died.elapsed();
+    assert!(
+        waited <= ttl + Duration::from_secs(2),
+        "freed only after {waited:?} (ttl {ttl:?})"
+    );
+    guard.release().await.expect("release");
+}
+
+/// Seed 000's "GET then DEL" failure is impossible: releasing after our lease expired and
+/// someone else acquired returns `LockLost` and leaves the new holder's lock intact.
+pub async fn release_after_expiry_is_lock_lost<T: Target>(target: &T) {
+    let name = unique("late-release");
+    let a = Lock::builder(target.client().await, &name)
+        .ttl(Duration::from_millis(200))
+        .watchdog(false)
+        .build()
+        .expect("valid");
+    let stale = a.try_lock().await.expect("store").expect("free");
+    let b = Lock::new(target.client().await, &name).expect("valid");
+    let current = b
+        .try_lock_for(Duration::from_secs(5))
+        .await
+        .expect("store")
+        .expect("free after expiry");
+    assert!(stale.is_lost(), "validity must have run out");
+    let err = stale.release().await.expect_err("must not report success");
+    assert_eq!(err.kind(), ErrorKind::LockLost, "{err}");
+    let c = Lock::new(target.client().await, &name).expect("valid");
+    assert!(
+        c.try_lock().await.expect("store").is_none(),
+        "the stale release must not have freed the new holder's lock"
+    );
+    assert!(!current.is_lost());
+    current
+        .release()
+        .await
+        .expect("the new holder still holds it");
+}
+
+/// With the watchdog on, a lock stays held across many ttls of work.
+pub async fn watchdog_keeps_lock<T: Target>(target: &T) {
+    let name = unique("watchdog");
+    let ttl = Duration::from_millis(300);
+    let backend = target.client().await;
+    let lock = Lock::builder(backend.clone(), &name)
+        .ttl(ttl)
+        .build()
+        .expect("valid");
+    let guard = lock.try_lock().await.expect("store").expect("free");
+    assert_eq!(backend.leases().len(), 1);
+    let other = Lock::new(target.client().await, &name).expect("valid");
+    let until = Instant::now() + ttl * 6;
+    while Instant::now() < until {
+        assert!(
+            other.try_lock().await.expect("store").is_none(),
+            "lock lost although the watchdog renews it"
+        );
+        sleep(ttl / 4).await;
+    }
+    assert!(!guard.is_lost());
+    assert!(guard.remaining() > Duration::ZERO);
+    guard.release().await.expect("still ours");
+    assert_eq!(
+        backend.leases().len(),
+        0,
+        "released lease still under renewal"
+    );
+}
+
+/// Without the watchdog, the lease ends at its ttl and `lost()` fires then.
+pub async fn without_watchdog_lease_ends_at_ttl<T: Target>(target: &T) {
+    let name = unique("no-watchdog");
+    let ttl = Duration::from_millis(300);
+    let backend = target.client().await;
+    let lock = Lock::builder(backend.clone(), &name)
+        .ttl(ttl)
+        .watchdog(false)
+        .build()
+        .expect("valid");
+    let guard = lock.try_lock().await.expect("store").expect("free");
+    assert_eq!(backend.leases().len(), 0);
+    timeout(ttl * 5, guard.lost())
+        .await
+        .expect("lost() must fire when the un-renewed lease runs out");
+    assert!(guard.is_lost());
+    assert_eq!(guard.remaining(), Duration::ZERO);
+}
+
+/// `lost()` fires when the key is deleted behind the holder's back, and release then
+/// reports `LockLost`.
+pub async fn lost_fires_on_external_delete<T: Target>(target: &T) {
+    let name = unique("deleted");
+    let ttl = Duration::from_millis(600);
+    let lock = Lock::builder(target.client().await, &name)
+        .ttl(ttl)
+        .build()
+        .expect("valid");
+    let guard = lock.try_lock().await.expect("store").expect("free");
+    let lost = guard.lost();
+    target.delete_key(lock.keys().lock()).await;
+    timeout(ttl * 3, lost)
+        .await
+        .expect("lost() must fire after the key was deleted");
+    assert!(guard.is_lost());
+    let err = guard.release().await.expect_err("must not report success");
+    assert_eq!(err.kind(), ErrorKind::LockLost);
+}
+
+/// A waiter wakes when the holder releases, long before the holder's ttl would run out.
+pub async fn waiter_wakes_on_release<T: Target>(target: &T) {
+    let name = unique("wake");
+    let ttl = Duration::from_secs(20);
+    let holder = Lock::builder(target.client().await, &name)
+        .ttl(ttl)
+        .build()
+        .expect("valid");
+    let guard = holder.try_lock().await.expect("store").expect("free");
+    let waiter = Lock::builder(target.client().await, &name)
+        .ttl(ttl)
+        .build()
+        .expect("valid");
+    let waiting = tokio::spawn(async move {
+        let g = waiter.lock().await.expect("lock");
+        let at = Instant::now();
+        g.release().await.expect("release");
+        at
+    });
+    sleep(Duration::from_millis(200)).await;
+    assert!(!waiting.is_finished(), "waiter got a held lock");
+    let released = Instant::now();
+    guard.release().await.expect("release");
+    let acquired = timeout(ttl / 2, waiting)
+        .await
+        .expect("the waiter must wake on release, not wait out the ttl")
+        .expect("waiter task");
+    assert!(acquired >= released);
+}
+
+/// A cancelled acquire — at any point — leaves no hold and no renewal behind.
+pub async fn cancelled_acquire_leaks_nothing<T: Target>(target: &T) {
+    let name = unique("cancel");
+    let backend = target.client().await;
+    let lock = Lock::builder(backend.clone(), &name)
+        .ttl(Duration::from_secs(20))
+        .build()
+        .expect("valid");
+    let checker = Lock::builder(target.client().await, &name)
+        .ttl(Duration::from_secs(20))
+        .build()
+        .expect("valid");
+    // Cancel while waiting on a held lock.
+    let held = checker.try_lock().await.expect("store").expect("free");
+    assert!(
+        timeout(Duration::from_millis(100), lock.lock())
+            .await
+            .is_err(),
+        "acquired a held lock"
+    );
+    held.release().await.expect("release");
+    // Cancel at every point of an attempt on a free lock, from before the request is sent
+    // to after the reply: whatever the store granted must be given back.
+    for micros in [0u64, 1, 5, 20, 50, 100, 200, 400, 800, 1500, 3000] {
+        let _ = timeout(Duration::from_micros(micros), lock.lock()).await;
+        let guard = checker
+            .try_lock_for(Duration::from_secs(5))
+            .await
+            .expect("store")
+            .unwrap_or_else(|| panic!("lock leaked by an acquire cancelled after {micros} µs"));
+        guard.release().await.expect("release");
+    }
+    sleep(Duration::from_millis(50)).await;
+    assert_eq!(
+        backend.leases().len(),
+        0,
+        "a cancelled acquire left a renewal"
+    );
+}
+
+/// Dropping a guard without `release()` gives the lock back in the background.
+pub async fn dropped_guard_releases<T: Target>(target: &T) {
+    let name = unique("drop");
+    let backend = target.client().await;
+    let lock = Lock::builder(backend.clone(), &name)
+        .ttl(Duration::from_secs(20))
+        .build()
+        .expect("valid");
+    let guard = lock.try_lock().await.expect("store").expect("free");
+    drop(guard);
+    assert_eq!(backend.leases().len(), 0, "dropped lease still renewed");
+    let other = Lock::new(target.client().await, &name).expect("valid");
+    let g = other
+        .try_lock_for(Duration::from_secs(5))
+        .await
+        .expect("store")
+        .expect("a dropped guard must release in the background, not wait out its ttl");
+    g.release().await.expect("release");
+}
+
+/// `try_lock_for` gives up after its timeout on a held lock, and `try_lock` at once.
+pub async fn bounded_waits_give_up<T: Target>(target: &T) {
+    let name = unique("bounded");
+    let holder = Lock::new(target.client().await, &name).expect("valid");
+    let guard = holder.try_lock().await.expect("store").expect("free");
+    let other = Lock::new(target.client().await, &name).expect("valid");
+    assert!(other.try_lock().await.expect("store").is_none());
+    let started = Instant::now();
+    let got = other
+        .try_lock_for(Duration::from_millis(300))
+        .await
+        .expect("store");
+    assert!(got.is_none(), "acquired a held lock");
+    assert!(started.elapsed() >= Duration::from_millis(300));
+    guard.release().await.expect("release");
+}
+
+/// `extend` resets the lease; after the lock is gone it reports `LockLost`.
+pub async fn extend_resets_lease<T: Target>(target: &T) {
+    let name = unique("extend");
+    let lock = Lock::builder(target.client().await, &name)
+        .ttl(Duration::from_millis(300))
+        .watchdog(false)
+        .build()
+        .expect("valid");
+    let guard = lock.try_lock().await.expect("store").expect("free");
+    guard.extend(Duration::from_secs(10)).await.expect("ours");
+    assert!(guard.remaining() > Duration::from_secs(5));
+    sleep(Duration::from_millis(500)).await;
+    assert!(!guard.is_lost(), "extended lease ran out at the old ttl");
+    let err = guard
+        .extend(Duration::ZERO)
+        .await
+        .expect_err("zero ttl refused");
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument);
+    guard.release().await.expect("still ours");
+
+    let guard = lock.try_lock().await.expect("store").expect("free");
+    target.delete_key(lock.keys().lock()).await;
+    let err = guard
+        .extend(Duration::from_secs(1))
+        .await
+        .expect_err("not ours any more");
+    assert_eq!(err.kind(), ErrorKind::LockLost);
+    assert!(guard.is_lost());
+}
+
+/// Bad options get `InvalidArgument`, before anything reaches the store.
+pub async fn bad_input_is_rejected<T: Target>(target: &T) {
+    let b = target.client().await;
+    let invalid = |r: dlock::Result<Lock<T::Backend>>| match r {
+        Ok(_) => panic!("accepted a bad option"),
+        Err(e) => assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}"),
+    };
+    invalid(Lock::new(b.clone(), ""));
+    invalid(Lock::new(
+        b.clone(),
+        "x".repeat(dlock::keys::MAX_NAME_LEN + 1),
+    ));
+    invalid(Lock::builder(b.clone(), "n").ttl(Duration::ZERO).build());
+    invalid(
+        Lock::builder(b.clone(), "n")
+            .ttl(Duration::from_millis(10))
+            .build(),
+    );
+    invalid(
+        Lock::builder(b.clone(), "n")
+            .ttl(dlock::MAX_TTL + Duration::from_secs(1))
+            .build(),
+    );
+    invalid(
+        Lock::builder(b.clone(), "n")
+            .retry(Retry::exponential(Duration::ZERO, Duration::from_secs(1)))
+            .build(),
+    );
+    invalid(
+        Lock::builder(b.clone(), "n")
+            .retry(Retry::exponential(
+                Duration::from_secs(2),
+                Duration::from_secs(1),
+            ))
+            .build(),
+    );
+    invalid(
+        Lock::builder(b.clone(), "n")
+            .prefix("p".repeat(300))
+            .build(),
+    );
+    // At the limits, accepted.
+    let lock = Lock::builder(b, "x".repeat(dlock::keys::MAX_NAME_LEN))
+        .ttl(dlock::MIN_TTL)
+        .build()
+        .expect("limits are inclusive");
+    let guard = lock.try_lock().await.expect("store").expect("free");
+    guard.release().await.expect("release");
+}
+
+/// Runs the whole suite against `target`.
+pub async fn run_all<T: Target>(target: &T) {
+    mutual_exclusion(target).await;
+    checker_catches_no_lock(target).await;
+    fences_strictly_increase(target).await;
+    forgotten_holder_frees_within_ttl(target).await;
+    killed_holder_frees_within_ttl(target).await;
+    release_after_expiry_is_lock_lost(target).await;
+    watchdog_keeps_lock(target).await;
+    without_watchdog_lease_ends_at_ttl(target).await;
+    lost_fires_on_external_delete(target).await;
+    waiter_wakes_on_release(target).await;
+    cancelled_acquire_leaks_nothing(target).await;
+    dropped_guard_releases(target).await;
+    bounded_waits_give_up(target).await;
+    extend_resets_lease(target).await;
+    bad_input_is_rejected(target).await;
+}

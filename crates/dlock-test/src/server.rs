@@ -1,0 +1,228 @@
+//! Real `redis-server` processes on free loopback ports, killed on drop.
+
+use std::io::{self, Read, Write};
+use std::net::{Ipv4Addr, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Environment variable naming the `redis-server` binary (default: `redis-server` on PATH).
+pub const REDIS_SERVER_ENV: &str = "DLOCK_REDIS_SERVER";
+
+/// How long a spawned server may take to answer `PING`.
+const READY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A `redis-server` child process listening on `127.0.0.1:<port>`, without persistence.
+///
+/// Dropping it kills the process (continuing it first if it was frozen) and removes its
+/// working directory.
+#[derive(Debug)]
+pub struct RedisServer {
+    child: Option<Child>,
+    port: u16,
+    dir: PathBuf,
+    extra: Vec<String>,
+    frozen: bool,
+}
+
+impl RedisServer {
+    /// Starts a server on a free loopback port and waits until it answers `PING`.
+    ///
+    /// # Errors
+    /// The binary is missing, or no server became ready on any of a few free ports.
+    pub fn start() -> io::Result<RedisServer> {
+        RedisServer::start_with(&[])
+    }
+
+    /// As [`start`](RedisServer::start), with extra `redis-server` arguments
+    /// (e.g. `["--maxmemory", "1mb"]`).
+    ///
+    /// # Errors
+    /// As [`start`](RedisServer::start).
+    pub fn start_with(extra: &[&str]) -> io::Result<RedisServer> {
+        let mut last_err = None;
+        for _ in 0..5 {
+            let port = free_port()?;
+            let dir =
+                std::env::temp_dir().join(format!("dlock-test-{}-{port}", std::process::id()));
+            std::fs::create_dir_all(&dir)?;
+            let mut server = RedisServer {
+                child: None,
+                port,
+                dir,
+                extra: extra.iter().map(|s| (*s).to_owned()).collect(),
+                frozen: false,
+            };
+            match server.spawn() {
+                Ok(()) => return Ok(server),
+                Err(e) => last_err = Some(e), // port taken in the meantime: try another
+            }
+        }
+        Err(last_err.unwrap_or_else(|| io::Error::other("redis-server did not start")))
+    }
+
+    fn spawn(&mut self) -> io::Result<()> {
+        let binary = std::env::var(REDIS_SERVER_ENV).unwrap_or_else(|_| "redis-server".into());
+        let port = self.port.to_string();
+        let mut cmd = Command::new(&binary);
+        cmd.args([
+            "--port",
+            &port,
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
+        .args(["--protected-mode", "no", "--loglevel", "warning"])
+        .arg("--dir")
+        .arg(&self.dir)
+        .args(&self.extra)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+        let mut child = cmd.spawn().map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!("cannot run {binary:?} (set {REDIS_SERVER_ENV}): {e}"),
+            )
+        })?;
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            if let Some(status) = child.try_wait()? {
+                return Err(io::Error::other(format!(
+                    "redis-server exited early: {status}"
+                )));
+            }
+            if ping(self.port).is_ok() {
+                self.child = Some(child);
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "redis-server not ready",
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// The port it listens on.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `redis://127.0.0.1:<port>/`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// The process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Kills the server with SIGKILL and starts an empty one on the same port (no
+    /// persistence: every key, lock and fence counter is gone).
+    ///
+    /// # Errors
+    /// The new process did not become ready.
+    pub fn restart(&mut self) -> io::Result<()> {
+        self.kill();
+        self.spawn()
+    }
+
+    /// Kills the server with SIGKILL (it stays down until [`restart`](RedisServer::restart)).
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            if self.frozen {
+                let _ = signal(child.id(), "CONT");
+                self.frozen = false;
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Freezes the server with SIGSTOP: connections stay open, nothing is answered.
+    ///
+    /// # Errors
+    /// The server is not running, or `kill` failed.
+    pub fn freeze(&mut self) -> io::Result<()> {
+        let pid = self
+            .pid()
+            .ok_or_else(|| io::Error::other("server not running"))?;
+        signal(pid, "STOP")?;
+        self.frozen = true;
+        Ok(())
+    }
+
+    /// Continues a frozen server with SIGCONT.
+    ///
+    /// # Errors
+    /// The server is not running, or `kill` failed.
+    pub fn thaw(&mut self) -> io::Result<()> {
+        let pid = self
+            .pid()
+            .ok_or_else(|| io::Error::other("server not running"))?;
+        signal(pid, "CONT")?;
+        self.frozen = false;
+        Ok(())
+    }
+
+    /// A redis-rs client for the test's own inspection and fault commands.
+    ///
+    /// # Panics
+    /// Never for a well-formed loopback URL.
+    pub fn client(&self) -> redis::Client {
+        #[allow(clippy::unwrap_used)]
+        redis::Client::open(self.url()).unwrap()
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn signal(pid: u32, sig: &str) -> io::Result<()> {
+    let status = Command::new("kill")
+        .arg(format!("-{sig}"))
+        .arg(pid.to_string())
+        .status()?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(io::Error::other(format!(
+            "kill -{sig} {pid} failed: {status}"
+        )))
+    }
+}
+
+/// A loopback port nobody listens on right now.
+///
+/// # Errors
+/// Binding an ephemeral port failed.
+pub fn free_port() -> io::Result<u16> {
+    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
+    Ok(listener.local_addr()?.port())
+}
+
+fn ping(port: u16) -> io::Result<()> {
+    let mut stream = TcpStream::connect((Ipv4Addr::LOCALHOST, port))?;
+    stream.set_read_timeout(Some(Duration::from_millis(200)))?;
+    stream.write_all(b"PING\r\n")?;
+    let mut buf = [0u8; 7];
+    stream.read_exact(&mut buf)?;
+    if &buf == b"+PONG\r\n" {
+        Ok(())
+    } else {
+        Err(io::Error::other("unexpected PING reply"))
+    }
+}

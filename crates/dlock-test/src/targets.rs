@@ -1,0 +1,76 @@
+//! Conformance targets for the built-in backends.
+
+use dlock::backend::{Memory, Redis};
+
+use crate::conformance::Target;
+use crate::server::RedisServer;
+
+/// The in-process store; every "client" shares it, as threads of one process would.
+#[derive(Debug, Default)]
+pub struct MemoryTarget {
+    store: Memory,
+}
+
+impl Target for MemoryTarget {
+    type Backend = Memory;
+
+    async fn client(&self) -> Memory {
+        self.store.clone()
+    }
+
+    async fn delete_key(&self, key: &str) {
+        self.store.force_delete(key);
+    }
+}
+
+/// A private `redis-server`; each client is a separate connection, as separate processes
+/// would have.
+#[derive(Debug)]
+pub struct RedisTarget {
+    /// The server (public so tests can restart or freeze it).
+    pub server: RedisServer,
+}
+
+impl RedisTarget {
+    /// Starts a private server.
+    ///
+    /// # Panics
+    /// If `redis-server` cannot be started (the test cannot run without it).
+    pub fn start() -> RedisTarget {
+        RedisTarget {
+            server: RedisServer::start()
+                .expect("start redis-server (apt-get install redis-server)"),
+        }
+    }
+
+    /// An admin connection for inspection and fault commands.
+    ///
+    /// # Panics
+    /// If the server does not answer.
+    pub async fn admin(&self) -> redis::aio::MultiplexedConnection {
+        self.server
+            .client()
+            .get_multiplexed_async_connection()
+            .await
+            .expect("admin connection")
+    }
+}
+
+impl Target for RedisTarget {
+    type Backend = Redis;
+
+    async fn client(&self) -> Redis {
+        Redis::connect(self.server.url())
+            .await
+            .expect("connect to the test server")
+    }
+
+    async fn delete_key(&self, key: &str) {
+        let mut admin = self.admin().await;
+        let _: i64 = redis::cmd("DEL")
+            .arg(key)
+            .query_async(&mut admin)
+            .await
+            .expect("DEL");
+    }
+}

@@ -1,0 +1,42 @@
+//! dlock's integration tests: one binary, real servers.
+
+mod memory;
+mod redis;
+
+/// One `#[tokio::test]` per conformance behaviour, against a fresh target each.
+#[macro_export]
+macro_rules! conformance_tests {
+    ($target:expr; $($behaviour:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $behaviour() {
+                let target = $target;
+                dlock_test::conformance::$behaviour(&target).await;
+            }
+        )*
+    };
+}
+
+/// Every conformance behaviour, for a target expression.
+#[macro_export]
+macro_rules! all_conformance_tests {
+    ($target:expr) => {
+        $crate::conformance_tests!($target;
+            mutual_exclusion,
+            checker_catches_no_lock,
+            fences_strictly_increase,
+            forgotten_holder_frees_within_ttl,
+            killed_holder_frees_within_ttl,
+            release_after_expiry_is_lock_lost,
+            watchdog_keeps_lock,
+            without_watchdog_lease_ends_at_ttl,
+            lost_fires_on_external_delete,
+            waiter_wakes_on_release,
+            cancelled_acquire_leaks_nothing,
+            dropped_guard_releases,
+            bounded_waits_give_up,
+            extend_resets_lease,
+            bad_input_is_rejected,
+        );
+    };
+}

@@ -1,0 +1,428 @@
+//! The Redis backend against the conformance suite, plus faults on the real server.
+
+use std::time::Duration;
+
+use dlock::backend::Redis;
+use dlock::{ErrorKind, Lock};
+use dlock_test::conformance::{Target, unique};
+use dlock_test::server::{RedisServer, free_port};
+use dlock_test::targets::RedisTarget;
+use tokio::time::{Instant, sleep, timeout};
+
+mod conformance {
+    crate::all_conformance_tests!(dlock_test::targets::RedisTarget::start());
+}
+
+async fn cmd<T: redis::FromRedisValue>(
+    conn: &mut redis::aio::MultiplexedConnection,
+    args: &[&str],
+) -> T {
+    let mut c = redis::cmd(args[0]);
+    for a in &args[1..] {
+        c.arg(*a);
+    }
+    c.query_async(conn).await.expect("admin command")
+}
+
+/// `cmdstat_<name>:calls=N` from INFO commandstats.
+async fn calls(conn: &mut redis::aio::MultiplexedConnection, command: &str) -> u64 {
+    let info: String = cmd(conn, &["INFO", "commandstats"]).await;
+    let prefix = format!("cmdstat_{command}:calls=");
+    info.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Every `command -> calls` from INFO commandstats (commands run inside scripts included).
+async fn all_calls(conn: &mut redis::aio::MultiplexedConnection) -> Vec<(String, u64)> {
+    let info: String = cmd(conn, &["INFO", "commandstats"]).await;
+    let mut out: Vec<(String, u64)> = info
+        .lines()
+        .filter_map(|l| l.strip_prefix("cmdstat_"))
+        .filter_map(|l| {
+            let (name, rest) = l.split_once(":calls=")?;
+            Some((name.to_owned(), rest.split(',').next()?.parse().ok()?))
+        })
+        .filter(|(name, _)| name != "info" && name != "config|resetstat")
+        .collect();
+    out.sort();
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquire_and_release_are_one_round_trip_each() {
+    let t = RedisTarget::start();
+    let lock = Lock::new(t.client().await, unique("rtt")).expect("valid");
+    let mut admin = t.admin().await;
+    let _: () = cmd(&mut admin, &["CONFIG", "RESETSTAT"]).await;
+    let guard = lock.try_lock().await.expect("store").expect("free");
+    let expect = |list: &[(&str, u64)]| -> Vec<(String, u64)> {
+        let mut v: Vec<_> = list.iter().map(|(n, c)| ((*n).to_owned(), *c)).collect();
+        v.sort();
+        v
+    };
+    // One EVALSHA from the client; SET NX PX and INCR run inside it.
+    assert_eq!(
+        all_calls(&mut admin).await,
+        expect(&[("evalsha", 1), ("set", 1), ("incr", 1)])
+    );
+    guard.release().await.expect("release");
+    // One more EVALSHA; GET, DEL and PUBLISH run inside it.
+    assert_eq!(
+        all_calls(&mut admin).await,
+        expect(&[
+            ("evalsha", 2),
+            ("set", 1),
+            ("incr", 1),
+            ("get", 1),
+            ("del", 1),
+            ("publish", 1)
+        ])
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn interoperates_with_the_standard_set_nx_px_protocol() {
+    let t = RedisTarget::start();
+    let name = unique("interop");
+    let lock = Lock::builder(t.client().await, &name)
+        .prefix("")
+        .build()
+        .expect("valid");
+    let mut raw = t.admin().await;
+    // A foreign client holds the key: dlock is excluded.
+    let set: Option<String> = cmd(&mut raw, &["SET", &name, "foreign", "NX", "PX", "10000"]).await;
+    assert_eq!(set.as_deref(), Some("OK"));
+    assert!(lock.try_lock().await.expect("store").is_none());
+    let _: i64 = cmd(&mut raw, &["DEL", &name]).await;
+    // dlock holds the key: the foreign client is excluded, and sees the plain token.
+    let guard = lock.try_lock().await.expect("store").expect("free");
+    let set: Option<String> = cmd(&mut raw, &["SET", &name, "foreign", "NX", "PX", "10000"]).await;
+    assert_eq!(set, None);
+    let value: String = cmd(&mut raw, &["GET", &name]).await;
+    assert_eq!(value, guard.token().as_str());
+    let pttl: i64 = cmd(&mut raw, &["PTTL", &name]).await;
+    assert!(
+        pttl > 0 && pttl <= 30_000,
+        "the key must carry the lease as PX: {pttl}"
+    );
+    guard.release().await.expect("release");
+    let exists: i64 = cmd(&mut raw, &["EXISTS", &name]).await;
+    assert_eq!(exists, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_fires_when_the_server_restarts_empty_and_the_client_recovers() {
+    let mut t = RedisTarget::start();
+    let backend = t.client().await;
+    let ttl = Duration::from_millis(600);
+    let lock = Lock::builder(backend.clone(), unique("restart"))
+        .ttl(ttl)
+        .build()
+        .expect("valid");
+    let guard = lock.try_lock().await.expect("store").expect("free");
+    let lost = guard.lost();
+    t.server.restart().expect("restart");
+    timeout(ttl * 5, lost)
+        .await
+        .expect("lost() must fire after the server lost the key");
+    let err = guard.release().await.expect_err("not ours any more");
+    assert_eq!(err.kind(), ErrorKind::LockLost, "{err}");
+    // The same client reconnects by itself and locks again (scripts reloaded on NOSCRIPT).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let guard = loop {
+        match lock.try_lock().await {
+            Ok(Some(g)) => break g,
+            Ok(None) => panic!("nobody else holds it"),
+            Err(e) if e.is_retryable() && Instant::now() < deadline => {
+                sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("client did not recover: {e}"),
+        }
+    };
+    guard.release().await.expect("release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_fires_when_the_server_is_frozen_past_the_ttl() {
+    let mut t = RedisTarget::start();
+    let ttl = Duration::from_millis(600);
+    let lock = Lock::builder(t.client().await, unique("frozen"))
+        .ttl(ttl)
+        .build()
+        .expect("valid");
+    let guard = lock.try_lock().await.expect("store").expect("free");
+    let frozen_at = Instant::now();
+    t.server.freeze().expect("SIGSTOP");
+    let fired = timeout(ttl * 4, guard.lost()).await;
+    let fired_after = frozen_at.elapsed();
+    t.server.thaw().expect("SIGCONT");
+    assert!(
+        fired.is_ok(),
+        "lost() did not fire while the server was frozen"
+    );
+    assert!(
+        fired_after <= ttl + Duration::from_millis(100),
+        "lost() must fire by the end of the validity, fired after {fired_after:?}"
+    );
+    // After resuming, the server has expired the key and another client gets it.
+    let other = Lock::new(t.client().await, lock.name()).expect("valid");
+    let g = other
+        .try_lock_for(Duration::from_secs(5))
+        .await
+        .expect("store")
+        .expect("free after the frozen lease expired");
+    let err = guard.release().await.expect_err("stale release");
+    assert_eq!(err.kind(), ErrorKind::LockLost);
+    g.release().await.expect("the new holder's lock is intact");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn script_flush_mid_hold_is_survived() {
+    let t = RedisTarget::start();
+    let ttl = Duration::from_millis(300);
+    let lock = Lock::builder(t.client().await, unique("flush"))
+        .ttl(ttl)
+        .build()
+        .expect("valid");
+    let guard = lock.try_lock().await.expect("store").expect("free");
+    let mut admin = t.admin().await;
+    let _: () = cmd(&mut admin, &["SCRIPT", "FLUSH"]).await;
+    sleep(ttl * 3).await; // several renewals, the first of which meets NOSCRIPT
+    assert!(!guard.is_lost(), "renewal must reload the script and go on");
+    let _: () = cmd(&mut admin, &["SCRIPT", "FLUSH"]).await;
+    guard.release().await.expect("release reloads the script");
+    let _: () = cmd(&mut admin, &["SCRIPT", "FLUSH"]).await;
+    let guard = lock
+        .try_lock()
+        .await
+        .expect("store")
+        .expect("acquire reloads");
+    assert!(guard.fencing_token().get() >= 2);
+    guard.release().await.expect("release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_release_wakes_one_local_waiter() {
+    let t = RedisTarget::start();
+    let name = unique("herd");
+    let ttl = Duration::from_secs(30);
+    let holder = Lock::builder(t.client().await, &name)
+        .ttl(ttl)
+        .build()
+        .expect("valid");
+    let guard = holder.try_lock().await.expect("store").expect("free");
+    // Three waiters sharing one client (one pub/sub subscription).
+    let waiters_client = t.client().await;
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    for _ in 0..3 {
+        let lock = Lock::builder(waiters_client.clone(), &name)
+            .ttl(ttl)
+            .build()
+            .expect("valid");
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            let g = lock.lock().await.expect("lock");
+            let _ = tx.send(g);
+        });
+    }
+    let mut admin = t.admin().await;
+    let subscribed = async {
+        loop {
+            let n: Vec<redis::Value> =
+                cmd(&mut admin, &["PUBSUB", "NUMSUB", holder.keys().channel()]).await;
+            if matches!(n.get(1), Some(redis::Value::Int(1))) {
+                break;
+            }
+            sleep(Duration::from_millis(10)).await;
+        }
+    };
+    timeout(Duration::from_secs(5), subscribed)
+        .await
+        .expect("the waiters' client subscribes once to the lock's channel");
+    sleep(Duration::from_millis(100)).await; // let every waiter settle into its wait
+    let _: () = cmd(&mut admin, &["CONFIG", "RESETSTAT"]).await;
+    guard.release().await.expect("release");
+    let first = timeout(Duration::from_secs(5), rx.recv())
+        .await
+        .expect("a waiter woke on the release")
+        .expect("channel");
+    sleep(Duration::from_millis(300)).await;
+    // One EVALSHA for the release, one for the single woken waiter's attempt.
+    assert_eq!(
+        calls(&mut admin, "evalsha").await,
+        2,
+        "a release must wake one waiter, not the herd"
+    );
+    assert!(rx.try_recv().is_err());
+    drop(first);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watchdog_pipelines_renewals_of_many_leases() {
+    let t = RedisTarget::start();
+    let backend = t.client().await;
+    let ttl = Duration::from_millis(600);
+    let mut guards = Vec::new();
+    for _ in 0..200 {
+        let lock = Lock::builder(backend.clone(), unique("many"))
+            .ttl(ttl)
+            .build()
+            .expect("valid");
+        guards.push(lock.try_lock().await.expect("store").expect("free"));
+    }
+    assert_eq!(dlock::raw::RawLock::leases(&backend).len(), 200);
+    sleep(ttl * 3).await;
+    assert!(guards.iter().all(|g| !g.is_lost()), "every lease renewed");
+    for g in guards {
+        g.release().await.expect("release");
+    }
+    assert!(dlock::raw::RawLock::leases(&backend).is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_non_string_at_the_lock_key_is_a_typed_error() {
+    let t = RedisTarget::start();
+    let lock = Lock::new(t.client().await, unique("wrongtype")).expect("valid");
+    let mut admin = t.admin().await;
+    let _: i64 = cmd(&mut admin, &["HSET", lock.keys().lock(), "f", "v"]).await;
+    let err = lock.try_lock().await.expect_err("a hash is not a lock");
+    assert_eq!(err.kind(), ErrorKind::Backend, "{err}");
+    assert!(err.to_string().contains("WRONGTYPE"), "{err}");
+
+    // A corrupt fence counter fails the acquire and leaves no lock behind.
+    let lock = Lock::new(t.client().await, unique("badfence")).expect("valid");
+    let _: () = cmd(&mut admin, &["SET", lock.keys().fence(), "not-a-number"]).await;
+    let err = lock.try_lock().await.expect_err("corrupt fence counter");
+    assert_eq!(err.kind(), ErrorKind::Backend, "{err}");
+    let exists: i64 = cmd(&mut admin, &["EXISTS", lock.keys().lock()]).await;
+    assert_eq!(exists, 0, "the lock key must not be left without a fence");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_without_scripting_gets_a_clear_error() {
+    let t = RedisTarget::start();
+    let mut admin = t.admin().await;
+    let _: () = cmd(
+        &mut admin,
+        &[
+            "ACL",
+            "SETUSER",
+            "noscript",
+            "on",
+            ">pw",
+            "~*",
+            "&*",
+            "+@all",
+            "-@scripting",
+        ],
+    )
+    .await;
+    let url = format!("redis://noscript:pw@127.0.0.1:{}/", t.server.port());
+    let err = Redis::connect(url)
+        .await
+        .expect_err("scripting is required");
+    assert_eq!(err.kind(), ErrorKind::Backend, "{err}");
+    assert!(err.to_string().contains("scripting"), "{err}");
+    assert!(
+        !err.to_string().contains(":pw@"),
+        "credentials leaked: {err}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acl_user_password_and_db_from_the_url_are_used() {
+    let t = RedisTarget::start();
+    let mut admin = t.admin().await;
+    let _: () = cmd(
+        &mut admin,
+        &[
+            "ACL", "SETUSER", "locker", "on", ">s3cret", "~*", "&*", "+@all",
+        ],
+    )
+    .await;
+    let url = format!("redis://locker:s3cret@127.0.0.1:{}/3", t.server.port());
+    let lock =
+        Lock::new(Redis::connect(url).await.expect("connect"), unique("acl")).expect("valid");
+    let guard = lock.try_lock().await.expect("store").expect("free");
+    let in_db0: i64 = cmd(&mut admin, &["EXISTS", lock.keys().lock()]).await;
+    let _: () = cmd(&mut admin, &["SELECT", "3"]).await;
+    let in_db3: i64 = cmd(&mut admin, &["EXISTS", lock.keys().lock()]).await;
+    assert_eq!((in_db0, in_db3), (0, 1), "the lock must live in db 3");
+    guard.release().await.expect("release");
+
+    let bad = format!("redis://locker:wrong@127.0.0.1:{}/", t.server.port());
+    let err = Redis::connect(bad).await.expect_err("wrong password");
+    assert!(
+        matches!(err.kind(), ErrorKind::Backend | ErrorKind::Unavailable),
+        "{err}"
+    );
+    assert!(
+        !err.to_string().contains("wrong@"),
+        "credentials leaked: {err}"
+    );
+}
+
+#[tokio::test]
+async fn malformed_urls_are_invalid_arguments() {
+    for url in [
+        "",
+        "http://127.0.0.1/",
+        "127.0.0.1:6379",
+        "redis://127.0.0.1:notaport/",
+        "redis://[::1/",
+    ] {
+        let err = Redis::connect(url).await.expect_err(url);
+        assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{url}: {err}");
+    }
+    let err = Redis::builder("redis://127.0.0.1/")
+        .connect_timeout(Duration::ZERO)
+        .connect()
+        .await
+        .expect_err("zero timeout");
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument);
+}
+
+#[tokio::test]
+async fn an_unreachable_server_fails_within_the_connect_timeout() {
+    let port = free_port().expect("port");
+    let started = Instant::now();
+    let err = Redis::builder(format!("redis://127.0.0.1:{port}/"))
+        .connect_timeout(Duration::from_millis(500))
+        .connect()
+        .await
+        .expect_err("nobody listens there");
+    assert!(
+        matches!(err.kind(), ErrorKind::Unavailable | ErrorKind::TimedOut),
+        "{err}"
+    );
+    assert!(err.is_retryable());
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "connect must be bounded, took {:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_server_with_persistence_keeps_fences_increasing() {
+    // The fence counter's durability is the server's: with AOF it survives a restart.
+    let server = RedisServer::start_with(&["--appendonly", "yes", "--appendfsync", "always"])
+        .expect("redis-server");
+    let mut t = RedisTarget { server };
+    let name = unique("durable-fence");
+    let lock = Lock::new(t.client().await, &name).expect("valid");
+    let g = lock.try_lock().await.expect("store").expect("free");
+    let before = g.fencing_token();
+    g.release().await.expect("release");
+    t.server.restart().expect("restart");
+    let lock = Lock::new(t.client().await, &name).expect("valid");
+    let g = lock.try_lock().await.expect("store").expect("free");
+    assert!(
+        g.fencing_token() > before,
+        "fence went backwards across a restart"
+    );
+    g.release().await.expect("release");
+}
