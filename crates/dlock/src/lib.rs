@@ -75,6 +75,11 @@ mod token;
 pub mod validity;
 pub mod watchdog;
 
+/// The README's examples compile (and run, where they need no server).
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+struct ReadmeDoctests;
+
 pub use error::{Error, ErrorKind, Result};
 pub use lock::{DEFAULT_TTL, Lock, LockBuilder, LockGuard, MAX_TTL, MIN_TTL, Retry};
 pub use token::{FencingToken, Token};
