@@ -23,6 +23,8 @@ pub struct RedisServer {
     dir: PathBuf,
     extra: Vec<String>,
     frozen: bool,
+    /// TLS port and certificate directory, for servers from [`RedisServer::start_tls`].
+    tls: Option<(u16, PathBuf)>,
 }
 
 impl RedisServer {
@@ -52,6 +54,7 @@ impl RedisServer {
                 dir,
                 extra: extra.iter().map(|s| (*s).to_owned()).collect(),
                 frozen: false,
+                tls: None,
             };
             match server.spawn() {
                 Ok(()) => return Ok(server),
@@ -109,6 +112,59 @@ impl RedisServer {
             }
             std::thread::sleep(Duration::from_millis(10));
         }
+    }
+
+    /// Starts a server that also accepts TLS connections on [`tls_port`](Self::tls_port),
+    /// with a fresh self-signed certificate made by `openssl` (clients connect with
+    /// `rediss://127.0.0.1:<tls_port>/#insecure`).
+    ///
+    /// # Errors
+    /// `openssl` or `redis-server` failed, or the server was built without TLS.
+    pub fn start_tls() -> io::Result<RedisServer> {
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let certs = std::env::temp_dir().join(format!("dlock-test-tls-{}-{n}", std::process::id()));
+        std::fs::create_dir_all(&certs)?;
+        let (cert, key) = (certs.join("cert.pem"), certs.join("key.pem"));
+        let status = Command::new("openssl")
+            .args([
+                "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+            ])
+            .args(["-subj", "/CN=127.0.0.1", "-keyout"])
+            .arg(&key)
+            .arg("-out")
+            .arg(&cert)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()?;
+        if !status.success() {
+            return Err(io::Error::other(format!("openssl req failed: {status}")));
+        }
+        let tls_port = free_port()?;
+        let (tls_port_s, cert_s, key_s) = (
+            tls_port.to_string(),
+            cert.to_string_lossy().into_owned(),
+            key.to_string_lossy().into_owned(),
+        );
+        let mut server = RedisServer::start_with(&[
+            "--tls-port",
+            &tls_port_s,
+            "--tls-cert-file",
+            &cert_s,
+            "--tls-key-file",
+            &key_s,
+            "--tls-ca-cert-file",
+            &cert_s,
+            "--tls-auth-clients",
+            "no",
+        ])?;
+        server.tls = Some((tls_port, certs));
+        Ok(server)
+    }
+
+    /// The TLS port, for servers from [`start_tls`](Self::start_tls).
+    pub fn tls_port(&self) -> Option<u16> {
+        self.tls.as_ref().map(|(port, _)| *port)
     }
 
     /// The port it listens on.
@@ -188,6 +244,9 @@ impl Drop for RedisServer {
     fn drop(&mut self) {
         self.kill();
         let _ = std::fs::remove_dir_all(&self.dir);
+        if let Some((_, certs)) = &self.tls {
+            let _ = std::fs::remove_dir_all(certs);
+        }
     }
 }
 

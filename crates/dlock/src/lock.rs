@@ -534,6 +534,7 @@ impl<B: RawLock> LockGuard<B> {
             .extend(&self.lease.keys, &self.lease.token, ttl)
             .await?;
         if extended {
+            self.lease.set_ttl(ttl);
             self.lease.renewed(sent, ttl);
             Ok(())
         } else {

@@ -41,6 +41,10 @@ pub(crate) enum End {
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct LeaseState {
     pub(crate) valid_until: Instant,
+    /// When the request behind `valid_until` was sent. Replies on one connection come in
+    /// the order the store applied them, so the latest-sent success describes the store.
+    pub(crate) sent: Instant,
+    /// The ttl future renewals ask for.
     pub(crate) ttl: Duration,
     pub(crate) end: End,
 }
@@ -57,6 +61,7 @@ impl Lease {
     pub(crate) fn new(keys: LockKeys, token: Token, sent: Instant, ttl: Duration) -> Lease {
         let (state, _) = watch::channel(LeaseState {
             valid_until: validity::valid_until(sent.into_std(), ttl).into(),
+            sent,
             ttl,
             end: End::Held,
         });
@@ -73,13 +78,21 @@ impl Lease {
         s.end != End::Held || now >= s.valid_until
     }
 
+    /// A renewal or extension sent at `sent` for `ttl` succeeded.
     pub(crate) fn renewed(&self, sent: Instant, ttl: Duration) {
-        self.state.send_modify(|s| {
-            if s.end == End::Held {
-                s.valid_until = validity::valid_until(sent.into_std(), ttl).into();
-                s.ttl = ttl;
+        self.state.send_if_modified(|s| {
+            if s.end != End::Held || sent < s.sent {
+                return false; // an older request's late reply says nothing new
             }
+            s.sent = sent;
+            s.valid_until = validity::valid_until(sent.into_std(), ttl).into();
+            true
         });
+    }
+
+    /// From now on, renewals ask for `ttl`.
+    pub(crate) fn set_ttl(&self, ttl: Duration) {
+        self.state.send_modify(|s| s.ttl = ttl);
     }
 
     pub(crate) fn end(&self, end: End) {

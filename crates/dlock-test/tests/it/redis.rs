@@ -426,3 +426,30 @@ async fn a_restarted_server_with_persistence_keeps_fences_increasing() {
     );
     g.release().await.expect("release");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rediss_urls_lock_over_tls() {
+    let server = RedisServer::start_tls().expect("redis-server with TLS (and openssl)");
+    let port = server.tls_port().expect("tls port");
+    // A self-signed test certificate: `#insecure` skips verification, as redis-rs documents.
+    let url = format!("rediss://127.0.0.1:{port}/#insecure");
+    let backend = Redis::connect(url).await.expect("TLS connect");
+    let lock = Lock::builder(backend, unique("tls"))
+        .ttl(Duration::from_millis(300))
+        .build()
+        .expect("valid");
+    let guard = lock.try_lock().await.expect("store").expect("free");
+    sleep(Duration::from_millis(500)).await; // renewed over TLS
+    assert!(!guard.is_lost());
+    let waiter = lock.clone();
+    let waiting = tokio::spawn(async move { waiter.lock().await.map(|g| g.fencing_token()) });
+    sleep(Duration::from_millis(100)).await;
+    let first = guard.fencing_token();
+    guard.release().await.expect("release over TLS");
+    let second = timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("woken through pub/sub over TLS")
+        .expect("task")
+        .expect("lock");
+    assert!(second > first);
+}

@@ -116,6 +116,12 @@ impl RedisBuilder {
                 redact(&self.url)
             )));
         }
+        #[cfg(feature = "redis-tls")]
+        if scheme == "rediss" {
+            // rustls needs a process-wide crypto provider; install ours unless the
+            // application already chose one (then this is a no-op).
+            let _ = rustls::crypto::ring::default_provider().install_default();
+        }
         let client = redis::Client::open(self.url.as_str()).map_err(|e| {
             Error::invalid(format!("bad redis URL {:?}: {e}", redact(&self.url))).with_source(e)
         })?;
