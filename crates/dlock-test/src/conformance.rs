@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use dlock::raw::{RawFencing, RawLock};
+use dlock::raw::{RawFencing, RawInspect, RawLock};
 use dlock::{ErrorKind, Lock, Retry};
 use tokio::time::{Instant, sleep, timeout};
 
@@ -354,6 +354,23 @@ pub async fn lost_fires_on_external_delete<T: Target>(target: &T) {
     assert_eq!(err.kind(), ErrorKind::LockLost);
 }
 
+/// A renewal that finds the key gone ends the lease at once, well before its validity
+/// would have run out.
+pub async fn lost_fires_at_the_next_renewal<T: Target>(target: &T) {
+    let name = unique("taken");
+    let ttl = Duration::from_secs(3);
+    let lock = Lock::builder(target.client().await, &name)
+        .ttl(ttl)
+        .build()
+        .expect("valid");
+    let guard = lock.try_lock().await.expect("store").expect("free");
+    target.delete_key(lock.keys().lock()).await;
+    timeout(ttl / 2, guard.lost())
+        .await
+        .expect("the renewal's refusal must end the lease, not its validity running out");
+    assert_eq!(guard.remaining(), Duration::ZERO);
+}
+
 /// A waiter wakes when the holder releases, long before the holder's ttl would run out.
 pub async fn waiter_wakes_on_release<T: Target>(target: &T) {
     let name = unique("wake");
@@ -363,8 +380,14 @@ pub async fn waiter_wakes_on_release<T: Target>(target: &T) {
         .build()
         .expect("valid");
     let guard = holder.try_lock().await.expect("store").expect("free");
+    // A waiter that had to poll would sleep 5 s between attempts: only the release
+    // announcement can wake it in time.
     let waiter = Lock::builder(target.client().await, &name)
         .ttl(ttl)
+        .retry(Retry::exponential(
+            Duration::from_secs(5),
+            Duration::from_secs(5),
+        ))
         .build()
         .expect("valid");
     let waiting = tokio::spawn(async move {
@@ -377,9 +400,9 @@ pub async fn waiter_wakes_on_release<T: Target>(target: &T) {
     assert!(!waiting.is_finished(), "waiter got a held lock");
     let released = Instant::now();
     guard.release().await.expect("release");
-    let acquired = timeout(ttl / 2, waiting)
+    let acquired = timeout(Duration::from_secs(2), waiting)
         .await
-        .expect("the waiter must wake on release, not wait out the ttl")
+        .expect("the waiter must wake on the release announcement, not poll or wait out the ttl")
         .expect("waiter task");
     assert!(acquired >= released);
 }
@@ -422,6 +445,77 @@ pub async fn cancelled_acquire_leaks_nothing<T: Target>(target: &T) {
         0,
         "a cancelled acquire left a renewal"
     );
+}
+
+/// A backend whose acquire replies arrive `delay` after the store granted them: for
+/// cancelling an acquire between the grant and the reply.
+#[derive(Clone)]
+pub struct SlowReply<B> {
+    /// The wrapped backend.
+    pub inner: B,
+    /// How late each acquire reply arrives.
+    pub delay: Duration,
+}
+
+impl<B: RawLock> RawLock for SlowReply<B> {
+    async fn acquire(
+        &self,
+        keys: &dlock::keys::LockKeys,
+        token: &dlock::Token,
+        ttl: Duration,
+    ) -> dlock::Result<dlock::raw::Acquire> {
+        let granted = self.inner.acquire(keys, token, ttl).await;
+        sleep(self.delay).await;
+        granted
+    }
+
+    async fn release(
+        &self,
+        keys: &dlock::keys::LockKeys,
+        token: &dlock::Token,
+    ) -> dlock::Result<bool> {
+        self.inner.release(keys, token).await
+    }
+
+    async fn extend(
+        &self,
+        keys: &dlock::keys::LockKeys,
+        token: &dlock::Token,
+        ttl: Duration,
+    ) -> dlock::Result<bool> {
+        self.inner.extend(keys, token, ttl).await
+    }
+
+    fn leases(&self) -> &dlock::watchdog::Leases {
+        self.inner.leases()
+    }
+}
+
+/// An acquire cancelled after the store granted it, before the reply arrived, gives the
+/// grant back: nobody waits out its ttl.
+pub async fn cancelled_after_the_grant_gives_it_back<T: Target>(target: &T) {
+    let name = unique("slow-reply");
+    let slow = SlowReply {
+        inner: target.client().await,
+        delay: Duration::from_millis(300),
+    };
+    let lock = Lock::builder(slow, &name)
+        .ttl(Duration::from_secs(20))
+        .build()
+        .expect("valid");
+    assert!(
+        timeout(Duration::from_millis(100), lock.lock())
+            .await
+            .is_err(),
+        "the reply cannot have arrived yet"
+    );
+    let other = Lock::new(target.client().await, &name).expect("valid");
+    let guard = other
+        .try_lock_for(Duration::from_secs(2))
+        .await
+        .expect("store")
+        .expect("a grant whose reply was never seen must be released, not leak for its ttl");
+    guard.release().await.expect("release");
 }
 
 /// Dropping a guard without `release()` gives the lock back in the background.
@@ -541,6 +635,100 @@ pub async fn bad_input_is_rejected<T: Target>(target: &T) {
     guard.release().await.expect("release");
 }
 
+/// Inspection shows the holder, ttl and fence; `list` finds held locks only; a token
+/// handed to another process releases and extends; `force_unlock` frees the lock, wakes a
+/// waiter and makes the old holder's `lost()` fire.
+pub async fn inspection_and_administration<T: Target>(target: &T)
+where
+    T::Backend: RawInspect,
+{
+    let name = unique("inspect");
+    let ttl = Duration::from_millis(900);
+    let lock = Lock::builder(target.client().await, &name)
+        .ttl(ttl)
+        .build()
+        .expect("valid");
+    let free = lock.state().await.expect("store");
+    assert_eq!((free.holder.as_deref(), free.remaining), (None, None));
+    assert!(!lock.is_locked().await.expect("store"));
+    assert!(
+        !lock.force_unlock().await.expect("store"),
+        "nothing to delete"
+    );
+
+    let guard = lock.try_lock().await.expect("store").expect("free");
+    let held = lock.state().await.expect("store");
+    assert_eq!(held.holder.as_deref(), Some(guard.token().as_str()));
+    assert!(
+        held.remaining
+            .is_some_and(|r| r <= ttl && r > Duration::ZERO)
+    );
+    assert_eq!(held.last_fence, Some(guard.fencing_token().get()));
+    assert!(lock.is_locked().await.expect("store"));
+
+    let admin = target.client().await;
+    let prefix = dlock::keys::DEFAULT_PREFIX;
+    let listed = admin.list(prefix, "inspect-*", 1000).await.expect("store");
+    assert!(listed.contains(&name), "{name} not in {listed:?}");
+    assert!(
+        listed.iter().all(|n| !n.contains(":fence")),
+        "companion keys listed: {listed:?}"
+    );
+    let none = admin
+        .list(prefix, "no-such-lock-*", 1000)
+        .await
+        .expect("store");
+    assert!(none.is_empty(), "{none:?}");
+
+    // Another process holding only the token can extend and release.
+    let elsewhere = Lock::new(target.client().await, &name).expect("valid");
+    let wrong = dlock::Token::random().expect("rng");
+    let err = elsewhere
+        .extend_token(&wrong, ttl)
+        .await
+        .expect_err("wrong token");
+    assert_eq!(err.kind(), ErrorKind::LockLost);
+    elsewhere
+        .extend_token(guard.token(), Duration::from_secs(5))
+        .await
+        .expect("right token extends");
+    elsewhere
+        .release_token(guard.token())
+        .await
+        .expect("right token releases");
+    assert_eq!(
+        guard
+            .release()
+            .await
+            .expect_err("released elsewhere")
+            .kind(),
+        ErrorKind::LockLost
+    );
+
+    // Force-unlock: the holder learns it, a waiter gets the lock.
+    let guard = lock.try_lock().await.expect("store").expect("free");
+    let lost = guard.lost();
+    let waiter = Lock::builder(target.client().await, &name)
+        .ttl(Duration::from_secs(20))
+        .build()
+        .expect("valid");
+    let waiting = tokio::spawn(async move { waiter.lock().await.map(|g| g.fencing_token()) });
+    sleep(Duration::from_millis(100)).await;
+    assert!(
+        lock.force_unlock().await.expect("store"),
+        "a held lock was deleted"
+    );
+    let next = timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("force-unlock wakes a waiter")
+        .expect("task")
+        .expect("lock");
+    assert!(next > guard.fencing_token());
+    timeout(ttl * 3, lost)
+        .await
+        .expect("the old holder's lost() fires");
+}
+
 /// Runs the whole suite against `target`.
 pub async fn run_all<T: Target>(target: &T) {
     mutual_exclusion(target).await;
@@ -552,10 +740,21 @@ pub async fn run_all<T: Target>(target: &T) {
     watchdog_keeps_lock(target).await;
     without_watchdog_lease_ends_at_ttl(target).await;
     lost_fires_on_external_delete(target).await;
+    lost_fires_at_the_next_renewal(target).await;
     waiter_wakes_on_release(target).await;
+    cancelled_after_the_grant_gives_it_back(target).await;
     cancelled_acquire_leaks_nothing(target).await;
     dropped_guard_releases(target).await;
     bounded_waits_give_up(target).await;
     extend_resets_lease(target).await;
     bad_input_is_rejected(target).await;
+}
+
+/// Runs the whole suite, with the inspection behaviours, against `target`.
+pub async fn run_all_with_inspection<T: Target>(target: &T)
+where
+    T::Backend: RawInspect,
+{
+    run_all(target).await;
+    inspection_and_administration(target).await;
 }

@@ -7,7 +7,7 @@ use tokio::time::Instant;
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::keys::{DEFAULT_PREFIX, LockKeys};
-use crate::raw::{Acquire, RawFencing, RawLock, ReleaseWatch};
+use crate::raw::{Acquire, LockState, RawFencing, RawInspect, RawLock, ReleaseWatch};
 use crate::token::{FencingToken, Token};
 use crate::watchdog::{End, Lease};
 
@@ -391,6 +391,71 @@ impl<B: RawLock> Lock<B> {
             registration,
             armed: true,
         }))
+    }
+}
+
+impl<B: RawLock> Lock<B> {
+    /// Releases the lock held under `token` — for a holder in another process that handed
+    /// its token over (as `dlock acquire` / `dlock release` do).
+    ///
+    /// # Errors
+    /// [`ErrorKind::LockLost`] if the lock is not held under `token` any more; store
+    /// failures otherwise.
+    pub async fn release_token(&self, token: &Token) -> Result<()> {
+        if self.backend.release(&self.keys, token).await? {
+            Ok(())
+        } else {
+            Err(Error::lost(format!(
+                "lock {:?} is not held under that token",
+                self.name()
+            )))
+        }
+    }
+
+    /// Resets the lease of the lock held under `token` to `ttl` from now.
+    ///
+    /// # Errors
+    /// `InvalidArgument` for a ttl out of range; [`ErrorKind::LockLost`] if the lock is not
+    /// held under `token`; store failures otherwise.
+    pub async fn extend_token(&self, token: &Token, ttl: Duration) -> Result<()> {
+        let ttl = validate_ttl(ttl)?;
+        if self.backend.extend(&self.keys, token, ttl).await? {
+            Ok(())
+        } else {
+            Err(Error::lost(format!(
+                "lock {:?} is not held under that token",
+                self.name()
+            )))
+        }
+    }
+}
+
+impl<B: RawInspect> Lock<B> {
+    /// What the store says about this lock now: holder token, remaining ttl, last fence.
+    ///
+    /// # Errors
+    /// Store failures.
+    pub async fn state(&self) -> Result<LockState> {
+        self.backend.inspect(&self.keys).await
+    }
+
+    /// Whether anyone holds the lock now (a snapshot; it may change at once).
+    ///
+    /// # Errors
+    /// Store failures.
+    pub async fn is_locked(&self) -> Result<bool> {
+        Ok(self.state().await?.holder.is_some())
+    }
+
+    /// Deletes the lock whoever holds it and wakes a waiter. **Dangerous**: the holder
+    /// keeps working until its next renewal tells it (its `lost()` then fires), so two
+    /// processes may act at once meanwhile; fenced resources still reject the old holder's
+    /// writes once the new holder has written. Returns whether a held lock was deleted.
+    ///
+    /// # Errors
+    /// Store failures.
+    pub async fn force_unlock(&self) -> Result<bool> {
+        self.backend.force_unlock(&self.keys).await
     }
 }
 

@@ -132,6 +132,62 @@ pub trait RawLock: Clone + Send + Sync + 'static {
 /// persistence, eviction).
 pub trait RawFencing: RawLock {}
 
+/// What the store says about one lock right now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LockState {
+    /// The token at the lock key, if it is held.
+    pub holder: Option<String>,
+    /// The holder's remaining time to live (`None` if not held, or held without expiry).
+    pub remaining: Option<Duration>,
+    /// The last fence minted for this name (`None` if none ever was, or the store has no
+    /// fences).
+    pub last_fence: Option<u64>,
+}
+
+impl LockState {
+    /// A state built by a backend.
+    pub fn new(
+        holder: Option<String>,
+        remaining: Option<Duration>,
+        last_fence: Option<u64>,
+    ) -> Self {
+        LockState {
+            holder,
+            remaining,
+            last_fence,
+        }
+    }
+}
+
+/// Inspection and administration of locks, for operators and tooling.
+///
+/// # Correctness
+///
+/// [`force_unlock`](RawInspect::force_unlock) deletes whatever holds the key and announces
+/// the release; the holder learns it at its next renewal (its `lost()` fires). It breaks
+/// mutual exclusion for as long as that holder keeps working: an operator's last resort.
+/// [`list`](RawInspect::list) must never block the store (iterate, e.g. `SCAN`, never
+/// `KEYS`), and lists only held lock keys (keys with an expiry), not companion keys.
+pub trait RawInspect: RawLock {
+    /// The lock's current state (one consistent snapshot where the store allows).
+    fn inspect(&self, keys: &LockKeys) -> impl Future<Output = Result<LockState>> + Send;
+
+    /// Deletes the lock key whoever holds it and wakes waiters. Returns whether a held
+    /// key was deleted.
+    fn force_unlock(&self, keys: &LockKeys) -> impl Future<Output = Result<bool>> + Send;
+
+    /// Names of the held locks under `prefix` (keys with the prefix stripped) that match
+    /// the glob `pattern` (`*` any run, `?` one character), at most `limit` of them, in no
+    /// particular order.
+    fn list(
+        &self,
+        prefix: &str,
+        pattern: &str,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<String>>> + Send;
+}
+
 /// A subscription to release announcements of one lock, held by one waiter.
 ///
 /// Each announcement wakes one waiter of this client (not all of them); a waiter that is

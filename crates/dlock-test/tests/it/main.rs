@@ -31,12 +31,15 @@ macro_rules! all_conformance_tests {
             watchdog_keeps_lock,
             without_watchdog_lease_ends_at_ttl,
             lost_fires_on_external_delete,
+            lost_fires_at_the_next_renewal,
             waiter_wakes_on_release,
+            cancelled_after_the_grant_gives_it_back,
             cancelled_acquire_leaks_nothing,
             dropped_guard_releases,
             bounded_waits_give_up,
             extend_resets_lease,
             bad_input_is_rejected,
+            inspection_and_administration,
         );
     };
 }

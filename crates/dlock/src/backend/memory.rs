@@ -8,7 +8,7 @@ use tokio::sync::Notify;
 
 use crate::error::Result;
 use crate::keys::LockKeys;
-use crate::raw::{Acquire, RawFencing, RawLock, ReleaseWatch};
+use crate::raw::{Acquire, LockState, RawFencing, RawInspect, RawLock, ReleaseWatch};
 use crate::token::Token;
 use crate::watchdog::Leases;
 
@@ -195,3 +195,83 @@ impl RawLock for Memory {
 /// Fences come from a per-key counter in the same critical section as the grant, and the
 /// counter is never dropped while the store lives.
 impl RawFencing for Memory {}
+
+impl RawInspect for Memory {
+    async fn inspect(&self, keys: &LockKeys) -> Result<LockState> {
+        let now = Instant::now();
+        let mut state = self.state();
+        let (holder, remaining) = match state.live(keys.lock(), now) {
+            Some(h) => (Some(h.token.as_str().to_owned()), Some(h.expires - now)),
+            None => (None, None),
+        };
+        let fence = state.fences.get(keys.lock()).copied();
+        Ok(LockState::new(holder, remaining, fence))
+    }
+
+    async fn force_unlock(&self, keys: &LockKeys) -> Result<bool> {
+        Ok(self.force_delete(keys.lock()))
+    }
+
+    async fn list(&self, prefix: &str, pattern: &str, limit: usize) -> Result<Vec<String>> {
+        let now = Instant::now();
+        let state = self.state();
+        Ok(state
+            .locks
+            .iter()
+            .filter(|(_, h)| h.expires > now)
+            .filter_map(|(k, _)| k.strip_prefix(prefix))
+            .filter(|name| glob_match(pattern.as_bytes(), name.as_bytes()))
+            .take(limit)
+            .map(str::to_owned)
+            .collect())
+    }
+}
+
+/// `*` matches any run, `?` one byte, anything else itself.
+fn glob_match(pattern: &[u8], text: &[u8]) -> bool {
+    let (mut p, mut t) = (0, 0);
+    let mut backtrack: Option<(usize, usize)> = None;
+    while t < text.len() {
+        match pattern.get(p) {
+            Some(b'*') => {
+                backtrack = Some((p, t));
+                p += 1;
+            }
+            Some(&c) if c == b'?' || c == text[t] => {
+                p += 1;
+                t += 1;
+            }
+            _ => match backtrack {
+                Some((bp, bt)) => {
+                    p = bp + 1;
+                    t = bt + 1;
+                    backtrack = Some((bp, bt + 1));
+                }
+                None => return false,
+            },
+        }
+    }
+    pattern[p..].iter().all(|&c| c == b'*')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::glob_match;
+
+    #[test]
+    fn glob() {
+        for (p, t, m) in [
+            ("*", "", true),
+            ("*", "abc", true),
+            ("a*c", "abbbc", true),
+            ("a*c", "abbb", false),
+            ("a?c", "abc", true),
+            ("a?c", "ac", false),
+            ("job-*-x", "job-1-2-x", true),
+            ("", "a", false),
+            ("abc", "abc", true),
+        ] {
+            assert_eq!(glob_match(p.as_bytes(), t.as_bytes()), m, "{p} ~ {t}");
+        }
+    }
+}

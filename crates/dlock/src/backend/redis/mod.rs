@@ -26,7 +26,7 @@ use redis::{RedisError, Script, ServerErrorKind};
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::keys::LockKeys;
-use crate::raw::{Acquire, RawFencing, RawLock, ReleaseWatch, Renewal};
+use crate::raw::{Acquire, LockState, RawFencing, RawInspect, RawLock, ReleaseWatch, Renewal};
 use crate::token::Token;
 use crate::watchdog::Leases;
 
@@ -398,3 +398,79 @@ impl RawLock for Redis {
 /// Fences come from `INCR` in the same script as the `SET NX`; see the module docs for
 /// what resets the counter.
 impl RawFencing for Redis {}
+
+impl RawInspect for Redis {
+    async fn inspect(&self, keys: &LockKeys) -> Result<LockState> {
+        let (holder, pttl, fence): (Option<String>, i64, Option<u64>) = redis::pipe()
+            .atomic()
+            .get(keys.lock())
+            .pttl(keys.lock())
+            .get(keys.fence())
+            .query_async(&mut self.conn())
+            .await
+            .map_err(|e| map_err(e, "inspecting"))?;
+        let remaining = u64::try_from(pttl).ok().map(Duration::from_millis);
+        Ok(LockState::new(holder, remaining, fence))
+    }
+
+    async fn force_unlock(&self, keys: &LockKeys) -> Result<bool> {
+        let (deleted, _): (i64, i64) = redis::pipe()
+            .atomic()
+            .del(keys.lock())
+            .publish(keys.channel(), keys.lock())
+            .query_async(&mut self.conn())
+            .await
+            .map_err(|e| map_err(e, "force-unlocking"))?;
+        Ok(deleted == 1)
+    }
+
+    async fn list(&self, prefix: &str, pattern: &str, limit: usize) -> Result<Vec<String>> {
+        let mut escaped = String::with_capacity(prefix.len() + pattern.len());
+        for c in prefix.chars() {
+            if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+                escaped.push('\\');
+            }
+            escaped.push(c);
+        }
+        escaped.push_str(pattern);
+        let mut conn = self.conn();
+        let mut cursor: u64 = 0;
+        let mut names = Vec::new();
+        loop {
+            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(&escaped)
+                .arg("COUNT")
+                .arg(1000)
+                .query_async(&mut conn)
+                .await
+                .map_err(|e| map_err(e, "listing locks (SCAN)"))?;
+            if !keys.is_empty() {
+                // Lock keys always carry an expiry; fence counters never do.
+                let mut pipe = redis::pipe();
+                for k in &keys {
+                    pipe.pttl(k);
+                }
+                let ttls: Vec<i64> = pipe
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(|e| map_err(e, "listing locks (PTTL)"))?;
+                for (key, ttl) in keys.into_iter().zip(ttls) {
+                    if ttl >= 0
+                        && let Some(name) = key.strip_prefix(prefix)
+                    {
+                        names.push(name.to_owned());
+                        if names.len() >= limit {
+                            return Ok(names);
+                        }
+                    }
+                }
+            }
+            if next == 0 {
+                return Ok(names);
+            }
+            cursor = next;
+        }
+    }
+}
