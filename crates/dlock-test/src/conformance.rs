@@ -194,8 +194,13 @@ pub async fn forgotten_holder_frees_within_ttl<T: Target>(target: &T) {
         .build()
         .expect("valid");
     let guard = holder.try_lock().await.expect("store").expect("free");
+    let lost = guard.lost();
     let forgotten_at = Instant::now();
     guard.forget();
+    let lost_at = tokio::spawn(async move {
+        lost.await;
+        Instant::now()
+    });
     let other = Lock::new(target.client().await, &name).expect("valid");
     assert!(
         other.try_lock().await.expect("store").is_none(),
@@ -210,6 +215,11 @@ pub async fn forgotten_holder_frees_within_ttl<T: Target>(target: &T) {
     assert!(
         waited >= ttl - Duration::from_millis(50),
         "lock freed after {waited:?}, before its ttl {ttl:?}"
+    );
+    let lost_after = lost_at.await.expect("task") - forgotten_at;
+    assert!(
+        lost_after >= ttl / 2,
+        "lost() fired {lost_after:?} after forget(), though the lease was still held"
     );
     guard.release().await.expect("release");
 }
@@ -369,6 +379,90 @@ pub async fn lost_fires_at_the_next_renewal<T: Target>(target: &T) {
         .await
         .expect("the renewal's refusal must end the lease, not its validity running out");
     assert_eq!(guard.remaining(), Duration::ZERO);
+}
+
+/// A lease that lapsed (validity ran out, watchdog off) cannot be extended back to life,
+/// and releasing it reports `LockLost` even if the key happened to still be there.
+pub async fn lapsed_lease_is_lost_for_good<T: Target>(target: &T) {
+    let ttl = Duration::from_millis(400);
+    for extend_first in [true, false] {
+        let lock = Lock::builder(target.client().await, unique("lapsed"))
+            .ttl(ttl)
+            .watchdog(false)
+            .build()
+            .expect("valid");
+        let guard = lock.try_lock().await.expect("store").expect("free");
+        timeout(ttl * 3, guard.lost()).await.expect("lapses");
+        if extend_first {
+            let err = guard
+                .extend(Duration::from_secs(5))
+                .await
+                .expect_err("a lapsed lease cannot be revived");
+            assert_eq!(err.kind(), ErrorKind::LockLost);
+            assert!(guard.is_lost(), "extend revived a lapsed lease");
+        }
+        let err = guard.release().await.expect_err("lapsed");
+        assert_eq!(err.kind(), ErrorKind::LockLost, "{err}");
+    }
+}
+
+/// Extending to a ttl shorter than the watchdog's schedule is renewed in time.
+pub async fn shorter_extend_is_renewed_in_time<T: Target>(target: &T) {
+    let name = unique("shorter");
+    let lock = Lock::builder(target.client().await, &name)
+        .ttl(Duration::from_secs(30))
+        .build()
+        .expect("valid");
+    let guard = lock.try_lock().await.expect("store").expect("free");
+    let short = Duration::from_millis(300);
+    guard.extend(short).await.expect("ours");
+    sleep(short * 4).await;
+    assert!(!guard.is_lost(), "the watchdog kept the old 10 s schedule");
+    let other = Lock::new(target.client().await, &name).expect("valid");
+    assert!(other.try_lock().await.expect("store").is_none());
+    assert!(guard.remaining() <= short);
+    guard.release().await.expect("still ours");
+}
+
+/// `try_lock_for` with a zero or an enormous timeout: the first attempt always completes,
+/// and no arithmetic overflows.
+pub async fn extreme_waits<T: Target>(target: &T) {
+    let lock = Lock::new(target.client().await, unique("extreme")).expect("valid");
+    let g = lock
+        .try_lock_for(Duration::ZERO)
+        .await
+        .expect("store")
+        .expect("a free lock is acquired even with a zero wait");
+    g.release().await.expect("release");
+    let g = lock
+        .try_lock_for(Duration::MAX)
+        .await
+        .expect("store")
+        .expect("free");
+    g.release().await.expect("release");
+}
+
+/// A grant whose reply arrives after the lease's validity is an error (`TimedOut`), not
+/// a lock and not contention, and the grant is given back.
+pub async fn late_grant_is_timed_out_and_given_back<T: Target>(target: &T) {
+    let name = unique("late-grant");
+    let slow = SlowReply {
+        inner: target.client().await,
+        delay: Duration::from_millis(250),
+    };
+    let lock = Lock::builder(slow, &name)
+        .ttl(dlock::MIN_TTL)
+        .build()
+        .expect("valid");
+    let err = lock.try_lock().await.expect_err("no validity left");
+    assert_eq!(err.kind(), ErrorKind::TimedOut, "{err}");
+    let other = Lock::new(target.client().await, &name).expect("valid");
+    let g = other
+        .try_lock_for(Duration::from_secs(2))
+        .await
+        .expect("store")
+        .expect("given back");
+    g.release().await.expect("release");
 }
 
 /// A waiter wakes when the holder releases, long before the holder's ttl would run out.
@@ -741,6 +835,10 @@ pub async fn run_all<T: Target>(target: &T) {
     without_watchdog_lease_ends_at_ttl(target).await;
     lost_fires_on_external_delete(target).await;
     lost_fires_at_the_next_renewal(target).await;
+    lapsed_lease_is_lost_for_good(target).await;
+    shorter_extend_is_renewed_in_time(target).await;
+    extreme_waits(target).await;
+    late_grant_is_timed_out_and_given_back(target).await;
     waiter_wakes_on_release(target).await;
     cancelled_after_the_grant_gives_it_back(target).await;
     cancelled_acquire_leaks_nothing(target).await;

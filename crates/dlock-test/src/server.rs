@@ -98,7 +98,9 @@ impl RedisServer {
                     "redis-server exited early: {status}"
                 )));
             }
-            if ping(self.port).is_ok() {
+            // Ready, and really ours: another test's server may have won a race for the
+            // same free port (ours then exits on the failed bind).
+            if server_pid(self.port).is_ok_and(|pid| pid == child.id()) {
                 self.child = Some(child);
                 return Ok(());
             }
@@ -273,15 +275,35 @@ pub fn free_port() -> io::Result<u16> {
     Ok(listener.local_addr()?.port())
 }
 
-fn ping(port: u16) -> io::Result<()> {
+/// The `process_id` a server on `port` reports in `INFO server`.
+fn server_pid(port: u16) -> io::Result<u32> {
     let mut stream = TcpStream::connect((Ipv4Addr::LOCALHOST, port))?;
-    stream.set_read_timeout(Some(Duration::from_millis(200)))?;
-    stream.write_all(b"PING\r\n")?;
-    let mut buf = [0u8; 7];
-    stream.read_exact(&mut buf)?;
-    if &buf == b"+PONG\r\n" {
-        Ok(())
-    } else {
-        Err(io::Error::other("unexpected PING reply"))
+    stream.set_read_timeout(Some(Duration::from_millis(500)))?;
+    stream.write_all(b"INFO server\r\n")?;
+    // A bulk string: "$<len>\r\n<body>\r\n".
+    let mut reply = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let n = stream.read(&mut buf)?;
+        if n == 0 {
+            return Err(io::Error::other("connection closed"));
+        }
+        reply.extend_from_slice(&buf[..n]);
+        let text = String::from_utf8_lossy(&reply);
+        let Some((header, body)) = text.split_once("\r\n") else {
+            continue;
+        };
+        let len: usize = header
+            .strip_prefix('$')
+            .and_then(|l| l.parse().ok())
+            .ok_or_else(|| io::Error::other(format!("unexpected INFO reply {header:?}")))?;
+        if body.len() < len {
+            continue;
+        }
+        return body
+            .lines()
+            .find_map(|l| l.strip_prefix("process_id:"))
+            .and_then(|pid| pid.trim().parse().ok())
+            .ok_or_else(|| io::Error::other("no process_id in INFO"));
     }
 }

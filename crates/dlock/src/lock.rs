@@ -185,8 +185,6 @@ impl<B: RawLock> LockBuilder<B> {
 enum Attempt<B: RawLock> {
     Got(LockGuard<B>),
     Held(Option<Duration>),
-    /// Granted, but the reply came too late to leave any validity; already being released.
-    Late,
 }
 
 impl<B: RawLock> Lock<B> {
@@ -256,18 +254,24 @@ impl<B: RawLock> Lock<B> {
     /// holds it.
     ///
     /// # Errors
-    /// Store failures (`Unavailable`, `TimedOut`, `Backend`).
+    /// Store failures (`Unavailable`, `TimedOut`, `Backend`). `TimedOut` also when the
+    /// store granted the lock but its reply came after the lease's validity had run out
+    /// (the grant is then given back): the ttl is too short for this store's latency.
     ///
     /// # Cancel safety
     /// Cancel-safe, as [`lock`](Lock::lock).
     pub async fn try_lock(&self) -> Result<Option<LockGuard<B>>> {
         match self.attempt().await? {
             Attempt::Got(guard) => Ok(Some(guard)),
-            Attempt::Held(_) | Attempt::Late => Ok(None),
+            Attempt::Held(_) => Ok(None),
         }
     }
 
     /// Waits at most `timeout` for the lock: `Ok(None)` if it stayed held that long.
+    ///
+    /// At least one attempt is made, and an attempt in flight when the time is up is let
+    /// finish (it is bounded by the store's response timeout), so a slow store is not
+    /// mistaken for contention.
     ///
     /// # Errors
     /// Store failures (`Unavailable`, `TimedOut`, `Backend`).
@@ -275,7 +279,9 @@ impl<B: RawLock> Lock<B> {
     /// # Cancel safety
     /// Cancel-safe, as [`lock`](Lock::lock).
     pub async fn try_lock_for(&self, timeout: Duration) -> Result<Option<LockGuard<B>>> {
-        self.try_lock_until(Instant::now() + timeout).await
+        // A timeout too large to add to now is as good as none.
+        let deadline = Instant::now().checked_add(timeout);
+        self.acquire_until(deadline).await
     }
 
     /// Waits until `deadline` at most for the lock: `Ok(None)` if it stayed held.
@@ -295,17 +301,16 @@ impl<B: RawLock> Lock<B> {
             retry: self.retry,
             attempt: 0,
         };
+        // A release announcement this waiter consumed; passed on to another local waiter
+        // unless our next attempt settles who holds the lock.
+        let mut woken: Option<PassOn> = None;
         loop {
-            let attempt = match deadline {
-                Some(d) => match tokio::time::timeout_at(d, self.attempt()).await {
-                    Ok(a) => a?,
-                    Err(_) => return Ok(None),
-                },
-                None => self.attempt().await?,
-            };
+            let attempt = self.attempt().await?;
+            if let Some(mut w) = woken.take() {
+                w.consumed();
+            }
             let remaining = match attempt {
                 Attempt::Got(guard) => return Ok(Some(guard)),
-                Attempt::Late => continue,
                 Attempt::Held(remaining) => remaining,
             };
             let now = Instant::now();
@@ -315,13 +320,17 @@ impl<B: RawLock> Lock<B> {
             let Some(watch) = &watch else {
                 // Subscribe, then try again at once: a release between our attempt and the
                 // subscription would otherwise go unheard.
-                watch = Some(match self.backend.watch(&self.keys).await {
-                    Ok(w) => w,
-                    Err(err) => {
-                        tracing::debug!(lock = self.name(), error = %err, "cannot watch releases; polling");
-                        ReleaseWatch::none()
-                    }
-                });
+                let subscribe = self.backend.watch(&self.keys);
+                let subscribed = match deadline {
+                    Some(d) => tokio::time::timeout_at(d, subscribe)
+                        .await
+                        .unwrap_or_else(|_| Ok(ReleaseWatch::none())),
+                    None => subscribe.await,
+                };
+                watch = Some(subscribed.unwrap_or_else(|err| {
+                    tracing::debug!(lock = self.name(), error = %err, "cannot watch releases; polling");
+                    ReleaseWatch::none()
+                }));
                 continue;
             };
             let mut sleep = if watch.is_active() {
@@ -338,13 +347,20 @@ impl<B: RawLock> Lock<B> {
                 sleep = sleep.min(d.saturating_duration_since(now));
             }
             tokio::select! {
-                () = watch.released() => {}
+                () = watch.released() => woken = Some(PassOn(watch.notifier())),
                 () = tokio::time::sleep(sleep) => {}
             }
         }
     }
 
     async fn attempt(&self) -> Result<Attempt<B>> {
+        if self.watchdog && tokio::runtime::Handle::try_current().is_err() {
+            // Checked before acquiring: a grant we could not renew nor give back would
+            // block everyone for a whole ttl.
+            return Err(Error::invalid(
+                "dlock's lease watchdog needs a tokio runtime",
+            ));
+        }
         let token = Token::random()?;
         let sent = Instant::now();
         let mut pending = PendingAcquire {
@@ -352,22 +368,31 @@ impl<B: RawLock> Lock<B> {
             keys: &self.keys,
             token: Some(&token),
         };
-        let outcome = self.backend.acquire(&self.keys, &token, self.ttl).await;
+        let fence = match self.backend.acquire(&self.keys, &token, self.ttl).await {
+            Ok(Acquire::Acquired { fence }) => fence,
+            Ok(Acquire::Held { remaining }) => {
+                pending.token = None;
+                return Ok(Attempt::Held(remaining));
+            }
+            // The outcome is unknown (the request may have reached the store): `pending`
+            // gives back whatever may have been granted under our token.
+            Err(err) => return Err(err),
+        };
         pending.token = None;
         drop(pending);
-        let fence = match outcome? {
-            Acquire::Acquired { fence } => fence,
-            Acquire::Held { remaining } => return Ok(Attempt::Held(remaining)),
-        };
         let lease = Arc::new(Lease::new(self.keys.clone(), token, sent, self.ttl));
         if lease.is_lost_at(Instant::now()) {
-            tracing::warn!(
-                lock = self.name(),
-                elapsed = ?sent.elapsed(),
-                "acquire reply arrived after the lease's validity; releasing"
-            );
             spawn_release(&self.backend, &lease);
-            return Ok(Attempt::Late);
+            return Err(Error::new(
+                ErrorKind::TimedOut,
+                format!(
+                    "the store granted lock {:?} but its reply took {:?}, past the lease's \
+                     validity (ttl {:?}); the grant was given back — use a longer ttl",
+                    self.name(),
+                    sent.elapsed(),
+                    self.ttl
+                ),
+            ));
         }
         let registration = if self.watchdog {
             match self
@@ -391,6 +416,24 @@ impl<B: RawLock> Lock<B> {
             registration,
             armed: true,
         }))
+    }
+}
+
+/// Passes a consumed release announcement on to another local waiter if this waiter
+/// leaves (error, cancellation) before its attempt settled anything.
+struct PassOn(Option<Arc<tokio::sync::Notify>>);
+
+impl PassOn {
+    fn consumed(&mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for PassOn {
+    fn drop(&mut self) {
+        if let Some(notify) = self.0.take() {
+            notify.notify_one();
+        }
     }
 }
 
@@ -560,8 +603,8 @@ impl<B: RawLock> LockGuard<B> {
     }
 
     /// A future that resolves when the lease can no longer be guaranteed (see
-    /// [`is_lost`](LockGuard::is_lost)). It is `'static`: race it against the work done
-    /// under the lock.
+    /// [`is_lost`](LockGuard::is_lost)), or when the guard is released or dropped. It is
+    /// `'static`: race it against the work done under the lock.
     ///
     /// ```
     /// # async fn demo() -> dlock::Result<()> {
@@ -590,63 +633,84 @@ impl<B: RawLock> LockGuard<B> {
     /// for at least what [`remaining`](LockGuard::remaining) said before.
     pub async fn extend(&self, ttl: Duration) -> Result<()> {
         let ttl = validate_ttl(ttl)?;
-        if self.lease.snapshot().end != End::Held {
-            return Err(Error::lost("the lock was already lost"));
+        if self.is_lost() {
+            // A lapsed lease cannot be revived: someone may have held the lock meanwhile.
+            return Err(Error::lost(format!(
+                "lock {:?} was already lost; a lapsed lease cannot be extended",
+                self.name()
+            )));
         }
         let sent = Instant::now();
         let extended = self
             .backend
             .extend(&self.lease.keys, &self.lease.token, ttl)
             .await?;
-        if extended {
-            self.lease.set_ttl(ttl);
-            self.lease.renewed(sent, ttl);
-            Ok(())
-        } else {
+        if !extended {
             self.lease.end(End::Taken);
-            Err(Error::lost(format!(
+            return Err(Error::lost(format!(
                 "lock {:?} was no longer ours when extending",
                 self.name()
-            )))
+            )));
         }
+        self.lease.set_ttl(ttl);
+        if !self.lease.renewed(sent, ttl) {
+            return Err(Error::lost(format!(
+                "lock {:?}: the extension was confirmed only after the lease had lapsed",
+                self.name()
+            )));
+        }
+        if let Some(id) = self.registration {
+            // A shorter ttl must be renewed sooner than the old schedule says.
+            self.backend.leases().reschedule(id, sent + ttl / 3);
+        }
+        Ok(())
     }
 
-    /// Releases the lock and reports whether it was still ours.
+    /// Releases the lock and reports whether it was still ours all along.
     ///
     /// # Errors
     /// [`ErrorKind::LockLost`] if the lock key no longer held our token (expired, deleted
-    /// or taken over): work done under it may have overlapped with another holder. Never
+    /// or taken over), or if the lease had already lapsed (its validity ran out without a
+    /// renewal: another holder may have been granted it meanwhile, even if the key is
+    /// still ours now). Work done under it may have overlapped with another holder. Never
     /// silent success. Store failures otherwise (the lease then expires by itself).
     ///
     /// # Cancel safety
-    /// If cancelled, the release may or may not have happened; the lease is out of
-    /// renewal either way and expires within its ttl.
+    /// If cancelled before the store answered, the release is sent again in the
+    /// background; the lease is out of renewal either way.
     pub async fn release(mut self) -> Result<()> {
-        self.disarm();
+        // Out of renewal now; `armed` stays set until the reply, so that a cancelled
+        // release still gives the lock back from `Drop`.
+        if let Some(id) = self.registration.take() {
+            self.backend.leases().deregister(id);
+        }
+        let lapsed = self.is_lost();
+        let lost_before = self.lease.snapshot().end;
         let released = self
             .backend
             .release(&self.lease.keys, &self.lease.token)
             .await;
-        let lost_before = self.lease.snapshot().end;
+        self.armed = false;
         self.lease.end(End::Released);
-        match released? {
-            true => Ok(()),
-            false => Err(Error::lost(format!(
-                "lock {:?} was no longer ours when releasing ({})",
-                self.name(),
-                match lost_before {
-                    End::Taken => "the store reported it deleted or taken over",
-                    End::Expired => "its lease ran out",
-                    _ => "its key had expired or been replaced",
-                }
-            ))),
-        }
+        let reason = match (released?, lapsed) {
+            (true, false) => return Ok(()),
+            (true, true) => "its lease had lapsed before the release (the key was deleted now)",
+            (false, _) => match lost_before {
+                End::Taken => "the store reported it deleted or taken over",
+                End::Expired => "its lease ran out",
+                _ => "its key had expired or been replaced",
+            },
+        };
+        Err(Error::lost(format!(
+            "lock {:?} was no longer ours when releasing: {reason}",
+            self.name()
+        )))
     }
 
     /// Stops renewing and keeps the lock until its ttl runs out, without releasing it.
+    /// Futures from [`lost`](LockGuard::lost) still resolve when the lease runs out.
     pub fn forget(mut self) {
         self.disarm();
-        self.lease.end(End::Released);
     }
 
     fn disarm(&mut self) {

@@ -179,7 +179,8 @@ pub trait RawInspect: RawLock {
 
     /// Names of the held locks under `prefix` (keys with the prefix stripped) that match
     /// the glob `pattern` (`*` any run, `?` one character), at most `limit` of them, in no
-    /// particular order.
+    /// particular order. With an empty prefix every key with an expiry in the store
+    /// counts as a lock.
     fn list(
         &self,
         prefix: &str,
@@ -216,6 +217,12 @@ impl ReleaseWatch {
     /// Whether this watch can fire at all.
     pub fn is_active(&self) -> bool {
         self.inner.is_some()
+    }
+
+    /// The notifier behind this watch, for handing a consumed wake-up on to another
+    /// local waiter (`notify_one`).
+    pub(crate) fn notifier(&self) -> Option<Arc<Notify>> {
+        self.inner.as_ref().map(|(notify, _)| Arc::clone(notify))
     }
 
     /// Waits for the next release announcement (forever, for [`ReleaseWatch::none`]).

@@ -78,16 +78,29 @@ impl Lease {
         s.end != End::Held || now >= s.valid_until
     }
 
-    /// A renewal or extension sent at `sent` for `ttl` succeeded.
-    pub(crate) fn renewed(&self, sent: Instant, ttl: Duration) {
+    /// A renewal or extension sent at `sent` for `ttl` succeeded. Returns whether the
+    /// lease is still held: a confirmation that arrives after the validity ran out cannot
+    /// revive it (someone may have held the lock in between), and ends it instead.
+    pub(crate) fn renewed(&self, sent: Instant, ttl: Duration) -> bool {
+        let now = Instant::now();
+        let mut held = false;
         self.state.send_if_modified(|s| {
-            if s.end != End::Held || sent < s.sent {
+            if s.end != End::Held {
+                return false;
+            }
+            if now >= s.valid_until {
+                s.end = End::Expired;
+                return true;
+            }
+            held = true;
+            if sent < s.sent {
                 return false; // an older request's late reply says nothing new
             }
             s.sent = sent;
             s.valid_until = validity::valid_until(sent.into_std(), ttl).into();
             true
         });
+        held
     }
 
     /// From now on, renewals ask for `ttl`.
@@ -223,6 +236,24 @@ impl Leases {
         Ok(id)
     }
 
+    /// Renews lease `id` no later than `due` (after an extension to a shorter ttl).
+    pub(crate) fn reschedule(&self, id: u64, due: Instant) {
+        let mut reg = self.lock();
+        let Some(entry) = reg.entries.get_mut(&id) else {
+            return;
+        };
+        // In flight: its result reschedules from the lease's current ttl.
+        let Some(old) = entry.next_due else {
+            return;
+        };
+        if due < old {
+            entry.next_due = Some(due);
+            reg.due.remove(&(old, id));
+            reg.due.insert((due, id));
+            self.inner.wake.notify_one();
+        }
+    }
+
     /// Takes a lease out of renewal at once (released, forgotten or dropped).
     pub(crate) fn deregister(&self, id: u64) {
         let mut reg = self.lock();
@@ -292,11 +323,12 @@ async fn run<B: RawLock>(backend: B, shared: Arc<Shared>) {
                 ttl: lease.snapshot().ttl,
             })
             .collect();
-        // No reply is worth waiting for past the earliest validity in the batch.
+        // No reply is worth waiting for once every lease in the batch has lapsed; leases
+        // that lapse earlier are ended when the results come in.
         let limit = batch
             .iter()
             .map(|(_, l)| l.snapshot().valid_until.saturating_duration_since(now))
-            .min()
+            .max()
             .unwrap_or_default()
             .max(Duration::from_millis(10));
         let sent = Instant::now();
@@ -325,8 +357,16 @@ async fn run<B: RawLock>(backend: B, shared: Arc<Shared>) {
             }
             let next = match result {
                 Ok(true) => {
-                    lease.renewed(sent, renewal.ttl);
-                    Some(sent + renewal.ttl / 3)
+                    if lease.renewed(sent, renewal.ttl) {
+                        // The lease's ttl now, which an extend may have changed meanwhile.
+                        Some(sent + lease.snapshot().ttl.min(renewal.ttl) / 3)
+                    } else {
+                        tracing::warn!(
+                            lock = lease.keys.name(),
+                            "lease lost: renewal confirmed after validity ran out"
+                        );
+                        None
+                    }
                 }
                 Ok(false) => {
                     tracing::warn!(

@@ -453,3 +453,82 @@ async fn rediss_urls_lock_over_tls() {
         .expect("lock");
     assert!(second > first);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_whose_reply_timed_out_leaves_no_orphan() {
+    let t = RedisTarget::start();
+    let name = unique("orphan");
+    let slow_client = Redis::builder(t.server.url())
+        .response_timeout(Duration::from_millis(300))
+        .connect()
+        .await
+        .expect("connect");
+    let lock = Lock::new(slow_client, &name).expect("valid");
+    let mut admin = t.admin().await;
+    // Writes wait 800 ms: the acquire is applied after its caller gave up on the reply.
+    let _: () = cmd(&mut admin, &["CLIENT", "PAUSE", "800", "WRITE"]).await;
+    let err = lock.try_lock().await.expect_err("no reply in time");
+    assert_eq!(err.kind(), ErrorKind::TimedOut, "{err}");
+    assert!(err.is_retryable());
+    let other = Lock::new(t.client().await, &name).expect("valid");
+    let g = other
+        .try_lock_for(Duration::from_secs(5))
+        .await
+        .expect("store")
+        .expect("the unknown-outcome grant must be given back, not held for its 30 s ttl");
+    g.release().await.expect("release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_waiters_leave_no_subscription_behind() {
+    let t = RedisTarget::start();
+    let holders = t.client().await;
+    let waiters = t.client().await;
+    let mut guards = Vec::new();
+    let mut locks = Vec::new();
+    for _ in 0..20 {
+        let name = unique("unsub");
+        let h = Lock::new(holders.clone(), &name).expect("valid");
+        guards.push(h.try_lock().await.expect("store").expect("free"));
+        locks.push(Lock::new(waiters.clone(), &name).expect("valid"));
+    }
+    // Cancel each waiter at a different point: before, during and after its SUBSCRIBE.
+    for (i, lock) in locks.iter().enumerate() {
+        let _ = timeout(Duration::from_micros(200 * i as u64), lock.lock()).await;
+    }
+    let mut admin = t.admin().await;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let channels: Vec<String> = cmd(&mut admin, &["PUBSUB", "CHANNELS", "*unsub*"]).await;
+        if channels.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "subscriptions left behind by cancelled waiters: {channels:?}"
+        );
+        sleep(Duration::from_millis(50)).await;
+    }
+    for g in guards {
+        g.release().await.expect("release");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_replaced_by_another_type_is_lock_lost_and_a_bad_fence_is_refused() {
+    let t = RedisTarget::start();
+    let mut admin = t.admin().await;
+    let lock = Lock::new(t.client().await, unique("replaced")).expect("valid");
+    let guard = lock.try_lock().await.expect("store").expect("free");
+    let _: i64 = cmd(&mut admin, &["DEL", lock.keys().lock()]).await;
+    let _: i64 = cmd(&mut admin, &["HSET", lock.keys().lock(), "f", "v"]).await;
+    let err = guard.release().await.expect_err("not ours");
+    assert_eq!(err.kind(), ErrorKind::LockLost, "{err}");
+
+    let lock = Lock::new(t.client().await, unique("negative-fence")).expect("valid");
+    let _: () = cmd(&mut admin, &["SET", lock.keys().fence(), "-5"]).await;
+    let err = lock.try_lock().await.expect_err("fences would repeat");
+    assert_eq!(err.kind(), ErrorKind::Backend, "{err}");
+    let exists: i64 = cmd(&mut admin, &["EXISTS", lock.keys().lock()]).await;
+    assert_eq!(exists, 0, "the refused grant was given back");
+}

@@ -281,9 +281,21 @@ impl RawLock for Redis {
             .await
             .map_err(|e| map_err(e, "acquiring"))?;
         match reply.as_slice() {
-            [1, fence] => Ok(Acquire::Acquired {
+            [1, fence] if *fence >= 1 => Ok(Acquire::Acquired {
                 fence: u64::try_from(*fence).unwrap_or(0),
             }),
+            [1, fence] => {
+                // A fence counter someone set to zero or below: fences would repeat.
+                let _ = self.release(keys, token).await;
+                Err(Error::new(
+                    ErrorKind::Backend,
+                    format!(
+                        "fence counter {} is {fence}, not positive: it was tampered with, and \
+                         fences from it would not be unique",
+                        keys.fence()
+                    ),
+                ))
+            }
             [0, pttl] => Ok(Acquire::Held {
                 remaining: u64::try_from(*pttl).ok().map(Duration::from_millis),
             }),
@@ -425,6 +437,9 @@ impl RawInspect for Redis {
     }
 
     async fn list(&self, prefix: &str, pattern: &str, limit: usize) -> Result<Vec<String>> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
         let mut escaped = String::with_capacity(prefix.len() + pattern.len());
         for c in prefix.chars() {
             if matches!(c, '*' | '?' | '[' | ']' | '\\') {

@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{ProtocolVersion, PushKind, Value};
@@ -26,10 +26,19 @@ struct Shared {
     config: Option<ConnectionManagerConfig>,
     conn: OnceCell<ConnectionManager>,
     channels: Arc<Mutex<HashMap<String, Channel>>>,
-    /// Serialises SUBSCRIBE / UNSUBSCRIBE so that a late UNSUBSCRIBE never undoes a newer
-    /// SUBSCRIBE of the same channel.
-    serial: tokio::sync::Mutex<()>,
+    /// Serialise SUBSCRIBE / UNSUBSCRIBE of one channel (sharded by its name), so that a
+    /// late UNSUBSCRIBE never undoes a newer SUBSCRIBE of the same channel, while
+    /// different channels subscribe in parallel.
+    serial: Vec<tokio::sync::Mutex<()>>,
+    /// When opening the pub/sub connection last failed: waiters poll for a while instead
+    /// of each trying again.
+    failed_at: Mutex<Option<Instant>>,
 }
+
+/// Shards of [`Shared::serial`].
+const SERIAL_SHARDS: usize = 64;
+/// How long a failed pub/sub connection is not retried.
+const RETRY_CONNECT_AFTER: Duration = Duration::from_secs(5);
 
 struct Channel {
     notify: Arc<Notify>,
@@ -60,6 +69,8 @@ impl PubSub {
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(connect_timeout))
             .set_response_timeout(Some(response_timeout))
+            .set_number_of_retries(2)
+            .set_max_delay(Duration::from_millis(500))
             .set_automatic_resubscription()
             .set_push_sender(move |push: redis::PushInfo| {
                 deliver(&sink, push);
@@ -71,7 +82,10 @@ impl PubSub {
                 config: Some(config),
                 conn: OnceCell::new(),
                 channels,
-                serial: tokio::sync::Mutex::new(()),
+                serial: (0..SERIAL_SHARDS)
+                    .map(|_| tokio::sync::Mutex::new(()))
+                    .collect(),
+                failed_at: Mutex::new(None),
             }),
         }
     }
@@ -95,7 +109,10 @@ impl PubSub {
             channel: channel.to_owned(),
         };
         if !subscribed {
-            let _serial = self.shared.serial.lock().await;
+            if self.shared.recently_failed() {
+                return Ok(ReleaseWatch::none());
+            }
+            let _serial = self.shared.serial(channel).lock().await;
             let still_needed = lock(&self.shared.channels)
                 .get(channel)
                 .is_some_and(|c| !c.subscribed);
@@ -114,6 +131,19 @@ impl PubSub {
 }
 
 impl Shared {
+    fn serial(&self, channel: &str) -> &tokio::sync::Mutex<()> {
+        let shard = crate::keys::cluster_slot(channel.as_bytes()) as usize % SERIAL_SHARDS;
+        &self.serial[shard]
+    }
+
+    fn recently_failed(&self) -> bool {
+        let failed_at = self
+            .failed_at
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        failed_at.is_some_and(|at| at.elapsed() < RETRY_CONNECT_AFTER)
+    }
+
     async fn connection(&self) -> Result<ConnectionManager> {
         let conn = self
             .conn
@@ -128,8 +158,17 @@ impl Shared {
                     .await
                     .map_err(|e| map_err(e, "opening the pub/sub connection"))
             })
-            .await?;
-        Ok(conn.clone())
+            .await;
+        match conn {
+            Ok(conn) => Ok(conn.clone()),
+            Err(err) => {
+                *self
+                    .failed_at
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
+                Err(err)
+            }
+        }
     }
 }
 
@@ -173,11 +212,10 @@ impl Drop for Subscription {
             if entry.watchers > 0 {
                 return;
             }
-            if !entry.subscribed {
-                channels.remove(&self.channel);
-                return;
-            }
         }
+        // The last waiter left. A SUBSCRIBE may have been sent even if it was never
+        // confirmed (its waiter was cancelled mid-call), so UNSUBSCRIBE in any case — in
+        // order with the channel's other (un)subscriptions.
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             // The subscription lingers until the connection closes; harmless.
             lock(&self.shared.channels).remove(&self.channel);
@@ -186,7 +224,7 @@ impl Drop for Subscription {
         let shared = Arc::clone(&self.shared);
         let channel = std::mem::take(&mut self.channel);
         runtime.spawn(async move {
-            let _serial = shared.serial.lock().await;
+            let _serial = shared.serial(&channel).lock().await;
             let idle = {
                 let mut channels = lock(&shared.channels);
                 let idle = channels.get(&channel).is_some_and(|c| c.watchers == 0);
@@ -198,8 +236,9 @@ impl Drop for Subscription {
             if !idle {
                 return;
             }
-            if let Ok(mut conn) = shared.connection().await
-                && let Err(err) = conn.unsubscribe(&channel).await
+            // Only an existing connection can hold the subscription.
+            if let Some(conn) = shared.conn.get()
+                && let Err(err) = conn.clone().unsubscribe(&channel).await
             {
                 tracing::debug!(%channel, error = %err, "unsubscribe failed");
             }

@@ -5,13 +5,14 @@
 -- ARGV[2]  the lease length in milliseconds
 -- returns  {1, fence}  acquired; fence = the counter after INCR
 --          {0, pttl}   held by someone else; pttl = the holder's PTTL (-1: no expiry)
---          error       WRONGTYPE if the lock key holds a non-string value, or the fence
---                      counter is not an integer (the lock is not left behind)
+--          error       WRONGTYPE if the lock key holds a non-string value; the INCR error
+--                      if the fence counter cannot be incremented (the lock is then not
+--                      left behind)
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   local fence = redis.pcall('INCR', KEYS[2])
   if type(fence) == 'table' and fence.err then
     redis.call('DEL', KEYS[1])
-    return redis.error_reply('WRONGTYPE dlock fence counter ' .. KEYS[2] .. ' is not an integer: ' .. fence.err)
+    return redis.error_reply(fence.err .. ' (dlock fence counter ' .. KEYS[2] .. ')')
   end
   return {1, fence}
 end

@@ -3,8 +3,8 @@
 -- ARGV[1]  the owner token
 -- ARGV[2]  the release channel (same hash tag as the lock key)
 -- returns  1  the key held our token and is deleted
---          0  the key is absent or holds another token (nothing changed)
-if redis.call('GET', KEYS[1]) == ARGV[1] then
+--          0  the key is absent or holds anything else, even a non-string (nothing changed)
+if redis.pcall('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
   redis.call('PUBLISH', ARGV[2], KEYS[1])
   return 1
