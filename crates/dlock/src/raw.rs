@@ -143,6 +143,8 @@ pub struct LockState {
     /// The last fence minted for this name (`None` if none ever was, or the store has no
     /// fences).
     pub last_fence: Option<u64>,
+    /// How many clients listen for its release (waiting), where the store can tell.
+    pub waiting_clients: Option<u64>,
 }
 
 impl LockState {
@@ -156,7 +158,15 @@ impl LockState {
             holder,
             remaining,
             last_fence,
+            waiting_clients: None,
         }
+    }
+
+    /// With the number of clients waiting for a release.
+    #[must_use]
+    pub fn with_waiting_clients(mut self, n: u64) -> Self {
+        self.waiting_clients = Some(n);
+        self
     }
 }
 

@@ -18,7 +18,9 @@ use crate::watchdog::Leases;
 ///
 /// It follows the same contract as the networked stores (leases expire by themselves,
 /// releases are owner-checked, fences strictly increase, waiters are woken one per
-/// release), so code written against it behaves the same on Redis. Clones share one store.
+/// release), so code written against it behaves the same on Redis. Clones share one store
+/// and one watchdog, like clones of one Redis client; [`Memory::client`] gives another
+/// client of the same store, with its own watchdog, as another process's client would be.
 /// Nothing survives the process; fences restart at 1 in a new process.
 ///
 /// ```
@@ -36,12 +38,7 @@ use crate::watchdog::Leases;
 /// ```
 #[derive(Clone, Default)]
 pub struct Memory {
-    inner: Arc<Inner>,
-}
-
-#[derive(Default)]
-struct Inner {
-    state: Mutex<State>,
+    state: Arc<Mutex<State>>,
     leases: Leases,
 }
 
@@ -71,11 +68,16 @@ impl Memory {
         Memory::default()
     }
 
+    /// Another client of the same store, with its own lease watchdog.
+    pub fn client(&self) -> Memory {
+        Memory {
+            state: Arc::clone(&self.state),
+            leases: Leases::new(),
+        }
+    }
+
     fn state(&self) -> MutexGuard<'_, State> {
-        self.inner
-            .state
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Deletes a lock key whoever holds it, as an operator's force-unlock would (the holder
@@ -190,7 +192,7 @@ impl RawLock for Memory {
     }
 
     fn leases(&self) -> &Leases {
-        &self.inner.leases
+        &self.leases
     }
 }
 

@@ -413,16 +413,20 @@ impl RawFencing for Redis {}
 
 impl RawInspect for Redis {
     async fn inspect(&self, keys: &LockKeys) -> Result<LockState> {
-        let (holder, pttl, fence): (Option<String>, i64, Option<u64>) = redis::pipe()
+        type Snapshot = (Option<String>, i64, Option<u64>, (String, u64));
+        let (holder, pttl, fence, (_, subscribers)): Snapshot = redis::pipe()
             .atomic()
             .get(keys.lock())
             .pttl(keys.lock())
             .get(keys.fence())
+            .cmd("PUBSUB")
+            .arg("NUMSUB")
+            .arg(keys.channel())
             .query_async(&mut self.conn())
             .await
             .map_err(|e| map_err(e, "inspecting"))?;
         let remaining = u64::try_from(pttl).ok().map(Duration::from_millis);
-        Ok(LockState::new(holder, remaining, fence))
+        Ok(LockState::new(holder, remaining, fence).with_waiting_clients(subscribers))
     }
 
     async fn force_unlock(&self, keys: &LockKeys) -> Result<bool> {
