@@ -1,25 +1,116 @@
-//! The `dlock` command. A placeholder until the command-line issue lands: it answers
-//! `--version` and says that the commands are not implemented yet.
+//! The `dlock` command: flock(1) for a fleet of machines.
+//!
+//! `main` parses flags, connects to the store named by `--url` / `DLOCK_URL`, and hands
+//! the concrete backend to a command; every expected failure becomes a documented exit
+//! code (see `exit.rs` and `dlock --help`) and one line on stderr.
+
+#![forbid(unsafe_code)]
+
+mod args;
+mod cmd;
+mod exit;
+mod target;
 
 use std::process::ExitCode;
 
-/// Exit code for a usage error (as in sysexits' EX_USAGE).
-const EXIT_USAGE: u8 = 64;
+use clap::{CommandFactory, Parser};
+
+use crate::args::{Cli, Command};
+use crate::exit::Failure;
+use crate::target::{connect, with_backend};
 
 fn main() -> ExitCode {
-    let arg = std::env::args().nth(1);
-    match arg.as_deref() {
-        Some("--version" | "-V") => {
-            println!("dlock {}", env!("CARGO_PKG_VERSION"));
-            ExitCode::SUCCESS
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(err) if err.use_stderr() => {
+            // A usage error: one line, and the usage code.
+            let text = err.to_string();
+            let first_paragraph = text.split("\n\n").next().unwrap_or("bad usage");
+            let line = first_paragraph
+                .split_whitespace()
+                .collect::<Vec<_>>()
+                .join(" ");
+            return exit::finish(Err(Failure::usage(format!(
+                "{} (see dlock --help)",
+                line.trim_start_matches("error: ")
+            ))));
         }
-        _ => {
-            eprintln!(
-                "dlock {}: the command-line tool is not implemented yet; use the dlock library \
-                 (see README.md)",
-                env!("CARGO_PKG_VERSION")
+        Err(help_or_version) => {
+            let _ = help_or_version.print();
+            return ExitCode::from(exit::SUCCESS);
+        }
+    };
+    // A demo worker runs on one thread, so that a stall it simulates also stops its
+    // lease renewal, as a real process pause would.
+    let runtime = if matches!(cli.command, Command::DemoWorker(_)) {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    } else {
+        tokio::runtime::Runtime::new()
+    };
+    let runtime = match runtime {
+        Ok(rt) => rt,
+        Err(e) => {
+            return exit::finish(Err(Failure::new(
+                exit::UNAVAILABLE,
+                format!("cannot start: {e}"),
+            )));
+        }
+    };
+    exit::finish(runtime.block_on(dispatch(cli.command)))
+}
+
+async fn dispatch(command: Command) -> Result<u8, Failure> {
+    match command {
+        Command::Run(args) => {
+            with_backend!(connect(&args.store, false).await?, |b| cmd::run(b, args)
+                .await)
+        }
+        Command::Acquire(args) => {
+            with_backend!(connect(&args.store, false).await?, |b| cmd::acquire_cmd(
+                b, args
+            )
+            .await)
+        }
+        Command::Release(args) => {
+            with_backend!(connect(&args.store, false).await?, |b| cmd::release_cmd(
+                b, args
+            )
+            .await)
+        }
+        Command::Extend(args) => {
+            with_backend!(connect(&args.held.store, false).await?, |b| {
+                cmd::extend_cmd(b, args).await
+            })
+        }
+        Command::Status(args) => {
+            with_backend!(connect(&args.store, false).await?, |b| cmd::status_cmd(
+                b, args
+            )
+            .await)
+        }
+        Command::List(args) => {
+            with_backend!(connect(&args.store, false).await?, |b| cmd::list_cmd(
+                b, args
+            )
+            .await)
+        }
+        Command::ForceUnlock(args) => {
+            with_backend!(connect(&args.store, false).await?, |b| {
+                cmd::force_unlock_cmd(b, args).await
+            })
+        }
+        Command::Demo(args) => cmd::demo::demo(args).await,
+        Command::DemoWorker(args) => cmd::demo::worker(args).await,
+        Command::Completions(args) => {
+            clap_complete::generate(
+                args.shell,
+                &mut Cli::command(),
+                "dlock",
+                &mut std::io::stdout(),
             );
-            ExitCode::from(EXIT_USAGE)
+            Ok(exit::SUCCESS)
         }
     }
 }

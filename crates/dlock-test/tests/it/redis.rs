@@ -244,7 +244,11 @@ async fn one_release_wakes_one_local_waiter() {
         .expect("the waiters' client subscribes once to the lock's channel");
     sleep(Duration::from_millis(100)).await; // let every waiter settle into its wait
     let state = holder.state().await.expect("store");
-    assert_eq!(state.waiting_clients, Some(1), "one client, three local waiters");
+    assert_eq!(
+        state.waiting_clients,
+        Some(1),
+        "one client, three local waiters"
+    );
     let _: () = cmd(&mut admin, &["CONFIG", "RESETSTAT"]).await;
     guard.release().await.expect("release");
     let first = timeout(Duration::from_secs(5), rx.recv())

@@ -1,0 +1,259 @@
+//! The commands.
+
+pub(crate) mod demo;
+mod run;
+
+use std::io::{BufRead, IsTerminal, Write};
+use std::time::Duration;
+
+use dlock::raw::{RawFencing, RawInspect, RawLock};
+use dlock::{Lock, LockGuard, Token};
+use serde::Serialize;
+
+use crate::args::{
+    AcquireArgs, ExtendArgs, ForceUnlockArgs, ListArgs, StatusArgs, TokenArgs, Wait,
+};
+use crate::exit::{self, Failure};
+
+pub(crate) use run::run;
+
+/// Acquires as `--wait` / `--no-wait` say: `None` on conflict.
+pub(crate) async fn acquire<B: RawLock>(
+    lock: &Lock<B>,
+    wait: &Wait,
+) -> dlock::Result<Option<LockGuard<B>>> {
+    if wait.no_wait {
+        lock.try_lock().await
+    } else if let Some(d) = wait.wait {
+        lock.try_lock_for(d).await
+    } else {
+        lock.lock().await.map(Some)
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+fn print_json(value: &impl Serialize) -> Result<(), Failure> {
+    let text = serde_json::to_string(value)
+        .map_err(|e| Failure::new(exit::UNAVAILABLE, format!("encoding JSON: {e}")))?;
+    println!("{text}");
+    Ok(())
+}
+
+/// Enough of a token to tell holders apart, not enough to release their lock.
+fn abbreviate(token: &str) -> String {
+    let short: String = token.chars().take(8).collect();
+    if short.len() < token.len() {
+        format!("{short}…")
+    } else {
+        short
+    }
+}
+
+#[derive(Serialize)]
+struct Acquired<'a> {
+    name: &'a str,
+    key: &'a str,
+    token: &'a str,
+    fence: u64,
+    ttl_ms: u64,
+}
+
+pub(crate) async fn acquire_cmd<B: RawFencing>(
+    backend: B,
+    args: AcquireArgs,
+) -> Result<u8, Failure> {
+    let lock = Lock::builder(backend, &args.name)
+        .prefix(&args.store.prefix)
+        .ttl(args.ttl)
+        .watchdog(false)
+        .build()?;
+    let Some(guard) = acquire(&lock, &args.wait).await? else {
+        eprintln!("dlock: {:?} is held by another process", args.name);
+        return Ok(args.wait.conflict_exit_code);
+    };
+    let fence = guard.fencing_token().get();
+    if args.json {
+        print_json(&Acquired {
+            name: &args.name,
+            key: lock.keys().lock(),
+            token: guard.token().as_str(),
+            fence,
+            ttl_ms: millis(args.ttl),
+        })?;
+    } else {
+        println!("{} {fence}", guard.token());
+    }
+    // The lease outlives this process until its ttl, or `dlock release`.
+    guard.forget();
+    Ok(exit::SUCCESS)
+}
+
+#[derive(Serialize)]
+struct Done<'a> {
+    name: &'a str,
+    ok: bool,
+    action: &'a str,
+}
+
+fn token_lock<B: RawLock>(backend: B, args: &TokenArgs) -> Result<(Lock<B>, Token), Failure> {
+    let lock = Lock::builder(backend, &args.name)
+        .prefix(&args.store.prefix)
+        .build()?;
+    Ok((lock, Token::from_string(args.token.clone())?))
+}
+
+pub(crate) async fn release_cmd<B: RawLock>(backend: B, args: TokenArgs) -> Result<u8, Failure> {
+    let (lock, token) = token_lock(backend, &args)?;
+    lock.release_token(&token).await?;
+    if args.json {
+        print_json(&Done {
+            name: &args.name,
+            ok: true,
+            action: "released",
+        })?;
+    }
+    Ok(exit::SUCCESS)
+}
+
+pub(crate) async fn extend_cmd<B: RawLock>(backend: B, args: ExtendArgs) -> Result<u8, Failure> {
+    let (lock, token) = token_lock(backend, &args.held)?;
+    lock.extend_token(&token, args.ttl).await?;
+    if args.held.json {
+        print_json(&Done {
+            name: &args.held.name,
+            ok: true,
+            action: "extended",
+        })?;
+    }
+    Ok(exit::SUCCESS)
+}
+
+#[derive(Serialize)]
+struct Status {
+    name: String,
+    key: String,
+    held: bool,
+    holder: Option<String>,
+    remaining_ms: Option<u64>,
+    last_fence: Option<u64>,
+    waiting_clients: Option<u64>,
+}
+
+async fn status_of<B: RawInspect>(backend: B, prefix: &str, name: &str) -> Result<Status, Failure> {
+    let lock = Lock::builder(backend, name).prefix(prefix).build()?;
+    let state = lock.state().await?;
+    Ok(Status {
+        name: name.to_owned(),
+        key: lock.keys().lock().to_owned(),
+        held: state.holder.is_some(),
+        holder: state.holder.as_deref().map(abbreviate),
+        remaining_ms: state.remaining.map(millis),
+        last_fence: state.last_fence,
+        waiting_clients: state.waiting_clients,
+    })
+}
+
+fn or_dash<T: ToString>(v: Option<T>) -> String {
+    v.map_or_else(|| "-".to_owned(), |v| v.to_string())
+}
+
+fn remaining(ms: Option<u64>) -> String {
+    or_dash(ms.map(|ms| humantime::format_duration(Duration::from_millis(ms)).to_string()))
+}
+
+pub(crate) async fn status_cmd<B: RawInspect>(backend: B, args: StatusArgs) -> Result<u8, Failure> {
+    let s = status_of(backend, &args.store.prefix, &args.name).await?;
+    if args.json {
+        print_json(&s)?;
+    } else {
+        println!("name:            {}", s.name);
+        println!("key:             {}", s.key);
+        println!(
+            "held:            {}",
+            match &s.holder {
+                Some(h) => format!("yes, token {h}"),
+                None => "no".to_owned(),
+            }
+        );
+        println!("remaining:       {}", remaining(s.remaining_ms));
+        println!("last fence:      {}", or_dash(s.last_fence));
+        println!("waiting clients: {}", or_dash(s.waiting_clients));
+    }
+    Ok(exit::SUCCESS)
+}
+
+pub(crate) async fn list_cmd<B: RawInspect>(backend: B, args: ListArgs) -> Result<u8, Failure> {
+    let mut names = backend
+        .list(&args.store.prefix, &args.pattern, args.limit)
+        .await?;
+    names.sort();
+    let mut rows = Vec::with_capacity(names.len());
+    for name in &names {
+        let s = status_of(backend.clone(), &args.store.prefix, name).await?;
+        if s.held {
+            rows.push(s);
+        }
+    }
+    if args.json {
+        print_json(&rows)?;
+    } else {
+        let width = rows.iter().map(|r| r.name.len()).max().unwrap_or(4).max(4);
+        println!(
+            "{:<width$}  {:<10}  {:>12}  {:>10}",
+            "NAME", "HOLDER", "REMAINING", "FENCE"
+        );
+        for r in &rows {
+            println!(
+                "{:<width$}  {:<10}  {:>12}  {:>10}",
+                r.name,
+                or_dash(r.holder.clone()),
+                remaining(r.remaining_ms),
+                or_dash(r.last_fence)
+            );
+        }
+    }
+    Ok(exit::SUCCESS)
+}
+
+pub(crate) async fn force_unlock_cmd<B: RawInspect>(
+    backend: B,
+    args: ForceUnlockArgs,
+) -> Result<u8, Failure> {
+    let lock = Lock::builder(backend, &args.name)
+        .prefix(&args.store.prefix)
+        .build()?;
+    if !args.yes {
+        let stdin = std::io::stdin();
+        if !stdin.is_terminal() {
+            return Err(Failure::usage(
+                "refusing to force-unlock without --yes (stdin is not a terminal to ask on)",
+            ));
+        }
+        let holder = lock.state().await?.holder;
+        let Some(holder) = holder else {
+            eprintln!("dlock: {:?} is not held", args.name);
+            return Ok(exit::SUCCESS);
+        };
+        eprint!(
+            "Force-unlock {:?}, held by token {}? Its holder keeps running until it notices. [y/N] ",
+            args.name,
+            abbreviate(&holder)
+        );
+        std::io::stderr().flush().ok();
+        let mut answer = String::new();
+        stdin.lock().read_line(&mut answer).ok();
+        if !matches!(answer.trim(), "y" | "Y" | "yes") {
+            eprintln!("dlock: not unlocked");
+            return Ok(exit::CONFLICT);
+        }
+    }
+    if lock.force_unlock().await? {
+        eprintln!("dlock: {:?} force-unlocked", args.name);
+    } else {
+        eprintln!("dlock: {:?} was not held", args.name);
+    }
+    Ok(exit::SUCCESS)
+}

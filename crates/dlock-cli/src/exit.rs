@@ -1,0 +1,67 @@
+//! Exit codes: documented constants, one per outcome a script must tell apart.
+//!
+//! `dlock run` otherwise exits with its child's status (128 + N if a signal N killed it),
+//! so these codes sit where child programs rarely go (the BSD `sysexits.h` range).
+
+use std::process::ExitCode;
+
+use dlock::ErrorKind;
+
+/// Success (or, for `dlock run`, the child's own status).
+pub(crate) const SUCCESS: u8 = 0;
+/// Bad usage: unknown flag, bad duration, malformed URL, unknown backend (`EX_USAGE`).
+pub(crate) const USAGE: u8 = 64;
+/// The store could not be reached or failed (`EX_UNAVAILABLE`).
+pub(crate) const UNAVAILABLE: u8 = 69;
+/// The lock is held: `--no-wait`, or `--wait` ran out (`EX_TEMPFAIL`; `--conflict-exit-code`
+/// changes it).
+pub(crate) const CONFLICT: u8 = 75;
+/// The lock was lost while held: the child was terminated, or a release found the lock no
+/// longer ours.
+pub(crate) const LOST: u8 = 76;
+/// The command could not be executed (as in POSIX shells).
+pub(crate) const CANNOT_EXECUTE: u8 = 126;
+/// The command was not found (as in POSIX shells).
+pub(crate) const NOT_FOUND: u8 = 127;
+
+/// A failure that ends the program with a code and a one-line message.
+#[derive(Debug)]
+pub(crate) struct Failure {
+    pub(crate) code: u8,
+    pub(crate) message: String,
+}
+
+impl Failure {
+    pub(crate) fn new(code: u8, message: impl Into<String>) -> Failure {
+        Failure {
+            code,
+            message: message.into(),
+        }
+    }
+
+    pub(crate) fn usage(message: impl Into<String>) -> Failure {
+        Failure::new(USAGE, message)
+    }
+}
+
+impl From<dlock::Error> for Failure {
+    fn from(err: dlock::Error) -> Failure {
+        let code = match err.kind() {
+            ErrorKind::InvalidArgument => USAGE,
+            ErrorKind::LockLost => LOST,
+            _ => UNAVAILABLE,
+        };
+        Failure::new(code, err.to_string())
+    }
+}
+
+/// What the program ends with.
+pub(crate) fn finish(result: Result<u8, Failure>) -> ExitCode {
+    match result {
+        Ok(code) => ExitCode::from(code),
+        Err(failure) => {
+            eprintln!("dlock: {}", failure.message.replace('\n', " "));
+            ExitCode::from(failure.code)
+        }
+    }
+}

@@ -1,0 +1,373 @@
+//! The real `dlock` binary against a real redis-server from the test kit.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use dlock_test::server::{RedisServer, free_port};
+
+const LOST: i32 = 76;
+const CONFLICT: i32 = 75;
+const USAGE: i32 = 64;
+const UNAVAILABLE: i32 = 69;
+
+fn dlock(url: &str) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_dlock"));
+    cmd.env("DLOCK_URL", url).stdin(Stdio::null());
+    cmd
+}
+
+fn output(cmd: &mut Command) -> Output {
+    cmd.output().expect("run dlock")
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "dlock-cli-test-{}-{name}-{}",
+        std::process::id(),
+        free_port().expect("port")
+    ));
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    dir
+}
+
+fn wait_for_file(path: &Path, within: Duration) -> String {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Ok(s) = std::fs::read_to_string(path)
+            && !s.is_empty()
+        {
+            return s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} never appeared",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn wait_exit(child: &mut Child, within: Duration) -> std::process::ExitStatus {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            return status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("dlock did not exit within {within:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn alive(pid: &str) -> bool {
+    Command::new("kill")
+        .args(["-0", pid.trim()])
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+#[test]
+fn concurrent_runs_on_one_name_never_overlap() {
+    let server = RedisServer::start().expect("redis-server");
+    let dir = scratch("overlap");
+    let log = dir.join("log");
+    let script = format!(
+        "echo \"begin $$\" >> {0}; sleep 0.05; echo \"end $$\" >> {0}",
+        log.display()
+    );
+    let mut runs: Vec<Child> = (0..6)
+        .map(|_| {
+            dlock(&server.url())
+                .args([
+                    "run",
+                    "--ttl",
+                    "2s",
+                    "shared-resource",
+                    "--",
+                    "sh",
+                    "-c",
+                    &script,
+                ])
+                .spawn()
+                .expect("spawn dlock run")
+        })
+        .collect();
+    for run in &mut runs {
+        assert!(wait_exit(run, Duration::from_secs(30)).success());
+    }
+    let text = std::fs::read_to_string(&log).expect("log");
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 12, "{text}");
+    for pair in lines.chunks(2) {
+        let begin = pair[0].strip_prefix("begin ").expect("begin first");
+        let end = pair[1].strip_prefix("end ").expect("then its end");
+        assert_eq!(begin, end, "interleaved critical sections:\n{text}");
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn the_child_sees_its_lock_and_its_status_is_passed_through() {
+    let server = RedisServer::start().expect("redis-server");
+    let out = output(dlock(&server.url()).args([
+        "run",
+        "env-check",
+        "--",
+        "sh",
+        "-c",
+        "echo \"$DLOCK_NAME $DLOCK_FENCE ${#DLOCK_TOKEN}\"; exit 7",
+    ]));
+    assert_eq!(out.status.code(), Some(7), "{}", stderr(&out));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "env-check 1 32"
+    );
+    let out = output(dlock(&server.url()).args(["run", "killed", "--", "sh", "-c", "kill -9 $$"]));
+    assert_eq!(out.status.code(), Some(128 + 9));
+    let out = output(dlock(&server.url()).args(["run", "missing", "--", "/no/such/program"]));
+    assert_eq!(out.status.code(), Some(127));
+}
+
+#[test]
+fn no_wait_and_bounded_wait_return_the_conflict_code_while_held() {
+    let server = RedisServer::start().expect("redis-server");
+    let out = output(dlock(&server.url()).args(["acquire", "--ttl", "30s", "busy"]));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = output(dlock(&server.url()).args(["run", "--no-wait", "busy", "--", "true"]));
+    assert_eq!(out.status.code(), Some(CONFLICT));
+    assert!(stderr(&out).contains("held"), "{}", stderr(&out));
+    let out = output(dlock(&server.url()).args([
+        "run",
+        "-n",
+        "--conflict-exit-code",
+        "9",
+        "busy",
+        "--",
+        "true",
+    ]));
+    assert_eq!(out.status.code(), Some(9));
+    let out = output(dlock(&server.url()).args(["run", "--wait", "300ms", "busy", "--", "true"]));
+    assert_eq!(out.status.code(), Some(CONFLICT));
+    let out = output(dlock(&server.url()).args(["acquire", "--no-wait", "busy"]));
+    assert_eq!(out.status.code(), Some(CONFLICT));
+}
+
+#[test]
+fn a_lost_lock_terminates_the_child_and_exits_with_the_lost_code() {
+    let server = RedisServer::start().expect("redis-server");
+    let dir = scratch("lost");
+    let pidfile = dir.join("pid");
+    let script = format!("echo $$ > {}; exec sleep 30", pidfile.display());
+    let mut run = dlock(&server.url())
+        .args([
+            "run",
+            "--ttl",
+            "600ms",
+            "--kill-grace",
+            "1s",
+            "doomed",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let pid = wait_for_file(&pidfile, Duration::from_secs(10));
+    assert!(alive(&pid));
+    let out = output(dlock(&server.url()).args(["force-unlock", "--yes", "doomed"]));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let status = wait_exit(&mut run, Duration::from_secs(10));
+    assert_eq!(status.code(), Some(LOST));
+    assert!(!alive(&pid), "the child outlived its lock");
+    let mut err = String::new();
+    if let Some(e) = run.stderr.take() {
+        for line in BufReader::new(e).lines() {
+            err.push_str(&line.expect("stderr"));
+        }
+    }
+    assert!(err.contains("lost"), "{err}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn signals_are_forwarded_and_the_lock_released_after_the_child_exits() {
+    let server = RedisServer::start().expect("redis-server");
+    let dir = scratch("signals");
+    let (ready, got) = (dir.join("ready"), dir.join("got"));
+    let script = format!(
+        "trap 'echo term > {}; exit 3' TERM; echo up > {}; while true; do sleep 0.05; done",
+        got.display(),
+        ready.display()
+    );
+    let mut run = dlock(&server.url())
+        .args(["run", "signalled", "--", "sh", "-c", &script])
+        .spawn()
+        .expect("spawn");
+    wait_for_file(&ready, Duration::from_secs(10));
+    let status = Command::new("kill")
+        .args(["-TERM", &run.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+    let status = wait_exit(&mut run, Duration::from_secs(10));
+    assert_eq!(
+        status.code(),
+        Some(3),
+        "dlock exits with the child's status"
+    );
+    assert_eq!(wait_for_file(&got, Duration::from_secs(1)).trim(), "term");
+    let out = output(dlock(&server.url()).args(["status", "--json", "signalled"]));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(json["held"], false, "released after the child exited");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn acquire_status_list_extend_release_round_trip() {
+    let server = RedisServer::start().expect("redis-server");
+    let url = server.url();
+    let out = output(dlock(&url).args(["acquire", "--json", "--ttl", "20s", "job-a"]));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let acquired: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let token = acquired["token"].as_str().expect("token").to_owned();
+    assert_eq!(acquired["fence"], 1);
+    assert_eq!(acquired["key"], "dlock:job-a");
+
+    let out = output(dlock(&url).args(["acquire", "job-b"]));
+    let plain = String::from_utf8_lossy(&out.stdout).into_owned();
+    let mut words = plain.split_whitespace();
+    let token_b = words.next().expect("token").to_owned();
+    assert_eq!(words.next(), Some("1"), "plain output is `TOKEN FENCE`");
+
+    let out = output(dlock(&url).args(["status", "--json", "job-a"]));
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(status["held"], true);
+    assert_eq!(status["last_fence"], 1);
+    let shown = status["holder"].as_str().expect("holder");
+    assert!(shown.len() < token.len() && token.starts_with(shown.trim_end_matches('…')));
+    assert!(
+        status["remaining_ms"]
+            .as_u64()
+            .is_some_and(|ms| ms > 0 && ms <= 20_000)
+    );
+
+    let out = output(dlock(&url).args(["list", "--json", "job-*"]));
+    let list: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let names: Vec<&str> = list
+        .as_array()
+        .expect("array")
+        .iter()
+        .filter_map(|l| l["name"].as_str())
+        .collect();
+    assert_eq!(names, ["job-a", "job-b"]);
+
+    let out = output(dlock(&url).args(["extend", "job-a", "--token", &token, "--ttl", "1m"]));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = output(dlock(&url).args(["extend", "job-a", "--token", &token_b, "--ttl", "1m"]));
+    assert_eq!(out.status.code(), Some(LOST), "someone else's token");
+    let out = output(dlock(&url).args(["release", "job-a", "--token", &token]));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = output(dlock(&url).args(["release", "job-a", "--token", &token]));
+    assert_eq!(out.status.code(), Some(LOST), "released twice");
+    let out = output(
+        dlock(&url)
+            .env("DLOCK_TOKEN", &token_b)
+            .args(["release", "job-b"]),
+    );
+    assert!(
+        out.status.success(),
+        "token from the environment: {}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn force_unlock_refuses_without_yes_when_it_cannot_ask() {
+    let server = RedisServer::start().expect("redis-server");
+    let out = output(dlock(&server.url()).args(["acquire", "kept"]));
+    assert!(out.status.success());
+    let out = output(dlock(&server.url()).args(["force-unlock", "kept"]));
+    assert_eq!(out.status.code(), Some(USAGE));
+    let out = output(dlock(&server.url()).args(["status", "--json", "kept"]));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(json["held"], true);
+}
+
+#[test]
+fn bad_input_gives_one_line_and_the_right_code() {
+    let dead = format!("redis://127.0.0.1:{}/", free_port().expect("port"));
+    let cases: [(&[&str], &str, i32); 8] = [
+        (&["run", "x", "--", "true"], "not-a-url", USAGE),
+        (&["run", "x", "--", "true"], "etcd://127.0.0.1:2379", USAGE),
+        (&["run", "x", "--", "true"], "memory://", USAGE),
+        (&["run", "x", "--", "true"], "", USAGE),
+        (&["run", "x", "--", "true"], &dead, UNAVAILABLE),
+        (&["run", "--ttl", "5", "x", "--", "true"], &dead, USAGE),
+        (&["run", "--wait", "soon", "x", "--", "true"], &dead, USAGE),
+        (&["run", "x"], &dead, USAGE),
+    ];
+    for (args, url, code) in cases {
+        let out = output(dlock(url).args(args));
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(code), "{args:?} {url}: {err}");
+        assert_eq!(
+            err.trim_end().lines().count(),
+            1,
+            "{args:?} {url}: not one line: {err}"
+        );
+        assert!(err.starts_with("dlock: "), "{err}");
+    }
+}
+
+#[test]
+fn demo_shows_that_only_fencing_prevents_overselling() {
+    let server = RedisServer::start().expect("redis-server");
+    let out = output(dlock(&server.url()).args(["demo", "--plain"]));
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{text}{}", stderr(&out));
+    assert!(text.contains("worker processes"), "{text}");
+    let row = |label: &str| -> Vec<i64> {
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(label))
+            .unwrap_or_else(|| panic!("no {label} row:\n{text}"));
+        line[label.len()..]
+            .split_whitespace()
+            .filter_map(|w| w.parse().ok())
+            .collect()
+    };
+    // orders, refused, final stock, oversold, lost updates
+    let fenced = row("dlock + fenced stock");
+    assert_eq!(
+        (fenced[3], fenced[4]),
+        (0, 0),
+        "fenced run oversold:\n{text}"
+    );
+    assert_eq!(fenced[0], 24, "every unit sold exactly once:\n{text}");
+    let none = row("no lock");
+    assert!(none[3] > 0, "the no-lock control must oversell:\n{text}");
+}
+
+#[test]
+fn help_and_completions() {
+    let out = output(Command::new(env!("CARGO_BIN_EXE_dlock")).arg("--help"));
+    let help = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success());
+    for needle in ["Exit codes:", "75", "76", "69", "64", "dlock run --no-wait"] {
+        assert!(help.contains(needle), "--help lacks {needle:?}");
+    }
+    let out = output(Command::new(env!("CARGO_BIN_EXE_dlock")).args(["completions", "bash"]));
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("force-unlock"));
+}
