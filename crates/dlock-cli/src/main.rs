@@ -42,7 +42,10 @@ fn main() -> ExitCode {
     };
     // A demo worker runs on one thread, so that a stall it simulates also stops its
     // lease renewal, as a real process pause would.
-    let runtime = if matches!(cli.command, Command::DemoWorker(_)) {
+    let runtime = if matches!(
+        cli.command,
+        Command::DemoWorker(_) | Command::TortureWorker(_)
+    ) {
         tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -103,6 +106,8 @@ async fn dispatch(command: Command) -> Result<u8, Failure> {
         }
         Command::Demo(args) => cmd::demo::demo(args).await,
         Command::DemoWorker(args) => cmd::demo::worker(args).await,
+        Command::Torture(args) => cmd::torture::torture(args).await,
+        Command::TortureWorker(args) => cmd::torture::worker::run(args).await,
         Command::Completions(args) => {
             clap_complete::generate(
                 args.shell,

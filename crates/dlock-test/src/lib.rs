@@ -11,5 +11,6 @@
 #![warn(missing_docs)]
 
 pub mod conformance;
+pub mod proxy;
 pub mod server;
 pub mod targets;

@@ -452,54 +452,6 @@ pub(crate) async fn worker(args: DemoWorkerArgs) -> Result<u8, Failure> {
     Ok(exit::SUCCESS)
 }
 
-/// A private `redis-server` for the demo, killed on drop.
-struct PrivateRedis {
-    child: std::process::Child,
-    url: String,
-}
-
-impl PrivateRedis {
-    async fn start() -> Option<PrivateRedis> {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .ok()?
-            .port();
-        let child = std::process::Command::new("redis-server")
-            .args([
-                "--port",
-                &port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-            ])
-            .args(["--appendonly", "no", "--loglevel", "warning"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .ok()?;
-        let server = PrivateRedis {
-            child,
-            url: format!("redis://127.0.0.1:{port}/"),
-        };
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while Instant::now() < deadline {
-            if Redis::connect(server.url.clone()).await.is_ok() {
-                return Some(server);
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        None
-    }
-}
-
-impl Drop for PrivateRedis {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 #[derive(Default, Debug)]
 struct Tally {
     accepted: u64,
@@ -544,9 +496,10 @@ pub(crate) async fn demo(args: DemoArgs) -> Result<u8, Failure> {
             let kv = redis_kv(url).await?;
             (Mode::Processes(url.to_owned()), kv, format!("Redis at {url} (worker processes)"))
         }
-        None => match PrivateRedis::start().await {
-            Some(server) => {
-                let url = server.url.clone();
+        // A private server, killed when the demo ends (by the test kit's spawner).
+        None => match dlock_test::server::RedisServer::start() {
+            Ok(server) => {
+                let url = server.url();
                 private = Some(server);
                 let kv = redis_kv(&url).await?;
                 (
@@ -555,7 +508,7 @@ pub(crate) async fn demo(args: DemoArgs) -> Result<u8, Failure> {
                     format!("a private redis-server at {url} (worker processes)"),
                 )
             }
-            None => (
+            Err(_) => (
                 Mode::Threads(Memory::new()),
                 Kv::Local(Arc::default()),
                 "the in-process memory backend with worker threads (no --url, and no redis-server on PATH)"

@@ -2,6 +2,7 @@
 
 pub(crate) mod demo;
 mod run;
+pub(crate) mod torture;
 
 use std::io::{BufRead, IsTerminal, Write};
 use std::time::Duration;

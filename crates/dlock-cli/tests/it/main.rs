@@ -371,3 +371,41 @@ fn help_and_completions() {
     assert!(out.status.success());
     assert!(String::from_utf8_lossy(&out.stdout).contains("force-unlock"));
 }
+
+#[test]
+fn torture_catches_a_control_and_keeps_the_fenced_resource_intact() {
+    let dir = scratch("torture");
+    let out = output(Command::new(env!("CARGO_BIN_EXE_dlock")).args([
+        "torture",
+        "--duration",
+        "6s",
+        "--workers",
+        "3",
+        "--kinds",
+        "dlock-fenced,plain-del",
+        "--faults",
+        "pause,kill",
+        "--out",
+        dir.to_str().expect("utf-8 path"),
+    ]));
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{text}{}", stderr(&out));
+    let report: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.join("report.json")).expect("report.json"),
+    )
+    .expect("json");
+    let kinds = report["kinds"].as_array().expect("kinds");
+    let fenced = &kinds[0]["findings"];
+    assert_eq!(fenced["kind"], "dlock-fenced");
+    assert_eq!(fenced["stale_accepted"], 0);
+    assert_eq!(fenced["fenced_lost"], 0);
+    let control = &kinds[1]["findings"];
+    assert_eq!(control["kind"], "plain-del");
+    assert!(
+        control["overlaps"].as_u64().is_some_and(|n| n > 0),
+        "the control must be caught: {control}"
+    );
+    let svg = std::fs::read_to_string(dir.join("timeline-plain-del.svg")).expect("timeline");
+    assert!(svg.starts_with("<svg") && svg.contains("overlapping hold"));
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -1,0 +1,1152 @@
+//! `dlock torture`: a bounded, seeded, Jepsen-style safety check.
+//!
+//! Per lock kind: worker processes loop acquire → read-modify-write → release against the
+//! lock server (each through its own fault-injecting TCP proxy), the protected resources
+//! live on a separate, never-faulted redis-server, and a nemesis injects faults on a
+//! schedule drawn from the seed. The history is checked afterwards ([`check`]).
+
+mod check;
+mod svg;
+pub(crate) mod worker;
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::Path;
+use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use dlock::Lock;
+use dlock::backend::Memory;
+use dlock_test::proxy::{Fault as ProxyFault, Proxy};
+use dlock_test::server::RedisServer;
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use serde::Serialize;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::Child;
+
+use self::check::{Findings, Hold, Kill, Resources};
+use self::worker::Step;
+use crate::args::TortureArgs;
+use crate::exit::{self, Failure};
+
+/// Now on CLOCK_MONOTONIC, in nanoseconds: one clock for every process on the host.
+pub(super) fn monotonic_ns() -> u64 {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
+        .map(|ts| {
+            u64::try_from(ts.tv_sec()).unwrap_or(0) * 1_000_000_000
+                + u64::try_from(ts.tv_nsec()).unwrap_or(0)
+        })
+        .unwrap_or(0)
+}
+
+/// A lock kind under test: dlock's, or one of the seeds' broken variants (controls).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub(super) enum Kind {
+    Dlock,
+    DlockFenced,
+    Memory,
+    SetnxExpire,
+    SetnxGetset,
+    GetDel,
+    PlainDel,
+}
+
+impl Kind {
+    const ALL: [Kind; 7] = [
+        Kind::Dlock,
+        Kind::DlockFenced,
+        Kind::Memory,
+        Kind::SetnxExpire,
+        Kind::SetnxGetset,
+        Kind::GetDel,
+        Kind::PlainDel,
+    ];
+
+    pub(super) fn id(self) -> &'static str {
+        match self {
+            Kind::Dlock => "dlock",
+            Kind::DlockFenced => "dlock-fenced",
+            Kind::Memory => "memory",
+            Kind::SetnxExpire => "setnx-expire",
+            Kind::SetnxGetset => "setnx-getset",
+            Kind::GetDel => "get-del",
+            Kind::PlainDel => "plain-del",
+        }
+    }
+
+    fn is_control(self) -> bool {
+        matches!(
+            self,
+            Kind::SetnxExpire | Kind::SetnxGetset | Kind::GetDel | Kind::PlainDel
+        )
+    }
+
+    pub(super) fn parse(s: &str) -> Result<Kind, Failure> {
+        Kind::ALL
+            .into_iter()
+            .find(|k| k.id() == s)
+            .ok_or_else(|| Failure::usage(format!("unknown lock kind {s:?}")))
+    }
+}
+
+/// A fault the nemesis can inject.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub(super) enum Fault {
+    /// SIGSTOP a holding worker for 2.5 × ttl.
+    Pause,
+    /// SIGKILL a holding worker (a replacement starts).
+    Kill,
+    /// SIGSTOP the lock server for 2 × ttl.
+    Freeze,
+    /// `CLIENT PAUSE` the lock server for 2 × ttl.
+    ClientPause,
+    /// Kill the lock server and start it empty (no persistence).
+    Restart,
+    /// `SCRIPT FLUSH` on the lock server.
+    ScriptFlush,
+    /// Delay a worker's lock traffic by 0.6 × ttl for 2 × ttl.
+    Delay,
+    /// Hold a worker's lock traffic for 2 × ttl.
+    Blackhole,
+    /// Drop a worker's lock connections.
+    Close,
+}
+
+impl Fault {
+    const ALL: [Fault; 9] = [
+        Fault::Pause,
+        Fault::Kill,
+        Fault::Freeze,
+        Fault::ClientPause,
+        Fault::Restart,
+        Fault::ScriptFlush,
+        Fault::Delay,
+        Fault::Blackhole,
+        Fault::Close,
+    ];
+
+    pub(super) fn id(self) -> &'static str {
+        match self {
+            Fault::Pause => "pause",
+            Fault::Kill => "kill",
+            Fault::Freeze => "freeze",
+            Fault::ClientPause => "client-pause",
+            Fault::Restart => "restart",
+            Fault::ScriptFlush => "script-flush",
+            Fault::Delay => "delay",
+            Fault::Blackhole => "blackhole",
+            Fault::Close => "close",
+        }
+    }
+
+    fn parse_list(s: &str) -> Result<Vec<Fault>, Failure> {
+        if s.trim() == "all" {
+            return Ok(Fault::ALL.to_vec());
+        }
+        s.split(',')
+            .map(str::trim)
+            .filter(|f| !f.is_empty())
+            .map(|f| {
+                Fault::ALL
+                    .into_iter()
+                    .find(|x| x.id() == f)
+                    .ok_or_else(|| Failure::usage(format!("unknown fault {f:?}")))
+            })
+            .collect()
+    }
+
+    fn needs_own_server(self) -> bool {
+        matches!(self, Fault::Freeze | Fault::Restart)
+    }
+}
+
+/// A fault as it happened.
+#[derive(Debug, Clone, Serialize)]
+pub(super) struct FaultWindow {
+    pub(super) fault: Fault,
+    pub(super) start: u64,
+    pub(super) end: u64,
+    pub(super) worker: Option<usize>,
+}
+
+/// The keys of one kind's run: the lock, and the resources it protects.
+pub(super) struct ResourceKeys {
+    base: String,
+    pub(super) lock: String,
+    pub(super) counter: String,
+    pub(super) fenced: String,
+    pub(super) highest: String,
+    pub(super) log: String,
+}
+
+impl ResourceKeys {
+    pub(super) fn parse(base: &str) -> ResourceKeys {
+        ResourceKeys {
+            base: base.to_owned(),
+            lock: format!("{base}:lock"),
+            counter: format!("{base}:counter"),
+            fenced: format!("{base}:fenced"),
+            highest: format!("{base}:highest-fence"),
+            log: format!("{base}:fence-log"),
+        }
+    }
+}
+
+/// splitmix64: the nemesis' reproducible choices.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        if n == 0 {
+            0
+        } else {
+            (self.next() % n as u64) as usize
+        }
+    }
+}
+
+struct Config {
+    workers: usize,
+    ttl: Duration,
+    seed: u64,
+    faults: Vec<Fault>,
+    quick: bool,
+    duration: Duration,
+}
+
+/// Where the locks live.
+enum LockServer {
+    Own(RedisServer),
+    Given(String),
+}
+
+impl LockServer {
+    fn url(&self) -> String {
+        match self {
+            LockServer::Own(s) => s.url(),
+            LockServer::Given(u) => u.clone(),
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct Report<'a> {
+    seed: u64,
+    ttl_ms: u64,
+    workers: usize,
+    duration_ms: u64,
+    lock_server: &'a str,
+    kinds: &'a [KindReport],
+}
+
+#[derive(Serialize)]
+struct KindReport {
+    findings: Findings,
+    fault_windows: Vec<FaultWindow>,
+    kills: Vec<Kill>,
+    holds: Vec<Hold>,
+}
+
+pub(crate) async fn torture(args: TortureArgs) -> Result<u8, Failure> {
+    let kinds: Vec<Kind> = if args.kinds.trim() == "all" {
+        Kind::ALL.to_vec()
+    } else {
+        args.kinds
+            .split(',')
+            .map(|k| Kind::parse(k.trim()))
+            .collect::<Result<_, _>>()?
+    };
+    let mut faults = Fault::parse_list(&args.faults)?;
+    if args.workers < 2 {
+        return Err(Failure::usage("--workers must be at least 2"));
+    }
+    if args.ttl < dlock::MIN_TTL {
+        return Err(Failure::usage(format!(
+            "--ttl must be at least {:?}",
+            dlock::MIN_TTL
+        )));
+    }
+    let mut lock_server = match args.url.as_deref().filter(|u| !u.is_empty()) {
+        Some(url) => {
+            let before = faults.len();
+            faults.retain(|f| !f.needs_own_server());
+            if faults.len() < before {
+                eprintln!("dlock: freeze and restart need a server dlock owns; skipped for {url}");
+            }
+            LockServer::Given(url.to_owned())
+        }
+        None => LockServer::Own(start_server()?),
+    };
+    // The protected resources live apart from the lock server, which the nemesis faults.
+    let resource_server = start_server()?;
+    let config = Config {
+        workers: args.workers,
+        ttl: args.ttl,
+        seed: args.seed,
+        faults,
+        quick: args.quick,
+        duration: args.duration,
+    };
+    std::fs::create_dir_all(&args.out)
+        .map_err(|e| Failure::usage(format!("cannot create {}: {e}", args.out.display())))?;
+    println!(
+        "dlock torture: seed {}, {} workers, ttl {}, lock server {}, resources on {}",
+        config.seed,
+        config.workers,
+        humantime::format_duration(config.ttl),
+        lock_server.url(),
+        resource_server.url()
+    );
+    let mut reports = Vec::new();
+    for kind in kinds {
+        let (kind_faults, duration) = plan(&config, kind);
+        println!(
+            "  {:<13} {:>5.1} s  faults: {}",
+            kind.id(),
+            duration.as_secs_f64(),
+            kind_faults
+                .iter()
+                .map(|f| f.id())
+                .collect::<Vec<_>>()
+                .join(",")
+        );
+        let report = if kind == Kind::Memory {
+            run_memory(&config, &kind_faults, duration)?
+        } else {
+            run_redis(
+                &config,
+                kind,
+                &kind_faults,
+                duration,
+                &mut lock_server,
+                &resource_server,
+            )
+            .await?
+        };
+        let svg = svg::timeline(
+            &report.findings,
+            &report.holds,
+            &report.fault_windows,
+            &report.kills,
+            report
+                .holds
+                .iter()
+                .map(|h| h.worker + 1)
+                .max()
+                .unwrap_or(config.workers)
+                .max(config.workers),
+            report.holds.iter().map(|h| h.start).min().unwrap_or(0),
+            report.holds.iter().map(|h| h.end).max().unwrap_or(0),
+        );
+        write(&args.out.join(format!("timeline-{}.svg", kind.id())), &svg)?;
+        reports.push(report);
+    }
+    print_summary(&reports);
+    let json = serde_json::to_string_pretty(&Report {
+        seed: config.seed,
+        ttl_ms: u64::try_from(config.ttl.as_millis()).unwrap_or(u64::MAX),
+        workers: config.workers,
+        duration_ms: u64::try_from(config.duration.as_millis()).unwrap_or(u64::MAX),
+        lock_server: &lock_server.url(),
+        kinds: &reports,
+    })
+    .map_err(|e| Failure::new(exit::UNAVAILABLE, format!("report: {e}")))?;
+    write(&args.out.join("report.json"), &json)?;
+    println!(
+        "\nreport: {}  timelines: {}/timeline-<kind>.svg",
+        args.out.join("report.json").display(),
+        args.out.display()
+    );
+    let failed = reports.iter().filter(|r| !r.findings.verdict_ok).count();
+    if failed > 0 {
+        eprintln!("dlock: torture: {failed} unexpected result(s)");
+        return Ok(exit::TORTURE_FAILED);
+    }
+    Ok(exit::SUCCESS)
+}
+
+fn write(path: &Path, text: &str) -> Result<(), Failure> {
+    std::fs::write(path, text).map_err(|e| {
+        Failure::new(
+            exit::UNAVAILABLE,
+            format!("writing {}: {e}", path.display()),
+        )
+    })
+}
+
+fn start_server() -> Result<RedisServer, Failure> {
+    RedisServer::start().map_err(|e| {
+        Failure::new(
+            exit::UNAVAILABLE,
+            format!("dlock torture needs redis-server on PATH: {e}"),
+        )
+    })
+}
+
+/// The faults and duration of one kind. Controls only need the faults that break them.
+fn plan(config: &Config, kind: Kind) -> (Vec<Fault>, Duration) {
+    let applicable = |f: &Fault| match kind {
+        Kind::Memory => *f == Fault::Pause,
+        Kind::SetnxExpire | Kind::SetnxGetset | Kind::GetDel | Kind::PlainDel if config.quick => {
+            matches!(f, Fault::Pause | Fault::Kill)
+        }
+        _ => true,
+    };
+    let faults: Vec<Fault> = config.faults.iter().copied().filter(applicable).collect();
+    let duration = match (config.quick, kind.is_control() || kind == Kind::Memory) {
+        (true, true) => Duration::from_secs(8),
+        (true, false) => Duration::from_secs(20),
+        (false, _) => config.duration,
+    };
+    (faults, duration)
+}
+
+/// When each fault starts: spread over the run, each fault at least once, in a seeded
+/// order, twice over when there is time.
+fn schedule(
+    config: &Config,
+    kind: Kind,
+    faults: &[Fault],
+    duration: Duration,
+) -> Vec<(Duration, Fault)> {
+    if faults.is_empty() {
+        return Vec::new();
+    }
+    let mut rng = Rng(config.seed ^ (kind as u64).wrapping_mul(0x9e37_79b9));
+    // A fault window lasts up to 2.5 ttl; starts two ttls apart let windows overlap a
+    // little, which is fine: faults come together in production too.
+    let slot = config.ttl * 2;
+    let room = usize::try_from(duration.as_millis() / slot.as_millis().max(1))
+        .unwrap_or(1)
+        .saturating_sub(1)
+        .max(1);
+    let n = room.min(faults.len() * 2).max(faults.len().min(room));
+    let mut order: Vec<Fault> = faults.iter().copied().cycle().take(n).collect();
+    for i in (1..order.len()).rev() {
+        order.swap(i, rng.below(i + 1));
+    }
+    let step = duration / u32::try_from(n + 1).unwrap_or(1);
+    order
+        .into_iter()
+        .enumerate()
+        .map(|(i, f)| (step * u32::try_from(i + 1).unwrap_or(1), f))
+        .collect()
+}
+
+struct Running {
+    id: usize,
+    slot: usize,
+    child: Child,
+    holding: bool,
+    alive: bool,
+}
+
+/// Replaces host:port of a redis URL with `addr` (the worker's proxy).
+fn via(url: &str, addr: SocketAddr) -> Option<String> {
+    let (scheme, rest) = url.split_once("://")?;
+    if !scheme.starts_with("redis") || scheme.contains("unix") {
+        return None;
+    }
+    let (auth, hostpath) = match rest.rsplit_once('@') {
+        Some((a, h)) => (format!("{a}@"), h),
+        None => (String::new(), rest),
+    };
+    let path = hostpath.find('/').map_or("", |i| &hostpath[i..]);
+    Some(format!("{scheme}://{auth}{addr}{path}"))
+}
+
+fn upstream(url: &str) -> Option<SocketAddr> {
+    let (_, rest) = url.split_once("://")?;
+    let hostpath = rest.rsplit_once('@').map_or(rest, |(_, h)| h);
+    let hostport = hostpath.split('/').next()?;
+    let hostport = if hostport.contains(':') {
+        hostport.to_owned()
+    } else {
+        format!("{hostport}:6379")
+    };
+    hostport.to_socket_addrs().ok()?.next()
+}
+
+/// Starts worker processes for one kind.
+struct Spawner {
+    exe: std::path::PathBuf,
+    kind: Kind,
+    urls: Vec<String>,
+    resource_url: String,
+    keys_base: String,
+    ttl_ms: u64,
+    until: u64,
+    tx: tokio::sync::mpsc::UnboundedSender<(usize, Step)>,
+}
+
+impl Spawner {
+    fn spawn(&self, id: usize, slot: usize) -> Result<Running, Failure> {
+        let mut child = tokio::process::Command::new(&self.exe)
+            .args([
+                "torture-worker",
+                "--kind",
+                self.kind.id(),
+                "--lock-url",
+                &self.urls[slot],
+            ])
+            .args([
+                "--resource-url",
+                &self.resource_url,
+                "--keys",
+                &self.keys_base,
+            ])
+            .args([
+                "--ttl-ms",
+                &self.ttl_ms.to_string(),
+                "--until-ns",
+                &self.until.to_string(),
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| {
+                Failure::new(exit::CANNOT_EXECUTE, format!("cannot start a worker: {e}"))
+            })?;
+        if let Some(out) = child.stdout.take() {
+            let tx = self.tx.clone();
+            tokio::spawn(async move {
+                let mut lines = BufReader::new(out).lines();
+                while let Ok(Some(line)) = lines.next_line().await {
+                    if let Ok(step) = serde_json::from_str::<Step>(&line) {
+                        let _ = tx.send((id, step));
+                    }
+                }
+            });
+        }
+        Ok(Running {
+            id,
+            slot,
+            child,
+            holding: false,
+            alive: true,
+        })
+    }
+}
+
+/// Everything the nemesis acts on during one kind's run.
+struct Nemesis<'a> {
+    server: &'a mut LockServer,
+    proxies: Vec<Option<Proxy>>,
+    admin: redis::aio::ConnectionManager,
+    spawner: Spawner,
+    running: Vec<Running>,
+    windows: Vec<FaultWindow>,
+    /// Timed ends of fault windows: (when, what to undo, index into `windows`).
+    undo: Vec<(u64, Undo, usize)>,
+    kills: Vec<Kill>,
+    ttl: Duration,
+}
+
+impl Nemesis<'_> {
+    fn ttl_ns(&self) -> u64 {
+        u64::try_from(self.ttl.as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// Injects `fault`, aimed at `running[victim]` where it needs a worker.
+    async fn inject(&mut self, fault: Fault, victim: Option<usize>) -> Result<(), Failure> {
+        let t = monotonic_ns();
+        self.windows.push(FaultWindow {
+            fault,
+            start: t,
+            end: t,
+            worker: None,
+        });
+        let w = self.windows.len() - 1;
+        let ttl_ns = self.ttl_ns();
+        let half_ttls = move |k: u64| t + k * ttl_ns / 2;
+        match fault {
+            Fault::Pause => {
+                if let Some(v) = victim {
+                    let r = &self.running[v];
+                    if let Some(pid) = r.child.id().and_then(|p| i32::try_from(p).ok()) {
+                        let _ = kill(Pid::from_raw(pid), Signal::SIGSTOP);
+                        self.windows[w].worker = Some(r.id);
+                        self.undo.push((half_ttls(5), Undo::Continue(pid), w));
+                    }
+                }
+            }
+            Fault::Kill => {
+                if let Some(v) = victim {
+                    let r = &mut self.running[v];
+                    let _ = r.child.start_kill();
+                    let _ = r.child.wait().await;
+                    r.alive = false;
+                    self.kills.push(Kill {
+                        worker: r.id,
+                        t: monotonic_ns(),
+                        was_holding: r.holding,
+                    });
+                    self.windows[w].worker = Some(r.id);
+                    let slot = r.slot;
+                    let id = self.running.iter().map(|r| r.id).max().unwrap_or(0) + 1;
+                    let replacement = self.spawner.spawn(id, slot)?;
+                    self.running.push(replacement);
+                }
+            }
+            Fault::Freeze => {
+                if let LockServer::Own(s) = self.server {
+                    let _ = s.freeze();
+                    self.undo.push((half_ttls(4), Undo::Thaw, w));
+                }
+            }
+            Fault::ClientPause => {
+                let ms = (2 * self.spawner.ttl_ms).to_string();
+                let _: Result<(), _> = redis::cmd("CLIENT")
+                    .arg("PAUSE")
+                    .arg(&ms)
+                    .arg("ALL")
+                    .query_async(&mut self.admin)
+                    .await;
+                self.windows[w].end = half_ttls(4);
+            }
+            Fault::Restart => {
+                if let LockServer::Own(s) = self.server {
+                    let _ = s.restart();
+                }
+                self.windows[w].end = monotonic_ns();
+            }
+            Fault::ScriptFlush => {
+                let _: Result<(), _> = redis::cmd("SCRIPT")
+                    .arg("FLUSH")
+                    .query_async(&mut self.admin)
+                    .await;
+            }
+            Fault::Delay | Fault::Blackhole | Fault::Close => {
+                if let Some(v) = victim
+                    && let Some(Some(proxy)) = self.proxies.get(self.running[v].slot)
+                {
+                    self.windows[w].worker = Some(self.running[v].id);
+                    let slot = self.running[v].slot;
+                    match fault {
+                        Fault::Delay => {
+                            proxy.set_fault(ProxyFault::Delay(self.ttl * 3 / 5));
+                            self.undo.push((half_ttls(4), Undo::Pass(slot), w));
+                        }
+                        Fault::Blackhole => {
+                            proxy.set_fault(ProxyFault::Blackhole);
+                            self.undo.push((half_ttls(4), Undo::Pass(slot), w));
+                        }
+                        _ => proxy.close_all(),
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Ends the fault windows that are due (all of them with `all`).
+    fn heal(&mut self, now: u64, all: bool) {
+        let mut i = 0;
+        while i < self.undo.len() {
+            if all || self.undo[i].0 <= now {
+                let (_, what, w) = self.undo.swap_remove(i);
+                what.apply(self.server, &self.proxies);
+                self.windows[w].end = monotonic_ns();
+            } else {
+                i += 1;
+            }
+        }
+    }
+}
+
+async fn run_redis(
+    config: &Config,
+    kind: Kind,
+    faults: &[Fault],
+    duration: Duration,
+    server: &mut LockServer,
+    resources: &RedisServer,
+) -> Result<KindReport, Failure> {
+    let run_id = dlock::Token::random()?.as_str()[..8].to_owned();
+    let keys = ResourceKeys::parse(&format!("torture:{run_id}:{}", kind.id()));
+    let store_err = |e: redis::RedisError| Failure::new(exit::UNAVAILABLE, format!("torture: {e}"));
+    let mut res = resources
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .map_err(store_err)?;
+    let _: () = redis::pipe()
+        .set(&keys.counter, 0)
+        .set(&keys.fenced, 0)
+        .del(&keys.highest)
+        .del(&keys.log)
+        .query_async(&mut res)
+        .await
+        .map_err(store_err)?;
+    let lock_url = server.url();
+    let admin = redis::Client::open(lock_url.as_str())
+        .map_err(|e| Failure::usage(e.to_string()))?
+        .get_connection_manager()
+        .await
+        .map_err(store_err)?;
+    // Each worker slot reaches the lock server through its own proxy.
+    let mut proxies = Vec::new();
+    let mut urls = Vec::new();
+    let target = upstream(&lock_url);
+    for _ in 0..config.workers {
+        let proxy = match target {
+            Some(addr) => Some(
+                Proxy::start(addr)
+                    .await
+                    .map_err(|e| Failure::new(exit::UNAVAILABLE, format!("proxy: {e}")))?,
+            ),
+            None => None,
+        };
+        urls.push(
+            proxy
+                .as_ref()
+                .and_then(|p| via(&lock_url, p.addr()))
+                .unwrap_or_else(|| lock_url.clone()),
+        );
+        proxies.push(proxy);
+    }
+    let start = monotonic_ns();
+    let until = start + u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX);
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(usize, Step)>();
+    let spawner = Spawner {
+        exe: std::env::current_exe().map_err(|e| {
+            Failure::new(
+                exit::CANNOT_EXECUTE,
+                format!("cannot find dlock itself: {e}"),
+            )
+        })?,
+        kind,
+        urls,
+        resource_url: resources.url(),
+        keys_base: keys.base.clone(),
+        ttl_ms: u64::try_from(config.ttl.as_millis()).unwrap_or(u64::MAX),
+        until,
+        tx,
+    };
+    let running = (0..config.workers)
+        .map(|i| spawner.spawn(i, i))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut n = Nemesis {
+        server,
+        proxies,
+        admin,
+        spawner,
+        running,
+        windows: Vec::new(),
+        undo: Vec::new(),
+        kills: Vec::new(),
+        ttl: config.ttl,
+    };
+    let mut plan = schedule(config, kind, faults, duration)
+        .into_iter()
+        .peekable();
+    let mut history: Vec<(usize, Step)> = Vec::new();
+    let mut rng = Rng(config.seed.wrapping_add(7));
+    let ttl_ns = n.ttl_ns();
+    // Pause waits for the next worker to report a read (so it lands between a holder's
+    // read and its write) and kill for the next acquire (a holder is what they are meant
+    // to hit); either falls back to any worker at a deadline.
+    let mut armed: Option<(Fault, u64)> = None;
+    let hard_stop = until + 3 * ttl_ns + 5_000_000_000;
+    loop {
+        let now = monotonic_ns();
+        let next_fault = plan
+            .peek()
+            .map(|(at, _)| start + u64::try_from(at.as_nanos()).unwrap_or(0));
+        let next_undo = n.undo.iter().map(|(t, _, _)| *t).min();
+        let wake = [
+            next_fault,
+            next_undo,
+            armed.map(|a| a.1),
+            Some(now + 50_000_000),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+        .unwrap_or(now);
+        tokio::select! {
+            got = rx.recv() => {
+                let Some((id, step)) = got else { break };
+                let trigger = match step {
+                    Step::Acquired { .. } => Some(Fault::Kill),
+                    Step::Read { .. } => Some(Fault::Pause),
+                    _ => None,
+                };
+                if let Some(r) = n.running.iter_mut().find(|r| r.id == id) {
+                    match step {
+                        Step::Acquired { .. } => r.holding = true,
+                        Step::Releasing { .. } => r.holding = false,
+                        _ => {}
+                    }
+                }
+                history.push((id, step));
+                if let Some((fault, _)) = armed
+                    && trigger == Some(fault)
+                {
+                    armed = None;
+                    let victim = n.running.iter().position(|r| r.id == id && r.alive);
+                    n.inject(fault, victim).await?;
+                }
+            }
+            () = tokio::time::sleep(Duration::from_nanos(wake.saturating_sub(now))) => {}
+        }
+        let now = monotonic_ns();
+        n.heal(now, false);
+        if let Some((fault, deadline)) = armed
+            && deadline <= now
+        {
+            armed = None;
+            let victim = pick(&n.running, &mut rng);
+            n.inject(fault, victim).await?;
+        }
+        if let Some(at) = next_fault
+            && at <= now
+            && now < until
+            && armed.is_none()
+            && let Some((_, fault)) = plan.next()
+        {
+            if matches!(fault, Fault::Pause | Fault::Kill) {
+                armed = Some((fault, now + 2 * ttl_ns));
+            } else {
+                let victim = pick(&n.running, &mut rng);
+                n.inject(fault, victim).await?;
+            }
+        }
+        for r in n.running.iter_mut().filter(|r| r.alive) {
+            if let Ok(Some(_)) = r.child.try_wait() {
+                r.alive = false;
+            }
+        }
+        let now = monotonic_ns();
+        let finished = n.running.iter().all(|r| !r.alive) && n.undo.is_empty() && now >= until;
+        if finished || now > hard_stop {
+            n.heal(now, true);
+            for r in n.running.iter_mut().filter(|r| r.alive) {
+                let _ = r.child.start_kill();
+                let _ = r.child.wait().await;
+                r.alive = false;
+            }
+            while let Ok((id, step)) = rx.try_recv() {
+                history.push((id, step));
+            }
+            break;
+        }
+    }
+    let end = monotonic_ns();
+    // Orphans: after ttl + ε every lock must have expired by itself.
+    tokio::time::sleep(config.ttl + Duration::from_millis(1500)).await;
+    let exists: i64 = redis::cmd("EXISTS")
+        .arg(&keys.lock)
+        .query_async(&mut n.admin)
+        .await
+        .unwrap_or(0);
+    let (counter, fenced, log): (Option<i64>, Option<i64>, Vec<u64>) = redis::pipe()
+        .get(&keys.counter)
+        .get(&keys.fenced)
+        .lrange(&keys.log, 0, -1)
+        .query_async(&mut res)
+        .await
+        .map_err(store_err)?;
+    let resources_state = Resources {
+        counter: counter.unwrap_or(0),
+        fenced: fenced.unwrap_or(0),
+        fence_log: log,
+        orphans: usize::try_from(exists).unwrap_or(0),
+    };
+    // Clean up what the run left (the lock key too, if a control orphaned it).
+    let fence_key = dlock::keys::LockKeys::new("", &keys.lock)
+        .map(|k| k.fence().to_owned())
+        .unwrap_or_default();
+    let _: Result<(), _> = redis::cmd("DEL")
+        .arg(&keys.lock)
+        .arg(&fence_key)
+        .query_async(&mut n.admin)
+        .await;
+    let _: Result<(), _> = redis::cmd("DEL")
+        .arg(&keys.counter)
+        .arg(&keys.fenced)
+        .arg(&keys.highest)
+        .arg(&keys.log)
+        .query_async(&mut res)
+        .await;
+    let (findings, holds) = check::check(&check::Input {
+        kind,
+        faults,
+        history: &history,
+        kills: &n.kills,
+        windows: &n.windows,
+        resources: &resources_state,
+        ttl_ns,
+        end,
+    });
+    Ok(KindReport {
+        findings,
+        fault_windows: n.windows,
+        kills: n.kills,
+        holds,
+    })
+}
+
+/// A running worker to aim a fault at: one that holds the lock if any, else any.
+fn pick(running: &[Running], rng: &mut Rng) -> Option<usize> {
+    let alive: Vec<usize> = (0..running.len()).filter(|&i| running[i].alive).collect();
+    let holding: Vec<usize> = alive
+        .iter()
+        .copied()
+        .filter(|&i| running[i].holding)
+        .collect();
+    let pool = if holding.is_empty() { &alive } else { &holding };
+    (!pool.is_empty()).then(|| pool[rng.below(pool.len())])
+}
+
+/// How a fault window ends.
+enum Undo {
+    Continue(i32),
+    Thaw,
+    Pass(usize),
+}
+
+impl Undo {
+    fn apply(&self, server: &mut LockServer, proxies: &[Option<Proxy>]) {
+        match self {
+            Undo::Continue(pid) => {
+                let _ = kill(Pid::from_raw(*pid), Signal::SIGCONT);
+            }
+            Undo::Thaw => {
+                if let LockServer::Own(s) = server {
+                    let _ = s.thaw();
+                }
+            }
+            Undo::Pass(slot) => {
+                if let Some(Some(p)) = proxies.get(*slot) {
+                    p.set_fault(ProxyFault::Pass);
+                }
+            }
+        }
+    }
+}
+
+/// The memory backend: worker threads in this process, each with its own client of one
+/// store and its own current-thread runtime; "pause" blocks a holder's thread (its
+/// watchdog with it) between its read and its write.
+fn run_memory(
+    config: &Config,
+    faults: &[Fault],
+    duration: Duration,
+) -> Result<KindReport, Failure> {
+    let store = Memory::new();
+    let history: Arc<Mutex<Vec<(usize, Step)>>> = Arc::default();
+    let resource: Arc<Mutex<(i64, u64, Vec<u64>)>> = Arc::default(); // value, highest, log
+    let holding: Arc<Vec<AtomicBool>> = Arc::new(
+        (0..config.workers)
+            .map(|_| AtomicBool::new(false))
+            .collect(),
+    );
+    let stall: Arc<Vec<AtomicBool>> = Arc::new(
+        (0..config.workers)
+            .map(|_| AtomicBool::new(false))
+            .collect(),
+    );
+    let start = monotonic_ns();
+    let until = start + u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX);
+    let ttl = config.ttl;
+    let record = |history: &Mutex<Vec<(usize, Step)>>, w: usize, step: Step| {
+        history
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push((w, step));
+    };
+    let mut windows = Vec::new();
+    std::thread::scope(|scope| -> Result<(), Failure> {
+        let mut handles = Vec::new();
+        for w in 0..config.workers {
+            let (client, history, resource, holding, stall) = (
+                store.client(),
+                Arc::clone(&history),
+                Arc::clone(&resource),
+                Arc::clone(&holding),
+                Arc::clone(&stall),
+            );
+            handles.push(scope.spawn(move || -> Result<(), Failure> {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .map_err(|e| Failure::new(exit::UNAVAILABLE, format!("runtime: {e}")))?;
+                rt.block_on(async {
+                    let lock = Lock::builder(client, "torture-memory").ttl(ttl).build()?;
+                    while monotonic_ns() < until {
+                        let left = Duration::from_nanos(until.saturating_sub(monotonic_ns()));
+                        let Some(guard) = lock.try_lock_for(left).await? else {
+                            continue;
+                        };
+                        let fence = guard.fencing_token().get();
+                        record(
+                            &history,
+                            w,
+                            Step::Acquired {
+                                t: monotonic_ns(),
+                                token: guard.token().to_string(),
+                                fence,
+                            },
+                        );
+                        holding[w].store(true, Ordering::SeqCst);
+                        let read = {
+                            let mut r = resource.lock().unwrap_or_else(PoisonError::into_inner);
+                            (fence >= r.1).then(|| {
+                                r.1 = fence;
+                                r.0
+                            })
+                        };
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                        if stall[w].swap(false, Ordering::SeqCst) {
+                            std::thread::sleep(ttl * 5 / 2);
+                        }
+                        let ok = read.is_some_and(|v| {
+                            let mut r = resource.lock().unwrap_or_else(PoisonError::into_inner);
+                            if fence >= r.1 {
+                                r.1 = fence;
+                                r.0 = v + 1;
+                                r.2.push(fence);
+                                true
+                            } else {
+                                false
+                            }
+                        });
+                        record(
+                            &history,
+                            w,
+                            Step::Fenced {
+                                t: monotonic_ns(),
+                                ok,
+                                value: read.unwrap_or(0) + 1,
+                            },
+                        );
+                        holding[w].store(false, Ordering::SeqCst);
+                        record(&history, w, Step::Releasing { t: monotonic_ns() });
+                        let released = guard.release().await;
+                        record(
+                            &history,
+                            w,
+                            Step::Released {
+                                t: monotonic_ns(),
+                                ok: Some(released.is_ok()),
+                            },
+                        );
+                    }
+                    Ok::<(), Failure>(())
+                })
+            }));
+        }
+        // The nemesis: stall a holder now and then.
+        let mut rng = Rng(config.seed ^ 0x6d65_6d6f);
+        let plan = schedule(config, Kind::Memory, faults, duration);
+        for (at, _) in plan {
+            let due = start + u64::try_from(at.as_nanos()).unwrap_or(0);
+            std::thread::sleep(Duration::from_nanos(due.saturating_sub(monotonic_ns())));
+            let holders: Vec<usize> = (0..config.workers)
+                .filter(|&w| holding[w].load(Ordering::SeqCst))
+                .collect();
+            let w = if holders.is_empty() {
+                rng.below(config.workers)
+            } else {
+                holders[rng.below(holders.len())]
+            };
+            stall[w].store(true, Ordering::SeqCst);
+            let t = monotonic_ns();
+            windows.push(FaultWindow {
+                fault: Fault::Pause,
+                start: t,
+                end: t + u64::try_from((ttl * 5 / 2).as_nanos()).unwrap_or(0),
+                worker: Some(w),
+            });
+        }
+        for h in handles {
+            h.join().map_err(|_| {
+                Failure::new(exit::UNAVAILABLE, "a torture worker thread panicked")
+            })??;
+        }
+        Ok(())
+    })?;
+    let history = std::mem::take(&mut *history.lock().unwrap_or_else(PoisonError::into_inner));
+    let (value, _, log) =
+        std::mem::take(&mut *resource.lock().unwrap_or_else(PoisonError::into_inner));
+    let resources = Resources {
+        counter: 0,
+        fenced: value,
+        fence_log: log,
+        orphans: 0,
+    };
+    let (findings, holds) = check::check(&check::Input {
+        kind: Kind::Memory,
+        faults,
+        history: &history,
+        kills: &[],
+        windows: &windows,
+        resources: &resources,
+        ttl_ns: u64::try_from(ttl.as_nanos()).unwrap_or(u64::MAX),
+        end: monotonic_ns(),
+    });
+    Ok(KindReport {
+        findings,
+        fault_windows: windows,
+        kills: Vec::new(),
+        holds,
+    })
+}
+
+fn print_summary(reports: &[KindReport]) {
+    println!(
+        "\n{:<13} {:>6} {:>8} {:>10} {:>8} {:>8} {:>8} {:>10} {:>7}  verdict",
+        "kind",
+        "holds",
+        "overlaps",
+        "lost incr",
+        "stale ok",
+        "refused",
+        "f. lost",
+        "reacquire",
+        "orphans"
+    );
+    for r in reports {
+        let f = &r.findings;
+        let reacquire = f
+            .reacquire_ms
+            .iter()
+            .max()
+            .map_or_else(|| "-".to_owned(), |ms| format!("{ms} ms"));
+        let fenced = matches!(f.kind, Kind::DlockFenced | Kind::Memory);
+        let dash = |fenced_metric: bool, v: u64| {
+            if fenced_metric == fenced {
+                v.to_string()
+            } else {
+                "-".to_owned()
+            }
+        };
+        println!(
+            "{:<13} {:>6} {:>8} {:>10} {:>8} {:>8} {:>8} {:>10} {:>7}  {}",
+            f.kind.id(),
+            f.holds,
+            f.overlaps,
+            dash(false, f.lost_increments),
+            dash(true, f.stale_accepted),
+            dash(true, f.fenced_refused),
+            dash(true, f.fenced_lost),
+            reacquire,
+            f.orphans,
+            f.verdict
+        );
+    }
+}
