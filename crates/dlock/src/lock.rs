@@ -382,7 +382,7 @@ impl<B: RawLock> Lock<B> {
         drop(pending);
         let lease = Arc::new(Lease::new(self.keys.clone(), token, sent, self.ttl));
         if lease.is_lost_at(Instant::now()) {
-            spawn_release(&self.backend, &lease);
+            spawn_release(&self.backend, &lease.keys, &lease.token);
             return Err(Error::new(
                 ErrorKind::TimedOut,
                 format!(
@@ -402,7 +402,7 @@ impl<B: RawLock> Lock<B> {
             {
                 Ok(id) => Some(id),
                 Err(err) => {
-                    spawn_release(&self.backend, &lease);
+                    spawn_release(&self.backend, &lease.keys, &lease.token);
                     return Err(err);
                 }
             }
@@ -513,19 +513,19 @@ struct PendingAcquire<'a, B: RawLock> {
 impl<B: RawLock> Drop for PendingAcquire<'_, B> {
     fn drop(&mut self) {
         if let Some(token) = self.token {
-            let lease = Lease::new(self.keys.clone(), token.clone(), Instant::now(), MIN_TTL);
-            spawn_release(self.backend, &lease);
+            spawn_release(self.backend, self.keys, token);
         }
     }
 }
 
-fn spawn_release<B: RawLock>(backend: &B, lease: &Lease) {
+/// Releases `token` in the background on the current runtime, bounded in time.
+fn spawn_release<B: RawLock>(backend: &B, keys: &LockKeys, token: &Token) {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         return; // no runtime: the lease simply expires
     };
     let backend = backend.clone();
-    let keys = lease.keys.clone();
-    let token = lease.token.clone();
+    let keys = keys.clone();
+    let token = token.clone();
     runtime.spawn(async move {
         let release = backend.release(&keys, &token);
         match tokio::time::timeout(DROP_RELEASE_TIMEOUT, release).await {
@@ -726,7 +726,7 @@ impl<B: RawLock> Drop for LockGuard<B> {
         if self.armed {
             self.disarm();
             self.lease.end(End::Released);
-            spawn_release(&self.backend, &self.lease);
+            spawn_release(&self.backend, &self.lease.keys, &self.lease.token);
         }
     }
 }

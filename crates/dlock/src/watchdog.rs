@@ -144,6 +144,10 @@ impl Lease {
 }
 
 /// A backend client's registry of leases under renewal. Cheap to clone; clones share.
+///
+/// The renewal task runs on the tokio runtime that registered the first lease while none
+/// was running. Keep that runtime alive (and not blocked) while locks are held; if it
+/// shuts down, the task dies with it and the next registration starts a new one.
 #[derive(Clone, Default)]
 pub struct Leases {
     inner: Arc<Shared>,
