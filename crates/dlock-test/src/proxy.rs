@@ -50,13 +50,22 @@ impl Proxy {
             let fault = fault.clone();
             let connections = Arc::clone(&connections);
             tokio::spawn(async move {
-                while let Ok((client, _)) = listener.accept().await {
+                loop {
+                    let client = match listener.accept().await {
+                        Ok((client, _)) => client,
+                        Err(_) => {
+                            // Transient (e.g. out of file descriptors): keep serving.
+                            tokio::time::sleep(Duration::from_millis(10)).await;
+                            continue;
+                        }
+                    };
                     let Ok(server) = TcpStream::connect(upstream).await else {
                         continue; // the client sees its connection closed
                     };
                     let (cr, cw) = client.into_split();
                     let (sr, sw) = server.into_split();
                     let mut set = connections.lock().unwrap_or_else(PoisonError::into_inner);
+                    while set.try_join_next().is_some() {} // reap finished connections
                     set.spawn(pump(cr, sw, fault.subscribe()));
                     set.spawn(pump(sr, cw, fault.subscribe()));
                 }
@@ -113,7 +122,10 @@ async fn pump(
                 Fault::Pass => break,
                 Fault::Delay(d) => {
                     tokio::time::sleep(d).await;
-                    break;
+                    // A partition that began meanwhile holds this chunk too.
+                    if *fault.borrow() != Fault::Blackhole {
+                        break;
+                    }
                 }
                 Fault::Blackhole => {
                     if fault.changed().await.is_err() {

@@ -168,7 +168,14 @@ struct Registry {
     /// The renewal task, if one was started. It may have died with its runtime (a holder
     /// process's runtime shut down): then the next registration starts a new one.
     task: Option<tokio::task::JoinHandle<()>>,
+    /// When the task will next wake by itself, while it sleeps: a new lease due later
+    /// needs no wake-up.
+    wake_at: Option<Instant>,
 }
+
+/// How long the renewal task stays after the last lease is gone, so that a client that
+/// acquires and releases in a loop does not respawn it every time.
+const LINGER: Duration = Duration::from_secs(1);
 
 struct Entry {
     lease: Arc<Lease>,
@@ -234,7 +241,7 @@ impl Leases {
             let backend = backend.clone();
             let shared = Arc::clone(&self.inner);
             reg.task = Some(runtime.spawn(run(backend, shared)));
-        } else {
+        } else if reg.wake_at.is_none_or(|wake| due < wake) {
             self.inner.wake.notify_one();
         }
         Ok(id)
@@ -260,15 +267,12 @@ impl Leases {
 
     /// Takes a lease out of renewal at once (released, forgotten or dropped).
     pub(crate) fn deregister(&self, id: u64) {
+        // With nothing left, the task exits at its next wake-up (plus a linger).
         let mut reg = self.lock();
-        if let Some(entry) = reg.entries.remove(&id) {
-            if let Some(due) = entry.next_due {
-                reg.due.remove(&(due, id));
-            }
-            if reg.entries.is_empty() {
-                // Let the task notice it has nothing left to do and exit.
-                self.inner.wake.notify_one();
-            }
+        if let Some(entry) = reg.entries.remove(&id)
+            && let Some(due) = entry.next_due
+        {
+            reg.due.remove(&(due, id));
         }
     }
 }
@@ -281,6 +285,7 @@ async fn run<B: RawLock>(backend: B, shared: Arc<Shared>) {
     let leases = Leases {
         inner: Arc::clone(&shared),
     };
+    let mut idle_since: Option<Instant> = None;
     loop {
         let now = Instant::now();
         let mut batch: Vec<(u64, Arc<Lease>)> = Vec::new();
@@ -288,8 +293,14 @@ async fn run<B: RawLock>(backend: B, shared: Arc<Shared>) {
         {
             let mut reg = leases.lock();
             if reg.entries.is_empty() {
-                reg.task = None;
-                return;
+                let since = *idle_since.get_or_insert(now);
+                if now >= since + LINGER {
+                    reg.task = None;
+                    reg.wake_at = None;
+                    return;
+                }
+            } else {
+                idle_since = None;
             }
             while let Some(&(due, id)) = reg.due.first() {
                 if due > now + BATCH_WINDOW {
@@ -311,11 +322,17 @@ async fn run<B: RawLock>(backend: B, shared: Arc<Shared>) {
         }
 
         if batch.is_empty() {
-            let sleep_until = next_wake.unwrap_or(now + Duration::from_secs(3600));
+            let sleep_until = match (next_wake, idle_since) {
+                (Some(due), _) => due,
+                (None, Some(since)) => since + LINGER,
+                (None, None) => now + Duration::from_secs(3600),
+            };
+            leases.lock().wake_at = Some(sleep_until);
             tokio::select! {
                 () = tokio::time::sleep_until(sleep_until) => {}
                 () = shared.wake.notified() => {}
             }
+            leases.lock().wake_at = None;
             continue;
         }
 

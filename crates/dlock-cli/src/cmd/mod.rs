@@ -16,7 +16,7 @@ use crate::args::{
 };
 use crate::exit::{self, Failure};
 
-pub(crate) use run::run;
+pub(crate) use run::{Signals, run};
 
 /// Acquires as `--wait` / `--no-wait` say: `None` on conflict.
 pub(crate) async fn acquire<B: RawLock>(

@@ -1,6 +1,6 @@
 //! `dlock run NAME -- COMMAND`: a command under a lock.
 
-use std::io::ErrorKind as IoErrorKind;
+use std::io::{ErrorKind as IoErrorKind, IsTerminal};
 use std::os::unix::process::ExitStatusExt;
 use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
@@ -16,15 +16,15 @@ use crate::args::RunArgs;
 use crate::cmd::acquire;
 use crate::exit::{self, Failure};
 
-/// The signals dlock forwards to its child.
-struct Signals {
+/// The signals dlock handles (forwards to its child, or cleans up on).
+pub(crate) struct Signals {
     int: tokio::signal::unix::Signal,
     term: tokio::signal::unix::Signal,
     hup: tokio::signal::unix::Signal,
 }
 
 impl Signals {
-    fn install() -> Result<Signals, Failure> {
+    pub(crate) fn install() -> Result<Signals, Failure> {
         let install = |kind| {
             signal(kind)
                 .map_err(|e| Failure::new(exit::UNAVAILABLE, format!("cannot handle signals: {e}")))
@@ -37,7 +37,7 @@ impl Signals {
     }
 
     /// The next signal received.
-    async fn recv(&mut self) -> Signal {
+    pub(crate) async fn recv(&mut self) -> Signal {
         tokio::select! {
             _ = self.int.recv() => Signal::SIGINT,
             _ = self.term.recv() => Signal::SIGTERM,
@@ -75,26 +75,48 @@ pub(crate) async fn run<B: RawFencing>(backend: B, args: RunArgs) -> Result<u8, 
         return Ok(args.wait.conflict_exit_code);
     };
 
-    let mut child = match spawn(&args, &guard) {
+    // Without a terminal, the command gets a process group of its own, so that signals
+    // (and termination on a lost lock) reach everything it started. On a terminal it
+    // stays in the foreground group, where Ctrl-C reaches it directly.
+    let interactive = std::io::stdin().is_terminal();
+    let mut child = match spawn(&args, &guard, !interactive) {
         Ok(child) => child,
         Err(failure) => {
             guard.release().await.ok();
             return Err(failure);
         }
     };
-    let pid = child
+    let target = child
         .id()
         .and_then(|id| i32::try_from(id).ok())
-        .map(Pid::from_raw);
+        .map(|id| Pid::from_raw(if interactive { id } else { -id }));
     let lost = guard.lost();
     tokio::pin!(lost);
+    // Terminate early enough that the command is gone before the lease can run out and
+    // be granted to someone else: once the remaining validity is down to the kill grace
+    // (at most a third of the ttl, which renewals every third of it never let it reach).
+    let threshold = args.kill_grace.min(args.ttl / 3);
+    let mut tick = tokio::time::interval(Duration::from_millis(100));
+    let mut forwarded = 0;
     let status = loop {
         tokio::select! {
             status = child.wait() => break Some(status),
             () = &mut lost => break None,
+            _ = tick.tick() => {
+                if guard.remaining() <= threshold {
+                    break None;
+                }
+            }
             sig = signals.recv() => {
-                if let Some(pid) = pid {
-                    let _ = kill(pid, sig);
+                // A terminal already delivered Ctrl-C to the command itself.
+                if interactive && sig == Signal::SIGINT {
+                    continue;
+                }
+                forwarded += 1;
+                // A second SIGINT/SIGTERM means "now": SIGKILL.
+                let sig = if forwarded > 1 && sig != Signal::SIGHUP { Signal::SIGKILL } else { sig };
+                if let Some(target) = target {
+                    let _ = kill(target, sig);
                 }
             }
         }
@@ -127,19 +149,27 @@ pub(crate) async fn run<B: RawFencing>(backend: B, args: RunArgs) -> Result<u8, 
                 args.name,
                 humantime::format_duration(args.kill_grace)
             );
-            terminate(&mut child, pid, args.kill_grace).await;
+            terminate(&mut child, target, args.kill_grace, &mut signals).await;
             drop(guard.release().await);
             Ok(exit::LOST)
         }
     }
 }
 
-fn spawn<B: RawFencing>(args: &RunArgs, guard: &LockGuard<B>) -> Result<Child, Failure> {
+fn spawn<B: RawFencing>(
+    args: &RunArgs,
+    guard: &LockGuard<B>,
+    own_group: bool,
+) -> Result<Child, Failure> {
     let (program, rest) = args
         .command
         .split_first()
         .ok_or_else(|| Failure::usage("no command given after --"))?;
-    Command::new(program)
+    let mut command = Command::new(program);
+    if own_group {
+        command.process_group(0);
+    }
+    command
         .args(rest)
         .env("DLOCK_NAME", &args.name)
         .env("DLOCK_TOKEN", guard.token().as_str())
@@ -159,15 +189,22 @@ fn spawn<B: RawFencing>(args: &RunArgs, guard: &LockGuard<B>) -> Result<Child, F
         })
 }
 
-/// SIGTERM, then SIGKILL after `grace`, and reap.
-async fn terminate(child: &mut Child, pid: Option<Pid>, grace: Duration) {
-    if let Some(pid) = pid {
-        let _ = kill(pid, Signal::SIGTERM);
+/// SIGTERM, then SIGKILL after `grace` (or at once on a signal to dlock), and reap.
+/// `target` is the command's process group where it has one.
+async fn terminate(child: &mut Child, target: Option<Pid>, grace: Duration, signals: &mut Signals) {
+    if let Some(target) = target {
+        let _ = kill(target, Signal::SIGTERM);
     }
-    if tokio::time::timeout(grace, child.wait()).await.is_err() {
-        let _ = child.start_kill();
-        let _ = child.wait().await;
+    tokio::select! {
+        _ = child.wait() => return,
+        () = tokio::time::sleep(grace) => {}
+        _ = signals.recv() => {}
     }
+    if let Some(target) = target {
+        let _ = kill(target, Signal::SIGKILL);
+    }
+    let _ = child.start_kill();
+    let _ = child.wait().await;
 }
 
 /// A shell's view of an exit status: the code, or 128 + the signal that killed it.

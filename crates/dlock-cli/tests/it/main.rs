@@ -166,7 +166,13 @@ fn a_lost_lock_terminates_the_child_and_exits_with_the_lost_code() {
     let server = RedisServer::start().expect("redis-server");
     let dir = scratch("lost");
     let pidfile = dir.join("pid");
-    let script = format!("echo $$ > {}; exec sleep 30", pidfile.display());
+    let grandchild = dir.join("grandchild");
+    // The command starts a process of its own: it must not outlive the lock either.
+    let script = format!(
+        "sleep 30 & echo $! > {}; echo $$ > {}; wait",
+        grandchild.display(),
+        pidfile.display()
+    );
     let mut run = dlock(&server.url())
         .args([
             "run",
@@ -190,6 +196,15 @@ fn a_lost_lock_terminates_the_child_and_exits_with_the_lost_code() {
     let status = wait_exit(&mut run, Duration::from_secs(10));
     assert_eq!(status.code(), Some(LOST));
     assert!(!alive(&pid), "the child outlived its lock");
+    let grandchild = wait_for_file(&grandchild, Duration::from_secs(1));
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while alive(&grandchild) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        !alive(&grandchild),
+        "the command's own child outlived the lock"
+    );
     let mut err = String::new();
     if let Some(e) = run.stderr.take() {
         for line in BufReader::new(e).lines() {

@@ -36,6 +36,8 @@ pub(super) struct Resources {
     pub(super) fence_log: Vec<u64>,
     /// Lock keys still present on the server after ttl + ε.
     pub(super) orphans: usize,
+    /// Workers (not killed by the nemesis) that exited with an error or had to be killed.
+    pub(super) worker_failures: usize,
 }
 
 /// What the checkers found for one lock kind.
@@ -48,6 +50,8 @@ pub(super) struct Findings {
     /// A few distinct error messages workers reported.
     pub(super) error_samples: Vec<String>,
     pub(super) overlaps: usize,
+    /// Overlaps no pause or restart window explains.
+    pub(super) unexcused_overlaps: usize,
     pub(super) unfenced_acknowledged: u64,
     pub(super) lost_increments: u64,
     pub(super) fenced_acknowledged: u64,
@@ -55,16 +59,18 @@ pub(super) struct Findings {
     pub(super) fenced_lost: u64,
     pub(super) stale_accepted: u64,
     pub(super) fence_reuse: usize,
+    /// Grants whose fence was not above every earlier grant's (since the last restart).
+    pub(super) fence_regressions: usize,
     pub(super) reacquire_ms: Vec<u64>,
     pub(super) liveness_violations: usize,
     pub(super) orphans: usize,
+    pub(super) worker_failures: usize,
     pub(super) verdict_ok: bool,
     pub(super) verdict: String,
 }
 
 pub(super) struct Input<'a> {
     pub(super) kind: Kind,
-    pub(super) faults: &'a [Fault],
     pub(super) history: &'a [(usize, Step)],
     pub(super) kills: &'a [Kill],
     pub(super) windows: &'a [FaultWindow],
@@ -144,31 +150,53 @@ pub(super) fn step_time(step: &Step) -> u64 {
     }
 }
 
+/// Whether a fault window explains an overlap between holds `a` and `b`: one of them is
+/// a worker paused (stalled) while holding, or a server restart without persistence fell
+/// inside the pair (the server forgot the lock). No lease lock survives those unfenced;
+/// every other overlap is the lock's fault.
+fn excused(a: &Hold, b: &Hold, windows: &[FaultWindow]) -> bool {
+    windows.iter().any(|w| match w.fault {
+        Fault::Pause => [a, b]
+            .iter()
+            .any(|h| w.worker == Some(h.worker) && w.start <= h.end && w.end >= h.start),
+        Fault::Restart => {
+            let (lo, hi) = (a.start.min(b.start), a.end.max(b.end));
+            w.start >= lo && w.start <= hi
+        }
+        _ => false,
+    })
+}
+
 pub(super) fn check(input: &Input<'_>) -> (Findings, Vec<Hold>) {
     let holds = holds(input.history, input.kills, input.end);
-    let overlaps = {
-        let mut n = 0;
-        for i in 0..holds.len() {
-            for j in i + 1..holds.len() {
-                if holds[j].start >= holds[i].end {
-                    break;
-                }
-                if holds[j].worker != holds[i].worker {
-                    n += 1;
+    let mut overlaps = 0;
+    let mut unexcused_overlaps = 0;
+    for i in 0..holds.len() {
+        for j in i + 1..holds.len() {
+            if holds[j].start >= holds[i].end {
+                break;
+            }
+            if holds[j].worker != holds[i].worker {
+                overlaps += 1;
+                if !excused(&holds[i], &holds[j], input.windows) {
+                    unexcused_overlaps += 1;
                 }
             }
         }
-        n
-    };
+    }
     let mut unfenced_acknowledged = 0u64;
     let mut fenced_acknowledged = 0u64;
     let mut fenced_refused = 0u64;
     let mut errors = 0;
     let mut error_samples: Vec<String> = Vec::new();
-    let mut fences: BTreeMap<u64, usize> = BTreeMap::new();
+    let mut reads: BTreeMap<i64, u64> = BTreeMap::new();
+    let mut grants: Vec<(u64, u64)> = Vec::new();
     for (_, step) in input.history {
         match step {
-            Step::Wrote { .. } => unfenced_acknowledged += 1,
+            Step::Wrote { read, .. } => {
+                unfenced_acknowledged += 1;
+                *reads.entry(*read).or_default() += 1;
+            }
             Step::Fenced { ok: true, .. } => fenced_acknowledged += 1,
             Step::Fenced { ok: false, .. } => fenced_refused += 1,
             Step::Error { message, .. } => {
@@ -177,13 +205,17 @@ pub(super) fn check(input: &Input<'_>) -> (Findings, Vec<Hold>) {
                     error_samples.push(message.clone());
                 }
             }
-            Step::Acquired { fence, .. } if *fence > 0 => *fences.entry(*fence).or_default() += 1,
+            Step::Acquired { t, fence, .. } if *fence > 0 => grants.push((*t, *fence)),
             _ => {}
         }
     }
     let r = input.resources;
-    let lost_increments =
-        unfenced_acknowledged.saturating_sub(u64::try_from(r.counter).unwrap_or(0));
+    // Two acknowledged writes from the same read value lost one of them, even where an
+    // unacknowledged write raised the final value.
+    let duplicate_reads: u64 = reads.values().map(|n| n - 1).sum();
+    let lost_increments = unfenced_acknowledged
+        .saturating_sub(u64::try_from(r.counter).unwrap_or(0))
+        .max(duplicate_reads);
     let fenced_lost = fenced_acknowledged.saturating_sub(u64::try_from(r.fenced).unwrap_or(0));
     // The resource's own log: an accepted fence below an earlier accepted one is a stale
     // write that got through.
@@ -195,13 +227,48 @@ pub(super) fn check(input: &Input<'_>) -> (Findings, Vec<Hold>) {
         }
         highest = highest.max(f);
     }
-    let fence_reuse = fences.values().filter(|&&n| n > 1).count();
+    // Fences must increase in grant order; a restart without persistence resets them.
+    grants.sort_unstable();
+    let restarts: Vec<u64> = input
+        .windows
+        .iter()
+        .filter(|w| w.fault == Fault::Restart)
+        .map(|w| w.start)
+        .collect();
+    let mut fence_regressions = 0;
+    let mut fence_reuse = 0;
+    let mut seen: BTreeMap<u64, usize> = BTreeMap::new();
+    let mut max_fence = (0u64, 0u64); // (fence, time)
+    for &(t, fence) in &grants {
+        let reset = restarts.iter().any(|&rt| rt > max_fence.1 && rt < t);
+        if reset {
+            seen.clear();
+            max_fence = (0, t);
+        }
+        if fence <= max_fence.0 {
+            fence_regressions += 1;
+        }
+        let n = seen.entry(fence).or_default();
+        *n += 1;
+        if *n > 1 {
+            fence_reuse += 1;
+        }
+        if fence > max_fence.0 {
+            max_fence = (fence, t);
+        }
+    }
 
     // Liveness: after a holder was killed, someone else must get the lock within
-    // ttl + ε (unless the run ended first).
+    // ttl + ε (unless the run ended first, or a server-side fault held everyone up).
     let mut reacquire_ms = Vec::new();
     let mut liveness_violations = 0;
     for kill in input.kills.iter().filter(|k| k.was_holding) {
+        let bound = kill.t + input.ttl_ns + EPSILON_NS;
+        let held_up = input.windows.iter().any(|w| {
+            matches!(w.fault, Fault::Freeze | Fault::ClientPause | Fault::Restart)
+                && w.start <= bound
+                && w.end >= kill.t
+        });
         let next = input
             .history
             .iter()
@@ -214,24 +281,30 @@ pub(super) fn check(input: &Input<'_>) -> (Findings, Vec<Hold>) {
             Some(t) => {
                 let delay = t - kill.t;
                 reacquire_ms.push(delay / 1_000_000);
-                if delay > input.ttl_ns + EPSILON_NS {
+                if delay > input.ttl_ns + EPSILON_NS && !held_up {
                     liveness_violations += 1;
                 }
             }
-            None if input.end.saturating_sub(kill.t) > input.ttl_ns + EPSILON_NS => {
-                liveness_violations += 1;
-            }
+            None if input.end > bound && !held_up => liveness_violations += 1,
             None => {}
         }
     }
 
+    // The faults that actually took effect.
+    let mut faults: Vec<Fault> = Vec::new();
+    for w in input.windows {
+        if !faults.contains(&w.fault) {
+            faults.push(w.fault);
+        }
+    }
     let mut f = Findings {
         kind: input.kind,
-        faults: input.faults.to_vec(),
+        faults,
         holds: holds.len(),
         errors,
         error_samples,
         overlaps,
+        unexcused_overlaps,
         unfenced_acknowledged,
         lost_increments,
         fenced_acknowledged,
@@ -239,88 +312,71 @@ pub(super) fn check(input: &Input<'_>) -> (Findings, Vec<Hold>) {
         fenced_lost,
         stale_accepted,
         fence_reuse,
+        fence_regressions,
         reacquire_ms,
         liveness_violations,
         orphans: r.orphans,
+        worker_failures: r.worker_failures,
         verdict_ok: true,
         verdict: String::new(),
     };
-    let _ = input.windows;
     verdict(&mut f);
     (f, holds)
 }
 
 fn verdict(f: &mut Findings) {
     let has = |fault: Fault| f.faults.contains(&fault);
-    let unsafe_counter = f.overlaps > 0 || f.lost_increments > 0;
-    let unsafe_fenced = f.stale_accepted > 0 || f.fenced_lost > 0;
     let dead = f.liveness_violations > 0 || f.orphans > 0;
-    let (ok, text) = match f.kind {
-        Kind::DlockFenced | Kind::Memory => {
-            if unsafe_fenced {
-                (
-                    false,
-                    "FAIL: the fenced resource lost or accepted a stale write".to_owned(),
-                )
-            } else if dead {
-                (
-                    false,
-                    "FAIL: lock not free within ttl + ε after a crash, or orphan keys".to_owned(),
-                )
-            } else if f.fence_reuse > 0 && !has(Fault::Restart) {
-                (false, "FAIL: two grants shared a fence".to_owned())
-            } else {
-                (
-                    true,
-                    "ok: fenced resource intact under every fault".to_owned(),
-                )
-            }
-        }
-        Kind::Dlock => {
-            let excusing = has(Fault::Pause) || has(Fault::Restart);
-            if dead {
-                (
-                    false,
-                    "FAIL: lock not free within ttl + ε after a crash, or orphan keys".to_owned(),
-                )
-            } else if unsafe_counter && !excusing {
-                (
-                    false,
-                    "FAIL: overlapping holders without a fault no lease lock survives".to_owned(),
-                )
-            } else if unsafe_counter {
-                (true, "ok: violations only under pause/restart, which no lease lock survives unfenced".to_owned())
-            } else {
-                (true, "ok: no violation".to_owned())
-            }
-        }
-        Kind::SetnxExpire => {
-            if !has(Fault::Kill) {
-                (true, "not exercised (needs the kill fault)".to_owned())
-            } else if dead {
-                (true, "ok: control caught (a crash between SETNX and EXPIRE left a lock with no expiry)".to_owned())
-            } else {
-                (
-                    false,
-                    "FAIL: control not caught under kill: the checker or nemesis is broken"
+    let fail = |why: &str| (false, format!("FAIL: {why}"));
+    let (ok, text) = if f.holds == 0 {
+        fail("no worker ever held the lock: the run tested nothing")
+    } else if f.worker_failures > 0 {
+        fail("a worker failed (exited with an error or hung past the run)")
+    } else {
+        match f.kind {
+            Kind::Dlock | Kind::DlockFenced | Kind::Memory => {
+                let fenced = f.kind != Kind::Dlock;
+                if fenced && (f.stale_accepted > 0 || f.fenced_lost > 0) {
+                    fail("the fenced resource lost or accepted a stale write")
+                } else if f.unexcused_overlaps > 0 {
+                    fail("holders overlapped outside any pause/restart window")
+                } else if dead {
+                    fail("lock not free within ttl + ε after a crash, or orphan keys")
+                } else if (f.fence_reuse > 0 || f.fence_regressions > 0) && f.kind != Kind::Dlock {
+                    fail("fences did not strictly increase in grant order")
+                } else if f.overlaps > 0 || f.lost_increments > 0 {
+                    (
+                        true,
+                        if fenced {
+                            "ok: fenced resource intact; overlaps only in pause/restart windows"
+                        } else {
+                            "ok: violations only in pause/restart windows, which no unfenced lease lock survives"
+                        }
                         .to_owned(),
-                )
+                    )
+                } else {
+                    (true, "ok: no violation".to_owned())
+                }
             }
-        }
-        Kind::SetnxGetset | Kind::GetDel | Kind::PlainDel => {
-            if !has(Fault::Pause) {
-                (true, "not exercised (needs the pause fault)".to_owned())
-            } else if unsafe_counter {
-                (
-                    true,
-                    "ok: control caught (overlapping holders / lost increments)".to_owned(),
-                )
-            } else {
-                (
-                    false,
-                    "FAIL: control not caught under pause: the checker or nemesis is broken"
-                        .to_owned(),
-                )
+            Kind::SetnxExpire if !has(Fault::Kill) => {
+                (true, "not exercised (no kill took effect)".to_owned())
+            }
+            Kind::SetnxExpire if dead => (
+                true,
+                "ok: control caught (a crash between SETNX and EXPIRE left a lock with no expiry)"
+                    .to_owned(),
+            ),
+            Kind::SetnxExpire => fail("control not caught under kill: the checker or nemesis is broken"),
+            Kind::SetnxGetset | Kind::GetDel | Kind::PlainDel if !has(Fault::Pause) => {
+                (true, "not exercised (no pause took effect)".to_owned())
+            }
+            Kind::SetnxGetset | Kind::GetDel | Kind::PlainDel if f.unexcused_overlaps > 0 => (
+                true,
+                "ok: control caught (holders overlapped outside any pause window: a stale release freed another's lock)"
+                    .to_owned(),
+            ),
+            Kind::SetnxGetset | Kind::GetDel | Kind::PlainDel => {
+                fail("control not caught under pause: the checker or nemesis is broken")
             }
         }
     };
@@ -340,20 +396,76 @@ mod tests {
         }
     }
 
-    #[test]
-    fn overlapping_holds_are_found_and_handoffs_are_not() {
-        let history = vec![
+    fn window(fault: Fault, worker: Option<usize>, start: u64, end: u64) -> FaultWindow {
+        FaultWindow {
+            fault,
+            start,
+            end,
+            worker,
+        }
+    }
+
+    fn run(
+        kind: Kind,
+        history: &[(usize, Step)],
+        windows: &[FaultWindow],
+        kills: &[Kill],
+        resources: &Resources,
+    ) -> Findings {
+        check(&Input {
+            kind,
+            history,
+            kills,
+            windows,
+            resources,
+            ttl_ns: 1_000_000_000,
+            end: 10_000_000_000,
+        })
+        .0
+    }
+
+    /// Worker 1 holds 21..30; worker 2 acquires at 25, inside it.
+    fn overlapping() -> Vec<(usize, Step)> {
+        vec![
             (0, acq(10, 1)),
             (0, Step::Releasing { t: 20 }),
             (1, acq(21, 2)),
             (1, Step::Releasing { t: 30 }),
-            (2, acq(25, 3)), // inside worker 1's hold
+            (2, acq(25, 3)),
             (2, Step::Releasing { t: 40 }),
-        ];
-        let h = holds(&history, &[], 100);
+        ]
+    }
+
+    #[test]
+    fn overlapping_holds_are_found_and_handoffs_are_not() {
+        let h = holds(&overlapping(), &[], 100);
         assert_eq!(h.len(), 3);
         assert!(!h[0].overlapping);
         assert!(h[1].overlapping && h[2].overlapping);
+    }
+
+    #[test]
+    fn an_overlap_fails_dlock_unless_a_pause_of_one_holder_explains_it() {
+        let resources = Resources {
+            counter: 3,
+            ..Resources::default()
+        };
+        let f = run(
+            Kind::Dlock,
+            &overlapping(),
+            &[window(Fault::Kill, Some(0), 5, 5)],
+            &[],
+            &resources,
+        );
+        assert_eq!((f.overlaps, f.unexcused_overlaps), (1, 1));
+        assert!(!f.verdict_ok, "{}", f.verdict);
+        let paused = [window(Fault::Pause, Some(1), 22, 28)];
+        let f = run(Kind::Dlock, &overlapping(), &paused, &[], &resources);
+        assert_eq!(f.unexcused_overlaps, 0);
+        assert!(f.verdict_ok, "{}", f.verdict);
+        // A pause of an uninvolved worker explains nothing.
+        let elsewhere = [window(Fault::Pause, Some(0), 22, 28)];
+        assert!(!run(Kind::Dlock, &overlapping(), &elsewhere, &[], &resources).verdict_ok);
     }
 
     #[test]
@@ -364,75 +476,121 @@ mod tests {
             t: 500_000_000,
             was_holding: true,
         }];
-        let resources = Resources::default();
-        let (f, h) = check(&Input {
-            kind: Kind::Dlock,
-            faults: &[Fault::Kill],
-            history: &history,
-            kills: &kills,
-            windows: &[],
-            resources: &resources,
-            ttl_ns: 1_000_000_000,
-            end: 3_000_000_000,
-        });
-        assert_eq!(h[0].end, 500_000_000);
+        let f = run(
+            Kind::Dlock,
+            &history,
+            &[window(Fault::Kill, Some(0), 500_000_000, 500_000_000)],
+            &kills,
+            &Resources::default(),
+        );
         assert_eq!(f.overlaps, 0);
         assert_eq!(f.reacquire_ms, vec![1500]);
         assert_eq!(f.liveness_violations, 0);
-        assert!(f.verdict_ok);
-    }
-
-    #[test]
-    fn stale_fences_in_the_resource_log_and_lost_increments_fail_fenced_kinds() {
-        let history = vec![
-            (
-                0,
-                Step::Fenced {
-                    t: 1,
-                    ok: true,
-                    value: 1,
-                },
-            ),
-            (
-                1,
-                Step::Fenced {
-                    t: 2,
-                    ok: true,
-                    value: 2,
-                },
-            ),
-        ];
-        let resources = Resources {
-            fenced: 1,
-            fence_log: vec![2, 1],
-            ..Resources::default()
-        };
-        let (f, _) = check(&Input {
-            kind: Kind::DlockFenced,
-            faults: &[Fault::Pause],
-            history: &history,
-            kills: &[],
-            windows: &[],
-            resources: &resources,
-            ttl_ns: 1,
-            end: 10,
-        });
-        assert_eq!((f.stale_accepted, f.fenced_lost), (1, 1));
+        assert!(f.verdict_ok, "{}", f.verdict);
+        // Nobody got it for 9.5 s: a liveness violation.
+        let stuck = vec![(0, acq(10, 1))];
+        let f = run(Kind::Dlock, &stuck, &[], &kills, &Resources::default());
+        assert_eq!(f.liveness_violations, 1);
         assert!(!f.verdict_ok);
     }
 
     #[test]
-    fn an_uncaught_control_fails_the_run() {
-        let (f, _) = check(&Input {
-            kind: Kind::PlainDel,
-            faults: &[Fault::Pause],
-            history: &[],
-            kills: &[],
-            windows: &[],
-            resources: &Resources::default(),
-            ttl_ns: 1,
-            end: 10,
-        });
-        assert!(!f.verdict_ok, "{}", f.verdict);
+    fn stale_fences_lost_increments_and_fence_order_fail_fenced_kinds() {
+        let history = vec![
+            (0, acq(1, 5)),
+            (
+                0,
+                Step::Fenced {
+                    t: 2,
+                    ok: true,
+                    value: 1,
+                },
+            ),
+            (0, Step::Releasing { t: 3 }),
+            (1, acq(4, 4)), // a fence below an earlier grant's
+            (
+                1,
+                Step::Fenced {
+                    t: 5,
+                    ok: true,
+                    value: 2,
+                },
+            ),
+            (1, Step::Releasing { t: 6 }),
+        ];
+        let resources = Resources {
+            fenced: 1,
+            fence_log: vec![5, 4],
+            ..Resources::default()
+        };
+        let f = run(Kind::DlockFenced, &history, &[], &[], &resources);
+        assert_eq!(
+            (f.stale_accepted, f.fenced_lost, f.fence_regressions),
+            (1, 1, 1)
+        );
+        assert!(!f.verdict_ok);
+        // After a restart, fences may start over.
+        let restart = [window(Fault::Restart, None, 3, 3)];
+        let ok = Resources {
+            fenced: 2,
+            fence_log: vec![5],
+            ..Resources::default()
+        };
+        let f = run(Kind::DlockFenced, &history, &restart, &[], &ok);
+        assert_eq!(f.fence_regressions, 0);
+    }
+
+    #[test]
+    fn two_writes_from_one_read_are_a_lost_increment() {
+        let history = vec![
+            (0, acq(1, 1)),
+            (0, Step::Wrote { t: 2, read: 7 }),
+            (0, Step::Releasing { t: 3 }),
+            (1, acq(4, 2)),
+            (1, Step::Wrote { t: 5, read: 7 }),
+            (1, Step::Releasing { t: 6 }),
+        ];
+        // An unacknowledged write raised the counter to 9: the count alone would hide it.
+        let f = run(
+            Kind::Dlock,
+            &history,
+            &[],
+            &[],
+            &Resources {
+                counter: 9,
+                ..Resources::default()
+            },
+        );
+        assert_eq!(f.lost_increments, 1);
+    }
+
+    #[test]
+    fn a_control_is_caught_only_by_overlaps_no_pause_explains() {
+        let resources = Resources {
+            counter: 3,
+            ..Resources::default()
+        };
+        let explained = [window(Fault::Pause, Some(1), 22, 28)];
+        let f = run(Kind::PlainDel, &overlapping(), &explained, &[], &resources);
+        assert!(
+            !f.verdict_ok,
+            "a pause-explained overlap is not the control's own bug: {}",
+            f.verdict
+        );
+        let unexplained = [window(Fault::Pause, Some(0), 11, 12)];
+        let f = run(
+            Kind::PlainDel,
+            &overlapping(),
+            &unexplained,
+            &[],
+            &resources,
+        );
+        assert!(f.verdict_ok, "{}", f.verdict);
+    }
+
+    #[test]
+    fn a_run_with_no_holds_fails() {
+        let f = run(Kind::DlockFenced, &[], &[], &[], &Resources::default());
+        assert!(!f.verdict_ok);
     }
 }

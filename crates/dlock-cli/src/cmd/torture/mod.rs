@@ -285,6 +285,10 @@ pub(crate) async fn torture(args: TortureArgs) -> Result<u8, Failure> {
             if faults.len() < before {
                 eprintln!("dlock: freeze and restart need a server dlock owns; skipped for {url}");
             }
+            if args.faults.trim() == "all" {
+                // They act on every client of a server we do not own: only when named.
+                faults.retain(|f| !matches!(f, Fault::ClientPause | Fault::ScriptFlush));
+            }
             LockServer::Given(url.to_owned())
         }
         None => LockServer::Own(start_server()?),
@@ -309,50 +313,17 @@ pub(crate) async fn torture(args: TortureArgs) -> Result<u8, Failure> {
         lock_server.url(),
         resource_server.url()
     );
-    let mut reports = Vec::new();
-    for kind in kinds {
-        let (kind_faults, duration) = plan(&config, kind);
-        println!(
-            "  {:<13} {:>5.1} s  faults: {}",
-            kind.id(),
-            duration.as_secs_f64(),
-            kind_faults
-                .iter()
-                .map(|f| f.id())
-                .collect::<Vec<_>>()
-                .join(",")
-        );
-        let report = if kind == Kind::Memory {
-            run_memory(&config, &kind_faults, duration)?
-        } else {
-            run_redis(
-                &config,
-                kind,
-                &kind_faults,
-                duration,
-                &mut lock_server,
-                &resource_server,
-            )
-            .await?
-        };
-        let svg = svg::timeline(
-            &report.findings,
-            &report.holds,
-            &report.fault_windows,
-            &report.kills,
-            report
-                .holds
-                .iter()
-                .map(|h| h.worker + 1)
-                .max()
-                .unwrap_or(config.workers)
-                .max(config.workers),
-            report.holds.iter().map(|h| h.start).min().unwrap_or(0),
-            report.holds.iter().map(|h| h.end).max().unwrap_or(0),
-        );
-        write(&args.out.join(format!("timeline-{}.svg", kind.id())), &svg)?;
-        reports.push(report);
-    }
+    // A signal ends the run cleanly: dropping the run's future kills its workers
+    // (kill_on_drop, SIGKILL works on stopped ones too) and returning drops both servers
+    // (a frozen one is continued first), so nothing is left behind.
+    let mut signals = crate::cmd::Signals::install()?;
+    let reports = tokio::select! {
+        reports = run_kinds(&config, &kinds, &mut lock_server, &resource_server, &args.out) => reports?,
+        sig = signals.recv() => {
+            eprintln!("dlock: torture interrupted ({sig}); cleaning up");
+            return Ok(128 + sig as u8);
+        }
+    };
     print_summary(&reports);
     let json = serde_json::to_string_pretty(&Report {
         seed: config.seed,
@@ -375,6 +346,61 @@ pub(crate) async fn torture(args: TortureArgs) -> Result<u8, Failure> {
         return Ok(exit::TORTURE_FAILED);
     }
     Ok(exit::SUCCESS)
+}
+
+/// Runs every kind in turn, writing each one's timeline to `out`.
+async fn run_kinds(
+    config: &Config,
+    kinds: &[Kind],
+    lock_server: &mut LockServer,
+    resource_server: &RedisServer,
+    out: &Path,
+) -> Result<Vec<KindReport>, Failure> {
+    let mut reports = Vec::new();
+    for &kind in kinds {
+        let (kind_faults, duration) = plan(config, kind);
+        println!(
+            "  {:<13} {:>5.1} s  faults: {}",
+            kind.id(),
+            duration.as_secs_f64(),
+            kind_faults
+                .iter()
+                .map(|f| f.id())
+                .collect::<Vec<_>>()
+                .join(",")
+        );
+        let report = if kind == Kind::Memory {
+            run_memory(config, &kind_faults, duration)?
+        } else {
+            run_redis(
+                config,
+                kind,
+                &kind_faults,
+                duration,
+                lock_server,
+                resource_server,
+            )
+            .await?
+        };
+        let svg = svg::timeline(
+            &report.findings,
+            &report.holds,
+            &report.fault_windows,
+            &report.kills,
+            report
+                .holds
+                .iter()
+                .map(|h| h.worker + 1)
+                .max()
+                .unwrap_or(config.workers)
+                .max(config.workers),
+            report.holds.iter().map(|h| h.start).min().unwrap_or(0),
+            report.holds.iter().map(|h| h.end).max().unwrap_or(0),
+        );
+        write(&out.join(format!("timeline-{}.svg", kind.id())), &svg)?;
+        reports.push(report);
+    }
+    Ok(reports)
 }
 
 fn write(path: &Path, text: &str) -> Result<(), Failure> {
@@ -406,8 +432,8 @@ fn plan(config: &Config, kind: Kind) -> (Vec<Fault>, Duration) {
     };
     let faults: Vec<Fault> = config.faults.iter().copied().filter(applicable).collect();
     let duration = match (config.quick, kind.is_control() || kind == Kind::Memory) {
-        (true, true) => Duration::from_secs(8),
-        (true, false) => Duration::from_secs(20),
+        (true, true) => Duration::from_secs(if kind == Kind::Memory { 8 } else { 12 }),
+        (true, false) => Duration::from_secs(30),
         (false, _) => config.duration,
     };
     (faults, duration)
@@ -425,9 +451,9 @@ fn schedule(
         return Vec::new();
     }
     let mut rng = Rng(config.seed ^ (kind as u64).wrapping_mul(0x9e37_79b9));
-    // A fault window lasts up to 2.5 ttl; starts two ttls apart let windows overlap a
-    // little, which is fine: faults come together in production too.
-    let slot = config.ttl * 2;
+    // A fault window lasts up to 2.5 ttl (and the nemesis never starts one while another
+    // is open), so windows start three ttls apart.
+    let slot = config.ttl * 3;
     let room = usize::try_from(duration.as_millis() / slot.as_millis().max(1))
         .unwrap_or(1)
         .saturating_sub(1)
@@ -449,8 +475,13 @@ struct Running {
     id: usize,
     slot: usize,
     child: Child,
+    /// Reads the worker's history lines until EOF.
+    reader: Option<tokio::task::JoinHandle<()>>,
     holding: bool,
     alive: bool,
+    /// Under a fault now (paused, or its proxy faulted): not a target for another.
+    faulted: bool,
+    killed: bool,
 }
 
 /// Replaces host:port of a redis URL with `addr` (the worker's proxy).
@@ -520,7 +551,7 @@ impl Spawner {
             .map_err(|e| {
                 Failure::new(exit::CANNOT_EXECUTE, format!("cannot start a worker: {e}"))
             })?;
-        if let Some(out) = child.stdout.take() {
+        let reader = child.stdout.take().map(|out| {
             let tx = self.tx.clone();
             tokio::spawn(async move {
                 let mut lines = BufReader::new(out).lines();
@@ -529,14 +560,17 @@ impl Spawner {
                         let _ = tx.send((id, step));
                     }
                 }
-            });
-        }
+            })
+        });
         Ok(Running {
             id,
             slot,
             child,
+            reader,
             holding: false,
             alive: true,
+            faulted: false,
+            killed: false,
         })
     }
 }
@@ -552,6 +586,8 @@ struct Nemesis<'a> {
     /// Timed ends of fault windows: (when, what to undo, index into `windows`).
     undo: Vec<(u64, Undo, usize)>,
     kills: Vec<Kill>,
+    /// A paused worker due to resume at the next acquire by another (or the deadline).
+    resume: Option<(u64, Undo, usize)>,
     ttl: Duration,
 }
 
@@ -560,105 +596,166 @@ impl Nemesis<'_> {
         u64::try_from(self.ttl.as_nanos()).unwrap_or(u64::MAX)
     }
 
-    /// Injects `fault`, aimed at `running[victim]` where it needs a worker.
+    /// Injects `fault`, aimed at `running[victim]` where it needs a worker, and records
+    /// its window if it took effect.
     async fn inject(&mut self, fault: Fault, victim: Option<usize>) -> Result<(), Failure> {
         let t = monotonic_ns();
-        self.windows.push(FaultWindow {
-            fault,
-            start: t,
-            end: t,
-            worker: None,
-        });
-        let w = self.windows.len() - 1;
         let ttl_ns = self.ttl_ns();
         let half_ttls = move |k: u64| t + k * ttl_ns / 2;
-        match fault {
-            Fault::Pause => {
-                if let Some(v) = victim {
-                    let r = &self.running[v];
-                    if let Some(pid) = r.child.id().and_then(|p| i32::try_from(p).ok()) {
-                        let _ = kill(Pid::from_raw(pid), Signal::SIGSTOP);
-                        self.windows[w].worker = Some(r.id);
-                        self.undo.push((half_ttls(5), Undo::Continue(pid), w));
+        let admin_timeout = self.ttl * 2;
+        // (took effect, the worker aimed at, how the window ends)
+        let (effect, worker, undo): (bool, Option<usize>, Option<(u64, Undo)>) = match fault {
+            Fault::Pause => match victim.map(|v| &mut self.running[v]) {
+                Some(r) => match r.child.id().and_then(|p| i32::try_from(p).ok()) {
+                    Some(pid) if kill(Pid::from_raw(pid), Signal::SIGSTOP).is_ok() => {
+                        r.faulted = true;
+                        (
+                            true,
+                            Some(r.id),
+                            Some((half_ttls(5), Undo::Continue(r.id, pid))),
+                        )
                     }
-                }
-            }
-            Fault::Kill => {
-                if let Some(v) = victim {
+                    _ => (false, None, None),
+                },
+                None => (false, None, None),
+            },
+            Fault::Kill => match victim {
+                Some(v) => {
                     let r = &mut self.running[v];
                     let _ = r.child.start_kill();
                     let _ = r.child.wait().await;
                     r.alive = false;
+                    r.killed = true;
                     self.kills.push(Kill {
                         worker: r.id,
                         t: monotonic_ns(),
                         was_holding: r.holding,
                     });
-                    self.windows[w].worker = Some(r.id);
-                    let slot = r.slot;
-                    let id = self.running.iter().map(|r| r.id).max().unwrap_or(0) + 1;
-                    let replacement = self.spawner.spawn(id, slot)?;
+                    let (slot, id) = (r.slot, r.id);
+                    let next = self.running.iter().map(|r| r.id).max().unwrap_or(0) + 1;
+                    let replacement = self.spawner.spawn(next, slot)?;
                     self.running.push(replacement);
+                    (true, Some(id), None)
                 }
-            }
-            Fault::Freeze => {
-                if let LockServer::Own(s) = self.server {
-                    let _ = s.freeze();
-                    self.undo.push((half_ttls(4), Undo::Thaw, w));
-                }
-            }
+                None => (false, None, None),
+            },
+            Fault::Freeze => match self.server {
+                LockServer::Own(s) => match s.freeze() {
+                    Ok(()) => (true, None, Some((half_ttls(4), Undo::Thaw))),
+                    Err(_) => (false, None, None),
+                },
+                LockServer::Given(_) => (false, None, None),
+            },
             Fault::ClientPause => {
                 let ms = (2 * self.spawner.ttl_ms).to_string();
-                let _: Result<(), _> = redis::cmd("CLIENT")
+                let pause = redis::cmd("CLIENT")
                     .arg("PAUSE")
                     .arg(&ms)
                     .arg("ALL")
-                    .query_async(&mut self.admin)
-                    .await;
-                self.windows[w].end = half_ttls(4);
-            }
-            Fault::Restart => {
-                if let LockServer::Own(s) = self.server {
-                    let _ = s.restart();
+                    .to_owned();
+                if admin(&mut self.admin, &pause, admin_timeout).await {
+                    (true, None, Some((half_ttls(4), Undo::Unpause)))
+                } else {
+                    (false, None, None)
                 }
-                self.windows[w].end = monotonic_ns();
             }
+            Fault::Restart => match self.server {
+                LockServer::Own(s) => (s.restart().is_ok(), None, None),
+                LockServer::Given(_) => (false, None, None),
+            },
             Fault::ScriptFlush => {
-                let _: Result<(), _> = redis::cmd("SCRIPT")
-                    .arg("FLUSH")
-                    .query_async(&mut self.admin)
-                    .await;
+                let flush = redis::cmd("SCRIPT").arg("FLUSH").to_owned();
+                (
+                    admin(&mut self.admin, &flush, admin_timeout).await,
+                    None,
+                    None,
+                )
             }
-            Fault::Delay | Fault::Blackhole | Fault::Close => {
-                if let Some(v) = victim
-                    && let Some(Some(proxy)) = self.proxies.get(self.running[v].slot)
-                {
-                    self.windows[w].worker = Some(self.running[v].id);
+            Fault::Delay | Fault::Blackhole | Fault::Close => match victim {
+                Some(v) => {
                     let slot = self.running[v].slot;
-                    match fault {
-                        Fault::Delay => {
-                            proxy.set_fault(ProxyFault::Delay(self.ttl * 3 / 5));
-                            self.undo.push((half_ttls(4), Undo::Pass(slot), w));
+                    match self.proxies.get(slot) {
+                        Some(Some(proxy)) => {
+                            let undo = match fault {
+                                Fault::Delay => {
+                                    proxy.set_fault(ProxyFault::Delay(self.ttl * 3 / 5));
+                                    Some((half_ttls(4), Undo::Pass(slot)))
+                                }
+                                Fault::Blackhole => {
+                                    proxy.set_fault(ProxyFault::Blackhole);
+                                    Some((half_ttls(4), Undo::Pass(slot)))
+                                }
+                                _ => {
+                                    proxy.close_all();
+                                    None
+                                }
+                            };
+                            if undo.is_some() {
+                                self.running[v].faulted = true;
+                            }
+                            (true, Some(self.running[v].id), undo)
                         }
-                        Fault::Blackhole => {
-                            proxy.set_fault(ProxyFault::Blackhole);
-                            self.undo.push((half_ttls(4), Undo::Pass(slot), w));
-                        }
-                        _ => proxy.close_all(),
+                        _ => (false, None, None),
                     }
                 }
+                None => (false, None, None),
+            },
+        };
+        if effect {
+            let end = undo.as_ref().map_or_else(monotonic_ns, |(at, _)| *at);
+            self.windows.push(FaultWindow {
+                fault,
+                start: t,
+                end,
+                worker,
+            });
+            if let Some((at, what)) = undo {
+                self.undo.push((at, what, self.windows.len() - 1));
             }
+        } else {
+            eprintln!("dlock: torture: fault {} could not be injected", fault.id());
         }
         Ok(())
     }
 
     /// Ends the fault windows that are due (all of them with `all`).
+    /// Resumes a paused worker waiting for its moment (now, or at its deadline).
+    fn resume(&mut self, now: u64, force: bool) {
+        if let Some((deadline, what, w)) = self.resume
+            && (force || deadline <= now)
+        {
+            self.resume = None;
+            self.undo.push((now, what, w));
+            self.heal(now, true);
+        }
+    }
+
     fn heal(&mut self, now: u64, all: bool) {
         let mut i = 0;
         while i < self.undo.len() {
             if all || self.undo[i].0 <= now {
                 let (_, what, w) = self.undo.swap_remove(i);
-                what.apply(self.server, &self.proxies);
+                if let (Undo::Continue(..), false) = (what, all) {
+                    // Resume the paused holder just after another worker acquired: its
+                    // late write and release then meet a live holder, as they would in
+                    // production under load.
+                    self.resume = Some((now + self.ttl_ns(), what, w));
+                    continue;
+                }
+                what.apply(self.server, &self.proxies, &mut self.admin);
+                match what {
+                    Undo::Continue(id, _) => {
+                        if let Some(r) = self.running.iter_mut().find(|r| r.id == id) {
+                            r.faulted = false;
+                        }
+                    }
+                    Undo::Pass(slot) => {
+                        for r in self.running.iter_mut().filter(|r| r.slot == slot) {
+                            r.faulted = false;
+                        }
+                    }
+                    Undo::Thaw | Undo::Unpause => {}
+                }
                 self.windows[w].end = monotonic_ns();
             } else {
                 i += 1;
@@ -748,6 +845,7 @@ async fn run_redis(
         windows: Vec::new(),
         undo: Vec::new(),
         kills: Vec::new(),
+        resume: None,
         ttl: config.ttl,
     };
     let mut plan = schedule(config, kind, faults, duration)
@@ -760,13 +858,19 @@ async fn run_redis(
     // read and its write) and kill for the next acquire (a holder is what they are meant
     // to hit); either falls back to any worker at a deadline.
     let mut armed: Option<(Fault, u64)> = None;
+    let mut worker_failures = 0;
     let hard_stop = until + 3 * ttl_ns + 5_000_000_000;
     loop {
         let now = monotonic_ns();
         let next_fault = plan
             .peek()
             .map(|(at, _)| start + u64::try_from(at.as_nanos()).unwrap_or(0));
-        let next_undo = n.undo.iter().map(|(t, _, _)| *t).min();
+        let next_undo = n
+            .undo
+            .iter()
+            .map(|(t, _, _)| *t)
+            .chain(n.resume.map(|r| r.0))
+            .min();
         let wake = [
             next_fault,
             next_undo,
@@ -780,9 +884,12 @@ async fn run_redis(
         tokio::select! {
             got = rx.recv() => {
                 let Some((id, step)) = got else { break };
-                let trigger = match step {
-                    Step::Acquired { .. } => Some(Fault::Kill),
-                    Step::Read { .. } => Some(Fault::Pause),
+                // get-del's bug sits between its release's GET and DEL, the others' between
+                // a holder's read and its write.
+                let trigger = match (&step, kind) {
+                    (Step::Acquired { .. }, _) => Some(Fault::Kill),
+                    (Step::Releasing { .. }, Kind::GetDel) => Some(Fault::Pause),
+                    (Step::Read { .. }, k) if k != Kind::GetDel => Some(Fault::Pause),
                     _ => None,
                 };
                 if let Some(r) = n.running.iter_mut().find(|r| r.id == id) {
@@ -792,7 +899,12 @@ async fn run_redis(
                         _ => {}
                     }
                 }
+                let resume_now = matches!(step, Step::Acquired { .. })
+                    && matches!(n.resume, Some((_, Undo::Continue(paused, _), _)) if paused != id);
                 history.push((id, step));
+                if resume_now {
+                    n.resume(monotonic_ns(), true);
+                }
                 if let Some((fault, _)) = armed
                     && trigger == Some(fault)
                 {
@@ -805,6 +917,7 @@ async fn run_redis(
         }
         let now = monotonic_ns();
         n.heal(now, false);
+        n.resume(now, false);
         if let Some((fault, deadline)) = armed
             && deadline <= now
         {
@@ -816,6 +929,8 @@ async fn run_redis(
             && at <= now
             && now < until
             && armed.is_none()
+            && n.undo.is_empty()
+            && n.resume.is_none()
             && let Some((_, fault)) = plan.next()
         {
             if matches!(fault, Fault::Pause | Fault::Kill) {
@@ -826,18 +941,32 @@ async fn run_redis(
             }
         }
         for r in n.running.iter_mut().filter(|r| r.alive) {
-            if let Ok(Some(_)) = r.child.try_wait() {
+            if let Ok(Some(status)) = r.child.try_wait() {
                 r.alive = false;
+                if !status.success() {
+                    worker_failures += 1;
+                }
             }
         }
         let now = monotonic_ns();
-        let finished = n.running.iter().all(|r| !r.alive) && n.undo.is_empty() && now >= until;
+        let finished = n.running.iter().all(|r| !r.alive)
+            && n.undo.is_empty()
+            && n.resume.is_none()
+            && now >= until;
         if finished || now > hard_stop {
+            n.resume(now, true);
             n.heal(now, true);
             for r in n.running.iter_mut().filter(|r| r.alive) {
                 let _ = r.child.start_kill();
                 let _ = r.child.wait().await;
                 r.alive = false;
+                worker_failures += 1; // still running past the hard stop
+            }
+            // Every line a worker printed, up to its EOF, belongs in the history.
+            for r in &mut n.running {
+                if let Some(reader) = r.reader.take() {
+                    let _ = tokio::time::timeout(Duration::from_secs(5), reader).await;
+                }
             }
             while let Ok((id, step)) = rx.try_recv() {
                 history.push((id, step));
@@ -865,6 +994,7 @@ async fn run_redis(
         fenced: fenced.unwrap_or(0),
         fence_log: log,
         orphans: usize::try_from(exists).unwrap_or(0),
+        worker_failures,
     };
     // Clean up what the run left (the lock key too, if a control orphaned it).
     let fence_key = dlock::keys::LockKeys::new("", &keys.lock)
@@ -884,7 +1014,6 @@ async fn run_redis(
         .await;
     let (findings, holds) = check::check(&check::Input {
         kind,
-        faults,
         history: &history,
         kills: &n.kills,
         windows: &n.windows,
@@ -900,9 +1029,26 @@ async fn run_redis(
     })
 }
 
+/// Runs an admin command on the lock server, once more if the first try meets a
+/// connection a restart broke; bounded in time. Returns whether it succeeded.
+async fn admin(
+    conn: &mut redis::aio::ConnectionManager,
+    cmd: &redis::Cmd,
+    limit: Duration,
+) -> bool {
+    for _ in 0..2 {
+        if let Ok(Ok(())) = tokio::time::timeout(limit, cmd.query_async::<()>(conn)).await {
+            return true;
+        }
+    }
+    false
+}
+
 /// A running worker to aim a fault at: one that holds the lock if any, else any.
 fn pick(running: &[Running], rng: &mut Rng) -> Option<usize> {
-    let alive: Vec<usize> = (0..running.len()).filter(|&i| running[i].alive).collect();
+    let alive: Vec<usize> = (0..running.len())
+        .filter(|&i| running[i].alive && !running[i].faulted)
+        .collect();
     let holding: Vec<usize> = alive
         .iter()
         .copied()
@@ -913,25 +1059,43 @@ fn pick(running: &[Running], rng: &mut Rng) -> Option<usize> {
 }
 
 /// How a fault window ends.
+#[derive(Clone, Copy)]
 enum Undo {
-    Continue(i32),
+    /// SIGCONT worker `id` (process `pid`).
+    Continue(usize, i32),
     Thaw,
+    Unpause,
     Pass(usize),
 }
 
 impl Undo {
-    fn apply(&self, server: &mut LockServer, proxies: &[Option<Proxy>]) {
+    fn apply(
+        self,
+        server: &mut LockServer,
+        proxies: &[Option<Proxy>],
+        admin: &mut redis::aio::ConnectionManager,
+    ) {
         match self {
-            Undo::Continue(pid) => {
-                let _ = kill(Pid::from_raw(*pid), Signal::SIGCONT);
+            Undo::Continue(_, pid) => {
+                let _ = kill(Pid::from_raw(pid), Signal::SIGCONT);
             }
             Undo::Thaw => {
                 if let LockServer::Own(s) = server {
                     let _ = s.thaw();
                 }
             }
+            Undo::Unpause => {
+                // Pipelined after the pause's own expiry at the latest; no need to wait.
+                let mut admin = admin.clone();
+                tokio::spawn(async move {
+                    let _: Result<(), _> = redis::cmd("CLIENT")
+                        .arg("UNPAUSE")
+                        .query_async(&mut admin)
+                        .await;
+                });
+            }
             Undo::Pass(slot) => {
-                if let Some(Some(p)) = proxies.get(*slot) {
+                if let Some(Some(p)) = proxies.get(slot) {
                     p.set_fault(ProxyFault::Pass);
                 }
             }
@@ -969,16 +1133,17 @@ fn run_memory(
             .unwrap_or_else(PoisonError::into_inner)
             .push((w, step));
     };
-    let mut windows = Vec::new();
+    let stalls: Arc<Mutex<Vec<FaultWindow>>> = Arc::default();
     std::thread::scope(|scope| -> Result<(), Failure> {
         let mut handles = Vec::new();
         for w in 0..config.workers {
-            let (client, history, resource, holding, stall) = (
+            let (client, history, resource, holding, stall, stalls) = (
                 store.client(),
                 Arc::clone(&history),
                 Arc::clone(&resource),
                 Arc::clone(&holding),
                 Arc::clone(&stall),
+                Arc::clone(&stalls),
             );
             handles.push(scope.spawn(move || -> Result<(), Failure> {
                 let rt = tokio::runtime::Builder::new_current_thread()
@@ -1012,7 +1177,16 @@ fn run_memory(
                         };
                         tokio::time::sleep(Duration::from_millis(1)).await;
                         if stall[w].swap(false, Ordering::SeqCst) {
+                            let t = monotonic_ns();
                             std::thread::sleep(ttl * 5 / 2);
+                            stalls.lock().unwrap_or_else(PoisonError::into_inner).push(
+                                FaultWindow {
+                                    fault: Fault::Pause,
+                                    start: t,
+                                    end: monotonic_ns(),
+                                    worker: Some(w),
+                                },
+                            );
                         }
                         let ok = read.is_some_and(|v| {
                             let mut r = resource.lock().unwrap_or_else(PoisonError::into_inner);
@@ -1064,14 +1238,8 @@ fn run_memory(
             } else {
                 holders[rng.below(holders.len())]
             };
+            // The worker records the window when it actually stalls (at its next hold).
             stall[w].store(true, Ordering::SeqCst);
-            let t = monotonic_ns();
-            windows.push(FaultWindow {
-                fault: Fault::Pause,
-                start: t,
-                end: t + u64::try_from((ttl * 5 / 2).as_nanos()).unwrap_or(0),
-                worker: Some(w),
-            });
         }
         for h in handles {
             h.join().map_err(|_| {
@@ -1081,6 +1249,7 @@ fn run_memory(
         Ok(())
     })?;
     let history = std::mem::take(&mut *history.lock().unwrap_or_else(PoisonError::into_inner));
+    let windows = std::mem::take(&mut *stalls.lock().unwrap_or_else(PoisonError::into_inner));
     let (value, _, log) =
         std::mem::take(&mut *resource.lock().unwrap_or_else(PoisonError::into_inner));
     let resources = Resources {
@@ -1088,10 +1257,10 @@ fn run_memory(
         fenced: value,
         fence_log: log,
         orphans: 0,
+        worker_failures: 0,
     };
     let (findings, holds) = check::check(&check::Input {
         kind: Kind::Memory,
-        faults,
         history: &history,
         kills: &[],
         windows: &windows,

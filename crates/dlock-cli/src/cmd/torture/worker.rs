@@ -89,8 +89,10 @@ pub(crate) async fn run(args: TortureWorkerArgs) -> Result<u8, Failure> {
         redis::Client::open(url).map_err(|e| Failure::usage(format!("torture worker URL: {e}")))
     };
     // Reconnects by itself after a closed connection or a server restart.
+    // No reply timeout: a paused control worker must finish the very call it was stopped
+    // in (a timeout would fire the moment it resumes and hide the bug under test).
     let config = redis::aio::ConnectionManagerConfig::new()
-        .set_response_timeout(Some(ttl))
+        .set_response_timeout(None)
         .set_connection_timeout(Some(ttl))
         .set_number_of_retries(2);
     let lock_conn = open(&args.lock_url)?
@@ -164,6 +166,10 @@ const GAP: Duration = Duration::from_millis(30);
 /// The read-modify-write's pause between read and write: a fault aimed at a holder lands
 /// inside it.
 const CRITICAL: Duration = Duration::from_millis(10);
+
+/// The controls' critical sections outlast their [`GAP`], so that a stale release that
+/// lands in another holder's critical section lets a third holder in while it works.
+const CONTROL_CRITICAL: Duration = Duration::from_millis(45);
 
 impl Worker {
     fn remaining(&self) -> Duration {
@@ -269,7 +275,7 @@ impl Worker {
                 self.acquired(&token, 0);
                 return Ok(Some((Hold::Raw(token), 0)));
             }
-            tokio::time::sleep(Duration::from_millis(5)).await;
+            tokio::time::sleep(Duration::from_millis(2)).await;
         }
         Ok(None)
     }
@@ -320,7 +326,12 @@ impl Worker {
                 .map_err(store_err)?;
             let read = read.unwrap_or(0);
             emit(&Step::Read { t: monotonic_ns() });
-            tokio::time::sleep(CRITICAL).await;
+            let critical = if self.dlock.is_some() {
+                CRITICAL
+            } else {
+                CONTROL_CRITICAL
+            };
+            tokio::time::sleep(critical).await;
             let _: () = redis::cmd("SET")
                 .arg(&self.keys.counter)
                 .arg(read + 1)
@@ -355,6 +366,19 @@ impl Worker {
                     } else {
                         Some(false)
                     }
+                }
+                Kind::SetnxExpire => {
+                    // This control's bug is its acquire alone: its release is the correct
+                    // compare-and-delete, so it cannot clear another's orphaned key.
+                    let n: i64 = redis::Script::new(
+                        "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0",
+                    )
+                    .key(key)
+                    .arg(&token)
+                    .invoke_async(c)
+                    .await
+                    .ok()?;
+                    Some(n == 1)
                 }
                 _ => {
                     let n: i64 = redis::cmd("DEL").arg(key).query_async(c).await.ok()?;
