@@ -13,14 +13,12 @@
 
 use std::collections::HashMap;
 use std::io::Write as _;
-use std::process::Stdio;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use dlock::backend::{Memory, Redis};
 use dlock::{Lock, LockGuard};
 use indicatif::{ProgressBar, ProgressStyle};
-use tokio::io::{AsyncBufReadExt, BufReader};
 
 use crate::args::{DemoArgs, DemoWorkerArgs};
 use crate::exit::{self, Failure};
@@ -606,49 +604,31 @@ async fn run_processes(
     args: &DemoArgs,
     bar: &ProgressBar,
 ) -> Result<Tally, Failure> {
-    let exe = std::env::current_exe().map_err(|e| {
-        Failure::new(
-            exit::CANNOT_EXECUTE,
-            format!("cannot find dlock itself: {e}"),
-        )
-    })?;
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let mut children = Vec::new();
     for worker in 0..args.workers {
-        let mut child = tokio::process::Command::new(&exe)
-            .args([
-                "demo-worker",
-                "--url",
-                url,
-                "--scenario",
-                scenario.id(),
-                "--run-id",
-                run_id,
-            ])
-            .args([
-                "--worker",
-                &worker.to_string(),
-                "--orders",
-                &args.orders.to_string(),
-            ])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(|e| {
-                Failure::new(exit::CANNOT_EXECUTE, format!("cannot start a worker: {e}"))
-            })?;
-        if let Some(out) = child.stdout.take() {
-            let tx = tx.clone();
-            tokio::spawn(async move {
-                let mut lines = BufReader::new(out).lines();
-                while let Ok(Some(line)) = lines.next_line().await {
-                    if let Some(e) = Event::parse(line.trim()) {
-                        let _ = tx.send(e);
-                    }
-                }
-            });
-        }
+        let tx = tx.clone();
+        let args: Vec<String> = [
+            "demo-worker",
+            "--url",
+            url,
+            "--scenario",
+            scenario.id(),
+            "--run-id",
+            run_id,
+            "--worker",
+            &worker.to_string(),
+            "--orders",
+            &args.orders.to_string(),
+        ]
+        .iter()
+        .map(|a| (*a).to_owned())
+        .collect();
+        let (child, _reader) = super::workers::spawn(&args, move |line| {
+            if let Some(e) = Event::parse(line) {
+                let _ = tx.send(e);
+            }
+        })?;
         children.push(child);
     }
     drop(tx);

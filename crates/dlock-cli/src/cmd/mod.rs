@@ -3,6 +3,7 @@
 pub(crate) mod demo;
 mod run;
 pub(crate) mod torture;
+mod workers;
 
 use std::io::{BufRead, IsTerminal, Write};
 use std::time::Duration;

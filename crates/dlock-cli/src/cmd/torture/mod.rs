@@ -11,7 +11,6 @@ pub(crate) mod worker;
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::Path;
-use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -23,7 +22,6 @@ use dlock_test::server::RedisServer;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde::Serialize;
-use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Child;
 
 use self::check::{Findings, Hold, Kill, Resources};
@@ -512,7 +510,6 @@ fn upstream(url: &str) -> Option<SocketAddr> {
 
 /// Starts worker processes for one kind.
 struct Spawner {
-    exe: std::path::PathBuf,
     kind: Kind,
     urls: Vec<String>,
     resource_url: String,
@@ -524,44 +521,30 @@ struct Spawner {
 
 impl Spawner {
     fn spawn(&self, id: usize, slot: usize) -> Result<Running, Failure> {
-        let mut child = tokio::process::Command::new(&self.exe)
-            .args([
-                "torture-worker",
-                "--kind",
-                self.kind.id(),
-                "--lock-url",
-                &self.urls[slot],
-            ])
-            .args([
-                "--resource-url",
-                &self.resource_url,
-                "--keys",
-                &self.keys_base,
-            ])
-            .args([
-                "--ttl-ms",
-                &self.ttl_ms.to_string(),
-                "--until-ns",
-                &self.until.to_string(),
-            ])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(|e| {
-                Failure::new(exit::CANNOT_EXECUTE, format!("cannot start a worker: {e}"))
-            })?;
-        let reader = child.stdout.take().map(|out| {
-            let tx = self.tx.clone();
-            tokio::spawn(async move {
-                let mut lines = BufReader::new(out).lines();
-                while let Ok(Some(line)) = lines.next_line().await {
-                    if let Ok(step) = serde_json::from_str::<Step>(&line) {
-                        let _ = tx.send((id, step));
-                    }
-                }
-            })
-        });
+        let args: Vec<String> = [
+            "torture-worker",
+            "--kind",
+            self.kind.id(),
+            "--lock-url",
+            &self.urls[slot],
+            "--resource-url",
+            &self.resource_url,
+            "--keys",
+            &self.keys_base,
+            "--ttl-ms",
+            &self.ttl_ms.to_string(),
+            "--until-ns",
+            &self.until.to_string(),
+        ]
+        .iter()
+        .map(|a| (*a).to_owned())
+        .collect();
+        let tx = self.tx.clone();
+        let (child, reader) = crate::cmd::workers::spawn(&args, move |line| {
+            if let Ok(step) = serde_json::from_str::<Step>(line) {
+                let _ = tx.send((id, step));
+            }
+        })?;
         Ok(Running {
             id,
             slot,
@@ -819,12 +802,6 @@ async fn run_redis(
     let until = start + u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX);
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(usize, Step)>();
     let spawner = Spawner {
-        exe: std::env::current_exe().map_err(|e| {
-            Failure::new(
-                exit::CANNOT_EXECUTE,
-                format!("cannot find dlock itself: {e}"),
-            )
-        })?,
         kind,
         urls,
         resource_url: resources.url(),
