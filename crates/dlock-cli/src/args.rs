@@ -135,7 +135,8 @@ pub(crate) struct RunArgs {
     /// After SIGTERM on a lost lock, how long before SIGKILL.
     #[arg(long, value_parser = parse_duration, default_value = "10s")]
     pub(crate) kill_grace: Duration,
-    /// At most N concurrent runs (needs the semaphore, not implemented yet).
+    /// At most N concurrent runs fleet-wide: take one of N permits instead of the lock (the
+    /// command then gets no DLOCK_FENCE: permit holders do not exclude each other).
     #[arg(long, value_name = "N")]
     pub(crate) semaphore: Option<u32>,
     /// Take a shared (read) lock (needs the read-write lock, not implemented yet).

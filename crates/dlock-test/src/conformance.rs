@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use dlock::raw::{RawFencing, RawInspect, RawLock};
-use dlock::{ErrorKind, Lock, Retry};
+use dlock::raw::{RawFencing, RawInspect, RawLock, RawSemaphore};
+use dlock::{ErrorKind, Lock, Retry, Semaphore};
 use tokio::time::{Instant, sleep, timeout};
 
 /// A store under test.
@@ -821,6 +821,145 @@ where
     timeout(ttl * 3, lost)
         .await
         .expect("the old holder's lost() fires");
+}
+
+/// Many clients share a semaphore of 3 permits: never more than 3 holders at once, and
+/// all 3 are used.
+pub async fn semaphore_never_exceeds_its_permits<T: Target>(target: &T)
+where
+    T::Backend: RawSemaphore,
+{
+    let name = unique("sem");
+    let inside = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..8 {
+        let sem = Semaphore::new(target.client().await, &name, 3).expect("valid");
+        let (inside, most) = (Arc::clone(&inside), Arc::clone(&most));
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..6 {
+                let permit = sem.acquire().await.expect("acquire");
+                let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
+                most.fetch_max(now, Ordering::SeqCst);
+                sleep(Duration::from_millis(5)).await;
+                inside.fetch_sub(1, Ordering::SeqCst);
+                permit.release().await.expect("release");
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.expect("task");
+    }
+    let most = most.load(Ordering::SeqCst);
+    assert!(most <= 3, "{most} holders of 3 permits at once");
+    assert_eq!(most, 3, "the permits were never all in use");
+    let sem = Semaphore::new(target.client().await, &name, 3).expect("valid");
+    assert_eq!(sem.available_permits().await.expect("store"), 3);
+}
+
+/// A holder that vanished gives its permits back when its lease runs out.
+pub async fn semaphore_permits_of_a_dead_holder_come_back<T: Target>(target: &T)
+where
+    T::Backend: RawSemaphore,
+{
+    let name = unique("sem-dead");
+    let ttl = Duration::from_millis(400);
+    let holder = Semaphore::with_options(
+        target.client().await,
+        &name,
+        1,
+        ttl,
+        true,
+        dlock::DEFAULT_SEMAPHORE_PREFIX,
+    )
+    .expect("valid");
+    let permit = holder.try_acquire().await.expect("store").expect("free");
+    let gone = Instant::now();
+    permit.forget();
+    let other = Semaphore::new(target.client().await, &name, 1).expect("valid");
+    assert!(other.try_acquire().await.expect("store").is_none());
+    let permit = other
+        .try_acquire_for(ttl * 10)
+        .await
+        .expect("store")
+        .expect("the dead holder's permit comes back");
+    assert!(gone.elapsed() >= ttl - Duration::from_millis(50));
+    permit.release().await.expect("release");
+}
+
+/// `acquire_many` takes permits all at once; `available_permits` and `set_permits` agree.
+pub async fn semaphore_many_permits_and_counts<T: Target>(target: &T)
+where
+    T::Backend: RawSemaphore,
+{
+    let sem = Semaphore::new(target.client().await, unique("sem-many"), 5).expect("valid");
+    let three = sem.acquire_many(3).await.expect("acquire 3");
+    assert_eq!(sem.available_permits().await.expect("store"), 2);
+    assert!(
+        sem.try_acquire_many(3).await.expect("store").is_none(),
+        "only 2 free"
+    );
+    let two = sem
+        .try_acquire_many(2)
+        .await
+        .expect("store")
+        .expect("2 free");
+    assert_eq!(sem.available_permits().await.expect("store"), 0);
+    three.release().await.expect("release");
+    assert_eq!(sem.available_permits().await.expect("store"), 3);
+    let err = sem.acquire_many(6).await.expect_err("more than exist");
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument);
+    assert_eq!(
+        Semaphore::new(target.client().await, "x", 0)
+            .map(|_| ())
+            .map_err(|e| e.kind()),
+        Err(ErrorKind::InvalidArgument)
+    );
+    sem.set_permits(6).await.expect("operator");
+    assert_eq!(sem.available_permits().await.expect("store"), 4);
+    two.release().await.expect("release");
+}
+
+/// A waiter for a permit wakes on a release, not at the holder's ttl; a permit whose
+/// holders were deleted behind its back fires `lost()` at its next renewal.
+pub async fn semaphore_waiters_wake_and_lost_permits_fire<T: Target>(target: &T)
+where
+    T::Backend: RawSemaphore,
+{
+    let name = unique("sem-wake");
+    let ttl = Duration::from_secs(3);
+    let sem = Semaphore::with_options(
+        target.client().await,
+        &name,
+        1,
+        ttl,
+        true,
+        dlock::DEFAULT_SEMAPHORE_PREFIX,
+    )
+    .expect("valid");
+    let permit = sem.try_acquire().await.expect("store").expect("free");
+    let waiter = Semaphore::with_options(
+        target.client().await,
+        &name,
+        1,
+        ttl,
+        true,
+        dlock::DEFAULT_SEMAPHORE_PREFIX,
+    )
+    .expect("valid");
+    let waiting = tokio::spawn(async move { waiter.acquire().await.expect("acquire") });
+    sleep(Duration::from_millis(100)).await;
+    permit.release().await.expect("release");
+    let permit = timeout(Duration::from_secs(2), waiting)
+        .await
+        .expect("woken by the release")
+        .expect("task");
+    target.delete_key(sem.keys().lock()).await;
+    timeout(ttl / 2, permit.lost())
+        .await
+        .expect("lost() fires at the next renewal");
+    let err = permit.release().await.expect_err("gone");
+    assert_eq!(err.kind(), ErrorKind::LockLost);
 }
 
 /// Runs the whole suite against `target`.

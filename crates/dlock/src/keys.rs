@@ -32,6 +32,8 @@ pub struct LockKeys(Arc<KeysInner>);
 #[derive(Debug, PartialEq, Eq)]
 struct KeysInner {
     name: String,
+    /// The lock key, or `{lock key}` when it has no hash tag of its own.
+    base: String,
     lock: String,
     fence: String,
     channel: String,
@@ -75,6 +77,7 @@ impl LockKeys {
             name: name.to_owned(),
             fence: format!("{base}:fence"),
             channel: format!("{base}:released"),
+            base,
             lock,
         })))
     }
@@ -97,6 +100,11 @@ impl LockKeys {
     /// The channel on which releases are announced.
     pub fn channel(&self) -> &str {
         &self.0.channel
+    }
+
+    /// Another key of the same primitive, in the lock key's cluster slot.
+    pub fn companion(&self, suffix: &str) -> String {
+        format!("{}:{suffix}", self.0.base)
     }
 }
 
@@ -179,6 +187,7 @@ mod tests {
                 let slot = cluster_slot(k.lock().as_bytes());
                 prop_assert_eq!(cluster_slot(k.fence().as_bytes()), slot);
                 prop_assert_eq!(cluster_slot(k.channel().as_bytes()), slot);
+                prop_assert_eq!(cluster_slot(k.companion("holders").as_bytes()), slot);
                 prop_assert_eq!(k.lock(), format!("{prefix}{name}"));
             } else {
                 // Only the brace case may be refused for names within the limits.

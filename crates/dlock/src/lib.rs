@@ -71,6 +71,7 @@ mod error;
 pub mod keys;
 mod lock;
 pub mod raw;
+mod semaphore;
 mod token;
 pub mod validity;
 pub mod watchdog;
@@ -82,4 +83,5 @@ struct ReadmeDoctests;
 
 pub use error::{Error, ErrorKind, Result};
 pub use lock::{DEFAULT_TTL, Lock, LockBuilder, LockGuard, MAX_TTL, MIN_TTL, Retry};
+pub use semaphore::{DEFAULT_SEMAPHORE_PREFIX, MAX_PERMITS, Permits, Semaphore, SemaphorePermit};
 pub use token::{FencingToken, Token};

@@ -132,6 +132,57 @@ pub trait RawLock: Clone + Send + Sync + 'static {
 /// persistence, eviction).
 pub trait RawFencing: RawLock {}
 
+/// Counting permits in a store: each holder's permits are one lease (token, count,
+/// expiry), so a crashed holder's permits come back by themselves.
+///
+/// # Correctness
+///
+/// [`acquire_permits`](RawSemaphore::acquire_permits) first drops the leases that ran out
+/// (by the store's clock), then grants `n` permits only if the live holders' permits plus
+/// `n` stay within the permit count — in one atomic step. Release and extend act only on
+/// a live lease under the given token. The permit count is stored with the semaphore: the
+/// first client's `permits` sets it, [`set_permits`](RawSemaphore::set_permits) changes it
+/// (holders above a lowered count keep their permits until they release).
+pub trait RawSemaphore: RawLock {
+    /// Takes `n` permits under `token` for `ttl`, if free; else reports when the earliest
+    /// lease ends (`Held { remaining }`).
+    fn acquire_permits(
+        &self,
+        keys: &LockKeys,
+        token: &Token,
+        n: u32,
+        permits: u32,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<Acquire>> + Send;
+
+    /// Gives back the permits held under `token` and wakes waiters. Returns whether a live
+    /// lease was released.
+    fn release_permits(
+        &self,
+        keys: &LockKeys,
+        token: &Token,
+    ) -> impl Future<Output = Result<bool>> + Send;
+
+    /// Renews the lease of the permits held under `token`. Returns whether it was live.
+    fn extend_permits(
+        &self,
+        keys: &LockKeys,
+        token: &Token,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<bool>> + Send;
+
+    /// `(permits in use by live leases, the permit count)`; `permits` where none is stored.
+    fn permits_in_use(
+        &self,
+        keys: &LockKeys,
+        permits: u32,
+    ) -> impl Future<Output = Result<(u32, u32)>> + Send;
+
+    /// Sets the permit count (for operators).
+    fn set_permits(&self, keys: &LockKeys, permits: u32)
+    -> impl Future<Output = Result<()>> + Send;
+}
+
 /// What the store says about one lock right now.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]

@@ -5,8 +5,8 @@ use std::os::unix::process::ExitStatusExt;
 use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
 
-use dlock::raw::RawFencing;
-use dlock::{Lock, LockGuard};
+use dlock::raw::{RawFencing, RawLock, RawSemaphore};
+use dlock::{Lock, LockGuard, Semaphore};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use tokio::process::{Child, Command};
@@ -46,40 +46,87 @@ impl Signals {
     }
 }
 
-pub(crate) async fn run<B: RawFencing>(backend: B, args: RunArgs) -> Result<u8, Failure> {
-    if args.semaphore.is_some() {
-        return Err(Failure::usage(
-            "--semaphore needs the semaphore primitive, which is not implemented yet",
-        ));
+/// How waiting for the lock (or permit) ended.
+enum Waited<X: RawLock> {
+    Got(LockGuard<X>),
+    /// Exit with this code (conflict, or a signal while waiting).
+    Exit(u8),
+}
+
+async fn wait_for<X: RawLock>(
+    lock: &Lock<X>,
+    args: &RunArgs,
+    signals: &mut Signals,
+) -> Result<Waited<X>, Failure> {
+    let acquired = tokio::select! {
+        acquired = acquire(lock, &args.wait) => acquired?,
+        sig = signals.recv() => return Ok(Waited::Exit(128 + sig as u8)),
+    };
+    match acquired {
+        Some(guard) => Ok(Waited::Got(guard)),
+        None => {
+            if !args.quiet {
+                eprintln!("dlock: {:?} is held by another process", args.name);
+            }
+            Ok(Waited::Exit(args.wait.conflict_exit_code))
+        }
     }
+}
+
+pub(crate) async fn run<B: RawFencing + RawSemaphore>(
+    backend: B,
+    args: RunArgs,
+) -> Result<u8, Failure> {
     if args.shared {
         return Err(Failure::usage(
             "--shared needs the read-write lock, which is not implemented yet",
         ));
     }
-    let lock = Lock::builder(backend, &args.name)
-        .prefix(&args.store.prefix)
-        .ttl(args.ttl)
-        .build()?;
     // Installed before waiting, so that a signal while waiting ends the wait cleanly
     // (a cancelled acquire leaves no lock behind) instead of killing dlock mid-call.
     let mut signals = Signals::install()?;
-    let acquired = tokio::select! {
-        acquired = acquire(&lock, &args.wait) => acquired?,
-        sig = signals.recv() => return Ok(128 + sig as u8),
-    };
-    let Some(guard) = acquired else {
-        if !args.quiet {
-            eprintln!("dlock: {:?} is held by another process", args.name);
+    match args.semaphore {
+        Some(permits) => {
+            let prefix = if args.store.prefix == dlock::keys::DEFAULT_PREFIX {
+                dlock::DEFAULT_SEMAPHORE_PREFIX
+            } else {
+                args.store.prefix.as_str()
+            };
+            let sem =
+                Semaphore::with_options(backend, &args.name, permits, args.ttl, true, prefix)?;
+            match wait_for(sem.permit_lock(), &args, &mut signals).await? {
+                Waited::Got(guard) => supervise(guard, None, &args, signals).await,
+                Waited::Exit(code) => Ok(code),
+            }
         }
-        return Ok(args.wait.conflict_exit_code);
-    };
+        None => {
+            let lock = Lock::builder(backend, &args.name)
+                .prefix(&args.store.prefix)
+                .ttl(args.ttl)
+                .build()?;
+            match wait_for(&lock, &args, &mut signals).await? {
+                Waited::Got(guard) => {
+                    let fence = guard.fencing_token().get();
+                    supervise(guard, Some(fence), &args, signals).await
+                }
+                Waited::Exit(code) => Ok(code),
+            }
+        }
+    }
+}
 
+/// Runs the command while `guard` is held; see `dlock run --help`.
+async fn supervise<X: RawLock>(
+    guard: LockGuard<X>,
+    fence: Option<u64>,
+    args: &RunArgs,
+    mut signals: Signals,
+) -> Result<u8, Failure> {
     // Without a terminal, the command gets a process group of its own, so that signals
     // (and termination on a lost lock) reach everything it started. On a terminal it
     // stays in the foreground group, where Ctrl-C reaches it directly.
     let interactive = std::io::stdin().is_terminal();
-    let mut child = match spawn(&args, &guard, !interactive) {
+    let mut child = match spawn(args, guard.token(), fence, !interactive) {
         Ok(child) => child,
         Err(failure) => {
             guard.release().await.ok();
@@ -156,9 +203,10 @@ pub(crate) async fn run<B: RawFencing>(backend: B, args: RunArgs) -> Result<u8, 
     }
 }
 
-fn spawn<B: RawFencing>(
+fn spawn(
     args: &RunArgs,
-    guard: &LockGuard<B>,
+    token: &dlock::Token,
+    fence: Option<u64>,
     own_group: bool,
 ) -> Result<Child, Failure> {
     let (program, rest) = args
@@ -172,21 +220,21 @@ fn spawn<B: RawFencing>(
     command
         .args(rest)
         .env("DLOCK_NAME", &args.name)
-        .env("DLOCK_TOKEN", guard.token().as_str())
-        .env("DLOCK_FENCE", guard.fencing_token().to_string())
-        .stdin(Stdio::inherit())
-        .spawn()
-        .map_err(|e| {
-            let code = if e.kind() == IoErrorKind::NotFound {
-                exit::NOT_FOUND
-            } else {
-                exit::CANNOT_EXECUTE
-            };
-            Failure::new(
-                code,
-                format!("cannot run {}: {e}", program.to_string_lossy()),
-            )
-        })
+        .env("DLOCK_TOKEN", token.as_str());
+    if let Some(fence) = fence {
+        command.env("DLOCK_FENCE", fence.to_string());
+    }
+    command.stdin(Stdio::inherit()).spawn().map_err(|e| {
+        let code = if e.kind() == IoErrorKind::NotFound {
+            exit::NOT_FOUND
+        } else {
+            exit::CANNOT_EXECUTE
+        };
+        Failure::new(
+            code,
+            format!("cannot run {}: {e}", program.to_string_lossy()),
+        )
+    })
 }
 
 /// SIGTERM, then SIGKILL after `grace` (or at once on a signal to dlock), and reap.

@@ -424,3 +424,52 @@ fn torture_catches_a_control_and_keeps_the_fenced_resource_intact() {
     assert!(svg.starts_with("<svg") && svg.contains("overlapping hold"));
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn semaphore_runs_let_at_most_n_commands_at_once() {
+    let server = RedisServer::start().expect("redis-server");
+    let dir = scratch("semaphore");
+    let log = dir.join("log");
+    let script = format!(
+        "echo \"begin ${{DLOCK_FENCE:-none}}\" >> {0}; sleep 0.3; echo end >> {0}",
+        log.display()
+    );
+    let mut runs: Vec<Child> = (0..5)
+        .map(|_| {
+            dlock(&server.url())
+                .args([
+                    "run",
+                    "--semaphore",
+                    "2",
+                    "slots",
+                    "--",
+                    "sh",
+                    "-c",
+                    &script,
+                ])
+                .spawn()
+                .expect("spawn dlock run")
+        })
+        .collect();
+    for run in &mut runs {
+        assert!(wait_exit(run, Duration::from_secs(30)).success());
+    }
+    let text = std::fs::read_to_string(&log).expect("log");
+    let mut inside = 0;
+    let mut most = 0;
+    for line in text.lines() {
+        if line.starts_with("begin") {
+            assert_eq!(line, "begin none", "permits carry no fence");
+            inside += 1;
+            most = most.max(inside);
+        } else {
+            inside -= 1;
+        }
+    }
+    assert_eq!(text.lines().count(), 10, "{text}");
+    assert_eq!(
+        most, 2,
+        "at most 2 commands at once, and 2 did run together:\n{text}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -44,6 +44,10 @@ macro_rules! all_conformance_tests {
             extend_resets_lease,
             bad_input_is_rejected,
             inspection_and_administration,
+            semaphore_never_exceeds_its_permits,
+            semaphore_permits_of_a_dead_holder_come_back,
+            semaphore_many_permits_and_counts,
+            semaphore_waiters_wake_and_lost_permits_fire,
         );
     };
 }

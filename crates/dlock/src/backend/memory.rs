@@ -10,7 +10,7 @@ use tokio::sync::Notify;
 
 use crate::error::Result;
 use crate::keys::LockKeys;
-use crate::raw::{Acquire, LockState, RawFencing, RawInspect, RawLock, ReleaseWatch};
+use crate::raw::{Acquire, LockState, RawFencing, RawInspect, RawLock, RawSemaphore, ReleaseWatch};
 use crate::token::Token;
 use crate::watchdog::Leases;
 
@@ -47,6 +47,7 @@ struct State {
     locks: HashMap<String, Held>,
     fences: HashMap<String, u64>,
     watchers: HashMap<String, Weak<Notify>>,
+    semaphores: HashMap<String, Permits>,
     /// Sweep expired entries when the map grows past this.
     sweep_at: usize,
 }
@@ -54,6 +55,20 @@ struct State {
 struct Held {
     token: Token,
     expires: Instant,
+}
+
+/// One semaphore: its permit count and its holders' leases.
+#[derive(Default)]
+struct Permits {
+    count: Option<u32>,
+    holders: HashMap<Token, (u32, Instant)>,
+}
+
+impl Permits {
+    fn live(&mut self, now: Instant) -> &mut HashMap<Token, (u32, Instant)> {
+        self.holders.retain(|_, (_, expires)| *expires > now);
+        &mut self.holders
+    }
 }
 
 impl std::fmt::Debug for Memory {
@@ -80,14 +95,19 @@ impl Memory {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Deletes a lock key whoever holds it, as an operator's force-unlock would (the holder
-    /// learns it at its next renewal). Returns whether a live key was deleted.
+    /// Deletes a lock key (or a semaphore's holders) whoever holds it, as an operator's
+    /// force-unlock would (holders learn it at their next renewal). Returns whether
+    /// anything live was deleted.
     pub fn force_delete(&self, key: &str) -> bool {
         let mut state = self.state();
         let now = Instant::now();
         let live = state.locks.remove(key).is_some_and(|h| h.expires > now);
+        let holders = state
+            .semaphores
+            .get_mut(key)
+            .is_some_and(|sem| !std::mem::take(&mut sem.holders).is_empty());
         state.notify_one(key);
-        live
+        live || holders
     }
 
     /// The remaining time to live of a lock key, or `None` if it is not held.
@@ -256,6 +276,78 @@ fn glob_match(pattern: &[u8], text: &[u8]) -> bool {
         }
     }
     pattern[p..].iter().all(|&c| c == b'*')
+}
+
+impl RawSemaphore for Memory {
+    async fn acquire_permits(
+        &self,
+        keys: &LockKeys,
+        token: &Token,
+        n: u32,
+        permits: u32,
+        ttl: Duration,
+    ) -> Result<Acquire> {
+        let now = Instant::now();
+        let mut state = self.state();
+        let sem = state.semaphores.entry(keys.lock().to_owned()).or_default();
+        let count = *sem.count.get_or_insert(permits);
+        let holders = sem.live(now);
+        let used: u32 = holders.values().map(|(n, _)| n).sum();
+        if used.saturating_add(n) <= count {
+            holders.insert(token.clone(), (n, now + ttl));
+            return Ok(Acquire::Acquired { fence: 0 });
+        }
+        let remaining = holders.values().map(|(_, e)| *e - now).min();
+        Ok(Acquire::Held { remaining })
+    }
+
+    async fn release_permits(&self, keys: &LockKeys, token: &Token) -> Result<bool> {
+        let now = Instant::now();
+        let mut state = self.state();
+        let released = state
+            .semaphores
+            .get_mut(keys.lock())
+            .and_then(|sem| sem.live(now).remove(token));
+        if let Some((n, _)) = released {
+            for _ in 0..n {
+                state.notify_one(keys.lock());
+            }
+        }
+        Ok(released.is_some())
+    }
+
+    async fn extend_permits(&self, keys: &LockKeys, token: &Token, ttl: Duration) -> Result<bool> {
+        let now = Instant::now();
+        let mut state = self.state();
+        let holder = state
+            .semaphores
+            .get_mut(keys.lock())
+            .and_then(|sem| sem.live(now).get_mut(token));
+        Ok(holder.map(|(_, expires)| *expires = now + ttl).is_some())
+    }
+
+    async fn permits_in_use(&self, keys: &LockKeys, permits: u32) -> Result<(u32, u32)> {
+        let now = Instant::now();
+        let mut state = self.state();
+        Ok(match state.semaphores.get_mut(keys.lock()) {
+            Some(sem) => {
+                let count = sem.count.unwrap_or(permits);
+                (sem.live(now).values().map(|(n, _)| n).sum(), count)
+            }
+            None => (0, permits),
+        })
+    }
+
+    async fn set_permits(&self, keys: &LockKeys, permits: u32) -> Result<()> {
+        let mut state = self.state();
+        state
+            .semaphores
+            .entry(keys.lock().to_owned())
+            .or_default()
+            .count = Some(permits);
+        state.notify_one(keys.lock());
+        Ok(())
+    }
 }
 
 #[cfg(test)]

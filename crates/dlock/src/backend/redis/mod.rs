@@ -26,7 +26,9 @@ use redis::{RedisError, Script, ServerErrorKind};
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::keys::LockKeys;
-use crate::raw::{Acquire, LockState, RawFencing, RawInspect, RawLock, ReleaseWatch, Renewal};
+use crate::raw::{
+    Acquire, LockState, RawFencing, RawInspect, RawLock, RawSemaphore, ReleaseWatch, Renewal,
+};
 use crate::token::Token;
 use crate::watchdog::Leases;
 
@@ -59,6 +61,10 @@ struct Inner {
     acquire: Script,
     release: Script,
     extend: Script,
+    sem_acquire: Script,
+    sem_release: Script,
+    sem_extend: Script,
+    sem_count: Script,
     leases: Leases,
     pubsub: PubSub,
     addr: String,
@@ -153,6 +159,10 @@ impl RedisBuilder {
                 acquire: Script::new(include_str!("lua/acquire.lua")),
                 release: Script::new(include_str!("lua/release.lua")),
                 extend: Script::new(include_str!("lua/extend.lua")),
+                sem_acquire: Script::new(include_str!("lua/sem_acquire.lua")),
+                sem_release: Script::new(include_str!("lua/sem_release.lua")),
+                sem_extend: Script::new(include_str!("lua/sem_extend.lua")),
+                sem_count: Script::new(include_str!("lua/sem_count.lua")),
                 leases: Leases::new(),
                 pubsub: PubSub::new(&client, self.connect_timeout, self.response_timeout),
                 addr,
@@ -193,7 +203,16 @@ impl Redis {
 
     async fn load_scripts(&self) -> Result<()> {
         let mut conn = self.conn();
-        for script in [&self.inner.acquire, &self.inner.release, &self.inner.extend] {
+        let i = &self.inner;
+        for script in [
+            &i.acquire,
+            &i.release,
+            &i.extend,
+            &i.sem_acquire,
+            &i.sem_release,
+            &i.sem_extend,
+            &i.sem_count,
+        ] {
             script
                 .prepare_invoke()
                 .load_async(&mut conn)
@@ -491,5 +510,95 @@ impl RawInspect for Redis {
             }
             cursor = next;
         }
+    }
+}
+
+impl RawSemaphore for Redis {
+    async fn acquire_permits(
+        &self,
+        keys: &LockKeys,
+        token: &Token,
+        n: u32,
+        permits: u32,
+        ttl: Duration,
+    ) -> Result<Acquire> {
+        let reply: Vec<i64> = self
+            .inner
+            .sem_acquire
+            .key(keys.lock())
+            .key(keys.companion("holders"))
+            .key(keys.companion("permits"))
+            .arg(token.as_str())
+            .arg(n)
+            .arg(permits)
+            .arg(ttl_ms(ttl))
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(|e| map_err(e, "acquiring permits"))?;
+        match reply.as_slice() {
+            [1, _] => Ok(Acquire::Acquired { fence: 0 }),
+            [0, wait] => Ok(Acquire::Held {
+                remaining: u64::try_from(*wait).ok().map(Duration::from_millis),
+            }),
+            other => Err(Error::new(
+                ErrorKind::Backend,
+                format!("unexpected reply from the permit script: {other:?}"),
+            )),
+        }
+    }
+
+    async fn release_permits(&self, keys: &LockKeys, token: &Token) -> Result<bool> {
+        let released: i64 = self
+            .inner
+            .sem_release
+            .key(keys.lock())
+            .key(keys.companion("holders"))
+            .arg(token.as_str())
+            .arg(keys.channel())
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(|e| map_err(e, "releasing permits"))?;
+        Ok(released == 1)
+    }
+
+    async fn extend_permits(&self, keys: &LockKeys, token: &Token, ttl: Duration) -> Result<bool> {
+        let extended: i64 = self
+            .inner
+            .sem_extend
+            .key(keys.lock())
+            .key(keys.companion("holders"))
+            .arg(token.as_str())
+            .arg(ttl_ms(ttl))
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(|e| map_err(e, "renewing permits"))?;
+        Ok(extended == 1)
+    }
+
+    async fn permits_in_use(&self, keys: &LockKeys, permits: u32) -> Result<(u32, u32)> {
+        // Live leases only: those whose expiry is still ahead by the server's clock.
+        let (used, count): (i64, i64) = self
+            .inner
+            .sem_count
+            .key(keys.lock())
+            .key(keys.companion("holders"))
+            .key(keys.companion("permits"))
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(|e| map_err(e, "counting permits"))?;
+        let count = u32::try_from(count).unwrap_or(permits);
+        Ok((u32::try_from(used).unwrap_or(0), count))
+    }
+
+    async fn set_permits(&self, keys: &LockKeys, permits: u32) -> Result<()> {
+        let _: () = redis::pipe()
+            .set(keys.companion("permits"), permits)
+            .ignore()
+            .publish(keys.channel(), keys.lock())
+            .ignore()
+            .query_async(&mut self.conn())
+            .await
+            .map_err(|e| map_err(e, "setting permits"))?;
+        Ok(())
     }
 }

@@ -1,0 +1,269 @@
+//! A counting semaphore whose permits are leases.
+
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+use crate::keys::LockKeys;
+use crate::lock::{Lock, LockGuard, Retry};
+use crate::raw::{Acquire, RawLock, RawSemaphore, ReleaseWatch, Renewal};
+use crate::token::Token;
+use crate::watchdog::Leases;
+
+/// Default key prefix of semaphores (apart from locks, so names never collide).
+pub const DEFAULT_SEMAPHORE_PREFIX: &str = "dlock-sem:";
+
+/// The most permits one semaphore can have.
+pub const MAX_PERMITS: u32 = 1_000_000;
+
+/// A backend seen through one semaphore: acquiring takes `count` permits. This is what
+/// lets a permit reuse the lock's guard, watchdog, `lost()` and waiting unchanged. It has
+/// its own lease registry (its own watchdog task), apart from the backend's locks.
+#[derive(Clone, Debug)]
+pub struct Permits<B> {
+    backend: B,
+    permits: u32,
+    count: u32,
+    leases: Leases,
+}
+
+impl<B: RawSemaphore> RawLock for Permits<B> {
+    async fn acquire(&self, keys: &LockKeys, token: &Token, ttl: Duration) -> Result<Acquire> {
+        self.backend
+            .acquire_permits(keys, token, self.count, self.permits, ttl)
+            .await
+    }
+
+    async fn release(&self, keys: &LockKeys, token: &Token) -> Result<bool> {
+        self.backend.release_permits(keys, token).await
+    }
+
+    async fn extend(&self, keys: &LockKeys, token: &Token, ttl: Duration) -> Result<bool> {
+        self.backend.extend_permits(keys, token, ttl).await
+    }
+
+    async fn extend_many(&self, renewals: &[Renewal]) -> Vec<Result<bool>> {
+        let mut out = Vec::with_capacity(renewals.len());
+        for r in renewals {
+            out.push(self.backend.extend_permits(&r.keys, &r.token, r.ttl).await);
+        }
+        out
+    }
+
+    async fn watch(&self, keys: &LockKeys) -> Result<ReleaseWatch> {
+        self.backend.watch(keys).await
+    }
+
+    fn leases(&self) -> &Leases {
+        &self.leases
+    }
+}
+
+/// Held permits: released (given back) by `release().await`, in the background when
+/// dropped, or by themselves when their lease runs out. `fencing_token()` does not exist
+/// for permits: holders of a semaphore do not exclude each other.
+pub type SemaphorePermit<B> = LockGuard<Permits<B>>;
+
+/// At most `permits` holders across every process using the same name on the same store.
+///
+/// Every holder's permits are a lease renewed by the watchdog while held, so a crashed
+/// holder's permits come back within the ttl (a semaphore whose permits never expire
+/// leaks them for good).
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> dlock::Result<()> {
+/// use dlock::{Semaphore, backend::Memory};
+///
+/// let sem = Semaphore::new(Memory::new(), "exports", 2)?;
+/// let a = sem.acquire().await?;
+/// let b = sem.try_acquire().await?.expect("a second permit");
+/// assert!(sem.try_acquire().await?.is_none()); // both taken
+/// assert_eq!(sem.available_permits().await?, 0);
+/// a.release().await?;
+/// assert_eq!(sem.available_permits().await?, 1);
+/// # drop(b);
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Debug)]
+pub struct Semaphore<B: RawSemaphore> {
+    one: Lock<Permits<B>>,
+    backend: B,
+    permits: u32,
+    ttl: Duration,
+    watchdog: bool,
+    retry: Retry,
+    prefix: String,
+}
+
+impl<B: RawSemaphore> Semaphore<B> {
+    /// A semaphore named `name` with `permits` permits (used if the store has no count for
+    /// it yet) and default options (30 s leases, watchdog on, prefix `dlock-sem:`).
+    ///
+    /// # Errors
+    /// `InvalidArgument` for a bad name, or `permits` of 0 or above [`MAX_PERMITS`].
+    pub fn new(backend: B, name: impl Into<String>, permits: u32) -> Result<Semaphore<B>> {
+        Semaphore::with_options(
+            backend,
+            name,
+            permits,
+            crate::lock::DEFAULT_TTL,
+            true,
+            DEFAULT_SEMAPHORE_PREFIX,
+        )
+    }
+
+    /// As [`new`](Semaphore::new), with the lease length, watchdog and key prefix given.
+    ///
+    /// # Errors
+    /// As [`new`](Semaphore::new), and for a ttl out of range.
+    pub fn with_options(
+        backend: B,
+        name: impl Into<String>,
+        permits: u32,
+        ttl: Duration,
+        watchdog: bool,
+        prefix: &str,
+    ) -> Result<Semaphore<B>> {
+        if permits == 0 || permits > MAX_PERMITS {
+            return Err(Error::invalid(format!(
+                "a semaphore needs 1 to {MAX_PERMITS} permits, not {permits}"
+            )));
+        }
+        let adapter = Permits {
+            backend: backend.clone(),
+            permits,
+            count: 1,
+            leases: Leases::new(),
+        };
+        let one = Lock::builder(adapter, name)
+            .prefix(prefix)
+            .ttl(ttl)
+            .watchdog(watchdog)
+            .build()?;
+        Ok(Semaphore {
+            one,
+            backend,
+            permits,
+            ttl,
+            watchdog,
+            retry: Retry::default(),
+            prefix: prefix.to_owned(),
+        })
+    }
+
+    /// The semaphore's name.
+    pub fn name(&self) -> &str {
+        self.one.name()
+    }
+
+    /// Its keys in the store.
+    pub fn keys(&self) -> &LockKeys {
+        self.one.keys()
+    }
+
+    /// One permit seen as a lock: what [`acquire`](Semaphore::acquire) and friends wait on
+    /// (for tools that handle locks and permits alike).
+    pub fn permit_lock(&self) -> &Lock<Permits<B>> {
+        &self.one
+    }
+
+    fn many(&self, n: u32) -> Result<Lock<Permits<B>>> {
+        if n == 0 || n > self.permits {
+            return Err(Error::invalid(format!(
+                "cannot take {n} permits of a semaphore of {}",
+                self.permits
+            )));
+        }
+        let adapter = Permits {
+            count: n,
+            ..self.one.backend().clone()
+        };
+        Lock::builder(adapter, self.name())
+            .prefix(&self.prefix)
+            .ttl(self.ttl)
+            .watchdog(self.watchdog)
+            .retry(self.retry)
+            .build()
+    }
+
+    /// Waits for one permit.
+    ///
+    /// # Errors
+    /// Store failures.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: a cancelled wait leaves no permit taken and no renewal behind.
+    pub async fn acquire(&self) -> Result<SemaphorePermit<B>> {
+        self.one.lock().await
+    }
+
+    /// Waits for `n` permits, taken all at once.
+    ///
+    /// # Errors
+    /// `InvalidArgument` if `n` is 0 or more than the semaphore's permits; store failures.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe, as [`acquire`](Semaphore::acquire).
+    pub async fn acquire_many(&self, n: u32) -> Result<SemaphorePermit<B>> {
+        self.many(n)?.lock().await
+    }
+
+    /// One permit if one is free now.
+    ///
+    /// # Errors
+    /// Store failures.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe, as [`acquire`](Semaphore::acquire).
+    pub async fn try_acquire(&self) -> Result<Option<SemaphorePermit<B>>> {
+        self.one.try_lock().await
+    }
+
+    /// `n` permits if they are free now.
+    ///
+    /// # Errors
+    /// As [`acquire_many`](Semaphore::acquire_many).
+    ///
+    /// # Cancel safety
+    /// Cancel-safe, as [`acquire`](Semaphore::acquire).
+    pub async fn try_acquire_many(&self, n: u32) -> Result<Option<SemaphorePermit<B>>> {
+        self.many(n)?.try_lock().await
+    }
+
+    /// One permit, waiting at most `timeout`.
+    ///
+    /// # Errors
+    /// Store failures.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe, as [`acquire`](Semaphore::acquire).
+    pub async fn try_acquire_for(&self, timeout: Duration) -> Result<Option<SemaphorePermit<B>>> {
+        self.one.try_lock_for(timeout).await
+    }
+
+    /// Permits free now (a snapshot).
+    ///
+    /// # Errors
+    /// Store failures.
+    pub async fn available_permits(&self) -> Result<u32> {
+        let (used, permits) = self
+            .backend
+            .permits_in_use(self.keys(), self.permits)
+            .await?;
+        Ok(permits.saturating_sub(used))
+    }
+
+    /// Sets the permit count for every client of this semaphore (operators). Holders above
+    /// a lowered count keep their permits until they release them.
+    ///
+    /// # Errors
+    /// `InvalidArgument` for 0 or more than [`MAX_PERMITS`]; store failures.
+    pub async fn set_permits(&self, permits: u32) -> Result<()> {
+        if permits == 0 || permits > MAX_PERMITS {
+            return Err(Error::invalid(format!(
+                "a semaphore needs 1 to {MAX_PERMITS} permits, not {permits}"
+            )));
+        }
+        self.backend.set_permits(self.keys(), permits).await
+    }
+}
