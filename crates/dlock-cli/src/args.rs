@@ -80,9 +80,13 @@ pub(crate) enum Command {
     /// Run a command while holding the lock NAME; exit with its status.
     ///
     /// The lease is renewed while the command runs. If the lock is lost meanwhile (the
-    /// store lost it, or an operator force-unlocked it), the command gets SIGTERM, then
-    /// SIGKILL after --kill-grace, and dlock exits 76. SIGINT, SIGTERM and SIGHUP sent to
-    /// dlock are forwarded to the command; the lock is released after it exits. The command
+    /// store lost it, or an operator force-unlocked it), or renewals keep failing until the
+    /// remaining validity is down to --kill-grace (at most ttl/3), the command gets
+    /// SIGTERM, then SIGKILL after the grace, and dlock exits 76. SIGTERM and SIGHUP sent to
+    /// dlock are forwarded to the command, SIGINT too unless stdin is a terminal (Ctrl-C
+    /// reaches the command itself there); a second one sends SIGKILL. Without a terminal
+    /// the command gets its own process group, so its children are signalled too. The lock
+    /// is released after the command exits. The command
     /// sees DLOCK_NAME, DLOCK_TOKEN and DLOCK_FENCE (the fencing token: pass it to the
     /// resource, which must reject writes with a smaller one).
     Run(RunArgs),

@@ -864,15 +864,10 @@ where
 {
     let name = unique("sem-dead");
     let ttl = Duration::from_millis(400);
-    let holder = Semaphore::with_options(
-        target.client().await,
-        &name,
-        1,
-        ttl,
-        true,
-        dlock::DEFAULT_SEMAPHORE_PREFIX,
-    )
-    .expect("valid");
+    let holder = Semaphore::builder(target.client().await, &name, 1)
+        .ttl(ttl)
+        .build()
+        .expect("valid");
     let permit = holder.try_acquire().await.expect("store").expect("free");
     let gone = Instant::now();
     permit.forget();
@@ -928,25 +923,15 @@ where
 {
     let name = unique("sem-wake");
     let ttl = Duration::from_secs(3);
-    let sem = Semaphore::with_options(
-        target.client().await,
-        &name,
-        1,
-        ttl,
-        true,
-        dlock::DEFAULT_SEMAPHORE_PREFIX,
-    )
-    .expect("valid");
+    let sem = Semaphore::builder(target.client().await, &name, 1)
+        .ttl(ttl)
+        .build()
+        .expect("valid");
     let permit = sem.try_acquire().await.expect("store").expect("free");
-    let waiter = Semaphore::with_options(
-        target.client().await,
-        &name,
-        1,
-        ttl,
-        true,
-        dlock::DEFAULT_SEMAPHORE_PREFIX,
-    )
-    .expect("valid");
+    let waiter = Semaphore::builder(target.client().await, &name, 1)
+        .ttl(ttl)
+        .build()
+        .expect("valid");
     let waiting = tokio::spawn(async move { waiter.acquire().await.expect("acquire") });
     sleep(Duration::from_millis(100)).await;
     permit.release().await.expect("release");

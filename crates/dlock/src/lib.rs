@@ -83,5 +83,7 @@ struct ReadmeDoctests;
 
 pub use error::{Error, ErrorKind, Result};
 pub use lock::{DEFAULT_TTL, Lock, LockBuilder, LockGuard, MAX_TTL, MIN_TTL, Retry};
-pub use semaphore::{DEFAULT_SEMAPHORE_PREFIX, MAX_PERMITS, Permits, Semaphore, SemaphorePermit};
+pub use semaphore::{
+    DEFAULT_SEMAPHORE_PREFIX, MAX_PERMITS, Permits, Semaphore, SemaphoreBuilder, SemaphorePermit,
+};
 pub use token::{FencingToken, Token};

@@ -229,6 +229,14 @@ impl<B: RawLock> Lock<B> {
         &self.backend
     }
 
+    /// The same lock (name, options) on another value of the backend type.
+    pub(crate) fn with_backend(&self, backend: B) -> Lock<B> {
+        Lock {
+            backend,
+            ..self.clone()
+        }
+    }
+
     /// Waits until the lock is ours.
     ///
     /// Sleeps between attempts: until a release is announced (stores that notify), or the

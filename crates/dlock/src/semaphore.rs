@@ -4,8 +4,8 @@ use std::time::Duration;
 
 use crate::error::{Error, Result};
 use crate::keys::LockKeys;
-use crate::lock::{Lock, LockGuard, Retry};
-use crate::raw::{Acquire, RawLock, RawSemaphore, ReleaseWatch, Renewal};
+use crate::lock::{Lock, LockGuard};
+use crate::raw::{Acquire, RawLock, RawSemaphore, ReleaseWatch};
 use crate::token::Token;
 use crate::watchdog::Leases;
 
@@ -39,14 +39,6 @@ impl<B: RawSemaphore> RawLock for Permits<B> {
 
     async fn extend(&self, keys: &LockKeys, token: &Token, ttl: Duration) -> Result<bool> {
         self.backend.extend_permits(keys, token, ttl).await
-    }
-
-    async fn extend_many(&self, renewals: &[Renewal]) -> Vec<Result<bool>> {
-        let mut out = Vec::with_capacity(renewals.len());
-        for r in renewals {
-            out.push(self.backend.extend_permits(&r.keys, &r.token, r.ttl).await);
-        }
-        out
     }
 
     async fn watch(&self, keys: &LockKeys) -> Result<ReleaseWatch> {
@@ -86,13 +78,71 @@ pub type SemaphorePermit<B> = LockGuard<Permits<B>>;
 /// ```
 #[derive(Clone, Debug)]
 pub struct Semaphore<B: RawSemaphore> {
+    /// One permit seen as a lock; `acquire_many` reuses its options with another count.
     one: Lock<Permits<B>>,
+}
+
+/// Options for a [`Semaphore`]; made by [`Semaphore::builder`].
+#[must_use = "a builder does nothing until .build()"]
+#[derive(Debug)]
+pub struct SemaphoreBuilder<B: RawSemaphore> {
     backend: B,
+    name: String,
     permits: u32,
     ttl: Duration,
     watchdog: bool,
-    retry: Retry,
     prefix: String,
+}
+
+impl<B: RawSemaphore> SemaphoreBuilder<B> {
+    /// Lease length of each holder's permits (default 30 s), renewed every third of it
+    /// while held: a dead holder's permits come back within it.
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// Whether to renew permits for as long as they are held (default `true`).
+    pub fn watchdog(mut self, on: bool) -> Self {
+        self.watchdog = on;
+        self
+    }
+
+    /// Key prefix (default `"dlock-sem:"`).
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// Checks the options and makes the semaphore.
+    ///
+    /// # Errors
+    /// `InvalidArgument` for a bad name, prefix or ttl, or `permits` of 0 or above
+    /// [`MAX_PERMITS`].
+    pub fn build(self) -> Result<Semaphore<B>> {
+        check_permits(self.permits)?;
+        let adapter = Permits {
+            backend: self.backend,
+            permits: self.permits,
+            count: 1,
+            leases: Leases::new(),
+        };
+        let one = Lock::builder(adapter, self.name)
+            .prefix(self.prefix)
+            .ttl(self.ttl)
+            .watchdog(self.watchdog)
+            .build()?;
+        Ok(Semaphore { one })
+    }
+}
+
+fn check_permits(permits: u32) -> Result<()> {
+    if permits == 0 || permits > MAX_PERMITS {
+        return Err(Error::invalid(format!(
+            "a semaphore needs 1 to {MAX_PERMITS} permits, not {permits}"
+        )));
+    }
+    Ok(())
 }
 
 impl<B: RawSemaphore> Semaphore<B> {
@@ -102,53 +152,23 @@ impl<B: RawSemaphore> Semaphore<B> {
     /// # Errors
     /// `InvalidArgument` for a bad name, or `permits` of 0 or above [`MAX_PERMITS`].
     pub fn new(backend: B, name: impl Into<String>, permits: u32) -> Result<Semaphore<B>> {
-        Semaphore::with_options(
-            backend,
-            name,
-            permits,
-            crate::lock::DEFAULT_TTL,
-            true,
-            DEFAULT_SEMAPHORE_PREFIX,
-        )
+        Semaphore::builder(backend, name, permits).build()
     }
 
-    /// As [`new`](Semaphore::new), with the lease length, watchdog and key prefix given.
-    ///
-    /// # Errors
-    /// As [`new`](Semaphore::new), and for a ttl out of range.
-    pub fn with_options(
-        backend: B,
-        name: impl Into<String>,
-        permits: u32,
-        ttl: Duration,
-        watchdog: bool,
-        prefix: &str,
-    ) -> Result<Semaphore<B>> {
-        if permits == 0 || permits > MAX_PERMITS {
-            return Err(Error::invalid(format!(
-                "a semaphore needs 1 to {MAX_PERMITS} permits, not {permits}"
-            )));
-        }
-        let adapter = Permits {
-            backend: backend.clone(),
-            permits,
-            count: 1,
-            leases: Leases::new(),
-        };
-        let one = Lock::builder(adapter, name)
-            .prefix(prefix)
-            .ttl(ttl)
-            .watchdog(watchdog)
-            .build()?;
-        Ok(Semaphore {
-            one,
+    /// Options for a semaphore named `name` with `permits` permits.
+    pub fn builder(backend: B, name: impl Into<String>, permits: u32) -> SemaphoreBuilder<B> {
+        SemaphoreBuilder {
             backend,
+            name: name.into(),
             permits,
-            ttl,
-            watchdog,
-            retry: Retry::default(),
-            prefix: prefix.to_owned(),
-        })
+            ttl: crate::lock::DEFAULT_TTL,
+            watchdog: true,
+            prefix: DEFAULT_SEMAPHORE_PREFIX.to_owned(),
+        }
+    }
+
+    fn permits(&self) -> u32 {
+        self.one.backend().permits
     }
 
     /// The semaphore's name.
@@ -168,22 +188,16 @@ impl<B: RawSemaphore> Semaphore<B> {
     }
 
     fn many(&self, n: u32) -> Result<Lock<Permits<B>>> {
-        if n == 0 || n > self.permits {
+        if n == 0 || n > self.permits() {
             return Err(Error::invalid(format!(
                 "cannot take {n} permits of a semaphore of {}",
-                self.permits
+                self.permits()
             )));
         }
-        let adapter = Permits {
+        Ok(self.one.with_backend(Permits {
             count: n,
             ..self.one.backend().clone()
-        };
-        Lock::builder(adapter, self.name())
-            .prefix(&self.prefix)
-            .ttl(self.ttl)
-            .watchdog(self.watchdog)
-            .retry(self.retry)
-            .build()
+        }))
     }
 
     /// Waits for one permit.
@@ -247,8 +261,10 @@ impl<B: RawSemaphore> Semaphore<B> {
     /// Store failures.
     pub async fn available_permits(&self) -> Result<u32> {
         let (used, permits) = self
+            .one
+            .backend()
             .backend
-            .permits_in_use(self.keys(), self.permits)
+            .permits_in_use(self.keys(), self.permits())
             .await?;
         Ok(permits.saturating_sub(used))
     }
@@ -259,11 +275,11 @@ impl<B: RawSemaphore> Semaphore<B> {
     /// # Errors
     /// `InvalidArgument` for 0 or more than [`MAX_PERMITS`]; store failures.
     pub async fn set_permits(&self, permits: u32) -> Result<()> {
-        if permits == 0 || permits > MAX_PERMITS {
-            return Err(Error::invalid(format!(
-                "a semaphore needs 1 to {MAX_PERMITS} permits, not {permits}"
-            )));
-        }
-        self.backend.set_permits(self.keys(), permits).await
+        check_permits(permits)?;
+        self.one
+            .backend()
+            .backend
+            .set_permits(self.keys(), permits)
+            .await
     }
 }

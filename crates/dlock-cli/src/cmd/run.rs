@@ -92,8 +92,10 @@ pub(crate) async fn run<B: RawFencing + RawSemaphore>(
             } else {
                 args.store.prefix.as_str()
             };
-            let sem =
-                Semaphore::with_options(backend, &args.name, permits, args.ttl, true, prefix)?;
+            let sem = Semaphore::builder(backend, &args.name, permits)
+                .ttl(args.ttl)
+                .prefix(prefix)
+                .build()?;
             match wait_for(sem.permit_lock(), &args, &mut signals).await? {
                 Waited::Got(guard) => supervise(guard, None, &args, signals).await,
                 Waited::Exit(code) => Ok(code),

@@ -75,6 +75,18 @@ fn alive(pid: &str) -> bool {
         .is_ok_and(|s| s.success())
 }
 
+/// Starts `n` copies of `dlock <args>` at once, waits for all, and returns the text the
+/// runs appended to `log`.
+fn run_concurrently(url: &str, n: usize, args: &[&str], log: &Path) -> String {
+    let mut runs: Vec<Child> = (0..n)
+        .map(|_| dlock(url).args(args).spawn().expect("spawn dlock run"))
+        .collect();
+    for run in &mut runs {
+        assert!(wait_exit(run, Duration::from_secs(30)).success());
+    }
+    std::fs::read_to_string(log).expect("log")
+}
+
 #[test]
 fn concurrent_runs_on_one_name_never_overlap() {
     let server = RedisServer::start().expect("redis-server");
@@ -84,27 +96,21 @@ fn concurrent_runs_on_one_name_never_overlap() {
         "echo \"begin $$\" >> {0}; sleep 0.05; echo \"end $$\" >> {0}",
         log.display()
     );
-    let mut runs: Vec<Child> = (0..6)
-        .map(|_| {
-            dlock(&server.url())
-                .args([
-                    "run",
-                    "--ttl",
-                    "2s",
-                    "shared-resource",
-                    "--",
-                    "sh",
-                    "-c",
-                    &script,
-                ])
-                .spawn()
-                .expect("spawn dlock run")
-        })
-        .collect();
-    for run in &mut runs {
-        assert!(wait_exit(run, Duration::from_secs(30)).success());
-    }
-    let text = std::fs::read_to_string(&log).expect("log");
+    let text = run_concurrently(
+        &server.url(),
+        6,
+        &[
+            "run",
+            "--ttl",
+            "2s",
+            "shared-resource",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ],
+        &log,
+    );
     let lines: Vec<&str> = text.lines().collect();
     assert_eq!(lines.len(), 12, "{text}");
     for pair in lines.chunks(2) {
@@ -434,27 +440,21 @@ fn semaphore_runs_let_at_most_n_commands_at_once() {
         "echo \"begin ${{DLOCK_FENCE:-none}}\" >> {0}; sleep 0.3; echo end >> {0}",
         log.display()
     );
-    let mut runs: Vec<Child> = (0..5)
-        .map(|_| {
-            dlock(&server.url())
-                .args([
-                    "run",
-                    "--semaphore",
-                    "2",
-                    "slots",
-                    "--",
-                    "sh",
-                    "-c",
-                    &script,
-                ])
-                .spawn()
-                .expect("spawn dlock run")
-        })
-        .collect();
-    for run in &mut runs {
-        assert!(wait_exit(run, Duration::from_secs(30)).success());
-    }
-    let text = std::fs::read_to_string(&log).expect("log");
+    let text = run_concurrently(
+        &server.url(),
+        5,
+        &[
+            "run",
+            "--semaphore",
+            "2",
+            "slots",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ],
+        &log,
+    );
     let mut inside = 0;
     let mut most = 0;
     for line in text.lines() {

@@ -164,7 +164,9 @@ async fn lost_fires_when_the_server_is_frozen_past_the_ttl() {
         "lost() did not fire while the server was frozen"
     );
     assert!(
-        fired_after <= ttl + Duration::from_millis(100),
+        // Validity ends just before the ttl; the slack is for a loaded scheduler, far below
+        // the 2.4 s a broken timer (waiting on the frozen server) would take.
+        fired_after <= ttl + Duration::from_millis(500),
         "lost() must fire by the end of the validity, fired after {fired_after:?}"
     );
     // After resuming, the server has expired the key and another client gets it.

@@ -82,7 +82,12 @@ pub(super) struct Input<'a> {
 /// Slack for liveness: a waiter's retry after the ttl.
 const EPSILON_NS: u64 = 1_500_000_000;
 
-pub(super) fn holds(history: &[(usize, Step)], kills: &[Kill], end: u64) -> Vec<Hold> {
+/// The holds, and every pair (by index) of overlapping holds of different workers.
+pub(super) fn holds(
+    history: &[(usize, Step)],
+    kills: &[Kill],
+    end: u64,
+) -> (Vec<Hold>, Vec<(usize, usize)>) {
     let mut open: HashMap<usize, (u64, u64)> = HashMap::new();
     let mut holds = Vec::new();
     let mut last_seen: HashMap<usize, u64> = HashMap::new();
@@ -124,6 +129,7 @@ pub(super) fn holds(history: &[(usize, Step)], kills: &[Kill], end: u64) -> Vec<
     }
     holds.sort_by_key(|h| h.start);
     // Sweep: a hold overlaps any other worker's hold that started before it ended.
+    let mut pairs = Vec::new();
     for i in 0..holds.len() {
         for j in i + 1..holds.len() {
             if holds[j].start >= holds[i].end {
@@ -132,10 +138,11 @@ pub(super) fn holds(history: &[(usize, Step)], kills: &[Kill], end: u64) -> Vec<
             if holds[j].worker != holds[i].worker {
                 holds[i].overlapping = true;
                 holds[j].overlapping = true;
+                pairs.push((i, j));
             }
         }
     }
-    holds
+    (holds, pairs)
 }
 
 pub(super) fn step_time(step: &Step) -> u64 {
@@ -168,22 +175,12 @@ fn excused(a: &Hold, b: &Hold, windows: &[FaultWindow]) -> bool {
 }
 
 pub(super) fn check(input: &Input<'_>) -> (Findings, Vec<Hold>) {
-    let holds = holds(input.history, input.kills, input.end);
-    let mut overlaps = 0;
-    let mut unexcused_overlaps = 0;
-    for i in 0..holds.len() {
-        for j in i + 1..holds.len() {
-            if holds[j].start >= holds[i].end {
-                break;
-            }
-            if holds[j].worker != holds[i].worker {
-                overlaps += 1;
-                if !excused(&holds[i], &holds[j], input.windows) {
-                    unexcused_overlaps += 1;
-                }
-            }
-        }
-    }
+    let (holds, pairs) = holds(input.history, input.kills, input.end);
+    let overlaps = pairs.len();
+    let unexcused_overlaps = pairs
+        .iter()
+        .filter(|&&(i, j)| !excused(&holds[i], &holds[j], input.windows))
+        .count();
     let mut unfenced_acknowledged = 0u64;
     let mut fenced_acknowledged = 0u64;
     let mut fenced_refused = 0u64;
@@ -438,7 +435,8 @@ mod tests {
 
     #[test]
     fn overlapping_holds_are_found_and_handoffs_are_not() {
-        let h = holds(&overlapping(), &[], 100);
+        let (h, pairs) = holds(&overlapping(), &[], 100);
+        assert_eq!(pairs, vec![(1, 2)]);
         assert_eq!(h.len(), 3);
         assert!(!h[0].overlapping);
         assert!(h[1].overlapping && h[2].overlapping);
