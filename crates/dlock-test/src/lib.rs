@@ -11,6 +11,7 @@
 #![warn(missing_docs)]
 
 pub mod conformance;
+pub mod family;
 pub mod proxy;
 pub mod server;
 pub mod targets;

@@ -29,6 +29,9 @@ pub enum ErrorKind {
     /// The store answered with an error or an unexpected reply (wrong value type at the
     /// lock key, scripting not permitted, protocol mismatch…).
     Backend,
+    /// A configured limit would be exceeded (a reentrant lock's hold count at its
+    /// reentrancy limit). Nothing changed in the store.
+    LimitReached,
 }
 
 impl ErrorKind {
@@ -39,6 +42,7 @@ impl ErrorKind {
             ErrorKind::Unavailable => "backend unavailable",
             ErrorKind::TimedOut => "timed out",
             ErrorKind::Backend => "backend error",
+            ErrorKind::LimitReached => "limit reached",
         }
     }
 }

@@ -71,6 +71,7 @@ mod error;
 pub mod keys;
 mod lock;
 pub mod raw;
+mod reentrant;
 mod semaphore;
 mod token;
 pub mod validity;
@@ -83,6 +84,10 @@ struct ReadmeDoctests;
 
 pub use error::{Error, ErrorKind, Result};
 pub use lock::{DEFAULT_TTL, Lock, LockBuilder, LockGuard, MAX_TTL, MIN_TTL, Retry};
+pub use reentrant::{
+    DEFAULT_MAX_HOLDS, DEFAULT_REENTRANT_PREFIX, Holds, MAX_OWNER_LEN, Owner, ReentrantGuard,
+    ReentrantLock, ReentrantLockBuilder,
+};
 pub use semaphore::{
     DEFAULT_SEMAPHORE_PREFIX, MAX_PERMITS, Permits, Semaphore, SemaphoreBuilder, SemaphorePermit,
 };

@@ -24,6 +24,13 @@ pub const MAX_TTL: Duration = Duration::from_secs(24 * 3600);
 /// lease then simply expires).
 const DROP_RELEASE_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// How often a call whose outcome is unknown (no reply in time, connection lost) is
+/// repeated before the error is returned. Repeats are safe: acquire is idempotent per
+/// token, release and extend are owner-checked.
+const UNKNOWN_OUTCOME_RETRIES: u32 = 2;
+/// Pause before the n-th repeat (times n).
+const RETRY_PAUSE: Duration = Duration::from_millis(50);
+
 /// Backoff between attempts on stores that cannot announce releases (and the fallback
 /// timer when a holder's remaining ttl is unknown): exponential from `min` to `max`, with
 /// full jitter.
@@ -182,7 +189,7 @@ impl<B: RawLock> LockBuilder<B> {
 }
 
 /// The result of one attempt.
-enum Attempt<B: RawLock> {
+pub(crate) enum Attempt<B: RawLock> {
     Got(LockGuard<B>),
     Held(Option<Duration>),
 }
@@ -207,6 +214,22 @@ impl<B: RawLock> Lock<B> {
             watchdog: true,
             retry: Retry::default(),
         }
+    }
+
+    /// A lock on already laid-out keys, with default retry (for the other primitives).
+    pub(crate) fn with_keys(
+        backend: B,
+        keys: LockKeys,
+        ttl: Duration,
+        watchdog: bool,
+    ) -> Result<Lock<B>> {
+        Ok(Lock {
+            backend,
+            keys,
+            ttl: validate_ttl(ttl)?,
+            watchdog,
+            retry: Retry::default(),
+        })
     }
 
     /// The lock's name.
@@ -269,10 +292,9 @@ impl<B: RawLock> Lock<B> {
     /// # Cancel safety
     /// Cancel-safe, as [`lock`](Lock::lock).
     pub async fn try_lock(&self) -> Result<Option<LockGuard<B>>> {
-        match self.attempt().await? {
-            Attempt::Got(guard) => Ok(Some(guard)),
-            Attempt::Held(_) => Ok(None),
-        }
+        // A deadline already reached: one attempt, and a queue entry it may have made is
+        // withdrawn.
+        self.acquire_until(Some(Instant::now())).await
     }
 
     /// Waits at most `timeout` for the lock: `Ok(None)` if it stayed held that long.
@@ -304,23 +326,43 @@ impl<B: RawLock> Lock<B> {
     }
 
     async fn acquire_until(&self, deadline: Option<Instant>) -> Result<Option<LockGuard<B>>> {
+        // One token for the whole wait: a queued waiter keeps its place under it, and an
+        // attempt repeated after a lost reply is recognised by the store as the same one.
+        let token = Token::random()?;
         let mut watch: Option<ReleaseWatch> = None;
         let mut backoff = Backoff {
             retry: self.retry,
             attempt: 0,
         };
+        // Withdraws our place in the store's waiter queue (if the primitive keeps one)
+        // unless the wait ends with a grant.
+        let mut waiting = Waiting {
+            backend: &self.backend,
+            keys: &self.keys,
+            token: &token,
+            queued: false,
+        };
         // A release announcement this waiter consumed; passed on to another local waiter
         // unless our next attempt settles who holds the lock.
         let mut woken: Option<PassOn> = None;
         loop {
-            let attempt = self.attempt().await?;
+            let attempt = self.attempt(&token).await?;
+            let remaining = match attempt {
+                Attempt::Got(guard) => {
+                    waiting.queued = false;
+                    if let Some(mut w) = woken.take()
+                        && !self.backend.shares_grants()
+                    {
+                        w.consumed();
+                    }
+                    return Ok(Some(guard));
+                }
+                Attempt::Held(remaining) => remaining,
+            };
             if let Some(mut w) = woken.take() {
                 w.consumed();
             }
-            let remaining = match attempt {
-                Attempt::Got(guard) => return Ok(Some(guard)),
-                Attempt::Held(remaining) => remaining,
-            };
+            waiting.queued = true;
             let now = Instant::now();
             if deadline.is_some_and(|d| now >= d) {
                 return Ok(None);
@@ -328,7 +370,7 @@ impl<B: RawLock> Lock<B> {
             let Some(watch) = &watch else {
                 // Subscribe, then try again at once: a release between our attempt and the
                 // subscription would otherwise go unheard.
-                let subscribe = self.backend.watch(&self.keys);
+                let subscribe = self.backend.watch_for(&self.keys, &token);
                 let subscribed = match deadline {
                     Some(d) => tokio::time::timeout_at(d, subscribe)
                         .await
@@ -361,7 +403,10 @@ impl<B: RawLock> Lock<B> {
         }
     }
 
-    async fn attempt(&self) -> Result<Attempt<B>> {
+    /// One attempt under `token`. An attempt whose outcome is unknown (no reply in time,
+    /// connection lost) is repeated with the same token a few times: the store treats the
+    /// repeat as the same request, so a grant is never applied twice.
+    async fn attempt(&self, token: &Token) -> Result<Attempt<B>> {
         if self.watchdog && tokio::runtime::Handle::try_current().is_err() {
             // Checked before acquiring: a grant we could not renew nor give back would
             // block everyone for a whole ttl.
@@ -369,25 +414,48 @@ impl<B: RawLock> Lock<B> {
                 "dlock's lease watchdog needs a tokio runtime",
             ));
         }
-        let token = Token::random()?;
-        let sent = Instant::now();
         let mut pending = PendingAcquire {
             backend: &self.backend,
             keys: &self.keys,
-            token: Some(&token),
+            token: Some(token),
         };
-        let fence = match self.backend.acquire(&self.keys, &token, self.ttl).await {
-            Ok(Acquire::Acquired { fence }) => fence,
-            Ok(Acquire::Held { remaining }) => {
-                pending.token = None;
-                return Ok(Attempt::Held(remaining));
+        let mut tries = 0;
+        let (fence, sent) = loop {
+            let sent = Instant::now();
+            match self.backend.acquire(&self.keys, token, self.ttl).await {
+                Ok(Acquire::Acquired { fence }) => break (fence, sent),
+                Ok(Acquire::Held { remaining }) => {
+                    pending.token = None;
+                    return Ok(Attempt::Held(remaining));
+                }
+                Err(err) if err.is_retryable() && tries < UNKNOWN_OUTCOME_RETRIES => {
+                    tries += 1;
+                    tracing::debug!(lock = self.name(), error = %err, "acquire outcome unknown; repeating it");
+                    tokio::time::sleep(RETRY_PAUSE * tries).await;
+                }
+                // A refusal (bad argument, limit): nothing was granted.
+                Err(err)
+                    if matches!(
+                        err.kind(),
+                        ErrorKind::InvalidArgument | ErrorKind::LimitReached
+                    ) =>
+                {
+                    pending.token = None;
+                    return Err(err);
+                }
+                // The outcome is unknown (the request may have reached the store): `pending`
+                // gives back whatever may have been granted under our token.
+                Err(err) => return Err(err),
             }
-            // The outcome is unknown (the request may have reached the store): `pending`
-            // gives back whatever may have been granted under our token.
-            Err(err) => return Err(err),
         };
         pending.token = None;
         drop(pending);
+        self.guard(token.clone(), sent, fence)
+    }
+
+    /// Wraps a grant made under `token` (request sent at `sent`) in a guard, registering
+    /// its lease with the watchdog.
+    pub(crate) fn guard(&self, token: Token, sent: Instant, fence: u64) -> Result<Attempt<B>> {
         let lease = Arc::new(Lease::new(self.keys.clone(), token, sent, self.ttl));
         if lease.is_lost_at(Instant::now()) {
             spawn_release(&self.backend, &lease.keys, &lease.token);
@@ -424,6 +492,37 @@ impl<B: RawLock> Lock<B> {
             registration,
             armed: true,
         }))
+    }
+}
+
+/// Withdraws a waiter's queue entry in the background when its wait ends without a grant.
+struct Waiting<'a, B: RawLock> {
+    backend: &'a B,
+    keys: &'a LockKeys,
+    token: &'a Token,
+    queued: bool,
+}
+
+impl<B: RawLock> Drop for Waiting<'_, B> {
+    fn drop(&mut self) {
+        if !self.queued || !B::QUEUES_WAITERS {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return; // the entry times out by itself
+        };
+        let backend = self.backend.clone();
+        let keys = self.keys.clone();
+        let token = self.token.clone();
+        runtime.spawn(async move {
+            let abandon = backend.abandon(&keys, &token);
+            if !matches!(
+                tokio::time::timeout(DROP_RELEASE_TIMEOUT, abandon).await,
+                Ok(Ok(()))
+            ) {
+                tracing::debug!(lock = keys.name(), "withdrawing a waiter failed; its entry times out");
+            }
+        });
     }
 }
 
@@ -683,6 +782,12 @@ impl<B: RawLock> LockGuard<B> {
     /// still ours now). Work done under it may have overlapped with another holder. Never
     /// silent success. Store failures otherwise (the lease then expires by itself).
     ///
+    /// # Retries
+    /// A release whose reply is lost (no reply in time, connection dropped) is repeated a
+    /// few times while the lease is valid. The store's release is owner-checked, so a
+    /// repeat never releases anything twice, and a repeat that finds the hold already
+    /// gone while the lease was still valid reports success: the first attempt did it.
+    ///
     /// # Cancel safety
     /// If cancelled before the store answered, the release is sent again in the
     /// background; the lease is out of renewal either way.
@@ -694,10 +799,26 @@ impl<B: RawLock> LockGuard<B> {
         }
         let lapsed = self.is_lost();
         let lost_before = self.lease.snapshot().end;
-        let released = self
-            .backend
-            .release(&self.lease.keys, &self.lease.token)
-            .await;
+        let mut tries = 0;
+        let released = loop {
+            match self
+                .backend
+                .release(&self.lease.keys, &self.lease.token)
+                .await
+            {
+                // A repeat that finds the hold gone, answered while the lease was still
+                // valid: the hold cannot have expired, so our earlier attempt (whose reply
+                // was lost) released it. Only an operator's force-unlock or data loss in
+                // the store could have removed it instead.
+                Ok(false) if tries > 0 && !lapsed && !self.is_lost() => break Ok(true),
+                Err(err) if err.is_retryable() && tries < UNKNOWN_OUTCOME_RETRIES && !self.is_lost() => {
+                    tries += 1;
+                    tracing::debug!(lock = self.name(), error = %err, "release outcome unknown; repeating it");
+                    tokio::time::sleep(RETRY_PAUSE * tries).await;
+                }
+                other => break other,
+            }
+        };
         self.armed = false;
         self.lease.end(End::Released);
         let reason = match (released?, lapsed) {

@@ -60,6 +60,9 @@ pub struct Renewal {
 ///    [`extend`](RawLock::extend) act only if the key still holds *this* token, checked
 ///    and applied in one indivisible step (never `GET` then `DEL`), and report whether they
 ///    did. They are idempotent: repeating one whose reply was lost does no harm.
+///    Acquire is idempotent per token too: an acquire repeated with the token that
+///    already holds the key reports `Acquired` again (and renews the expiry), because the
+///    caller repeats an acquire whose reply it never saw with the same token.
 /// 3. **Expiry is the store's.** The key disappears when its time to live runs out, by the
 ///    store's own clock; the client never decides expiry from its wall clock.
 /// 4. **Release notification is advisory.** [`watch`](RawLock::watch) may miss messages;
@@ -69,6 +72,10 @@ pub struct Renewal {
 /// Errors are [`crate::Error`]s: `Unavailable` / `TimedOut` when the outcome is unknown,
 /// `Backend` when the store refused.
 pub trait RawLock: Clone + Send + Sync + 'static {
+    /// Whether an attempt that finds the lock held leaves a waiter entry in the store that
+    /// [`abandon`](RawLock::abandon) must withdraw.
+    const QUEUES_WAITERS: bool = false;
+
     /// Tries once to set `keys.lock()` to `token` with a time to live of `ttl`, if absent.
     /// On success, a store that implements [`RawFencing`] mints the next fence of the name
     /// in the same atomic step.
@@ -113,6 +120,33 @@ pub trait RawLock: Clone + Send + Sync + 'static {
     fn watch(&self, keys: &LockKeys) -> impl Future<Output = Result<ReleaseWatch>> + Send {
         let _ = keys;
         async { Ok(ReleaseWatch::none()) }
+    }
+
+    /// Starts listening for the moment `token`'s holder-to-be may try again. Primitives
+    /// that wake one chosen waiter (the fair lock's next in line) listen on a channel of
+    /// their own; the default listens to every release of `keys`.
+    fn watch_for(
+        &self,
+        keys: &LockKeys,
+        token: &Token,
+    ) -> impl Future<Output = Result<ReleaseWatch>> + Send {
+        let _ = token;
+        self.watch(keys)
+    }
+
+    /// Withdraws a waiter that stopped waiting (cancelled, timed out, failed) without
+    /// being granted: primitives that queue waiters (fair lock, writers of a read-write
+    /// lock) remove its entry here, so no queue position outlives it. The default does
+    /// nothing.
+    fn abandon(&self, keys: &LockKeys, token: &Token) -> impl Future<Output = Result<()>> + Send {
+        let _ = (keys, token);
+        async { Ok(()) }
+    }
+
+    /// Whether one grant leaves room for more (readers, permits): a waiter that was woken
+    /// and granted then passes the wake-up on to the next local waiter.
+    fn shares_grants(&self) -> bool {
+        false
     }
 
     /// The client's lease registry: one watchdog task renews every lease of this client.
@@ -183,6 +217,55 @@ pub trait RawSemaphore: RawLock {
     -> impl Future<Output = Result<()>> + Send;
 }
 
+/// A lock that its holder may take again: a hold count per owner.
+///
+/// # Correctness
+///
+/// [`acquire_reentrant`](RawReentrant::acquire_reentrant) grants when the lock is free (hold
+/// count 1, a new fence) or already held by `owner` (count + 1, the first grant's fence,
+/// expiry renewed), in one atomic step. Every hold is recorded under its own request
+/// `token`: a repeat of a granted request finds its token and is granted again without
+/// counting twice; a release takes back only the hold of its token, so a repeated
+/// release changes nothing; renewal checks that the token's hold is live.
+pub trait RawReentrant: RawLock {
+    /// Takes one hold for `owner` under request `token`.
+    ///
+    /// # Errors
+    /// [`ErrorKind::LimitReached`](crate::ErrorKind::LimitReached) if `owner` already holds
+    /// `limit` holds; store failures.
+    fn acquire_reentrant(
+        &self,
+        keys: &LockKeys,
+        owner: &str,
+        token: &Token,
+        ttl: Duration,
+        limit: u32,
+    ) -> impl Future<Output = Result<Acquire>> + Send;
+
+    /// Gives back `owner`'s hold taken under `token` (the last hold deletes the lock and
+    /// announces it). Returns whether that hold was live.
+    fn release_reentrant(
+        &self,
+        keys: &LockKeys,
+        owner: &str,
+        token: &Token,
+    ) -> impl Future<Output = Result<bool>> + Send;
+
+    /// Renews the lock's expiry if the hold under `token` is live.
+    fn extend_reentrant(
+        &self,
+        keys: &LockKeys,
+        token: &Token,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<bool>> + Send;
+
+    /// Holder (its owner string), hold count, remaining ttl and last fence.
+    fn inspect_reentrant(&self, keys: &LockKeys) -> impl Future<Output = Result<LockState>> + Send;
+
+    /// Deletes the lock whoever holds it, however many holds, and wakes waiters.
+    fn force_unlock_reentrant(&self, keys: &LockKeys) -> impl Future<Output = Result<bool>> + Send;
+}
+
 /// What the store says about one lock right now.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -196,6 +279,13 @@ pub struct LockState {
     pub last_fence: Option<u64>,
     /// How many clients listen for its release (waiting), where the store can tell.
     pub waiting_clients: Option<u64>,
+    /// A reentrant lock's hold count of its holder.
+    pub hold_count: Option<u32>,
+    /// A read-write lock's live readers.
+    pub readers: Option<u32>,
+    /// Waiters with a place in the store's queue (fair lock; writers of a read-write
+    /// lock).
+    pub queued: Option<u32>,
 }
 
 impl LockState {
@@ -210,7 +300,31 @@ impl LockState {
             remaining,
             last_fence,
             waiting_clients: None,
+            hold_count: None,
+            readers: None,
+            queued: None,
         }
+    }
+
+    /// With a reentrant lock's hold count.
+    #[must_use]
+    pub fn with_hold_count(mut self, n: u32) -> Self {
+        self.hold_count = Some(n);
+        self
+    }
+
+    /// With a read-write lock's number of live readers.
+    #[must_use]
+    pub fn with_readers(mut self, n: u32) -> Self {
+        self.readers = Some(n);
+        self
+    }
+
+    /// With the number of queued waiters.
+    #[must_use]
+    pub fn with_queued(mut self, n: u32) -> Self {
+        self.queued = Some(n);
+        self
     }
 
     /// With the number of clients waiting for a release.

@@ -49,5 +49,25 @@ macro_rules! all_conformance_tests {
             semaphore_many_permits_and_counts,
             semaphore_waiters_wake_and_lost_permits_fire,
         );
+        $crate::family_tests!($target;
+            reentrant_excludes_other_owners,
+            reentrant_counts_holds,
+            reentrant_lost_cancel_and_expiry,
+            owners_follow_tasks_not_threads,
+        );
+    };
+}
+
+/// One `#[tokio::test]` per lock-family behaviour, against a fresh target each.
+#[macro_export]
+macro_rules! family_tests {
+    ($target:expr; $($behaviour:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $behaviour() {
+                let target = $target;
+                dlock_test::family::$behaviour(&target).await;
+            }
+        )*
     };
 }

@@ -10,7 +10,12 @@ use tokio::sync::Notify;
 
 use crate::error::Result;
 use crate::keys::LockKeys;
-use crate::raw::{Acquire, LockState, RawFencing, RawInspect, RawLock, RawSemaphore, ReleaseWatch};
+use crate::error::Error;
+use crate::raw::{
+    Acquire, LockState, RawFencing, RawInspect, RawLock, RawReentrant, RawSemaphore,
+    ReleaseWatch,
+};
+use crate::reentrant::ReentrantEntry;
 use crate::token::Token;
 use crate::watchdog::Leases;
 
@@ -48,6 +53,7 @@ struct State {
     fences: HashMap<String, u64>,
     watchers: HashMap<String, Weak<Notify>>,
     semaphores: HashMap<String, Permits>,
+    reentrant: HashMap<String, ReentrantEntry>,
     /// Sweep expired entries when the map grows past this.
     sweep_at: usize,
 }
@@ -106,8 +112,12 @@ impl Memory {
             .semaphores
             .get_mut(key)
             .is_some_and(|sem| !std::mem::take(&mut sem.holders).is_empty());
+        let reentrant = state
+            .reentrant
+            .remove(key)
+            .is_some_and(|e| e.expires > now);
         state.notify_one(key);
-        live || holders
+        live || holders || reentrant
     }
 
     /// The remaining time to live of a lock key, or `None` if it is not held.
@@ -122,6 +132,14 @@ impl Memory {
 }
 
 impl State {
+    /// The live reentrant entry of `key`, dropping an expired one.
+    fn live_reentrant(&mut self, key: &str, now: Instant) -> Option<&mut ReentrantEntry> {
+        if self.reentrant.get(key).is_some_and(|e| e.expires <= now) {
+            self.reentrant.remove(key);
+        }
+        self.reentrant.get_mut(key)
+    }
+
     /// The live holder of `key`, dropping an expired one.
     fn live(&mut self, key: &str, now: Instant) -> Option<&mut Held> {
         if self.locks.get(key).is_some_and(|h| h.expires <= now) {
@@ -156,6 +174,12 @@ impl RawLock for Memory {
         let mut state = self.state();
         state.sweep(now);
         if let Some(held) = state.live(keys.lock(), now) {
+            if held.token == *token {
+                // A repeated request: the same grant, renewed.
+                held.expires = now + ttl;
+                let fence = state.fences.get(keys.lock()).copied().unwrap_or(0);
+                return Ok(Acquire::Acquired { fence });
+            }
             return Ok(Acquire::Held {
                 remaining: Some(held.expires - now),
             });
@@ -292,7 +316,11 @@ impl RawSemaphore for Memory {
         let sem = state.semaphores.entry(keys.lock().to_owned()).or_default();
         let count = *sem.count.get_or_insert(permits);
         let holders = sem.live(now);
-        let used: u32 = holders.values().map(|(n, _)| n).sum();
+        let used: u32 = holders
+            .iter()
+            .filter(|(t, _)| *t != token)
+            .map(|(_, (n, _))| n)
+            .sum();
         if used.saturating_add(n) <= count {
             holders.insert(token.clone(), (n, now + ttl));
             return Ok(Acquire::Acquired { fence: 0 });
@@ -347,6 +375,104 @@ impl RawSemaphore for Memory {
             .count = Some(permits);
         state.notify_one(keys.lock());
         Ok(())
+    }
+}
+
+impl RawReentrant for Memory {
+    async fn acquire_reentrant(
+        &self,
+        keys: &LockKeys,
+        owner: &str,
+        token: &Token,
+        ttl: Duration,
+        limit: u32,
+    ) -> Result<Acquire> {
+        let now = Instant::now();
+        let mut state = self.state();
+        let key = keys.lock();
+        if let Some(entry) = state.live_reentrant(key, now) {
+            if entry.owner != owner {
+                return Ok(Acquire::Held {
+                    remaining: Some(entry.expires - now),
+                });
+            }
+            if !entry.holds.contains(token) {
+                if entry.count >= limit {
+                    return Err(Error::new(
+                        crate::ErrorKind::LimitReached,
+                        format!(
+                            "reentrant lock {:?}: {owner} already holds it {limit} times, \
+                             its reentrancy limit",
+                            keys.name()
+                        ),
+                    ));
+                }
+                entry.count += 1;
+                entry.holds.insert(token.clone());
+            }
+            entry.expires = now + ttl;
+            return Ok(Acquire::Acquired { fence: entry.fence });
+        }
+        let fence = state.fences.entry(key.to_owned()).or_insert(0);
+        *fence += 1;
+        let fence = *fence;
+        state.reentrant.insert(
+            key.to_owned(),
+            ReentrantEntry {
+                owner: owner.to_owned(),
+                count: 1,
+                fence,
+                holds: std::iter::once(token.clone()).collect(),
+                expires: now + ttl,
+            },
+        );
+        Ok(Acquire::Acquired { fence })
+    }
+
+    async fn release_reentrant(&self, keys: &LockKeys, owner: &str, token: &Token) -> Result<bool> {
+        let now = Instant::now();
+        let mut state = self.state();
+        let key = keys.lock();
+        let Some(entry) = state.live_reentrant(key, now) else {
+            return Ok(false);
+        };
+        if entry.owner != owner || !entry.holds.remove(token) {
+            return Ok(false);
+        }
+        entry.count = entry.count.saturating_sub(1);
+        if entry.count == 0 {
+            state.reentrant.remove(key);
+            state.notify_one(key);
+        }
+        Ok(true)
+    }
+
+    async fn extend_reentrant(&self, keys: &LockKeys, token: &Token, ttl: Duration) -> Result<bool> {
+        let now = Instant::now();
+        let mut state = self.state();
+        Ok(match state.live_reentrant(keys.lock(), now) {
+            Some(entry) if entry.holds.contains(token) => {
+                entry.expires = now + ttl;
+                true
+            }
+            _ => false,
+        })
+    }
+
+    async fn inspect_reentrant(&self, keys: &LockKeys) -> Result<LockState> {
+        let now = Instant::now();
+        let mut state = self.state();
+        let key = keys.lock();
+        let fence = state.fences.get(key).copied();
+        Ok(match state.live_reentrant(key, now) {
+            Some(e) => LockState::new(Some(e.owner.clone()), Some(e.expires - now), fence)
+                .with_hold_count(e.count),
+            None => LockState::new(None, None, fence),
+        })
+    }
+
+    async fn force_unlock_reentrant(&self, keys: &LockKeys) -> Result<bool> {
+        Ok(self.force_delete(keys.lock()))
     }
 }
 

@@ -17,6 +17,7 @@
 //! (replication is asynchronous); see the crate docs' safety section.
 
 mod pubsub;
+mod reentrant;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -65,6 +66,9 @@ struct Inner {
     sem_release: Script,
     sem_extend: Script,
     sem_count: Script,
+    re_acquire: Script,
+    re_release: Script,
+    re_extend: Script,
     leases: Leases,
     pubsub: PubSub,
     addr: String,
@@ -163,6 +167,9 @@ impl RedisBuilder {
                 sem_release: Script::new(include_str!("lua/sem_release.lua")),
                 sem_extend: Script::new(include_str!("lua/sem_extend.lua")),
                 sem_count: Script::new(include_str!("lua/sem_count.lua")),
+                re_acquire: Script::new(include_str!("lua/re_acquire.lua")),
+                re_release: Script::new(include_str!("lua/re_release.lua")),
+                re_extend: Script::new(include_str!("lua/re_extend.lua")),
                 leases: Leases::new(),
                 pubsub: PubSub::new(&client, self.connect_timeout, self.response_timeout),
                 addr,
@@ -212,6 +219,9 @@ impl Redis {
             &i.sem_release,
             &i.sem_extend,
             &i.sem_count,
+            &i.re_acquire,
+            &i.re_release,
+            &i.re_extend,
         ] {
             script
                 .prepare_invoke()

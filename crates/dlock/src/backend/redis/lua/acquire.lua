@@ -5,6 +5,8 @@
 -- ARGV[2]  the lease length in milliseconds
 -- returns  {1, fence}  acquired; fence = the counter after INCR
 --          {0, pttl}   held by someone else; pttl = the holder's PTTL (-1: no expiry)
+--          A repeat of an acquire that was granted (its reply lost) finds our own token:
+--          it renews the expiry and returns the fence of that grant.
 --          error       WRONGTYPE if the lock key holds a non-string value; the INCR error
 --                      if the fence counter cannot be incremented (the lock is then not
 --                      left behind)
@@ -18,5 +20,9 @@ if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
 end
 if redis.call('TYPE', KEYS[1]).ok ~= 'string' then
   return redis.error_reply('WRONGTYPE dlock lock key ' .. KEYS[1] .. ' holds a non-string value')
+end
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return {1, tonumber(redis.call('GET', KEYS[2])) or 0}
 end
 return {0, redis.call('PTTL', KEYS[1])}

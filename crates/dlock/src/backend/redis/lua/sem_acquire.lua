@@ -24,6 +24,10 @@ for _, n in ipairs(redis.call('HVALS', KEYS[2])) do
   used = used + tonumber(n)
 end
 local want = tonumber(ARGV[2])
+-- A repeat of a granted request (its reply lost) is granted again, not twice.
+if redis.call('HGET', KEYS[2], ARGV[1]) then
+  used = used - tonumber(redis.call('HGET', KEYS[2], ARGV[1]))
+end
 if used + want <= capacity then
   local ttl = tonumber(ARGV[4])
   redis.call('ZADD', KEYS[1], now + ttl, ARGV[1])

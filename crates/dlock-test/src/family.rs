@@ -1,0 +1,229 @@
+//! Conformance behaviours of the lock family beyond the plain lock: reentrant lock,
+//! read-write lock, fair lock, multi-lock. Each panics if the backend misbehaves.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use dlock::raw::RawReentrant;
+use dlock::{ErrorKind, Owner, ReentrantLock};
+use tokio::time::{Instant, sleep, timeout};
+
+use crate::conformance::{Target, unique};
+
+/// Counts how many workers are inside a critical section at once.
+#[derive(Default)]
+struct Inside {
+    now: AtomicUsize,
+    most: AtomicUsize,
+    entries: AtomicUsize,
+}
+
+impl Inside {
+    fn enter(&self) {
+        let n = self.now.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most.fetch_max(n, Ordering::SeqCst);
+        self.entries.fetch_add(1, Ordering::SeqCst);
+    }
+
+    fn leave(&self) {
+        self.now.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    fn most(&self) -> usize {
+        self.most.load(Ordering::SeqCst)
+    }
+}
+
+/// Many owners (each on its own client) nest two holds per critical section: never two
+/// owners inside at once, and every owner gets in.
+pub async fn reentrant_excludes_other_owners<T: Target>(target: &T)
+where
+    T::Backend: RawReentrant,
+{
+    let name = unique("re-mutex");
+    let inside = Arc::new(Inside::default());
+    let mut tasks = Vec::new();
+    for w in 0..6 {
+        let lock = ReentrantLock::builder(target.client().await, &name)
+            .ttl(Duration::from_secs(10))
+            .build()
+            .expect("valid");
+        let inside = Arc::clone(&inside);
+        tasks.push(tokio::spawn(async move {
+            let me = Owner::new(format!("worker-{w}")).expect("owner");
+            for _ in 0..5 {
+                let outer = lock.lock(&me).await.expect("lock");
+                inside.enter();
+                let inner = lock.lock(&me).await.expect("re-enter");
+                assert_eq!(inner.fencing_token(), outer.fencing_token());
+                sleep(Duration::from_millis(2)).await;
+                inner.release().await.expect("inner release");
+                inside.leave();
+                outer.release().await.expect("outer release");
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.expect("worker");
+    }
+    assert_eq!(inside.most(), 1, "two owners inside at once");
+    assert_eq!(inside.entries.load(Ordering::SeqCst), 30);
+}
+
+/// N acquires need N releases; re-entry keeps the fence; the limit is a typed error that
+/// changes nothing; a new tenure gets a larger fence; inspection tells holder and count.
+pub async fn reentrant_counts_holds<T: Target>(target: &T)
+where
+    T::Backend: RawReentrant,
+{
+    let name = unique("re-count");
+    let lock = ReentrantLock::builder(target.client().await, &name)
+        .max_holds(3)
+        .build()
+        .expect("valid");
+    let (me, other) = (
+        Owner::new("me").expect("owner"),
+        Owner::new("other").expect("owner"),
+    );
+    assert!(!lock.is_locked().await.expect("store"));
+    let a = lock.lock(&me).await.expect("first");
+    let b = lock.try_lock(&me).await.expect("store").expect("re-entry");
+    let c = lock
+        .try_lock_for(&me, Duration::from_millis(10))
+        .await
+        .expect("store")
+        .expect("re-entry");
+    assert_eq!(lock.hold_count(&me).await.expect("store"), 3);
+    assert_eq!(lock.hold_count(&other).await.expect("store"), 0);
+    assert!(a.fencing_token() == b.fencing_token() && b.fencing_token() == c.fencing_token());
+    let err = lock.try_lock(&me).await.expect_err("over the limit");
+    assert_eq!(err.kind(), ErrorKind::LimitReached);
+    assert_eq!(
+        lock.hold_count(&me).await.expect("store"),
+        3,
+        "refused hold counted"
+    );
+    let state = lock.state().await.expect("store");
+    assert_eq!(state.holder.as_deref(), Some(me.as_str()));
+    assert_eq!(state.hold_count, Some(3));
+    assert_eq!(state.last_fence, Some(a.fencing_token().get()));
+    assert!(state.remaining.is_some_and(|r| r > Duration::ZERO));
+
+    assert!(lock.try_lock(&other).await.expect("store").is_none());
+    b.release().await.expect("release b (not the last, out of order)");
+    a.release().await.expect("release a");
+    assert_eq!(lock.hold_count(&me).await.expect("store"), 1);
+    assert!(
+        lock.try_lock(&other).await.expect("store").is_none(),
+        "free after 2 of 3 releases"
+    );
+    let first_fence = c.fencing_token();
+    c.release().await.expect("release c");
+    assert!(!lock.is_locked().await.expect("store"));
+    let theirs = lock.try_lock(&other).await.expect("store").expect("free");
+    assert!(theirs.fencing_token() > first_fence);
+    assert_eq!(
+        ReentrantLock::builder(target.client().await, "x")
+            .max_holds(0)
+            .build()
+            .map(|_| ())
+            .map_err(|e| e.kind()),
+        Err(ErrorKind::InvalidArgument)
+    );
+
+    // Force-unlock drops every hold; the holder learns it.
+    let lost = theirs.lost();
+    assert!(lock.force_unlock().await.expect("store"));
+    assert!(!lock.is_locked().await.expect("store"));
+    drop(lost);
+    assert_eq!(
+        theirs.release().await.expect_err("deleted").kind(),
+        ErrorKind::LockLost
+    );
+}
+
+/// A reentrant lock deleted behind its holder's back fires `lost()` on every hold; a
+/// cancelled waiter leaves no hold; a dead owner's holds free within the ttl.
+pub async fn reentrant_lost_cancel_and_expiry<T: Target>(target: &T)
+where
+    T::Backend: RawReentrant,
+{
+    let name = unique("re-lost");
+    let ttl = Duration::from_millis(600);
+    let lock = ReentrantLock::builder(target.client().await, &name)
+        .ttl(ttl)
+        .build()
+        .expect("valid");
+    let me = Owner::new("me").expect("owner");
+    let outer = lock.lock(&me).await.expect("lock");
+    let inner = lock.lock(&me).await.expect("re-enter");
+
+    let waiter_lock = ReentrantLock::builder(target.client().await, &name)
+        .ttl(ttl)
+        .build()
+        .expect("valid");
+    let them = Owner::new("them").expect("owner");
+    let cancelled = timeout(Duration::from_millis(150), waiter_lock.lock(&them)).await;
+    assert!(cancelled.is_err(), "waited while held");
+    assert_eq!(lock.hold_count(&them).await.expect("store"), 0);
+
+    target.delete_key(lock.keys().lock()).await;
+    timeout(ttl, outer.lost())
+        .await
+        .expect("outer lost() fires");
+    timeout(ttl, inner.lost())
+        .await
+        .expect("inner lost() fires");
+    drop((outer, inner));
+
+    // A dead owner: holds forgotten, the lock frees within the ttl.
+    let g = lock.lock(&me).await.expect("lock");
+    let g2 = lock.lock(&me).await.expect("re-enter");
+    let gone = Instant::now();
+    g.forget();
+    g2.forget();
+    let next = waiter_lock
+        .try_lock_for(&them, ttl * 10)
+        .await
+        .expect("store")
+        .expect("freed by expiry");
+    assert!(gone.elapsed() >= ttl - Duration::from_millis(100));
+    next.release().await.expect("release");
+}
+
+/// `Owner::current_task()` is one value per task, the same wherever the task runs.
+pub async fn owners_follow_tasks_not_threads<T: Target>(_target: &T) {
+    let (here, again) = tokio::spawn(async {
+        (Owner::current_task(), Owner::current_task())
+    })
+    .await
+    .expect("task");
+    let here = here.expect("in a task");
+    assert_eq!(here, again.expect("in a task"));
+    let there = tokio::spawn(async {
+        let before = Owner::current_task().expect("in a task");
+        for _ in 0..20 {
+            tokio::task::yield_now().await; // may resume on another worker thread
+        }
+        (before, Owner::current_task().expect("in a task"))
+    })
+    .await
+    .expect("task");
+    assert_eq!(there.0, there.1, "a task's owner changed");
+    assert_ne!(here, there.0, "two tasks share an owner");
+    assert!(
+        std::thread::spawn(Owner::current_task)
+            .join()
+            .expect("thread")
+            .is_err()
+    );
+    assert_eq!(
+        Owner::new("").map_err(|e| e.kind()),
+        Err(ErrorKind::InvalidArgument)
+    );
+    assert_eq!(
+        Owner::new("x".repeat(600)).map_err(|e| e.kind()),
+        Err(ErrorKind::InvalidArgument)
+    );
+}

@@ -1,0 +1,37 @@
+-- Take one hold of a reentrant lock (seed 004's hash layout), atomically.
+-- KEYS[1]  the lock hash: owner -> hold count, ':fence' -> the tenure's fence,
+--          't:<token>' -> 1 for every live hold (so a repeated request is recognised)
+-- KEYS[2]  the fence counter (same hash tag; never expires)
+-- ARGV[1]  the owner (always contains '/', so it never collides with the other fields)
+-- ARGV[2]  the request token of this hold
+-- ARGV[3]  the lease length in milliseconds
+-- ARGV[4]  the reentrancy limit
+-- returns  {1, fence}  a hold (new tenure: a new fence; re-entry: the tenure's fence)
+--          {0, pttl}   another owner holds it
+--          {2, count}  the owner is at the reentrancy limit (nothing changed)
+local kind = redis.call('TYPE', KEYS[1]).ok
+if kind == 'none' then
+  local fence = redis.pcall('INCR', KEYS[2])
+  if type(fence) == 'table' and fence.err then
+    return redis.error_reply(fence.err .. ' (dlock fence counter ' .. KEYS[2] .. ')')
+  end
+  redis.call('HSET', KEYS[1], ARGV[1], 1, ':fence', fence, 't:' .. ARGV[2], 1)
+  redis.call('PEXPIRE', KEYS[1], ARGV[3])
+  return {1, fence}
+end
+if kind ~= 'hash' then
+  return redis.error_reply('WRONGTYPE dlock reentrant lock key ' .. KEYS[1] .. ' holds a non-hash value')
+end
+local count = redis.call('HGET', KEYS[1], ARGV[1])
+if not count then
+  return {0, redis.call('PTTL', KEYS[1])}
+end
+if redis.call('HEXISTS', KEYS[1], 't:' .. ARGV[2]) == 0 then
+  if tonumber(count) >= tonumber(ARGV[4]) then
+    return {2, tonumber(count)}
+  end
+  redis.call('HINCRBY', KEYS[1], ARGV[1], 1)
+  redis.call('HSET', KEYS[1], 't:' .. ARGV[2], 1)
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+return {1, tonumber(redis.call('HGET', KEYS[1], ':fence')) or 0}

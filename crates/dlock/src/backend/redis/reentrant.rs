@@ -1,0 +1,119 @@
+//! Reentrant locks on Redis: seed 004's hash of owner -> hold count, plus the tenure's
+//! fence and one field per live hold.
+
+use std::time::Duration;
+
+use super::{Redis, map_err, ttl_ms};
+use crate::error::{Error, ErrorKind, Result};
+use crate::keys::LockKeys;
+use crate::raw::{Acquire, LockState, RawInspect, RawReentrant};
+use crate::token::Token;
+
+impl RawReentrant for Redis {
+    async fn acquire_reentrant(
+        &self,
+        keys: &LockKeys,
+        owner: &str,
+        token: &Token,
+        ttl: Duration,
+        limit: u32,
+    ) -> Result<Acquire> {
+        let reply: Vec<i64> = self
+            .inner
+            .re_acquire
+            .key(keys.lock())
+            .key(keys.fence())
+            .arg(owner)
+            .arg(token.as_str())
+            .arg(ttl_ms(ttl))
+            .arg(limit)
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(|e| map_err(e, "acquiring a reentrant lock"))?;
+        match reply.as_slice() {
+            [1, fence] if *fence >= 1 => Ok(Acquire::Acquired {
+                fence: u64::try_from(*fence).unwrap_or(0),
+            }),
+            [0, pttl] => Ok(Acquire::Held {
+                remaining: u64::try_from(*pttl).ok().map(Duration::from_millis),
+            }),
+            [2, count] => Err(Error::new(
+                ErrorKind::LimitReached,
+                format!(
+                    "reentrant lock {:?}: {owner} already holds it {count} times, its \
+                     reentrancy limit",
+                    keys.name()
+                ),
+            )),
+            [1, fence] => {
+                let _ = self.release_reentrant(keys, owner, token).await;
+                Err(Error::new(
+                    ErrorKind::Backend,
+                    format!(
+                        "fence of reentrant lock {} is {fence}, not positive: it was tampered with",
+                        keys.lock()
+                    ),
+                ))
+            }
+            other => Err(Error::new(
+                ErrorKind::Backend,
+                format!("unexpected reply from the reentrant acquire script: {other:?}"),
+            )),
+        }
+    }
+
+    async fn release_reentrant(&self, keys: &LockKeys, owner: &str, token: &Token) -> Result<bool> {
+        let released: i64 = self
+            .inner
+            .re_release
+            .key(keys.lock())
+            .arg(owner)
+            .arg(token.as_str())
+            .arg(keys.channel())
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(|e| map_err(e, "releasing a reentrant hold"))?;
+        Ok(released == 1)
+    }
+
+    async fn extend_reentrant(&self, keys: &LockKeys, token: &Token, ttl: Duration) -> Result<bool> {
+        let extended: i64 = self
+            .inner
+            .re_extend
+            .key(keys.lock())
+            .arg(token.as_str())
+            .arg(ttl_ms(ttl))
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(|e| map_err(e, "renewing a reentrant lock"))?;
+        Ok(extended == 1)
+    }
+
+    async fn inspect_reentrant(&self, keys: &LockKeys) -> Result<LockState> {
+        type Snapshot = (Vec<(String, String)>, i64, Option<u64>);
+        let (fields, pttl, fence): Snapshot = redis::pipe()
+            .atomic()
+            .hgetall(keys.lock())
+            .pttl(keys.lock())
+            .get(keys.fence())
+            .query_async(&mut self.conn())
+            .await
+            .map_err(|e| map_err(e, "inspecting a reentrant lock"))?;
+        // The owner is the one field with a '/'; hold fields are 't:<hex token>'.
+        let holder = fields
+            .into_iter()
+            .find(|(field, _)| field.contains('/'))
+            .map(|(owner, count)| (owner, count.parse::<u32>().unwrap_or(0)));
+        let remaining = u64::try_from(pttl).ok().map(Duration::from_millis);
+        Ok(match holder {
+            Some((owner, count)) => {
+                LockState::new(Some(owner), remaining, fence).with_hold_count(count)
+            }
+            None => LockState::new(None, None, fence),
+        })
+    }
+
+    async fn force_unlock_reentrant(&self, keys: &LockKeys) -> Result<bool> {
+        self.force_unlock(keys).await
+    }
+}
