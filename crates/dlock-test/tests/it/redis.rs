@@ -473,8 +473,9 @@ async fn an_acquire_whose_reply_timed_out_leaves_no_orphan() {
         .expect("connect");
     let lock = Lock::new(slow_client, &name).expect("valid");
     let mut admin = t.admin().await;
-    // Writes wait 800 ms: the acquire is applied after its caller gave up on the reply.
-    let _: () = cmd(&mut admin, &["CLIENT", "PAUSE", "800", "WRITE"]).await;
+    // Writes wait 1.5 s: the acquire and both of its repeats are applied after the
+    // caller gave up on their replies (300 ms each, 50 + 100 ms apart).
+    let _: () = cmd(&mut admin, &["CLIENT", "PAUSE", "1500", "WRITE"]).await;
     let err = lock.try_lock().await.expect_err("no reply in time");
     assert_eq!(err.kind(), ErrorKind::TimedOut, "{err}");
     assert!(err.is_retryable());
@@ -485,6 +486,97 @@ async fn an_acquire_whose_reply_timed_out_leaves_no_orphan() {
         .expect("store")
         .expect("the unknown-outcome grant must be given back, not held for its 30 s ttl");
     g.release().await.expect("release");
+}
+
+/// A client whose replies time out after 250 ms, and a pause of every client for 600 ms:
+/// a call's first attempt (and maybe its second) times out, the server applies all of them
+/// when the pause ends, and the call's last repeat gets its answer.
+async fn retried_through_a_pause<F: std::future::Future>(t: &RedisTarget, call: F) -> F::Output {
+    let mut admin = t.admin().await;
+    let _: () = cmd(&mut admin, &["CLIENT", "PAUSE", "600", "ALL"]).await;
+    let started = Instant::now();
+    let out = call.await;
+    assert!(
+        started.elapsed() >= Duration::from_millis(250),
+        "the call was answered during the pause: nothing was retried"
+    );
+    out
+}
+
+async fn impatient_client(t: &RedisTarget) -> Redis {
+    Redis::builder(t.server.url())
+        .response_timeout(Duration::from_millis(250))
+        .connect()
+        .await
+        .expect("connect")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retried_reentrant_calls_are_applied_once() {
+    let t = RedisTarget::start();
+    let lock = dlock::ReentrantLock::builder(impatient_client(&t).await, unique("re-retry"))
+        .ttl(Duration::from_secs(20))
+        .build()
+        .expect("valid");
+    let me = dlock::Owner::new("me").expect("owner");
+    let outer = lock.lock(&me).await.expect("lock");
+    let inner = retried_through_a_pause(&t, lock.lock(&me))
+        .await
+        .expect("re-entry answered by a repeat");
+    assert_eq!(
+        lock.hold_count(&me).await.expect("store"),
+        2,
+        "a repeated re-entry was counted twice"
+    );
+    retried_through_a_pause(&t, inner.release())
+        .await
+        .expect("a repeated release is not LockLost");
+    assert_eq!(
+        lock.hold_count(&me).await.expect("store"),
+        1,
+        "a repeated release was applied twice"
+    );
+    retried_through_a_pause(&t, outer.release())
+        .await
+        .expect("a repeated last release is not LockLost");
+    assert!(!lock.is_locked().await.expect("store"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retried_lock_calls_are_applied_once() {
+    let t = RedisTarget::start();
+    let name = unique("retry");
+    let lock = Lock::builder(impatient_client(&t).await, &name)
+        .ttl(Duration::from_secs(20))
+        .build()
+        .expect("valid");
+    let guard = retried_through_a_pause(&t, lock.lock())
+        .await
+        .expect("granted through a repeat");
+    let state = lock.state().await.expect("store");
+    assert_eq!(state.holder.as_deref(), Some(guard.token().as_str()));
+    assert_eq!(
+        state.last_fence,
+        Some(guard.fencing_token().get()),
+        "the repeat minted another fence"
+    );
+    retried_through_a_pause(&t, guard.release())
+        .await
+        .expect("a repeated release is not LockLost");
+    assert!(!lock.is_locked().await.expect("store"));
+    // Semaphore permits: a repeated acquire takes one permit, not two.
+    let sem = dlock::Semaphore::builder(impatient_client(&t).await, &name, 2)
+        .ttl(Duration::from_secs(20))
+        .build()
+        .expect("valid");
+    let permit = retried_through_a_pause(&t, sem.acquire())
+        .await
+        .expect("permit through a repeat");
+    assert_eq!(sem.available_permits().await.expect("store"), 1);
+    retried_through_a_pause(&t, permit.release())
+        .await
+        .expect("a repeated permit release is not LockLost");
+    assert_eq!(sem.available_permits().await.expect("store"), 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
