@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use dlock::raw::RawReentrant;
-use dlock::{ErrorKind, Owner, ReentrantLock};
+use dlock::raw::{RawReentrant, RawRwLock};
+use dlock::{ErrorKind, Owner, ReentrantLock, RwLock};
 use tokio::time::{Instant, sleep, timeout};
 
 use crate::conformance::{Target, unique};
@@ -226,4 +226,153 @@ pub async fn owners_follow_tasks_not_threads<T: Target>(_target: &T) {
         Owner::new("x".repeat(600)).map_err(|e| e.kind()),
         Err(ErrorKind::InvalidArgument)
     );
+}
+
+/// Readers and writers on many clients: a writer is always alone, readers do share.
+pub async fn rwlock_readers_share_writers_exclude<T: Target>(target: &T)
+where
+    T::Backend: RawRwLock,
+{
+    let name = unique("rw-mix");
+    let readers = Arc::new(Inside::default());
+    let writers = Arc::new(Inside::default());
+    let mut tasks = Vec::new();
+    for w in 0..8 {
+        let rw = RwLock::builder(target.client().await, &name)
+            .ttl(Duration::from_secs(10))
+            .build()
+            .expect("valid");
+        let (readers, writers) = (Arc::clone(&readers), Arc::clone(&writers));
+        tasks.push(tokio::spawn(async move {
+            for i in 0..6 {
+                if (w + i) % 4 == 0 {
+                    let g = rw.write().await.expect("write");
+                    writers.enter();
+                    assert_eq!(readers.now.load(Ordering::SeqCst), 0, "a reader with a writer");
+                    sleep(Duration::from_millis(3)).await;
+                    assert_eq!(readers.now.load(Ordering::SeqCst), 0, "a reader with a writer");
+                    writers.leave();
+                    g.release().await.expect("release");
+                } else {
+                    let g = rw.read().await.expect("read");
+                    readers.enter();
+                    assert_eq!(writers.now.load(Ordering::SeqCst), 0, "a writer with a reader");
+                    sleep(Duration::from_millis(15)).await;
+                    assert_eq!(writers.now.load(Ordering::SeqCst), 0, "a writer with a reader");
+                    readers.leave();
+                    g.release().await.expect("release");
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.expect("worker");
+    }
+    assert_eq!(writers.most(), 1, "two writers at once");
+    assert!(readers.most() > 1, "readers never shared the lock");
+    let rw = RwLock::new(target.client().await, &name).expect("valid");
+    assert!(!rw.is_locked().await.expect("store"));
+}
+
+/// A writer gets in while a stream of overlapping readers never leaves the lock free.
+pub async fn rwlock_writer_is_not_starved<T: Target>(target: &T)
+where
+    T::Backend: RawRwLock,
+{
+    let name = unique("rw-starve");
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut stream = Vec::new();
+    for r in 0..4u64 {
+        let rw = RwLock::new(target.client().await, &name).expect("valid");
+        let stop = Arc::clone(&stop);
+        stream.push(tokio::spawn(async move {
+            sleep(Duration::from_millis(20 * r)).await;
+            let mut reads = 0u32;
+            while !stop.load(Ordering::SeqCst) {
+                // Readers overlap: each holds 80 ms, four of them 20 ms apart.
+                if let Some(g) = rw
+                    .try_read_for(Duration::from_millis(200))
+                    .await
+                    .expect("read")
+                {
+                    reads += 1;
+                    sleep(Duration::from_millis(80)).await;
+                    g.release().await.expect("release");
+                }
+            }
+            reads
+        }));
+    }
+    sleep(Duration::from_millis(300)).await;
+    let rw = RwLock::new(target.client().await, &name).expect("valid");
+    assert!(rw.is_locked().await.expect("store"), "the readers hold it");
+    let started = Instant::now();
+    let w = timeout(Duration::from_secs(5), rw.write())
+        .await
+        .expect("the writer starved behind a stream of readers")
+        .expect("write");
+    let waited = started.elapsed();
+    assert_eq!(rw.state().await.expect("store").readers, Some(0));
+    w.release().await.expect("release");
+    sleep(Duration::from_millis(300)).await;
+    stop.store(true, Ordering::SeqCst);
+    let mut reads = 0;
+    for t in stream {
+        reads += t.await.expect("reader");
+    }
+    assert!(reads > 8, "the reader stream stalled after the writer: {reads} reads");
+    assert!(waited < Duration::from_secs(5));
+}
+
+/// Downgrade keeps the lock (no writer between), readers join; a crashed reader frees at
+/// its ttl; a deleted lock fires `lost()`; a cancelled writer leaves no claim behind.
+pub async fn rwlock_downgrade_expiry_and_cancel<T: Target>(target: &T)
+where
+    T::Backend: RawRwLock,
+{
+    let name = unique("rw-down");
+    let ttl = Duration::from_millis(600);
+    let rw = RwLock::builder(target.client().await, &name)
+        .ttl(ttl)
+        .build()
+        .expect("valid");
+    let other = RwLock::builder(target.client().await, &name)
+        .ttl(ttl)
+        .build()
+        .expect("valid");
+    let w = rw.write().await.expect("write");
+    let fence = w.fencing_token();
+    let state = rw.state().await.expect("store");
+    assert_eq!(state.holder.as_deref(), Some(w.token().as_str()));
+    assert_eq!(state.last_fence, Some(fence.get()));
+    let r = rw.downgrade(w).await.expect("downgrade");
+    assert!(other.try_write().await.expect("store").is_none(), "a writer after a downgrade");
+    let joined = other.try_read().await.expect("store").expect("a reader joins");
+    assert_eq!(rw.state().await.expect("store").readers, Some(2));
+    joined.release().await.expect("release");
+
+    // A crashed reader (no renewal, no release) blocks a writer for at most its ttl.
+    let gone = Instant::now();
+    r.forget();
+    let w2 = other
+        .try_write_for(ttl * 10)
+        .await
+        .expect("store")
+        .expect("the crashed reader's lease expired");
+    assert!(gone.elapsed() >= ttl - Duration::from_millis(100));
+    assert!(w2.fencing_token() > fence);
+
+    // A cancelled waiting writer leaves no claim: readers are not held back by it.
+    let cancelled = timeout(Duration::from_millis(150), rw.write()).await;
+    assert!(cancelled.is_err(), "got a held write lock");
+    sleep(Duration::from_millis(100)).await; // the withdrawal runs in the background
+    assert_eq!(rw.state().await.expect("store").queued, Some(0));
+    w2.release().await.expect("release");
+    let r = rw.try_read().await.expect("store").expect("no claim holds readers back");
+
+    // Deleted behind its back: lost() fires.
+    assert!(rw.force_unlock().await.expect("store"));
+    timeout(ttl, r.lost()).await.expect("lost() fires");
+    assert_eq!(r.release().await.expect_err("deleted").kind(), ErrorKind::LockLost);
+    assert!(!rw.is_locked().await.expect("store"));
 }

@@ -102,6 +102,19 @@ impl LockKeys {
         &self.0.channel
     }
 
+    /// The same keys with release announcements on a channel of their own
+    /// (`<channel>:<side>`), for primitives whose waiters wait for different things
+    /// (readers and writers).
+    pub fn side(&self, side: &str) -> LockKeys {
+        LockKeys(Arc::new(KeysInner {
+            name: self.0.name.clone(),
+            base: self.0.base.clone(),
+            lock: self.0.lock.clone(),
+            fence: self.0.fence.clone(),
+            channel: format!("{}:{side}", self.0.channel),
+        }))
+    }
+
     /// Another key of the same primitive, in the lock key's cluster slot.
     pub fn companion(&self, suffix: &str) -> String {
         format!("{}:{suffix}", self.0.base)

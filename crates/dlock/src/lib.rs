@@ -72,6 +72,7 @@ pub mod keys;
 mod lock;
 pub mod raw;
 mod reentrant;
+mod rwlock;
 mod semaphore;
 mod token;
 pub mod validity;
@@ -87,6 +88,10 @@ pub use lock::{DEFAULT_TTL, Lock, LockBuilder, LockGuard, MAX_TTL, MIN_TTL, Retr
 pub use reentrant::{
     DEFAULT_MAX_HOLDS, DEFAULT_REENTRANT_PREFIX, Holds, MAX_OWNER_LEN, Owner, ReentrantGuard,
     ReentrantLock, ReentrantLockBuilder,
+};
+pub use rwlock::{
+    DEFAULT_RWLOCK_PREFIX, DEFAULT_WRITER_GRACE, ReadGuard, RwLock, RwLockBuilder, RwSide,
+    WriteGuard,
 };
 pub use semaphore::{
     DEFAULT_SEMAPHORE_PREFIX, MAX_PERMITS, Permits, Semaphore, SemaphoreBuilder, SemaphorePermit,

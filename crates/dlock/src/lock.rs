@@ -189,7 +189,7 @@ impl<B: RawLock> LockBuilder<B> {
 }
 
 /// The result of one attempt.
-pub(crate) enum Attempt<B: RawLock> {
+enum Attempt<B: RawLock> {
     Got(LockGuard<B>),
     Held(Option<Duration>),
 }
@@ -365,6 +365,14 @@ impl<B: RawLock> Lock<B> {
             waiting.queued = true;
             let now = Instant::now();
             if deadline.is_some_and(|d| now >= d) {
+                if B::QUEUES_WAITERS {
+                    // Withdraw before returning, so that our entry is gone when the caller
+                    // looks (the background withdrawal is for cancellation only).
+                    waiting.queued = false;
+                    if let Err(err) = self.backend.abandon(&self.keys, &token).await {
+                        tracing::debug!(lock = self.name(), error = %err, "withdrawing a waiter failed; its entry times out");
+                    }
+                }
                 return Ok(None);
             }
             let Some(watch) = &watch else {
@@ -450,12 +458,12 @@ impl<B: RawLock> Lock<B> {
         };
         pending.token = None;
         drop(pending);
-        self.guard(token.clone(), sent, fence)
+        self.guard(token.clone(), sent, fence).map(Attempt::Got)
     }
 
     /// Wraps a grant made under `token` (request sent at `sent`) in a guard, registering
     /// its lease with the watchdog.
-    pub(crate) fn guard(&self, token: Token, sent: Instant, fence: u64) -> Result<Attempt<B>> {
+    pub(crate) fn guard(&self, token: Token, sent: Instant, fence: u64) -> Result<LockGuard<B>> {
         let lease = Arc::new(Lease::new(self.keys.clone(), token, sent, self.ttl));
         if lease.is_lost_at(Instant::now()) {
             spawn_release(&self.backend, &lease.keys, &lease.token);
@@ -485,13 +493,13 @@ impl<B: RawLock> Lock<B> {
         } else {
             None
         };
-        Ok(Attempt::Got(LockGuard {
+        Ok(LockGuard {
             backend: self.backend.clone(),
             lease,
             fence,
             registration,
             armed: true,
-        }))
+        })
     }
 }
 
@@ -626,7 +634,7 @@ impl<B: RawLock> Drop for PendingAcquire<'_, B> {
 }
 
 /// Releases `token` in the background on the current runtime, bounded in time.
-fn spawn_release<B: RawLock>(backend: &B, keys: &LockKeys, token: &Token) {
+pub(crate) fn spawn_release<B: RawLock>(backend: &B, keys: &LockKeys, token: &Token) {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         return; // no runtime: the lease simply expires
     };
@@ -834,6 +842,15 @@ impl<B: RawLock> LockGuard<B> {
             "lock {:?} was no longer ours when releasing: {reason}",
             self.name()
         )))
+    }
+
+    /// Takes the lease out of this guard without releasing it (for turning a hold into
+    /// another kind of hold): renewal stops, the guard is disarmed, its `lost()` futures
+    /// resolve.
+    pub(crate) fn into_held(mut self) -> (B, Token) {
+        self.disarm();
+        self.lease.end(End::Released);
+        (self.backend.clone(), self.lease.token.clone())
     }
 
     /// Stops renewing and keeps the lock until its ttl runs out, without releasing it.

@@ -266,6 +266,67 @@ pub trait RawReentrant: RawLock {
     fn force_unlock_reentrant(&self, keys: &LockKeys) -> impl Future<Output = Result<bool>> + Send;
 }
 
+/// Readers and writers: many readers or one writer, writers first.
+///
+/// # Correctness
+///
+/// The writer holds the lock key (as a plain lock: token, expiry, a new fence per grant);
+/// every reader has a lease of its own with its own expiry (by the store's clock), so a
+/// crashed reader cannot block writers for longer than its ttl. In one atomic step,
+/// [`acquire_rw`](RawRwLock::acquire_rw) drops expired readers and expired writer-waiting
+/// entries, then grants
+/// * a read if no writer holds the lock and no writer waits (writers first: a stream of
+///   readers cannot starve a writer);
+/// * a write if no writer and no live reader holds the lock; otherwise it records the
+///   writer as waiting until `remaining + grace` (refreshed at every attempt, withdrawn
+///   by [`RawLock::abandon`]), so a crashed waiting writer holds readers back for a
+///   bounded time only.
+///
+/// Repeats of a granted request (same token) are granted again, not twice.
+pub trait RawRwLock: RawLock {
+    /// Tries once to take the lock for reading (`write == false`) or writing.
+    fn acquire_rw(
+        &self,
+        keys: &LockKeys,
+        token: &Token,
+        write: bool,
+        ttl: Duration,
+        grace: Duration,
+    ) -> impl Future<Output = Result<Acquire>> + Send;
+
+    /// Releases the writer's or a reader's hold under `token` (announcing it when a writer
+    /// may now come in). Returns whether it was live.
+    fn release_rw(&self, keys: &LockKeys, token: &Token)
+    -> impl Future<Output = Result<bool>> + Send;
+
+    /// Renews the writer's or a reader's lease under `token`. Returns whether it was live.
+    fn extend_rw(
+        &self,
+        keys: &LockKeys,
+        token: &Token,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<bool>> + Send;
+
+    /// Turns the write hold under `token` into a read hold with a lease of `ttl`, in one
+    /// atomic step (no other writer can come in between). Returns whether the write hold
+    /// was live.
+    fn downgrade_rw(
+        &self,
+        keys: &LockKeys,
+        token: &Token,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<bool>> + Send;
+
+    /// Withdraws the waiting-writer entry of `token`.
+    fn abandon_rw(&self, keys: &LockKeys, token: &Token) -> impl Future<Output = Result<()>> + Send;
+
+    /// Writer token, live readers, waiting writers, remaining ttl, last fence.
+    fn inspect_rw(&self, keys: &LockKeys) -> impl Future<Output = Result<LockState>> + Send;
+
+    /// Deletes the writer, every reader and every waiting writer, and wakes waiters.
+    fn force_unlock_rw(&self, keys: &LockKeys) -> impl Future<Output = Result<bool>> + Send;
+}
+
 /// What the store says about one lock right now.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]

@@ -54,6 +54,9 @@ macro_rules! all_conformance_tests {
             reentrant_counts_holds,
             reentrant_lost_cancel_and_expiry,
             owners_follow_tasks_not_threads,
+            rwlock_readers_share_writers_exclude,
+            rwlock_writer_is_not_starved,
+            rwlock_downgrade_expiry_and_cancel,
         );
     };
 }

@@ -12,7 +12,7 @@ use crate::error::Result;
 use crate::keys::LockKeys;
 use crate::error::Error;
 use crate::raw::{
-    Acquire, LockState, RawFencing, RawInspect, RawLock, RawReentrant, RawSemaphore,
+    Acquire, LockState, RawFencing, RawInspect, RawLock, RawReentrant, RawRwLock, RawSemaphore,
     ReleaseWatch,
 };
 use crate::reentrant::ReentrantEntry;
@@ -54,6 +54,7 @@ struct State {
     watchers: HashMap<String, Weak<Notify>>,
     semaphores: HashMap<String, Permits>,
     reentrant: HashMap<String, ReentrantEntry>,
+    rw: HashMap<String, RwEntry>,
     /// Sweep expired entries when the map grows past this.
     sweep_at: usize,
 }
@@ -68,6 +69,29 @@ struct Held {
 struct Permits {
     count: Option<u32>,
     holders: HashMap<Token, (u32, Instant)>,
+}
+
+/// One read-write lock: the writer, the readers and the waiting writers, each with an
+/// expiry.
+#[derive(Default)]
+struct RwEntry {
+    writer: Option<(Token, Instant)>,
+    readers: HashMap<Token, Instant>,
+    waiting: HashMap<Token, Instant>,
+}
+
+impl RwEntry {
+    fn purge(&mut self, now: Instant) {
+        if self.writer.as_ref().is_some_and(|(_, e)| *e <= now) {
+            self.writer = None;
+        }
+        self.readers.retain(|_, e| *e > now);
+        self.waiting.retain(|_, e| *e > now);
+    }
+
+    fn is_empty(&self) -> bool {
+        self.writer.is_none() && self.readers.is_empty() && self.waiting.is_empty()
+    }
 }
 
 impl Permits {
@@ -116,8 +140,16 @@ impl Memory {
             .reentrant
             .remove(key)
             .is_some_and(|e| e.expires > now);
-        state.notify_one(key);
-        live || holders || reentrant
+        let rw = state.rw.remove(key).is_some_and(|mut e| {
+            e.purge(now);
+            e.writer.is_some() || !e.readers.is_empty()
+        });
+        if let Ok(keys) = LockKeys::new("", key) {
+            state.notify_one(keys.channel());
+            state.notify_one(keys.side("r").channel());
+            state.notify_one(keys.side("w").channel());
+        }
+        live || holders || reentrant || rw
     }
 
     /// The remaining time to live of a lock key, or `None` if it is not held.
@@ -204,7 +236,7 @@ impl RawLock for Memory {
             .is_some_and(|h| h.token == *token);
         if ours {
             state.locks.remove(keys.lock());
-            state.notify_one(keys.lock());
+            state.notify_one(keys.channel());
         }
         Ok(ours)
     }
@@ -223,7 +255,7 @@ impl RawLock for Memory {
 
     async fn watch(&self, keys: &LockKeys) -> Result<ReleaseWatch> {
         let mut state = self.state();
-        let key = keys.lock();
+        let key = keys.channel();
         let notify = match state.watchers.get(key).and_then(Weak::upgrade) {
             Some(n) => n,
             None => {
@@ -338,7 +370,7 @@ impl RawSemaphore for Memory {
             .and_then(|sem| sem.live(now).remove(token));
         if let Some((n, _)) = released {
             for _ in 0..n {
-                state.notify_one(keys.lock());
+                state.notify_one(keys.channel());
             }
         }
         Ok(released.is_some())
@@ -373,7 +405,7 @@ impl RawSemaphore for Memory {
             .entry(keys.lock().to_owned())
             .or_default()
             .count = Some(permits);
-        state.notify_one(keys.lock());
+        state.notify_one(keys.channel());
         Ok(())
     }
 }
@@ -442,7 +474,7 @@ impl RawReentrant for Memory {
         entry.count = entry.count.saturating_sub(1);
         if entry.count == 0 {
             state.reentrant.remove(key);
-            state.notify_one(key);
+            state.notify_one(keys.channel());
         }
         Ok(true)
     }
@@ -472,6 +504,173 @@ impl RawReentrant for Memory {
     }
 
     async fn force_unlock_reentrant(&self, keys: &LockKeys) -> Result<bool> {
+        Ok(self.force_delete(keys.lock()))
+    }
+}
+
+impl RawRwLock for Memory {
+    async fn acquire_rw(
+        &self,
+        keys: &LockKeys,
+        token: &Token,
+        write: bool,
+        ttl: Duration,
+        grace: Duration,
+    ) -> Result<Acquire> {
+        let now = Instant::now();
+        let mut state = self.state();
+        let key = keys.lock();
+        let entry = state.rw.entry(key.to_owned()).or_default();
+        entry.purge(now);
+        if !write {
+            if let Some(expires) = entry.readers.get_mut(token) {
+                *expires = now + ttl; // a repeated request
+                return Ok(Acquire::Acquired { fence: 0 });
+            }
+            if let Some((_, expires)) = &entry.writer {
+                return Ok(Acquire::Held {
+                    remaining: Some(*expires - now),
+                });
+            }
+            if let Some(first) = entry.waiting.values().min() {
+                // Writers first.
+                return Ok(Acquire::Held {
+                    remaining: Some(*first - now),
+                });
+            }
+            entry.readers.insert(token.clone(), now + ttl);
+            return Ok(Acquire::Acquired { fence: 0 });
+        }
+        match &mut entry.writer {
+            Some((holder, expires)) if holder == token => {
+                *expires = now + ttl;
+                entry.waiting.remove(token);
+                let fence = state.fences.get(key).copied().unwrap_or(0);
+                return Ok(Acquire::Acquired { fence });
+            }
+            _ => {}
+        }
+        let busy_until = match &entry.writer {
+            Some((_, expires)) => Some(*expires),
+            None => entry.readers.values().min().copied(),
+        };
+        if let Some(until) = busy_until {
+            let wait = until - now;
+            entry.waiting.insert(token.clone(), now + wait + grace);
+            return Ok(Acquire::Held {
+                remaining: Some(wait),
+            });
+        }
+        entry.writer = Some((token.clone(), now + ttl));
+        entry.waiting.remove(token);
+        let fence = state.fences.entry(key.to_owned()).or_insert(0);
+        *fence += 1;
+        Ok(Acquire::Acquired { fence: *fence })
+    }
+
+    async fn release_rw(&self, keys: &LockKeys, token: &Token) -> Result<bool> {
+        let now = Instant::now();
+        let mut state = self.state();
+        let key = keys.lock();
+        let Some(entry) = state.rw.get_mut(key) else {
+            return Ok(false);
+        };
+        entry.purge(now);
+        let was_writer = entry.writer.as_ref().is_some_and(|(t, _)| t == token);
+        let released = if was_writer {
+            entry.writer = None;
+            true
+        } else {
+            entry.readers.remove(token).is_some()
+        };
+        let last = released && entry.readers.is_empty();
+        if entry.is_empty() {
+            state.rw.remove(key);
+        }
+        if last {
+            // A writer may come in now.
+            state.notify_one(keys.side("w").channel());
+        }
+        if was_writer {
+            // And readers, if no writer claims the lock first.
+            state.notify_one(keys.side("r").channel());
+        }
+        Ok(released)
+    }
+
+    async fn extend_rw(&self, keys: &LockKeys, token: &Token, ttl: Duration) -> Result<bool> {
+        let now = Instant::now();
+        let mut state = self.state();
+        let Some(entry) = state.rw.get_mut(keys.lock()) else {
+            return Ok(false);
+        };
+        entry.purge(now);
+        if let Some((t, expires)) = &mut entry.writer
+            && t == token
+        {
+            *expires = now + ttl;
+            return Ok(true);
+        }
+        Ok(entry
+            .readers
+            .get_mut(token)
+            .map(|expires| *expires = now + ttl)
+            .is_some())
+    }
+
+    async fn downgrade_rw(&self, keys: &LockKeys, token: &Token, ttl: Duration) -> Result<bool> {
+        let now = Instant::now();
+        let mut state = self.state();
+        let key = keys.lock();
+        let Some(entry) = state.rw.get_mut(key) else {
+            return Ok(false);
+        };
+        entry.purge(now);
+        if !entry.writer.as_ref().is_some_and(|(t, _)| t == token) {
+            return Ok(false);
+        }
+        entry.writer = None;
+        entry.readers.insert(token.clone(), now + ttl);
+        state.notify_one(keys.side("r").channel());
+        Ok(true)
+    }
+
+    async fn abandon_rw(&self, keys: &LockKeys, token: &Token) -> Result<()> {
+        let mut state = self.state();
+        let key = keys.lock();
+        let Some(entry) = state.rw.get_mut(key) else {
+            return Ok(());
+        };
+        if entry.waiting.remove(token).is_some() && entry.waiting.is_empty() {
+            // Readers held back by this writer may come in.
+            state.notify_one(keys.side("r").channel());
+        }
+        Ok(())
+    }
+
+    async fn inspect_rw(&self, keys: &LockKeys) -> Result<LockState> {
+        let now = Instant::now();
+        let mut state = self.state();
+        let key = keys.lock();
+        let fence = state.fences.get(key).copied();
+        let Some(entry) = state.rw.get_mut(key) else {
+            return Ok(LockState::new(None, None, fence)
+                .with_readers(0)
+                .with_queued(0));
+        };
+        entry.purge(now);
+        let (holder, remaining) = match &entry.writer {
+            Some((t, e)) => (Some(t.as_str().to_owned()), Some(*e - now)),
+            None => (None, entry.readers.values().max().map(|e| *e - now)),
+        };
+        let readers = u32::try_from(entry.readers.len()).unwrap_or(u32::MAX);
+        let queued = u32::try_from(entry.waiting.len()).unwrap_or(u32::MAX);
+        Ok(LockState::new(holder, remaining, fence)
+            .with_readers(readers)
+            .with_queued(queued))
+    }
+
+    async fn force_unlock_rw(&self, keys: &LockKeys) -> Result<bool> {
         Ok(self.force_delete(keys.lock()))
     }
 }

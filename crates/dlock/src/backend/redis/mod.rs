@@ -18,6 +18,7 @@
 
 mod pubsub;
 mod reentrant;
+mod rwlock;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -69,6 +70,11 @@ struct Inner {
     re_acquire: Script,
     re_release: Script,
     re_extend: Script,
+    rw_acquire: Script,
+    rw_release: Script,
+    rw_extend: Script,
+    rw_downgrade: Script,
+    rw_abandon: Script,
     leases: Leases,
     pubsub: PubSub,
     addr: String,
@@ -170,6 +176,11 @@ impl RedisBuilder {
                 re_acquire: Script::new(include_str!("lua/re_acquire.lua")),
                 re_release: Script::new(include_str!("lua/re_release.lua")),
                 re_extend: Script::new(include_str!("lua/re_extend.lua")),
+                rw_acquire: Script::new(include_str!("lua/rw_acquire.lua")),
+                rw_release: Script::new(include_str!("lua/rw_release.lua")),
+                rw_extend: Script::new(include_str!("lua/rw_extend.lua")),
+                rw_downgrade: Script::new(include_str!("lua/rw_downgrade.lua")),
+                rw_abandon: Script::new(include_str!("lua/rw_abandon.lua")),
                 leases: Leases::new(),
                 pubsub: PubSub::new(&client, self.connect_timeout, self.response_timeout),
                 addr,
@@ -222,6 +233,11 @@ impl Redis {
             &i.re_acquire,
             &i.re_release,
             &i.re_extend,
+            &i.rw_acquire,
+            &i.rw_release,
+            &i.rw_extend,
+            &i.rw_downgrade,
+            &i.rw_abandon,
         ] {
             script
                 .prepare_invoke()

@@ -1,0 +1,165 @@
+//! Read-write locks on Redis: the writer at the lock key, readers and waiting writers in
+//! two sorted sets scored by expiry (server clock), all under the lock's hash tag.
+
+use std::time::Duration;
+
+use super::{Redis, map_err, ttl_ms};
+use crate::error::{Error, ErrorKind, Result};
+use crate::keys::LockKeys;
+use crate::raw::{Acquire, LockState, RawRwLock};
+use crate::token::Token;
+
+fn readers(keys: &LockKeys) -> String {
+    keys.companion("readers")
+}
+
+fn writers(keys: &LockKeys) -> String {
+    keys.companion("writers")
+}
+
+impl RawRwLock for Redis {
+    async fn acquire_rw(
+        &self,
+        keys: &LockKeys,
+        token: &Token,
+        write: bool,
+        ttl: Duration,
+        grace: Duration,
+    ) -> Result<Acquire> {
+        let reply: Vec<i64> = self
+            .inner
+            .rw_acquire
+            .key(keys.lock())
+            .key(readers(keys))
+            .key(writers(keys))
+            .key(keys.fence())
+            .arg(if write { "w" } else { "r" })
+            .arg(token.as_str())
+            .arg(ttl_ms(ttl))
+            .arg(ttl_ms(grace))
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(|e| map_err(e, "acquiring a read-write lock"))?;
+        match reply.as_slice() {
+            [1, fence] if *fence >= 0 => Ok(Acquire::Acquired {
+                fence: u64::try_from(*fence).unwrap_or(0),
+            }),
+            [0, wait] => Ok(Acquire::Held {
+                remaining: u64::try_from(*wait).ok().map(Duration::from_millis),
+            }),
+            other => Err(Error::new(
+                ErrorKind::Backend,
+                format!("unexpected reply from the read-write acquire script: {other:?}"),
+            )),
+        }
+    }
+
+    async fn release_rw(&self, keys: &LockKeys, token: &Token) -> Result<bool> {
+        let released: i64 = self
+            .inner
+            .rw_release
+            .key(keys.lock())
+            .key(readers(keys))
+            .arg(token.as_str())
+            .arg(keys.channel())
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(|e| map_err(e, "releasing a read-write lock"))?;
+        Ok(released == 1)
+    }
+
+    async fn extend_rw(&self, keys: &LockKeys, token: &Token, ttl: Duration) -> Result<bool> {
+        let extended: i64 = self
+            .inner
+            .rw_extend
+            .key(keys.lock())
+            .key(readers(keys))
+            .arg(token.as_str())
+            .arg(ttl_ms(ttl))
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(|e| map_err(e, "renewing a read-write lock"))?;
+        Ok(extended == 1)
+    }
+
+    async fn downgrade_rw(&self, keys: &LockKeys, token: &Token, ttl: Duration) -> Result<bool> {
+        let done: i64 = self
+            .inner
+            .rw_downgrade
+            .key(keys.lock())
+            .key(readers(keys))
+            .arg(token.as_str())
+            .arg(ttl_ms(ttl))
+            .arg(keys.channel())
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(|e| map_err(e, "downgrading a write lock"))?;
+        Ok(done == 1)
+    }
+
+    async fn abandon_rw(&self, keys: &LockKeys, token: &Token) -> Result<()> {
+        let _: i64 = self
+            .inner
+            .rw_abandon
+            .key(keys.lock())
+            .key(writers(keys))
+            .arg(token.as_str())
+            .arg(keys.channel())
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(|e| map_err(e, "withdrawing a waiting writer"))?;
+        Ok(())
+    }
+
+    async fn inspect_rw(&self, keys: &LockKeys) -> Result<LockState> {
+        type Snapshot = (Option<String>, i64, Vec<(String, f64)>, Vec<(String, f64)>, Option<u64>, (i64, i64));
+        let (writer, pttl, readers, writers, fence, (secs, micros)): Snapshot = redis::pipe()
+            .atomic()
+            .get(keys.lock())
+            .pttl(keys.lock())
+            .cmd("ZRANGE")
+            .arg(readers(keys))
+            .arg(0)
+            .arg(-1)
+            .arg("WITHSCORES")
+            .cmd("ZRANGE")
+            .arg(writers(keys))
+            .arg(0)
+            .arg(-1)
+            .arg("WITHSCORES")
+            .get(keys.fence())
+            .cmd("TIME")
+            .query_async(&mut self.conn())
+            .await
+            .map_err(|e| map_err(e, "inspecting a read-write lock"))?;
+        let now = (secs * 1000 + micros / 1000) as f64;
+        let live = |set: &[(String, f64)]| set.iter().filter(|(_, e)| *e > now).count();
+        let last_reader = readers
+            .iter()
+            .map(|(_, e)| *e)
+            .fold(f64::NAN, f64::max);
+        let remaining = match (&writer, u64::try_from(pttl)) {
+            (Some(_), Ok(ms)) => Some(Duration::from_millis(ms)),
+            (None, _) if last_reader > now => {
+                Some(Duration::from_millis((last_reader - now) as u64))
+            }
+            _ => None,
+        };
+        Ok(LockState::new(writer, remaining, fence)
+            .with_readers(u32::try_from(live(&readers)).unwrap_or(u32::MAX))
+            .with_queued(u32::try_from(live(&writers)).unwrap_or(u32::MAX)))
+    }
+
+    async fn force_unlock_rw(&self, keys: &LockKeys) -> Result<bool> {
+        let (deleted, _): (i64, i64) = redis::pipe()
+            .atomic()
+            .del(&[keys.lock().to_owned(), readers(keys), writers(keys)])
+            .publish(keys.side("w").channel(), keys.lock())
+            .ignore()
+            .publish(keys.side("r").channel(), keys.lock())
+            .query_async(&mut self.conn())
+            .await
+            .map_err(|e| map_err(e, "force-unlocking a read-write lock"))?;
+        Ok(deleted > 0)
+    }
+}
