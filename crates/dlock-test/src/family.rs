@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use dlock::raw::{RawReentrant, RawRwLock};
-use dlock::{ErrorKind, Owner, ReentrantLock, RwLock};
+use dlock::raw::{RawFair, RawReentrant, RawRwLock};
+use dlock::{ErrorKind, FairLock, Owner, ReentrantLock, RwLock, Token};
 use tokio::time::{Instant, sleep, timeout};
 
 use crate::conformance::{Target, unique};
@@ -375,4 +375,109 @@ where
     timeout(ttl, r.lost()).await.expect("lost() fires");
     assert_eq!(r.release().await.expect_err("deleted").kind(), ErrorKind::LockLost);
     assert!(!rw.is_locked().await.expect("store"));
+}
+
+/// Waiters on many clients, arriving 40 ms apart behind a holder, get the fair lock in
+/// arrival order, one at a time, each woken by its predecessor's release.
+pub async fn fair_lock_grants_in_arrival_order<T: Target>(target: &T)
+where
+    T::Backend: RawFair,
+{
+    let name = unique("fair");
+    let holder = FairLock::builder(target.client().await, &name)
+        .ttl(Duration::from_secs(20))
+        .build()
+        .expect("valid");
+    let first = holder.lock().await.expect("lock");
+    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let inside = Arc::new(Inside::default());
+    let mut tasks = Vec::new();
+    for i in 0..6 {
+        let fair = FairLock::builder(target.client().await, &name)
+            .ttl(Duration::from_secs(20))
+            .build()
+            .expect("valid");
+        let (order, inside) = (Arc::clone(&order), Arc::clone(&inside));
+        tasks.push(tokio::spawn(async move {
+            let g = fair.lock().await.expect("lock");
+            inside.enter();
+            order.lock().expect("order").push(i);
+            sleep(Duration::from_millis(5)).await;
+            inside.leave();
+            g.release().await.expect("release");
+        }));
+        sleep(Duration::from_millis(40)).await;
+    }
+    assert_eq!(holder.state().await.expect("store").queued, Some(6));
+    let released = Instant::now();
+    first.release().await.expect("release");
+    for t in tasks {
+        timeout(Duration::from_secs(10), t)
+            .await
+            .expect("each waiter is woken by its predecessor, not its ttl")
+            .expect("waiter");
+    }
+    assert!(
+        released.elapsed() < Duration::from_secs(10),
+        "hand-offs waited for timers"
+    );
+    assert_eq!(*order.lock().expect("order"), vec![0, 1, 2, 3, 4, 5]);
+    assert_eq!(inside.most(), 1);
+    assert_eq!(holder.state().await.expect("store").queued, Some(0));
+}
+
+/// `try_lock` does not jump the queue; a cancelled waiter leaves it at once; a crashed
+/// waiter (queued, never back) delays the next one by at most the holder's ttl plus the
+/// grace.
+pub async fn fair_lock_cancelled_and_crashed_waiters<T: Target>(target: &T)
+where
+    T::Backend: RawFair,
+{
+    let name = unique("fair-crash");
+    let ttl = Duration::from_millis(900);
+    let grace = Duration::from_millis(300);
+    let make = |client| {
+        FairLock::builder(client, &name)
+            .ttl(ttl)
+            .waiter_grace(grace)
+            .build()
+            .expect("valid")
+    };
+    let holder = make(target.client().await);
+    let g = holder.lock().await.expect("lock");
+
+    // A cancelled waiter leaves no place behind.
+    let waiter = make(target.client().await);
+    assert!(timeout(Duration::from_millis(150), waiter.lock()).await.is_err());
+    sleep(Duration::from_millis(100)).await;
+    assert_eq!(holder.state().await.expect("store").queued, Some(0));
+
+    // A crashed waiter: queued once by hand, never back.
+    let client = target.client().await;
+    let dead = Token::random().expect("rng");
+    let attempt = client
+        .acquire_fair(holder.keys(), &dead, ttl, grace)
+        .await
+        .expect("store");
+    assert!(matches!(attempt, dlock::raw::Acquire::Held { .. }));
+    let live = tokio::spawn(async move { waiter.lock().await.map(|g| (Instant::now(), g)) });
+    sleep(Duration::from_millis(100)).await;
+    assert_eq!(holder.state().await.expect("store").queued, Some(2));
+    // While they wait, the lock is never granted out of turn.
+    g.release().await.expect("release");
+    assert!(
+        holder.try_lock().await.expect("store").is_none(),
+        "try_lock jumped the queue"
+    );
+    let released = Instant::now();
+    let (got_at, next) = timeout(ttl + grace + Duration::from_secs(3), live)
+        .await
+        .expect("the crashed waiter stalled the queue")
+        .expect("task")
+        .expect("lock");
+    assert!(got_at.duration_since(released) <= ttl + grace + Duration::from_secs(3));
+    let lost = next.lost();
+    assert!(holder.force_unlock().await.expect("store"));
+    timeout(ttl * 2, lost).await.expect("lost() fires");
+    assert!(!holder.is_locked().await.expect("store"));
 }

@@ -68,6 +68,7 @@
 
 pub mod backend;
 mod error;
+mod fair;
 pub mod keys;
 mod lock;
 pub mod raw;
@@ -84,6 +85,7 @@ pub mod watchdog;
 struct ReadmeDoctests;
 
 pub use error::{Error, ErrorKind, Result};
+pub use fair::{DEFAULT_FAIR_PREFIX, DEFAULT_WAITER_GRACE, FairGuard, FairLock, FairLockBuilder, Queued};
 pub use lock::{DEFAULT_TTL, Lock, LockBuilder, LockGuard, MAX_TTL, MIN_TTL, Retry};
 pub use reentrant::{
     DEFAULT_MAX_HOLDS, DEFAULT_REENTRANT_PREFIX, Holds, MAX_OWNER_LEN, Owner, ReentrantGuard,

@@ -327,6 +327,46 @@ pub trait RawRwLock: RawLock {
     fn force_unlock_rw(&self, keys: &LockKeys) -> impl Future<Output = Result<bool>> + Send;
 }
 
+/// First come, first served: a queue of waiters in the store.
+///
+/// # Correctness
+///
+/// The holder is the lock key, as a plain lock's (token, expiry, a fence per grant), so
+/// [`RawLock::extend`] renews it. In one atomic step,
+/// [`acquire_fair`](RawFair::acquire_fair) drops waiters whose claim expired, puts
+/// `token` at the back of the queue if it is not in it, and grants only if the lock is
+/// free and `token` is at the head. A waiter's claim lasts until its next expected attempt
+/// plus `grace`, renewed at every attempt, so a crashed waiter leaves the queue by itself.
+/// [`release_fair`](RawFair::release_fair) announces the release to the head waiter only
+/// (on its own channel, see [`LockKeys::side`](crate::keys::LockKeys::side)).
+pub trait RawFair: RawLock {
+    /// Tries once, queueing `token` if it must wait.
+    fn acquire_fair(
+        &self,
+        keys: &LockKeys,
+        token: &Token,
+        ttl: Duration,
+        grace: Duration,
+    ) -> impl Future<Output = Result<Acquire>> + Send;
+
+    /// Releases the lock if `token` holds it and wakes the next waiter in line.
+    fn release_fair(
+        &self,
+        keys: &LockKeys,
+        token: &Token,
+    ) -> impl Future<Output = Result<bool>> + Send;
+
+    /// Takes `token` out of the queue (waking the next in line if it was at the head).
+    fn abandon_fair(&self, keys: &LockKeys, token: &Token)
+    -> impl Future<Output = Result<()>> + Send;
+
+    /// Holder, remaining ttl, last fence and the number of queued waiters.
+    fn inspect_fair(&self, keys: &LockKeys) -> impl Future<Output = Result<LockState>> + Send;
+
+    /// Deletes the holder whoever it is (the queue stays) and wakes the next in line.
+    fn force_unlock_fair(&self, keys: &LockKeys) -> impl Future<Output = Result<bool>> + Send;
+}
+
 /// What the store says about one lock right now.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]

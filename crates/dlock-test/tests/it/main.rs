@@ -57,6 +57,8 @@ macro_rules! all_conformance_tests {
             rwlock_readers_share_writers_exclude,
             rwlock_writer_is_not_starved,
             rwlock_downgrade_expiry_and_cancel,
+            fair_lock_grants_in_arrival_order,
+            fair_lock_cancelled_and_crashed_waiters,
         );
     };
 }

@@ -269,6 +269,51 @@ async fn one_release_wakes_one_local_waiter() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fair_release_wakes_only_the_next_waiter_across_clients() {
+    let t = RedisTarget::start();
+    let name = unique("fair-herd");
+    let ttl = Duration::from_secs(30);
+    let holder = dlock::FairLock::builder(t.client().await, &name)
+        .ttl(ttl)
+        .build()
+        .expect("valid");
+    let guard = holder.lock().await.expect("lock");
+    // Four waiters, each in its own client (as four processes would be).
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    for i in 0..4 {
+        let fair = dlock::FairLock::builder(t.client().await, &name)
+            .ttl(ttl)
+            .build()
+            .expect("valid");
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            let g = fair.lock().await.expect("lock");
+            let _ = tx.send((i, g));
+        });
+        sleep(Duration::from_millis(50)).await;
+    }
+    sleep(Duration::from_millis(200)).await; // every waiter queued and subscribed
+    assert_eq!(holder.state().await.expect("store").queued, Some(4));
+    let mut admin = t.admin().await;
+    let _: () = cmd(&mut admin, &["CONFIG", "RESETSTAT"]).await;
+    guard.release().await.expect("release");
+    let (first, g) = timeout(Duration::from_secs(5), rx.recv())
+        .await
+        .expect("the head woke on the release")
+        .expect("channel");
+    assert_eq!(first, 0, "not the first in line");
+    sleep(Duration::from_millis(300)).await;
+    // One EVALSHA for the release, one for the head's attempt: nobody else woke.
+    assert_eq!(
+        calls(&mut admin, "evalsha").await,
+        2,
+        "a fair release must wake the next waiter only"
+    );
+    assert!(rx.try_recv().is_err());
+    drop(g);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watchdog_pipelines_renewals_of_many_leases() {
     let t = RedisTarget::start();
     let backend = t.client().await;

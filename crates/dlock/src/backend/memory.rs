@@ -12,7 +12,7 @@ use crate::error::Result;
 use crate::keys::LockKeys;
 use crate::error::Error;
 use crate::raw::{
-    Acquire, LockState, RawFencing, RawInspect, RawLock, RawReentrant, RawRwLock, RawSemaphore,
+    Acquire, LockState, RawFair, RawFencing, RawInspect, RawLock, RawReentrant, RawRwLock, RawSemaphore,
     ReleaseWatch,
 };
 use crate::reentrant::ReentrantEntry;
@@ -55,6 +55,7 @@ struct State {
     semaphores: HashMap<String, Permits>,
     reentrant: HashMap<String, ReentrantEntry>,
     rw: HashMap<String, RwEntry>,
+    fair: HashMap<String, FairQueue>,
     /// Sweep expired entries when the map grows past this.
     sweep_at: usize,
 }
@@ -69,6 +70,41 @@ struct Held {
 struct Permits {
     count: Option<u32>,
     holders: HashMap<Token, (u32, Instant)>,
+}
+
+/// One fair lock's queue (its holder is an ordinary lock entry).
+#[derive(Default)]
+struct FairQueue {
+    order: std::collections::BTreeMap<u64, Token>,
+    places: HashMap<Token, (u64, Instant)>,
+    next: u64,
+}
+
+impl FairQueue {
+    fn purge(&mut self, now: Instant) {
+        let order = &mut self.order;
+        self.places.retain(|_, (seq, claim)| {
+            let live = *claim > now;
+            if !live {
+                order.remove(seq);
+            }
+            live
+        });
+    }
+
+    fn head(&self) -> Option<&Token> {
+        self.order.values().next()
+    }
+
+    fn remove(&mut self, token: &Token) -> bool {
+        match self.places.remove(token) {
+            Some((seq, _)) => {
+                self.order.remove(&seq);
+                true
+            }
+            None => false,
+        }
+    }
 }
 
 /// One read-write lock: the writer, the readers and the waiting writers, each with an
@@ -672,6 +708,128 @@ impl RawRwLock for Memory {
 
     async fn force_unlock_rw(&self, keys: &LockKeys) -> Result<bool> {
         Ok(self.force_delete(keys.lock()))
+    }
+}
+
+impl State {
+    /// Wakes the head of a fair lock's queue, on its own channel.
+    fn wake_head(&mut self, keys: &LockKeys, now: Instant) {
+        let head = self.fair.get_mut(keys.lock()).and_then(|q| {
+            q.purge(now);
+            q.head().cloned()
+        });
+        if let Some(head) = head {
+            self.notify_one(keys.side(head.as_str()).channel());
+        }
+    }
+}
+
+impl RawFair for Memory {
+    async fn acquire_fair(
+        &self,
+        keys: &LockKeys,
+        token: &Token,
+        ttl: Duration,
+        grace: Duration,
+    ) -> Result<Acquire> {
+        let now = Instant::now();
+        let mut state = self.state();
+        let key = keys.lock();
+        let holder = state
+            .live(key, now)
+            .map(|h| (h.token == *token, h.expires - now));
+        if let Some((true, _)) = holder {
+            // A repeated request: the same grant, renewed.
+            if let Some(h) = state.live(key, now) {
+                h.expires = now + ttl;
+            }
+            let fence = state.fences.get(key).copied().unwrap_or(0);
+            return Ok(Acquire::Acquired { fence });
+        }
+        let queue = state.fair.entry(key.to_owned()).or_default();
+        queue.purge(now);
+        if !queue.places.contains_key(token) {
+            let seq = queue.next;
+            queue.next += 1;
+            queue.order.insert(seq, token.clone());
+            queue.places.insert(token.clone(), (seq, now));
+        }
+        let head_claim = queue
+            .head()
+            .and_then(|h| queue.places.get(h))
+            .map(|(_, claim)| *claim);
+        let at_head = queue.head() == Some(token);
+        let wait = match holder {
+            Some((_, remaining)) => remaining,
+            None if at_head => {
+                queue.remove(token);
+                state.locks.insert(
+                    key.to_owned(),
+                    Held {
+                        token: token.clone(),
+                        expires: now + ttl,
+                    },
+                );
+                let fence = state.fences.entry(key.to_owned()).or_insert(0);
+                *fence += 1;
+                return Ok(Acquire::Acquired { fence: *fence });
+            }
+            None => head_claim.map_or(Duration::ZERO, |c| c.saturating_duration_since(now)),
+        };
+        if let Some(place) = queue.places.get_mut(token) {
+            place.1 = now + wait + grace;
+        }
+        Ok(Acquire::Held {
+            remaining: Some(wait),
+        })
+    }
+
+    async fn release_fair(&self, keys: &LockKeys, token: &Token) -> Result<bool> {
+        let now = Instant::now();
+        let mut state = self.state();
+        let ours = state
+            .live(keys.lock(), now)
+            .is_some_and(|h| h.token == *token);
+        if ours {
+            state.locks.remove(keys.lock());
+            state.wake_head(keys, now);
+        }
+        Ok(ours)
+    }
+
+    async fn abandon_fair(&self, keys: &LockKeys, token: &Token) -> Result<()> {
+        let now = Instant::now();
+        let mut state = self.state();
+        let was_head = state.fair.get_mut(keys.lock()).is_some_and(|q| {
+            let head = q.head() == Some(token);
+            q.remove(token) && head
+        });
+        if was_head && state.live(keys.lock(), now).is_none() {
+            state.wake_head(keys, now);
+        }
+        Ok(())
+    }
+
+    async fn inspect_fair(&self, keys: &LockKeys) -> Result<LockState> {
+        let now = Instant::now();
+        let base = self.inspect(keys).await?;
+        let mut state = self.state();
+        let queued = state.fair.get_mut(keys.lock()).map_or(0, |q| {
+            q.purge(now);
+            q.order.len()
+        });
+        Ok(base.with_queued(u32::try_from(queued).unwrap_or(u32::MAX)))
+    }
+
+    async fn force_unlock_fair(&self, keys: &LockKeys) -> Result<bool> {
+        let now = Instant::now();
+        let mut state = self.state();
+        let live = state
+            .locks
+            .remove(keys.lock())
+            .is_some_and(|h| h.expires > now);
+        state.wake_head(keys, now);
+        Ok(live)
     }
 }
 

@@ -17,6 +17,7 @@
 //! (replication is asynchronous); see the crate docs' safety section.
 
 mod pubsub;
+mod fair;
 mod reentrant;
 mod rwlock;
 
@@ -75,6 +76,8 @@ struct Inner {
     rw_extend: Script,
     rw_downgrade: Script,
     rw_abandon: Script,
+    fair_acquire: Script,
+    fair_release: Script,
     leases: Leases,
     pubsub: PubSub,
     addr: String,
@@ -181,6 +184,8 @@ impl RedisBuilder {
                 rw_extend: Script::new(include_str!("lua/rw_extend.lua")),
                 rw_downgrade: Script::new(include_str!("lua/rw_downgrade.lua")),
                 rw_abandon: Script::new(include_str!("lua/rw_abandon.lua")),
+                fair_acquire: Script::new(include_str!("lua/fair_acquire.lua")),
+                fair_release: Script::new(include_str!("lua/fair_release.lua")),
                 leases: Leases::new(),
                 pubsub: PubSub::new(&client, self.connect_timeout, self.response_timeout),
                 addr,
@@ -238,6 +243,8 @@ impl Redis {
             &i.rw_extend,
             &i.rw_downgrade,
             &i.rw_abandon,
+            &i.fair_acquire,
+            &i.fair_release,
         ] {
             script
                 .prepare_invoke()

@@ -1,0 +1,97 @@
+//! Fair locks on Redis: the holder at the lock key, the queue in a sorted set by arrival
+//! (server time), each waiter's claim expiry in another, all under the lock's hash tag.
+
+use std::time::Duration;
+
+use super::{Redis, map_err, ttl_ms};
+use crate::error::{Error, ErrorKind, Result};
+use crate::keys::LockKeys;
+use crate::raw::{Acquire, LockState, RawFair, RawInspect};
+use crate::token::Token;
+
+fn queue(keys: &LockKeys) -> String {
+    keys.companion("queue")
+}
+
+fn claims(keys: &LockKeys) -> String {
+    keys.companion("claims")
+}
+
+impl Redis {
+    async fn fair_release(&self, keys: &LockKeys, token: &str, mode: &str) -> Result<bool> {
+        let done: i64 = self
+            .inner
+            .fair_release
+            .key(keys.lock())
+            .key(queue(keys))
+            .key(claims(keys))
+            .arg(token)
+            .arg(keys.channel())
+            .arg(mode)
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(|e| map_err(e, "releasing a fair lock"))?;
+        Ok(done == 1)
+    }
+}
+
+impl RawFair for Redis {
+    async fn acquire_fair(
+        &self,
+        keys: &LockKeys,
+        token: &Token,
+        ttl: Duration,
+        grace: Duration,
+    ) -> Result<Acquire> {
+        let reply: Vec<i64> = self
+            .inner
+            .fair_acquire
+            .key(keys.lock())
+            .key(queue(keys))
+            .key(claims(keys))
+            .key(keys.fence())
+            .arg(token.as_str())
+            .arg(ttl_ms(ttl))
+            .arg(ttl_ms(grace))
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(|e| map_err(e, "acquiring a fair lock"))?;
+        match reply.as_slice() {
+            [1, fence] if *fence >= 0 => Ok(Acquire::Acquired {
+                fence: u64::try_from(*fence).unwrap_or(0),
+            }),
+            [0, wait] => Ok(Acquire::Held {
+                remaining: u64::try_from(*wait).ok().map(Duration::from_millis),
+            }),
+            other => Err(Error::new(
+                ErrorKind::Backend,
+                format!("unexpected reply from the fair acquire script: {other:?}"),
+            )),
+        }
+    }
+
+    async fn release_fair(&self, keys: &LockKeys, token: &Token) -> Result<bool> {
+        self.fair_release(keys, token.as_str(), "own").await
+    }
+
+    async fn abandon_fair(&self, keys: &LockKeys, token: &Token) -> Result<()> {
+        self.fair_release(keys, token.as_str(), "leave")
+            .await
+            .map(|_| ())
+    }
+
+    async fn inspect_fair(&self, keys: &LockKeys) -> Result<LockState> {
+        let base = self.inspect(keys).await?;
+        // Waiters whose place lapsed but was not purged yet are counted too.
+        let queued: i64 = redis::cmd("ZCARD")
+            .arg(queue(keys))
+            .query_async(&mut self.conn())
+            .await
+            .map_err(|e| map_err(e, "inspecting a fair lock"))?;
+        Ok(base.with_queued(u32::try_from(queued).unwrap_or(0)))
+    }
+
+    async fn force_unlock_fair(&self, keys: &LockKeys) -> Result<bool> {
+        self.fair_release(keys, "", "force").await
+    }
+}
