@@ -6,7 +6,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use dlock::raw::{RawFair, RawReentrant, RawRwLock};
-use dlock::{ErrorKind, FairLock, Owner, ReentrantLock, RwLock, Token};
+use dlock::raw::RawSemaphore;
+use dlock::{ErrorKind, FairLock, Lock, MultiLock, Owner, ReentrantLock, RwLock, Semaphore, Token};
 use tokio::time::{Instant, sleep, timeout};
 
 use crate::conformance::{Target, unique};
@@ -480,4 +481,125 @@ where
     assert!(holder.force_unlock().await.expect("store"));
     timeout(ttl * 2, lost).await.expect("lost() fires");
     assert!(!holder.is_locked().await.expect("store"));
+}
+
+/// A multi-lock takes every member or none: with one member held elsewhere, nothing is
+/// left held; members may be different primitives on different backends.
+pub async fn multi_lock_is_all_or_nothing<T: Target>(target: &T)
+where
+    T::Backend: RawSemaphore + dlock::raw::RawInspect,
+{
+    let name = unique("multi");
+    let client = target.client().await;
+    let short = |n: String| {
+        Lock::builder(client.clone(), n)
+            .ttl(Duration::from_secs(2))
+            .build()
+            .expect("valid")
+    };
+    let a = short(format!("{name}-a"));
+    let b = short(format!("{name}-b"));
+    let sem = Semaphore::new(client.clone(), format!("{name}-sem"), 1).expect("valid");
+    let local = Lock::new(dlock::backend::Memory::new(), format!("{name}-local")).expect("valid");
+    let multi = MultiLock::new()
+        .with(b.clone())
+        .with(local.clone())
+        .with(a.clone())
+        .with(sem.permit_lock().clone())
+        .build()
+        .expect("valid");
+    assert_eq!(multi.len(), 4);
+
+    let elsewhere = Lock::new(target.client().await, format!("{name}-b")).expect("valid");
+    let held_b = elsewhere.try_lock().await.expect("store").expect("free");
+    assert!(multi.try_lock().await.expect("store").is_none());
+    assert!(
+        multi
+            .try_lock_for(Duration::from_millis(200))
+            .await
+            .expect("store")
+            .is_none()
+    );
+    // Nothing was left held by the failed attempts.
+    assert!(!a.is_locked().await.expect("store"), "a partial acquisition kept a member");
+    assert!(local.try_lock().await.expect("store").is_some());
+    assert_eq!(sem.available_permits().await.expect("store"), 1);
+
+    let waiting = tokio::spawn(async move { multi.lock().await.map(|g| (g, multi)) });
+    sleep(Duration::from_millis(100)).await;
+    held_b.release().await.expect("release");
+    let (all, _multi) = timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("a waiting multi-lock gets every member once the last is released")
+        .expect("task")
+        .expect("lock");
+    assert!(a.try_lock().await.expect("store").is_none());
+    assert_eq!(sem.available_permits().await.expect("store"), 0);
+    assert!(!all.is_lost());
+    let lost = all.lost();
+    target.delete_key(a.keys().lock()).await;
+    timeout(Duration::from_secs(15), lost)
+        .await
+        .expect("lost() fires when any member is lost");
+    let err = all.release().await.expect_err("a member was deleted");
+    assert_eq!(err.kind(), ErrorKind::LockLost);
+    // The other members were released all the same.
+    assert!(b.try_lock().await.expect("store").is_some());
+    assert_eq!(sem.available_permits().await.expect("store"), 1);
+    assert_eq!(
+        MultiLock::new()
+            .with(a.clone())
+            .with(a.clone())
+            .build()
+            .map(|_| ())
+            .map_err(|e| e.kind()),
+        Err(ErrorKind::InvalidArgument)
+    );
+    assert_eq!(
+        MultiLock::new().build().map(|_| ()).map_err(|e| e.kind()),
+        Err(ErrorKind::InvalidArgument)
+    );
+}
+
+/// Two multi-locks over the same members, listed in opposite orders, in a loop: the
+/// global order means they never deadlock.
+pub async fn multi_locks_on_overlapping_sets_do_not_deadlock<T: Target>(target: &T) {
+    let name = unique("multi-dl");
+    let mut tasks = Vec::new();
+    let inside = Arc::new(Inside::default());
+    for reverse in [false, true, false, true] {
+        let client = target.client().await;
+        let mut names = vec![format!("{name}-x"), format!("{name}-y"), format!("{name}-z")];
+        if reverse {
+            names.reverse();
+        }
+        let mut builder = MultiLock::new();
+        for n in names {
+            builder = builder.with(
+                Lock::builder(client.clone(), n)
+                    .ttl(Duration::from_secs(10))
+                    .build()
+                    .expect("valid"),
+            );
+        }
+        let multi = builder.build().expect("valid");
+        let inside = Arc::clone(&inside);
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..8 {
+                let g = multi.lock().await.expect("lock");
+                inside.enter();
+                sleep(Duration::from_millis(2)).await;
+                inside.leave();
+                g.release().await.expect("release");
+            }
+        }));
+    }
+    for t in tasks {
+        timeout(Duration::from_secs(30), t)
+            .await
+            .expect("multi-locks deadlocked")
+            .expect("task");
+    }
+    assert_eq!(inside.most(), 1);
+    assert_eq!(inside.entries.load(Ordering::SeqCst), 32);
 }

@@ -53,6 +53,10 @@ impl<B: RawFair> RawLock for Queued<B> {
         self.backend.abandon_fair(keys, token).await
     }
 
+    fn store_id(&self) -> String {
+        self.backend.store_id()
+    }
+
     fn leases(&self) -> &Leases {
         &self.leases
     }

@@ -71,6 +71,7 @@ mod error;
 mod fair;
 pub mod keys;
 mod lock;
+mod multi;
 pub mod raw;
 mod reentrant;
 mod rwlock;
@@ -87,6 +88,7 @@ struct ReadmeDoctests;
 pub use error::{Error, ErrorKind, Result};
 pub use fair::{DEFAULT_FAIR_PREFIX, DEFAULT_WAITER_GRACE, FairGuard, FairLock, FairLockBuilder, Queued};
 pub use lock::{DEFAULT_TTL, Lock, LockBuilder, LockGuard, MAX_TTL, MIN_TTL, Retry};
+pub use multi::{BoxFuture, Held, Lockable, MultiGuard, MultiLock, MultiLockBuilder};
 pub use reentrant::{
     DEFAULT_MAX_HOLDS, DEFAULT_REENTRANT_PREFIX, Holds, MAX_OWNER_LEN, Owner, ReentrantGuard,
     ReentrantLock, ReentrantLockBuilder,

@@ -149,6 +149,12 @@ pub trait RawLock: Clone + Send + Sync + 'static {
         false
     }
 
+    /// Names the store (not the client): clients of one store should return the same
+    /// string. [`MultiLock`](crate::MultiLock) orders locks by key, then by this.
+    fn store_id(&self) -> String {
+        String::new()
+    }
+
     /// The client's lease registry: one watchdog task renews every lease of this client.
     /// Clones of a backend value must return the same registry.
     fn leases(&self) -> &Leases;

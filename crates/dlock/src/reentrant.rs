@@ -132,6 +132,10 @@ impl<B: RawReentrant> RawLock for Holds<B> {
         self.backend.watch(keys).await
     }
 
+    fn store_id(&self) -> String {
+        self.backend.store_id()
+    }
+
     fn leases(&self) -> &Leases {
         &self.leases
     }

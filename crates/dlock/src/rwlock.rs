@@ -60,6 +60,10 @@ impl<B: RawRwLock, const WRITE: bool> RawLock for RwSide<B, WRITE> {
         !WRITE
     }
 
+    fn store_id(&self) -> String {
+        self.backend.store_id()
+    }
+
     fn leases(&self) -> &Leases {
         &self.leases
     }

@@ -45,6 +45,10 @@ impl<B: RawSemaphore> RawLock for Permits<B> {
         self.backend.watch(keys).await
     }
 
+    fn store_id(&self) -> String {
+        self.backend.store_id()
+    }
+
     fn leases(&self) -> &Leases {
         &self.leases
     }

@@ -59,6 +59,8 @@ macro_rules! all_conformance_tests {
             rwlock_downgrade_expiry_and_cancel,
             fair_lock_grants_in_arrival_order,
             fair_lock_cancelled_and_crashed_waiters,
+            multi_lock_is_all_or_nothing,
+            multi_locks_on_overlapping_sets_do_not_deadlock,
         );
     };
 }

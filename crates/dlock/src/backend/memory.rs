@@ -303,6 +303,10 @@ impl RawLock for Memory {
         Ok(ReleaseWatch::new(notify, None))
     }
 
+    fn store_id(&self) -> String {
+        format!("memory:{:p}", Arc::as_ptr(&self.state))
+    }
+
     fn leases(&self) -> &Leases {
         &self.leases
     }

@@ -9,11 +9,11 @@ use crate::keys::LockKeys;
 use crate::raw::{Acquire, LockState, RawFair, RawInspect};
 use crate::token::Token;
 
-fn queue(keys: &LockKeys) -> String {
+pub(super) fn queue(keys: &LockKeys) -> String {
     keys.companion("queue")
 }
 
-fn claims(keys: &LockKeys) -> String {
+pub(super) fn claims(keys: &LockKeys) -> String {
     keys.companion("claims")
 }
 

@@ -454,6 +454,10 @@ impl RawLock for Redis {
         self.inner.pubsub.watch(keys.channel()).await
     }
 
+    fn store_id(&self) -> String {
+        format!("redis:{}", self.inner.addr)
+    }
+
     fn leases(&self) -> &Leases {
         &self.inner.leases
     }
@@ -633,5 +637,48 @@ impl RawSemaphore for Redis {
             .await
             .map_err(|e| map_err(e, "setting permits"))?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::keys::{LockKeys, cluster_slot};
+
+    /// Every key one primitive's scripts touch, as the backend names them.
+    fn keys_of(primitive: &str, keys: &LockKeys) -> Vec<String> {
+        let mut all = vec![keys.lock().to_owned(), keys.fence().to_owned()];
+        match primitive {
+            "semaphore" => all.extend([keys.companion("holders"), keys.companion("permits")]),
+            "rwlock" => all.extend([super::rwlock::readers(keys), super::rwlock::writers(keys)]),
+            "fair" => all.extend([super::fair::queue(keys), super::fair::claims(keys)]),
+            _ => {}
+        }
+        all
+    }
+
+    #[test]
+    fn every_primitive_keeps_its_keys_in_one_cluster_slot() {
+        for (primitive, prefix) in [
+            ("lock", crate::keys::DEFAULT_PREFIX),
+            ("semaphore", crate::DEFAULT_SEMAPHORE_PREFIX),
+            ("reentrant", crate::DEFAULT_REENTRANT_PREFIX),
+            ("rwlock", crate::DEFAULT_RWLOCK_PREFIX),
+            ("fair", crate::DEFAULT_FAIR_PREFIX),
+        ] {
+            for name in ["orders", "{tenant-7}:orders", "a:b:c", "x{y", "\u{e9}t\u{e9}"] {
+                let keys = LockKeys::new(prefix, name).expect("valid");
+                let all = keys_of(primitive, &keys);
+                let slot = cluster_slot(all[0].as_bytes());
+                for key in &all {
+                    assert_eq!(
+                        cluster_slot(key.as_bytes()),
+                        slot,
+                        "{primitive} {name:?}: {key} is not in the slot of {}",
+                        all[0]
+                    );
+                }
+                assert_eq!(all.len(), all.iter().collect::<std::collections::HashSet<_>>().len());
+            }
+        }
     }
 }

@@ -9,11 +9,11 @@ use crate::keys::LockKeys;
 use crate::raw::{Acquire, LockState, RawRwLock};
 use crate::token::Token;
 
-fn readers(keys: &LockKeys) -> String {
+pub(super) fn readers(keys: &LockKeys) -> String {
     keys.companion("readers")
 }
 
-fn writers(keys: &LockKeys) -> String {
+pub(super) fn writers(keys: &LockKeys) -> String {
     keys.companion("writers")
 }
 
