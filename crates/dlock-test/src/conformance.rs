@@ -887,7 +887,10 @@ pub async fn semaphore_many_permits_and_counts<T: Target>(target: &T)
 where
     T::Backend: RawSemaphore,
 {
-    let sem = Semaphore::new(target.client().await, unique("sem-many"), 5).expect("valid");
+    let sem = Semaphore::builder(target.client().await, unique("sem-many"), 5)
+        .ttl(Duration::from_secs(3))
+        .build()
+        .expect("valid");
     let three = sem.acquire_many(3).await.expect("acquire 3");
     assert_eq!(sem.available_permits().await.expect("store"), 2);
     assert!(
@@ -912,7 +915,22 @@ where
     );
     sem.set_permits(6).await.expect("operator");
     assert_eq!(sem.available_permits().await.expect("store"), 4);
-    two.release().await.expect("release");
+    let state = sem.state().await.expect("store");
+    assert_eq!((state.hold_count, state.holders), (Some(2), Some(1)));
+    assert!(state.remaining.is_some_and(|r| r > Duration::ZERO));
+    assert!(sem.is_locked().await.expect("store"));
+    let lost = two.lost();
+    assert!(sem.force_unlock().await.expect("operator"));
+    assert!(!sem.is_locked().await.expect("store"));
+    assert_eq!(sem.available_permits().await.expect("store"), 6);
+    timeout(Duration::from_secs(15), lost)
+        .await
+        .expect("a force-unlocked holder's lost() fires");
+    assert_eq!(
+        two.release().await.expect_err("taken back").kind(),
+        ErrorKind::LockLost
+    );
+    assert!(!sem.force_unlock().await.expect("operator"), "nothing held");
 }
 
 /// A waiter for a permit wakes on a release, not at the holder's ttl; a permit whose

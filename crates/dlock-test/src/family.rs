@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use dlock::raw::{RawFair, RawReentrant, RawRwLock};
 use dlock::raw::RawSemaphore;
+use dlock::raw::{RawFair, RawReentrant, RawRwLock};
 use dlock::{ErrorKind, FairLock, Lock, MultiLock, Owner, ReentrantLock, RwLock, Semaphore, Token};
 use tokio::time::{Instant, sleep, timeout};
 
@@ -112,7 +112,9 @@ where
     assert!(state.remaining.is_some_and(|r| r > Duration::ZERO));
 
     assert!(lock.try_lock(&other).await.expect("store").is_none());
-    b.release().await.expect("release b (not the last, out of order)");
+    b.release()
+        .await
+        .expect("release b (not the last, out of order)");
     a.release().await.expect("release a");
     assert_eq!(lock.hold_count(&me).await.expect("store"), 1);
     assert!(
@@ -195,11 +197,9 @@ where
 
 /// `Owner::current_task()` is one value per task, the same wherever the task runs.
 pub async fn owners_follow_tasks_not_threads<T: Target>(_target: &T) {
-    let (here, again) = tokio::spawn(async {
-        (Owner::current_task(), Owner::current_task())
-    })
-    .await
-    .expect("task");
+    let (here, again) = tokio::spawn(async { (Owner::current_task(), Owner::current_task()) })
+        .await
+        .expect("task");
     let here = here.expect("in a task");
     assert_eq!(here, again.expect("in a task"));
     let there = tokio::spawn(async {
@@ -249,17 +249,33 @@ where
                 if (w + i) % 4 == 0 {
                     let g = rw.write().await.expect("write");
                     writers.enter();
-                    assert_eq!(readers.now.load(Ordering::SeqCst), 0, "a reader with a writer");
+                    assert_eq!(
+                        readers.now.load(Ordering::SeqCst),
+                        0,
+                        "a reader with a writer"
+                    );
                     sleep(Duration::from_millis(3)).await;
-                    assert_eq!(readers.now.load(Ordering::SeqCst), 0, "a reader with a writer");
+                    assert_eq!(
+                        readers.now.load(Ordering::SeqCst),
+                        0,
+                        "a reader with a writer"
+                    );
                     writers.leave();
                     g.release().await.expect("release");
                 } else {
                     let g = rw.read().await.expect("read");
                     readers.enter();
-                    assert_eq!(writers.now.load(Ordering::SeqCst), 0, "a writer with a reader");
+                    assert_eq!(
+                        writers.now.load(Ordering::SeqCst),
+                        0,
+                        "a writer with a reader"
+                    );
                     sleep(Duration::from_millis(15)).await;
-                    assert_eq!(writers.now.load(Ordering::SeqCst), 0, "a writer with a reader");
+                    assert_eq!(
+                        writers.now.load(Ordering::SeqCst),
+                        0,
+                        "a writer with a reader"
+                    );
                     readers.leave();
                     g.release().await.expect("release");
                 }
@@ -313,7 +329,7 @@ where
         .expect("the writer starved behind a stream of readers")
         .expect("write");
     let waited = started.elapsed();
-    assert_eq!(rw.state().await.expect("store").readers, Some(0));
+    assert_eq!(rw.state().await.expect("store").holders, Some(0));
     w.release().await.expect("release");
     sleep(Duration::from_millis(300)).await;
     stop.store(true, Ordering::SeqCst);
@@ -321,7 +337,10 @@ where
     for t in stream {
         reads += t.await.expect("reader");
     }
-    assert!(reads > 8, "the reader stream stalled after the writer: {reads} reads");
+    assert!(
+        reads > 8,
+        "the reader stream stalled after the writer: {reads} reads"
+    );
     assert!(waited < Duration::from_secs(5));
 }
 
@@ -347,9 +366,16 @@ where
     assert_eq!(state.holder.as_deref(), Some(w.token().as_str()));
     assert_eq!(state.last_fence, Some(fence.get()));
     let r = rw.downgrade(w).await.expect("downgrade");
-    assert!(other.try_write().await.expect("store").is_none(), "a writer after a downgrade");
-    let joined = other.try_read().await.expect("store").expect("a reader joins");
-    assert_eq!(rw.state().await.expect("store").readers, Some(2));
+    assert!(
+        other.try_write().await.expect("store").is_none(),
+        "a writer after a downgrade"
+    );
+    let joined = other
+        .try_read()
+        .await
+        .expect("store")
+        .expect("a reader joins");
+    assert_eq!(rw.state().await.expect("store").holders, Some(2));
     joined.release().await.expect("release");
 
     // A crashed reader (no renewal, no release) blocks a writer for at most its ttl.
@@ -369,12 +395,19 @@ where
     sleep(Duration::from_millis(100)).await; // the withdrawal runs in the background
     assert_eq!(rw.state().await.expect("store").queued, Some(0));
     w2.release().await.expect("release");
-    let r = rw.try_read().await.expect("store").expect("no claim holds readers back");
+    let r = rw
+        .try_read()
+        .await
+        .expect("store")
+        .expect("no claim holds readers back");
 
     // Deleted behind its back: lost() fires.
     assert!(rw.force_unlock().await.expect("store"));
     timeout(ttl, r.lost()).await.expect("lost() fires");
-    assert_eq!(r.release().await.expect_err("deleted").kind(), ErrorKind::LockLost);
+    assert_eq!(
+        r.release().await.expect_err("deleted").kind(),
+        ErrorKind::LockLost
+    );
     assert!(!rw.is_locked().await.expect("store"));
 }
 
@@ -449,7 +482,11 @@ where
 
     // A cancelled waiter leaves no place behind.
     let waiter = make(target.client().await);
-    assert!(timeout(Duration::from_millis(150), waiter.lock()).await.is_err());
+    assert!(
+        timeout(Duration::from_millis(150), waiter.lock())
+            .await
+            .is_err()
+    );
     sleep(Duration::from_millis(100)).await;
     assert_eq!(holder.state().await.expect("store").queued, Some(0));
 
@@ -521,7 +558,10 @@ where
             .is_none()
     );
     // Nothing was left held by the failed attempts.
-    assert!(!a.is_locked().await.expect("store"), "a partial acquisition kept a member");
+    assert!(
+        !a.is_locked().await.expect("store"),
+        "a partial acquisition kept a member"
+    );
     assert!(local.try_lock().await.expect("store").is_some());
     assert_eq!(sem.available_permits().await.expect("store"), 1);
 
@@ -569,7 +609,11 @@ pub async fn multi_locks_on_overlapping_sets_do_not_deadlock<T: Target>(target: 
     let inside = Arc::new(Inside::default());
     for reverse in [false, true, false, true] {
         let client = target.client().await;
-        let mut names = vec![format!("{name}-x"), format!("{name}-y"), format!("{name}-z")];
+        let mut names = vec![
+            format!("{name}-x"),
+            format!("{name}-y"),
+            format!("{name}-z"),
+        ];
         if reverse {
             names.reverse();
         }

@@ -28,7 +28,9 @@ impl<B: RawFair> RawLock for Queued<B> {
     const QUEUES_WAITERS: bool = true;
 
     async fn acquire(&self, keys: &LockKeys, token: &Token, ttl: Duration) -> Result<Acquire> {
-        self.backend.acquire_fair(keys, token, ttl, self.grace).await
+        self.backend
+            .acquire_fair(keys, token, ttl, self.grace)
+            .await
     }
 
     async fn release(&self, keys: &LockKeys, token: &Token) -> Result<bool> {
@@ -144,7 +146,9 @@ impl<B: RawFair> FairLockBuilder<B> {
     /// `InvalidArgument` for a bad name, prefix or ttl, or a grace outside 10 ms to 60 s.
     pub fn build(self) -> Result<FairLock<B>> {
         if self.grace < Duration::from_millis(10) || self.grace > Duration::from_secs(60) {
-            return Err(Error::invalid("waiter grace must be between 10 ms and 60 s"));
+            return Err(Error::invalid(
+                "waiter grace must be between 10 ms and 60 s",
+            ));
         }
         let queued = Queued {
             backend: self.backend,
@@ -251,6 +255,10 @@ impl<B: RawFair> FairLock<B> {
     /// # Errors
     /// Store failures.
     pub async fn force_unlock(&self) -> Result<bool> {
-        self.lock.backend().backend.force_unlock_fair(self.keys()).await
+        self.lock
+            .backend()
+            .backend
+            .force_unlock_fair(self.keys())
+            .await
     }
 }

@@ -86,7 +86,9 @@ pub mod watchdog;
 struct ReadmeDoctests;
 
 pub use error::{Error, ErrorKind, Result};
-pub use fair::{DEFAULT_FAIR_PREFIX, DEFAULT_WAITER_GRACE, FairGuard, FairLock, FairLockBuilder, Queued};
+pub use fair::{
+    DEFAULT_FAIR_PREFIX, DEFAULT_WAITER_GRACE, FairGuard, FairLock, FairLockBuilder, Queued,
+};
 pub use lock::{DEFAULT_TTL, Lock, LockBuilder, LockGuard, MAX_TTL, MIN_TTL, Retry};
 pub use multi::{BoxFuture, Held, Lockable, MultiGuard, MultiLock, MultiLockBuilder};
 pub use reentrant::{

@@ -528,7 +528,10 @@ impl<B: RawLock> Drop for Waiting<'_, B> {
                 tokio::time::timeout(DROP_RELEASE_TIMEOUT, abandon).await,
                 Ok(Ok(()))
             ) {
-                tracing::debug!(lock = keys.name(), "withdrawing a waiter failed; its entry times out");
+                tracing::debug!(
+                    lock = keys.name(),
+                    "withdrawing a waiter failed; its entry times out"
+                );
             }
         });
     }
@@ -819,7 +822,9 @@ impl<B: RawLock> LockGuard<B> {
                 // was lost) released it. Only an operator's force-unlock or data loss in
                 // the store could have removed it instead.
                 Ok(false) if tries > 0 && !lapsed && !self.is_lost() => break Ok(true),
-                Err(err) if err.is_retryable() && tries < UNKNOWN_OUTCOME_RETRIES && !self.is_lost() => {
+                Err(err)
+                    if err.is_retryable() && tries < UNKNOWN_OUTCOME_RETRIES && !self.is_lost() =>
+                {
                     tries += 1;
                     tracing::debug!(lock = self.name(), error = %err, "release outcome unknown; repeating it");
                     tokio::time::sleep(RETRY_PAUSE * tries).await;

@@ -22,7 +22,10 @@ pub trait Lockable: Send + Sync {
     fn order_key(&self) -> (String, String);
 
     /// Tries to take it until `deadline` (`None`: wait as long as it takes).
-    fn acquire_until(&self, deadline: Option<Instant>) -> BoxFuture<'_, Result<Option<Box<dyn Held>>>>;
+    fn acquire_until(
+        &self,
+        deadline: Option<Instant>,
+    ) -> BoxFuture<'_, Result<Option<Box<dyn Held>>>>;
 }
 
 /// One taken member of a [`MultiGuard`].
@@ -42,7 +45,10 @@ impl<B: RawLock> Lockable for Lock<B> {
         (self.keys().lock().to_owned(), self.backend().store_id())
     }
 
-    fn acquire_until(&self, deadline: Option<Instant>) -> BoxFuture<'_, Result<Option<Box<dyn Held>>>> {
+    fn acquire_until(
+        &self,
+        deadline: Option<Instant>,
+    ) -> BoxFuture<'_, Result<Option<Box<dyn Held>>>> {
         Box::pin(async move {
             let guard = match deadline {
                 Some(d) => self.try_lock_until(d).await?,
@@ -116,7 +122,11 @@ impl std::fmt::Debug for MultiLock {
         f.debug_struct("MultiLock")
             .field(
                 "members",
-                &self.members.iter().map(|m| m.order_key().0).collect::<Vec<_>>(),
+                &self
+                    .members
+                    .iter()
+                    .map(|m| m.order_key().0)
+                    .collect::<Vec<_>>(),
             )
             .finish()
     }
@@ -225,7 +235,8 @@ impl MultiLock {
     /// # Cancel safety
     /// As [`lock`](MultiLock::lock).
     pub async fn try_lock_for(&self, timeout: Duration) -> Result<Option<MultiGuard>> {
-        self.acquire_until(Instant::now().checked_add(timeout)).await
+        self.acquire_until(Instant::now().checked_add(timeout))
+            .await
     }
 
     async fn acquire_until(&self, deadline: Option<Instant>) -> Result<Option<MultiGuard>> {
@@ -258,7 +269,10 @@ pub struct MultiGuard {
 impl std::fmt::Debug for MultiGuard {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MultiGuard")
-            .field("members", &self.held.iter().map(|h| h.name()).collect::<Vec<_>>())
+            .field(
+                "members",
+                &self.held.iter().map(|h| h.name()).collect::<Vec<_>>(),
+            )
             .field("lost", &self.is_lost())
             .finish()
     }

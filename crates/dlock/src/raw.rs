@@ -221,6 +221,13 @@ pub trait RawSemaphore: RawLock {
     /// Sets the permit count (for operators).
     fn set_permits(&self, keys: &LockKeys, permits: u32)
     -> impl Future<Output = Result<()>> + Send;
+
+    /// Permits in use, live holders and the latest lease's remaining ttl.
+    fn inspect_permits(&self, keys: &LockKeys) -> impl Future<Output = Result<LockState>> + Send;
+
+    /// Takes every permit back from every holder and wakes waiters (for operators).
+    /// Returns whether any live permit was held.
+    fn force_unlock_permits(&self, keys: &LockKeys) -> impl Future<Output = Result<bool>> + Send;
 }
 
 /// A lock that its holder may take again: a hold count per owner.
@@ -302,8 +309,11 @@ pub trait RawRwLock: RawLock {
 
     /// Releases the writer's or a reader's hold under `token` (announcing it when a writer
     /// may now come in). Returns whether it was live.
-    fn release_rw(&self, keys: &LockKeys, token: &Token)
-    -> impl Future<Output = Result<bool>> + Send;
+    fn release_rw(
+        &self,
+        keys: &LockKeys,
+        token: &Token,
+    ) -> impl Future<Output = Result<bool>> + Send;
 
     /// Renews the writer's or a reader's lease under `token`. Returns whether it was live.
     fn extend_rw(
@@ -324,7 +334,8 @@ pub trait RawRwLock: RawLock {
     ) -> impl Future<Output = Result<bool>> + Send;
 
     /// Withdraws the waiting-writer entry of `token`.
-    fn abandon_rw(&self, keys: &LockKeys, token: &Token) -> impl Future<Output = Result<()>> + Send;
+    fn abandon_rw(&self, keys: &LockKeys, token: &Token)
+    -> impl Future<Output = Result<()>> + Send;
 
     /// Writer token, live readers, waiting writers, remaining ttl, last fence.
     fn inspect_rw(&self, keys: &LockKeys) -> impl Future<Output = Result<LockState>> + Send;
@@ -363,8 +374,11 @@ pub trait RawFair: RawLock {
     ) -> impl Future<Output = Result<bool>> + Send;
 
     /// Takes `token` out of the queue (waking the next in line if it was at the head).
-    fn abandon_fair(&self, keys: &LockKeys, token: &Token)
-    -> impl Future<Output = Result<()>> + Send;
+    fn abandon_fair(
+        &self,
+        keys: &LockKeys,
+        token: &Token,
+    ) -> impl Future<Output = Result<()>> + Send;
 
     /// Holder, remaining ttl, last fence and the number of queued waiters.
     fn inspect_fair(&self, keys: &LockKeys) -> impl Future<Output = Result<LockState>> + Send;
@@ -386,10 +400,11 @@ pub struct LockState {
     pub last_fence: Option<u64>,
     /// How many clients listen for its release (waiting), where the store can tell.
     pub waiting_clients: Option<u64>,
-    /// A reentrant lock's hold count of its holder.
+    /// A reentrant lock's hold count of its holder; a semaphore's permits in use.
     pub hold_count: Option<u32>,
-    /// A read-write lock's live readers.
-    pub readers: Option<u32>,
+    /// How many holders share it now: a read-write lock's live readers, a semaphore's
+    /// live permit holders.
+    pub holders: Option<u32>,
     /// Waiters with a place in the store's queue (fair lock; writers of a read-write
     /// lock).
     pub queued: Option<u32>,
@@ -408,7 +423,7 @@ impl LockState {
             last_fence,
             waiting_clients: None,
             hold_count: None,
-            readers: None,
+            holders: None,
             queued: None,
         }
     }
@@ -420,10 +435,10 @@ impl LockState {
         self
     }
 
-    /// With a read-write lock's number of live readers.
+    /// With the number of holders sharing it (readers, permit holders).
     #[must_use]
-    pub fn with_readers(mut self, n: u32) -> Self {
-        self.readers = Some(n);
+    pub fn with_holders(mut self, n: u32) -> Self {
+        self.holders = Some(n);
         self
     }
 

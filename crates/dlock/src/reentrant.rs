@@ -302,7 +302,12 @@ impl<B: RawReentrant> ReentrantLock<B> {
             limit: self.options.limit,
             leases: self.leases.clone(),
         };
-        Lock::with_keys(holds, self.keys.clone(), self.options.ttl, self.options.watchdog)
+        Lock::with_keys(
+            holds,
+            self.keys.clone(),
+            self.options.ttl,
+            self.options.watchdog,
+        )
     }
 
     /// Waits until `owner` holds the lock (at once if it already does: one more hold).

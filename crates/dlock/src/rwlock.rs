@@ -163,7 +163,9 @@ impl<B: RawRwLock> RwLockBuilder<B> {
     /// `InvalidArgument` for a bad name, prefix or ttl, or a grace outside 10 ms to 60 s.
     pub fn build(self) -> Result<RwLock<B>> {
         if self.grace < Duration::from_millis(10) || self.grace > Duration::from_secs(60) {
-            return Err(Error::invalid("writer grace must be between 10 ms and 60 s"));
+            return Err(Error::invalid(
+                "writer grace must be between 10 ms and 60 s",
+            ));
         }
         let keys = LockKeys::new(&self.prefix, &self.name)?;
         let read = Lock::with_keys(
@@ -350,7 +352,7 @@ impl<B: RawRwLock> RwLock<B> {
     /// Store failures.
     pub async fn is_locked(&self) -> Result<bool> {
         let s = self.state().await?;
-        Ok(s.holder.is_some() || s.readers.unwrap_or(0) > 0)
+        Ok(s.holder.is_some() || s.holders.unwrap_or(0) > 0)
     }
 
     /// Deletes every hold and claim, whoever holds them. **Dangerous**, as
@@ -359,6 +361,10 @@ impl<B: RawRwLock> RwLock<B> {
     /// # Errors
     /// Store failures.
     pub async fn force_unlock(&self) -> Result<bool> {
-        self.read.backend().backend.force_unlock_rw(self.keys()).await
+        self.read
+            .backend()
+            .backend
+            .force_unlock_rw(self.keys())
+            .await
     }
 }

@@ -5,7 +5,7 @@ use std::time::Duration;
 use crate::error::{Error, Result};
 use crate::keys::LockKeys;
 use crate::lock::{Lock, LockGuard};
-use crate::raw::{Acquire, RawLock, RawSemaphore, ReleaseWatch};
+use crate::raw::{Acquire, LockState, RawLock, RawSemaphore, ReleaseWatch};
 use crate::token::Token;
 use crate::watchdog::Leases;
 
@@ -43,6 +43,11 @@ impl<B: RawSemaphore> RawLock for Permits<B> {
 
     async fn watch(&self, keys: &LockKeys) -> Result<ReleaseWatch> {
         self.backend.watch(keys).await
+    }
+
+    /// A woken waiter that got permits passes the wake-up on: more may be free.
+    fn shares_grants(&self) -> bool {
+        self.permits > 1
     }
 
     fn store_id(&self) -> String {
@@ -284,6 +289,41 @@ impl<B: RawSemaphore> Semaphore<B> {
             .backend()
             .backend
             .set_permits(self.keys(), permits)
+            .await
+    }
+
+    /// Permits in use (`hold_count`), live holders (`holders`) and the latest lease's
+    /// remaining ttl (`remaining`).
+    ///
+    /// # Errors
+    /// Store failures.
+    pub async fn state(&self) -> Result<LockState> {
+        self.one
+            .backend()
+            .backend
+            .inspect_permits(self.keys())
+            .await
+    }
+
+    /// Whether any permit is held now.
+    ///
+    /// # Errors
+    /// Store failures.
+    pub async fn is_locked(&self) -> Result<bool> {
+        Ok(self.state().await?.hold_count.unwrap_or(0) > 0)
+    }
+
+    /// Takes every permit back from every holder and wakes waiters. **Dangerous**: the
+    /// holders keep working until their next renewal tells them (their `lost()` fires).
+    /// Returns whether any permit was held.
+    ///
+    /// # Errors
+    /// Store failures.
+    pub async fn force_unlock(&self) -> Result<bool> {
+        self.one
+            .backend()
+            .backend
+            .force_unlock_permits(self.keys())
             .await
     }
 }

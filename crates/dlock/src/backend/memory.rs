@@ -8,12 +8,12 @@ use tokio::time::Instant;
 
 use tokio::sync::Notify;
 
+use crate::error::Error;
 use crate::error::Result;
 use crate::keys::LockKeys;
-use crate::error::Error;
 use crate::raw::{
-    Acquire, LockState, RawFair, RawFencing, RawInspect, RawLock, RawReentrant, RawRwLock, RawSemaphore,
-    ReleaseWatch,
+    Acquire, LockState, RawFair, RawFencing, RawInspect, RawLock, RawReentrant, RawRwLock,
+    RawSemaphore, ReleaseWatch,
 };
 use crate::reentrant::ReentrantEntry;
 use crate::token::Token;
@@ -172,10 +172,7 @@ impl Memory {
             .semaphores
             .get_mut(key)
             .is_some_and(|sem| !std::mem::take(&mut sem.holders).is_empty());
-        let reentrant = state
-            .reentrant
-            .remove(key)
-            .is_some_and(|e| e.expires > now);
+        let reentrant = state.reentrant.remove(key).is_some_and(|e| e.expires > now);
         let rw = state.rw.remove(key).is_some_and(|mut e| {
             e.purge(now);
             e.writer.is_some() || !e.readers.is_empty()
@@ -438,6 +435,27 @@ impl RawSemaphore for Memory {
         })
     }
 
+    async fn inspect_permits(&self, keys: &LockKeys) -> Result<LockState> {
+        let now = Instant::now();
+        let mut state = self.state();
+        let Some(sem) = state.semaphores.get_mut(keys.lock()) else {
+            return Ok(LockState::new(None, None, None)
+                .with_hold_count(0)
+                .with_holders(0));
+        };
+        let live = sem.live(now);
+        let used: u32 = live.values().map(|(n, _)| n).sum();
+        let last = live.values().map(|(_, e)| *e - now).max();
+        let holders = u32::try_from(live.len()).unwrap_or(u32::MAX);
+        Ok(LockState::new(None, last, None)
+            .with_hold_count(used)
+            .with_holders(holders))
+    }
+
+    async fn force_unlock_permits(&self, keys: &LockKeys) -> Result<bool> {
+        Ok(self.force_delete(keys.lock()))
+    }
+
     async fn set_permits(&self, keys: &LockKeys, permits: u32) -> Result<()> {
         let mut state = self.state();
         state
@@ -519,7 +537,12 @@ impl RawReentrant for Memory {
         Ok(true)
     }
 
-    async fn extend_reentrant(&self, keys: &LockKeys, token: &Token, ttl: Duration) -> Result<bool> {
+    async fn extend_reentrant(
+        &self,
+        keys: &LockKeys,
+        token: &Token,
+        ttl: Duration,
+    ) -> Result<bool> {
         let now = Instant::now();
         let mut state = self.state();
         Ok(match state.live_reentrant(keys.lock(), now) {
@@ -695,7 +718,7 @@ impl RawRwLock for Memory {
         let fence = state.fences.get(key).copied();
         let Some(entry) = state.rw.get_mut(key) else {
             return Ok(LockState::new(None, None, fence)
-                .with_readers(0)
+                .with_holders(0)
                 .with_queued(0));
         };
         entry.purge(now);
@@ -706,7 +729,7 @@ impl RawRwLock for Memory {
         let readers = u32::try_from(entry.readers.len()).unwrap_or(u32::MAX);
         let queued = u32::try_from(entry.waiting.len()).unwrap_or(u32::MAX);
         Ok(LockState::new(holder, remaining, fence)
-            .with_readers(readers)
+            .with_holders(readers)
             .with_queued(queued))
     }
 

@@ -16,8 +16,8 @@
 //! if fencing must survive restarts. A single Redis master loses locks on failover
 //! (replication is asynchronous); see the crate docs' safety section.
 
-mod pubsub;
 mod fair;
+mod pubsub;
 mod reentrant;
 mod rwlock;
 
@@ -627,6 +627,53 @@ impl RawSemaphore for Redis {
         Ok((u32::try_from(used).unwrap_or(0), count))
     }
 
+    async fn inspect_permits(&self, keys: &LockKeys) -> Result<LockState> {
+        type Snapshot = ((i64, i64), Vec<(String, f64)>, Vec<(String, u32)>);
+        let ((secs, micros), leases, counts): Snapshot = redis::pipe()
+            .atomic()
+            .cmd("TIME")
+            .cmd("ZRANGE")
+            .arg(keys.lock())
+            .arg(0)
+            .arg(-1)
+            .arg("WITHSCORES")
+            .hgetall(keys.companion("holders"))
+            .query_async(&mut self.conn())
+            .await
+            .map_err(|e| map_err(e, "inspecting a semaphore"))?;
+        let now = secs.saturating_mul(1000).saturating_add(micros / 1000);
+        let live: Vec<(String, i64)> = leases
+            .into_iter()
+            .map(|(token, expiry)| (token, expiry as i64))
+            .filter(|(_, expiry)| *expiry > now)
+            .collect();
+        let used: u32 = live
+            .iter()
+            .filter_map(|(token, _)| counts.iter().find(|(t, _)| t == token))
+            .map(|(_, n)| *n)
+            .sum();
+        let last = live
+            .iter()
+            .map(|(_, expiry)| expiry - now)
+            .max()
+            .and_then(|ms| u64::try_from(ms).ok())
+            .map(Duration::from_millis);
+        Ok(LockState::new(None, last, None)
+            .with_hold_count(used)
+            .with_holders(u32::try_from(live.len()).unwrap_or(u32::MAX)))
+    }
+
+    async fn force_unlock_permits(&self, keys: &LockKeys) -> Result<bool> {
+        let (deleted, _): (i64, i64) = redis::pipe()
+            .atomic()
+            .del(&[keys.lock().to_owned(), keys.companion("holders")])
+            .publish(keys.channel(), keys.lock())
+            .query_async(&mut self.conn())
+            .await
+            .map_err(|e| map_err(e, "force-unlocking a semaphore"))?;
+        Ok(deleted > 0)
+    }
+
     async fn set_permits(&self, keys: &LockKeys, permits: u32) -> Result<()> {
         let _: () = redis::pipe()
             .set(keys.companion("permits"), permits)
@@ -665,7 +712,13 @@ mod tests {
             ("rwlock", crate::DEFAULT_RWLOCK_PREFIX),
             ("fair", crate::DEFAULT_FAIR_PREFIX),
         ] {
-            for name in ["orders", "{tenant-7}:orders", "a:b:c", "x{y", "\u{e9}t\u{e9}"] {
+            for name in [
+                "orders",
+                "{tenant-7}:orders",
+                "a:b:c",
+                "x{y",
+                "\u{e9}t\u{e9}",
+            ] {
                 let keys = LockKeys::new(prefix, name).expect("valid");
                 let all = keys_of(primitive, &keys);
                 let slot = cluster_slot(all[0].as_bytes());
@@ -677,7 +730,10 @@ mod tests {
                         all[0]
                     );
                 }
-                assert_eq!(all.len(), all.iter().collect::<std::collections::HashSet<_>>().len());
+                assert_eq!(
+                    all.len(),
+                    all.iter().collect::<std::collections::HashSet<_>>().len()
+                );
             }
         }
     }

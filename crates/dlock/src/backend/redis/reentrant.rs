@@ -76,7 +76,12 @@ impl RawReentrant for Redis {
         Ok(released == 1)
     }
 
-    async fn extend_reentrant(&self, keys: &LockKeys, token: &Token, ttl: Duration) -> Result<bool> {
+    async fn extend_reentrant(
+        &self,
+        keys: &LockKeys,
+        token: &Token,
+        ttl: Duration,
+    ) -> Result<bool> {
         let extended: i64 = self
             .inner
             .re_extend

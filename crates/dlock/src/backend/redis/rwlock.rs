@@ -112,7 +112,14 @@ impl RawRwLock for Redis {
     }
 
     async fn inspect_rw(&self, keys: &LockKeys) -> Result<LockState> {
-        type Snapshot = (Option<String>, i64, Vec<(String, f64)>, Vec<(String, f64)>, Option<u64>, (i64, i64));
+        type Snapshot = (
+            Option<String>,
+            i64,
+            Vec<(String, f64)>,
+            Vec<(String, f64)>,
+            Option<u64>,
+            (i64, i64),
+        );
         let (writer, pttl, readers, writers, fence, (secs, micros)): Snapshot = redis::pipe()
             .atomic()
             .get(keys.lock())
@@ -134,10 +141,7 @@ impl RawRwLock for Redis {
             .map_err(|e| map_err(e, "inspecting a read-write lock"))?;
         let now = (secs * 1000 + micros / 1000) as f64;
         let live = |set: &[(String, f64)]| set.iter().filter(|(_, e)| *e > now).count();
-        let last_reader = readers
-            .iter()
-            .map(|(_, e)| *e)
-            .fold(f64::NAN, f64::max);
+        let last_reader = readers.iter().map(|(_, e)| *e).fold(f64::NAN, f64::max);
         let remaining = match (&writer, u64::try_from(pttl)) {
             (Some(_), Ok(ms)) => Some(Duration::from_millis(ms)),
             (None, _) if last_reader > now => {
@@ -146,7 +150,7 @@ impl RawRwLock for Redis {
             _ => None,
         };
         Ok(LockState::new(writer, remaining, fence)
-            .with_readers(u32::try_from(live(&readers)).unwrap_or(u32::MAX))
+            .with_holders(u32::try_from(live(&readers)).unwrap_or(u32::MAX))
             .with_queued(u32::try_from(live(&writers)).unwrap_or(u32::MAX)))
     }
 
