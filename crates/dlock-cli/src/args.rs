@@ -125,6 +125,21 @@ pub(crate) enum Command {
     TortureWorker(TortureWorkerArgs),
 }
 
+/// The kinds of primitive, for `status` and `force-unlock`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum Kind {
+    /// A plain lock (`dlock run`, `acquire`).
+    Lock,
+    /// A semaphore (`dlock run --semaphore N`).
+    Semaphore,
+    /// A reentrant lock (library only).
+    Reentrant,
+    /// A read-write lock (`dlock run --shared` / `--exclusive`).
+    Rwlock,
+    /// A fair lock (`dlock run --fair`).
+    Fair,
+}
+
 #[derive(Debug, Args)]
 pub(crate) struct RunArgs {
     /// The lock's name.
@@ -141,11 +156,20 @@ pub(crate) struct RunArgs {
     pub(crate) kill_grace: Duration,
     /// At most N concurrent runs fleet-wide: take one of N permits instead of the lock (the
     /// command then gets no DLOCK_FENCE: permit holders do not exclude each other).
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", conflicts_with_all = ["shared", "exclusive", "fair"])]
     pub(crate) semaphore: Option<u32>,
-    /// Take a shared (read) lock (needs the read-write lock, not implemented yet).
-    #[arg(long)]
+    /// Take the read-write lock NAME for reading: shared with other --shared runs,
+    /// excluded by --exclusive runs (writers first: a waiting writer holds new readers
+    /// back). No DLOCK_FENCE.
+    #[arg(long, conflicts_with_all = ["exclusive", "fair"])]
     pub(crate) shared: bool,
+    /// Take the read-write lock NAME for writing: alone, excluding --shared runs. (A plain
+    /// run without this flag uses a separate, plain lock.)
+    #[arg(long, conflicts_with = "fair")]
+    pub(crate) exclusive: bool,
+    /// Take the fair lock NAME: waiting --fair runs get it in arrival order.
+    #[arg(long)]
+    pub(crate) fair: bool,
     /// Print nothing on a conflict.
     #[arg(long, short)]
     pub(crate) quiet: bool,
@@ -199,6 +223,9 @@ pub(crate) struct StatusArgs {
     pub(crate) name: String,
     #[command(flatten)]
     pub(crate) store: Store,
+    /// Which kind of primitive NAME is (each kind has its own default key prefix).
+    #[arg(long, value_enum, default_value_t = Kind::Lock)]
+    pub(crate) kind: Kind,
     /// Print JSON.
     #[arg(long)]
     pub(crate) json: bool,
@@ -225,6 +252,9 @@ pub(crate) struct ForceUnlockArgs {
     pub(crate) name: String,
     #[command(flatten)]
     pub(crate) store: Store,
+    /// Which kind of primitive NAME is; every hold of it is deleted.
+    #[arg(long, value_enum, default_value_t = Kind::Lock)]
+    pub(crate) kind: Kind,
     /// Do not ask for confirmation.
     #[arg(long, short)]
     pub(crate) yes: bool,

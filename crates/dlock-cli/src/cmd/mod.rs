@@ -1,6 +1,7 @@
 //! The commands.
 
 pub(crate) mod demo;
+mod kinds;
 mod run;
 pub(crate) mod torture;
 mod workers;
@@ -8,12 +9,12 @@ mod workers;
 use std::io::{BufRead, IsTerminal, Write};
 use std::time::Duration;
 
-use dlock::raw::{RawFencing, RawInspect, RawLock};
+use dlock::raw::{RawFencing, RawLock};
 use dlock::{Lock, LockGuard, Token};
 use serde::Serialize;
 
 use crate::args::{
-    AcquireArgs, ExtendArgs, ForceUnlockArgs, ListArgs, StatusArgs, TokenArgs, Wait,
+    AcquireArgs, ExtendArgs, ForceUnlockArgs, Kind, ListArgs, StatusArgs, TokenArgs, Wait,
 };
 use crate::exit::{self, Failure};
 
@@ -142,19 +143,39 @@ struct Status {
     remaining_ms: Option<u64>,
     last_fence: Option<u64>,
     waiting_clients: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    hold_count: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    holders: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    queued: Option<u32>,
 }
 
-async fn status_of<B: RawInspect>(backend: B, prefix: &str, name: &str) -> Result<Status, Failure> {
-    let lock = Lock::builder(backend, name).prefix(prefix).build()?;
-    let state = lock.state().await?;
+async fn status_of<B: kinds::AnyKind>(
+    backend: B,
+    kind: Kind,
+    prefix: &str,
+    name: &str,
+) -> Result<Status, Failure> {
+    let (key, state) = kinds::state_of(backend, kind, prefix, name).await?;
     Ok(Status {
         name: name.to_owned(),
-        key: lock.keys().lock().to_owned(),
-        held: state.holder.is_some(),
-        holder: state.holder.as_deref().map(abbreviate),
+        key,
+        held: kinds::is_held(&state),
+        // Reentrant holders are owners, not secret tokens: shown whole.
+        holder: state.holder.as_deref().map(|h| {
+            if kind == Kind::Reentrant {
+                h.to_owned()
+            } else {
+                abbreviate(h)
+            }
+        }),
         remaining_ms: state.remaining.map(millis),
         last_fence: state.last_fence,
         waiting_clients: state.waiting_clients,
+        hold_count: state.hold_count,
+        holders: state.holders,
+        queued: state.queued,
     })
 }
 
@@ -166,8 +187,11 @@ fn remaining(ms: Option<u64>) -> String {
     or_dash(ms.map(|ms| humantime::format_duration(Duration::from_millis(ms)).to_string()))
 }
 
-pub(crate) async fn status_cmd<B: RawInspect>(backend: B, args: StatusArgs) -> Result<u8, Failure> {
-    let s = status_of(backend, &args.store.prefix, &args.name).await?;
+pub(crate) async fn status_cmd<B: kinds::AnyKind>(
+    backend: B,
+    args: StatusArgs,
+) -> Result<u8, Failure> {
+    let s = status_of(backend, args.kind, &args.store.prefix, &args.name).await?;
     if args.json {
         print_json(&s)?;
     } else {
@@ -175,26 +199,41 @@ pub(crate) async fn status_cmd<B: RawInspect>(backend: B, args: StatusArgs) -> R
         println!("key:             {}", s.key);
         println!(
             "held:            {}",
-            match &s.holder {
-                Some(h) => format!("yes, token {h}"),
-                None => "no".to_owned(),
+            match (&s.holder, s.holders) {
+                (Some(h), _) if args.kind == Kind::Reentrant => format!("yes, by owner {h}"),
+                (Some(h), _) => format!("yes, token {h}"),
+                (None, Some(n)) if n > 0 => format!("yes, by {n} holders"),
+                _ => "no".to_owned(),
             }
         );
         println!("remaining:       {}", remaining(s.remaining_ms));
         println!("last fence:      {}", or_dash(s.last_fence));
         println!("waiting clients: {}", or_dash(s.waiting_clients));
+        match args.kind {
+            Kind::Reentrant => println!("hold count:      {}", or_dash(s.hold_count)),
+            Kind::Semaphore => {
+                println!("permits in use:  {}", or_dash(s.hold_count));
+                println!("holders:         {}", or_dash(s.holders));
+            }
+            Kind::Rwlock => {
+                println!("readers:         {}", or_dash(s.holders));
+                println!("waiting writers: {}", or_dash(s.queued));
+            }
+            Kind::Fair => println!("queued:          {}", or_dash(s.queued)),
+            Kind::Lock => {}
+        }
     }
     Ok(exit::SUCCESS)
 }
 
-pub(crate) async fn list_cmd<B: RawInspect>(backend: B, args: ListArgs) -> Result<u8, Failure> {
+pub(crate) async fn list_cmd<B: kinds::AnyKind>(backend: B, args: ListArgs) -> Result<u8, Failure> {
     let mut names = backend
         .list(&args.store.prefix, &args.pattern, args.limit)
         .await?;
     names.sort();
     let mut rows = Vec::with_capacity(names.len());
     for name in &names {
-        let s = status_of(backend.clone(), &args.store.prefix, name).await?;
+        let s = status_of(backend.clone(), Kind::Lock, &args.store.prefix, name).await?;
         if s.held {
             rows.push(s);
         }
@@ -220,13 +259,10 @@ pub(crate) async fn list_cmd<B: RawInspect>(backend: B, args: ListArgs) -> Resul
     Ok(exit::SUCCESS)
 }
 
-pub(crate) async fn force_unlock_cmd<B: RawInspect>(
+pub(crate) async fn force_unlock_cmd<B: kinds::AnyKind>(
     backend: B,
     args: ForceUnlockArgs,
 ) -> Result<u8, Failure> {
-    let lock = Lock::builder(backend, &args.name)
-        .prefix(&args.store.prefix)
-        .build()?;
     if !args.yes {
         let stdin = std::io::stdin();
         if !stdin.is_terminal() {
@@ -234,15 +270,18 @@ pub(crate) async fn force_unlock_cmd<B: RawInspect>(
                 "refusing to force-unlock without --yes (stdin is not a terminal to ask on)",
             ));
         }
-        let holder = lock.state().await?.holder;
-        let Some(holder) = holder else {
+        let s = status_of(backend.clone(), args.kind, &args.store.prefix, &args.name).await?;
+        if !s.held {
             eprintln!("dlock: {:?} is not held", args.name);
             return Ok(exit::SUCCESS);
+        }
+        let by = match (&s.holder, s.holders) {
+            (Some(h), _) => format!("held by {h}"),
+            (None, n) => format!("held by {} holders", or_dash(n)),
         };
         eprint!(
-            "Force-unlock {:?}, held by token {}? Its holder keeps running until it notices. [y/N] ",
+            "Force-unlock {:?}, {by}? Its holders keep running until they notice. [y/N] ",
             args.name,
-            abbreviate(&holder)
         );
         std::io::stderr().flush().ok();
         let mut answer = String::new();
@@ -252,7 +291,7 @@ pub(crate) async fn force_unlock_cmd<B: RawInspect>(
             return Ok(exit::CONFLICT);
         }
     }
-    if lock.force_unlock().await? {
+    if kinds::force_unlock(backend, args.kind, &args.store.prefix, &args.name).await? {
         eprintln!("dlock: {:?} force-unlocked", args.name);
     } else {
         eprintln!("dlock: {:?} was not held", args.name);

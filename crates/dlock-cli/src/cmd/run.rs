@@ -5,8 +5,8 @@ use std::os::unix::process::ExitStatusExt;
 use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
 
-use dlock::raw::{RawFencing, RawLock, RawSemaphore};
-use dlock::{Lock, LockGuard, Semaphore};
+use dlock::raw::{RawFair, RawFencing, RawLock, RawRwLock, RawSemaphore};
+use dlock::{FairLock, Lock, LockGuard, RwLock, Semaphore};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use tokio::process::{Child, Command};
@@ -73,47 +73,74 @@ async fn wait_for<X: RawLock>(
     }
 }
 
-pub(crate) async fn run<B: RawFencing + RawSemaphore>(
+pub(crate) async fn run<B: RawFencing + RawSemaphore + RawRwLock + RawFair>(
     backend: B,
     args: RunArgs,
 ) -> Result<u8, Failure> {
-    if args.shared {
-        return Err(Failure::usage(
-            "--shared needs the read-write lock, which is not implemented yet",
-        ));
-    }
+    // Each kind has its own default prefix, so that names of different kinds never
+    // collide; an explicit --prefix is used as given.
+    let prefix = |default: &'static str| {
+        if args.store.prefix == dlock::keys::DEFAULT_PREFIX {
+            default.to_owned()
+        } else {
+            args.store.prefix.clone()
+        }
+    };
     // Installed before waiting, so that a signal while waiting ends the wait cleanly
     // (a cancelled acquire leaves no lock behind) instead of killing dlock mid-call.
     let mut signals = Signals::install()?;
-    match args.semaphore {
-        Some(permits) => {
-            let prefix = if args.store.prefix == dlock::keys::DEFAULT_PREFIX {
-                dlock::DEFAULT_SEMAPHORE_PREFIX
-            } else {
-                args.store.prefix.as_str()
-            };
-            let sem = Semaphore::builder(backend, &args.name, permits)
-                .ttl(args.ttl)
-                .prefix(prefix)
-                .build()?;
-            match wait_for(sem.permit_lock(), &args, &mut signals).await? {
+    if let Some(permits) = args.semaphore {
+        let sem = Semaphore::builder(backend, &args.name, permits)
+            .ttl(args.ttl)
+            .prefix(prefix(dlock::DEFAULT_SEMAPHORE_PREFIX))
+            .build()?;
+        return match wait_for(sem.permit_lock(), &args, &mut signals).await? {
+            Waited::Got(guard) => supervise(guard, None, &args, signals).await,
+            Waited::Exit(code) => Ok(code),
+        };
+    }
+    if args.shared || args.exclusive {
+        let rw = RwLock::builder(backend, &args.name)
+            .ttl(args.ttl)
+            .prefix(prefix(dlock::DEFAULT_RWLOCK_PREFIX))
+            .build()?;
+        if args.shared {
+            return match wait_for(rw.read_lock(), &args, &mut signals).await? {
                 Waited::Got(guard) => supervise(guard, None, &args, signals).await,
                 Waited::Exit(code) => Ok(code),
-            }
+            };
         }
-        None => {
-            let lock = Lock::builder(backend, &args.name)
-                .prefix(&args.store.prefix)
-                .ttl(args.ttl)
-                .build()?;
-            match wait_for(&lock, &args, &mut signals).await? {
-                Waited::Got(guard) => {
-                    let fence = guard.fencing_token().get();
-                    supervise(guard, Some(fence), &args, signals).await
-                }
-                Waited::Exit(code) => Ok(code),
+        return match wait_for(rw.write_lock(), &args, &mut signals).await? {
+            Waited::Got(guard) => {
+                let fence = guard.fencing_token().get();
+                supervise(guard, Some(fence), &args, signals).await
             }
+            Waited::Exit(code) => Ok(code),
+        };
+    }
+    if args.fair {
+        let fair = FairLock::builder(backend, &args.name)
+            .ttl(args.ttl)
+            .prefix(prefix(dlock::DEFAULT_FAIR_PREFIX))
+            .build()?;
+        return match wait_for(fair.as_lock(), &args, &mut signals).await? {
+            Waited::Got(guard) => {
+                let fence = guard.fencing_token().get();
+                supervise(guard, Some(fence), &args, signals).await
+            }
+            Waited::Exit(code) => Ok(code),
+        };
+    }
+    let lock = Lock::builder(backend, &args.name)
+        .prefix(&args.store.prefix)
+        .ttl(args.ttl)
+        .build()?;
+    match wait_for(&lock, &args, &mut signals).await? {
+        Waited::Got(guard) => {
+            let fence = guard.fencing_token().get();
+            supervise(guard, Some(fence), &args, signals).await
         }
+        Waited::Exit(code) => Ok(code),
     }
 }
 

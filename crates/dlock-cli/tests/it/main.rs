@@ -473,3 +473,115 @@ fn semaphore_runs_let_at_most_n_commands_at_once() {
     );
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn shared_runs_share_and_exclusive_runs_are_alone() {
+    let server = RedisServer::start().expect("redis-server");
+    let dir = scratch("rwlock");
+    let log = dir.join("log");
+    let reader = format!(
+        "echo \"r-begin\" >> {0}; sleep 0.4; echo r-end >> {0}",
+        log.display()
+    );
+    let writer = format!(
+        "echo \"w-begin $DLOCK_FENCE\" >> {0}; sleep 0.1; echo w-end >> {0}",
+        log.display()
+    );
+    let url = server.url();
+    let mut runs: Vec<Child> = Vec::new();
+    for i in 0..6 {
+        let (mode, script) = if i % 3 == 2 {
+            ("--exclusive", &writer)
+        } else {
+            ("--shared", &reader)
+        };
+        runs.push(
+            dlock(&url)
+                .args(["run", mode, "catalog", "--", "sh", "-c", script])
+                .spawn()
+                .expect("spawn dlock run"),
+        );
+    }
+    for run in &mut runs {
+        assert!(wait_exit(run, Duration::from_secs(30)).success());
+    }
+    let text = std::fs::read_to_string(&log).expect("log");
+    let (mut readers, mut writers, mut most_readers) = (0, 0, 0);
+    for line in text.lines() {
+        match line.split(' ').next() {
+            Some("r-begin") => {
+                assert_eq!(writers, 0, "a reader beside a writer:\n{text}");
+                readers += 1;
+                most_readers = most_readers.max(readers);
+            }
+            Some("r-end") => readers -= 1,
+            Some("w-begin") => {
+                assert_eq!((readers, writers), (0, 0), "a writer not alone:\n{text}");
+                assert!(
+                    line.split(' ')
+                        .nth(1)
+                        .is_some_and(|f| f.parse::<u64>().is_ok()),
+                    "writers get a fence: {line}"
+                );
+                writers += 1;
+            }
+            _ => writers -= 1,
+        }
+    }
+    assert_eq!(text.lines().count(), 12, "{text}");
+    assert!(most_readers > 1, "readers never shared:\n{text}");
+    let out = output(dlock(&url).args(["status", "--kind", "rwlock", "--json", "catalog"]));
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(status["held"], false, "{status}");
+    assert_eq!(status["holders"], 0, "{status}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn fair_runs_are_alone_and_status_shows_every_kind() {
+    let server = RedisServer::start().expect("redis-server");
+    let dir = scratch("fair");
+    let log = dir.join("log");
+    let script = format!(
+        "echo \"begin $$ $DLOCK_FENCE\" >> {0}; sleep 0.05; echo \"end $$\" >> {0}",
+        log.display()
+    );
+    let text = run_concurrently(
+        &server.url(),
+        4,
+        &["run", "--fair", "queue", "--", "sh", "-c", &script],
+        &log,
+    );
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 8, "{text}");
+    for pair in lines.chunks(2) {
+        let begin: Vec<&str> = pair[0].split(' ').collect();
+        assert_eq!(begin.len(), 3, "{text}");
+        assert_eq!(pair[1], format!("end {}", begin[1]), "interleaved:\n{text}");
+    }
+    // A running --semaphore holder shows up in `status --kind semaphore`.
+    let url = server.url();
+    let mut holder = dlock(&url)
+        .args(["run", "--semaphore", "3", "slots", "--", "sleep", "3"])
+        .spawn()
+        .expect("spawn");
+    let mut seen = serde_json::Value::Null;
+    for _ in 0..50 {
+        let out = output(dlock(&url).args(["status", "--kind", "semaphore", "--json", "slots"]));
+        seen = serde_json::from_slice(&out.stdout).expect("json");
+        if seen["held"] == true {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(seen["hold_count"], 1, "{seen}");
+    assert_eq!(seen["holders"], 1, "{seen}");
+    let out = output(dlock(&url).args(["force-unlock", "--kind", "semaphore", "--yes", "slots"]));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = output(dlock(&url).args(["status", "--kind", "semaphore", "--json", "slots"]));
+    let after: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(after["held"], false, "{after}");
+    let _ = holder.kill();
+    let _ = holder.wait();
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -1,0 +1,118 @@
+//! Inspection and force-unlock of every kind of primitive, for `status` and
+//! `force-unlock`.
+
+use dlock::raw::{LockState, RawFair, RawInspect, RawReentrant, RawRwLock, RawSemaphore};
+use dlock::{FairLock, Lock, ReentrantLock, RwLock, Semaphore};
+
+use crate::args::Kind;
+use crate::exit::Failure;
+
+/// Every store trait `status` and `force-unlock` need.
+pub(crate) trait AnyKind:
+    RawInspect + RawSemaphore + RawReentrant + RawRwLock + RawFair
+{
+}
+impl<B: RawInspect + RawSemaphore + RawReentrant + RawRwLock + RawFair> AnyKind for B {}
+
+/// `prefix` if the user chose one, else the kind's default.
+fn prefix_for(kind: Kind, prefix: &str) -> String {
+    if prefix != dlock::keys::DEFAULT_PREFIX {
+        return prefix.to_owned();
+    }
+    match kind {
+        Kind::Lock => dlock::keys::DEFAULT_PREFIX,
+        Kind::Semaphore => dlock::DEFAULT_SEMAPHORE_PREFIX,
+        Kind::Reentrant => dlock::DEFAULT_REENTRANT_PREFIX,
+        Kind::Rwlock => dlock::DEFAULT_RWLOCK_PREFIX,
+        Kind::Fair => dlock::DEFAULT_FAIR_PREFIX,
+    }
+    .to_owned()
+}
+
+/// The primitive's lock key and what the store says about it.
+pub(crate) async fn state_of<B: AnyKind>(
+    backend: B,
+    kind: Kind,
+    prefix: &str,
+    name: &str,
+) -> Result<(String, LockState), Failure> {
+    let prefix = prefix_for(kind, prefix);
+    Ok(match kind {
+        Kind::Lock => {
+            let lock = Lock::builder(backend, name).prefix(prefix).build()?;
+            (lock.keys().lock().to_owned(), lock.state().await?)
+        }
+        Kind::Semaphore => {
+            let sem = Semaphore::builder(backend, name, 1)
+                .prefix(prefix)
+                .build()?;
+            (sem.keys().lock().to_owned(), sem.state().await?)
+        }
+        Kind::Reentrant => {
+            let lock = ReentrantLock::builder(backend, name)
+                .prefix(prefix)
+                .build()?;
+            (lock.keys().lock().to_owned(), lock.state().await?)
+        }
+        Kind::Rwlock => {
+            let rw = RwLock::builder(backend, name).prefix(prefix).build()?;
+            (rw.keys().lock().to_owned(), rw.state().await?)
+        }
+        Kind::Fair => {
+            let fair = FairLock::builder(backend, name).prefix(prefix).build()?;
+            (fair.keys().lock().to_owned(), fair.state().await?)
+        }
+    })
+}
+
+/// Whether the primitive is held (by anyone) in `state`.
+pub(crate) fn is_held(state: &LockState) -> bool {
+    state.holder.is_some() || state.holders.unwrap_or(0) > 0
+}
+
+/// Deletes every hold of the primitive; whether anything was held.
+pub(crate) async fn force_unlock<B: AnyKind>(
+    backend: B,
+    kind: Kind,
+    prefix: &str,
+    name: &str,
+) -> Result<bool, Failure> {
+    let prefix = prefix_for(kind, prefix);
+    Ok(match kind {
+        Kind::Lock => {
+            Lock::builder(backend, name)
+                .prefix(prefix)
+                .build()?
+                .force_unlock()
+                .await?
+        }
+        Kind::Semaphore => {
+            Semaphore::builder(backend, name, 1)
+                .prefix(prefix)
+                .build()?
+                .force_unlock()
+                .await?
+        }
+        Kind::Reentrant => {
+            ReentrantLock::builder(backend, name)
+                .prefix(prefix)
+                .build()?
+                .force_unlock()
+                .await?
+        }
+        Kind::Rwlock => {
+            RwLock::builder(backend, name)
+                .prefix(prefix)
+                .build()?
+                .force_unlock()
+                .await?
+        }
+        Kind::Fair => {
+            FairLock::builder(backend, name)
+                .prefix(prefix)
+                .build()?
+                .force_unlock()
+                .await?
+        }
+    })
+}
