@@ -26,6 +26,15 @@
 //! # Ok(()) }
 //! ```
 //!
+//! # The lock family
+//!
+//! Beside [`Lock`]: [`ReentrantLock`] (hold counts per explicit [`Owner`]), [`RwLock`]
+//! (many readers or one writer, writers first), [`FairLock`] (first come, first served),
+//! [`Semaphore`] (permits as leases) and [`MultiLock`] (several locks, all or nothing).
+//! Each is an adapter over the same lock machinery, so each has the same watchdog,
+//! `lost()`, waiting, cancel safety and retry safety, on every backend that implements its
+//! [`raw`] trait.
+//!
 //! # Contention is a value, failure is an error
 //!
 //! [`Lock::try_lock`] returns `Ok(None)` when someone else holds the lock; an [`Error`]
