@@ -85,6 +85,15 @@ pub type SemaphorePermit<B> = LockGuard<Permits<B>>;
 /// # drop(b);
 /// # Ok(()) }
 /// ```
+///
+/// # Correctness
+///
+/// While the store keeps its keys, at most `permits` permits are held by leases that are
+/// valid by the store's clock: every acquire first drops the leases that ran out, then
+/// grants only within the count, in one atomic step. A holder paused past its lease may
+/// still act on a permit it no longer has (as with any lease; permits carry no fence), a
+/// restart without persistence forgets every permit, and lowering the count with
+/// `set_permits` does not take permits back from their holders.
 #[derive(Clone, Debug)]
 pub struct Semaphore<B: RawSemaphore> {
     /// One permit seen as a lock; `acquire_many` reuses its options with another count.
