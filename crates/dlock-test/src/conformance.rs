@@ -903,6 +903,13 @@ where
         .expect("store")
         .expect("2 free");
     assert_eq!(sem.available_permits().await.expect("store"), 0);
+    // A cancelled wait takes nothing.
+    assert!(
+        timeout(Duration::from_millis(100), sem.acquire())
+            .await
+            .is_err()
+    );
+    assert_eq!(sem.available_permits().await.expect("store"), 0);
     three.release().await.expect("release");
     assert_eq!(sem.available_permits().await.expect("store"), 3);
     let err = sem.acquire_many(6).await.expect_err("more than exist");
