@@ -59,6 +59,10 @@ impl<B: RawFair> RawLock for Queued<B> {
         self.backend.store_id()
     }
 
+    fn drift(&self) -> crate::validity::Drift {
+        self.backend.drift()
+    }
+
     fn leases(&self) -> &Leases {
         &self.leases
     }

@@ -464,7 +464,13 @@ impl<B: RawLock> Lock<B> {
     /// Wraps a grant made under `token` (request sent at `sent`) in a guard, registering
     /// its lease with the watchdog.
     pub(crate) fn guard(&self, token: Token, sent: Instant, fence: u64) -> Result<LockGuard<B>> {
-        let lease = Arc::new(Lease::new(self.keys.clone(), token, sent, self.ttl));
+        let lease = Arc::new(Lease::new(
+            self.keys.clone(),
+            token,
+            sent,
+            self.ttl,
+            self.backend.drift(),
+        ));
         if lease.is_lost_at(Instant::now()) {
             spawn_release(&self.backend, &lease.keys, &lease.token);
             return Err(Error::new(

@@ -149,6 +149,11 @@ pub trait RawLock: Clone + Send + Sync + 'static {
         false
     }
 
+    /// The clock-drift allowance subtracted from this store's lease validity.
+    fn drift(&self) -> crate::validity::Drift {
+        crate::validity::Drift::DEFAULT
+    }
+
     /// Names the store (not the client): clients of one store should return the same
     /// string. [`MultiLock`](crate::MultiLock) orders locks by key, then by this.
     fn store_id(&self) -> String {

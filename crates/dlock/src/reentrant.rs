@@ -136,6 +136,10 @@ impl<B: RawReentrant> RawLock for Holds<B> {
         self.backend.store_id()
     }
 
+    fn drift(&self) -> crate::validity::Drift {
+        self.backend.drift()
+    }
+
     fn leases(&self) -> &Leases {
         &self.leases
     }

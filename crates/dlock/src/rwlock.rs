@@ -64,6 +64,10 @@ impl<B: RawRwLock, const WRITE: bool> RawLock for RwSide<B, WRITE> {
         self.backend.store_id()
     }
 
+    fn drift(&self) -> crate::validity::Drift {
+        self.backend.drift()
+    }
+
     fn leases(&self) -> &Leases {
         &self.leases
     }

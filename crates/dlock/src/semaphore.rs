@@ -54,6 +54,10 @@ impl<B: RawSemaphore> RawLock for Permits<B> {
         self.backend.store_id()
     }
 
+    fn drift(&self) -> crate::validity::Drift {
+        self.backend.drift()
+    }
+
     fn leases(&self) -> &Leases {
         &self.leases
     }

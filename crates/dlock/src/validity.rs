@@ -9,12 +9,45 @@ use std::time::{Duration, Instant};
 
 /// The drift allowance for a lease of `ttl`: 1 % of it plus 2 ms (the RedLock formula).
 pub fn drift(ttl: Duration) -> Duration {
-    ttl / 100 + Duration::from_millis(2)
+    Drift::DEFAULT.of(ttl)
+}
+
+/// A clock-drift allowance: `factor × ttl + constant`, subtracted from every lease's
+/// validity.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Drift {
+    /// Fraction of the ttl (0.01 = 1 %).
+    pub factor: f64,
+    /// Added on top (for timer granularity).
+    pub constant: Duration,
+}
+
+impl Drift {
+    /// 1 % of the ttl plus 2 ms.
+    pub const DEFAULT: Drift = Drift {
+        factor: 0.01,
+        constant: Duration::from_millis(2),
+    };
+
+    /// The allowance for a lease of `ttl` (a factor outside 0..1 counts as 0 or 1).
+    pub fn of(&self, ttl: Duration) -> Duration {
+        let factor = if self.factor.is_finite() {
+            self.factor.clamp(0.0, 1.0)
+        } else {
+            0.0
+        };
+        ttl.mul_f64(factor) + self.constant
+    }
+
+    /// The instant up to which a lease of `ttl` requested at `sent` can be relied on.
+    pub fn valid_until(&self, sent: Instant, ttl: Duration) -> Instant {
+        sent + ttl.saturating_sub(self.of(ttl))
+    }
 }
 
 /// The instant up to which a lease of `ttl` requested at `sent` can be relied on.
 pub fn valid_until(sent: Instant, ttl: Duration) -> Instant {
-    sent + ttl.saturating_sub(drift(ttl))
+    Drift::DEFAULT.valid_until(sent, ttl)
 }
 
 /// How much of a lease of `ttl` requested at `sent` is left at `now` (zero once run out).

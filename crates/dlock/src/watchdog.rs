@@ -55,17 +55,29 @@ pub(crate) struct Lease {
     pub(crate) keys: LockKeys,
     pub(crate) token: Token,
     pub(crate) state: watch::Sender<LeaseState>,
+    drift: validity::Drift,
 }
 
 impl Lease {
-    pub(crate) fn new(keys: LockKeys, token: Token, sent: Instant, ttl: Duration) -> Lease {
+    pub(crate) fn new(
+        keys: LockKeys,
+        token: Token,
+        sent: Instant,
+        ttl: Duration,
+        drift: validity::Drift,
+    ) -> Lease {
         let (state, _) = watch::channel(LeaseState {
-            valid_until: validity::valid_until(sent.into_std(), ttl).into(),
+            valid_until: drift.valid_until(sent.into_std(), ttl).into(),
             sent,
             ttl,
             end: End::Held,
         });
-        Lease { keys, token, state }
+        Lease {
+            keys,
+            token,
+            state,
+            drift,
+        }
     }
 
     pub(crate) fn snapshot(&self) -> LeaseState {
@@ -97,7 +109,7 @@ impl Lease {
                 return false; // an older request's late reply says nothing new
             }
             s.sent = sent;
-            s.valid_until = validity::valid_until(sent.into_std(), ttl).into();
+            s.valid_until = self.drift.valid_until(sent.into_std(), ttl).into();
             true
         });
         held

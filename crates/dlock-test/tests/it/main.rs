@@ -1,6 +1,7 @@
 //! dlock's integration tests: one binary, real servers.
 
 mod memory;
+mod quorum;
 mod redis;
 
 /// One `#[tokio::test]` per conformance behaviour, against a fresh target each.

@@ -1,7 +1,9 @@
 //! The stores dlock runs on. Each implements the [`raw`](crate::raw) traits.
 
 mod memory;
+mod quorum;
 pub use memory::Memory;
+pub use quorum::{DEFAULT_NODE_TIMEOUT_FRACTION, Quorum, QuorumBuilder};
 
 #[cfg(feature = "redis")]
 pub mod redis;

@@ -1,0 +1,353 @@
+//! RedLock: one lock over several independent stores, held while a majority holds it.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::Poll;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::error::{Error, ErrorKind, Result};
+use crate::keys::LockKeys;
+use crate::raw::{Acquire, RawLock, Renewal};
+use crate::token::Token;
+use crate::validity::Drift;
+use crate::watchdog::Leases;
+
+/// Default share of the ttl one node may take to answer before it counts as a no.
+pub const DEFAULT_NODE_TIMEOUT_FRACTION: f64 = 0.1;
+
+/// Longest a release waits for one node.
+const RELEASE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// RedLock over `N` independent stores (seed 002): a lock is held while a majority
+/// (`N/2 + 1`) of the nodes hold our token, granted within the lease's validity.
+///
+/// * **Acquire** asks every node at once, each bounded by a node timeout (a fraction of
+///   the ttl, default 10 %), so it takes about one round trip to the slowest node needed.
+///   It succeeds if a majority granted and the validity left —
+///   `ttl − elapsed − drift` (monotonic clock; drift configurable, default 1 % of the
+///   ttl + 2 ms) — is positive. Otherwise the grants are given back on every node at once
+///   and the caller retries after a randomized backoff.
+/// * **Extend** (the watchdog's renewals) succeeds when a majority extended within the
+///   validity left; **release** goes to every node.
+/// * There is **no fencing token**: each node has its own counter, and no number minted
+///   by a majority of independent counters is guaranteed to increase from one holder to
+///   the next (two majorities share one node, not its counter's history). So
+///   `Quorum<B>` does not implement [`RawFencing`](crate::raw::RawFencing), and
+///   `fencing_token()` does not compile on its guards:
+///
+/// ```compile_fail
+/// # async fn f(q: dlock::backend::Quorum<dlock::backend::Memory>) -> dlock::Result<()> {
+/// let guard = dlock::Lock::new(q, "x")?.lock().await?;
+/// let _ = guard.fencing_token(); // error: Quorum is not RawFencing
+/// # Ok(()) }
+/// ```
+///
+/// # Correctness
+///
+/// Safe while a majority of nodes keep their keys for the lease and the clocks of client
+/// and nodes run at rates within the drift allowance. A node that restarts without
+/// persistence and forgets our key lets a second holder assemble a majority with it
+/// (seed 002: delay restarts by more than the ttl, or persist with `appendfsync always`).
+/// A holder paused past its validity is the same hazard as with one store — and here no
+/// fence can stop its late writes (the Kleppmann/antirez dispute): use a single fenced
+/// store where stale writes must be refused.
+#[derive(Clone)]
+pub struct Quorum<B: RawLock> {
+    inner: Arc<Inner<B>>,
+}
+
+struct Inner<B> {
+    nodes: Vec<B>,
+    node_timeout_fraction: f64,
+    drift: Drift,
+    leases: Leases,
+}
+
+impl<B: RawLock> std::fmt::Debug for Quorum<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Quorum")
+            .field("nodes", &self.inner.nodes.len())
+            .field("quorum", &self.quorum())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Options for a [`Quorum`]; made by [`Quorum::builder`].
+#[must_use = "a builder does nothing until .build()"]
+#[derive(Debug)]
+pub struct QuorumBuilder<B> {
+    nodes: Vec<B>,
+    node_timeout_fraction: f64,
+    drift: Drift,
+}
+
+impl<B: RawLock> QuorumBuilder<B> {
+    /// Share of the ttl one node may take to answer (default 0.1): a slower node counts
+    /// as a no, so one slow node cannot eat the lease's validity.
+    pub fn node_timeout_fraction(mut self, fraction: f64) -> Self {
+        self.node_timeout_fraction = fraction;
+        self
+    }
+
+    /// Clock-drift allowance subtracted from the validity (default 1 % of the ttl + 2 ms).
+    pub fn drift(mut self, factor: f64, constant: Duration) -> Self {
+        self.drift = Drift { factor, constant };
+        self
+    }
+
+    /// Checks the options.
+    ///
+    /// # Errors
+    /// `InvalidArgument` without nodes, with more than 64, with a node timeout fraction
+    /// outside (0, 1], or a drift factor outside [0, 0.5) or constant over 1 s.
+    pub fn build(self) -> Result<Quorum<B>> {
+        if self.nodes.is_empty() || self.nodes.len() > 64 {
+            return Err(Error::invalid("a quorum needs 1 to 64 nodes"));
+        }
+        let f = self.node_timeout_fraction;
+        if !(f > 0.0 && f <= 1.0) {
+            return Err(Error::invalid(
+                "the node timeout fraction must be in (0, 1]",
+            ));
+        }
+        let d = self.drift;
+        if !(d.factor >= 0.0 && d.factor < 0.5) || d.constant > Duration::from_secs(1) {
+            return Err(Error::invalid(
+                "the drift factor must be in [0, 0.5) and its constant at most 1 s",
+            ));
+        }
+        Ok(Quorum {
+            inner: Arc::new(Inner {
+                nodes: self.nodes,
+                node_timeout_fraction: f,
+                drift: d,
+                leases: Leases::new(),
+            }),
+        })
+    }
+}
+
+impl<B: RawLock> Quorum<B> {
+    /// RedLock over `nodes` with default options.
+    ///
+    /// # Errors
+    /// As [`QuorumBuilder::build`].
+    pub fn new(nodes: Vec<B>) -> Result<Quorum<B>> {
+        Quorum::builder(nodes).build()
+    }
+
+    /// Options for RedLock over `nodes`.
+    pub fn builder(nodes: Vec<B>) -> QuorumBuilder<B> {
+        QuorumBuilder {
+            nodes,
+            node_timeout_fraction: DEFAULT_NODE_TIMEOUT_FRACTION,
+            drift: Drift::DEFAULT,
+        }
+    }
+
+    /// The nodes.
+    pub fn nodes(&self) -> &[B] {
+        &self.inner.nodes
+    }
+
+    /// How many nodes make a majority: `N/2 + 1`.
+    pub fn quorum(&self) -> usize {
+        self.inner.nodes.len() / 2 + 1
+    }
+
+    fn node_timeout(&self, ttl: Duration) -> Duration {
+        ttl.mul_f64(self.inner.node_timeout_fraction)
+            .max(Duration::from_millis(1))
+    }
+
+    /// Runs `op` on every node at once, each bounded by `limit`.
+    async fn on_all<'a, T, F, Fut>(&'a self, limit: Duration, op: F) -> Vec<Result<T>>
+    where
+        F: Fn(&'a B) -> Fut,
+        Fut: Future<Output = Result<T>> + Send + 'a,
+    {
+        join_all(self.inner.nodes.iter().map(|node| {
+            let call = op(node);
+            async move {
+                tokio::time::timeout(limit, call).await.unwrap_or_else(|_| {
+                    Err(Error::new(
+                        ErrorKind::TimedOut,
+                        format!("a quorum node did not answer within {limit:?}"),
+                    )
+                    .retryable(true))
+                })
+            }
+        }))
+        .await
+    }
+
+    /// Turns per-node booleans into a majority verdict: `Ok(true)` if a majority said
+    /// yes, `Ok(false)` if a majority can no longer say yes, else the first error.
+    fn verdict(&self, results: Vec<Result<bool>>) -> Result<bool> {
+        let q = self.quorum();
+        let yes = results.iter().filter(|r| matches!(r, Ok(true))).count();
+        let no = results.iter().filter(|r| matches!(r, Ok(false))).count();
+        if yes >= q {
+            return Ok(true);
+        }
+        if self.inner.nodes.len() - no < q {
+            return Ok(false);
+        }
+        Err(first_error(results, "no majority answered"))
+    }
+}
+
+fn first_error<T>(results: Vec<Result<T>>, what: &str) -> Error {
+    results
+        .into_iter()
+        .find_map(std::result::Result::err)
+        .map_or_else(
+            || Error::new(ErrorKind::Unavailable, what.to_owned()).retryable(true),
+            |e| {
+                let kind = e.kind();
+                Error::new(kind, format!("{what}: {}", e.message()))
+                    .retryable(true)
+                    .with_source(e)
+            },
+        )
+}
+
+/// Polls every future at once; their outputs in order.
+async fn join_all<F: Future>(futures: impl IntoIterator<Item = F>) -> Vec<F::Output> {
+    let mut pending: Vec<Pin<Box<F>>> = futures.into_iter().map(Box::pin).collect();
+    let mut out: Vec<Option<F::Output>> = pending.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut done = true;
+        for (fut, slot) in pending.iter_mut().zip(out.iter_mut()) {
+            if slot.is_none() {
+                match fut.as_mut().poll(cx) {
+                    Poll::Ready(v) => *slot = Some(v),
+                    Poll::Pending => done = false,
+                }
+            }
+        }
+        if done { Poll::Ready(()) } else { Poll::Pending }
+    })
+    .await;
+    out.into_iter().flatten().collect()
+}
+
+impl<B: RawLock> RawLock for Quorum<B> {
+    async fn acquire(&self, keys: &LockKeys, token: &Token, ttl: Duration) -> Result<Acquire> {
+        let started = Instant::now();
+        let results = self
+            .on_all(self.node_timeout(ttl), |node| {
+                node.acquire(keys, token, ttl)
+            })
+            .await;
+        let granted = results
+            .iter()
+            .filter(|r| matches!(r, Ok(Acquire::Acquired { .. })))
+            .count();
+        let refused: Vec<Option<Duration>> = results
+            .iter()
+            .filter_map(|r| match r {
+                Ok(Acquire::Held { remaining }) => Some(*remaining),
+                _ => None,
+            })
+            .collect();
+        let validity = ttl
+            .saturating_sub(started.elapsed())
+            .saturating_sub(self.inner.drift.of(ttl));
+        if granted >= self.quorum() && !validity.is_zero() {
+            return Ok(Acquire::Acquired { fence: 0 });
+        }
+        // No majority in time: give back every grant, including ones whose reply was lost.
+        if granted > 0 || refused.len() < self.inner.nodes.len() {
+            let _ = self.release(keys, token).await;
+        }
+        if granted + refused.len() < self.quorum() {
+            return Err(first_error(
+                results.into_iter().map(|r| r.map(|_| ())).collect(),
+                &format!(
+                    "only {} of {} quorum nodes answered in time; {} are needed",
+                    granted + refused.len(),
+                    self.inner.nodes.len(),
+                    self.quorum()
+                ),
+            ));
+        }
+        // Held by others on enough nodes, a split vote, or the validity ran out: the
+        // waiter backs off for a random while (full jitter), then tries again.
+        let remaining = refused.iter().flatten().min().copied();
+        Ok(Acquire::Held { remaining })
+    }
+
+    async fn release(&self, keys: &LockKeys, token: &Token) -> Result<bool> {
+        // Not bounded by a lease's ttl: each node gets its client's own response timeout,
+        // at most RELEASE_TIMEOUT (a node that misses it lets our key expire).
+        let results = self
+            .on_all(RELEASE_TIMEOUT, |node| node.release(keys, token))
+            .await;
+        self.verdict(results)
+    }
+
+    async fn extend(&self, keys: &LockKeys, token: &Token, ttl: Duration) -> Result<bool> {
+        let started = Instant::now();
+        let results = self
+            .on_all(self.node_timeout(ttl), |node| node.extend(keys, token, ttl))
+            .await;
+        let verdict = self.verdict(results)?;
+        if verdict && started.elapsed() + self.inner.drift.of(ttl) >= ttl {
+            return Err(Error::new(
+                ErrorKind::TimedOut,
+                "a majority extended, but only after the new lease's validity",
+            )
+            .retryable(true));
+        }
+        Ok(verdict)
+    }
+
+    async fn extend_many(&self, renewals: &[Renewal]) -> Vec<Result<bool>> {
+        let ttl = renewals
+            .iter()
+            .map(|r| r.ttl)
+            .min()
+            .unwrap_or(Duration::from_secs(1));
+        let per_node = self
+            .on_all(self.node_timeout(ttl), |node| async move {
+                Ok(node.extend_many(renewals).await)
+            })
+            .await;
+        (0..renewals.len())
+            .map(|i| {
+                self.verdict(
+                    per_node
+                        .iter()
+                        .map(|node| match node {
+                            Ok(results) => match results.get(i) {
+                                Some(Ok(b)) => Ok(*b),
+                                Some(Err(e)) => Err(Error::new(e.kind(), e.message().to_owned())),
+                                None => {
+                                    Err(Error::new(ErrorKind::Backend, "missing renewal reply"))
+                                }
+                            },
+                            Err(e) => Err(Error::new(e.kind(), e.message().to_owned())),
+                        })
+                        .collect(),
+                )
+            })
+            .collect()
+    }
+
+    fn drift(&self) -> Drift {
+        self.inner.drift
+    }
+
+    fn store_id(&self) -> String {
+        let ids: Vec<String> = self.inner.nodes.iter().map(RawLock::store_id).collect();
+        format!("quorum[{}]", ids.join(","))
+    }
+
+    fn leases(&self) -> &Leases {
+        &self.inner.leases
+    }
+}
