@@ -32,6 +32,9 @@ pub enum ErrorKind {
     /// A configured limit would be exceeded (a reentrant lock's hold count at its
     /// reentrancy limit). Nothing changed in the store.
     LimitReached,
+    /// The store applied a grant or renewal, but fewer replicas than required
+    /// acknowledged it in time (`WAIT`); a grant was given back.
+    NotReplicated,
 }
 
 impl ErrorKind {
@@ -43,6 +46,7 @@ impl ErrorKind {
             ErrorKind::TimedOut => "timed out",
             ErrorKind::Backend => "backend error",
             ErrorKind::LimitReached => "limit reached",
+            ErrorKind::NotReplicated => "not replicated",
         }
     }
 }

@@ -737,3 +737,71 @@ async fn a_partitioned_holder_loses_its_lease_and_a_closed_connection_recovers()
     };
     guard.release().await.expect("release");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_fails_a_grant_that_no_replica_acknowledged() {
+    let master = RedisServer::start().expect("master");
+    let port = master.port().to_string();
+    let mut replica =
+        RedisServer::start_with(&["--replicaof", "127.0.0.1", &port]).expect("replica");
+    let mut admin = master
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .expect("admin");
+    let linked = async {
+        loop {
+            let info: String = cmd(&mut admin, &["INFO", "replication"]).await;
+            if info.contains("connected_slaves:1") && info.contains("state=online") {
+                break;
+            }
+            sleep(Duration::from_millis(50)).await;
+        }
+    };
+    timeout(Duration::from_secs(20), linked)
+        .await
+        .expect("the replica links up");
+    let redis = Redis::builder(master.url())
+        .min_replicas(1)
+        .replica_timeout(Duration::from_millis(300))
+        .connect()
+        .await
+        .expect("connect");
+    let lock = Lock::builder(redis, unique("wait"))
+        .ttl(Duration::from_secs(5))
+        .build()
+        .expect("valid");
+    let guard = lock
+        .try_lock()
+        .await
+        .expect("a replica acknowledges")
+        .expect("free");
+    let mut on_replica = replica
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .expect("replica connection");
+    let copied: Option<String> = cmd(&mut on_replica, &["GET", lock.keys().lock()]).await;
+    assert_eq!(copied.as_deref(), Some(guard.token().as_str()));
+    guard.release().await.expect("release");
+
+    replica.freeze().expect("SIGSTOP the replica");
+    let err = lock.try_lock().await.expect_err("no replica acknowledges");
+    assert_eq!(err.kind(), ErrorKind::NotReplicated, "{err}");
+    assert!(
+        !lock.is_locked().await.expect("store"),
+        "the grant was given back"
+    );
+    replica.thaw().expect("SIGCONT");
+    let guard = timeout(Duration::from_secs(10), async {
+        loop {
+            if let Ok(Some(g)) = lock.try_lock().await {
+                return g;
+            }
+            sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await
+    .expect("grants are acknowledged again once the replica is back");
+    guard.release().await.expect("release");
+}

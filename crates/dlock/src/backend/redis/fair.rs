@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use super::{Redis, map_err, ttl_ms};
+use super::{Redis, map_err, not_replicated, ttl_ms};
 use crate::error::{Error, ErrorKind, Result};
 use crate::keys::LockKeys;
 use crate::raw::{Acquire, LockState, RawFair, RawInspect};
@@ -43,19 +43,19 @@ impl RawFair for Redis {
         ttl: Duration,
         grace: Duration,
     ) -> Result<Acquire> {
-        let reply: Vec<i64> = self
-            .inner
-            .fair_acquire
-            .key(keys.lock())
-            .key(queue(keys))
-            .key(claims(keys))
-            .key(keys.fence())
-            .arg(token.as_str())
-            .arg(ttl_ms(ttl))
-            .arg(ttl_ms(grace))
-            .invoke_async(&mut self.conn())
-            .await
-            .map_err(|e| map_err(e, "acquiring a fair lock"))?;
+        let (q, c) = (queue(keys), claims(keys));
+        let (reply, replicated): (Vec<i64>, bool) = self
+            .write(
+                &self.inner.fair_acquire,
+                &[keys.lock(), &q, &c, keys.fence()],
+                &[&token.as_str(), &ttl_ms(ttl), &ttl_ms(grace)],
+                "acquiring a fair lock",
+            )
+            .await?;
+        if !replicated && reply.first() == Some(&1) {
+            let _ = self.release_fair(keys, token).await;
+            return Err(not_replicated(keys, "the grant"));
+        }
         match reply.as_slice() {
             [1, fence] if *fence >= 0 => Ok(Acquire::Acquired {
                 fence: u64::try_from(*fence).unwrap_or(0),

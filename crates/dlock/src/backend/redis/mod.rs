@@ -79,6 +79,7 @@ struct Inner {
     fair_acquire: Script,
     fair_release: Script,
     leases: Leases,
+    replication: Option<Replication>,
     pubsub: PubSub,
     addr: String,
 }
@@ -98,6 +99,15 @@ pub struct RedisBuilder {
     url: String,
     connect_timeout: Duration,
     response_timeout: Duration,
+    min_replicas: u32,
+    replica_timeout: Duration,
+}
+
+/// How many replicas must acknowledge a grant or renewal, and how long to wait for them.
+#[derive(Debug, Clone, Copy)]
+struct Replication {
+    replicas: u32,
+    timeout_ms: u64,
 }
 
 impl RedisBuilder {
@@ -115,6 +125,28 @@ impl RedisBuilder {
         self
     }
 
+    /// Require `n` replicas to acknowledge every grant and renewal (default 0: don't ask).
+    /// After each acquire or extend the backend sends `WAIT n timeout` in the same round
+    /// trip; with fewer acknowledgements the acquire fails with
+    /// [`ErrorKind::NotReplicated`] (its grant given back) and the renewal counts as
+    /// failed.
+    ///
+    /// `WAIT` narrows the window in which a failover to a replica loses a lock; it does
+    /// not close it: the replica may still be behind on other writes, a failover can pick
+    /// a replica that did not acknowledge, and a write acknowledged by a replica's memory
+    /// is not durable on it. While a `WAIT` blocks, this client's other commands wait
+    /// behind it (one connection).
+    pub fn min_replicas(mut self, n: u32) -> Self {
+        self.min_replicas = n;
+        self
+    }
+
+    /// How long `WAIT` waits for the replicas (default 100 ms).
+    pub fn replica_timeout(mut self, timeout: Duration) -> Self {
+        self.replica_timeout = timeout;
+        self
+    }
+
     /// Connects and loads the scripts.
     ///
     /// # Errors
@@ -126,6 +158,17 @@ impl RedisBuilder {
         if self.connect_timeout.is_zero() || self.response_timeout.is_zero() {
             return Err(Error::invalid("redis timeouts must not be zero"));
         }
+        if self.min_replicas > 0
+            && (self.replica_timeout.is_zero() || self.replica_timeout >= self.response_timeout)
+        {
+            return Err(Error::invalid(
+                "the replica timeout must be above zero and below the response timeout",
+            ));
+        }
+        let replication = (self.min_replicas > 0).then(|| Replication {
+            replicas: self.min_replicas,
+            timeout_ms: ttl_ms(self.replica_timeout),
+        });
         let scheme = self.url.split("://").next().unwrap_or_default();
         if !matches!(scheme, "redis" | "rediss" | "redis+unix" | "unix")
             || !self.url.contains("://")
@@ -187,6 +230,7 @@ impl RedisBuilder {
                 fair_acquire: Script::new(include_str!("lua/fair_acquire.lua")),
                 fair_release: Script::new(include_str!("lua/fair_release.lua")),
                 leases: Leases::new(),
+                replication,
                 pubsub: PubSub::new(&client, self.connect_timeout, self.response_timeout),
                 addr,
             }),
@@ -212,6 +256,8 @@ impl Redis {
             url: url.into(),
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             response_timeout: DEFAULT_RESPONSE_TIMEOUT,
+            min_replicas: 0,
+            replica_timeout: Duration::from_millis(100),
         }
     }
 
@@ -222,6 +268,57 @@ impl Redis {
 
     fn conn(&self) -> ConnectionManager {
         self.inner.conn.clone()
+    }
+
+    /// Runs a script that grants or renews (`EVALSHA` with `keys` and `args`), followed
+    /// in the same round trip by `WAIT` when replicas must acknowledge. Returns the
+    /// script's reply and whether enough replicas acknowledged (always true without
+    /// `min_replicas`).
+    pub(super) async fn write<T: redis::FromRedisValue>(
+        &self,
+        script: &Script,
+        keys: &[&str],
+        args: &[&dyn ToArg],
+        doing: &str,
+    ) -> Result<(T, bool)> {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(script.get_hash()).arg(keys.len()).arg(keys);
+        for a in args {
+            a.push_to(&mut cmd);
+        }
+        let mut conn = self.conn();
+        for round in 0..2 {
+            let reply = match self.inner.replication {
+                None => cmd.query_async::<T>(&mut conn).await.map(|t| (t, true)),
+                Some(r) => {
+                    let mut pipe = redis::pipe();
+                    pipe.add_command(cmd.clone())
+                        .cmd("WAIT")
+                        .arg(r.replicas)
+                        .arg(r.timeout_ms);
+                    pipe.query_async::<(T, i64)>(&mut conn)
+                        .await
+                        .map(|(t, acks)| (t, acks >= i64::from(r.replicas)))
+                }
+            };
+            match reply {
+                Err(e)
+                    if round == 0
+                        && e.kind() == redis::ErrorKind::Server(ServerErrorKind::NoScript) =>
+                {
+                    script
+                        .prepare_invoke()
+                        .load_async(&mut conn)
+                        .await
+                        .map_err(|e| map_err(e, "reloading a script"))?;
+                }
+                other => return other.map_err(|e| map_err(e, doing)),
+            }
+        }
+        Err(Error::new(
+            ErrorKind::Backend,
+            "script missing after reload",
+        ))
     }
 
     async fn load_scripts(&self) -> Result<()> {
@@ -254,6 +351,41 @@ impl Redis {
         }
         Ok(())
     }
+}
+
+/// A script argument (object-safe stand-in for `ToRedisArgs`).
+pub(super) trait ToArg: Sync {
+    fn push_to(&self, cmd: &mut redis::Cmd);
+}
+
+impl ToArg for &str {
+    fn push_to(&self, cmd: &mut redis::Cmd) {
+        cmd.arg(*self);
+    }
+}
+
+impl ToArg for u64 {
+    fn push_to(&self, cmd: &mut redis::Cmd) {
+        cmd.arg(*self);
+    }
+}
+
+impl ToArg for u32 {
+    fn push_to(&self, cmd: &mut redis::Cmd) {
+        cmd.arg(*self);
+    }
+}
+
+/// The error of a grant or renewal that too few replicas acknowledged.
+pub(super) fn not_replicated(keys: &LockKeys, what: &str) -> Error {
+    Error::new(
+        ErrorKind::NotReplicated,
+        format!(
+            "{what} of {:?} was not acknowledged by enough replicas in time (WAIT)",
+            keys.name()
+        ),
+    )
+    .retryable(true)
 }
 
 fn redact(url: &str) -> String {
@@ -322,16 +454,18 @@ fn map_err(err: RedisError, doing: &str) -> Error {
 
 impl RawLock for Redis {
     async fn acquire(&self, keys: &LockKeys, token: &Token, ttl: Duration) -> Result<Acquire> {
-        let reply: Vec<i64> = self
-            .inner
-            .acquire
-            .key(keys.lock())
-            .key(keys.fence())
-            .arg(token.as_str())
-            .arg(ttl_ms(ttl))
-            .invoke_async(&mut self.conn())
-            .await
-            .map_err(|e| map_err(e, "acquiring"))?;
+        let (reply, replicated): (Vec<i64>, bool) = self
+            .write(
+                &self.inner.acquire,
+                &[keys.lock(), keys.fence()],
+                &[&token.as_str(), &ttl_ms(ttl)],
+                "acquiring",
+            )
+            .await?;
+        if !replicated && reply.first() == Some(&1) {
+            let _ = self.release(keys, token).await;
+            return Err(not_replicated(keys, "the grant"));
+        }
         match reply.as_slice() {
             [1, fence] if *fence >= 1 => Ok(Acquire::Acquired {
                 fence: u64::try_from(*fence).unwrap_or(0),
@@ -372,15 +506,17 @@ impl RawLock for Redis {
     }
 
     async fn extend(&self, keys: &LockKeys, token: &Token, ttl: Duration) -> Result<bool> {
-        let extended: i64 = self
-            .inner
-            .extend
-            .key(keys.lock())
-            .arg(token.as_str())
-            .arg(ttl_ms(ttl))
-            .invoke_async(&mut self.conn())
-            .await
-            .map_err(|e| map_err(e, "extending"))?;
+        let (extended, replicated): (i64, bool) = self
+            .write(
+                &self.inner.extend,
+                &[keys.lock()],
+                &[&token.as_str(), &ttl_ms(ttl)],
+                "extending",
+            )
+            .await?;
+        if extended == 1 && !replicated {
+            return Err(not_replicated(keys, "the renewal"));
+        }
         Ok(extended == 1)
     }
 
@@ -395,6 +531,9 @@ impl RawLock for Redis {
                 .arg(r.keys.lock())
                 .arg(r.token.as_str())
                 .arg(ttl_ms(r.ttl));
+        }
+        if let Some(r) = self.inner.replication {
+            pipe.cmd("WAIT").arg(r.replicas).arg(r.timeout_ms);
         }
         pipe.ignore_errors();
         let mut conn = self.conn();
@@ -431,11 +570,21 @@ impl RawLock for Redis {
                 }
                 continue;
             }
+            let mut replies = replies;
+            let replicated = match self.inner.replication {
+                // The last reply is WAIT's count of acknowledging replicas.
+                Some(r) => replies
+                    .pop()
+                    .is_some_and(|acks| acks.is_ok_and(|n| n >= i64::from(r.replicas))),
+                None => true,
+            };
             return replies
                 .into_iter()
-                .map(|r| {
-                    r.map(|n| n == 1)
-                        .map_err(|e| map_err(e, "renewing a lease"))
+                .zip(renewals)
+                .map(|(r, renewal)| match r {
+                    Ok(1) if !replicated => Err(not_replicated(&renewal.keys, "the renewal")),
+                    Ok(n) => Ok(n == 1),
+                    Err(e) => Err(map_err(e, "renewing a lease")),
                 })
                 .collect();
         }
@@ -559,19 +708,19 @@ impl RawSemaphore for Redis {
         permits: u32,
         ttl: Duration,
     ) -> Result<Acquire> {
-        let reply: Vec<i64> = self
-            .inner
-            .sem_acquire
-            .key(keys.lock())
-            .key(keys.companion("holders"))
-            .key(keys.companion("permits"))
-            .arg(token.as_str())
-            .arg(n)
-            .arg(permits)
-            .arg(ttl_ms(ttl))
-            .invoke_async(&mut self.conn())
-            .await
-            .map_err(|e| map_err(e, "acquiring permits"))?;
+        let (holders, count) = (keys.companion("holders"), keys.companion("permits"));
+        let (reply, replicated): (Vec<i64>, bool) = self
+            .write(
+                &self.inner.sem_acquire,
+                &[keys.lock(), &holders, &count],
+                &[&token.as_str(), &n, &permits, &ttl_ms(ttl)],
+                "acquiring permits",
+            )
+            .await?;
+        if !replicated && reply.first() == Some(&1) {
+            let _ = self.release_permits(keys, token).await;
+            return Err(not_replicated(keys, "the permit grant"));
+        }
         match reply.as_slice() {
             [1, _] => Ok(Acquire::Acquired { fence: 0 }),
             [0, wait] => Ok(Acquire::Held {
@@ -599,16 +748,18 @@ impl RawSemaphore for Redis {
     }
 
     async fn extend_permits(&self, keys: &LockKeys, token: &Token, ttl: Duration) -> Result<bool> {
-        let extended: i64 = self
-            .inner
-            .sem_extend
-            .key(keys.lock())
-            .key(keys.companion("holders"))
-            .arg(token.as_str())
-            .arg(ttl_ms(ttl))
-            .invoke_async(&mut self.conn())
-            .await
-            .map_err(|e| map_err(e, "renewing permits"))?;
+        let holders = keys.companion("holders");
+        let (extended, replicated): (i64, bool) = self
+            .write(
+                &self.inner.sem_extend,
+                &[keys.lock(), &holders],
+                &[&token.as_str(), &ttl_ms(ttl)],
+                "renewing permits",
+            )
+            .await?;
+        if extended == 1 && !replicated {
+            return Err(not_replicated(keys, "the permit renewal"));
+        }
         Ok(extended == 1)
     }
 

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use super::{Redis, map_err, ttl_ms};
+use super::{Redis, map_err, not_replicated, ttl_ms};
 use crate::error::{Error, ErrorKind, Result};
 use crate::keys::LockKeys;
 use crate::raw::{Acquire, LockState, RawInspect, RawReentrant};
@@ -18,18 +18,18 @@ impl RawReentrant for Redis {
         ttl: Duration,
         limit: u32,
     ) -> Result<Acquire> {
-        let reply: Vec<i64> = self
-            .inner
-            .re_acquire
-            .key(keys.lock())
-            .key(keys.fence())
-            .arg(owner)
-            .arg(token.as_str())
-            .arg(ttl_ms(ttl))
-            .arg(limit)
-            .invoke_async(&mut self.conn())
-            .await
-            .map_err(|e| map_err(e, "acquiring a reentrant lock"))?;
+        let (reply, replicated): (Vec<i64>, bool) = self
+            .write(
+                &self.inner.re_acquire,
+                &[keys.lock(), keys.fence()],
+                &[&owner, &token.as_str(), &ttl_ms(ttl), &limit],
+                "acquiring a reentrant lock",
+            )
+            .await?;
+        if !replicated && reply.first() == Some(&1) {
+            let _ = self.release_reentrant(keys, owner, token).await;
+            return Err(not_replicated(keys, "the grant"));
+        }
         match reply.as_slice() {
             [1, fence] if *fence >= 1 => Ok(Acquire::Acquired {
                 fence: u64::try_from(*fence).unwrap_or(0),
@@ -82,15 +82,17 @@ impl RawReentrant for Redis {
         token: &Token,
         ttl: Duration,
     ) -> Result<bool> {
-        let extended: i64 = self
-            .inner
-            .re_extend
-            .key(keys.lock())
-            .arg(token.as_str())
-            .arg(ttl_ms(ttl))
-            .invoke_async(&mut self.conn())
-            .await
-            .map_err(|e| map_err(e, "renewing a reentrant lock"))?;
+        let (extended, replicated): (i64, bool) = self
+            .write(
+                &self.inner.re_extend,
+                &[keys.lock()],
+                &[&token.as_str(), &ttl_ms(ttl)],
+                "renewing a reentrant lock",
+            )
+            .await?;
+        if extended == 1 && !replicated {
+            return Err(not_replicated(keys, "the renewal"));
+        }
         Ok(extended == 1)
     }
 

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use super::{Redis, map_err, ttl_ms};
+use super::{Redis, map_err, not_replicated, ttl_ms};
 use crate::error::{Error, ErrorKind, Result};
 use crate::keys::LockKeys;
 use crate::raw::{Acquire, LockState, RawRwLock};
@@ -26,20 +26,24 @@ impl RawRwLock for Redis {
         ttl: Duration,
         grace: Duration,
     ) -> Result<Acquire> {
-        let reply: Vec<i64> = self
-            .inner
-            .rw_acquire
-            .key(keys.lock())
-            .key(readers(keys))
-            .key(writers(keys))
-            .key(keys.fence())
-            .arg(if write { "w" } else { "r" })
-            .arg(token.as_str())
-            .arg(ttl_ms(ttl))
-            .arg(ttl_ms(grace))
-            .invoke_async(&mut self.conn())
-            .await
-            .map_err(|e| map_err(e, "acquiring a read-write lock"))?;
+        let (r, w) = (readers(keys), writers(keys));
+        let (reply, replicated): (Vec<i64>, bool) = self
+            .write(
+                &self.inner.rw_acquire,
+                &[keys.lock(), &r, &w, keys.fence()],
+                &[
+                    &if write { "w" } else { "r" },
+                    &token.as_str(),
+                    &ttl_ms(ttl),
+                    &ttl_ms(grace),
+                ],
+                "acquiring a read-write lock",
+            )
+            .await?;
+        if !replicated && reply.first() == Some(&1) {
+            let _ = self.release_rw(keys, token).await;
+            return Err(not_replicated(keys, "the grant"));
+        }
         match reply.as_slice() {
             [1, fence] if *fence >= 0 => Ok(Acquire::Acquired {
                 fence: u64::try_from(*fence).unwrap_or(0),
@@ -69,16 +73,18 @@ impl RawRwLock for Redis {
     }
 
     async fn extend_rw(&self, keys: &LockKeys, token: &Token, ttl: Duration) -> Result<bool> {
-        let extended: i64 = self
-            .inner
-            .rw_extend
-            .key(keys.lock())
-            .key(readers(keys))
-            .arg(token.as_str())
-            .arg(ttl_ms(ttl))
-            .invoke_async(&mut self.conn())
-            .await
-            .map_err(|e| map_err(e, "renewing a read-write lock"))?;
+        let r = readers(keys);
+        let (extended, replicated): (i64, bool) = self
+            .write(
+                &self.inner.rw_extend,
+                &[keys.lock(), &r],
+                &[&token.as_str(), &ttl_ms(ttl)],
+                "renewing a read-write lock",
+            )
+            .await?;
+        if extended == 1 && !replicated {
+            return Err(not_replicated(keys, "the renewal"));
+        }
         Ok(extended == 1)
     }
 
