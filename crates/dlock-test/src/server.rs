@@ -307,3 +307,99 @@ fn server_pid(port: u16) -> io::Result<u32> {
             .ok_or_else(|| io::Error::other("no process_id in INFO"));
     }
 }
+
+/// A `redis-sentinel` process (`redis-server --sentinel`) on a free loopback port,
+/// watching one master; killed when dropped.
+#[derive(Debug)]
+pub struct SentinelServer {
+    child: Option<Child>,
+    port: u16,
+    dir: PathBuf,
+}
+
+impl SentinelServer {
+    /// Starts a sentinel that monitors the master on `master_port` under `name`, with
+    /// `quorum` sentinels needed to agree it is down. It declares the master down after
+    /// 1 s without an answer.
+    ///
+    /// # Errors
+    /// The config could not be written or the sentinel did not become ready.
+    pub fn start(master_port: u16, name: &str, quorum: u32) -> io::Result<SentinelServer> {
+        let mut last_err = None;
+        for _ in 0..5 {
+            let port = free_port()?;
+            let dir =
+                std::env::temp_dir().join(format!("dlock-sentinel-{}-{port}", std::process::id()));
+            std::fs::create_dir_all(&dir)?;
+            let conf = dir.join("sentinel.conf");
+            std::fs::write(
+                &conf,
+                format!(
+                    "port {port}\nbind 127.0.0.1\nprotected-mode no\nlogfile \"\"\n\
+                     dir {dir}\n\
+                     sentinel monitor {name} 127.0.0.1 {master_port} {quorum}\n\
+                     sentinel down-after-milliseconds {name} 1000\n\
+                     sentinel failover-timeout {name} 4000\n\
+                     sentinel parallel-syncs {name} 1\n",
+                    dir = dir.display()
+                ),
+            )?;
+            let binary = std::env::var(REDIS_SERVER_ENV).unwrap_or_else(|_| "redis-server".into());
+            let mut child = Command::new(&binary)
+                .arg(&conf)
+                .arg("--sentinel")
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()?;
+            let deadline = Instant::now() + READY_TIMEOUT;
+            let ready = loop {
+                if child.try_wait()?.is_some() {
+                    break false;
+                }
+                if server_pid(port).is_ok_and(|pid| pid == child.id()) {
+                    break true;
+                }
+                if Instant::now() > deadline {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    break false;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            };
+            if ready {
+                return Ok(SentinelServer {
+                    child: Some(child),
+                    port,
+                    dir,
+                });
+            }
+            last_err = Some(io::Error::other("redis sentinel did not start"));
+        }
+        Err(last_err.unwrap_or_else(|| io::Error::other("redis sentinel did not start")))
+    }
+
+    /// `127.0.0.1:<port>`, for `redis+sentinel://` URLs.
+    pub fn addr(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// A redis-rs client of the sentinel itself.
+    ///
+    /// # Panics
+    /// Never for a well-formed loopback URL.
+    pub fn client(&self) -> redis::Client {
+        #[allow(clippy::unwrap_used)]
+        redis::Client::open(format!("redis://{}/", self.addr())).unwrap()
+    }
+}
+
+impl Drop for SentinelServer {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

@@ -345,8 +345,32 @@ impl<B: RawLock> Lock<B> {
         // A release announcement this waiter consumed; passed on to another local waiter
         // unless our next attempt settles who holds the lock.
         let mut woken: Option<PassOn> = None;
+        // When the store became unreachable while we were waiting.
+        let mut outage: Option<Instant> = None;
         loop {
-            let attempt = self.attempt(&token).await?;
+            let attempt = match self.attempt(&token).await {
+                Ok(attempt) => {
+                    outage = None;
+                    attempt
+                }
+                // A waiter rides out a store outage (a restart, a failover) for up to one
+                // ttl; the first attempt, and longer outages, report the error.
+                Err(err)
+                    if err.is_retryable()
+                        && watch.is_some()
+                        && outage.get_or_insert_with(Instant::now).elapsed() < self.ttl
+                        && deadline.is_none_or(|d| Instant::now() < d) =>
+                {
+                    tracing::debug!(lock = self.name(), error = %err, "store unavailable while waiting; retrying");
+                    let pause = backoff.next();
+                    match deadline {
+                        Some(d) => tokio::time::sleep_until(d.min(Instant::now() + pause)).await,
+                        None => tokio::time::sleep(pause).await,
+                    }
+                    continue;
+                }
+                Err(err) => return Err(err),
+            };
             let remaining = match attempt {
                 Attempt::Got(guard) => {
                     waiting.queued = false;

@@ -3,6 +3,7 @@
 mod memory;
 mod quorum;
 mod redis;
+mod sentinel;
 
 /// One `#[tokio::test]` per conformance behaviour, against a fresh target each.
 #[macro_export]

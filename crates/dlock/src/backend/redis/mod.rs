@@ -20,6 +20,7 @@ mod fair;
 mod pubsub;
 mod reentrant;
 mod rwlock;
+mod sentinel;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -60,7 +61,9 @@ pub struct Redis {
 }
 
 struct Inner {
-    conn: ConnectionManager,
+    /// Replaced when a sentinel reports a new master.
+    conn: std::sync::RwLock<ConnectionManager>,
+    config: ConnectionManagerConfig,
     acquire: Script,
     release: Script,
     extend: Script,
@@ -170,11 +173,14 @@ impl RedisBuilder {
             timeout_ms: ttl_ms(self.replica_timeout),
         });
         let scheme = self.url.split("://").next().unwrap_or_default();
-        if !matches!(scheme, "redis" | "rediss" | "redis+unix" | "unix")
-            || !self.url.contains("://")
+        if !matches!(
+            scheme,
+            "redis" | "rediss" | "redis+unix" | "unix" | "redis+sentinel"
+        ) || !self.url.contains("://")
         {
             return Err(Error::invalid(format!(
-                "unsupported redis URL {:?}: expected redis://, rediss:// or redis+unix://",
+                "unsupported redis URL {:?}: expected redis://, rediss://, redis+unix:// or \
+                 redis+sentinel://",
                 redact(&self.url)
             )));
         }
@@ -184,10 +190,22 @@ impl RedisBuilder {
             // application already chose one (then this is a no-op).
             let _ = rustls::crypto::ring::default_provider().install_default();
         }
-        let client = redis::Client::open(self.url.as_str()).map_err(|e| {
-            Error::invalid(format!("bad redis URL {:?}: {e}", redact(&self.url))).with_source(e)
-        })?;
-        let addr = client.get_connection_info().addr().to_string();
+        let sentinel = if scheme == "redis+sentinel" {
+            Some(sentinel::SentinelUrl::parse(&self.url)?)
+        } else {
+            None
+        };
+        let client = match &sentinel {
+            Some(s) => s.resolve(self.connect_timeout).await?,
+            None => redis::Client::open(self.url.as_str()).map_err(|e| {
+                Error::invalid(format!("bad redis URL {:?}: {e}", redact(&self.url))).with_source(e)
+            })?,
+        };
+        let master_addr = client.get_connection_info().addr().to_string();
+        let addr = match &sentinel {
+            Some(s) => format!("sentinel:{}", s.master()),
+            None => master_addr.clone(),
+        };
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(self.connect_timeout))
             .set_response_timeout(Some(self.response_timeout))
@@ -195,23 +213,24 @@ impl RedisBuilder {
             .set_max_delay(Duration::from_millis(500));
         let conn = tokio::time::timeout(
             self.connect_timeout,
-            ConnectionManager::new_with_config(client.clone(), config),
+            ConnectionManager::new_with_config(client.clone(), config.clone()),
         )
         .await
         .map_err(|_| {
             Error::new(
                 ErrorKind::Unavailable,
                 format!(
-                    "could not connect to redis at {addr} within {:?}",
+                    "could not connect to redis at {master_addr} within {:?}",
                     self.connect_timeout
                 ),
             )
         })?
-        .map_err(|e| map_err(e, &format!("connecting to redis at {addr}")))?;
+        .map_err(|e| map_err(e, &format!("connecting to redis at {master_addr}")))?;
 
         let redis = Redis {
             inner: Arc::new(Inner {
-                conn,
+                conn: std::sync::RwLock::new(conn),
+                config,
                 acquire: Script::new(include_str!("lua/acquire.lua")),
                 release: Script::new(include_str!("lua/release.lua")),
                 extend: Script::new(include_str!("lua/extend.lua")),
@@ -236,6 +255,14 @@ impl RedisBuilder {
             }),
         };
         redis.load_scripts().await?;
+        if let Some(url) = sentinel {
+            sentinel::follow(
+                Arc::downgrade(&redis.inner),
+                url,
+                master_addr,
+                self.connect_timeout,
+            );
+        }
         Ok(redis)
     }
 }
@@ -267,7 +294,11 @@ impl Redis {
     }
 
     fn conn(&self) -> ConnectionManager {
-        self.inner.conn.clone()
+        self.inner
+            .conn
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 
     /// Runs a script that grants or renews (`EVALSHA` with `keys` and `args`), followed

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{ProtocolVersion, PushKind, Value};
-use tokio::sync::{Notify, OnceCell};
+use tokio::sync::Notify;
 
 use super::map_err;
 use crate::error::Result;
@@ -22,9 +22,12 @@ pub(super) struct PubSub {
 }
 
 struct Shared {
-    client: Option<redis::Client>,
+    /// The RESP3 client of the current master (replaced when a failover moves it).
+    client: Mutex<Option<redis::Client>>,
     config: Option<ConnectionManagerConfig>,
-    conn: OnceCell<ConnectionManager>,
+    conn: Mutex<Option<ConnectionManager>>,
+    /// Serialises opening the connection.
+    opening: tokio::sync::Mutex<()>,
     channels: Arc<Mutex<HashMap<String, Channel>>>,
     /// Serialise SUBSCRIBE / UNSUBSCRIBE of one channel (sharded by its name), so that a
     /// late UNSUBSCRIBE never undoes a newer SUBSCRIBE of the same channel, while
@@ -57,14 +60,7 @@ impl PubSub {
         response_timeout: Duration,
     ) -> PubSub {
         let channels: Arc<Mutex<HashMap<String, Channel>>> = Arc::default();
-        let info = client.get_connection_info().clone();
-        let settings = info
-            .redis_settings()
-            .clone()
-            .set_protocol(ProtocolVersion::RESP3);
-        // RESP3 carries pushes on a multiplexed connection; without it (Redis < 6) waiters
-        // fall back to the holder's ttl and backoff.
-        let resp3 = redis::Client::open(info.set_redis_settings(settings)).ok();
+        let resp3 = resp3_client(client);
         let sink = Arc::clone(&channels);
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(connect_timeout))
@@ -78,9 +74,10 @@ impl PubSub {
             });
         PubSub {
             shared: Arc::new(Shared {
-                client: resp3,
+                client: Mutex::new(resp3),
                 config: Some(config),
-                conn: OnceCell::new(),
+                conn: Mutex::new(None),
+                opening: tokio::sync::Mutex::new(()),
                 channels,
                 serial: (0..SERIAL_SHARDS)
                     .map(|_| tokio::sync::Mutex::new(()))
@@ -144,30 +141,103 @@ impl Shared {
         failed_at.is_some_and(|at| at.elapsed() < RETRY_CONNECT_AFTER)
     }
 
+    fn current(&self) -> Option<ConnectionManager> {
+        self.conn
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
     async fn connection(&self) -> Result<ConnectionManager> {
-        let conn = self
-            .conn
-            .get_or_try_init(|| async {
-                let (Some(client), Some(config)) = (&self.client, &self.config) else {
-                    return Err(crate::Error::new(
-                        crate::ErrorKind::Backend,
-                        "no RESP3 client for pub/sub",
-                    ));
-                };
-                ConnectionManager::new_with_config(client.clone(), config.clone())
-                    .await
-                    .map_err(|e| map_err(e, "opening the pub/sub connection"))
-            })
-            .await;
-        match conn {
-            Ok(conn) => Ok(conn.clone()),
-            Err(err) => {
+        if let Some(conn) = self.current() {
+            return Ok(conn);
+        }
+        let _opening = self.opening.lock().await;
+        if let Some(conn) = self.current() {
+            return Ok(conn);
+        }
+        let client = self
+            .client
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        let (Some(client), Some(config)) = (client, &self.config) else {
+            return Err(crate::Error::new(
+                crate::ErrorKind::Backend,
+                "no RESP3 client for pub/sub",
+            ));
+        };
+        match ConnectionManager::new_with_config(client, config.clone()).await {
+            Ok(conn) => {
+                *self.conn.lock().unwrap_or_else(PoisonError::into_inner) = Some(conn.clone());
+                Ok(conn)
+            }
+            Err(e) => {
                 *self
                     .failed_at
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
-                Err(err)
+                Err(map_err(e, "opening the pub/sub connection"))
             }
+        }
+    }
+}
+
+/// The RESP3 version of `client`: RESP3 carries pushes on a multiplexed connection;
+/// without it (Redis < 6) waiters fall back to the holder's ttl and backoff.
+fn resp3_client(client: &redis::Client) -> Option<redis::Client> {
+    let info = client.get_connection_info().clone();
+    let settings = info
+        .redis_settings()
+        .clone()
+        .set_protocol(ProtocolVersion::RESP3);
+    redis::Client::open(info.set_redis_settings(settings)).ok()
+}
+
+impl PubSub {
+    /// Moves every subscription to `client` (the new master after a failover): the old
+    /// connection is dropped, channels with waiters are subscribed on the new one, and
+    /// every waiter retries at once (releases during the move went unheard).
+    pub(super) async fn switch(&self, client: &redis::Client) {
+        let shared = &self.shared;
+        {
+            let _opening = shared.opening.lock().await;
+            *shared.client.lock().unwrap_or_else(PoisonError::into_inner) = resp3_client(client);
+            *shared.conn.lock().unwrap_or_else(PoisonError::into_inner) = None;
+            *shared
+                .failed_at
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner) = None;
+        }
+        let active: Vec<String> = {
+            let mut channels = lock(&shared.channels);
+            for c in channels.values_mut() {
+                c.subscribed = false;
+            }
+            channels
+                .iter()
+                .filter(|(_, c)| c.watchers > 0)
+                .map(|(name, _)| name.clone())
+                .collect()
+        };
+        for channel in active {
+            let _serial = shared.serial(&channel).lock().await;
+            let still = lock(&shared.channels)
+                .get(&channel)
+                .is_some_and(|c| c.watchers > 0 && !c.subscribed);
+            if !still {
+                continue;
+            }
+            let subscribed = match shared.connection().await {
+                Ok(mut conn) => conn.subscribe(&channel).await.is_ok(),
+                Err(_) => false,
+            };
+            if let Some(c) = lock(&shared.channels).get_mut(&channel) {
+                c.subscribed = subscribed;
+            }
+        }
+        for c in lock(&shared.channels).values() {
+            c.notify.notify_waiters();
         }
     }
 }
@@ -237,8 +307,8 @@ impl Drop for Subscription {
                 return;
             }
             // Only an existing connection can hold the subscription.
-            if let Some(conn) = shared.conn.get()
-                && let Err(err) = conn.clone().unsubscribe(&channel).await
+            if let Some(mut conn) = shared.current()
+                && let Err(err) = conn.unsubscribe(&channel).await
             {
                 tracing::debug!(%channel, error = %err, "unsubscribe failed");
             }

@@ -1,0 +1,147 @@
+//! The Redis backend behind Sentinel: master + replica + 3 sentinels; the master dies.
+
+use std::time::Duration;
+
+use dlock::Lock;
+use dlock::backend::Redis;
+use dlock_test::conformance::unique;
+use dlock_test::server::{RedisServer, SentinelServer};
+use tokio::time::{Instant, sleep, timeout};
+
+async fn info(client: &redis::Client, section: &str) -> String {
+    let mut c = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connection");
+    redis::cmd("INFO")
+        .arg(section)
+        .query_async(&mut c)
+        .await
+        .expect("INFO")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locks_follow_a_sentinel_failover() {
+    let mut master = RedisServer::start().expect("master");
+    let port = master.port().to_string();
+    let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port]).expect("replica");
+    timeout(Duration::from_secs(20), async {
+        while !info(&master.client(), "replication")
+            .await
+            .contains("state=online")
+        {
+            sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("the replica links up");
+    let name = "dlockmaster";
+    let sentinels: Vec<SentinelServer> = (0..3)
+        .map(|_| SentinelServer::start(master.port(), name, 2).expect("sentinel"))
+        .collect();
+    // Every sentinel knows the replica and the other two sentinels.
+    timeout(Duration::from_secs(30), async {
+        loop {
+            let mut ready = 0;
+            for s in &sentinels {
+                let text = info(&s.client(), "sentinel").await;
+                if text.contains("slaves=1") && text.contains("sentinels=3") {
+                    ready += 1;
+                }
+            }
+            if ready == 3 {
+                break;
+            }
+            sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await
+    .expect("the sentinels discover the replica and each other");
+
+    let url = format!(
+        "redis+sentinel://{}/{name}",
+        sentinels
+            .iter()
+            .map(SentinelServer::addr)
+            .collect::<Vec<_>>()
+            .join(",")
+    );
+    let ttl = Duration::from_secs(20);
+    let holder = Redis::connect(&url).await.expect("connect via sentinel");
+    let waiter = Redis::connect(&url).await.expect("connect via sentinel");
+    let lock_name = unique("failover");
+    let lock = Lock::builder(holder.clone(), &lock_name)
+        .ttl(ttl)
+        .build()
+        .expect("valid");
+    let guard = lock.lock().await.expect("lock");
+    let waiting = {
+        let lock = Lock::builder(waiter, &lock_name)
+            .ttl(ttl)
+            .build()
+            .expect("valid");
+        tokio::spawn(async move {
+            let g = lock.lock().await.expect("lock");
+            (Instant::now(), g)
+        })
+    };
+    sleep(Duration::from_millis(300)).await; // the waiter is subscribed
+    // The grant reached the replica before the master dies.
+    let mut m = master
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .expect("master");
+    let acked: i64 = redis::cmd("WAIT")
+        .arg(1)
+        .arg(2000)
+        .query_async(&mut m)
+        .await
+        .expect("WAIT");
+    assert_eq!(acked, 1);
+
+    master.kill();
+    let killed = Instant::now();
+    let probe = Lock::builder(holder, unique("probe"))
+        .ttl(Duration::from_secs(5))
+        .build()
+        .expect("valid");
+    let usable = timeout(Duration::from_secs(60), async {
+        loop {
+            if let Ok(Some(g)) = probe.try_lock().await {
+                let _ = g.release().await;
+                return killed.elapsed();
+            }
+            sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await
+    .expect("locks work again after the failover");
+    println!("locks usable again {usable:?} after the master was killed");
+    assert!(
+        info(&replica.client(), "replication")
+            .await
+            .contains("role:master"),
+        "the replica was promoted"
+    );
+
+    // The holder's lease survived on the promoted replica; its release is announced
+    // there, and the waiter — resubscribed on the new master — wakes at once (its
+    // fallback would be the 20 s ttl).
+    let released = Instant::now();
+    guard
+        .release()
+        .await
+        .expect("the lease survived the failover");
+    let (got, g) = timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("the waiter wakes")
+        .expect("task");
+    let woke = got.duration_since(released);
+    println!("the waiter acquired {woke:?} after the release on the new master");
+    assert!(
+        woke < Duration::from_secs(5),
+        "woke by timer, not by pub/sub: {woke:?}"
+    );
+    g.release().await.expect("release");
+}
