@@ -74,3 +74,47 @@ impl Target for RedisTarget {
             .expect("DEL");
     }
 }
+
+/// A 3-master Redis Cluster on loopback; each client is its own cluster connection.
+#[derive(Debug)]
+pub struct ClusterTarget {
+    /// The cluster (public so tests can fail nodes).
+    pub cluster: crate::cluster::RedisCluster,
+}
+
+impl ClusterTarget {
+    /// Starts a 3-master cluster without replicas.
+    ///
+    /// # Panics
+    /// If the cluster cannot be started (the test cannot run without it).
+    pub fn start() -> ClusterTarget {
+        ClusterTarget {
+            cluster: crate::cluster::RedisCluster::start(3, 0)
+                .expect("start a redis cluster (redis-server, redis-cli)"),
+        }
+    }
+}
+
+impl Target for ClusterTarget {
+    type Backend = Redis;
+
+    async fn client(&self) -> Redis {
+        Redis::connect(self.cluster.url())
+            .await
+            .expect("connect to the test cluster")
+    }
+
+    async fn delete_key(&self, key: &str) {
+        let mut c = self
+            .cluster
+            .client()
+            .get_async_connection()
+            .await
+            .expect("cluster connection");
+        let _: i64 = redis::cmd("DEL")
+            .arg(key)
+            .query_async(&mut c)
+            .await
+            .expect("DEL");
+    }
+}

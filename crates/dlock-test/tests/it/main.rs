@@ -1,5 +1,6 @@
 //! dlock's integration tests: one binary, real servers.
 
+mod cluster;
 mod memory;
 mod quorum;
 mod redis;

@@ -28,6 +28,7 @@ impl Redis {
             .arg(token)
             .arg(keys.channel())
             .arg(mode)
+            .arg(self.publish_cmd())
             .invoke_async(&mut self.conn())
             .await
             .map_err(|e| map_err(e, "releasing a fair lock"))?;

@@ -16,6 +16,7 @@
 //! if fencing must survive restarts. A single Redis master loses locks on failover
 //! (replication is asynchronous); see the crate docs' safety section.
 
+mod conn;
 mod fair;
 mod pubsub;
 mod reentrant;
@@ -62,7 +63,9 @@ pub struct Redis {
 
 struct Inner {
     /// Replaced when a sentinel reports a new master.
-    conn: std::sync::RwLock<ConnectionManager>,
+    conn: std::sync::RwLock<conn::Conn>,
+    /// A Redis Cluster: shard channels (`SPUBLISH` / `SSUBSCRIBE`) for announcements.
+    cluster: bool,
     config: ConnectionManagerConfig,
     acquire: Script,
     release: Script,
@@ -175,12 +178,12 @@ impl RedisBuilder {
         let scheme = self.url.split("://").next().unwrap_or_default();
         if !matches!(
             scheme,
-            "redis" | "rediss" | "redis+unix" | "unix" | "redis+sentinel"
+            "redis" | "rediss" | "redis+unix" | "unix" | "redis+sentinel" | "redis+cluster"
         ) || !self.url.contains("://")
         {
             return Err(Error::invalid(format!(
-                "unsupported redis URL {:?}: expected redis://, rediss://, redis+unix:// or \
-                 redis+sentinel://",
+                "unsupported redis URL {:?}: expected redis://, rediss://, redis+unix://, \
+                 redis+sentinel:// or redis+cluster://",
                 redact(&self.url)
             )));
         }
@@ -190,46 +193,68 @@ impl RedisBuilder {
             // application already chose one (then this is a no-op).
             let _ = rustls::crypto::ring::default_provider().install_default();
         }
-        let sentinel = if scheme == "redis+sentinel" {
-            Some(sentinel::SentinelUrl::parse(&self.url)?)
-        } else {
-            None
-        };
-        let client = match &sentinel {
-            Some(s) => s.resolve(self.connect_timeout).await?,
-            None => redis::Client::open(self.url.as_str()).map_err(|e| {
-                Error::invalid(format!("bad redis URL {:?}: {e}", redact(&self.url))).with_source(e)
-            })?,
-        };
-        let master_addr = client.get_connection_info().addr().to_string();
-        let addr = match &sentinel {
-            Some(s) => format!("sentinel:{}", s.master()),
-            None => master_addr.clone(),
-        };
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(self.connect_timeout))
             .set_response_timeout(Some(self.response_timeout))
             .set_number_of_retries(2)
             .set_max_delay(Duration::from_millis(500));
-        let conn = tokio::time::timeout(
-            self.connect_timeout,
-            ConnectionManager::new_with_config(client.clone(), config.clone()),
-        )
-        .await
-        .map_err(|_| {
+        let unavailable = |addr: &str| {
             Error::new(
                 ErrorKind::Unavailable,
                 format!(
-                    "could not connect to redis at {master_addr} within {:?}",
+                    "could not connect to redis at {addr} within {:?}",
                     self.connect_timeout
                 ),
             )
-        })?
-        .map_err(|e| map_err(e, &format!("connecting to redis at {master_addr}")))?;
+        };
+        let mut sentinel = None;
+        let mut master_addr = String::new();
+        let (conn, pubsub, addr) = if scheme == "redis+cluster" {
+            let nodes = conn::cluster_nodes(&self.url)?;
+            let addr = format!("cluster:{}", nodes.join(","));
+            let client = redis::cluster::ClusterClient::builder(nodes.clone())
+                .connection_timeout(self.connect_timeout)
+                .response_timeout(self.response_timeout)
+                .build()
+                .map_err(|e| map_err(e, "configuring the cluster client"))?;
+            let conn = tokio::time::timeout(self.connect_timeout, client.get_async_connection())
+                .await
+                .map_err(|_| unavailable(&addr))?
+                .map_err(|e| map_err(e, &format!("connecting to redis at {addr}")))?;
+            let pubsub = PubSub::new_cluster(&nodes, self.connect_timeout, self.response_timeout)?;
+            (conn::Conn::Cluster(conn), pubsub, addr)
+        } else {
+            if scheme == "redis+sentinel" {
+                sentinel = Some(sentinel::SentinelUrl::parse(&self.url)?);
+            }
+            let client = match &sentinel {
+                Some(s) => s.resolve(self.connect_timeout).await?,
+                None => redis::Client::open(self.url.as_str()).map_err(|e| {
+                    Error::invalid(format!("bad redis URL {:?}: {e}", redact(&self.url)))
+                        .with_source(e)
+                })?,
+            };
+            master_addr = client.get_connection_info().addr().to_string();
+            let addr = match &sentinel {
+                Some(s) => format!("sentinel:{}", s.master()),
+                None => master_addr.clone(),
+            };
+            let conn = tokio::time::timeout(
+                self.connect_timeout,
+                ConnectionManager::new_with_config(client.clone(), config.clone()),
+            )
+            .await
+            .map_err(|_| unavailable(&master_addr))?
+            .map_err(|e| map_err(e, &format!("connecting to redis at {master_addr}")))?;
+            let pubsub = PubSub::new(&client, self.connect_timeout, self.response_timeout);
+            (conn::Conn::Single(conn), pubsub, addr)
+        };
+        let cluster = matches!(conn, conn::Conn::Cluster(_));
 
         let redis = Redis {
             inner: Arc::new(Inner {
                 conn: std::sync::RwLock::new(conn),
+                cluster,
                 config,
                 acquire: Script::new(include_str!("lua/acquire.lua")),
                 release: Script::new(include_str!("lua/release.lua")),
@@ -250,7 +275,7 @@ impl RedisBuilder {
                 fair_release: Script::new(include_str!("lua/fair_release.lua")),
                 leases: Leases::new(),
                 replication,
-                pubsub: PubSub::new(&client, self.connect_timeout, self.response_timeout),
+                pubsub,
                 addr,
             }),
         };
@@ -293,7 +318,53 @@ impl Redis {
         &self.inner.addr
     }
 
-    fn conn(&self) -> ConnectionManager {
+    /// The nodes whose keys `list` scans: the one server, or every master of a cluster
+    /// (by `CLUSTER SLOTS`).
+    async fn scan_nodes(&self) -> Result<Vec<Option<(String, u16)>>> {
+        if !self.inner.cluster {
+            return Ok(vec![None]);
+        }
+        let slots: Vec<redis::Value> = redis::cmd("CLUSTER")
+            .arg("SLOTS")
+            .query_async(&mut self.conn())
+            .await
+            .map_err(|e| map_err(e, "listing the cluster's masters"))?;
+        // Each range: [first slot, last slot, [master host, master port, id], replicas…].
+        let mut masters: Vec<Option<(String, u16)>> = Vec::new();
+        for range in slots {
+            let redis::Value::Array(parts) = range else {
+                continue;
+            };
+            let Some(redis::Value::Array(master)) = parts.get(2) else {
+                continue;
+            };
+            let (Some(host), Some(port)) = (master.first(), master.get(1)) else {
+                continue;
+            };
+            let (Ok(host), Ok(port)) = (
+                redis::from_redis_value_ref::<String>(host),
+                redis::from_redis_value_ref::<u16>(port),
+            ) else {
+                continue;
+            };
+            let node = Some((host, port));
+            if !masters.contains(&node) {
+                masters.push(node);
+            }
+        }
+        Ok(masters)
+    }
+
+    /// The command that announces a release: sharded on a cluster.
+    fn publish_cmd(&self) -> &'static str {
+        if self.inner.cluster {
+            "SPUBLISH"
+        } else {
+            "PUBLISH"
+        }
+    }
+
+    fn conn(&self) -> conn::Conn {
         self.inner
             .conn
             .read()
@@ -530,6 +601,7 @@ impl RawLock for Redis {
             .key(keys.lock())
             .arg(token.as_str())
             .arg(keys.channel())
+            .arg(self.publish_cmd())
             .invoke_async(&mut self.conn())
             .await
             .map_err(|e| map_err(e, "releasing"))?;
@@ -656,7 +728,11 @@ impl RawInspect for Redis {
             .pttl(keys.lock())
             .get(keys.fence())
             .cmd("PUBSUB")
-            .arg("NUMSUB")
+            .arg(if self.inner.cluster {
+                "SHARDNUMSUB"
+            } else {
+                "NUMSUB"
+            })
             .arg(keys.channel())
             .query_async(&mut self.conn())
             .await
@@ -669,7 +745,9 @@ impl RawInspect for Redis {
         let (deleted, _): (i64, i64) = redis::pipe()
             .atomic()
             .del(keys.lock())
-            .publish(keys.channel(), keys.lock())
+            .cmd(self.publish_cmd())
+            .arg(keys.channel())
+            .arg(keys.lock())
             .query_async(&mut self.conn())
             .await
             .map_err(|e| map_err(e, "force-unlocking"))?;
@@ -689,44 +767,48 @@ impl RawInspect for Redis {
         }
         escaped.push_str(pattern);
         let mut conn = self.conn();
-        let mut cursor: u64 = 0;
         let mut names = Vec::new();
-        loop {
-            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(&escaped)
-                .arg("COUNT")
-                .arg(1000)
-                .query_async(&mut conn)
-                .await
-                .map_err(|e| map_err(e, "listing locks (SCAN)"))?;
-            if !keys.is_empty() {
-                // Lock keys always carry an expiry; fence counters never do.
-                let mut pipe = redis::pipe();
-                for k in &keys {
-                    pipe.pttl(k);
-                }
-                let ttls: Vec<i64> = pipe
-                    .query_async(&mut conn)
+        for node in self.scan_nodes().await? {
+            let mut cursor: u64 = 0;
+            loop {
+                let mut scan = redis::cmd("SCAN");
+                scan.arg(cursor)
+                    .arg("MATCH")
+                    .arg(&escaped)
+                    .arg("COUNT")
+                    .arg(1000);
+                let (next, keys): (u64, Vec<String>) = conn
+                    .query_on(node.as_ref(), scan)
                     .await
-                    .map_err(|e| map_err(e, "listing locks (PTTL)"))?;
-                for (key, ttl) in keys.into_iter().zip(ttls) {
-                    if ttl >= 0
-                        && let Some(name) = key.strip_prefix(prefix)
-                    {
-                        names.push(name.to_owned());
-                        if names.len() >= limit {
-                            return Ok(names);
+                    .map_err(|e| map_err(e, "listing locks (SCAN)"))?;
+                if !keys.is_empty() {
+                    // Lock keys always carry an expiry; fence counters never do.
+                    let mut pipe = redis::pipe();
+                    for k in &keys {
+                        pipe.pttl(k);
+                    }
+                    let ttls: Vec<i64> = conn
+                        .pipe_on(node.as_ref(), pipe, keys.len())
+                        .await
+                        .map_err(|e| map_err(e, "listing locks (PTTL)"))?;
+                    for (key, ttl) in keys.into_iter().zip(ttls) {
+                        if ttl >= 0
+                            && let Some(name) = key.strip_prefix(prefix)
+                        {
+                            names.push(name.to_owned());
+                            if names.len() >= limit {
+                                return Ok(names);
+                            }
                         }
                     }
                 }
+                if next == 0 {
+                    break;
+                }
+                cursor = next;
             }
-            if next == 0 {
-                return Ok(names);
-            }
-            cursor = next;
         }
+        Ok(names)
     }
 }
 
@@ -772,6 +854,7 @@ impl RawSemaphore for Redis {
             .key(keys.companion("holders"))
             .arg(token.as_str())
             .arg(keys.channel())
+            .arg(self.publish_cmd())
             .invoke_async(&mut self.conn())
             .await
             .map_err(|e| map_err(e, "releasing permits"))?;
@@ -849,7 +932,9 @@ impl RawSemaphore for Redis {
         let (deleted, _): (i64, i64) = redis::pipe()
             .atomic()
             .del(&[keys.lock().to_owned(), keys.companion("holders")])
-            .publish(keys.channel(), keys.lock())
+            .cmd(self.publish_cmd())
+            .arg(keys.channel())
+            .arg(keys.lock())
             .query_async(&mut self.conn())
             .await
             .map_err(|e| map_err(e, "force-unlocking a semaphore"))?;
@@ -860,7 +945,9 @@ impl RawSemaphore for Redis {
         let _: () = redis::pipe()
             .set(keys.companion("permits"), permits)
             .ignore()
-            .publish(keys.channel(), keys.lock())
+            .cmd(self.publish_cmd())
+            .arg(keys.channel())
+            .arg(keys.lock())
             .ignore()
             .query_async(&mut self.conn())
             .await

@@ -25,7 +25,9 @@ struct Shared {
     /// The RESP3 client of the current master (replaced when a failover moves it).
     client: Mutex<Option<redis::Client>>,
     config: Option<ConnectionManagerConfig>,
-    conn: Mutex<Option<ConnectionManager>>,
+    /// On a Redis Cluster: the RESP3 cluster client (sharded pub/sub) instead.
+    cluster: Option<redis::cluster::ClusterClient>,
+    conn: Mutex<Option<PubConn>>,
     /// Serialises opening the connection.
     opening: tokio::sync::Mutex<()>,
     channels: Arc<Mutex<HashMap<String, Channel>>>,
@@ -42,6 +44,31 @@ struct Shared {
 const SERIAL_SHARDS: usize = 64;
 /// How long a failed pub/sub connection is not retried.
 const RETRY_CONNECT_AFTER: Duration = Duration::from_secs(5);
+
+/// The pub/sub connection: plain channels on one Redis, shard channels on a cluster
+/// (`SSUBSCRIBE`: the subscription lives on the shard that owns the channel's slot, where
+/// the release scripts `SPUBLISH`).
+#[derive(Clone)]
+enum PubConn {
+    Single(ConnectionManager),
+    Cluster(redis::cluster_async::ClusterConnection),
+}
+
+impl PubConn {
+    async fn subscribe(&mut self, channel: &str) -> redis::RedisResult<()> {
+        match self {
+            PubConn::Single(c) => c.subscribe(channel).await,
+            PubConn::Cluster(c) => c.ssubscribe(channel).await,
+        }
+    }
+
+    async fn unsubscribe(&mut self, channel: &str) -> redis::RedisResult<()> {
+        match self {
+            PubConn::Single(c) => c.unsubscribe(channel).await,
+            PubConn::Cluster(c) => c.sunsubscribe(channel).await,
+        }
+    }
+}
 
 struct Channel {
     notify: Arc<Notify>,
@@ -75,6 +102,7 @@ impl PubSub {
         PubSub {
             shared: Arc::new(Shared {
                 client: Mutex::new(resp3),
+                cluster: None,
                 config: Some(config),
                 conn: Mutex::new(None),
                 opening: tokio::sync::Mutex::new(()),
@@ -85,6 +113,40 @@ impl PubSub {
                 failed_at: Mutex::new(None),
             }),
         }
+    }
+
+    /// Pub/sub over a Redis Cluster: shard channels on a RESP3 cluster connection.
+    pub(super) fn new_cluster(
+        nodes: &[String],
+        connect_timeout: Duration,
+        response_timeout: Duration,
+    ) -> Result<PubSub> {
+        let channels: Arc<Mutex<HashMap<String, Channel>>> = Arc::default();
+        let sink = Arc::clone(&channels);
+        let cluster = redis::cluster::ClusterClient::builder(nodes.to_vec())
+            .use_protocol(ProtocolVersion::RESP3)
+            .connection_timeout(connect_timeout)
+            .response_timeout(response_timeout)
+            .push_sender(move |push: redis::PushInfo| {
+                deliver(&sink, push);
+                Ok::<(), redis::aio::SendError>(())
+            })
+            .build()
+            .map_err(|e| map_err(e, "configuring the cluster pub/sub client"))?;
+        Ok(PubSub {
+            shared: Arc::new(Shared {
+                client: Mutex::new(None),
+                config: None,
+                cluster: Some(cluster),
+                conn: Mutex::new(None),
+                opening: tokio::sync::Mutex::new(()),
+                channels,
+                serial: (0..SERIAL_SHARDS)
+                    .map(|_| tokio::sync::Mutex::new(()))
+                    .collect(),
+                failed_at: Mutex::new(None),
+            }),
+        })
     }
 
     pub(super) async fn watch(&self, channel: &str) -> Result<ReleaseWatch> {
@@ -141,20 +203,36 @@ impl Shared {
         failed_at.is_some_and(|at| at.elapsed() < RETRY_CONNECT_AFTER)
     }
 
-    fn current(&self) -> Option<ConnectionManager> {
+    fn current(&self) -> Option<PubConn> {
         self.conn
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
     }
 
-    async fn connection(&self) -> Result<ConnectionManager> {
+    async fn connection(&self) -> Result<PubConn> {
         if let Some(conn) = self.current() {
             return Ok(conn);
         }
         let _opening = self.opening.lock().await;
         if let Some(conn) = self.current() {
             return Ok(conn);
+        }
+        if let Some(cluster) = &self.cluster {
+            return match cluster.get_async_connection().await {
+                Ok(conn) => {
+                    let conn = PubConn::Cluster(conn);
+                    *self.conn.lock().unwrap_or_else(PoisonError::into_inner) = Some(conn.clone());
+                    Ok(conn)
+                }
+                Err(e) => {
+                    *self
+                        .failed_at
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
+                    Err(map_err(e, "opening the cluster pub/sub connection"))
+                }
+            };
         }
         let client = self
             .client
@@ -169,6 +247,7 @@ impl Shared {
         };
         match ConnectionManager::new_with_config(client, config.clone()).await {
             Ok(conn) => {
+                let conn = PubConn::Single(conn);
                 *self.conn.lock().unwrap_or_else(PoisonError::into_inner) = Some(conn.clone());
                 Ok(conn)
             }
@@ -244,7 +323,7 @@ impl PubSub {
 
 fn deliver(channels: &Mutex<HashMap<String, Channel>>, push: redis::PushInfo) {
     match push.kind {
-        PushKind::Message => {
+        PushKind::Message | PushKind::SMessage => {
             let Some(Value::BulkString(name)) = push.data.first() else {
                 return;
             };

@@ -70,6 +70,7 @@ impl RawReentrant for Redis {
             .arg(owner)
             .arg(token.as_str())
             .arg(keys.channel())
+            .arg(self.publish_cmd())
             .invoke_async(&mut self.conn())
             .await
             .map_err(|e| map_err(e, "releasing a reentrant hold"))?;

@@ -66,6 +66,7 @@ impl RawRwLock for Redis {
             .key(readers(keys))
             .arg(token.as_str())
             .arg(keys.channel())
+            .arg(self.publish_cmd())
             .invoke_async(&mut self.conn())
             .await
             .map_err(|e| map_err(e, "releasing a read-write lock"))?;
@@ -97,6 +98,7 @@ impl RawRwLock for Redis {
             .arg(token.as_str())
             .arg(ttl_ms(ttl))
             .arg(keys.channel())
+            .arg(self.publish_cmd())
             .invoke_async(&mut self.conn())
             .await
             .map_err(|e| map_err(e, "downgrading a write lock"))?;
@@ -111,6 +113,7 @@ impl RawRwLock for Redis {
             .key(writers(keys))
             .arg(token.as_str())
             .arg(keys.channel())
+            .arg(self.publish_cmd())
             .invoke_async(&mut self.conn())
             .await
             .map_err(|e| map_err(e, "withdrawing a waiting writer"))?;
@@ -164,9 +167,13 @@ impl RawRwLock for Redis {
         let (deleted, _): (i64, i64) = redis::pipe()
             .atomic()
             .del(&[keys.lock().to_owned(), readers(keys), writers(keys)])
-            .publish(keys.side("w").channel(), keys.lock())
+            .cmd(self.publish_cmd())
+            .arg(keys.side("w").channel())
+            .arg(keys.lock())
             .ignore()
-            .publish(keys.side("r").channel(), keys.lock())
+            .cmd(self.publish_cmd())
+            .arg(keys.side("r").channel())
+            .arg(keys.lock())
             .query_async(&mut self.conn())
             .await
             .map_err(|e| map_err(e, "force-unlocking a read-write lock"))?;

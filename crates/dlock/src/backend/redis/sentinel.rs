@@ -196,7 +196,7 @@ pub(super) fn follow(inner: Weak<Inner>, url: SentinelUrl, mut current: String, 
                 _ => continue,
             };
             tracing::info!(master = url.master(), from = %current, to = %addr, "following a sentinel failover");
-            *inner.conn.write().unwrap_or_else(PoisonError::into_inner) = conn;
+            *inner.conn.write().unwrap_or_else(PoisonError::into_inner) = super::conn::Conn::Single(conn);
             inner.pubsub.switch(&client).await;
             current = addr;
         }

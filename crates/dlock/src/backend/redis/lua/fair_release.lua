@@ -5,6 +5,7 @@
 -- ARGV[3]  'own': release our hold; 'force': delete any holder; 'leave': take ARGV[1]
 --          out of the queue (waking the next head if the lock is free)
 -- returns  1 a hold was released (own/force) or the waiter was queued (leave), else 0
+-- ARGV[#ARGV]  the publish command: PUBLISH, or SPUBLISH on a Redis Cluster (sharded)
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local done = 0
@@ -31,6 +32,6 @@ end
 redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
 local head = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
 if head then
-  redis.call('PUBLISH', ARGV[2] .. ':' .. head, KEYS[1])
+  redis.call(ARGV[#ARGV], ARGV[2] .. ':' .. head, KEYS[1])
 end
 return 1

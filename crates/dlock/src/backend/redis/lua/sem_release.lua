@@ -5,6 +5,7 @@
 -- ARGV[2]  the release channel
 -- returns  1  the holder's lease was live and is gone now
 --          0  no live lease under that token (expired or never there)
+-- ARGV[#ARGV]  the publish command: PUBLISH, or SPUBLISH on a Redis Cluster (sharded)
 local now_parts = redis.call('TIME')
 local now = tonumber(now_parts[1]) * 1000 + math.floor(tonumber(now_parts[2]) / 1000)
 local expiry = redis.call('ZSCORE', KEYS[1], ARGV[1])
@@ -13,7 +14,7 @@ redis.call('ZREM', KEYS[1], ARGV[1])
 redis.call('HDEL', KEYS[2], ARGV[1])
 if expiry and tonumber(expiry) > now then
   for _ = 1, math.max(n, 1) do
-    redis.call('PUBLISH', ARGV[2], KEYS[1])
+    redis.call(ARGV[#ARGV], ARGV[2], KEYS[1])
   end
   return 1
 end
