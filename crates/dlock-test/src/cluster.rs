@@ -62,10 +62,15 @@ impl RedisCluster {
     pub fn wait_ok(&self, limit: Duration) -> io::Result<()> {
         let deadline = Instant::now() + limit;
         loop {
+            // Converged, and every replica has finished its first sync (a replica that
+            // never synced cannot take over from a failed master).
             let ok = self.nodes.iter().filter(|n| n.pid().is_some()).all(|n| {
                 let info = cluster_info(n).unwrap_or_default();
+                let replication = info_section(n, "replication").unwrap_or_default();
                 info.contains("cluster_state:ok")
                     && info.contains(&format!("cluster_known_nodes:{}", self.nodes.len()))
+                    && (replication.contains("role:master")
+                        || replication.contains("master_link_status:up"))
             });
             if ok {
                 return Ok(());
@@ -151,4 +156,12 @@ fn cluster_info(node: &RedisServer) -> Option<String> {
         .get_connection_with_timeout(Duration::from_secs(1))
         .ok()?;
     redis::cmd("CLUSTER").arg("INFO").query(&mut c).ok()
+}
+
+fn info_section(node: &RedisServer, section: &str) -> Option<String> {
+    let mut c = node
+        .client()
+        .get_connection_with_timeout(Duration::from_secs(1))
+        .ok()?;
+    redis::cmd("INFO").arg(section).query(&mut c).ok()
 }
