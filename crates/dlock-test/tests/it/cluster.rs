@@ -44,7 +44,7 @@ async fn a_master_failover_leaves_no_lock_double_held_that_was_reported_valid() 
                 let guard = match lock.try_lock_for(Duration::from_millis(500)).await {
                     Ok(Some(g)) => g,
                     Ok(None) => continue,
-                    Err(e) => {
+                    Err(_) => {
                         // The slot's master is down until its replica takes over.
                         errors += 1;
                         sleep(Duration::from_millis(100)).await;
