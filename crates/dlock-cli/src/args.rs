@@ -50,7 +50,9 @@ Environment:
 /// Where the locks live.
 #[derive(Debug, Clone, Args)]
 pub(crate) struct Store {
-    /// The store: redis://[user:pass@]host:port/db, rediss://… (TLS), redis+unix:///path.
+    /// The store: redis://[user:pass@]host:port/db, rediss://… (TLS), redis+unix:///path,
+    /// redis+sentinel://host:port,…/master-name, redis+cluster://host:port,…, or
+    /// redlock://host:port,host:port,host:port (RedLock; `dlock run` only, no fence).
     #[arg(long, env = "DLOCK_URL", hide_env_values = true)]
     pub(crate) url: Option<String>,
 

@@ -17,7 +17,7 @@ use clap::{CommandFactory, Parser};
 
 use crate::args::{Cli, Command};
 use crate::exit::Failure;
-use crate::target::{connect, with_backend};
+use crate::target::{Target, connect, with_backend};
 
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
@@ -66,10 +66,10 @@ fn main() -> ExitCode {
 
 async fn dispatch(command: Command) -> Result<u8, Failure> {
     match command {
-        Command::Run(args) => {
-            with_backend!(connect(&args.store, false).await?, |b| cmd::run(b, args)
-                .await)
-        }
+        Command::Run(args) => match connect(&args.store, false).await? {
+            Target::Quorum(q) => cmd::run_unfenced(q, args).await,
+            target => with_backend!(target, |b| cmd::run(b, args).await),
+        },
         Command::Acquire(args) => {
             with_backend!(connect(&args.store, false).await?, |b| cmd::acquire_cmd(
                 b, args

@@ -1,6 +1,6 @@
 //! From `--url` to a connected store.
 
-use dlock::backend::{Memory, Redis};
+use dlock::backend::{Memory, Quorum, Redis};
 
 use crate::args::Store;
 use crate::exit::Failure;
@@ -9,6 +9,8 @@ use crate::exit::Failure;
 pub(crate) enum Target {
     Redis(Redis),
     Memory(Memory),
+    /// RedLock over independent masters: only `dlock run` (a plain lock, no fence).
+    Quorum(Quorum<Redis>),
 }
 
 /// Runs `$body` with `$b` bound to the concrete backend of `$target`.
@@ -17,13 +19,18 @@ macro_rules! with_backend {
         match $target {
             $crate::target::Target::Redis($b) => $body,
             $crate::target::Target::Memory($b) => $body,
+            $crate::target::Target::Quorum(_) => Err($crate::exit::Failure::usage(
+                "redlock:// (a quorum of independent masters) works with `dlock run` only: \
+                 it has no fencing token and no single store to inspect",
+            )),
         }
     };
 }
 pub(crate) use with_backend;
 
 /// The URL schemes `--url` accepts.
-const SCHEMES: &str = "redis://, rediss://, redis+unix://";
+const SCHEMES: &str =
+    "redis://, rediss://, redis+unix://, redis+sentinel://, redis+cluster://, redlock://";
 
 /// Connects to the store named by `--url` / `DLOCK_URL`. `memory://` (in-process) is
 /// accepted only where `allow_memory` says so: a lock in one process's memory excludes
@@ -36,9 +43,10 @@ pub(crate) async fn connect(store: &Store, allow_memory: bool) -> Result<Target,
     };
     let scheme = url.split_once("://").map(|(s, _)| s);
     match scheme {
-        Some("redis" | "rediss" | "redis+unix" | "unix") => {
+        Some("redis" | "rediss" | "redis+unix" | "unix" | "redis+sentinel" | "redis+cluster") => {
             Ok(Target::Redis(Redis::connect(url).await?))
         }
+        Some("redlock") => Ok(Target::Quorum(redlock(url).await?)),
         Some("memory") if allow_memory => Ok(Target::Memory(Memory::new())),
         Some("memory") => Err(Failure::usage(
             "memory:// is in-process only and would exclude no other process; use redis://",
@@ -50,4 +58,25 @@ pub(crate) async fn connect(store: &Store, allow_memory: bool) -> Result<Target,
             "--url {url:?} is not a URL (expected {SCHEMES})"
         ))),
     }
+}
+
+/// `redlock://[user:pass@]host:port,host:port,…[/db]`: one independent master per host.
+async fn redlock(url: &str) -> Result<Quorum<Redis>, Failure> {
+    let rest = url.strip_prefix("redlock://").unwrap_or_default();
+    let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
+    let (auth, hosts) = match authority.rsplit_once('@') {
+        Some((auth, hosts)) => (format!("{auth}@"), hosts),
+        None => (String::new(), authority),
+    };
+    let hosts: Vec<&str> = hosts.split(',').filter(|h| !h.is_empty()).collect();
+    if hosts.len() < 3 {
+        return Err(Failure::usage(
+            "redlock:// needs at least 3 independent masters (host:port,host:port,host:port)",
+        ));
+    }
+    let mut nodes = Vec::with_capacity(hosts.len());
+    for host in hosts {
+        nodes.push(Redis::connect(format!("redis://{auth}{host}/{path}")).await?);
+    }
+    Ok(Quorum::new(nodes)?)
 }

@@ -18,7 +18,7 @@ use crate::args::{
 };
 use crate::exit::{self, Failure};
 
-pub(crate) use run::{Signals, run};
+pub(crate) use run::{Signals, run, run_unfenced};
 
 /// Acquires as `--wait` / `--no-wait` say: `None` on conflict.
 pub(crate) async fn acquire<B: RawLock>(

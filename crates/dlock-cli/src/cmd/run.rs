@@ -144,6 +144,25 @@ pub(crate) async fn run<B: RawFencing + RawSemaphore + RawRwLock + RawFair>(
     }
 }
 
+/// `dlock run` on a store without fences (RedLock over independent masters): the plain
+/// lock only, and the command gets no DLOCK_FENCE.
+pub(crate) async fn run_unfenced<B: RawLock>(backend: B, args: RunArgs) -> Result<u8, Failure> {
+    if args.semaphore.is_some() || args.shared || args.exclusive || args.fair {
+        return Err(Failure::usage(
+            "redlock:// supports the plain lock only (no --semaphore, --shared, --exclusive, --fair)",
+        ));
+    }
+    let mut signals = Signals::install()?;
+    let lock = Lock::builder(backend, &args.name)
+        .prefix(&args.store.prefix)
+        .ttl(args.ttl)
+        .build()?;
+    match wait_for(&lock, &args, &mut signals).await? {
+        Waited::Got(guard) => supervise(guard, None, &args, signals).await,
+        Waited::Exit(code) => Ok(code),
+    }
+}
+
 /// Runs the command while `guard` is held; see `dlock run --help`.
 async fn supervise<X: RawLock>(
     guard: LockGuard<X>,
