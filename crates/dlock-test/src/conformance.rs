@@ -23,6 +23,13 @@ pub trait Target: Send + Sync + 'static {
 
     /// Deletes a key behind every holder's back, as an operator or eviction would.
     fn delete_key(&self, key: &str) -> impl Future<Output = ()> + Send;
+
+    /// The ttl to test with where a behaviour wants `wanted`: stores with a coarse expiry
+    /// clock (memcached: whole seconds) lengthen short ones. Tests measure against the
+    /// returned value.
+    fn ttl(&self, wanted: Duration) -> Duration {
+        wanted
+    }
 }
 
 /// A lock name no other test uses.
@@ -164,7 +171,7 @@ pub async fn fences_strictly_increase<T: Target>(target: &T) {
         guard.release().await.expect("release");
     }
     let lock = Lock::builder(target.client().await, &name)
-        .ttl(Duration::from_millis(200))
+        .ttl(target.ttl(Duration::from_millis(200)))
         .watchdog(false)
         .build()
         .expect("valid");
@@ -188,7 +195,7 @@ pub async fn fences_strictly_increase<T: Target>(target: &T) {
 /// its ttl; meanwhile nobody else gets the lock.
 pub async fn forgotten_holder_frees_within_ttl<T: Target>(target: &T) {
     let name = unique("forgotten");
-    let ttl = Duration::from_millis(500);
+    let ttl = target.ttl(Duration::from_millis(500));
     let holder = Lock::builder(target.client().await, &name)
         .ttl(ttl)
         .build()
@@ -228,7 +235,7 @@ pub async fn forgotten_holder_frees_within_ttl<T: Target>(target: &T) {
 /// the lock frees itself within ttl + ε, and no renewal outlives the holder.
 pub async fn killed_holder_frees_within_ttl<T: Target>(target: &T) {
     let name = unique("killed");
-    let ttl = Duration::from_millis(600);
+    let ttl = target.ttl(Duration::from_millis(600));
     let backend = target.client().await;
     let lock = Lock::builder(backend, &name)
         .ttl(ttl)
@@ -269,7 +276,7 @@ pub async fn killed_holder_frees_within_ttl<T: Target>(target: &T) {
 pub async fn release_after_expiry_is_lock_lost<T: Target>(target: &T) {
     let name = unique("late-release");
     let a = Lock::builder(target.client().await, &name)
-        .ttl(Duration::from_millis(200))
+        .ttl(target.ttl(Duration::from_millis(200)))
         .watchdog(false)
         .build()
         .expect("valid");
@@ -298,7 +305,7 @@ pub async fn release_after_expiry_is_lock_lost<T: Target>(target: &T) {
 /// With the watchdog on, a lock stays held across many ttls of work.
 pub async fn watchdog_keeps_lock<T: Target>(target: &T) {
     let name = unique("watchdog");
-    let ttl = Duration::from_millis(300);
+    let ttl = target.ttl(Duration::from_millis(300));
     let backend = target.client().await;
     let lock = Lock::builder(backend.clone(), &name)
         .ttl(ttl)
@@ -328,7 +335,7 @@ pub async fn watchdog_keeps_lock<T: Target>(target: &T) {
 /// Without the watchdog, the lease ends at its ttl and `lost()` fires then.
 pub async fn without_watchdog_lease_ends_at_ttl<T: Target>(target: &T) {
     let name = unique("no-watchdog");
-    let ttl = Duration::from_millis(300);
+    let ttl = target.ttl(Duration::from_millis(300));
     let backend = target.client().await;
     let lock = Lock::builder(backend.clone(), &name)
         .ttl(ttl)
@@ -348,7 +355,7 @@ pub async fn without_watchdog_lease_ends_at_ttl<T: Target>(target: &T) {
 /// reports `LockLost`.
 pub async fn lost_fires_on_external_delete<T: Target>(target: &T) {
     let name = unique("deleted");
-    let ttl = Duration::from_millis(600);
+    let ttl = target.ttl(Duration::from_millis(600));
     let lock = Lock::builder(target.client().await, &name)
         .ttl(ttl)
         .build()
@@ -384,7 +391,7 @@ pub async fn lost_fires_at_the_next_renewal<T: Target>(target: &T) {
 /// A lease that lapsed (validity ran out, watchdog off) cannot be extended back to life,
 /// and releasing it reports `LockLost` even if the key happened to still be there.
 pub async fn lapsed_lease_is_lost_for_good<T: Target>(target: &T) {
-    let ttl = Duration::from_millis(400);
+    let ttl = target.ttl(Duration::from_millis(400));
     for extend_first in [true, false] {
         let lock = Lock::builder(target.client().await, unique("lapsed"))
             .ttl(ttl)
@@ -414,7 +421,7 @@ pub async fn shorter_extend_is_renewed_in_time<T: Target>(target: &T) {
         .build()
         .expect("valid");
     let guard = lock.try_lock().await.expect("store").expect("free");
-    let short = Duration::from_millis(300);
+    let short = target.ttl(Duration::from_millis(300));
     guard.extend(short).await.expect("ours");
     sleep(short * 4).await;
     assert!(!guard.is_lost(), "the watchdog kept the old 10 s schedule");
@@ -446,14 +453,12 @@ pub async fn extreme_waits<T: Target>(target: &T) {
 /// a lock and not contention, and the grant is given back.
 pub async fn late_grant_is_timed_out_and_given_back<T: Target>(target: &T) {
     let name = unique("late-grant");
+    let ttl = target.ttl(dlock::MIN_TTL);
     let slow = SlowReply {
         inner: target.client().await,
-        delay: Duration::from_millis(250),
+        delay: ttl + Duration::from_millis(150),
     };
-    let lock = Lock::builder(slow, &name)
-        .ttl(dlock::MIN_TTL)
-        .build()
-        .expect("valid");
+    let lock = Lock::builder(slow, &name).ttl(ttl).build().expect("valid");
     let err = lock.try_lock().await.expect_err("no validity left");
     assert_eq!(err.kind(), ErrorKind::TimedOut, "{err}");
     let other = Lock::new(target.client().await, &name).expect("valid");
@@ -653,7 +658,7 @@ pub async fn bounded_waits_give_up<T: Target>(target: &T) {
 pub async fn extend_resets_lease<T: Target>(target: &T) {
     let name = unique("extend");
     let lock = Lock::builder(target.client().await, &name)
-        .ttl(Duration::from_millis(300))
+        .ttl(target.ttl(Duration::from_millis(300)))
         .watchdog(false)
         .build()
         .expect("valid");
@@ -672,7 +677,7 @@ pub async fn extend_resets_lease<T: Target>(target: &T) {
     let guard = lock.try_lock().await.expect("store").expect("free");
     target.delete_key(lock.keys().lock()).await;
     let err = guard
-        .extend(Duration::from_secs(1))
+        .extend(target.ttl(Duration::from_secs(1)))
         .await
         .expect_err("not ours any more");
     assert_eq!(err.kind(), ErrorKind::LockLost);
@@ -722,7 +727,7 @@ pub async fn bad_input_is_rejected<T: Target>(target: &T) {
     );
     // At the limits, accepted.
     let lock = Lock::builder(b, "x".repeat(dlock::keys::MAX_NAME_LEN))
-        .ttl(dlock::MIN_TTL)
+        .ttl(target.ttl(dlock::MIN_TTL))
         .build()
         .expect("limits are inclusive");
     let guard = lock.try_lock().await.expect("store").expect("free");
@@ -737,7 +742,7 @@ where
     T::Backend: RawInspect,
 {
     let name = unique("inspect");
-    let ttl = Duration::from_millis(900);
+    let ttl = target.ttl(Duration::from_millis(900));
     let lock = Lock::builder(target.client().await, &name)
         .ttl(ttl)
         .build()
@@ -863,7 +868,7 @@ where
     T::Backend: RawSemaphore,
 {
     let name = unique("sem-dead");
-    let ttl = Duration::from_millis(400);
+    let ttl = target.ttl(Duration::from_millis(400));
     let holder = Semaphore::builder(target.client().await, &name, 1)
         .ttl(ttl)
         .build()

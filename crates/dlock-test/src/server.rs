@@ -403,3 +403,129 @@ impl Drop for SentinelServer {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
+
+/// A private `memcached` on a free loopback port (64 MB, no UDP); killed when dropped.
+#[derive(Debug)]
+pub struct MemcachedServer {
+    child: Option<Child>,
+    port: u16,
+    extra: Vec<String>,
+}
+
+impl MemcachedServer {
+    /// Starts `memcached` (from `PATH`).
+    ///
+    /// # Errors
+    /// It could not be started or did not answer within 10 s.
+    pub fn start() -> io::Result<MemcachedServer> {
+        MemcachedServer::start_with(&[])
+    }
+
+    /// Starts `memcached` with extra arguments (e.g. `["-m", "1"]`).
+    ///
+    /// # Errors
+    /// As [`start`](MemcachedServer::start).
+    pub fn start_with(extra: &[&str]) -> io::Result<MemcachedServer> {
+        let mut last_err = None;
+        for _ in 0..5 {
+            let mut server = MemcachedServer {
+                child: None,
+                port: free_port()?,
+                extra: extra.iter().map(|s| (*s).to_owned()).collect(),
+            };
+            match server.spawn() {
+                Ok(()) => return Ok(server),
+                Err(e) => last_err = Some(e),
+            }
+        }
+        Err(last_err.unwrap_or_else(|| io::Error::other("memcached did not start")))
+    }
+
+    fn spawn(&mut self) -> io::Result<()> {
+        let port = self.port.to_string();
+        let mut child = Command::new("memcached")
+            .args([
+                "-p",
+                &port,
+                "-l",
+                "127.0.0.1",
+                "-U",
+                "0",
+                "-m",
+                "64",
+                "-u",
+                "root",
+            ])
+            .args(&self.extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| io::Error::new(e.kind(), format!("cannot run memcached: {e}")))?;
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            if let Some(status) = child.try_wait()? {
+                return Err(io::Error::other(format!(
+                    "memcached exited early: {status}"
+                )));
+            }
+            if self.command("mn\r\n").is_ok_and(|r| r.starts_with("MN")) {
+                self.child = Some(child);
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "memcached not ready",
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// The port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `memcache://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("memcache://127.0.0.1:{}", self.port)
+    }
+
+    /// Sends one raw text command and returns what the server answered first.
+    ///
+    /// # Errors
+    /// The server did not answer.
+    pub fn command(&self, command: &str) -> io::Result<String> {
+        let mut conn = TcpStream::connect((Ipv4Addr::LOCALHOST, self.port))?;
+        conn.set_read_timeout(Some(Duration::from_secs(2)))?;
+        conn.write_all(command.as_bytes())?;
+        let mut buf = [0u8; 4096];
+        let n = conn.read(&mut buf)?;
+        Ok(String::from_utf8_lossy(&buf[..n]).into_owned())
+    }
+
+    /// Kills it (SIGKILL) and starts an empty one on the same port.
+    ///
+    /// # Errors
+    /// The new process did not become ready.
+    pub fn restart(&mut self) -> io::Result<()> {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        self.spawn()
+    }
+}
+
+impl Drop for MemcachedServer {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}

@@ -118,3 +118,48 @@ impl Target for ClusterTarget {
             .expect("DEL");
     }
 }
+
+/// A private `memcached`; each client is its own connection.
+#[derive(Debug)]
+pub struct MemcachedTarget {
+    /// The server (public so tests can restart it or flush it).
+    pub server: crate::server::MemcachedServer,
+}
+
+impl MemcachedTarget {
+    /// Starts a private memcached.
+    ///
+    /// # Panics
+    /// If `memcached` cannot be started (the test cannot run without it).
+    pub fn start() -> MemcachedTarget {
+        MemcachedTarget {
+            server: crate::server::MemcachedServer::start()
+                .expect("start memcached (apt-get install memcached)"),
+        }
+    }
+}
+
+impl Target for MemcachedTarget {
+    type Backend = dlock::backend::Memcached;
+
+    async fn client(&self) -> dlock::backend::Memcached {
+        dlock::backend::Memcached::connect(&self.server.url())
+            .await
+            .expect("connect to the test memcached")
+    }
+
+    async fn delete_key(&self, key: &str) {
+        let key = dlock::backend::memcached::memcached_key(key);
+        let reply = self.server.command(&format!("md {key}\r\n")).expect("md");
+        assert!(
+            reply.starts_with("HD") || reply.starts_with("NF"),
+            "{reply}"
+        );
+    }
+
+    /// Memcached expires on a one-second clock: at least 2 s, and five times what the
+    /// behaviour wants, so that its timing holds at the coarser granularity.
+    fn ttl(&self, wanted: std::time::Duration) -> std::time::Duration {
+        (wanted * 5).max(dlock::backend::memcached::MIN_TTL)
+    }
+}

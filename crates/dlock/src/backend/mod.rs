@@ -9,3 +9,8 @@ pub use quorum::{DEFAULT_NODE_TIMEOUT_FRACTION, Quorum, QuorumBuilder};
 pub mod redis;
 #[cfg(feature = "redis")]
 pub use self::redis::Redis;
+
+#[cfg(feature = "memcached")]
+pub mod memcached;
+#[cfg(feature = "memcached")]
+pub use self::memcached::Memcached;
