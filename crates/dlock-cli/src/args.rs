@@ -52,7 +52,8 @@ Environment:
 pub(crate) struct Store {
     /// The store: redis://[user:pass@]host:port/db, rediss://… (TLS), redis+unix:///path,
     /// redis+sentinel://host:port,…/master-name, redis+cluster://host:port,…, or
-    /// redlock://host:port,host:port,host:port (RedLock; `dlock run` only, no fence).
+    /// redlock://host:port,host:port,host:port (RedLock; `dlock run` only, no fence),
+    /// memcache://host:port (`dlock run` only).
     #[arg(long, env = "DLOCK_URL", hide_env_values = true)]
     pub(crate) url: Option<String>,
 

@@ -67,7 +67,10 @@ fn main() -> ExitCode {
 async fn dispatch(command: Command) -> Result<u8, Failure> {
     match command {
         Command::Run(args) => match connect(&args.store, false).await? {
-            Target::Quorum(q) => cmd::run_unfenced(q, args).await,
+            Target::Quorum(q) => cmd::run_plain(q, args, |_| None).await,
+            Target::Memcached(m) => {
+                cmd::run_plain(m, args, |g| Some(g.fencing_token().get())).await
+            }
             target => with_backend!(target, |b| cmd::run(b, args).await),
         },
         Command::Acquire(args) => {

@@ -18,7 +18,7 @@ use crate::args::{
 };
 use crate::exit::{self, Failure};
 
-pub(crate) use run::{Signals, run, run_unfenced};
+pub(crate) use run::{Signals, run, run_plain};
 
 /// Acquires as `--wait` / `--no-wait` say: `None` on conflict.
 pub(crate) async fn acquire<B: RawLock>(

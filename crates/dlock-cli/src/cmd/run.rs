@@ -144,12 +144,16 @@ pub(crate) async fn run<B: RawFencing + RawSemaphore + RawRwLock + RawFair>(
     }
 }
 
-/// `dlock run` on a store without fences (RedLock over independent masters): the plain
-/// lock only, and the command gets no DLOCK_FENCE.
-pub(crate) async fn run_unfenced<B: RawLock>(backend: B, args: RunArgs) -> Result<u8, Failure> {
+/// `dlock run` on a store that has only the plain lock (RedLock, memcached); `fence`
+/// reads the guard's fence where the store mints one.
+pub(crate) async fn run_plain<B: RawLock>(
+    backend: B,
+    args: RunArgs,
+    fence: impl Fn(&LockGuard<B>) -> Option<u64>,
+) -> Result<u8, Failure> {
     if args.semaphore.is_some() || args.shared || args.exclusive || args.fair {
         return Err(Failure::usage(
-            "redlock:// supports the plain lock only (no --semaphore, --shared, --exclusive, --fair)",
+            "this store supports the plain lock only (no --semaphore, --shared, --exclusive, --fair)",
         ));
     }
     let mut signals = Signals::install()?;
@@ -158,7 +162,10 @@ pub(crate) async fn run_unfenced<B: RawLock>(backend: B, args: RunArgs) -> Resul
         .ttl(args.ttl)
         .build()?;
     match wait_for(&lock, &args, &mut signals).await? {
-        Waited::Got(guard) => supervise(guard, None, &args, signals).await,
+        Waited::Got(guard) => {
+            let fence = fence(&guard);
+            supervise(guard, fence, &args, signals).await
+        }
         Waited::Exit(code) => Ok(code),
     }
 }

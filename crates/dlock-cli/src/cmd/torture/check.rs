@@ -8,15 +8,22 @@ use super::worker::Step;
 use super::{Fault, FaultWindow, Kind};
 
 /// One worker's hold of the lock, as the worker believed it: from its acquire returning
-/// to its release starting (or its death).
+/// to its release starting (or its death). A write hold, or a read-write lock's read hold.
 #[derive(Debug, Clone, Serialize)]
 pub(super) struct Hold {
     pub(super) worker: usize,
     pub(super) start: u64,
     pub(super) end: u64,
+    /// The grant's fence (0 for read holds and the controls).
     pub(super) fence: u64,
-    /// Overlaps another worker's hold.
+    /// Overlaps another worker's hold (for a read hold: another worker's write hold).
     pub(super) overlapping: bool,
+}
+
+/// Every hold of a run: exclusive holds (a read-write lock's write holds), and read holds.
+pub(super) struct Holds {
+    pub(super) writes: Vec<Hold>,
+    pub(super) reads: Vec<Hold>,
 }
 
 /// A killed worker.
@@ -52,6 +59,17 @@ pub(super) struct Findings {
     pub(super) overlaps: usize,
     /// Overlaps no pause or restart window explains.
     pub(super) unexcused_overlaps: usize,
+    /// rwlock-fenced: read holds, those overlapping another worker's write hold, and those
+    /// overlaps no pause or restart window explains.
+    pub(super) read_holds: usize,
+    pub(super) read_overlaps: usize,
+    pub(super) unexcused_read_overlaps: usize,
+    /// reentrant-fenced: re-entries made inside a hold, those answered after the outer
+    /// hold's lease had lapsed, and those that did not get the outer hold's fence (or were
+    /// refused) while it was valid, no restart explaining it.
+    pub(super) reentries: usize,
+    pub(super) reentries_lapsed: usize,
+    pub(super) reentry_mismatches: usize,
     pub(super) unfenced_acknowledged: u64,
     pub(super) lost_increments: u64,
     pub(super) fenced_acknowledged: u64,
@@ -76,27 +94,38 @@ pub(super) struct Input<'a> {
     pub(super) windows: &'a [FaultWindow],
     pub(super) resources: &'a Resources,
     pub(super) ttl_ns: u64,
+    /// What the kind may add to ttl + ε before the next holder after a crash.
+    pub(super) reacquire_slack_ns: u64,
     pub(super) end: u64,
 }
 
 /// Slack for liveness: a waiter's retry after the ttl.
 const EPSILON_NS: u64 = 1_500_000_000;
 
-/// The holds, and every pair (by index) of overlapping holds of different workers.
-pub(super) fn holds(
-    history: &[(usize, Step)],
-    kills: &[Kill],
-    end: u64,
-) -> (Vec<Hold>, Vec<(usize, usize)>) {
+/// Which holds to collect from a history.
+#[derive(Clone, Copy)]
+enum Side {
+    /// `Acquired` … `Releasing`: the lock's exclusive holds.
+    Write,
+    /// `ReadAcquired` … `ReadReleasing`: a read-write lock's read holds.
+    Read,
+}
+
+/// The holds of one side, by start: each from its acquire to its release starting, or to
+/// its holder's death, or to the holder's last step if the run cut it off.
+fn collect(history: &[(usize, Step)], kills: &[Kill], end: u64, side: Side) -> Vec<Hold> {
     let mut open: HashMap<usize, (u64, u64)> = HashMap::new();
     let mut holds = Vec::new();
     let mut last_seen: HashMap<usize, u64> = HashMap::new();
     for (w, step) in history {
-        match step {
-            Step::Acquired { t, fence, .. } => {
+        match (side, step) {
+            (Side::Write, Step::Acquired { t, fence, .. }) => {
                 open.insert(*w, (*t, *fence));
             }
-            Step::Releasing { t } => {
+            (Side::Read, Step::ReadAcquired { t }) => {
+                open.insert(*w, (*t, 0));
+            }
+            (Side::Write, Step::Releasing { t }) | (Side::Read, Step::ReadReleasing { t }) => {
                 if let Some((start, fence)) = open.remove(w) {
                     holds.push(Hold {
                         worker: *w,
@@ -128,6 +157,16 @@ pub(super) fn holds(
         });
     }
     holds.sort_by_key(|h| h.start);
+    holds
+}
+
+/// The holds, and every pair (by index) of overlapping holds of different workers.
+pub(super) fn holds(
+    history: &[(usize, Step)],
+    kills: &[Kill],
+    end: u64,
+) -> (Vec<Hold>, Vec<(usize, usize)>) {
+    let mut holds = collect(history, kills, end, Side::Write);
     // Sweep: a hold overlaps any other worker's hold that started before it ended.
     let mut pairs = Vec::new();
     for i in 0..holds.len() {
@@ -145,6 +184,31 @@ pub(super) fn holds(
     (holds, pairs)
 }
 
+/// Every pair (read index, write index) of a read hold and another worker's write hold
+/// that overlap; both are marked. `writes` is sorted by start.
+fn read_write_pairs(reads: &mut [Hold], writes: &mut [Hold]) -> Vec<(usize, usize)> {
+    // A write hold that overlaps a read hold started at most the longest write hold's
+    // length before the read hold did: only those are compared.
+    let longest = writes
+        .iter()
+        .map(|w| w.end.saturating_sub(w.start))
+        .max()
+        .unwrap_or(0);
+    let mut pairs = Vec::new();
+    for (i, r) in reads.iter_mut().enumerate() {
+        let from = writes.partition_point(|w| w.start < r.start.saturating_sub(longest));
+        let to = writes.partition_point(|w| w.start < r.end);
+        for (j, w) in writes.iter_mut().enumerate().take(to).skip(from) {
+            if w.end > r.start && w.worker != r.worker {
+                r.overlapping = true;
+                w.overlapping = true;
+                pairs.push((i, j));
+            }
+        }
+    }
+    pairs
+}
+
 pub(super) fn step_time(step: &Step) -> u64 {
     match step {
         Step::Acquired { t, .. }
@@ -153,6 +217,9 @@ pub(super) fn step_time(step: &Step) -> u64 {
         | Step::Fenced { t, .. }
         | Step::Releasing { t }
         | Step::Released { t, .. }
+        | Step::ReadAcquired { t }
+        | Step::ReadReleasing { t }
+        | Step::Reentered { t, .. }
         | Step::Error { t, .. } => *t,
     }
 }
@@ -174,12 +241,19 @@ fn excused(a: &Hold, b: &Hold, windows: &[FaultWindow]) -> bool {
     })
 }
 
-pub(super) fn check(input: &Input<'_>) -> (Findings, Vec<Hold>) {
-    let (holds, pairs) = holds(input.history, input.kills, input.end);
+pub(super) fn check(input: &Input<'_>) -> (Findings, Holds) {
+    let (mut holds, pairs) = holds(input.history, input.kills, input.end);
     let overlaps = pairs.len();
     let unexcused_overlaps = pairs
         .iter()
         .filter(|&&(i, j)| !excused(&holds[i], &holds[j], input.windows))
+        .count();
+    // Read holds against write holds, excused as writers against writers.
+    let mut read_holds = collect(input.history, input.kills, input.end, Side::Read);
+    let read_pairs = read_write_pairs(&mut read_holds, &mut holds);
+    let unexcused_read_overlaps = read_pairs
+        .iter()
+        .filter(|&&(i, j)| !excused(&read_holds[i], &holds[j], input.windows))
         .count();
     let mut unfenced_acknowledged = 0u64;
     let mut fenced_acknowledged = 0u64;
@@ -232,6 +306,7 @@ pub(super) fn check(input: &Input<'_>) -> (Findings, Vec<Hold>) {
         .filter(|w| w.fault == Fault::Restart)
         .map(|w| w.start)
         .collect();
+    let (reentries, reentries_lapsed, reentry_mismatches) = reentry(input.history, input.windows);
     let mut fence_regressions = 0;
     let mut fence_reuse = 0;
     let mut seen: BTreeMap<u64, usize> = BTreeMap::new();
@@ -259,8 +334,9 @@ pub(super) fn check(input: &Input<'_>) -> (Findings, Vec<Hold>) {
     // ttl + ε (unless the run ended first, or a server-side fault held everyone up).
     let mut reacquire_ms = Vec::new();
     let mut liveness_violations = 0;
+    let allowed = input.ttl_ns + input.reacquire_slack_ns + EPSILON_NS;
     for kill in input.kills.iter().filter(|k| k.was_holding) {
-        let bound = kill.t + input.ttl_ns + EPSILON_NS;
+        let bound = kill.t + allowed;
         let held_up = input.windows.iter().any(|w| {
             matches!(w.fault, Fault::Freeze | Fault::ClientPause | Fault::Restart)
                 && w.start <= bound
@@ -278,7 +354,7 @@ pub(super) fn check(input: &Input<'_>) -> (Findings, Vec<Hold>) {
             Some(t) => {
                 let delay = t - kill.t;
                 reacquire_ms.push(delay / 1_000_000);
-                if delay > input.ttl_ns + EPSILON_NS && !held_up {
+                if delay > allowed && !held_up {
                     liveness_violations += 1;
                 }
             }
@@ -302,6 +378,12 @@ pub(super) fn check(input: &Input<'_>) -> (Findings, Vec<Hold>) {
         error_samples,
         overlaps,
         unexcused_overlaps,
+        read_holds: read_holds.len(),
+        read_overlaps: read_pairs.len(),
+        unexcused_read_overlaps,
+        reentries,
+        reentries_lapsed,
+        reentry_mismatches,
         unfenced_acknowledged,
         lost_increments,
         fenced_acknowledged,
@@ -318,7 +400,52 @@ pub(super) fn check(input: &Input<'_>) -> (Findings, Vec<Hold>) {
         verdict: String::new(),
     };
     verdict(&mut f);
-    (f, holds)
+    (
+        f,
+        Holds {
+            writes: holds,
+            reads: read_holds,
+        },
+    )
+}
+
+/// Re-entries: (made, answered after the outer hold lapsed, mismatched). A re-entry made
+/// while the outer hold was valid must get the outer grant's fence; a refusal or another
+/// fence is a mismatch unless a restart without persistence (which forgets the lock) was
+/// under way between the outer grant and the re-entry. (A window, not its start: the old
+/// server's grant may reach its worker just after the restart began.)
+fn reentry(history: &[(usize, Step)], windows: &[FaultWindow]) -> (usize, usize, usize) {
+    let mut outer: HashMap<usize, (u64, u64)> = HashMap::new(); // worker -> (start, fence)
+    let (mut made, mut lapsed_count, mut mismatches) = (0, 0, 0);
+    for (w, step) in history {
+        match step {
+            Step::Acquired { t, fence, .. } => {
+                outer.insert(*w, (*t, *fence));
+            }
+            Step::Releasing { .. } => {
+                outer.remove(w);
+            }
+            Step::Reentered { t, fence, lapsed } => {
+                made += 1;
+                if *lapsed {
+                    lapsed_count += 1;
+                    continue;
+                }
+                let Some(&(start, granted)) = outer.get(w) else {
+                    mismatches += 1; // a re-entry outside any hold: the worker is broken
+                    continue;
+                };
+                let restarted = windows
+                    .iter()
+                    .any(|w| w.fault == Fault::Restart && w.end >= start && w.start <= *t);
+                if *fence != Some(granted) && !restarted {
+                    mismatches += 1;
+                }
+            }
+            _ => {}
+        }
+    }
+    (made, lapsed_count, mismatches)
 }
 
 fn verdict(f: &mut Findings) {
@@ -331,17 +458,26 @@ fn verdict(f: &mut Findings) {
         fail("a worker failed (exited with an error or hung past the run)")
     } else {
         match f.kind {
-            Kind::Dlock | Kind::DlockFenced | Kind::Memory => {
-                let fenced = f.kind != Kind::Dlock;
+            Kind::Dlock
+            | Kind::DlockFenced
+            | Kind::FairFenced
+            | Kind::RwlockFenced
+            | Kind::ReentrantFenced
+            | Kind::Memory => {
+                let fenced = f.kind.is_fenced();
                 if fenced && (f.stale_accepted > 0 || f.fenced_lost > 0) {
                     fail("the fenced resource lost or accepted a stale write")
                 } else if f.unexcused_overlaps > 0 {
                     fail("holders overlapped outside any pause/restart window")
+                } else if f.unexcused_read_overlaps > 0 {
+                    fail("a read hold overlapped a write hold outside any pause/restart window")
+                } else if f.reentry_mismatches > 0 {
+                    fail("a re-entry into a valid hold did not get that hold's fence")
                 } else if dead {
                     fail("lock not free within ttl + ε after a crash, or orphan keys")
-                } else if (f.fence_reuse > 0 || f.fence_regressions > 0) && f.kind != Kind::Dlock {
+                } else if (f.fence_reuse > 0 || f.fence_regressions > 0) && fenced {
                     fail("fences did not strictly increase in grant order")
-                } else if f.overlaps > 0 || f.lost_increments > 0 {
+                } else if f.overlaps > 0 || f.read_overlaps > 0 || f.lost_increments > 0 {
                     (
                         true,
                         if fenced {
@@ -416,6 +552,7 @@ mod tests {
             windows,
             resources,
             ttl_ns: 1_000_000_000,
+            reacquire_slack_ns: 0,
             end: 10_000_000_000,
         })
         .0
@@ -584,6 +721,139 @@ mod tests {
             &resources,
         );
         assert!(f.verdict_ok, "{}", f.verdict);
+    }
+
+    #[test]
+    fn a_read_hold_overlapping_a_writer_fails_rwlock_unless_a_pause_explains_it() {
+        let mut history = vec![
+            (0, acq(10, 1)),
+            (0, Step::Releasing { t: 20 }),
+            // Worker 1 reads 15..25, inside worker 0's write hold; worker 2 reads after it.
+            (1, Step::ReadAcquired { t: 15 }),
+            (1, Step::ReadReleasing { t: 25 }),
+            (2, Step::ReadAcquired { t: 21 }),
+            (2, Step::ReadReleasing { t: 30 }),
+        ];
+        history.sort_by_key(|(_, s)| step_time(s));
+        let none = Resources::default();
+        let (f, holds) = check(&Input {
+            kind: Kind::RwlockFenced,
+            history: &history,
+            kills: &[],
+            windows: &[],
+            resources: &none,
+            ttl_ns: 1_000_000_000,
+            reacquire_slack_ns: 0,
+            end: 100,
+        });
+        assert_eq!((f.read_holds, f.read_overlaps), (2, 1));
+        assert_eq!(f.unexcused_read_overlaps, 1);
+        assert!(!f.verdict_ok, "{}", f.verdict);
+        assert!(holds.writes[0].overlapping && holds.reads[0].overlapping);
+        assert!(
+            !holds.reads[1].overlapping,
+            "readers share, and 21 is past 20"
+        );
+        // The writer was paused while holding: excused, as for writers.
+        let paused = [window(Fault::Pause, Some(0), 12, 18)];
+        let f = run(Kind::RwlockFenced, &history, &paused, &[], &none);
+        assert_eq!((f.read_overlaps, f.unexcused_read_overlaps), (1, 0));
+        assert!(f.verdict_ok, "{}", f.verdict);
+    }
+
+    #[test]
+    fn a_reentry_under_another_fence_fails_unless_the_hold_lapsed_or_a_restart_explains_it() {
+        let reentered = |fence: Option<u64>, lapsed: bool| {
+            vec![
+                (0, acq(10, 7)),
+                (
+                    0,
+                    Step::Reentered {
+                        t: 12,
+                        fence,
+                        lapsed,
+                    },
+                ),
+                (0, Step::Releasing { t: 20 }),
+            ]
+        };
+        let none = Resources::default();
+        let f = run(
+            Kind::ReentrantFenced,
+            &reentered(Some(7), false),
+            &[],
+            &[],
+            &none,
+        );
+        assert_eq!((f.reentries, f.reentry_mismatches), (1, 0));
+        assert!(f.verdict_ok, "{}", f.verdict);
+        for inner in [Some(8), None] {
+            let f = run(
+                Kind::ReentrantFenced,
+                &reentered(inner, false),
+                &[],
+                &[],
+                &none,
+            );
+            assert_eq!(f.reentry_mismatches, 1, "{inner:?}");
+            assert!(!f.verdict_ok);
+        }
+        let f = run(
+            Kind::ReentrantFenced,
+            &reentered(Some(1), true),
+            &[],
+            &[],
+            &none,
+        );
+        assert_eq!((f.reentries_lapsed, f.reentry_mismatches), (1, 0));
+        // A restart inside the hold, or one under way when its grant arrived.
+        for (start, end) in [(11, 11), (9, 10)] {
+            let restart = [window(Fault::Restart, None, start, end)];
+            let f = run(
+                Kind::ReentrantFenced,
+                &reentered(Some(1), false),
+                &restart,
+                &[],
+                &none,
+            );
+            assert_eq!(f.reentry_mismatches, 0, "{start}..{end}");
+        }
+        let earlier = [window(Fault::Restart, None, 5, 8)];
+        let f = run(
+            Kind::ReentrantFenced,
+            &reentered(Some(1), false),
+            &earlier,
+            &[],
+            &none,
+        );
+        assert_eq!(f.reentry_mismatches, 1);
+    }
+
+    #[test]
+    fn a_reacquire_slack_widens_the_liveness_bound() {
+        // The next holder came 2.9 s after the crash: past ttl + ε, within + 0.5 s.
+        let history = vec![(0, acq(10, 1)), (1, acq(3_400_000_000, 2))];
+        let kills = [Kill {
+            worker: 0,
+            t: 500_000_000,
+            was_holding: true,
+        }];
+        let none = Resources::default();
+        let check_with = |slack: u64| {
+            check(&Input {
+                kind: Kind::FairFenced,
+                history: &history,
+                kills: &kills,
+                windows: &[],
+                resources: &none,
+                ttl_ns: 1_000_000_000,
+                reacquire_slack_ns: slack,
+                end: 10_000_000_000,
+            })
+            .0
+        };
+        assert_eq!(check_with(0).liveness_violations, 1);
+        assert_eq!(check_with(500_000_000).liveness_violations, 0);
     }
 
     #[test]

@@ -4,6 +4,20 @@
 //! lock server (each through its own fault-injecting TCP proxy), the protected resources
 //! live on a separate, never-faulted redis-server, and a nemesis injects faults on a
 //! schedule drawn from the seed. The history is checked afterwards ([`check`]).
+//!
+//! What each kind must show, under every fault (an overlap is *excused* only when one of
+//! the two holders was paused while holding, or a restart without persistence fell inside
+//! the pair; fences may start over only after a restart):
+//!
+//! | kind | what the workers do | expected |
+//! |---|---|---|
+//! | `dlock` | [`Lock`], unfenced counter | overlaps and lost increments only in excused windows; lock free within ttl + ε after a holder's crash; no orphan keys |
+//! | `dlock-fenced` | [`Lock`], fenced resource | 0 stale writes accepted, 0 fenced increments lost, fences strictly increasing in grant order, never reused; liveness and orphans as `dlock` |
+//! | `fair-fenced` | [`FairLock`](dlock::FairLock) (`dlock-fair:` keys), fenced | as `dlock-fenced`, with one waiter grace (half a ttl here) added to the reacquire bound after a crash; no hold, queue entry or claim left |
+//! | `rwlock-fenced` | [`RwLock`](dlock::RwLock) (`dlock-rw:` keys): two of every three holds on the write side, fenced; the third a read hold that reads the resource | as `dlock-fenced` for the writers; no read hold overlaps a write hold outside excused windows; no writer, reader lease or writer claim left |
+//! | `reentrant-fenced` | [`ReentrantLock`](dlock::ReentrantLock) (`dlock-re:` keys, a hash), an owner per worker, entered again inside every hold, then the fenced write, inner hold released first | as `dlock-fenced`; every re-entry made while the outer hold was valid gets the outer hold's fence (a mismatch or refusal fails the run) |
+//! | `memory` | [`Lock`] on the memory backend, threads, stalls only | as `dlock-fenced` |
+//! | `setnx-expire` … `plain-del` | the seeds' broken locks (controls) | must be caught by their own bug, or the run fails |
 
 mod check;
 mod svg;
@@ -17,6 +31,7 @@ use std::time::Duration;
 
 use dlock::Lock;
 use dlock::backend::Memory;
+use dlock::keys::LockKeys;
 use dlock_test::proxy::{Fault as ProxyFault, Proxy};
 use dlock_test::server::RedisServer;
 use nix::sys::signal::{Signal, kill};
@@ -39,7 +54,8 @@ pub(super) fn monotonic_ns() -> u64 {
         .unwrap_or(0)
 }
 
-/// A lock kind under test: dlock's, or one of the seeds' broken variants (controls).
+/// A lock kind under test: one of dlock's primitives, or one of the seeds' broken variants
+/// (controls). See the module docs for what each must show.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub(super) enum Kind {
@@ -50,12 +66,20 @@ pub(super) enum Kind {
     SetnxGetset,
     GetDel,
     PlainDel,
+    // Declared last: the discriminant seeds each kind's fault schedule, so the kinds
+    // above keep theirs.
+    FairFenced,
+    RwlockFenced,
+    ReentrantFenced,
 }
 
 impl Kind {
-    const ALL: [Kind; 7] = [
+    const ALL: [Kind; 10] = [
         Kind::Dlock,
         Kind::DlockFenced,
+        Kind::FairFenced,
+        Kind::RwlockFenced,
+        Kind::ReentrantFenced,
         Kind::Memory,
         Kind::SetnxExpire,
         Kind::SetnxGetset,
@@ -67,6 +91,9 @@ impl Kind {
         match self {
             Kind::Dlock => "dlock",
             Kind::DlockFenced => "dlock-fenced",
+            Kind::FairFenced => "fair-fenced",
+            Kind::RwlockFenced => "rwlock-fenced",
+            Kind::ReentrantFenced => "reentrant-fenced",
             Kind::Memory => "memory",
             Kind::SetnxExpire => "setnx-expire",
             Kind::SetnxGetset => "setnx-getset",
@@ -80,6 +107,71 @@ impl Kind {
             self,
             Kind::SetnxExpire | Kind::SetnxGetset | Kind::GetDel | Kind::PlainDel
         )
+    }
+
+    /// Whether the workers write the fenced resource (else the unfenced counter).
+    fn is_fenced(self) -> bool {
+        matches!(
+            self,
+            Kind::DlockFenced
+                | Kind::Memory
+                | Kind::FairFenced
+                | Kind::RwlockFenced
+                | Kind::ReentrantFenced
+        )
+    }
+
+    /// The key prefix of the kind's lock: the library's default for each primitive, and
+    /// none for plain locks and controls (which share the standard protocol's key).
+    fn lock_prefix(self) -> &'static str {
+        match self {
+            Kind::FairFenced => dlock::DEFAULT_FAIR_PREFIX,
+            Kind::RwlockFenced => dlock::DEFAULT_RWLOCK_PREFIX,
+            Kind::ReentrantFenced => dlock::DEFAULT_REENTRANT_PREFIX,
+            _ => "",
+        }
+    }
+
+    /// The kind's lock keys in the store, for the lock named after `keys`.
+    fn lock_keys(self, keys: &ResourceKeys) -> Option<LockKeys> {
+        LockKeys::new(self.lock_prefix(), &keys.lock).ok()
+    }
+
+    /// The keys that hold a hold or a waiter's place; all must be gone once every lease and
+    /// claim has run out. Each primitive's companions are named as its Redis backend names
+    /// them. (A reentrant lock's holds all live in its lock key, a hash.)
+    fn live_keys(self, lock: &LockKeys) -> Vec<String> {
+        let mut keys = vec![lock.lock().to_owned()];
+        match self {
+            Kind::FairFenced => keys.extend([lock.companion("queue"), lock.companion("claims")]),
+            Kind::RwlockFenced => {
+                keys.extend([lock.companion("readers"), lock.companion("writers")]);
+            }
+            _ => {}
+        }
+        keys
+    }
+
+    /// How long a queued waiter's place (fair-fenced) or a waiting writer's claim
+    /// (rwlock-fenced) outlives its next expected attempt. Half a ttl rather than the
+    /// library's default of seconds: a crashed waiter's entry then lapses soon after the
+    /// holder's lease, which keeps the reacquire bound and the orphan audit tight.
+    fn waiter_grace(self, ttl: Duration) -> Option<Duration> {
+        matches!(self, Kind::FairFenced | Kind::RwlockFenced)
+            .then(|| (ttl / 2).clamp(Duration::from_millis(10), Duration::from_secs(60)))
+    }
+
+    /// Extra time, past ttl + ε, the next holder may need after a holder's crash: in a fair
+    /// lock, up to one waiter grace. Nothing announces a crashed holder's expiry, so the
+    /// next in line wakes on its own timer, and a waiter that last tried while the lock was
+    /// passing to the head was told to wait out the head's claim (up to ttl + grace); a
+    /// waiter that crashed at the head of the queue keeps its place as long. (A read-write
+    /// lock's writers do not queue behind each other.)
+    fn reacquire_slack(self, ttl: Duration) -> Duration {
+        match self {
+            Kind::FairFenced => self.waiter_grace(ttl).unwrap_or_default(),
+            _ => Duration::ZERO,
+        }
     }
 
     pub(super) fn parse(s: &str) -> Result<Kind, Failure> {
@@ -254,7 +346,10 @@ struct KindReport {
     findings: Findings,
     fault_windows: Vec<FaultWindow>,
     kills: Vec<Kill>,
+    /// Exclusive holds (a read-write lock's write holds).
     holds: Vec<Hold>,
+    /// A read-write lock's read holds.
+    read_holds: Vec<Hold>,
 }
 
 pub(crate) async fn torture(args: TortureArgs) -> Result<u8, Failure> {
@@ -358,7 +453,7 @@ async fn run_kinds(
     for &kind in kinds {
         let (kind_faults, duration) = plan(config, kind);
         println!(
-            "  {:<13} {:>5.1} s  faults: {}",
+            "  {:<16} {:>5.1} s  faults: {}",
             kind.id(),
             duration.as_secs_f64(),
             kind_faults
@@ -380,21 +475,7 @@ async fn run_kinds(
             )
             .await?
         };
-        let svg = svg::timeline(
-            &report.findings,
-            &report.holds,
-            &report.fault_windows,
-            &report.kills,
-            report
-                .holds
-                .iter()
-                .map(|h| h.worker + 1)
-                .max()
-                .unwrap_or(config.workers)
-                .max(config.workers),
-            report.holds.iter().map(|h| h.start).min().unwrap_or(0),
-            report.holds.iter().map(|h| h.end).max().unwrap_or(0),
-        );
+        let svg = svg::timeline(&report, config.workers);
         write(&out.join(format!("timeline-{}.svg", kind.id())), &svg)?;
         reports.push(report);
     }
@@ -952,10 +1033,17 @@ async fn run_redis(
         }
     }
     let end = monotonic_ns();
-    // Orphans: after ttl + ε every lock must have expired by itself.
-    tokio::time::sleep(config.ttl + Duration::from_millis(1500)).await;
+    // Orphans: after ttl + ε (plus a waiter's grace, for the kinds that queue) every hold
+    // and waiter's place must have expired by itself. EXISTS, not GET: a reentrant lock is
+    // a hash, readers and waiters live in sorted sets.
+    let lock_keys = kind.lock_keys(&keys);
+    let live_keys = lock_keys
+        .as_ref()
+        .map_or_else(|| vec![keys.lock.clone()], |k| kind.live_keys(k));
+    let settle = config.ttl + kind.waiter_grace(config.ttl).unwrap_or_default();
+    tokio::time::sleep(settle + Duration::from_millis(1500)).await;
     let exists: i64 = redis::cmd("EXISTS")
-        .arg(&keys.lock)
+        .arg(&live_keys)
         .query_async(&mut n.admin)
         .await
         .unwrap_or(0);
@@ -973,13 +1061,11 @@ async fn run_redis(
         orphans: usize::try_from(exists).unwrap_or(0),
         worker_failures,
     };
-    // Clean up what the run left (the lock key too, if a control orphaned it).
-    let fence_key = dlock::keys::LockKeys::new("", &keys.lock)
-        .map(|k| k.fence().to_owned())
-        .unwrap_or_default();
+    // Clean up what the run left (the lock's keys too, if a control orphaned them).
+    let fence_key = lock_keys.as_ref().map(|k| k.fence().to_owned());
     let _: Result<(), _> = redis::cmd("DEL")
-        .arg(&keys.lock)
-        .arg(&fence_key)
+        .arg(&live_keys)
+        .arg(fence_key.as_slice())
         .query_async(&mut n.admin)
         .await;
     let _: Result<(), _> = redis::cmd("DEL")
@@ -996,13 +1082,16 @@ async fn run_redis(
         windows: &n.windows,
         resources: &resources_state,
         ttl_ns,
+        reacquire_slack_ns: u64::try_from(kind.reacquire_slack(config.ttl).as_nanos())
+            .unwrap_or(u64::MAX),
         end,
     });
     Ok(KindReport {
         findings,
         fault_windows: n.windows,
         kills: n.kills,
-        holds,
+        holds: holds.writes,
+        read_holds: holds.reads,
     })
 }
 
@@ -1243,19 +1332,21 @@ fn run_memory(
         windows: &windows,
         resources: &resources,
         ttl_ns: u64::try_from(ttl.as_nanos()).unwrap_or(u64::MAX),
+        reacquire_slack_ns: 0,
         end: monotonic_ns(),
     });
     Ok(KindReport {
         findings,
         fault_windows: windows,
         kills: Vec::new(),
-        holds,
+        holds: holds.writes,
+        read_holds: holds.reads,
     })
 }
 
 fn print_summary(reports: &[KindReport]) {
     println!(
-        "\n{:<13} {:>6} {:>8} {:>10} {:>8} {:>8} {:>8} {:>10} {:>7}  verdict",
+        "\n{:<16} {:>6} {:>8} {:>10} {:>8} {:>8} {:>8} {:>10} {:>7}  verdict",
         "kind",
         "holds",
         "overlaps",
@@ -1273,7 +1364,7 @@ fn print_summary(reports: &[KindReport]) {
             .iter()
             .max()
             .map_or_else(|| "-".to_owned(), |ms| format!("{ms} ms"));
-        let fenced = matches!(f.kind, Kind::DlockFenced | Kind::Memory);
+        let fenced = f.kind.is_fenced();
         let dash = |fenced_metric: bool, v: u64| {
             if fenced_metric == fenced {
                 v.to_string()
@@ -1282,7 +1373,7 @@ fn print_summary(reports: &[KindReport]) {
             }
         };
         println!(
-            "{:<13} {:>6} {:>8} {:>10} {:>8} {:>8} {:>8} {:>10} {:>7}  {}",
+            "{:<16} {:>6} {:>8} {:>10} {:>8} {:>8} {:>8} {:>10} {:>7}  {}",
             f.kind.id(),
             f.holds,
             f.overlaps,
@@ -1294,5 +1385,18 @@ fn print_summary(reports: &[KindReport]) {
             f.orphans,
             f.verdict
         );
+        // The checks of one primitive only, on a line of their own.
+        if f.kind == Kind::RwlockFenced {
+            println!(
+                "{:<16} read holds {}, overlapping a write hold {} ({} outside pause/restart windows)",
+                "", f.read_holds, f.read_overlaps, f.unexcused_read_overlaps
+            );
+        }
+        if f.kind == Kind::ReentrantFenced {
+            println!(
+                "{:<16} re-entries {}, fence mismatches {} (re-entries after the outer hold lapsed: {})",
+                "", f.reentries, f.reentry_mismatches, f.reentries_lapsed
+            );
+        }
     }
 }

@@ -1,10 +1,10 @@
-//! The timeline: one row per worker, a bar per hold (red where holders overlapped), fault
-//! windows shaded, kills marked.
+//! The timeline: one row per worker, a bar per hold (red where holders overlapped; read
+//! holds of a read-write lock as thin blue bars, purple where they overlapped a writer),
+//! fault windows shaded, kills marked.
 
 use std::fmt::Write as _;
 
-use super::FaultWindow;
-use super::check::{Findings, Hold, Kill};
+use super::KindReport;
 
 const WIDTH: f64 = 1100.0;
 const LEFT: f64 = 90.0;
@@ -17,15 +17,23 @@ fn esc(s: &str) -> String {
         .replace('>', "&gt;")
 }
 
-pub(super) fn timeline(
-    findings: &Findings,
-    holds: &[Hold],
-    windows: &[FaultWindow],
-    kills: &[Kill],
-    workers: usize,
-    start: u64,
-    end: u64,
-) -> String {
+/// The timeline of one kind's run, with at least `workers` rows.
+pub(super) fn timeline(report: &KindReport, workers: usize) -> String {
+    let (findings, holds, reads, windows, kills) = (
+        &report.findings,
+        &report.holds,
+        &report.read_holds,
+        &report.fault_windows,
+        &report.kills,
+    );
+    let all = || holds.iter().chain(reads);
+    let workers = all()
+        .map(|h| h.worker + 1)
+        .max()
+        .unwrap_or(workers)
+        .max(workers);
+    let start = all().map(|h| h.start).min().unwrap_or(0);
+    let end = all().map(|h| h.end).max().unwrap_or(0);
     let span = end.saturating_sub(start).max(1) as f64;
     let x = |t: u64| LEFT + (t.saturating_sub(start) as f64 / span) * (WIDTH - LEFT - 10.0);
     let height = TOP + ROW * workers as f64 + 40.0;
@@ -41,9 +49,17 @@ pub(super) fn timeline(
         findings.kind.id(),
         esc(&findings.verdict)
     );
+    let reads_line = if reads.is_empty() {
+        String::new()
+    } else {
+        format!(
+            " · read holds {} · overlapping a writer {}",
+            findings.read_holds, findings.read_overlaps
+        )
+    };
     let _ = write!(
         s,
-        r#"<text x="8" y="36">holds {} · overlaps {} · lost increments {} · stale writes accepted {} · fenced writes refused {}</text>"#,
+        r#"<text x="8" y="36">holds {} · overlaps {} · lost increments {} · stale writes accepted {} · fenced writes refused {}{reads_line}</text>"#,
         findings.holds,
         findings.overlaps,
         findings.lost_increments,
@@ -86,6 +102,19 @@ pub(super) fn timeline(
             (h.end.saturating_sub(h.start)) as f64 / 1e6
         );
     }
+    for h in reads {
+        // The lower third of the row, under where write holds are drawn.
+        let y = TOP + ROW * h.worker as f64 + ROW - 9.0;
+        let (x0, x1) = (x(h.start), x(h.end));
+        let color = if h.overlapping { "#7b2cbf" } else { "#4895ef" };
+        let _ = write!(
+            s,
+            r#"<rect x="{x0:.1}" y="{y:.1}" width="{:.1}" height="5" fill="{color}"><title>worker {} read hold · {:.1} ms</title></rect>"#,
+            (x1 - x0).max(1.0),
+            h.worker,
+            (h.end.saturating_sub(h.start)) as f64 / 1e6
+        );
+    }
     for k in kills {
         let y = TOP + ROW * k.worker as f64 + 11.0;
         let x0 = x(k.t);
@@ -96,9 +125,14 @@ pub(super) fn timeline(
         );
     }
     let legend_y = TOP + ROW * workers as f64 + 24.0;
+    let read_legend = if reads.is_empty() {
+        ""
+    } else {
+        r##"  <tspan fill="#4895ef">▬ read hold</tspan>  <tspan fill="#7b2cbf">▬ read hold overlapping a writer</tspan>"##
+    };
     let _ = write!(
         s,
-        r##"<text x="8" y="{legend_y:.1}">time →  {:.1} s · <tspan fill="#2a9d8f">■ hold</tspan>  <tspan fill="#d62828">■ overlapping hold</tspan>  <tspan fill="#f4a261">■ fault window</tspan>  ✕ worker killed</text></svg>"##,
+        r##"<text x="8" y="{legend_y:.1}">time →  {:.1} s · <tspan fill="#2a9d8f">■ hold</tspan>  <tspan fill="#d62828">■ overlapping hold</tspan>{read_legend}  <tspan fill="#f4a261">■ fault window</tspan>  ✕ worker killed</text></svg>"##,
         span / 1e9
     );
     s

@@ -1,12 +1,17 @@
 //! One torture worker: acquire → read-modify-write the protected resource → release, in a
 //! loop until its deadline, printing every step as a JSON line (flushed at once, so a
 //! killed worker loses at most the step it was in).
+//!
+//! dlock's primitives all run through one loop over a [`Lock`] whose guards carry a fence
+//! (a plain lock, a fair lock, a read-write lock's write side, a reentrant lock's holds
+//! for one owner); the controls have loops of their own.
 
 use std::io::Write as _;
 use std::time::Duration;
 
 use dlock::backend::Redis;
-use dlock::{Lock, LockGuard, Token};
+use dlock::raw::RawFencing;
+use dlock::{FairLock, Lock, LockGuard, Owner, ReentrantLock, RwLock, RwSide, Token};
 use serde::Serialize;
 
 use super::{Kind, ResourceKeys, monotonic_ns};
@@ -47,6 +52,17 @@ pub(super) enum Step {
     Releasing { t: u64 },
     /// The release's outcome: `Some(true)` ours, `Some(false)` not ours, `None` unknown.
     Released { t: u64, ok: Option<bool> },
+    /// A read hold of a read-write lock is ours from `t`.
+    ReadAcquired { t: u64 },
+    /// The reader starts releasing at `t` (its read hold ends here).
+    ReadReleasing { t: u64 },
+    /// A reentrant holder entered its hold again: the inner hold's fence (`None`: refused),
+    /// and whether the outer hold's lease had lapsed by the time the answer came.
+    Reentered {
+        t: u64,
+        fence: Option<u64>,
+        lapsed: bool,
+    },
     /// An acquire failed with an error (not contention).
     Error { t: u64, message: String },
 }
@@ -63,11 +79,20 @@ fn store_err(e: redis::RedisError) -> Failure {
     Failure::new(exit::UNAVAILABLE, format!("torture worker: {e}"))
 }
 
-/// A held lock of any kind.
-enum Hold {
-    Dlock(LockGuard<Redis>),
-    /// A control: the token it set.
-    Raw(String),
+fn error(message: impl Into<String>) {
+    emit(&Step::Error {
+        t: monotonic_ns(),
+        message: message.into(),
+    });
+}
+
+/// A release's outcome: `Some(true)` ours, `Some(false)` not ours, `None` unknown.
+fn released(outcome: dlock::Result<()>) -> Option<bool> {
+    match outcome {
+        Ok(()) => Some(true),
+        Err(e) if e.is_lock_lost() => Some(false),
+        Err(_) => None,
+    }
 }
 
 struct Worker {
@@ -77,7 +102,6 @@ struct Worker {
     until: u64,
     lock_conn: redis::aio::ConnectionManager,
     resource: redis::aio::MultiplexedConnection,
-    dlock: Option<Lock<Redis>>,
     fenced: redis::Script,
 }
 
@@ -103,21 +127,6 @@ pub(crate) async fn run(args: TortureWorkerArgs) -> Result<u8, Failure> {
         .get_multiplexed_async_connection()
         .await
         .map_err(store_err)?;
-    let dlock = match kind {
-        Kind::Dlock | Kind::DlockFenced => Some(
-            Lock::builder(
-                Redis::builder(args.lock_url.clone())
-                    .response_timeout(ttl)
-                    .connect()
-                    .await?,
-                &keys.lock,
-            )
-            .prefix("")
-            .ttl(ttl)
-            .build()?,
-        ),
-        _ => None,
-    };
     let mut worker = Worker {
         kind,
         keys,
@@ -125,39 +134,59 @@ pub(crate) async fn run(args: TortureWorkerArgs) -> Result<u8, Failure> {
         until: args.until_ns,
         lock_conn,
         resource,
-        dlock,
         fenced: redis::Script::new(FENCED_ACCESS),
     };
-    while monotonic_ns() < worker.until {
-        match worker.acquire().await {
-            Ok(Some((hold, fence))) => {
-                if let Err(failure) = worker.critical_section(fence).await {
-                    // The resource is never faulted, but a paused worker's own timers may
-                    // time its calls out when it resumes: record it and go on.
-                    emit(&Step::Error {
-                        t: monotonic_ns(),
-                        message: failure.message,
-                    });
-                }
-                emit(&Step::Releasing { t: monotonic_ns() });
-                let ok = worker.release(hold).await;
-                emit(&Step::Released {
-                    t: monotonic_ns(),
-                    ok,
-                });
-            }
-            Ok(None) => {}
-            Err(message) => {
-                emit(&Step::Error {
-                    t: monotonic_ns(),
-                    message,
-                });
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
+    if kind.is_control() {
+        worker.run_control().await;
+        return Ok(exit::SUCCESS);
+    }
+    let redis = Redis::builder(args.lock_url.clone())
+        .response_timeout(ttl)
+        .connect()
+        .await?;
+    let name = worker.keys.lock.clone();
+    let prefix = kind.lock_prefix();
+    // Some for the kinds that use it.
+    let grace = kind
+        .waiter_grace(ttl)
+        .unwrap_or(dlock::DEFAULT_WAITER_GRACE);
+    match kind {
+        Kind::FairFenced => {
+            let fair = FairLock::builder(redis, name)
+                .prefix(prefix)
+                .ttl(ttl)
+                .waiter_grace(grace)
+                .build()?;
+            worker.run_dlock(fair.as_lock(), None, false).await;
+        }
+        Kind::RwlockFenced => {
+            let rw = RwLock::builder(redis, name)
+                .prefix(prefix)
+                .ttl(ttl)
+                .writer_grace(grace)
+                .build()?;
+            worker
+                .run_dlock(rw.write_lock(), Some(rw.read_lock()), false)
+                .await;
+        }
+        Kind::ReentrantFenced => {
+            let lock = ReentrantLock::builder(redis, name)
+                .prefix(prefix)
+                .ttl(ttl)
+                .build()?;
+            let me = Owner::new(format!("worker-{}", std::process::id()))?;
+            worker.run_dlock(&lock.holds_of(&me)?, None, true).await;
+        }
+        _ => {
+            let lock = Lock::builder(redis, name).prefix(prefix).ttl(ttl).build()?;
+            worker.run_dlock(&lock, None, false).await;
         }
     }
     Ok(exit::SUCCESS)
 }
+
+/// In rwlock-fenced, every this-many-th hold of a worker is a read hold.
+const READ_EVERY: u64 = 3;
 
 /// A model of one network round trip between two commands of a non-atomic control:
 /// it makes their race windows as wide as a slow network would.
@@ -184,18 +213,156 @@ impl Worker {
         });
     }
 
-    async fn acquire(&mut self) -> Result<Option<(Hold, u64)>, String> {
-        if let Some(lock) = &self.dlock {
-            return match lock.try_lock_for(self.remaining()).await {
-                Ok(Some(g)) => {
-                    let fence = g.fencing_token().get();
-                    self.acquired(g.token().as_str(), fence);
-                    Ok(Some((Hold::Dlock(g), fence)))
-                }
-                Ok(None) => Ok(None),
-                Err(e) => Err(e.to_string()),
-            };
+    /// dlock's loop: hold `lock` (entering it again inside each hold with `reenter`), or
+    /// every [`READ_EVERY`]th time take a read hold of `reads`, until the deadline.
+    async fn run_dlock<B: RawFencing>(
+        &mut self,
+        lock: &Lock<B>,
+        reads: Option<&Lock<RwSide<Redis, false>>>,
+        reenter: bool,
+    ) {
+        let mut turn = 0u64;
+        while monotonic_ns() < self.until {
+            turn += 1;
+            match reads {
+                Some(reads) if turn.is_multiple_of(READ_EVERY) => self.read_hold(reads).await,
+                _ => self.hold(lock, reenter).await,
+            }
         }
+    }
+
+    /// One hold: acquire → (re-enter) → fenced or unfenced read-modify-write → release.
+    async fn hold<B: RawFencing>(&mut self, lock: &Lock<B>, reenter: bool) {
+        let guard = match lock.try_lock_for(self.remaining()).await {
+            Ok(Some(g)) => g,
+            Ok(None) => return,
+            Err(e) => {
+                error(e.to_string());
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                return;
+            }
+        };
+        let fence = guard.fencing_token().get();
+        self.acquired(guard.token().as_str(), fence);
+        let inner = if reenter {
+            match Self::reenter(lock, &guard, fence).await {
+                Some(inner) => Some(inner),
+                None => {
+                    // Not ours any more, or unknown: no write under it.
+                    emit(&Step::Releasing { t: monotonic_ns() });
+                    let ok = released(guard.release().await);
+                    emit(&Step::Released {
+                        t: monotonic_ns(),
+                        ok,
+                    });
+                    return;
+                }
+            }
+        } else {
+            None
+        };
+        if let Err(failure) = self.critical_section(fence).await {
+            // The resource is never faulted, but a paused worker's own timers may time its
+            // calls out when it resumes: record it and go on.
+            error(failure.message);
+        }
+        emit(&Step::Releasing { t: monotonic_ns() });
+        if let Some(inner) = inner
+            && released(inner.release().await).is_none()
+        {
+            error("releasing the inner hold: outcome unknown");
+        }
+        let ok = released(guard.release().await);
+        emit(&Step::Released {
+            t: monotonic_ns(),
+            ok,
+        });
+    }
+
+    /// Enters `outer`'s hold again (same owner): the inner hold if it carries the outer
+    /// grant's fence. The attempt is abandoned when the outer lease lapses first (its
+    /// holder must stop there), and a refusal or another fence is recorded for the checker.
+    async fn reenter<B: RawFencing>(
+        lock: &Lock<B>,
+        outer: &LockGuard<B>,
+        fence: u64,
+    ) -> Option<LockGuard<B>> {
+        let attempt = tokio::select! {
+            got = lock.try_lock() => got,
+            () = outer.lost() => {
+                error("the hold lapsed while entering it again");
+                return None;
+            }
+        };
+        match attempt {
+            Ok(inner) => {
+                let got = inner.as_ref().map(|g| g.fencing_token().get());
+                emit(&Step::Reentered {
+                    t: monotonic_ns(),
+                    fence: got,
+                    lapsed: outer.is_lost(),
+                });
+                // A hold under another fence is a new tenure, not ours to write under.
+                inner.filter(|_| got == Some(fence))
+            }
+            Err(e) => {
+                error(format!("entering the hold again: {e}"));
+                None
+            }
+        }
+    }
+
+    /// One read hold of a read-write lock: read the resource (no fence: readers exclude
+    /// writers only), then release. Waits at most two ttls, as writers go first.
+    async fn read_hold(&mut self, reads: &Lock<RwSide<Redis, false>>) {
+        let guard = match reads.try_lock_for(self.remaining().min(self.ttl * 2)).await {
+            Ok(Some(g)) => g,
+            Ok(None) => return,
+            Err(e) => {
+                error(e.to_string());
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                return;
+            }
+        };
+        emit(&Step::ReadAcquired { t: monotonic_ns() });
+        let read: redis::RedisResult<Option<i64>> = redis::cmd("GET")
+            .arg(&self.keys.fenced)
+            .query_async(&mut self.resource)
+            .await;
+        if let Err(e) = read {
+            error(format!("torture worker: {e}"));
+        }
+        tokio::time::sleep(CRITICAL).await;
+        emit(&Step::ReadReleasing { t: monotonic_ns() });
+        let _ = guard.release().await;
+    }
+
+    /// The controls' loop.
+    async fn run_control(&mut self) {
+        while monotonic_ns() < self.until {
+            match self.acquire_raw().await {
+                Ok(Some(token)) => {
+                    if let Err(failure) = self.critical_section(0).await {
+                        error(failure.message);
+                    }
+                    emit(&Step::Releasing { t: monotonic_ns() });
+                    let ok = self.release_raw(token).await;
+                    emit(&Step::Released {
+                        t: monotonic_ns(),
+                        ok,
+                    });
+                }
+                Ok(None) => {}
+                Err(message) => {
+                    error(message);
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+    }
+
+    /// A control's acquire: the token it set.
+    async fn acquire_raw(&mut self) -> Result<Option<String>, String> {
         let token = Token::random().map_err(|e| e.to_string())?.to_string();
         let key = self.keys.lock.clone();
         let ttl_ms = u64::try_from(self.ttl.as_millis()).unwrap_or(u64::MAX);
@@ -219,7 +386,7 @@ impl Worker {
                             .query_async(&mut self.lock_conn)
                             .await
                             .map_err(|e| e.to_string())?;
-                        return Ok(Some((Hold::Raw(token), 0)));
+                        return Ok(Some(token));
                     }
                     false
                 }
@@ -269,11 +436,11 @@ impl Worker {
                         .map_err(|e| e.to_string())?;
                     set.is_some()
                 }
-                Kind::Dlock | Kind::DlockFenced | Kind::Memory => false,
+                _ => false,
             };
             if got {
                 self.acquired(&token, 0);
-                return Ok(Some((Hold::Raw(token), 0)));
+                return Ok(Some(token));
             }
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
@@ -282,7 +449,7 @@ impl Worker {
 
     async fn critical_section(&mut self, fence: u64) -> Result<(), Failure> {
         let r = &mut self.resource;
-        if self.kind == Kind::DlockFenced {
+        if self.kind.is_fenced() {
             let (ok, value): (i64, i64) = self
                 .fenced
                 .key(&self.keys.fenced)
@@ -326,10 +493,10 @@ impl Worker {
                 .map_err(store_err)?;
             let read = read.unwrap_or(0);
             emit(&Step::Read { t: monotonic_ns() });
-            let critical = if self.dlock.is_some() {
-                CRITICAL
-            } else {
+            let critical = if self.kind.is_control() {
                 CONTROL_CRITICAL
+            } else {
+                CRITICAL
             };
             tokio::time::sleep(critical).await;
             let _: () = redis::cmd("SET")
@@ -346,45 +513,38 @@ impl Worker {
         Ok(())
     }
 
-    async fn release(&mut self, hold: Hold) -> Option<bool> {
+    async fn release_raw(&mut self, token: String) -> Option<bool> {
         let c = &mut self.lock_conn;
         let key = &self.keys.lock;
-        match hold {
-            Hold::Dlock(g) => match g.release().await {
-                Ok(()) => Some(true),
-                Err(e) if e.is_lock_lost() => Some(false),
-                Err(_) => None,
-            },
-            Hold::Raw(token) => match self.kind {
-                Kind::GetDel => {
-                    let current: Option<String> =
-                        redis::cmd("GET").arg(key).query_async(c).await.ok()?;
-                    tokio::time::sleep(GAP).await;
-                    if current.as_deref() == Some(token.as_str()) {
-                        let n: i64 = redis::cmd("DEL").arg(key).query_async(c).await.ok()?;
-                        Some(n == 1)
-                    } else {
-                        Some(false)
-                    }
-                }
-                Kind::SetnxExpire => {
-                    // This control's bug is its acquire alone: its release is the correct
-                    // compare-and-delete, so it cannot clear another's orphaned key.
-                    let n: i64 = redis::Script::new(
-                        "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0",
-                    )
-                    .key(key)
-                    .arg(&token)
-                    .invoke_async(c)
-                    .await
-                    .ok()?;
-                    Some(n == 1)
-                }
-                _ => {
+        match self.kind {
+            Kind::GetDel => {
+                let current: Option<String> =
+                    redis::cmd("GET").arg(key).query_async(c).await.ok()?;
+                tokio::time::sleep(GAP).await;
+                if current.as_deref() == Some(token.as_str()) {
                     let n: i64 = redis::cmd("DEL").arg(key).query_async(c).await.ok()?;
                     Some(n == 1)
+                } else {
+                    Some(false)
                 }
-            },
+            }
+            Kind::SetnxExpire => {
+                // This control's bug is its acquire alone: its release is the correct
+                // compare-and-delete, so it cannot clear another's orphaned key.
+                let n: i64 = redis::Script::new(
+                    "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0",
+                )
+                .key(key)
+                .arg(&token)
+                .invoke_async(c)
+                .await
+                .ok()?;
+                Some(n == 1)
+            }
+            _ => {
+                let n: i64 = redis::cmd("DEL").arg(key).query_async(c).await.ok()?;
+                Some(n == 1)
+            }
         }
     }
 }
