@@ -585,3 +585,112 @@ fn fair_runs_are_alone_and_status_shows_every_kind() {
     let _ = holder.wait();
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn torture_keeps_the_rwlock_s_fenced_resource_intact_and_readers_apart_from_writers() {
+    let dir = scratch("torture-rwlock");
+    let out = output(Command::new(env!("CARGO_BIN_EXE_dlock")).args([
+        "torture",
+        "--duration",
+        "6s",
+        "--workers",
+        "3",
+        "--kinds",
+        "rwlock-fenced",
+        "--faults",
+        "pause,kill",
+        "--out",
+        dir.to_str().expect("utf-8 path"),
+    ]));
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{text}{}", stderr(&out));
+    let report: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.join("report.json")).expect("report.json"),
+    )
+    .expect("json");
+    let rw = &report["kinds"][0]["findings"];
+    assert_eq!(rw["kind"], "rwlock-fenced");
+    assert_eq!(rw["stale_accepted"], 0);
+    assert_eq!(rw["fenced_lost"], 0);
+    assert!(
+        rw["fenced_acknowledged"].as_u64().is_some_and(|n| n > 0),
+        "writers wrote: {rw}"
+    );
+    assert!(
+        rw["read_holds"].as_u64().is_some_and(|n| n > 0),
+        "readers read: {rw}"
+    );
+    assert_eq!(rw["unexcused_read_overlaps"], 0);
+    assert_eq!(rw["orphans"], 0);
+    assert!(text.contains("read holds"), "{text}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn redlock_and_cluster_urls_run_commands_under_the_lock() {
+    let servers: Vec<RedisServer> = (0..3)
+        .map(|_| RedisServer::start().expect("redis-server"))
+        .collect();
+    let url = format!(
+        "redlock://{}",
+        servers
+            .iter()
+            .map(|s| format!("127.0.0.1:{}", s.port()))
+            .collect::<Vec<_>>()
+            .join(",")
+    );
+    let dir = scratch("redlock");
+    let log = dir.join("log");
+    let script = format!(
+        "echo \"begin $$ ${{DLOCK_FENCE:-none}}\" >> {0}; sleep 0.05; echo \"end $$\" >> {0}",
+        log.display()
+    );
+    let text = run_concurrently(&url, 4, &["run", "jobs", "--", "sh", "-c", &script], &log);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 8, "{text}");
+    for pair in lines.chunks(2) {
+        let begin: Vec<&str> = pair[0].split(' ').collect();
+        assert_eq!(
+            begin.get(2),
+            Some(&"none"),
+            "a quorum lock has no fence: {text}"
+        );
+        assert_eq!(pair[1], format!("end {}", begin[1]), "interleaved:\n{text}");
+    }
+    // Inspection needs a single store: a usage error, not a wrong answer.
+    let out = output(dlock(&url).args(["status", "jobs"]));
+    assert_eq!(out.status.code(), Some(64), "{}", stderr(&out));
+    let out = output(dlock(&url).args(["run", "--fair", "jobs", "--", "true"]));
+    assert_eq!(out.status.code(), Some(64), "{}", stderr(&out));
+
+    let cluster = dlock_test::cluster::RedisCluster::start(3, 0).expect("cluster");
+    let out = output(dlock(&cluster.url()).args([
+        "run",
+        "--no-wait",
+        "on-a-cluster",
+        "--",
+        "sh",
+        "-c",
+        "test -n \"$DLOCK_FENCE\"",
+    ]));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = output(dlock(&cluster.url()).args(["status", "--json", "on-a-cluster"]));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(status["held"], false);
+    assert_eq!(status["last_fence"], 1, "{status}");
+
+    let mc = dlock_test::server::MemcachedServer::start().expect("memcached");
+    let out = output(dlock(&mc.url()).args([
+        "run",
+        "--ttl",
+        "3s",
+        "on-memcached",
+        "--",
+        "sh",
+        "-c",
+        "test \"$DLOCK_FENCE\" = 1",
+    ]));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let _ = std::fs::remove_dir_all(dir);
+}
