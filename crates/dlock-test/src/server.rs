@@ -529,3 +529,144 @@ impl Drop for MemcachedServer {
         }
     }
 }
+
+/// One etcd member (or a whole single-member cluster) on free loopback ports; killed
+/// when dropped, its data directory removed.
+#[derive(Debug)]
+pub struct EtcdMember {
+    child: Option<Child>,
+    name: String,
+    client_port: u16,
+    peer_port: u16,
+    dir: PathBuf,
+    cluster: String,
+    state: &'static str,
+}
+
+impl EtcdMember {
+    fn spawn(&mut self) -> io::Result<()> {
+        let client = format!("http://127.0.0.1:{}", self.client_port);
+        let peer = format!("http://127.0.0.1:{}", self.peer_port);
+        let child = Command::new("etcd")
+            .arg("--name")
+            .arg(&self.name)
+            .arg("--data-dir")
+            .arg(&self.dir)
+            .args([
+                "--listen-client-urls",
+                &client,
+                "--advertise-client-urls",
+                &client,
+            ])
+            .args([
+                "--listen-peer-urls",
+                &peer,
+                "--initial-advertise-peer-urls",
+                &peer,
+            ])
+            .args(["--initial-cluster", &self.cluster])
+            .args(["--initial-cluster-state", self.state])
+            .args(["--initial-cluster-token", "dlock-test"])
+            .args(["--heartbeat-interval", "50", "--election-timeout", "500"])
+            .args(["--log-level", "error"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| io::Error::new(e.kind(), format!("cannot run etcd: {e}")))?;
+        self.child = Some(child);
+        Ok(())
+    }
+
+    /// `127.0.0.1:<client port>`.
+    pub fn addr(&self) -> String {
+        format!("127.0.0.1:{}", self.client_port)
+    }
+
+    /// Whether the process runs.
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
+    }
+
+    /// Kills the member with SIGKILL (its data stays; [`restart`](Self::restart) rejoins).
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts a killed member again from its data directory.
+    ///
+    /// # Errors
+    /// It could not be started.
+    pub fn restart(&mut self) -> io::Result<()> {
+        self.kill();
+        self.state = "existing";
+        self.spawn()
+    }
+}
+
+impl Drop for EtcdMember {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// An etcd cluster of N members on loopback.
+#[derive(Debug)]
+pub struct EtcdCluster {
+    /// The members (public so tests can kill and restart them).
+    pub members: Vec<EtcdMember>,
+}
+
+impl EtcdCluster {
+    /// Starts `n` members and waits until every client port accepts connections (the
+    /// caller waits for a leader with its first request).
+    ///
+    /// # Errors
+    /// etcd could not be started.
+    pub fn start(n: usize) -> io::Result<EtcdCluster> {
+        let mut members = Vec::with_capacity(n);
+        let mut cluster = Vec::with_capacity(n);
+        for i in 0..n {
+            let (client_port, peer_port) = (free_port()?, free_port()?);
+            let name = format!("m{i}");
+            cluster.push(format!("{name}=http://127.0.0.1:{peer_port}"));
+            let dir = std::env::temp_dir()
+                .join(format!("dlock-etcd-{}-{client_port}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&dir);
+            members.push(EtcdMember {
+                child: None,
+                name,
+                client_port,
+                peer_port,
+                dir,
+                cluster: String::new(),
+                state: "new",
+            });
+        }
+        let cluster = cluster.join(",");
+        for m in &mut members {
+            m.cluster.clone_from(&cluster);
+            m.spawn()?;
+        }
+        let deadline = Instant::now() + READY_TIMEOUT;
+        for m in &members {
+            while TcpStream::connect(("127.0.0.1", m.client_port)).is_err() {
+                if Instant::now() > deadline {
+                    return Err(io::Error::new(io::ErrorKind::TimedOut, "etcd not ready"));
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        Ok(EtcdCluster { members })
+    }
+
+    /// `etcd://` URL with every member as an endpoint.
+    pub fn url(&self) -> String {
+        let hosts: Vec<String> = self.members.iter().map(EtcdMember::addr).collect();
+        format!("etcd://{}", hosts.join(","))
+    }
+}

@@ -163,3 +163,55 @@ impl Target for MemcachedTarget {
         (wanted * 5).max(dlock::backend::memcached::MIN_TTL)
     }
 }
+
+/// A private etcd (one member); each client is its own gRPC channel.
+#[derive(Debug)]
+pub struct EtcdTarget {
+    /// The cluster (public so tests can kill members).
+    pub cluster: crate::server::EtcdCluster,
+}
+
+impl EtcdTarget {
+    /// Starts a single-member etcd.
+    ///
+    /// # Panics
+    /// If `etcd` cannot be started (the test cannot run without it).
+    pub fn start() -> EtcdTarget {
+        EtcdTarget {
+            cluster: crate::server::EtcdCluster::start(1)
+                .expect("start etcd (apt-get install etcd-server)"),
+        }
+    }
+}
+
+impl Target for EtcdTarget {
+    type Backend = dlock::backend::Etcd;
+
+    async fn client(&self) -> dlock::backend::Etcd {
+        // The member may still be electing itself: retry for a few seconds.
+        let mut last = None;
+        for _ in 0..50 {
+            match dlock::backend::Etcd::connect(&self.cluster.url()).await {
+                Ok(c) => return c,
+                Err(e) => last = Some(e),
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        panic!("connect to the test etcd: {last:?}");
+    }
+
+    async fn delete_key(&self, key: &str) {
+        let mut c = etcd_client::Client::connect(
+            [format!("http://{}", self.cluster.members[0].addr())],
+            None,
+        )
+        .await
+        .expect("etcd admin");
+        c.delete(key, None).await.expect("delete");
+    }
+
+    /// Leases are whole seconds: at least 2 s, five times what the behaviour wants.
+    fn ttl(&self, wanted: std::time::Duration) -> std::time::Duration {
+        (wanted * 5).max(std::time::Duration::from_secs(2))
+    }
+}

@@ -345,7 +345,7 @@ impl RawInspect for Memory {
 }
 
 /// `*` matches any run, `?` one byte, anything else itself.
-fn glob_match(pattern: &[u8], text: &[u8]) -> bool {
+pub(crate) fn glob_match(pattern: &[u8], text: &[u8]) -> bool {
     let (mut p, mut t) = (0, 0);
     let mut backtrack: Option<(usize, usize)> = None;
     while t < text.len() {

@@ -3,6 +3,7 @@
 mod memory;
 mod quorum;
 pub use memory::Memory;
+pub(crate) use memory::glob_match;
 pub use quorum::{DEFAULT_NODE_TIMEOUT_FRACTION, Quorum, QuorumBuilder};
 
 #[cfg(feature = "redis")]
@@ -14,3 +15,8 @@ pub use self::redis::Redis;
 pub mod memcached;
 #[cfg(feature = "memcached")]
 pub use self::memcached::Memcached;
+
+#[cfg(feature = "etcd")]
+pub mod etcd;
+#[cfg(feature = "etcd")]
+pub use self::etcd::Etcd;
