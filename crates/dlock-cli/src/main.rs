@@ -71,6 +71,7 @@ async fn dispatch(command: Command) -> Result<u8, Failure> {
             Target::Memcached(m) => {
                 cmd::run_plain(m, args, |g| Some(g.fencing_token().get())).await
             }
+            Target::Etcd(e) => cmd::run_plain(e, args, |g| Some(g.fencing_token().get())).await,
             target => with_backend!(target, |b| cmd::run(b, args).await),
         },
         Command::Acquire(args) => {
@@ -90,23 +91,21 @@ async fn dispatch(command: Command) -> Result<u8, Failure> {
                 cmd::extend_cmd(b, args).await
             })
         }
-        Command::Status(args) => {
-            with_backend!(connect(&args.store, false).await?, |b| cmd::status_cmd(
-                b, args
-            )
-            .await)
-        }
-        Command::List(args) => {
-            with_backend!(connect(&args.store, false).await?, |b| cmd::list_cmd(
-                b, args
-            )
-            .await)
-        }
-        Command::ForceUnlock(args) => {
-            with_backend!(connect(&args.store, false).await?, |b| {
-                cmd::force_unlock_cmd(b, args).await
-            })
-        }
+        Command::Status(args) => match connect(&args.store, false).await? {
+            Target::Memcached(m) => cmd::lock_status_cmd(m, args).await,
+            Target::Etcd(e) => cmd::lock_status_cmd(e, args).await,
+            target => with_backend!(target, |b| cmd::status_cmd(b, args).await),
+        },
+        Command::List(args) => match connect(&args.store, false).await? {
+            Target::Memcached(m) => cmd::list_cmd(m, args).await,
+            Target::Etcd(e) => cmd::list_cmd(e, args).await,
+            target => with_backend!(target, |b| cmd::list_cmd(b, args).await),
+        },
+        Command::ForceUnlock(args) => match connect(&args.store, false).await? {
+            Target::Memcached(m) => cmd::lock_force_unlock_cmd(m, args).await,
+            Target::Etcd(e) => cmd::lock_force_unlock_cmd(e, args).await,
+            target => with_backend!(target, |b| cmd::force_unlock_cmd(b, args).await),
+        },
         Command::Demo(args) => cmd::demo::demo(args).await,
         Command::DemoWorker(args) => cmd::demo::worker(args).await,
         Command::Torture(args) => cmd::torture::torture(args).await,

@@ -1,6 +1,6 @@
 //! From `--url` to a connected store.
 
-use dlock::backend::{Memcached, Memory, Quorum, Redis};
+use dlock::backend::{Etcd, Memcached, Memory, Quorum, Redis};
 
 use crate::args::Store;
 use crate::exit::Failure;
@@ -11,8 +11,10 @@ pub(crate) enum Target {
     Memory(Memory),
     /// RedLock over independent masters: only `dlock run` (a plain lock, no fence).
     Quorum(Quorum<Redis>),
-    /// Memcached: only `dlock run` (a plain lock, fenced).
+    /// Memcached: the plain lock (fenced) only.
     Memcached(Memcached),
+    /// etcd: the plain lock (fenced) only.
+    Etcd(Etcd),
 }
 
 /// Runs `$body` with `$b` bound to the concrete backend of `$target`.
@@ -25,9 +27,12 @@ macro_rules! with_backend {
                 "redlock:// (a quorum of independent masters) works with `dlock run` only: \
                  it has no fencing token and no single store to inspect",
             )),
-            $crate::target::Target::Memcached(_) => Err($crate::exit::Failure::usage(
-                "memcache:// works with `dlock run` only (plain lock)",
-            )),
+            $crate::target::Target::Memcached(_) | $crate::target::Target::Etcd(_) => {
+                Err($crate::exit::Failure::usage(
+                    "memcache:// and etcd:// have the plain lock only: `dlock run` (without \
+                     --semaphore/--shared/--exclusive/--fair), status, list, force-unlock",
+                ))
+            }
         }
     };
 }
@@ -35,7 +40,7 @@ pub(crate) use with_backend;
 
 /// The URL schemes `--url` accepts.
 const SCHEMES: &str = "redis://, rediss://, redis+unix://, redis+sentinel://, \
-                       redis+cluster://, redlock://, memcache://";
+                       redis+cluster://, redlock://, memcache://, etcd://";
 
 /// Connects to the store named by `--url` / `DLOCK_URL`. `memory://` (in-process) is
 /// accepted only where `allow_memory` says so: a lock in one process's memory excludes
@@ -53,6 +58,7 @@ pub(crate) async fn connect(store: &Store, allow_memory: bool) -> Result<Target,
         }
         Some("redlock") => Ok(Target::Quorum(redlock(url).await?)),
         Some("memcache" | "memcached") => Ok(Target::Memcached(Memcached::connect(url).await?)),
+        Some("etcd") => Ok(Target::Etcd(Etcd::connect(url).await?)),
         Some("memory") if allow_memory => Ok(Target::Memory(Memory::new())),
         Some("memory") => Err(Failure::usage(
             "memory:// is in-process only and would exclude no other process; use redis://",

@@ -9,7 +9,7 @@ mod workers;
 use std::io::{BufRead, IsTerminal, Write};
 use std::time::Duration;
 
-use dlock::raw::{RawFencing, RawLock};
+use dlock::raw::{RawFencing, RawInspect, RawLock};
 use dlock::{Lock, LockGuard, Token};
 use serde::Serialize;
 
@@ -158,25 +158,53 @@ async fn status_of<B: kinds::AnyKind>(
     name: &str,
 ) -> Result<Status, Failure> {
     let (key, state) = kinds::state_of(backend, kind, prefix, name).await?;
-    Ok(Status {
-        name: name.to_owned(),
-        key,
-        held: kinds::is_held(&state),
-        // Reentrant holders are owners, not secret tokens: shown whole.
-        holder: state.holder.as_deref().map(|h| {
-            if kind == Kind::Reentrant {
-                h.to_owned()
-            } else {
-                abbreviate(h)
-            }
-        }),
-        remaining_ms: state.remaining.map(millis),
-        last_fence: state.last_fence,
-        waiting_clients: state.waiting_clients,
-        hold_count: state.hold_count,
-        holders: state.holders,
-        queued: state.queued,
-    })
+    Ok(Status::new(name, key, kind, &state))
+}
+
+/// A plain lock's status, on any store that can be inspected.
+async fn lock_status_of<B: RawInspect>(
+    backend: B,
+    prefix: &str,
+    name: &str,
+) -> Result<Status, Failure> {
+    let lock = Lock::builder(backend, name).prefix(prefix).build()?;
+    let state = lock.state().await?;
+    Ok(Status::new(name, lock.keys().lock().to_owned(), Kind::Lock, &state))
+}
+
+impl Status {
+    fn new(name: &str, key: String, kind: Kind, state: &dlock::raw::LockState) -> Status {
+        Status {
+            name: name.to_owned(),
+            key,
+            held: kinds::is_held(state),
+            // Reentrant holders are owners, not secret tokens: shown whole.
+            holder: state.holder.as_deref().map(|h| {
+                if kind == Kind::Reentrant {
+                    h.to_owned()
+                } else {
+                    abbreviate(h)
+                }
+            }),
+            remaining_ms: state.remaining.map(millis),
+            last_fence: state.last_fence,
+            waiting_clients: state.waiting_clients,
+            hold_count: state.hold_count,
+            holders: state.holders,
+            queued: state.queued,
+        }
+    }
+}
+
+/// The stores with the plain lock only (memcached, etcd) know no other kind.
+fn lock_kind_only(kind: Kind) -> Result<(), Failure> {
+    if kind == Kind::Lock {
+        Ok(())
+    } else {
+        Err(Failure::usage(
+            "this store has the plain lock only: --kind lock",
+        ))
+    }
 }
 
 fn or_dash<T: ToString>(v: Option<T>) -> String {
@@ -192,8 +220,22 @@ pub(crate) async fn status_cmd<B: kinds::AnyKind>(
     args: StatusArgs,
 ) -> Result<u8, Failure> {
     let s = status_of(backend, args.kind, &args.store.prefix, &args.name).await?;
+    print_status(&s, &args)
+}
+
+/// `dlock status` on a store with the plain lock only.
+pub(crate) async fn lock_status_cmd<B: RawInspect>(
+    backend: B,
+    args: StatusArgs,
+) -> Result<u8, Failure> {
+    lock_kind_only(args.kind)?;
+    let s = lock_status_of(backend, &args.store.prefix, &args.name).await?;
+    print_status(&s, &args)
+}
+
+fn print_status(s: &Status, args: &StatusArgs) -> Result<u8, Failure> {
     if args.json {
-        print_json(&s)?;
+        print_json(s)?;
     } else {
         println!("name:            {}", s.name);
         println!("key:             {}", s.key);
@@ -226,14 +268,14 @@ pub(crate) async fn status_cmd<B: kinds::AnyKind>(
     Ok(exit::SUCCESS)
 }
 
-pub(crate) async fn list_cmd<B: kinds::AnyKind>(backend: B, args: ListArgs) -> Result<u8, Failure> {
+pub(crate) async fn list_cmd<B: RawInspect>(backend: B, args: ListArgs) -> Result<u8, Failure> {
     let mut names = backend
         .list(&args.store.prefix, &args.pattern, args.limit)
         .await?;
     names.sort();
     let mut rows = Vec::with_capacity(names.len());
     for name in &names {
-        let s = status_of(backend.clone(), Kind::Lock, &args.store.prefix, name).await?;
+        let s = lock_status_of(backend.clone(), &args.store.prefix, name).await?;
         if s.held {
             rows.push(s);
         }
@@ -263,35 +305,69 @@ pub(crate) async fn force_unlock_cmd<B: kinds::AnyKind>(
     backend: B,
     args: ForceUnlockArgs,
 ) -> Result<u8, Failure> {
-    if !args.yes {
-        let stdin = std::io::stdin();
-        if !stdin.is_terminal() {
-            return Err(Failure::usage(
-                "refusing to force-unlock without --yes (stdin is not a terminal to ask on)",
-            ));
-        }
-        let s = status_of(backend.clone(), args.kind, &args.store.prefix, &args.name).await?;
-        if !s.held {
-            eprintln!("dlock: {:?} is not held", args.name);
-            return Ok(exit::SUCCESS);
-        }
-        let by = match (&s.holder, s.holders) {
-            (Some(h), _) => format!("held by {h}"),
-            (None, n) => format!("held by {} holders", or_dash(n)),
-        };
-        eprint!(
-            "Force-unlock {:?}, {by}? Its holders keep running until they notice. [y/N] ",
-            args.name,
-        );
-        std::io::stderr().flush().ok();
-        let mut answer = String::new();
-        stdin.lock().read_line(&mut answer).ok();
-        if !matches!(answer.trim(), "y" | "Y" | "yes") {
-            eprintln!("dlock: not unlocked");
-            return Ok(exit::CONFLICT);
-        }
+    if !confirm_force_unlock(&args, status_of(backend.clone(), args.kind, &args.store.prefix, &args.name)).await? {
+        return Ok(exit::CONFLICT);
     }
-    if kinds::force_unlock(backend, args.kind, &args.store.prefix, &args.name).await? {
+    let done = kinds::force_unlock(backend, args.kind, &args.store.prefix, &args.name).await?;
+    report_force_unlock(&args, done)
+}
+
+/// `dlock force-unlock` on a store with the plain lock only.
+pub(crate) async fn lock_force_unlock_cmd<B: RawInspect>(
+    backend: B,
+    args: ForceUnlockArgs,
+) -> Result<u8, Failure> {
+    lock_kind_only(args.kind)?;
+    if !confirm_force_unlock(&args, lock_status_of(backend.clone(), &args.store.prefix, &args.name)).await? {
+        return Ok(exit::CONFLICT);
+    }
+    let lock = Lock::builder(backend, &args.name)
+        .prefix(&args.store.prefix)
+        .build()?;
+    let done = lock.force_unlock().await?;
+    report_force_unlock(&args, done)
+}
+
+/// Asks on the terminal (unless `--yes`); `Ok(false)` if the operator said no.
+async fn confirm_force_unlock(
+    args: &ForceUnlockArgs,
+    status: impl Future<Output = Result<Status, Failure>>,
+) -> Result<bool, Failure> {
+    if args.yes {
+        return Ok(true);
+    }
+    let stdin = std::io::stdin();
+    if !stdin.is_terminal() {
+        return Err(Failure::usage(
+            "refusing to force-unlock without --yes (stdin is not a terminal to ask on)",
+        ));
+    }
+    let s = status.await?;
+    if !s.held {
+        eprintln!("dlock: {:?} is not held", args.name);
+        return Ok(true);
+    }
+    let by = match (&s.holder, s.holders) {
+        (Some(h), _) => format!("held by {h}"),
+        (None, n) => format!("held by {} holders", or_dash(n)),
+    };
+    eprint!(
+        "Force-unlock {:?}, {by}? Its holders keep running until they notice. [y/N] ",
+        args.name,
+    );
+    std::io::stderr().flush().ok();
+    let mut answer = String::new();
+    stdin.lock().read_line(&mut answer).ok();
+    if matches!(answer.trim(), "y" | "Y" | "yes") {
+        Ok(true)
+    } else {
+        eprintln!("dlock: not unlocked");
+        Ok(false)
+    }
+}
+
+fn report_force_unlock(args: &ForceUnlockArgs, done: bool) -> Result<u8, Failure> {
+    if done {
         eprintln!("dlock: {:?} force-unlocked", args.name);
     } else {
         eprintln!("dlock: {:?} was not held", args.name);
