@@ -169,7 +169,12 @@ async fn lock_status_of<B: RawInspect>(
 ) -> Result<Status, Failure> {
     let lock = Lock::builder(backend, name).prefix(prefix).build()?;
     let state = lock.state().await?;
-    Ok(Status::new(name, lock.keys().lock().to_owned(), Kind::Lock, &state))
+    Ok(Status::new(
+        name,
+        lock.keys().lock().to_owned(),
+        Kind::Lock,
+        &state,
+    ))
 }
 
 impl Status {
@@ -305,7 +310,12 @@ pub(crate) async fn force_unlock_cmd<B: kinds::AnyKind>(
     backend: B,
     args: ForceUnlockArgs,
 ) -> Result<u8, Failure> {
-    if !confirm_force_unlock(&args, status_of(backend.clone(), args.kind, &args.store.prefix, &args.name)).await? {
+    if !confirm_force_unlock(
+        &args,
+        status_of(backend.clone(), args.kind, &args.store.prefix, &args.name),
+    )
+    .await?
+    {
         return Ok(exit::CONFLICT);
     }
     let done = kinds::force_unlock(backend, args.kind, &args.store.prefix, &args.name).await?;
@@ -318,7 +328,12 @@ pub(crate) async fn lock_force_unlock_cmd<B: RawInspect>(
     args: ForceUnlockArgs,
 ) -> Result<u8, Failure> {
     lock_kind_only(args.kind)?;
-    if !confirm_force_unlock(&args, lock_status_of(backend.clone(), &args.store.prefix, &args.name)).await? {
+    if !confirm_force_unlock(
+        &args,
+        lock_status_of(backend.clone(), &args.store.prefix, &args.name),
+    )
+    .await?
+    {
         return Ok(exit::CONFLICT);
     }
     let lock = Lock::builder(backend, &args.name)
