@@ -927,6 +927,18 @@ where
     );
     sem.set_permits(6).await.expect("operator");
     assert_eq!(sem.available_permits().await.expect("store"), 4);
+    assert_eq!(sem.add_permits(2).await.expect("operator"), 8);
+    assert_eq!(sem.add_permits(-2).await.expect("operator"), 6);
+    assert_eq!(
+        sem.add_permits(-6).await.map_err(|e| e.kind()),
+        Err(ErrorKind::InvalidArgument),
+        "a semaphore keeps at least one permit"
+    );
+    assert_eq!(
+        sem.available_permits().await.expect("store"),
+        4,
+        "refused: unchanged"
+    );
     let state = sem.state().await.expect("store");
     assert_eq!((state.hold_count, state.holders), (Some(2), Some(1)));
     assert!(state.remaining.is_some_and(|r| r > Duration::ZERO));

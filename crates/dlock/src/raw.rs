@@ -227,6 +227,17 @@ pub trait RawSemaphore: RawLock {
     fn set_permits(&self, keys: &LockKeys, permits: u32)
     -> impl Future<Output = Result<()>> + Send;
 
+    /// Adds `delta` permits (negative: removes them) to the stored count (`permits` if
+    /// none is stored yet), atomically, keeping it within `1..=max`. Returns the new
+    /// count, or `None` if it would leave that range (then nothing changed).
+    fn add_permits(
+        &self,
+        keys: &LockKeys,
+        delta: i64,
+        permits: u32,
+        max: u32,
+    ) -> impl Future<Output = Result<Option<u32>>> + Send;
+
     /// Permits in use, live holders and the latest lease's remaining ttl.
     fn inspect_permits(&self, keys: &LockKeys) -> impl Future<Output = Result<LockState>> + Send;
 

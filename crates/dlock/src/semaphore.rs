@@ -305,6 +305,26 @@ impl<B: RawSemaphore> Semaphore<B> {
             .await
     }
 
+    /// Adds `n` permits (negative: removes them) to the stored count, atomically with
+    /// other operators' changes, and wakes waiters. Returns the new count. Holders above a
+    /// lowered count keep their permits until they release them.
+    ///
+    /// # Errors
+    /// `InvalidArgument` if the count would leave 1 to [`MAX_PERMITS`] (nothing changes);
+    /// store failures.
+    pub async fn add_permits(&self, n: i64) -> Result<u32> {
+        self.one
+            .backend()
+            .backend
+            .add_permits(self.keys(), n, self.permits(), MAX_PERMITS)
+            .await?
+            .ok_or_else(|| {
+                Error::invalid(format!(
+                    "adding {n} permits would leave the semaphore outside 1 to {MAX_PERMITS}"
+                ))
+            })
+    }
+
     /// Permits in use (`hold_count`), live holders (`holders`) and the latest lease's
     /// remaining ttl (`remaining`).
     ///

@@ -456,6 +456,29 @@ impl RawSemaphore for Memory {
         Ok(self.force_delete(keys.lock()))
     }
 
+    async fn add_permits(
+        &self,
+        keys: &LockKeys,
+        delta: i64,
+        permits: u32,
+        max: u32,
+    ) -> Result<Option<u32>> {
+        let mut state = self.state();
+        let sem = state.semaphores.entry(keys.lock().to_owned()).or_default();
+        let count = i64::from(sem.count.unwrap_or(permits)) + delta;
+        let Ok(count) = u32::try_from(count) else {
+            return Ok(None);
+        };
+        if count == 0 || count > max {
+            return Ok(None);
+        }
+        sem.count = Some(count);
+        if delta > 0 {
+            state.notify_one(keys.channel());
+        }
+        Ok(Some(count))
+    }
+
     async fn set_permits(&self, keys: &LockKeys, permits: u32) -> Result<()> {
         let mut state = self.state();
         state

@@ -74,6 +74,7 @@ struct Inner {
     sem_release: Script,
     sem_extend: Script,
     sem_count: Script,
+    sem_add: Script,
     re_acquire: Script,
     re_release: Script,
     re_extend: Script,
@@ -263,6 +264,7 @@ impl RedisBuilder {
                 sem_release: Script::new(include_str!("lua/sem_release.lua")),
                 sem_extend: Script::new(include_str!("lua/sem_extend.lua")),
                 sem_count: Script::new(include_str!("lua/sem_count.lua")),
+                sem_add: Script::new(include_str!("lua/sem_add.lua")),
                 re_acquire: Script::new(include_str!("lua/re_acquire.lua")),
                 re_release: Script::new(include_str!("lua/re_release.lua")),
                 re_extend: Script::new(include_str!("lua/re_extend.lua")),
@@ -434,6 +436,7 @@ impl Redis {
             &i.sem_release,
             &i.sem_extend,
             &i.sem_count,
+            &i.sem_add,
             &i.re_acquire,
             &i.re_release,
             &i.re_extend,
@@ -939,6 +942,28 @@ impl RawSemaphore for Redis {
             .await
             .map_err(|e| map_err(e, "force-unlocking a semaphore"))?;
         Ok(deleted > 0)
+    }
+
+    async fn add_permits(
+        &self,
+        keys: &LockKeys,
+        delta: i64,
+        permits: u32,
+        max: u32,
+    ) -> Result<Option<u32>> {
+        let count: i64 = self
+            .inner
+            .sem_add
+            .key(keys.companion("permits"))
+            .arg(delta)
+            .arg(permits)
+            .arg(max)
+            .arg(keys.channel())
+            .arg(self.publish_cmd())
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(|e| map_err(e, "adding permits"))?;
+        Ok(u32::try_from(count).ok())
     }
 
     async fn set_permits(&self, keys: &LockKeys, permits: u32) -> Result<()> {
