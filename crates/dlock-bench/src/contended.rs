@@ -16,12 +16,13 @@
 //!   `PEXPIRE` of the signal, then `DEL` of the lock), so one blocked waiter is woken per
 //!   release. Each waiter has its own connection (`BLPOP` blocks it).
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use dlock::backend::Redis;
-use dlock::{Lock, LockGuard};
+use dlock::{FairGuard, FairLock, Lock, LockGuard, Semaphore, SemaphorePermit};
 use dlock_test::server::RedisServer;
 use indicatif::ProgressBar;
 use redis::AsyncConnectionConfig;
@@ -93,13 +94,13 @@ impl Client {
 }
 
 /// Each run starts with this long on another name.
-const WARM_UP: Duration = Duration::from_millis(300);
+pub(crate) const WARM_UP: Duration = Duration::from_millis(300);
 /// Lease length of the hot lock (never reached: holders release at once).
 const TTL: Duration = Duration::from_secs(10);
 /// How long the python-redis-lock signal list lives (its default).
 const SIGNAL_TTL_MS: u64 = 1_000;
 /// python-redis-lock's release script.
-const BLPOP_RELEASE: &str = r#"
+pub(crate) const BLPOP_RELEASE: &str = r#"
 if redis.call("get", KEYS[1]) ~= ARGV[1] then
   return 1
 else
@@ -112,7 +113,7 @@ end
 "#;
 
 /// One waiter's client state.
-enum Waiter {
+pub(crate) enum Waiter {
     Dlock(Redis),
     Rslock(rslock::LockManager),
     Blpop {
@@ -120,20 +121,73 @@ enum Waiter {
         token: String,
         sha: String,
     },
+    /// A [`FairLock`] on its own client, built once per name (each `FairLock` has its own
+    /// watchdog registry, as an application's would).
+    Fair {
+        redis: Redis,
+        lock: Option<FairLock<Redis>>,
+    },
+    /// One permit of a [`Semaphore`] of `permits`, on its own client, built once per name.
+    Permit {
+        redis: Redis,
+        permits: u32,
+        sem: Option<Semaphore<Redis>>,
+    },
 }
 
 enum Held {
     Dlock(LockGuard<Redis>),
     Rslock(rslock::LockGuard),
     Blpop,
+    Fair(FairGuard<Redis>),
+    Permit(SemaphorePermit<Redis>),
 }
 
 impl Waiter {
+    /// A fair-lock waiter with a client of its own.
+    pub(crate) async fn fair(url: &str) -> Result<Waiter> {
+        Ok(Waiter::Fair {
+            redis: Redis::connect(url).await?,
+            lock: None,
+        })
+    }
+
+    /// A waiter for one permit of a semaphore of `permits`, with a client of its own.
+    pub(crate) async fn permit(url: &str, permits: u32) -> Result<Waiter> {
+        Ok(Waiter::Permit {
+            redis: Redis::connect(url).await?,
+            permits,
+            sem: None,
+        })
+    }
+
     async fn acquire(&mut self, name: &str) -> Result<Held> {
         match self {
             Waiter::Dlock(redis) => {
                 let lock = Lock::builder(redis.clone(), name).ttl(TTL).build()?;
                 Ok(Held::Dlock(lock.lock().await?))
+            }
+            Waiter::Fair { redis, lock } => {
+                if lock.as_ref().is_none_or(|l| l.name() != name) {
+                    *lock = Some(FairLock::builder(redis.clone(), name).ttl(TTL).build()?);
+                }
+                let lock = lock.as_ref().ok_or("fair lock missing")?;
+                Ok(Held::Fair(lock.lock().await?))
+            }
+            Waiter::Permit {
+                redis,
+                permits,
+                sem,
+            } => {
+                if sem.as_ref().is_none_or(|s| s.name() != name) {
+                    *sem = Some(
+                        Semaphore::builder(redis.clone(), name, *permits)
+                            .ttl(TTL)
+                            .build()?,
+                    );
+                }
+                let sem = sem.as_ref().ok_or("semaphore missing")?;
+                Ok(Held::Permit(sem.acquire().await?))
             }
             Waiter::Rslock(manager) => Ok(Held::Rslock(
                 manager
@@ -168,6 +222,8 @@ impl Waiter {
     async fn release(&mut self, held: Held, name: &str) -> Result<()> {
         match (held, self) {
             (Held::Dlock(guard), _) => guard.release().await?,
+            (Held::Fair(guard), _) => guard.release().await?,
+            (Held::Permit(guard), _) => guard.release().await?,
             (Held::Rslock(guard), _) => guard.release().await,
             (Held::Blpop, Waiter::Blpop { conn, token, sha }) => {
                 let (key, signal) = blpop_keys(name);
@@ -197,8 +253,10 @@ fn blpop_keys(name: &str) -> (String, String) {
 /// Shared by the waiters of one run.
 struct Board {
     epoch: Instant,
-    /// When the holder called release (ns since `epoch`; 0: nobody released yet).
-    released_at: AtomicU64,
+    /// When holders called release while others waited (ns since `epoch`), oldest first;
+    /// each acquisition by a waiter takes the oldest. A lock has at most one entry here
+    /// (release and acquisition alternate); a semaphore's permits queue up.
+    released_at: Mutex<VecDeque<u64>>,
     /// The last holder's index (`usize::MAX`: none yet).
     last_holder: AtomicUsize,
     /// Counts acquisitions; a waiter that steps aside waits for it to move on.
@@ -217,7 +275,7 @@ impl Board {
 }
 
 /// What one waiter saw.
-struct WaiterStats {
+pub(crate) struct WaiterStats {
     acquisitions: u64,
     to_self: u64,
     handoffs: Latencies,
@@ -260,27 +318,40 @@ async fn waiter_loop(
             mine = *g;
         });
         let now = board.now_ns();
-        let released = board.released_at.swap(0, Ordering::SeqCst);
+        let released = board
+            .released_at
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pop_front();
         let previous = board.last_holder.swap(index, Ordering::SeqCst);
         if previous == index {
             // The holder won its own lock back: no hand-off happened.
             stats.to_self += 1;
-        } else if released != 0 {
+        } else if let Some(released) = released {
             stats
                 .handoffs
                 .record(Duration::from_nanos(now.saturating_sub(released)));
         }
         stats.acquisitions += 1;
         tokio::task::yield_now().await; // the (empty) critical section
-        let contended = board.waiting.load(Ordering::SeqCst) > 0;
-        let released_at = if contended { board.now_ns() } else { 0 };
-        board.released_at.store(released_at, Ordering::SeqCst);
+        // Acquisitions so far: stepping aside waits for one more. For a lock this is our
+        // own (nobody else acquires while we hold it); a semaphore's other holders may
+        // have acquired meanwhile.
+        let seen = (*board.generation.borrow()).max(mine);
+        if board.waiting.load(Ordering::SeqCst) > 0 {
+            let now = board.now_ns();
+            board
+                .released_at
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push_back(now);
+        }
         waiter.release(held, &name).await?;
         if Instant::now() >= deadline {
             break;
         }
         if mode == Mode::StepAside {
-            let next = generation.wait_for(|g| *g > mine);
+            let next = generation.wait_for(|g| *g > seen);
             if tokio::time::timeout_at(deadline.into(), next)
                 .await
                 .is_err()
@@ -293,7 +364,7 @@ async fn waiter_loop(
 }
 
 /// Runs `waiters` against `name` for `length`; returns them with what each saw.
-async fn contend(
+pub(crate) async fn contend(
     waiters: Vec<Waiter>,
     name: &str,
     mode: Mode,
@@ -301,7 +372,7 @@ async fn contend(
 ) -> Result<(Vec<Waiter>, Vec<WaiterStats>)> {
     let board = Arc::new(Board {
         epoch: Instant::now(),
-        released_at: AtomicU64::new(0),
+        released_at: Mutex::new(VecDeque::new()),
         last_holder: AtomicUsize::new(usize::MAX),
         waiting: AtomicUsize::new(0),
         generation: tokio::sync::watch::Sender::new(0),
@@ -331,7 +402,12 @@ async fn contend(
     Ok((back, stats))
 }
 
-async fn make_waiters(client: Client, n: usize, url: &str, sha: &str) -> Result<Vec<Waiter>> {
+pub(crate) async fn make_waiters(
+    client: Client,
+    n: usize,
+    url: &str,
+    sha: &str,
+) -> Result<Vec<Waiter>> {
     let mut waiters = Vec::with_capacity(n);
     let shared = match client {
         Client::DlockShared => Some(Redis::connect(url).await?),
@@ -369,15 +445,15 @@ async fn make_waiters(client: Client, n: usize, url: &str, sha: &str) -> Result<
 }
 
 /// One run of one client at one waiter count.
-struct Run {
-    rate: f64,
-    wait_p50: Duration,
-    wait_p99: Duration,
-    p50: Duration,
-    p99: Duration,
-    fairness: f64,
-    to_self: f64,
-    handoffs: Latencies,
+pub(crate) struct Run {
+    pub(crate) rate: f64,
+    pub(crate) wait_p50: Duration,
+    pub(crate) wait_p99: Duration,
+    pub(crate) p50: Duration,
+    pub(crate) p99: Duration,
+    pub(crate) fairness: f64,
+    pub(crate) to_self: f64,
+    pub(crate) handoffs: Latencies,
 }
 
 struct Cell {
@@ -476,7 +552,7 @@ pub(crate) async fn bench(profile: &Profile, bar: &ProgressBar) -> Result<Sectio
     })
 }
 
-fn summarise(stats: &[WaiterStats], length: Duration) -> Run {
+pub(crate) fn summarise(stats: &[WaiterStats], length: Duration) -> Run {
     let mut handoffs = Latencies::new();
     let mut waits = Latencies::new();
     for s in stats {

@@ -15,13 +15,15 @@
 //! watchdog was lost.
 //!
 //! Sections (`--only` takes a comma-separated subset): `uncontended`, `contended`,
-//! `watchdog`, `memory`.
+//! `watchdog`, `memory`, `primitives` (Semaphore, ReentrantLock, RwLock, FairLock,
+//! MultiLock).
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 mod contended;
 mod measure;
+mod primitives;
 mod report;
 mod scale;
 mod svg;
@@ -70,6 +72,14 @@ pub(crate) struct Profile {
     pub(crate) memory_waiters: usize,
     /// Locks held for the per-lock memory figure of the peer.
     pub(crate) memory_locks: usize,
+    /// Length of one uncontended run of the other primitives.
+    pub(crate) primitive_run: Duration,
+    /// Task counts of the many-readers benchmark.
+    pub(crate) reader_tasks: Vec<usize>,
+    /// Length of one contended run of the other primitives.
+    pub(crate) primitive_contended_run: Duration,
+    /// Waiter counts of the other primitives' contended benchmark.
+    pub(crate) primitive_waiters: Vec<usize>,
 }
 
 impl Profile {
@@ -86,6 +96,10 @@ impl Profile {
             watch_window: Duration::from_secs(3),
             memory_waiters: 1_000,
             memory_locks: 10_000,
+            primitive_run: Duration::from_millis(300),
+            reader_tasks: vec![64],
+            primitive_contended_run: Duration::from_millis(400),
+            primitive_waiters: vec![8, 64],
         }
     }
 
@@ -107,6 +121,10 @@ impl Profile {
             watch_window: Duration::from_secs(10),
             memory_waiters: 10_000,
             memory_locks: 10_000,
+            primitive_run: Duration::from_secs(1),
+            reader_tasks: vec![16, 64],
+            primitive_contended_run: Duration::from_secs(2),
+            primitive_waiters: vec![8, 64],
         }
     }
 }
@@ -116,7 +134,13 @@ impl Profile {
 const SHORT_TTL: Duration = Duration::from_secs(3);
 
 /// The benchmark sections, in the order they run.
-const SECTIONS: [&str; 4] = ["uncontended", "contended", "watchdog", "memory"];
+const SECTIONS: [&str; 5] = [
+    "uncontended",
+    "contended",
+    "watchdog",
+    "memory",
+    "primitives",
+];
 
 /// Parsed command line.
 struct Args {
@@ -125,8 +149,8 @@ struct Args {
     only: Vec<String>,
 }
 
-const USAGE: &str =
-    "usage: dlock-bench [--quick] [--out DIR] [--only uncontended,contended,watchdog,memory]";
+const USAGE: &str = "usage: dlock-bench [--quick] [--out DIR] \
+     [--only uncontended,contended,watchdog,memory,primitives]";
 
 fn parse_args() -> std::result::Result<Args, String> {
     let mut quick = false;
@@ -231,6 +255,9 @@ async fn run(args: &Args) -> Result<bool> {
     if wants("memory") {
         steps += 4;
     }
+    if wants("primitives") {
+        steps += primitives::steps(profile);
+    }
     let bar = ProgressBar::new(steps);
     bar.set_style(
         ProgressStyle::with_template("{elapsed:>4} [{bar:30}] {pos}/{len} {msg}")
@@ -259,6 +286,15 @@ async fn run(args: &Args) -> Result<bool> {
     if wants("memory") {
         let section = scale::memory(profile, &bar).await?;
         md.push_str(&section.markdown());
+    }
+    if wants("primitives") {
+        let section = primitives::bench(profile, &bar).await?;
+        md.push_str(&section.markdown());
+        write(
+            &args.out,
+            "primitives-handoff-histogram.svg",
+            &section.histogram_svg(),
+        )?;
     }
     bar.finish_and_clear();
 

@@ -228,6 +228,31 @@ pub(crate) async fn command_calls(conn: &mut ConnectionManager, command: &str) -
         .unwrap_or(0))
 }
 
+/// How many commands the server ran since its start, those run inside scripts included,
+/// from `INFO commandstats` (less the `INFO` calls themselves).
+pub(crate) async fn commands_run(conn: &mut ConnectionManager) -> Result<u64> {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await?;
+    let mut total = 0u64;
+    for line in info.lines() {
+        let Some((name, rest)) = line
+            .strip_prefix("cmdstat_")
+            .and_then(|l| l.split_once(":calls="))
+        else {
+            continue;
+        };
+        if name == "info" {
+            continue;
+        }
+        if let Some(calls) = rest.split(',').next() {
+            total += calls.parse::<u64>()?;
+        }
+    }
+    Ok(total)
+}
+
 /// The round-trip time of `PING` on a connection like dlock's, one at a time.
 pub(crate) async fn round_trip(url: &str, samples: usize) -> Result<Latencies> {
     let mut conn = connection_manager(url).await?;
