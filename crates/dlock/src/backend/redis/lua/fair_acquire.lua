@@ -19,14 +19,7 @@ if pttl ~= -2 and redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return {1, tonumber(redis.call('GET', KEYS[4])) or 0}
 end
-if not redis.call('ZSCORE', KEYS[2], ARGV[1]) then
-  redis.call('ZADD', KEYS[2], arrival, ARGV[1])
-end
-local head = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
-local wait
-if pttl ~= -2 then
-  wait = pttl
-elseif head == ARGV[1] then
+local function grant()
   local fence = redis.pcall('INCR', KEYS[4])
   if type(fence) == 'table' and fence.err then
     return redis.error_reply(fence.err .. ' (dlock fence counter ' .. KEYS[4] .. ')')
@@ -35,6 +28,20 @@ elseif head == ARGV[1] then
   redis.call('ZREM', KEYS[2], ARGV[1])
   redis.call('ZREM', KEYS[3], ARGV[1])
   return {1, fence}
+end
+-- Free and nobody queued: granted without queueing.
+if pttl == -2 and redis.call('EXISTS', KEYS[2]) == 0 then
+  return grant()
+end
+if not redis.call('ZSCORE', KEYS[2], ARGV[1]) then
+  redis.call('ZADD', KEYS[2], arrival, ARGV[1])
+end
+local head = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
+local wait
+if pttl ~= -2 then
+  wait = pttl
+elseif head == ARGV[1] then
+  return grant()
 else
   wait = math.max(0, (tonumber(redis.call('ZSCORE', KEYS[3], head)) or now) - now)
 end
