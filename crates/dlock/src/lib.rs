@@ -68,9 +68,14 @@
 //! (In SQL: `UPDATE stock SET qty = qty - 1, fence = $f WHERE sku = $s AND fence <= $f`.)
 //!
 //! Per backend: a single Redis master loses locks on failover, because replication is
-//! asynchronous; a restart without persistence forgets locks *and* resets fence counters
-//! (use `appendonly yes`, `appendfsync always` where fences must survive restarts). The
-//! memory backend is exact within one process and nothing outside it.
+//! asynchronous (Sentinel and Cluster included; `min_replicas` narrows the window); a
+//! restart without persistence forgets locks *and* resets fence counters (use
+//! `appendonly yes`, `appendfsync always` where fences must survive restarts).
+//! [`Quorum`](backend::Quorum) (RedLock) survives a minority of failed nodes but has no
+//! fencing token. Memcached forgets everything on restart or eviction; etcd persists
+//! through raft and its create revision is a fence that never repeats. The memory backend
+//! is exact within one process and nothing outside it. `SAFETY.md` in the repository has
+//! the whole table, fault by fault.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
