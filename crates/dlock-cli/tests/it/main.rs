@@ -330,7 +330,11 @@ fn bad_input_gives_one_line_and_the_right_code() {
     let dead = format!("redis://127.0.0.1:{}/", free_port().expect("port"));
     let cases: [(&[&str], &str, i32); 8] = [
         (&["run", "x", "--", "true"], "not-a-url", USAGE),
-        (&["run", "x", "--", "true"], "etcd://127.0.0.1:2379", USAGE),
+        (
+            &["run", "x", "--", "true"],
+            "zookeeper://127.0.0.1:2181",
+            USAGE,
+        ),
         (&["run", "x", "--", "true"], "memory://", USAGE),
         (&["run", "x", "--", "true"], "", USAGE),
         (&["run", "x", "--", "true"], &dead, UNAVAILABLE),
@@ -692,5 +696,112 @@ fn redlock_and_cluster_urls_run_commands_under_the_lock() {
         "test \"$DLOCK_FENCE\" = 1",
     ]));
     assert!(out.status.success(), "{}", stderr(&out));
+    let out = output(dlock(&mc.url()).args(["status", "--kind", "semaphore", "x"]));
+    assert_eq!(out.status.code(), Some(64), "{}", stderr(&out));
+
+    let etcd = dlock_test::server::EtcdCluster::start(1).expect("etcd");
+    let url = etcd.url();
+    let mut ok = false;
+    for _ in 0..50 {
+        let out = output(dlock(&url).args([
+            "run",
+            "--ttl",
+            "3s",
+            "on-etcd",
+            "--",
+            "sh",
+            "-c",
+            "test -n \"$DLOCK_FENCE\"",
+        ]));
+        if out.status.success() {
+            ok = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200)); // the member is still electing
+    }
+    assert!(ok, "dlock run on etcd://");
+    let mut holder = dlock(&url)
+        .args(["run", "--ttl", "3s", "held-on-etcd", "--", "sleep", "3"])
+        .spawn()
+        .expect("spawn");
+    let mut listed = String::new();
+    for _ in 0..50 {
+        let out = output(dlock(&url).args(["list"]));
+        listed = String::from_utf8_lossy(&out.stdout).into_owned();
+        if listed.contains("held-on-etcd") {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(listed.contains("held-on-etcd"), "{listed}");
+    let out = output(dlock(&url).args(["status", "--json", "held-on-etcd"]));
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(status["held"], true, "{status}");
+    let out = output(dlock(&url).args(["force-unlock", "--yes", "held-on-etcd"]));
+    assert!(out.status.success(), "{}", stderr(&out));
+    // The holder learns its lock is gone and terminates its command: exit 76.
+    assert_eq!(
+        wait_exit(&mut holder, Duration::from_secs(20)).code(),
+        Some(76)
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn torture_holds_redlock_and_memcached_to_their_promises() {
+    let dir = scratch("torture-redlock-memcached");
+    let out = output(Command::new(env!("CARGO_BIN_EXE_dlock")).args([
+        "torture",
+        "--duration",
+        "9s",
+        "--workers",
+        "3",
+        "--kinds",
+        "redlock,memcached-fenced",
+        "--faults",
+        "pause,kill,restart",
+        "--out",
+        dir.to_str().expect("utf-8 path"),
+    ]));
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{text}{}", stderr(&out));
+    let report: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.join("report.json")).expect("report.json"),
+    )
+    .expect("json");
+    let kinds = report["kinds"].as_array().expect("kinds");
+    let redlock = &kinds[0];
+    let f = &redlock["findings"];
+    assert_eq!(f["kind"], "redlock");
+    assert!(
+        f["unfenced_acknowledged"].as_u64().is_some_and(|n| n > 0),
+        "holders wrote: {f}"
+    );
+    assert!(f["faults"].as_array().is_some_and(|a| !a.is_empty()), "{f}");
+    assert_eq!(f["unexcused_overlaps"], 0, "{f}");
+    assert_eq!(f["liveness_violations"], 0, "{f}");
+    assert_eq!(f["orphans"], 0, "{f}");
+    let holds = redlock["holds"].as_array().expect("holds");
+    assert!(
+        holds.iter().all(|h| h["fence"] == 0),
+        "a quorum grants no fence"
+    );
+    for w in redlock["fault_windows"].as_array().expect("windows") {
+        if let Some(nodes) = w["nodes"].as_array() {
+            assert!((1..=2).contains(&nodes.len()), "a minority of 5: {w}");
+        }
+    }
+    assert!(text.contains("node restarts:"), "{text}");
+    let f = &kinds[1]["findings"];
+    assert_eq!(f["kind"], "memcached-fenced");
+    assert_eq!(f["stale_accepted"], 0, "{f}");
+    assert_eq!(f["fenced_lost"], 0, "{f}");
+    assert_eq!(f["fence_regressions"], 0, "{f}");
+    assert_eq!(f["unexcused_overlaps"], 0, "{f}");
+    assert_eq!(f["orphans"], 0, "{f}");
+    assert!(
+        f["fenced_acknowledged"].as_u64().is_some_and(|n| n > 0),
+        "holders wrote: {f}"
+    );
     let _ = std::fs::remove_dir_all(dir);
 }

@@ -59,6 +59,9 @@ pub(super) struct Findings {
     pub(super) overlaps: usize,
     /// Overlaps no pause or restart window explains.
     pub(super) unexcused_overlaps: usize,
+    /// Overlaps only a restart without persistence explains (no pause): for RedLock, the
+    /// known hazard of a node that came back empty at once.
+    pub(super) restart_overlaps: usize,
     /// rwlock-fenced: read holds, those overlapping another worker's write hold, and those
     /// overlaps no pause or restart window explains.
     pub(super) read_holds: usize,
@@ -74,6 +77,8 @@ pub(super) struct Findings {
     pub(super) lost_increments: u64,
     pub(super) fenced_acknowledged: u64,
     pub(super) fenced_refused: u64,
+    /// Of those, refused after the first restart (whose fences started over).
+    pub(super) refused_after_restart: u64,
     pub(super) fenced_lost: u64,
     pub(super) stale_accepted: u64,
     pub(super) fence_reuse: usize,
@@ -224,30 +229,53 @@ pub(super) fn step_time(step: &Step) -> u64 {
     }
 }
 
-/// Whether a fault window explains an overlap between holds `a` and `b`: one of them is
-/// a worker paused (stalled) while holding, or a server restart without persistence fell
-/// inside the pair (the server forgot the lock). No lease lock survives those unfenced;
-/// every other overlap is the lock's fault.
+/// The fault window that explains an overlap between holds `a` and `b`, if any: one of
+/// them is a worker paused (stalled) while holding, or a restart without persistence fell
+/// inside the pair (the server, or RedLock nodes started empty at once, forgot the lock).
+/// No lease lock survives those unfenced; every other overlap is the lock's fault — a
+/// delayed restart of RedLock nodes included. A pause is named first when both apply.
+fn explanation(a: &Hold, b: &Hold, windows: &[FaultWindow]) -> Option<Fault> {
+    let paused = windows.iter().any(|w| {
+        w.fault == Fault::Pause
+            && [a, b]
+                .iter()
+                .any(|h| w.worker == Some(h.worker) && w.start <= h.end && w.end >= h.start)
+    });
+    let restarted = windows.iter().any(|w| {
+        let (lo, hi) = (a.start.min(b.start), a.end.max(b.end));
+        w.fault == Fault::Restart && w.start >= lo && w.start <= hi
+    });
+    if paused {
+        Some(Fault::Pause)
+    } else if restarted {
+        Some(Fault::Restart)
+    } else {
+        None
+    }
+}
+
 fn excused(a: &Hold, b: &Hold, windows: &[FaultWindow]) -> bool {
-    windows.iter().any(|w| match w.fault {
-        Fault::Pause => [a, b]
-            .iter()
-            .any(|h| w.worker == Some(h.worker) && w.start <= h.end && w.end >= h.start),
-        Fault::Restart => {
-            let (lo, hi) = (a.start.min(b.start), a.end.max(b.end));
-            w.start >= lo && w.start <= hi
-        }
-        _ => false,
-    })
+    explanation(a, b, windows).is_some()
 }
 
 pub(super) fn check(input: &Input<'_>) -> (Findings, Holds) {
     let (mut holds, pairs) = holds(input.history, input.kills, input.end);
     let overlaps = pairs.len();
-    let unexcused_overlaps = pairs
+    let explained: Vec<Option<Fault>> = pairs
         .iter()
-        .filter(|&&(i, j)| !excused(&holds[i], &holds[j], input.windows))
+        .map(|&(i, j)| explanation(&holds[i], &holds[j], input.windows))
+        .collect();
+    let unexcused_overlaps = explained.iter().filter(|e| e.is_none()).count();
+    let restart_overlaps = explained
+        .iter()
+        .filter(|e| **e == Some(Fault::Restart))
         .count();
+    let first_restart = input
+        .windows
+        .iter()
+        .filter(|w| w.fault == Fault::Restart)
+        .map(|w| w.start)
+        .min();
     // Read holds against write holds, excused as writers against writers.
     let mut read_holds = collect(input.history, input.kills, input.end, Side::Read);
     let read_pairs = read_write_pairs(&mut read_holds, &mut holds);
@@ -258,6 +286,7 @@ pub(super) fn check(input: &Input<'_>) -> (Findings, Holds) {
     let mut unfenced_acknowledged = 0u64;
     let mut fenced_acknowledged = 0u64;
     let mut fenced_refused = 0u64;
+    let mut refused_after_restart = 0u64;
     let mut errors = 0;
     let mut error_samples: Vec<String> = Vec::new();
     let mut reads: BTreeMap<i64, u64> = BTreeMap::new();
@@ -269,7 +298,12 @@ pub(super) fn check(input: &Input<'_>) -> (Findings, Holds) {
                 *reads.entry(*read).or_default() += 1;
             }
             Step::Fenced { ok: true, .. } => fenced_acknowledged += 1,
-            Step::Fenced { ok: false, .. } => fenced_refused += 1,
+            Step::Fenced { ok: false, t, .. } => {
+                fenced_refused += 1;
+                if first_restart.is_some_and(|r| *t >= r) {
+                    refused_after_restart += 1;
+                }
+            }
             Step::Error { message, .. } => {
                 errors += 1;
                 if error_samples.len() < 5 && !error_samples.contains(message) {
@@ -299,21 +333,38 @@ pub(super) fn check(input: &Input<'_>) -> (Findings, Holds) {
         highest = highest.max(f);
     }
     // Fences must increase in grant order; a restart without persistence resets them.
+    // The first grant after a restart began may still come from the old server (its
+    // reply was on its way), so the sequence starts over at the first grant after the
+    // restart that does not exceed the highest fence so far — or, failing that, at the
+    // first grant after the restart was over, which the new server made.
     grants.sort_unstable();
-    let restarts: Vec<u64> = input
+    let mut restarts: Vec<(u64, u64)> = input
         .windows
         .iter()
         .filter(|w| w.fault == Fault::Restart)
-        .map(|w| w.start)
+        .map(|w| (w.start, w.end))
         .collect();
+    restarts.sort_unstable();
     let (reentries, reentries_lapsed, reentry_mismatches) = reentry(input.history, input.windows);
     let mut fence_regressions = 0;
     let mut fence_reuse = 0;
     let mut seen: BTreeMap<u64, usize> = BTreeMap::new();
     let mut max_fence = (0u64, 0u64); // (fence, time)
+    let mut next_restart = 0;
+    // The end of the latest restart whose reset is still due.
+    let mut reset_due: Option<u64> = None;
     for &(t, fence) in &grants {
-        let reset = restarts.iter().any(|&rt| rt > max_fence.1 && rt < t);
-        if reset {
+        while restarts
+            .get(next_restart)
+            .is_some_and(|&(start, _)| start < t)
+        {
+            reset_due = Some(restarts[next_restart].1);
+            next_restart += 1;
+        }
+        if let Some(restart_end) = reset_due
+            && (fence <= max_fence.0 || t > restart_end)
+        {
+            reset_due = None;
             seen.clear();
             max_fence = (0, t);
         }
@@ -338,8 +389,10 @@ pub(super) fn check(input: &Input<'_>) -> (Findings, Holds) {
     for kill in input.kills.iter().filter(|k| k.was_holding) {
         let bound = kill.t + allowed;
         let held_up = input.windows.iter().any(|w| {
-            matches!(w.fault, Fault::Freeze | Fault::ClientPause | Fault::Restart)
-                && w.start <= bound
+            matches!(
+                w.fault,
+                Fault::Freeze | Fault::ClientPause | Fault::Restart | Fault::DelayedRestart
+            ) && w.start <= bound
                 && w.end >= kill.t
         });
         let next = input
@@ -378,6 +431,7 @@ pub(super) fn check(input: &Input<'_>) -> (Findings, Holds) {
         error_samples,
         overlaps,
         unexcused_overlaps,
+        restart_overlaps,
         read_holds: read_holds.len(),
         read_overlaps: read_pairs.len(),
         unexcused_read_overlaps,
@@ -388,6 +442,7 @@ pub(super) fn check(input: &Input<'_>) -> (Findings, Holds) {
         lost_increments,
         fenced_acknowledged,
         fenced_refused,
+        refused_after_restart,
         fenced_lost,
         stale_accepted,
         fence_reuse,
@@ -463,6 +518,8 @@ fn verdict(f: &mut Findings) {
             | Kind::FairFenced
             | Kind::RwlockFenced
             | Kind::ReentrantFenced
+            | Kind::Redlock
+            | Kind::MemcachedFenced
             | Kind::Memory => {
                 let fenced = f.kind.is_fenced();
                 if fenced && (f.stale_accepted > 0 || f.fenced_lost > 0) {
@@ -535,6 +592,7 @@ mod tests {
             start,
             end,
             worker,
+            nodes: Vec::new(),
         }
     }
 
@@ -854,6 +912,73 @@ mod tests {
         };
         assert_eq!(check_with(0).liveness_violations, 1);
         assert_eq!(check_with(500_000_000).liveness_violations, 0);
+    }
+
+    #[test]
+    fn restart_overlaps_are_counted_apart_and_a_delayed_restart_excuses_nothing() {
+        let resources = Resources {
+            counter: 3,
+            ..Resources::default()
+        };
+        // Nodes that came back empty at once, inside the pair 21..30 / 25..40.
+        let at_once = [window(Fault::Restart, None, 26, 26)];
+        let f = run(Kind::Redlock, &overlapping(), &at_once, &[], &resources);
+        assert_eq!(
+            (f.overlaps, f.unexcused_overlaps, f.restart_overlaps),
+            (1, 0, 1)
+        );
+        assert!(f.verdict_ok, "{}", f.verdict);
+        // Nodes kept down until their leases ran out: an overlap is the lock's fault.
+        let delayed = [window(Fault::DelayedRestart, None, 26, 29)];
+        let f = run(Kind::Redlock, &overlapping(), &delayed, &[], &resources);
+        assert_eq!((f.unexcused_overlaps, f.restart_overlaps), (1, 0));
+        assert!(!f.verdict_ok, "{}", f.verdict);
+        // A pause of one of the holders explains it first.
+        let both = [
+            window(Fault::Pause, Some(1), 22, 28),
+            window(Fault::Restart, None, 26, 26),
+        ];
+        let f = run(Kind::Redlock, &overlapping(), &both, &[], &resources);
+        assert_eq!((f.unexcused_overlaps, f.restart_overlaps), (0, 0));
+    }
+
+    #[test]
+    fn fences_start_over_after_a_restart_even_when_an_old_grant_is_reported_late() {
+        let refused = |t| Step::Fenced {
+            t,
+            ok: false,
+            value: 0,
+        };
+        let mut history = vec![
+            (0, acq(50, 7)),
+            (0, refused(55)),
+            (0, Step::Releasing { t: 60 }),
+            // Granted by the old server, reported after the restart began.
+            (1, acq(120, 8)),
+            (1, Step::Releasing { t: 130 }),
+            // The new server's counter starts over.
+            (2, acq(250, 1)),
+            (2, refused(255)),
+            (2, Step::Releasing { t: 260 }),
+            (0, acq(300, 2)),
+            (0, refused(305)),
+            (0, Step::Releasing { t: 310 }),
+        ];
+        let restart = [window(Fault::Restart, None, 100, 200)];
+        let none = Resources::default();
+        let f = run(Kind::MemcachedFenced, &history, &restart, &[], &none);
+        assert_eq!((f.fence_regressions, f.fence_reuse), (0, 0));
+        assert_eq!((f.fenced_refused, f.refused_after_restart), (3, 2));
+        assert!(f.verdict_ok, "{}", f.verdict);
+        // Without the restart, the same grants go backwards.
+        let f = run(Kind::MemcachedFenced, &history, &[], &[], &none);
+        assert_eq!(f.fence_regressions, 2);
+        assert_eq!(f.refused_after_restart, 0);
+        // After the sequence started over, a repeated fence still counts.
+        history.push((1, acq(400, 2)));
+        let f = run(Kind::MemcachedFenced, &history, &restart, &[], &none);
+        assert_eq!((f.fence_regressions, f.fence_reuse), (1, 1));
+        assert!(!f.verdict_ok);
     }
 
     #[test]

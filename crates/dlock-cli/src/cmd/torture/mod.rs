@@ -6,8 +6,9 @@
 //! schedule drawn from the seed. The history is checked afterwards ([`check`]).
 //!
 //! What each kind must show, under every fault (an overlap is *excused* only when one of
-//! the two holders was paused while holding, or a restart without persistence fell inside
-//! the pair; fences may start over only after a restart):
+//! the two holders was paused while holding, or a restart without persistence — a server,
+//! or RedLock nodes started empty at once — fell inside the pair; fences may start over
+//! only after a restart):
 //!
 //! | kind | what the workers do | expected |
 //! |---|---|---|
@@ -16,8 +17,18 @@
 //! | `fair-fenced` | [`FairLock`](dlock::FairLock) (`dlock-fair:` keys), fenced | as `dlock-fenced`, with one waiter grace (half a ttl here) added to the reacquire bound after a crash; no hold, queue entry or claim left |
 //! | `rwlock-fenced` | [`RwLock`](dlock::RwLock) (`dlock-rw:` keys): two of every three holds on the write side, fenced; the third a read hold that reads the resource | as `dlock-fenced` for the writers; no read hold overlaps a write hold outside excused windows; no writer, reader lease or writer claim left |
 //! | `reentrant-fenced` | [`ReentrantLock`](dlock::ReentrantLock) (`dlock-re:` keys, a hash), an owner per worker, entered again inside every hold, then the fenced write, inner hold released first | as `dlock-fenced`; every re-entry made while the outer hold was valid gets the outer hold's fence (a mismatch or refusal fails the run) |
+//! | `redlock` | [`Lock`] over [`Quorum`](dlock::backend::Quorum)`<Redis>`: 5 redis-servers of its own (whatever `--url` says), each worker reaching each node through its own proxy; unfenced counter (a quorum has no fence) | as `dlock`: no overlap outside pause windows and windows where nodes restarted empty at once (the known RedLock hazard, seed 002: a node that forgot a key can let a second majority form; such overlaps are counted apart); lock free within ttl + ε after a holder's crash; no lock key left on any node |
+//! | `memcached-fenced` | [`Lock`] over [`Memcached`](dlock::backend::Memcached): a memcached of its own, ttl at least 2 s (its expiry clock ticks in seconds), fenced | 0 stale writes accepted, 0 fenced increments lost, fences strictly increasing in grant order between restarts; overlaps only in pause/restart windows. A restart forgets the fence counter: fences start over at 1, and the resource refuses them (counted as refused) until the counter passes the highest fence it saw — the fenced resource's liveness suffers, its safety does not |
 //! | `memory` | [`Lock`] on the memory backend, threads, stalls only | as `dlock-fenced` |
 //! | `setnx-expire` … `plain-del` | the seeds' broken locks (controls) | must be caught by their own bug, or the run fails |
+//!
+//! The nemesis per kind: every fault for the single-Redis kinds; for `redlock` the node
+//! faults (freeze, client-pause, restart, script-flush) hit 1 or 2 of the 5 nodes, and the
+//! network faults (delay, blackhole, close) one worker's links to 1 or 2 nodes, never more
+//! than 2 nodes at a time; its restarts alternate between starting the nodes empty only
+//! after 2 × ttl (RedLock's delayed restart: must not cause an overlap) and at once (the
+//! hazard: excused). `memcached-fenced` takes pause, kill, restart and the network faults
+//! (memcached has no freeze here, no `CLIENT PAUSE`, no scripts).
 
 mod check;
 mod svg;
@@ -33,7 +44,7 @@ use dlock::Lock;
 use dlock::backend::Memory;
 use dlock::keys::LockKeys;
 use dlock_test::proxy::{Fault as ProxyFault, Proxy};
-use dlock_test::server::RedisServer;
+use dlock_test::server::{MemcachedServer, RedisServer};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde::Serialize;
@@ -71,15 +82,22 @@ pub(super) enum Kind {
     FairFenced,
     RwlockFenced,
     ReentrantFenced,
+    Redlock,
+    MemcachedFenced,
 }
 
+/// How many independent masters the `redlock` kind runs over.
+const REDLOCK_NODES: usize = 5;
+
 impl Kind {
-    const ALL: [Kind; 10] = [
+    const ALL: [Kind; 12] = [
         Kind::Dlock,
         Kind::DlockFenced,
         Kind::FairFenced,
         Kind::RwlockFenced,
         Kind::ReentrantFenced,
+        Kind::Redlock,
+        Kind::MemcachedFenced,
         Kind::Memory,
         Kind::SetnxExpire,
         Kind::SetnxGetset,
@@ -94,6 +112,8 @@ impl Kind {
             Kind::FairFenced => "fair-fenced",
             Kind::RwlockFenced => "rwlock-fenced",
             Kind::ReentrantFenced => "reentrant-fenced",
+            Kind::Redlock => "redlock",
+            Kind::MemcachedFenced => "memcached-fenced",
             Kind::Memory => "memory",
             Kind::SetnxExpire => "setnx-expire",
             Kind::SetnxGetset => "setnx-getset",
@@ -118,7 +138,61 @@ impl Kind {
                 | Kind::FairFenced
                 | Kind::RwlockFenced
                 | Kind::ReentrantFenced
+                | Kind::MemcachedFenced
         )
+    }
+
+    /// Whether the kind runs on lock servers of its own, whatever `--url` says: RedLock
+    /// needs several independent masters, and memcached is not Redis.
+    fn owns_servers(self) -> bool {
+        matches!(self, Kind::Redlock | Kind::MemcachedFenced)
+    }
+
+    /// The kind's lease: memcached's one-second expiry clock needs at least
+    /// [`MIN_TTL`](dlock::backend::memcached::MIN_TTL).
+    fn ttl(self, ttl: Duration) -> Duration {
+        match self {
+            Kind::MemcachedFenced => ttl.max(dlock::backend::memcached::MIN_TTL),
+            _ => ttl,
+        }
+    }
+
+    /// How much longer than its ttl a lease may outlive its last renewal on the server:
+    /// memcached counts expiry on a clock that ticks once a second.
+    fn expiry_slack(self) -> Duration {
+        match self {
+            Kind::MemcachedFenced => Duration::from_secs(1),
+            _ => Duration::ZERO,
+        }
+    }
+
+    /// Whether `fault` means anything for the kind. The memory kind can only stall a
+    /// holder; memcached has no `CLIENT PAUSE` and no scripts, and the test kit cannot
+    /// freeze it.
+    fn applies(self, fault: Fault) -> bool {
+        match self {
+            Kind::Memory => fault == Fault::Pause,
+            Kind::MemcachedFenced => !matches!(
+                fault,
+                Fault::Freeze | Fault::ClientPause | Fault::ScriptFlush
+            ),
+            _ => true,
+        }
+    }
+
+    /// Under `--quick`, the faults a kind's short run still has room for: the controls
+    /// only need the faults that break them; RedLock skips the two that are no different
+    /// on a quorum; memcached's 2 s ttl spaces faults 6 s apart, so four fit in its run.
+    fn in_quick_run(self, fault: Fault) -> bool {
+        match self {
+            k if k.is_control() => matches!(fault, Fault::Pause | Fault::Kill),
+            Kind::Redlock => !matches!(fault, Fault::ClientPause | Fault::ScriptFlush),
+            Kind::MemcachedFenced => matches!(
+                fault,
+                Fault::Pause | Fault::Kill | Fault::Restart | Fault::Blackhole
+            ),
+            _ => true,
+        }
     }
 
     /// The key prefix of the kind's lock: the library's default for each primitive, and
@@ -194,7 +268,8 @@ pub(super) enum Fault {
     Freeze,
     /// `CLIENT PAUSE` the lock server for 2 × ttl.
     ClientPause,
-    /// Kill the lock server and start it empty (no persistence).
+    /// Kill the lock server and start it empty (no persistence). On RedLock's nodes,
+    /// every other restart is a [`DelayedRestart`](Fault::DelayedRestart).
     Restart,
     /// `SCRIPT FLUSH` on the lock server.
     ScriptFlush,
@@ -204,6 +279,10 @@ pub(super) enum Fault {
     Blackhole,
     /// Drop a worker's lock connections.
     Close,
+    /// Kill RedLock nodes and start them empty only after 2 × ttl, once every lease they
+    /// held has run out (RedLock's delayed restart). Not a fault of its own in `--faults`:
+    /// the form every other `restart` of RedLock's nodes takes.
+    DelayedRestart,
 }
 
 impl Fault {
@@ -230,6 +309,7 @@ impl Fault {
             Fault::Delay => "delay",
             Fault::Blackhole => "blackhole",
             Fault::Close => "close",
+            Fault::DelayedRestart => "delayed-restart",
         }
     }
 
@@ -252,6 +332,12 @@ impl Fault {
     fn needs_own_server(self) -> bool {
         matches!(self, Fault::Freeze | Fault::Restart)
     }
+
+    /// Whether the fault acts on lock servers (on RedLock: a minority of its nodes) or on
+    /// the links to them, rather than on a worker process.
+    fn hits_nodes(self) -> bool {
+        !matches!(self, Fault::Pause | Fault::Kill)
+    }
 }
 
 /// A fault as it happened.
@@ -261,6 +347,9 @@ pub(super) struct FaultWindow {
     pub(super) start: u64,
     pub(super) end: u64,
     pub(super) worker: Option<usize>,
+    /// The RedLock nodes hit (by index), for the faults that hit nodes or links to them.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub(super) nodes: Vec<usize>,
 }
 
 /// The keys of one kind's run: the lock, and the resources it protects.
@@ -312,6 +401,11 @@ struct Config {
     ttl: Duration,
     seed: u64,
     faults: Vec<Fault>,
+    /// Faults not to inject on a lock server given with `--url` (dlock does not own it);
+    /// they still apply to the kinds that run on servers of their own.
+    not_on_given: Vec<Fault>,
+    /// `--kinds all`: a kind whose server is not installed is skipped, not an error.
+    all_kinds: bool,
     quick: bool,
     duration: Duration,
 }
@@ -361,7 +455,7 @@ pub(crate) async fn torture(args: TortureArgs) -> Result<u8, Failure> {
             .map(|k| Kind::parse(k.trim()))
             .collect::<Result<_, _>>()?
     };
-    let mut faults = Fault::parse_list(&args.faults)?;
+    let faults = Fault::parse_list(&args.faults)?;
     if args.workers < 2 {
         return Err(Failure::usage("--workers must be at least 2"));
     }
@@ -371,16 +465,19 @@ pub(crate) async fn torture(args: TortureArgs) -> Result<u8, Failure> {
             dlock::MIN_TTL
         )));
     }
+    let mut not_on_given = Vec::new();
     let mut lock_server = match args.url.as_deref().filter(|u| !u.is_empty()) {
         Some(url) => {
-            let before = faults.len();
-            faults.retain(|f| !f.needs_own_server());
-            if faults.len() < before {
-                eprintln!("dlock: freeze and restart need a server dlock owns; skipped for {url}");
+            not_on_given.extend(faults.iter().copied().filter(|f| f.needs_own_server()));
+            if !not_on_given.is_empty() {
+                eprintln!(
+                    "dlock: freeze and restart need a server dlock owns; skipped for {url} \
+                     (the redlock and memcached-fenced kinds run on servers of their own)"
+                );
             }
             if args.faults.trim() == "all" {
                 // They act on every client of a server we do not own: only when named.
-                faults.retain(|f| !matches!(f, Fault::ClientPause | Fault::ScriptFlush));
+                not_on_given.extend([Fault::ClientPause, Fault::ScriptFlush]);
             }
             LockServer::Given(url.to_owned())
         }
@@ -393,6 +490,8 @@ pub(crate) async fn torture(args: TortureArgs) -> Result<u8, Failure> {
         ttl: args.ttl,
         seed: args.seed,
         faults,
+        not_on_given,
+        all_kinds: args.kinds.trim() == "all",
         quick: args.quick,
         duration: args.duration,
     };
@@ -452,28 +551,61 @@ async fn run_kinds(
     let mut reports = Vec::new();
     for &kind in kinds {
         let (kind_faults, duration) = plan(config, kind);
-        println!(
-            "  {:<16} {:>5.1} s  faults: {}",
+        let faults = kind_faults
+            .iter()
+            .map(|f| f.id())
+            .collect::<Vec<_>>()
+            .join(",");
+        let own = match kind {
+            Kind::Redlock => format!("  ({REDLOCK_NODES} redis-servers of its own)"),
+            Kind::MemcachedFenced => format!(
+                "  (a memcached of its own, ttl {})",
+                humantime::format_duration(kind.ttl(config.ttl))
+            ),
+            _ => String::new(),
+        };
+        let line = format!(
+            "  {:<16} {:>5.1} s  faults: {faults}{own}",
             kind.id(),
             duration.as_secs_f64(),
-            kind_faults
-                .iter()
-                .map(|f| f.id())
-                .collect::<Vec<_>>()
-                .join(",")
         );
-        let report = if kind == Kind::Memory {
-            run_memory(config, &kind_faults, duration)?
-        } else {
-            run_redis(
-                config,
-                kind,
-                &kind_faults,
-                duration,
-                lock_server,
-                resource_server,
-            )
-            .await?
+        let report = match kind {
+            Kind::Memory => {
+                println!("{line}");
+                run_memory(config, &kind_faults, duration)?
+            }
+            Kind::Redlock => {
+                println!("{line}");
+                let nodes = (0..REDLOCK_NODES)
+                    .map(|_| start_server())
+                    .collect::<Result<Vec<_>, _>>()?;
+                let store = Store::quorum(nodes).await?;
+                run_workers(config, kind, &kind_faults, duration, store, resource_server).await?
+            }
+            Kind::MemcachedFenced => {
+                let server = match MemcachedServer::start() {
+                    Ok(server) => server,
+                    // A user's `dlock torture` need not have memcached installed.
+                    Err(e) if config.all_kinds => {
+                        println!("  {:<16} skipped: {e}", kind.id());
+                        continue;
+                    }
+                    Err(e) => {
+                        return Err(Failure::new(
+                            exit::UNAVAILABLE,
+                            format!("the memcached-fenced kind needs memcached on PATH: {e}"),
+                        ));
+                    }
+                };
+                println!("{line}");
+                let store = Store::Memcached(server);
+                run_workers(config, kind, &kind_faults, duration, store, resource_server).await?
+            }
+            _ => {
+                println!("{line}");
+                let store = Store::redis(lock_server).await?;
+                run_workers(config, kind, &kind_faults, duration, store, resource_server).await?
+            }
         };
         let svg = svg::timeline(&report, config.workers);
         write(&out.join(format!("timeline-{}.svg", kind.id())), &svg)?;
@@ -500,20 +632,25 @@ fn start_server() -> Result<RedisServer, Failure> {
     })
 }
 
-/// The faults and duration of one kind. Controls only need the faults that break them.
+/// The faults and duration of one kind (see [`Kind::applies`], [`Kind::in_quick_run`]).
 fn plan(config: &Config, kind: Kind) -> (Vec<Fault>, Duration) {
-    let applicable = |f: &Fault| match kind {
-        Kind::Memory => *f == Fault::Pause,
-        Kind::SetnxExpire | Kind::SetnxGetset | Kind::GetDel | Kind::PlainDel if config.quick => {
-            matches!(f, Fault::Pause | Fault::Kill)
-        }
-        _ => true,
-    };
-    let faults: Vec<Fault> = config.faults.iter().copied().filter(applicable).collect();
-    let duration = match (config.quick, kind.is_control() || kind == Kind::Memory) {
-        (true, true) => Duration::from_secs(if kind == Kind::Memory { 8 } else { 12 }),
-        (true, false) => Duration::from_secs(30),
-        (false, _) => config.duration,
+    let faults: Vec<Fault> = config
+        .faults
+        .iter()
+        .copied()
+        .filter(|&f| kind.applies(f))
+        .filter(|&f| !config.quick || kind.in_quick_run(f))
+        .filter(|f| kind.owns_servers() || !config.not_on_given.contains(f))
+        .collect();
+    let duration = match kind {
+        _ if !config.quick => config.duration,
+        Kind::Memory => Duration::from_secs(8),
+        k if k.is_control() => Duration::from_secs(12),
+        // Room for its seven quick faults, three ttls apart (see `schedule`).
+        Kind::Redlock => Duration::from_secs(24),
+        // Room for its four quick faults, three of its 2 s ttls apart.
+        Kind::MemcachedFenced => Duration::from_secs(30),
+        _ => Duration::from_secs(30),
     };
     (faults, duration)
 }
@@ -532,7 +669,7 @@ fn schedule(
     let mut rng = Rng(config.seed ^ (kind as u64).wrapping_mul(0x9e37_79b9));
     // A fault window lasts up to 2.5 ttl (and the nemesis never starts one while another
     // is open), so windows start three ttls apart.
-    let slot = config.ttl * 3;
+    let slot = kind.ttl(config.ttl) * 3;
     let room = usize::try_from(duration.as_millis() / slot.as_millis().max(1))
         .unwrap_or(1)
         .saturating_sub(1)
@@ -548,6 +685,158 @@ fn schedule(
         .enumerate()
         .map(|(i, f)| (step * u32::try_from(i + 1).unwrap_or(1), f))
         .collect()
+}
+
+/// The lock servers of one kind's run, as the nemesis and the audit reach them.
+enum Store<'a> {
+    /// One Redis server (ours or the one `--url` named), shared by the single-Redis kinds.
+    Redis {
+        server: &'a mut LockServer,
+        admin: redis::aio::ConnectionManager,
+    },
+    /// RedLock's independent masters, ours, each with an admin connection.
+    Quorum {
+        nodes: Vec<RedisServer>,
+        admins: Vec<redis::aio::ConnectionManager>,
+    },
+    /// A memcached of our own.
+    Memcached(MemcachedServer),
+}
+
+fn store_err(e: redis::RedisError) -> Failure {
+    Failure::new(exit::UNAVAILABLE, format!("torture: {e}"))
+}
+
+async fn admin_connection(url: &str) -> Result<redis::aio::ConnectionManager, Failure> {
+    redis::Client::open(url)
+        .map_err(|e| Failure::usage(e.to_string()))?
+        .get_connection_manager()
+        .await
+        .map_err(store_err)
+}
+
+impl<'a> Store<'a> {
+    async fn redis(server: &'a mut LockServer) -> Result<Store<'a>, Failure> {
+        let admin = admin_connection(&server.url()).await?;
+        Ok(Store::Redis { server, admin })
+    }
+
+    async fn quorum(nodes: Vec<RedisServer>) -> Result<Store<'a>, Failure> {
+        let mut admins = Vec::with_capacity(nodes.len());
+        for node in &nodes {
+            admins.push(admin_connection(&node.url()).await?);
+        }
+        Ok(Store::Quorum { nodes, admins })
+    }
+
+    /// Where each lock server listens, for the proxies (none for a server given by a URL
+    /// a proxy cannot stand in for, e.g. a unix socket).
+    fn upstreams(&self) -> Vec<SocketAddr> {
+        let loopback = |port| SocketAddr::from(([127, 0, 0, 1], port));
+        match self {
+            Store::Redis { server, .. } => upstream(&server.url()).into_iter().collect(),
+            Store::Quorum { nodes, .. } => nodes.iter().map(|n| loopback(n.port())).collect(),
+            Store::Memcached(server) => vec![loopback(server.port())],
+        }
+    }
+
+    /// The `--lock-url` of a worker whose links to the servers are `proxies` (one per
+    /// server; RedLock's nodes comma-separated).
+    fn worker_url(&self, proxies: &[Proxy]) -> String {
+        match self {
+            Store::Redis { server, .. } => {
+                let url = server.url();
+                proxies
+                    .first()
+                    .and_then(|p| via(&url, p.addr()))
+                    .unwrap_or(url)
+            }
+            Store::Quorum { .. } => proxies
+                .iter()
+                .map(|p| format!("redis://{}/", p.addr()))
+                .collect::<Vec<_>>()
+                .join(","),
+            Store::Memcached(_) => proxies
+                .first()
+                .map(|p| format!("memcache://{}", p.addr()))
+                .unwrap_or_default(),
+        }
+    }
+
+    /// How many of `keys` (lock keys, as the kind's Redis backend names them) are still
+    /// present: on the server, on any RedLock node (counted per node), or in memcached.
+    async fn count_present(&mut self, keys: &[String]) -> usize {
+        let exists = |admin: &mut redis::aio::ConnectionManager| {
+            let mut admin = admin.clone();
+            let keys = keys.to_vec();
+            async move {
+                let n: i64 = redis::cmd("EXISTS")
+                    .arg(&keys)
+                    .query_async(&mut admin)
+                    .await
+                    .unwrap_or(0);
+                usize::try_from(n).unwrap_or(0)
+            }
+        };
+        match self {
+            Store::Redis { admin, .. } => exists(admin).await,
+            Store::Quorum { admins, .. } => {
+                let mut n = 0;
+                for admin in admins {
+                    n += exists(admin).await;
+                }
+                n
+            }
+            // `mg <key>` answers HD for a key it holds, EN for none.
+            Store::Memcached(server) => keys
+                .iter()
+                .filter(|k| {
+                    let key = dlock::backend::memcached::memcached_key(k);
+                    server
+                        .command(&format!("mg {key}\r\n"))
+                        .is_ok_and(|r| r.starts_with("HD"))
+                })
+                .count(),
+        }
+    }
+
+    /// Deletes what the run left on a shared server (the lock's keys too, if a control
+    /// orphaned them). Servers of a kind's own die with its run.
+    async fn remove(&mut self, keys: &[String]) {
+        if let Store::Redis { admin, .. } = self {
+            let _: Result<(), _> = redis::cmd("DEL").arg(keys).query_async(admin).await;
+        }
+    }
+}
+
+/// A set of lock servers by index (RedLock's nodes; a single server is node 0).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Nodes(u64);
+
+impl Nodes {
+    const FIRST: Nodes = Nodes(1);
+
+    fn iter(self) -> impl Iterator<Item = usize> {
+        (0..64).filter(move |i| self.0 & (1 << i) != 0)
+    }
+
+    fn list(self) -> Vec<usize> {
+        self.iter().collect()
+    }
+
+    /// At least one and at most a minority of `n` nodes, at random (for 5 nodes: 1 or 2,
+    /// so that a majority always stays reachable).
+    fn minority(n: usize, rng: &mut Rng) -> Nodes {
+        let n = n.min(64);
+        let most = (n.saturating_sub(1) / 2).max(1);
+        let k = (1 + rng.below(most)).min(n);
+        let mut left: Vec<usize> = (0..n).collect();
+        let mut chosen = 0u64;
+        for _ in 0..k {
+            chosen |= 1 << left.swap_remove(rng.below(left.len()));
+        }
+        Nodes(chosen)
+    }
 }
 
 struct Running {
@@ -641,9 +930,9 @@ impl Spawner {
 
 /// Everything the nemesis acts on during one kind's run.
 struct Nemesis<'a> {
-    server: &'a mut LockServer,
-    proxies: Vec<Option<Proxy>>,
-    admin: redis::aio::ConnectionManager,
+    store: Store<'a>,
+    /// Each worker slot's links: a proxy per lock server (per RedLock node).
+    proxies: Vec<Vec<Proxy>>,
     spawner: Spawner,
     running: Vec<Running>,
     windows: Vec<FaultWindow>,
@@ -653,11 +942,24 @@ struct Nemesis<'a> {
     /// A paused worker due to resume at the next acquire by another (or the deadline).
     resume: Option<(u64, Undo, usize)>,
     ttl: Duration,
+    /// Chooses the RedLock nodes a fault hits (used by no other kind, so theirs keep
+    /// their choices per seed).
+    node_rng: Rng,
+    /// RedLock restarts so far: the first, third, … are delayed, the others at once.
+    node_restarts: usize,
 }
 
 impl Nemesis<'_> {
     fn ttl_ns(&self) -> u64 {
         u64::try_from(self.ttl.as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// The servers a fault hits: some of RedLock's nodes, or the one server.
+    fn choose_nodes(&mut self) -> Nodes {
+        match &self.store {
+            Store::Quorum { nodes, .. } => Nodes::minority(nodes.len(), &mut self.node_rng),
+            _ => Nodes::FIRST,
+        }
     }
 
     /// Injects `fault`, aimed at `running[victim]` where it needs a worker, and records
@@ -667,6 +969,14 @@ impl Nemesis<'_> {
         let ttl_ns = self.ttl_ns();
         let half_ttls = move |k: u64| t + k * ttl_ns / 2;
         let admin_timeout = self.ttl * 2;
+        let quorum = matches!(self.store, Store::Quorum { .. });
+        let nodes = if fault.hits_nodes() {
+            self.choose_nodes()
+        } else {
+            Nodes::FIRST
+        };
+        // A RedLock restart may become a delayed one.
+        let mut happened = fault;
         // (took effect, the worker aimed at, how the window ends)
         let (effect, worker, undo): (bool, Option<usize>, Option<(u64, Undo)>) = match fault {
             Fault::Pause => match victim.map(|v| &mut self.running[v]) {
@@ -703,13 +1013,28 @@ impl Nemesis<'_> {
                 }
                 None => (false, None, None),
             },
-            Fault::Freeze => match self.server {
-                LockServer::Own(s) => match s.freeze() {
-                    Ok(()) => (true, None, Some((half_ttls(4), Undo::Thaw))),
-                    Err(_) => (false, None, None),
-                },
-                LockServer::Given(_) => (false, None, None),
-            },
+            Fault::Freeze => {
+                let frozen = match &mut self.store {
+                    Store::Redis {
+                        server: LockServer::Own(s),
+                        ..
+                    } => s.freeze().is_ok(),
+                    // Every node chosen, whether or not another failed.
+                    Store::Quorum { nodes: servers, .. } => {
+                        nodes
+                            .iter()
+                            .filter(|&i| servers[i].freeze().is_ok())
+                            .count()
+                            > 0
+                    }
+                    _ => false,
+                };
+                if frozen {
+                    (true, None, Some((half_ttls(4), Undo::Thaw(nodes))))
+                } else {
+                    (false, None, None)
+                }
+            }
             Fault::ClientPause => {
                 let ms = (2 * self.spawner.ttl_ms).to_string();
                 let pause = redis::cmd("CLIENT")
@@ -717,49 +1042,99 @@ impl Nemesis<'_> {
                     .arg(&ms)
                     .arg("ALL")
                     .to_owned();
-                if admin(&mut self.admin, &pause, admin_timeout).await {
-                    (true, None, Some((half_ttls(4), Undo::Unpause)))
+                let paused = match &mut self.store {
+                    Store::Redis { admin: conn, .. } => admin(conn, &pause, admin_timeout).await,
+                    Store::Quorum { admins, .. } => {
+                        let mut any = false;
+                        for i in nodes.iter() {
+                            any |= admin(&mut admins[i], &pause, admin_timeout).await;
+                        }
+                        any
+                    }
+                    Store::Memcached(_) => false,
+                };
+                if paused {
+                    (true, None, Some((half_ttls(4), Undo::Unpause(nodes))))
                 } else {
                     (false, None, None)
                 }
             }
-            Fault::Restart => match self.server {
-                LockServer::Own(s) => (s.restart().is_ok(), None, None),
-                LockServer::Given(_) => (false, None, None),
+            Fault::Restart | Fault::DelayedRestart => match &mut self.store {
+                Store::Redis { server, .. } => match server {
+                    LockServer::Own(s) => (s.restart().is_ok(), None, None),
+                    LockServer::Given(_) => (false, None, None),
+                },
+                Store::Quorum { nodes: servers, .. } => {
+                    self.node_restarts += 1;
+                    if self.node_restarts % 2 == 1 {
+                        // Down until every lease the nodes held has run out elsewhere too.
+                        happened = Fault::DelayedRestart;
+                        for i in nodes.iter() {
+                            servers[i].kill();
+                        }
+                        (true, None, Some((half_ttls(4), Undo::Revive(nodes))))
+                    } else {
+                        happened = Fault::Restart;
+                        let restarted = nodes
+                            .iter()
+                            .filter(|&i| servers[i].restart().is_ok())
+                            .count()
+                            > 0;
+                        (restarted, None, None)
+                    }
+                }
+                Store::Memcached(s) => (s.restart().is_ok(), None, None),
             },
             Fault::ScriptFlush => {
                 let flush = redis::cmd("SCRIPT").arg("FLUSH").to_owned();
-                (
-                    admin(&mut self.admin, &flush, admin_timeout).await,
-                    None,
-                    None,
-                )
+                let flushed = match &mut self.store {
+                    Store::Redis { admin: conn, .. } => admin(conn, &flush, admin_timeout).await,
+                    Store::Quorum { admins, .. } => {
+                        let mut any = false;
+                        for i in nodes.iter() {
+                            any |= admin(&mut admins[i], &flush, admin_timeout).await;
+                        }
+                        any
+                    }
+                    Store::Memcached(_) => false,
+                };
+                (flushed, None, None)
             }
             Fault::Delay | Fault::Blackhole | Fault::Close => match victim {
                 Some(v) => {
                     let slot = self.running[v].slot;
-                    match self.proxies.get(slot) {
-                        Some(Some(proxy)) => {
-                            let undo = match fault {
-                                Fault::Delay => {
+                    let links: Vec<&Proxy> = self
+                        .proxies
+                        .get(slot)
+                        .map(|links| nodes.iter().filter_map(|i| links.get(i)).collect())
+                        .unwrap_or_default();
+                    if links.is_empty() {
+                        (false, None, None)
+                    } else {
+                        let undo = match fault {
+                            Fault::Delay => {
+                                for proxy in &links {
                                     proxy.set_fault(ProxyFault::Delay(self.ttl * 3 / 5));
-                                    Some((half_ttls(4), Undo::Pass(slot)))
                                 }
-                                Fault::Blackhole => {
-                                    proxy.set_fault(ProxyFault::Blackhole);
-                                    Some((half_ttls(4), Undo::Pass(slot)))
-                                }
-                                _ => {
-                                    proxy.close_all();
-                                    None
-                                }
-                            };
-                            if undo.is_some() {
-                                self.running[v].faulted = true;
+                                Some((half_ttls(4), Undo::Pass(slot, nodes)))
                             }
-                            (true, Some(self.running[v].id), undo)
+                            Fault::Blackhole => {
+                                for proxy in &links {
+                                    proxy.set_fault(ProxyFault::Blackhole);
+                                }
+                                Some((half_ttls(4), Undo::Pass(slot, nodes)))
+                            }
+                            _ => {
+                                for proxy in &links {
+                                    proxy.close_all();
+                                }
+                                None
+                            }
+                        };
+                        if undo.is_some() {
+                            self.running[v].faulted = true;
                         }
-                        _ => (false, None, None),
+                        (true, Some(self.running[v].id), undo)
                     }
                 }
                 None => (false, None, None),
@@ -768,10 +1143,15 @@ impl Nemesis<'_> {
         if effect {
             let end = undo.as_ref().map_or_else(monotonic_ns, |(at, _)| *at);
             self.windows.push(FaultWindow {
-                fault,
+                fault: happened,
                 start: t,
                 end,
                 worker,
+                nodes: if quorum && fault.hits_nodes() {
+                    nodes.list()
+                } else {
+                    Vec::new()
+                },
             });
             if let Some((at, what)) = undo {
                 self.undo.push((at, what, self.windows.len() - 1));
@@ -782,7 +1162,6 @@ impl Nemesis<'_> {
         Ok(())
     }
 
-    /// Ends the fault windows that are due (all of them with `all`).
     /// Resumes a paused worker waiting for its moment (now, or at its deadline).
     fn resume(&mut self, now: u64, force: bool) {
         if let Some((deadline, what, w)) = self.resume
@@ -794,6 +1173,7 @@ impl Nemesis<'_> {
         }
     }
 
+    /// Ends the fault windows that are due (all of them with `all`).
     fn heal(&mut self, now: u64, all: bool) {
         let mut i = 0;
         while i < self.undo.len() {
@@ -806,19 +1186,19 @@ impl Nemesis<'_> {
                     self.resume = Some((now + self.ttl_ns(), what, w));
                     continue;
                 }
-                what.apply(self.server, &self.proxies, &mut self.admin);
+                what.apply(&mut self.store, &self.proxies);
                 match what {
                     Undo::Continue(id, _) => {
                         if let Some(r) = self.running.iter_mut().find(|r| r.id == id) {
                             r.faulted = false;
                         }
                     }
-                    Undo::Pass(slot) => {
+                    Undo::Pass(slot, _) => {
                         for r in self.running.iter_mut().filter(|r| r.slot == slot) {
                             r.faulted = false;
                         }
                     }
-                    Undo::Thaw | Undo::Unpause => {}
+                    Undo::Thaw(_) | Undo::Unpause(_) | Undo::Revive(_) => {}
                 }
                 self.windows[w].end = monotonic_ns();
             } else {
@@ -828,17 +1208,19 @@ impl Nemesis<'_> {
     }
 }
 
-async fn run_redis(
+/// One kind's run with worker processes: against `store`, which it owns for the run (a
+/// kind's own servers die with it), the resources on `resources`.
+async fn run_workers(
     config: &Config,
     kind: Kind,
     faults: &[Fault],
     duration: Duration,
-    server: &mut LockServer,
+    store: Store<'_>,
     resources: &RedisServer,
 ) -> Result<KindReport, Failure> {
     let run_id = dlock::Token::random()?.as_str()[..8].to_owned();
     let keys = ResourceKeys::parse(&format!("torture:{run_id}:{}", kind.id()));
-    let store_err = |e: redis::RedisError| Failure::new(exit::UNAVAILABLE, format!("torture: {e}"));
+    let ttl = kind.ttl(config.ttl);
     let mut res = resources
         .client()
         .get_multiplexed_async_connection()
@@ -852,32 +1234,21 @@ async fn run_redis(
         .query_async(&mut res)
         .await
         .map_err(store_err)?;
-    let lock_url = server.url();
-    let admin = redis::Client::open(lock_url.as_str())
-        .map_err(|e| Failure::usage(e.to_string()))?
-        .get_connection_manager()
-        .await
-        .map_err(store_err)?;
-    // Each worker slot reaches the lock server through its own proxy.
+    // Each worker slot reaches each lock server through its own proxy.
     let mut proxies = Vec::new();
     let mut urls = Vec::new();
-    let target = upstream(&lock_url);
+    let targets = store.upstreams();
     for _ in 0..config.workers {
-        let proxy = match target {
-            Some(addr) => Some(
+        let mut links = Vec::with_capacity(targets.len());
+        for &addr in &targets {
+            links.push(
                 Proxy::start(addr)
                     .await
                     .map_err(|e| Failure::new(exit::UNAVAILABLE, format!("proxy: {e}")))?,
-            ),
-            None => None,
-        };
-        urls.push(
-            proxy
-                .as_ref()
-                .and_then(|p| via(&lock_url, p.addr()))
-                .unwrap_or_else(|| lock_url.clone()),
-        );
-        proxies.push(proxy);
+            );
+        }
+        urls.push(store.worker_url(&links));
+        proxies.push(links);
     }
     let start = monotonic_ns();
     let until = start + u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX);
@@ -887,7 +1258,7 @@ async fn run_redis(
         urls,
         resource_url: resources.url(),
         keys_base: keys.base.clone(),
-        ttl_ms: u64::try_from(config.ttl.as_millis()).unwrap_or(u64::MAX),
+        ttl_ms: u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX),
         until,
         tx,
     };
@@ -895,16 +1266,17 @@ async fn run_redis(
         .map(|i| spawner.spawn(i, i))
         .collect::<Result<Vec<_>, _>>()?;
     let mut n = Nemesis {
-        server,
+        store,
         proxies,
-        admin,
         spawner,
         running,
         windows: Vec::new(),
         undo: Vec::new(),
         kills: Vec::new(),
         resume: None,
-        ttl: config.ttl,
+        ttl,
+        node_rng: Rng(config.seed ^ 0x6e6f_6465 ^ (kind as u64).wrapping_mul(0x9e37_79b9)),
+        node_restarts: 0,
     };
     let mut plan = schedule(config, kind, faults, duration)
         .into_iter()
@@ -1033,20 +1405,16 @@ async fn run_redis(
         }
     }
     let end = monotonic_ns();
-    // Orphans: after ttl + ε (plus a waiter's grace, for the kinds that queue) every hold
-    // and waiter's place must have expired by itself. EXISTS, not GET: a reentrant lock is
-    // a hash, readers and waiters live in sorted sets.
+    // Orphans: after ttl + ε (plus a waiter's grace, for the kinds that queue, and a tick
+    // of memcached's clock) every hold and waiter's place must have expired by itself.
+    // EXISTS, not GET: a reentrant lock is a hash, readers and waiters live in sorted sets.
     let lock_keys = kind.lock_keys(&keys);
     let live_keys = lock_keys
         .as_ref()
         .map_or_else(|| vec![keys.lock.clone()], |k| kind.live_keys(k));
-    let settle = config.ttl + kind.waiter_grace(config.ttl).unwrap_or_default();
+    let settle = ttl + kind.waiter_grace(ttl).unwrap_or_default() + kind.expiry_slack();
     tokio::time::sleep(settle + Duration::from_millis(1500)).await;
-    let exists: i64 = redis::cmd("EXISTS")
-        .arg(&live_keys)
-        .query_async(&mut n.admin)
-        .await
-        .unwrap_or(0);
+    let orphans = n.store.count_present(&live_keys).await;
     let (counter, fenced, log): (Option<i64>, Option<i64>, Vec<u64>) = redis::pipe()
         .get(&keys.counter)
         .get(&keys.fenced)
@@ -1058,15 +1426,13 @@ async fn run_redis(
         counter: counter.unwrap_or(0),
         fenced: fenced.unwrap_or(0),
         fence_log: log,
-        orphans: usize::try_from(exists).unwrap_or(0),
+        orphans,
         worker_failures,
     };
     // Clean up what the run left (the lock's keys too, if a control orphaned them).
     let fence_key = lock_keys.as_ref().map(|k| k.fence().to_owned());
-    let _: Result<(), _> = redis::cmd("DEL")
-        .arg(&live_keys)
-        .arg(fence_key.as_slice())
-        .query_async(&mut n.admin)
+    n.store
+        .remove(&[live_keys, fence_key.into_iter().collect()].concat())
         .await;
     let _: Result<(), _> = redis::cmd("DEL")
         .arg(&keys.counter)
@@ -1082,8 +1448,7 @@ async fn run_redis(
         windows: &n.windows,
         resources: &resources_state,
         ttl_ns,
-        reacquire_slack_ns: u64::try_from(kind.reacquire_slack(config.ttl).as_nanos())
-            .unwrap_or(u64::MAX),
+        reacquire_slack_ns: u64::try_from(kind.reacquire_slack(ttl).as_nanos()).unwrap_or(u64::MAX),
         end,
     });
     Ok(KindReport {
@@ -1129,42 +1494,70 @@ fn pick(running: &[Running], rng: &mut Rng) -> Option<usize> {
 enum Undo {
     /// SIGCONT worker `id` (process `pid`).
     Continue(usize, i32),
-    Thaw,
-    Unpause,
-    Pass(usize),
+    /// SIGCONT frozen servers.
+    Thaw(Nodes),
+    /// `CLIENT UNPAUSE` servers.
+    Unpause(Nodes),
+    /// Let traffic through a worker slot's links to these servers again.
+    Pass(usize, Nodes),
+    /// Start killed RedLock nodes again, empty.
+    Revive(Nodes),
 }
 
 impl Undo {
-    fn apply(
-        self,
-        server: &mut LockServer,
-        proxies: &[Option<Proxy>],
-        admin: &mut redis::aio::ConnectionManager,
-    ) {
-        match self {
-            Undo::Continue(_, pid) => {
+    fn apply(self, store: &mut Store<'_>, proxies: &[Vec<Proxy>]) {
+        match (self, store) {
+            (Undo::Continue(_, pid), _) => {
                 let _ = kill(Pid::from_raw(pid), Signal::SIGCONT);
             }
-            Undo::Thaw => {
-                if let LockServer::Own(s) = server {
-                    let _ = s.thaw();
+            (
+                Undo::Thaw(_),
+                Store::Redis {
+                    server: LockServer::Own(s),
+                    ..
+                },
+            ) => {
+                let _ = s.thaw();
+            }
+            (Undo::Thaw(nodes), Store::Quorum { nodes: servers, .. }) => {
+                for i in nodes.iter() {
+                    let _ = servers[i].thaw();
                 }
             }
-            Undo::Unpause => {
+            (Undo::Unpause(nodes), store) => {
+                let admins: Vec<redis::aio::ConnectionManager> = match store {
+                    Store::Redis { admin, .. } => vec![admin.clone()],
+                    Store::Quorum { admins, .. } => nodes
+                        .iter()
+                        .filter_map(|i| admins.get(i).cloned())
+                        .collect(),
+                    Store::Memcached(_) => Vec::new(),
+                };
                 // Pipelined after the pause's own expiry at the latest; no need to wait.
-                let mut admin = admin.clone();
-                tokio::spawn(async move {
-                    let _: Result<(), _> = redis::cmd("CLIENT")
-                        .arg("UNPAUSE")
-                        .query_async(&mut admin)
-                        .await;
-                });
-            }
-            Undo::Pass(slot) => {
-                if let Some(Some(p)) = proxies.get(slot) {
-                    p.set_fault(ProxyFault::Pass);
+                for mut admin in admins {
+                    tokio::spawn(async move {
+                        let _: Result<(), _> = redis::cmd("CLIENT")
+                            .arg("UNPAUSE")
+                            .query_async(&mut admin)
+                            .await;
+                    });
                 }
             }
+            (Undo::Pass(slot, nodes), _) => {
+                if let Some(links) = proxies.get(slot) {
+                    for proxy in nodes.iter().filter_map(|i| links.get(i)) {
+                        proxy.set_fault(ProxyFault::Pass);
+                    }
+                }
+            }
+            (Undo::Revive(nodes), Store::Quorum { nodes: servers, .. }) => {
+                for i in nodes.iter() {
+                    if let Err(e) = servers[i].restart() {
+                        eprintln!("dlock: torture: RedLock node {i} did not start again: {e}");
+                    }
+                }
+            }
+            (Undo::Thaw(_) | Undo::Revive(_), _) => {}
         }
     }
 }
@@ -1251,6 +1644,7 @@ fn run_memory(
                                     start: t,
                                     end: monotonic_ns(),
                                     worker: Some(w),
+                                    nodes: Vec::new(),
                                 },
                             );
                         }
@@ -1398,5 +1792,85 @@ fn print_summary(reports: &[KindReport]) {
                 "", f.reentries, f.reentry_mismatches, f.reentries_lapsed
             );
         }
+        let windows = |fault: Fault| r.fault_windows.iter().filter(|w| w.fault == fault).count();
+        if f.kind == Kind::Redlock {
+            println!(
+                "{:<16} node restarts: {} empty at once (overlaps only they explain: {}), {} empty after 2 × ttl; no fences",
+                "",
+                windows(Fault::Restart),
+                f.restart_overlaps,
+                windows(Fault::DelayedRestart)
+            );
+        }
+        if f.kind == Kind::MemcachedFenced {
+            println!(
+                "{:<16} restarts {} (fences start over at 1), fenced writes refused after one {}, overlaps only a restart explains {}",
+                "",
+                windows(Fault::Restart),
+                f.refused_after_restart,
+                f.restart_overlaps
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(quick: bool) -> Config {
+        Config {
+            workers: 4,
+            ttl: Duration::from_secs(1),
+            seed: 1,
+            faults: Fault::ALL.to_vec(),
+            not_on_given: Vec::new(),
+            all_kinds: true,
+            quick,
+            duration: Duration::from_secs(20),
+        }
+    }
+
+    #[test]
+    fn every_kind_s_quick_run_has_room_for_each_of_its_faults() {
+        let config = config(true);
+        for kind in Kind::ALL.into_iter().filter(|&k| k != Kind::Memory) {
+            let (faults, duration) = plan(&config, kind);
+            let planned = schedule(&config, kind, &faults, duration);
+            for fault in &faults {
+                assert!(
+                    planned.iter().any(|(_, f)| f == fault),
+                    "{}: {} not scheduled in {duration:?}",
+                    kind.id(),
+                    fault.id()
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_given_server_keeps_its_skipped_faults_only_for_the_kinds_on_it() {
+        let mut config = config(false);
+        config.not_on_given = vec![Fault::Freeze, Fault::Restart];
+        let (faults, _) = plan(&config, Kind::Dlock);
+        assert!(!faults.contains(&Fault::Freeze) && !faults.contains(&Fault::Restart));
+        let (faults, _) = plan(&config, Kind::Redlock);
+        assert!(faults.contains(&Fault::Freeze) && faults.contains(&Fault::Restart));
+        let (faults, _) = plan(&config, Kind::MemcachedFenced);
+        assert!(!faults.contains(&Fault::Freeze) && faults.contains(&Fault::Restart));
+    }
+
+    #[test]
+    fn redlock_faults_hit_a_minority_of_nodes() {
+        let mut rng = Rng(7);
+        let mut sizes = [0usize; 3];
+        for _ in 0..200 {
+            let nodes = Nodes::minority(REDLOCK_NODES, &mut rng).list();
+            assert!((1..=2).contains(&nodes.len()), "{nodes:?}");
+            assert!(nodes.iter().all(|&n| n < REDLOCK_NODES), "{nodes:?}");
+            sizes[nodes.len()] += 1;
+        }
+        assert!(sizes[1] > 0 && sizes[2] > 0, "{sizes:?}");
+        assert_eq!(Nodes::minority(1, &mut rng).list(), vec![0]);
     }
 }

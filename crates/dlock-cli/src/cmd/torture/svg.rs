@@ -68,13 +68,19 @@ pub(super) fn timeline(report: &KindReport, workers: usize) -> String {
     );
     for w in windows {
         let (x0, x1) = (x(w.start), x(w.end.max(w.start)));
+        let label = if w.nodes.is_empty() {
+            w.fault.id().to_owned()
+        } else {
+            let nodes: Vec<String> = w.nodes.iter().map(|n| format!("n{n}")).collect();
+            format!("{} {}", w.fault.id(), nodes.join(","))
+        };
         let _ = write!(
             s,
             r##"<rect x="{x0:.1}" y="{TOP}" width="{:.1}" height="{:.1}" fill="#f4a261" fill-opacity="0.25"/><text x="{x0:.1}" y="{:.1}" fill="#b5651d">{}</text>"##,
             (x1 - x0).max(2.0),
             ROW * workers as f64,
             TOP - 4.0,
-            esc(w.fault.id())
+            esc(&label)
         );
     }
     for row in 0..workers {

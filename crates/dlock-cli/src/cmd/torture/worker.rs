@@ -2,15 +2,16 @@
 //! loop until its deadline, printing every step as a JSON line (flushed at once, so a
 //! killed worker loses at most the step it was in).
 //!
-//! dlock's primitives all run through one loop over a [`Lock`] whose guards carry a fence
-//! (a plain lock, a fair lock, a read-write lock's write side, a reentrant lock's holds
-//! for one owner); the controls have loops of their own.
+//! dlock's primitives all run through one loop over a [`Lock`] (a plain lock on Redis or
+//! memcached, a fair lock, a read-write lock's write side, a reentrant lock's holds for
+//! one owner, all fenced; a RedLock quorum, which has no fence); the controls have loops
+//! of their own.
 
 use std::io::Write as _;
 use std::time::Duration;
 
-use dlock::backend::Redis;
-use dlock::raw::RawFencing;
+use dlock::backend::{Memcached, Quorum, Redis};
+use dlock::raw::{RawFencing, RawLock};
 use dlock::{FairLock, Lock, LockGuard, Owner, ReentrantLock, RwLock, RwSide, Token};
 use serde::Serialize;
 
@@ -100,9 +101,20 @@ struct Worker {
     keys: ResourceKeys,
     ttl: Duration,
     until: u64,
-    lock_conn: redis::aio::ConnectionManager,
     resource: redis::aio::MultiplexedConnection,
     fenced: redis::Script,
+}
+
+/// How the loop learns a grant's fence: its fencing token, or none (RedLock's quorum
+/// cannot mint one, and its guards have no `fencing_token()`).
+type FenceOf<B> = fn(&LockGuard<B>) -> u64;
+
+fn fence_of<B: RawFencing>(guard: &LockGuard<B>) -> u64 {
+    guard.fencing_token().get()
+}
+
+fn no_fence<B: RawLock>(_: &LockGuard<B>) -> u64 {
+    0
 }
 
 pub(crate) async fn run(args: TortureWorkerArgs) -> Result<u8, Failure> {
@@ -112,17 +124,6 @@ pub(crate) async fn run(args: TortureWorkerArgs) -> Result<u8, Failure> {
     let open = |url: &str| {
         redis::Client::open(url).map_err(|e| Failure::usage(format!("torture worker URL: {e}")))
     };
-    // Reconnects by itself after a closed connection or a server restart.
-    // No reply timeout: a paused control worker must finish the very call it was stopped
-    // in (a timeout would fire the moment it resumes and hide the bug under test).
-    let config = redis::aio::ConnectionManagerConfig::new()
-        .set_response_timeout(None)
-        .set_connection_timeout(Some(ttl))
-        .set_number_of_retries(2);
-    let lock_conn = open(&args.lock_url)?
-        .get_connection_manager_with_config(config)
-        .await
-        .map_err(store_err)?;
     let resource = open(&args.resource_url)?
         .get_multiplexed_async_connection()
         .await
@@ -132,19 +133,50 @@ pub(crate) async fn run(args: TortureWorkerArgs) -> Result<u8, Failure> {
         keys,
         ttl,
         until: args.until_ns,
-        lock_conn,
         resource,
         fenced: redis::Script::new(FENCED_ACCESS),
     };
     if kind.is_control() {
-        worker.run_control().await;
+        // Reconnects by itself after a closed connection or a server restart.
+        // No reply timeout: a paused control worker must finish the very call it was
+        // stopped in (a timeout would fire the moment it resumes and hide the bug under
+        // test).
+        let config = redis::aio::ConnectionManagerConfig::new()
+            .set_response_timeout(None)
+            .set_connection_timeout(Some(ttl))
+            .set_number_of_retries(2);
+        let lock_conn = open(&args.lock_url)?
+            .get_connection_manager_with_config(config)
+            .await
+            .map_err(store_err)?;
+        worker.run_control(lock_conn).await;
         return Ok(exit::SUCCESS);
+    }
+    let name = worker.keys.lock.clone();
+    match kind {
+        // One URL per node, comma-separated.
+        Kind::Redlock => {
+            let mut nodes = Vec::new();
+            for url in args.lock_url.split(',') {
+                nodes.push(Redis::builder(url).response_timeout(ttl).connect().await?);
+            }
+            let quorum = Quorum::new(nodes)?;
+            let lock = Lock::builder(quorum, name).ttl(ttl).build()?;
+            worker.run_dlock(&lock, None, false, no_fence).await;
+            return Ok(exit::SUCCESS);
+        }
+        Kind::MemcachedFenced => {
+            let memcached = Memcached::connect(&args.lock_url).await?;
+            let lock = Lock::builder(memcached, name).ttl(ttl).build()?;
+            worker.run_dlock(&lock, None, false, fence_of).await;
+            return Ok(exit::SUCCESS);
+        }
+        _ => {}
     }
     let redis = Redis::builder(args.lock_url.clone())
         .response_timeout(ttl)
         .connect()
         .await?;
-    let name = worker.keys.lock.clone();
     let prefix = kind.lock_prefix();
     // Some for the kinds that use it.
     let grace = kind
@@ -157,7 +189,9 @@ pub(crate) async fn run(args: TortureWorkerArgs) -> Result<u8, Failure> {
                 .ttl(ttl)
                 .waiter_grace(grace)
                 .build()?;
-            worker.run_dlock(fair.as_lock(), None, false).await;
+            worker
+                .run_dlock(fair.as_lock(), None, false, fence_of)
+                .await;
         }
         Kind::RwlockFenced => {
             let rw = RwLock::builder(redis, name)
@@ -166,7 +200,7 @@ pub(crate) async fn run(args: TortureWorkerArgs) -> Result<u8, Failure> {
                 .writer_grace(grace)
                 .build()?;
             worker
-                .run_dlock(rw.write_lock(), Some(rw.read_lock()), false)
+                .run_dlock(rw.write_lock(), Some(rw.read_lock()), false, fence_of)
                 .await;
         }
         Kind::ReentrantFenced => {
@@ -175,11 +209,13 @@ pub(crate) async fn run(args: TortureWorkerArgs) -> Result<u8, Failure> {
                 .ttl(ttl)
                 .build()?;
             let me = Owner::new(format!("worker-{}", std::process::id()))?;
-            worker.run_dlock(&lock.holds_of(&me)?, None, true).await;
+            worker
+                .run_dlock(&lock.holds_of(&me)?, None, true, fence_of)
+                .await;
         }
         _ => {
             let lock = Lock::builder(redis, name).prefix(prefix).ttl(ttl).build()?;
-            worker.run_dlock(&lock, None, false).await;
+            worker.run_dlock(&lock, None, false, fence_of).await;
         }
     }
     Ok(exit::SUCCESS)
@@ -215,24 +251,25 @@ impl Worker {
 
     /// dlock's loop: hold `lock` (entering it again inside each hold with `reenter`), or
     /// every [`READ_EVERY`]th time take a read hold of `reads`, until the deadline.
-    async fn run_dlock<B: RawFencing>(
+    async fn run_dlock<B: RawLock>(
         &mut self,
         lock: &Lock<B>,
         reads: Option<&Lock<RwSide<Redis, false>>>,
         reenter: bool,
+        fence_of: FenceOf<B>,
     ) {
         let mut turn = 0u64;
         while monotonic_ns() < self.until {
             turn += 1;
             match reads {
                 Some(reads) if turn.is_multiple_of(READ_EVERY) => self.read_hold(reads).await,
-                _ => self.hold(lock, reenter).await,
+                _ => self.hold(lock, reenter, fence_of).await,
             }
         }
     }
 
     /// One hold: acquire → (re-enter) → fenced or unfenced read-modify-write → release.
-    async fn hold<B: RawFencing>(&mut self, lock: &Lock<B>, reenter: bool) {
+    async fn hold<B: RawLock>(&mut self, lock: &Lock<B>, reenter: bool, fence_of: FenceOf<B>) {
         let guard = match lock.try_lock_for(self.remaining()).await {
             Ok(Some(g)) => g,
             Ok(None) => return,
@@ -242,10 +279,10 @@ impl Worker {
                 return;
             }
         };
-        let fence = guard.fencing_token().get();
+        let fence = fence_of(&guard);
         self.acquired(guard.token().as_str(), fence);
         let inner = if reenter {
-            match Self::reenter(lock, &guard, fence).await {
+            match Self::reenter(lock, &guard, fence, fence_of).await {
                 Some(inner) => Some(inner),
                 None => {
                     // Not ours any more, or unknown: no write under it.
@@ -282,10 +319,11 @@ impl Worker {
     /// Enters `outer`'s hold again (same owner): the inner hold if it carries the outer
     /// grant's fence. The attempt is abandoned when the outer lease lapses first (its
     /// holder must stop there), and a refusal or another fence is recorded for the checker.
-    async fn reenter<B: RawFencing>(
+    async fn reenter<B: RawLock>(
         lock: &Lock<B>,
         outer: &LockGuard<B>,
         fence: u64,
+        fence_of: FenceOf<B>,
     ) -> Option<LockGuard<B>> {
         let attempt = tokio::select! {
             got = lock.try_lock() => got,
@@ -296,7 +334,7 @@ impl Worker {
         };
         match attempt {
             Ok(inner) => {
-                let got = inner.as_ref().map(|g| g.fencing_token().get());
+                let got = inner.as_ref().map(fence_of);
                 emit(&Step::Reentered {
                     t: monotonic_ns(),
                     fence: got,
@@ -337,16 +375,16 @@ impl Worker {
         let _ = guard.release().await;
     }
 
-    /// The controls' loop.
-    async fn run_control(&mut self) {
+    /// The controls' loop, on their own connection to the lock server.
+    async fn run_control(&mut self, mut conn: redis::aio::ConnectionManager) {
         while monotonic_ns() < self.until {
-            match self.acquire_raw().await {
+            match self.acquire_raw(&mut conn).await {
                 Ok(Some(token)) => {
                     if let Err(failure) = self.critical_section(0).await {
                         error(failure.message);
                     }
                     emit(&Step::Releasing { t: monotonic_ns() });
-                    let ok = self.release_raw(token).await;
+                    let ok = self.release_raw(&mut conn, token).await;
                     emit(&Step::Released {
                         t: monotonic_ns(),
                         ok,
@@ -362,12 +400,14 @@ impl Worker {
     }
 
     /// A control's acquire: the token it set.
-    async fn acquire_raw(&mut self) -> Result<Option<String>, String> {
+    async fn acquire_raw(
+        &mut self,
+        c: &mut redis::aio::ConnectionManager,
+    ) -> Result<Option<String>, String> {
         let token = Token::random().map_err(|e| e.to_string())?.to_string();
         let key = self.keys.lock.clone();
         let ttl_ms = u64::try_from(self.ttl.as_millis()).unwrap_or(u64::MAX);
         while monotonic_ns() < self.until {
-            let c = &mut self.lock_conn;
             let got = match self.kind {
                 Kind::SetnxExpire => {
                     let set: bool = redis::cmd("SETNX")
@@ -383,7 +423,7 @@ impl Worker {
                         let _: i64 = redis::cmd("EXPIRE")
                             .arg(&key)
                             .arg(secs)
-                            .query_async(&mut self.lock_conn)
+                            .query_async(c)
                             .await
                             .map_err(|e| e.to_string())?;
                         return Ok(Some(token));
@@ -513,8 +553,11 @@ impl Worker {
         Ok(())
     }
 
-    async fn release_raw(&mut self, token: String) -> Option<bool> {
-        let c = &mut self.lock_conn;
+    async fn release_raw(
+        &mut self,
+        c: &mut redis::aio::ConnectionManager,
+        token: String,
+    ) -> Option<bool> {
         let key = &self.keys.lock;
         match self.kind {
             Kind::GetDel => {
