@@ -322,7 +322,9 @@ pub(crate) struct TortureArgs {
     /// rwlock-fenced, reentrant-fenced, redlock (a RedLock quorum over 5 redis-servers of
     /// its own, unfenced; 24 s under --quick), memcached-fenced (a memcached of its own,
     /// ttl at least 2 s; 30 s under --quick; skipped by `all` if memcached is missing),
-    /// memory, and the controls setnx-expire, setnx-getset, get-del, plain-del.
+    /// etcd-fenced (a 3-member etcd cluster of its own whose leader is killed and
+    /// restarted, ttl at least 2 s; 30 s under --quick; skipped by `all` if etcd is
+    /// missing), memory, and the controls setnx-expire, setnx-getset, get-del, plain-del.
     #[arg(long, default_value = "all")]
     pub(crate) kinds: String,
     /// Where report.json and the timelines go.

@@ -805,3 +805,81 @@ fn torture_holds_redlock_and_memcached_to_their_promises() {
     );
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn torture_holds_etcd_to_its_fences_and_its_lock_across_a_leader_restart() {
+    let dir = scratch("torture-etcd");
+    let out = output(Command::new(env!("CARGO_BIN_EXE_dlock")).args([
+        "torture",
+        "--duration",
+        "18s",
+        "--workers",
+        "3",
+        "--kinds",
+        "etcd-fenced",
+        "--faults",
+        "kill,restart",
+        "--out",
+        dir.to_str().expect("utf-8 path"),
+    ]));
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{text}{}", stderr(&out));
+    let report: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.join("report.json")).expect("report.json"),
+    )
+    .expect("json");
+    let etcd = &report["kinds"][0];
+    let f = &etcd["findings"];
+    assert_eq!(f["kind"], "etcd-fenced");
+    assert!(
+        f["fenced_acknowledged"].as_u64().is_some_and(|n| n > 0),
+        "holders wrote: {f}"
+    );
+    for zero in [
+        "stale_accepted",
+        "fenced_lost",
+        "fence_regressions",
+        "fence_reuse",
+        // No pause here, and a leader's restart excuses no overlap: raft keeps the lock.
+        "overlaps",
+        "liveness_violations",
+        "orphans",
+        "worker_failures",
+    ] {
+        assert_eq!(f[zero], 0, "{zero}: {f}");
+    }
+    // The lock was free again within ttl (2 s here) + 1.5 s after each holder's crash.
+    let reacquire = f["reacquire_ms"].as_array().expect("reacquire_ms");
+    assert!(!reacquire.is_empty(), "a holder was killed: {f}");
+    assert!(
+        reacquire
+            .iter()
+            .all(|ms| ms.as_u64().is_some_and(|ms| ms <= 3500)),
+        "{f}"
+    );
+    // The first restart kills the leader; grants after it carry higher fences than every
+    // grant before it (a revision never repeats, whoever leads).
+    let windows = etcd["fault_windows"].as_array().expect("windows");
+    let killed = windows
+        .iter()
+        .find(|w| w["fault"] == "leader-restart")
+        .unwrap_or_else(|| panic!("no leader restart: {windows:?}"))["start"]
+        .as_u64()
+        .expect("start");
+    let holds = etcd["holds"].as_array().expect("holds");
+    let fences = |after: bool| {
+        holds
+            .iter()
+            .filter(|h| h["start"].as_u64().is_some_and(|t| (t > killed) == after))
+            .filter_map(|h| h["fence"].as_u64())
+            .collect::<Vec<_>>()
+    };
+    let (before, after) = (fences(false), fences(true));
+    assert!(!before.is_empty() && !after.is_empty(), "{holds:?}");
+    assert!(
+        after.iter().min() > before.iter().max(),
+        "{before:?} then {after:?}"
+    );
+    assert!(text.contains("member restarts: 1 of the leader"), "{text}");
+    let _ = std::fs::remove_dir_all(dir);
+}

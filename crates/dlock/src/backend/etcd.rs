@@ -72,6 +72,10 @@ fn map_err(e: etcd_client::Error, doing: &str) -> Error {
         E::GRpcStatus(s) => match s.code() {
             tonic::Code::Unavailable => (ErrorKind::Unavailable, true),
             tonic::Code::DeadlineExceeded => (ErrorKind::TimedOut, true),
+            // A request cut off by the client's timeout, or a broken connection that
+            // tonic reports without a status of its own: the outcome is unknown.
+            tonic::Code::Cancelled => (ErrorKind::TimedOut, true),
+            tonic::Code::Unknown => (ErrorKind::Unavailable, true),
             _ => (ErrorKind::Backend, false),
         },
         E::TransportError(_) | E::IoError(_) => (ErrorKind::Unavailable, true),

@@ -233,7 +233,8 @@ pub(super) fn step_time(step: &Step) -> u64 {
 /// them is a worker paused (stalled) while holding, or a restart without persistence fell
 /// inside the pair (the server, or RedLock nodes started empty at once, forgot the lock).
 /// No lease lock survives those unfenced; every other overlap is the lock's fault — a
-/// delayed restart of RedLock nodes included. A pause is named first when both apply.
+/// delayed restart of RedLock nodes included, and an etcd member's or leader's restart
+/// (raft keeps the lock through it). A pause is named first when both apply.
 fn explanation(a: &Hold, b: &Hold, windows: &[FaultWindow]) -> Option<Fault> {
     let paused = windows.iter().any(|w| {
         w.fault == Fault::Pause
@@ -382,7 +383,8 @@ pub(super) fn check(input: &Input<'_>) -> (Findings, Holds) {
     }
 
     // Liveness: after a holder was killed, someone else must get the lock within
-    // ttl + ε (unless the run ended first, or a server-side fault held everyone up).
+    // ttl + ε (unless the run ended first, or a server-side fault held everyone up: on
+    // etcd, a new leader extends every lease by an election timeout).
     let mut reacquire_ms = Vec::new();
     let mut liveness_violations = 0;
     let allowed = input.ttl_ns + input.reacquire_slack_ns + EPSILON_NS;
@@ -391,7 +393,12 @@ pub(super) fn check(input: &Input<'_>) -> (Findings, Holds) {
         let held_up = input.windows.iter().any(|w| {
             matches!(
                 w.fault,
-                Fault::Freeze | Fault::ClientPause | Fault::Restart | Fault::DelayedRestart
+                Fault::Freeze
+                    | Fault::ClientPause
+                    | Fault::Restart
+                    | Fault::DelayedRestart
+                    | Fault::LeaderRestart
+                    | Fault::MemberRestart
             ) && w.start <= bound
                 && w.end >= kill.t
         });
@@ -520,6 +527,7 @@ fn verdict(f: &mut Findings) {
             | Kind::ReentrantFenced
             | Kind::Redlock
             | Kind::MemcachedFenced
+            | Kind::EtcdFenced
             | Kind::Memory => {
                 let fenced = f.kind.is_fenced();
                 if fenced && (f.stale_accepted > 0 || f.fenced_lost > 0) {
@@ -979,6 +987,51 @@ mod tests {
         let f = run(Kind::MemcachedFenced, &history, &restart, &[], &none);
         assert_eq!((f.fence_regressions, f.fence_reuse), (1, 1));
         assert!(!f.verdict_ok);
+    }
+
+    #[test]
+    fn an_etcd_member_s_restart_excuses_no_overlap_and_resets_no_fence() {
+        let resources = Resources {
+            fenced: 3,
+            fence_log: vec![11, 12, 13],
+            ..Resources::default()
+        };
+        let fenced = |t, value| Step::Fenced { t, ok: true, value };
+        let mut history = vec![
+            (0, acq(10, 11)),
+            (0, fenced(12, 1)),
+            (0, Step::Releasing { t: 20 }),
+            (1, acq(21, 12)),
+            (1, fenced(22, 2)),
+            (1, Step::Releasing { t: 30 }),
+            (2, acq(25, 13)),
+            (2, fenced(27, 3)),
+            (2, Step::Releasing { t: 40 }),
+        ];
+        history.sort_by_key(|(_, s)| step_time(s));
+        for fault in [Fault::LeaderRestart, Fault::MemberRestart] {
+            let restart = [window(fault, None, 24, 26)];
+            let f = run(Kind::EtcdFenced, &history, &restart, &[], &resources);
+            assert_eq!((f.overlaps, f.unexcused_overlaps), (1, 1), "{}", fault.id());
+            assert!(!f.verdict_ok, "{}", f.verdict);
+        }
+        // Fences after a leader change must still climb: one below the last grant's fails.
+        let later = vec![
+            (0, acq(10, 11)),
+            (0, Step::Releasing { t: 20 }),
+            (1, acq(50, 9)),
+            (1, Step::Releasing { t: 60 }),
+        ];
+        let restart = [window(Fault::LeaderRestart, None, 30, 40)];
+        let f = run(
+            Kind::EtcdFenced,
+            &later,
+            &restart,
+            &[],
+            &Resources::default(),
+        );
+        assert_eq!(f.fence_regressions, 1);
+        assert!(!f.verdict_ok, "{}", f.verdict);
     }
 
     #[test]

@@ -19,6 +19,7 @@
 //! | `reentrant-fenced` | [`ReentrantLock`](dlock::ReentrantLock) (`dlock-re:` keys, a hash), an owner per worker, entered again inside every hold, then the fenced write, inner hold released first | as `dlock-fenced`; every re-entry made while the outer hold was valid gets the outer hold's fence (a mismatch or refusal fails the run) |
 //! | `redlock` | [`Lock`] over [`Quorum`](dlock::backend::Quorum)`<Redis>`: 5 redis-servers of its own (whatever `--url` says), each worker reaching each node through its own proxy; unfenced counter (a quorum has no fence) | as `dlock`: no overlap outside pause windows and windows where nodes restarted empty at once (the known RedLock hazard, seed 002: a node that forgot a key can let a second majority form; such overlaps are counted apart); lock free within ttl + ε after a holder's crash; no lock key left on any node |
 //! | `memcached-fenced` | [`Lock`] over [`Memcached`](dlock::backend::Memcached): a memcached of its own, ttl at least 2 s (its expiry clock ticks in seconds), fenced | 0 stale writes accepted, 0 fenced increments lost, fences strictly increasing in grant order between restarts; overlaps only in pause/restart windows. A restart forgets the fence counter: fences start over at 1, and the resource refuses them (counted as refused) until the counter passes the highest fence it saw — the fenced resource's liveness suffers, its safety does not |
+//! | `etcd-fenced` | [`Lock`] over [`Etcd`](dlock::backend::Etcd): a 3-member etcd cluster of its own, each worker reaching each member through its own proxy, ttl at least 2 s (leases count whole seconds), fenced (the fence is the lock key's create revision) | 0 stale writes accepted, 0 fenced increments lost, fences strictly increasing in grant order and never reused, across member and leader restarts too (a revision never repeats); overlaps only in pause windows — a member's or the leader's restart excuses none (raft keeps the lock); lock free within ttl + ε after a holder's crash; no lock key left (an etcd get) |
 //! | `memory` | [`Lock`] on the memory backend, threads, stalls only | as `dlock-fenced` |
 //! | `setnx-expire` … `plain-del` | the seeds' broken locks (controls) | must be caught by their own bug, or the run fails |
 //!
@@ -28,7 +29,11 @@
 //! than 2 nodes at a time; its restarts alternate between starting the nodes empty only
 //! after 2 × ttl (RedLock's delayed restart: must not cause an overlap) and at once (the
 //! hazard: excused). `memcached-fenced` takes pause, kill, restart and the network faults
-//! (memcached has no freeze here, no `CLIENT PAUSE`, no scripts).
+//! (memcached has no freeze here, no `CLIENT PAUSE`, no scripts). So does `etcd-fenced`:
+//! its restarts kill one member and start it again from its data after 2 × ttl — the
+//! leader (the member whose `status` names itself leader) at the first, third, …, a
+//! follower otherwise — and its network faults hit one worker's links to 1, 2 or all 3
+//! members (the test kit gives no member's pid to freeze).
 
 mod check;
 mod svg;
@@ -44,7 +49,7 @@ use dlock::Lock;
 use dlock::backend::Memory;
 use dlock::keys::LockKeys;
 use dlock_test::proxy::{Fault as ProxyFault, Proxy};
-use dlock_test::server::{MemcachedServer, RedisServer};
+use dlock_test::server::{EtcdCluster, MemcachedServer, RedisServer};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde::Serialize;
@@ -84,13 +89,24 @@ pub(super) enum Kind {
     ReentrantFenced,
     Redlock,
     MemcachedFenced,
+    EtcdFenced,
 }
 
 /// How many independent masters the `redlock` kind runs over.
 const REDLOCK_NODES: usize = 5;
 
+/// How many members the `etcd-fenced` kind's cluster has: one may be down, and raft still
+/// has a majority.
+const ETCD_MEMBERS: usize = 3;
+
+/// The `etcd-fenced` kind's least ttl, as memcached's: etcd leases count whole seconds,
+/// are raised to at least 1.5 election timeouts (to 2 s at etcd's default settings), and
+/// are revoked on the leader's 500 ms tick, so a 1 s lease may last half as long again
+/// as its ttl, or twice as long.
+const ETCD_MIN_TTL: Duration = Duration::from_secs(2);
+
 impl Kind {
-    const ALL: [Kind; 12] = [
+    const ALL: [Kind; 13] = [
         Kind::Dlock,
         Kind::DlockFenced,
         Kind::FairFenced,
@@ -98,6 +114,7 @@ impl Kind {
         Kind::ReentrantFenced,
         Kind::Redlock,
         Kind::MemcachedFenced,
+        Kind::EtcdFenced,
         Kind::Memory,
         Kind::SetnxExpire,
         Kind::SetnxGetset,
@@ -114,6 +131,7 @@ impl Kind {
             Kind::ReentrantFenced => "reentrant-fenced",
             Kind::Redlock => "redlock",
             Kind::MemcachedFenced => "memcached-fenced",
+            Kind::EtcdFenced => "etcd-fenced",
             Kind::Memory => "memory",
             Kind::SetnxExpire => "setnx-expire",
             Kind::SetnxGetset => "setnx-getset",
@@ -139,40 +157,48 @@ impl Kind {
                 | Kind::RwlockFenced
                 | Kind::ReentrantFenced
                 | Kind::MemcachedFenced
+                | Kind::EtcdFenced
         )
     }
 
     /// Whether the kind runs on lock servers of its own, whatever `--url` says: RedLock
-    /// needs several independent masters, and memcached is not Redis.
+    /// needs several independent masters, and memcached and etcd are not Redis.
     fn owns_servers(self) -> bool {
-        matches!(self, Kind::Redlock | Kind::MemcachedFenced)
+        matches!(
+            self,
+            Kind::Redlock | Kind::MemcachedFenced | Kind::EtcdFenced
+        )
     }
 
     /// The kind's lease: memcached's one-second expiry clock needs at least
-    /// [`MIN_TTL`](dlock::backend::memcached::MIN_TTL).
+    /// [`MIN_TTL`](dlock::backend::memcached::MIN_TTL), etcd's whole-second leases
+    /// [`ETCD_MIN_TTL`].
     fn ttl(self, ttl: Duration) -> Duration {
         match self {
             Kind::MemcachedFenced => ttl.max(dlock::backend::memcached::MIN_TTL),
+            Kind::EtcdFenced => ttl.max(ETCD_MIN_TTL),
             _ => ttl,
         }
     }
 
     /// How much longer than its ttl a lease may outlive its last renewal on the server:
-    /// memcached counts expiry on a clock that ticks once a second.
+    /// memcached counts expiry on a clock that ticks once a second; etcd's leader revokes
+    /// expired leases on a 500 ms tick, and a new leader extends every lease by an
+    /// election timeout (500 ms in the test kit's clusters).
     fn expiry_slack(self) -> Duration {
         match self {
-            Kind::MemcachedFenced => Duration::from_secs(1),
+            Kind::MemcachedFenced | Kind::EtcdFenced => Duration::from_secs(1),
             _ => Duration::ZERO,
         }
     }
 
     /// Whether `fault` means anything for the kind. The memory kind can only stall a
-    /// holder; memcached has no `CLIENT PAUSE` and no scripts, and the test kit cannot
-    /// freeze it.
+    /// holder; memcached and etcd have no `CLIENT PAUSE` and no scripts, and the test kit
+    /// cannot freeze either (it gives no process id of theirs).
     fn applies(self, fault: Fault) -> bool {
         match self {
             Kind::Memory => fault == Fault::Pause,
-            Kind::MemcachedFenced => !matches!(
+            Kind::MemcachedFenced | Kind::EtcdFenced => !matches!(
                 fault,
                 Fault::Freeze | Fault::ClientPause | Fault::ScriptFlush
             ),
@@ -182,12 +208,13 @@ impl Kind {
 
     /// Under `--quick`, the faults a kind's short run still has room for: the controls
     /// only need the faults that break them; RedLock skips the two that are no different
-    /// on a quorum; memcached's 2 s ttl spaces faults 6 s apart, so four fit in its run.
+    /// on a quorum; memcached's and etcd's 2 s ttl spaces faults 6 s apart, so four fit in
+    /// their runs (on etcd, the one restart is the leader's).
     fn in_quick_run(self, fault: Fault) -> bool {
         match self {
             k if k.is_control() => matches!(fault, Fault::Pause | Fault::Kill),
             Kind::Redlock => !matches!(fault, Fault::ClientPause | Fault::ScriptFlush),
-            Kind::MemcachedFenced => matches!(
+            Kind::MemcachedFenced | Kind::EtcdFenced => matches!(
                 fault,
                 Fault::Pause | Fault::Kill | Fault::Restart | Fault::Blackhole
             ),
@@ -269,7 +296,9 @@ pub(super) enum Fault {
     /// `CLIENT PAUSE` the lock server for 2 × ttl.
     ClientPause,
     /// Kill the lock server and start it empty (no persistence). On RedLock's nodes,
-    /// every other restart is a [`DelayedRestart`](Fault::DelayedRestart).
+    /// every other restart is a [`DelayedRestart`](Fault::DelayedRestart); on etcd's
+    /// members, a restart is a [`LeaderRestart`](Fault::LeaderRestart) or a
+    /// [`MemberRestart`](Fault::MemberRestart) (they keep their data).
     Restart,
     /// `SCRIPT FLUSH` on the lock server.
     ScriptFlush,
@@ -283,6 +312,13 @@ pub(super) enum Fault {
     /// held has run out (RedLock's delayed restart). Not a fault of its own in `--faults`:
     /// the form every other `restart` of RedLock's nodes takes.
     DelayedRestart,
+    /// Kill etcd's leader (as its members' `status` name it) and start it again from its
+    /// data after 2 × ttl: the other two elect a new leader meanwhile. The form of the
+    /// first, third, … `restart` on etcd (not a fault of its own in `--faults`).
+    LeaderRestart,
+    /// Kill an etcd follower (or a member when no leader could be found) and start it
+    /// again from its data after 2 × ttl. The form of every other `restart` on etcd.
+    MemberRestart,
 }
 
 impl Fault {
@@ -310,6 +346,8 @@ impl Fault {
             Fault::Blackhole => "blackhole",
             Fault::Close => "close",
             Fault::DelayedRestart => "delayed-restart",
+            Fault::LeaderRestart => "leader-restart",
+            Fault::MemberRestart => "member-restart",
         }
     }
 
@@ -333,8 +371,8 @@ impl Fault {
         matches!(self, Fault::Freeze | Fault::Restart)
     }
 
-    /// Whether the fault acts on lock servers (on RedLock: a minority of its nodes) or on
-    /// the links to them, rather than on a worker process.
+    /// Whether the fault acts on lock servers (on RedLock: a minority of its nodes; on
+    /// etcd: one member) or on the links to them, rather than on a worker process.
     fn hits_nodes(self) -> bool {
         !matches!(self, Fault::Pause | Fault::Kill)
     }
@@ -347,7 +385,8 @@ pub(super) struct FaultWindow {
     pub(super) start: u64,
     pub(super) end: u64,
     pub(super) worker: Option<usize>,
-    /// The RedLock nodes hit (by index), for the faults that hit nodes or links to them.
+    /// The RedLock nodes or etcd members hit (by index), for the faults that hit nodes or
+    /// links to them.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub(super) nodes: Vec<usize>,
 }
@@ -472,7 +511,8 @@ pub(crate) async fn torture(args: TortureArgs) -> Result<u8, Failure> {
             if !not_on_given.is_empty() {
                 eprintln!(
                     "dlock: freeze and restart need a server dlock owns; skipped for {url} \
-                     (the redlock and memcached-fenced kinds run on servers of their own)"
+                     (the redlock, memcached-fenced and etcd-fenced kinds run on servers of \
+                     their own)"
                 );
             }
             if args.faults.trim() == "all" {
@@ -562,6 +602,10 @@ async fn run_kinds(
                 "  (a memcached of its own, ttl {})",
                 humantime::format_duration(kind.ttl(config.ttl))
             ),
+            Kind::EtcdFenced => format!(
+                "  (an etcd cluster of {ETCD_MEMBERS} of its own, ttl {})",
+                humantime::format_duration(kind.ttl(config.ttl))
+            ),
             _ => String::new(),
         };
         let line = format!(
@@ -599,6 +643,25 @@ async fn run_kinds(
                 };
                 println!("{line}");
                 let store = Store::Memcached(server);
+                run_workers(config, kind, &kind_faults, duration, store, resource_server).await?
+            }
+            Kind::EtcdFenced => {
+                let cluster = match EtcdCluster::start(ETCD_MEMBERS) {
+                    Ok(cluster) => cluster,
+                    // A user's `dlock torture` need not have etcd installed.
+                    Err(e) if config.all_kinds => {
+                        println!("  {:<16} skipped: {e}", kind.id());
+                        continue;
+                    }
+                    Err(e) => {
+                        return Err(Failure::new(
+                            exit::UNAVAILABLE,
+                            format!("the etcd-fenced kind needs etcd on PATH: {e}"),
+                        ));
+                    }
+                };
+                println!("{line}");
+                let store = Store::etcd(cluster).await?;
                 run_workers(config, kind, &kind_faults, duration, store, resource_server).await?
             }
             _ => {
@@ -648,8 +711,8 @@ fn plan(config: &Config, kind: Kind) -> (Vec<Fault>, Duration) {
         k if k.is_control() => Duration::from_secs(12),
         // Room for its seven quick faults, three ttls apart (see `schedule`).
         Kind::Redlock => Duration::from_secs(24),
-        // Room for its four quick faults, three of its 2 s ttls apart.
-        Kind::MemcachedFenced => Duration::from_secs(30),
+        // Room for their four quick faults, three of their 2 s ttls apart.
+        Kind::MemcachedFenced | Kind::EtcdFenced => Duration::from_secs(30),
         _ => Duration::from_secs(30),
     };
     (faults, duration)
@@ -701,6 +764,97 @@ enum Store<'a> {
     },
     /// A memcached of our own.
     Memcached(MemcachedServer),
+    /// An etcd cluster of our own, with an admin client per member (straight to it, not
+    /// through a proxy) to find the leader and audit the keys.
+    Etcd {
+        cluster: EtcdCluster,
+        admins: Vec<etcd_client::Client>,
+    },
+}
+
+/// How long an admin call to one etcd member may take.
+const ETCD_ADMIN_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How long a new etcd cluster may take to elect its first leader.
+const ETCD_ELECTION_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The member etcd's running members name as their leader, if any: the one whose
+/// `status` says it leads itself.
+async fn etcd_leader(cluster: &EtcdCluster, admins: &[etcd_client::Client]) -> Option<usize> {
+    for (i, admin) in admins.iter().enumerate() {
+        if !cluster.members.get(i).is_some_and(|m| m.is_running()) {
+            continue;
+        }
+        let mut admin = admin.clone();
+        if let Ok(Ok(status)) = tokio::time::timeout(ETCD_ADMIN_TIMEOUT, admin.status()).await
+            && status.leader() != 0
+            && status.header().map(|h| h.member_id()) == Some(status.leader())
+        {
+            return Some(i);
+        }
+    }
+    None
+}
+
+/// The etcd member a restart kills, and whether it leads: the leader on its turn (waiting
+/// up to a second for one, as the last restart may have left an election under way), else
+/// a running follower at random.
+async fn etcd_victim(
+    cluster: &EtcdCluster,
+    admins: &[etcd_client::Client],
+    leader_turn: bool,
+    rng: &mut Rng,
+) -> Option<(usize, bool)> {
+    let mut leader = etcd_leader(cluster, admins).await;
+    for _ in 0..20 {
+        if leader.is_some() || !leader_turn {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        leader = etcd_leader(cluster, admins).await;
+    }
+    if let Some(l) = leader
+        && leader_turn
+    {
+        return Some((l, true));
+    }
+    let others: Vec<usize> = (0..cluster.members.len())
+        .filter(|&i| cluster.members[i].is_running() && Some(i) != leader)
+        .collect();
+    (!others.is_empty()).then(|| (others[rng.below(others.len())], false))
+}
+
+/// How many of `keys` etcd holds, asked of the first running member that answers (a
+/// linearizable read). A key no member could be asked about counts as present: an audit
+/// that could not look must not pass.
+async fn etcd_count(
+    cluster: &EtcdCluster,
+    admins: &[etcd_client::Client],
+    keys: &[String],
+) -> usize {
+    let mut n = 0;
+    for key in keys {
+        let mut answer = None;
+        for (i, admin) in admins.iter().enumerate() {
+            if !cluster.members.get(i).is_some_and(|m| m.is_running()) {
+                continue;
+            }
+            let mut admin = admin.clone();
+            if let Ok(Ok(resp)) =
+                tokio::time::timeout(ETCD_ADMIN_TIMEOUT, admin.get(key.as_str(), None)).await
+            {
+                answer = Some(resp.kvs().len());
+                break;
+            }
+        }
+        n += answer.unwrap_or_else(|| {
+            eprintln!(
+                "dlock: torture: no etcd member answered the audit of {key}; counted as left"
+            );
+            1
+        });
+    }
+    n
 }
 
 fn store_err(e: redis::RedisError) -> Failure {
@@ -729,6 +883,41 @@ impl<'a> Store<'a> {
         Ok(Store::Quorum { nodes, admins })
     }
 
+    /// The cluster with an admin client per member, once its members have elected a
+    /// leader (the workers' first calls would fail before).
+    async fn etcd(cluster: EtcdCluster) -> Result<Store<'a>, Failure> {
+        let mut admins = Vec::with_capacity(cluster.members.len());
+        for member in &cluster.members {
+            let options = etcd_client::ConnectOptions::new()
+                .with_connect_timeout(ETCD_ADMIN_TIMEOUT)
+                .with_timeout(ETCD_ADMIN_TIMEOUT);
+            let admin =
+                etcd_client::Client::connect([format!("http://{}", member.addr())], Some(options))
+                    .await
+                    .map_err(|e| Failure::new(exit::UNAVAILABLE, format!("torture: etcd: {e}")))?;
+            admins.push(admin);
+        }
+        let deadline = tokio::time::Instant::now() + ETCD_ELECTION_TIMEOUT;
+        while etcd_leader(&cluster, &admins).await.is_none() {
+            if tokio::time::Instant::now() > deadline {
+                return Err(Failure::new(
+                    exit::UNAVAILABLE,
+                    format!(
+                        "torture: the etcd cluster elected no leader within {ETCD_ELECTION_TIMEOUT:?}"
+                    ),
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Ok(Store::Etcd { cluster, admins })
+    }
+
+    /// Whether the store has several servers that faults hit one by one (RedLock's nodes,
+    /// etcd's members), whose indexes a fault window records.
+    fn has_nodes(&self) -> bool {
+        matches!(self, Store::Quorum { .. } | Store::Etcd { .. })
+    }
+
     /// Where each lock server listens, for the proxies (none for a server given by a URL
     /// a proxy cannot stand in for, e.g. a unix socket).
     fn upstreams(&self) -> Vec<SocketAddr> {
@@ -737,11 +926,16 @@ impl<'a> Store<'a> {
             Store::Redis { server, .. } => upstream(&server.url()).into_iter().collect(),
             Store::Quorum { nodes, .. } => nodes.iter().map(|n| loopback(n.port())).collect(),
             Store::Memcached(server) => vec![loopback(server.port())],
+            Store::Etcd { cluster, .. } => cluster
+                .members
+                .iter()
+                .filter_map(|m| m.addr().parse().ok())
+                .collect(),
         }
     }
 
     /// The `--lock-url` of a worker whose links to the servers are `proxies` (one per
-    /// server; RedLock's nodes comma-separated).
+    /// server; RedLock's nodes and etcd's members comma-separated).
     fn worker_url(&self, proxies: &[Proxy]) -> String {
         match self {
             Store::Redis { server, .. } => {
@@ -760,11 +954,20 @@ impl<'a> Store<'a> {
                 .first()
                 .map(|p| format!("memcache://{}", p.addr()))
                 .unwrap_or_default(),
+            Store::Etcd { .. } => format!(
+                "etcd://{}",
+                proxies
+                    .iter()
+                    .map(|p| p.addr().to_string())
+                    .collect::<Vec<_>>()
+                    .join(",")
+            ),
         }
     }
 
     /// How many of `keys` (lock keys, as the kind's Redis backend names them) are still
-    /// present: on the server, on any RedLock node (counted per node), or in memcached.
+    /// present: on the server, on any RedLock node (counted per node), in memcached, or in
+    /// etcd.
     async fn count_present(&mut self, keys: &[String]) -> usize {
         let exists = |admin: &mut redis::aio::ConnectionManager| {
             let mut admin = admin.clone();
@@ -797,6 +1000,7 @@ impl<'a> Store<'a> {
                         .is_ok_and(|r| r.starts_with("HD"))
                 })
                 .count(),
+            Store::Etcd { cluster, admins } => etcd_count(cluster, admins, keys).await,
         }
     }
 
@@ -816,6 +1020,10 @@ struct Nodes(u64);
 impl Nodes {
     const FIRST: Nodes = Nodes(1);
 
+    fn one(i: usize) -> Nodes {
+        Nodes(1 << i.min(63))
+    }
+
     fn iter(self) -> impl Iterator<Item = usize> {
         (0..64).filter(move |i| self.0 & (1 << i) != 0)
     }
@@ -830,6 +1038,20 @@ impl Nodes {
         let n = n.min(64);
         let most = (n.saturating_sub(1) / 2).max(1);
         let k = (1 + rng.below(most)).min(n);
+        let mut left: Vec<usize> = (0..n).collect();
+        let mut chosen = 0u64;
+        for _ in 0..k {
+            chosen |= 1 << left.swap_remove(rng.below(left.len()));
+        }
+        Nodes(chosen)
+    }
+
+    /// At least one and at most all of `n` nodes, at random (for etcd's 3 members: a
+    /// worker's links to one or two of them, after which its client fails over, or to all
+    /// three, which cuts it off).
+    fn some(n: usize, rng: &mut Rng) -> Nodes {
+        let n = n.clamp(1, 64);
+        let k = 1 + rng.below(n);
         let mut left: Vec<usize> = (0..n).collect();
         let mut chosen = 0u64;
         for _ in 0..k {
@@ -942,10 +1164,11 @@ struct Nemesis<'a> {
     /// A paused worker due to resume at the next acquire by another (or the deadline).
     resume: Option<(u64, Undo, usize)>,
     ttl: Duration,
-    /// Chooses the RedLock nodes a fault hits (used by no other kind, so theirs keep
-    /// their choices per seed).
+    /// Chooses the RedLock nodes or etcd members a fault hits (used by no other kind, so
+    /// theirs keep their choices per seed).
     node_rng: Rng,
-    /// RedLock restarts so far: the first, third, … are delayed, the others at once.
+    /// RedLock or etcd restarts so far: on RedLock the first, third, … are delayed, the
+    /// others at once; on etcd the first, third, … hit the leader, the others a follower.
     node_restarts: usize,
 }
 
@@ -954,10 +1177,15 @@ impl Nemesis<'_> {
         u64::try_from(self.ttl.as_nanos()).unwrap_or(u64::MAX)
     }
 
-    /// The servers a fault hits: some of RedLock's nodes, or the one server.
-    fn choose_nodes(&mut self) -> Nodes {
+    /// The servers a fault hits: some of RedLock's nodes, the links to some of etcd's
+    /// members, or the one server. (Which etcd member restarts depends on who leads when
+    /// it happens: [`inject`](Self::inject) chooses it.)
+    fn choose_nodes(&mut self, fault: Fault) -> Nodes {
         match &self.store {
             Store::Quorum { nodes, .. } => Nodes::minority(nodes.len(), &mut self.node_rng),
+            Store::Etcd { cluster, .. } if fault != Fault::Restart => {
+                Nodes::some(cluster.members.len(), &mut self.node_rng)
+            }
             _ => Nodes::FIRST,
         }
     }
@@ -969,13 +1197,14 @@ impl Nemesis<'_> {
         let ttl_ns = self.ttl_ns();
         let half_ttls = move |k: u64| t + k * ttl_ns / 2;
         let admin_timeout = self.ttl * 2;
-        let quorum = matches!(self.store, Store::Quorum { .. });
-        let nodes = if fault.hits_nodes() {
-            self.choose_nodes()
+        let has_nodes = self.store.has_nodes();
+        let mut nodes = if fault.hits_nodes() {
+            self.choose_nodes(fault)
         } else {
             Nodes::FIRST
         };
-        // A RedLock restart may become a delayed one.
+        // A RedLock restart may become a delayed one, an etcd restart a leader's or a
+        // follower's.
         let mut happened = fault;
         // (took effect, the worker aimed at, how the window ends)
         let (effect, worker, undo): (bool, Option<usize>, Option<(u64, Undo)>) = match fault {
@@ -1051,7 +1280,7 @@ impl Nemesis<'_> {
                         }
                         any
                     }
-                    Store::Memcached(_) => false,
+                    Store::Memcached(_) | Store::Etcd { .. } => false,
                 };
                 if paused {
                     (true, None, Some((half_ttls(4), Undo::Unpause(nodes))))
@@ -1059,7 +1288,10 @@ impl Nemesis<'_> {
                     (false, None, None)
                 }
             }
-            Fault::Restart | Fault::DelayedRestart => match &mut self.store {
+            Fault::Restart
+            | Fault::DelayedRestart
+            | Fault::LeaderRestart
+            | Fault::MemberRestart => match &mut self.store {
                 Store::Redis { server, .. } => match server {
                     LockServer::Own(s) => (s.restart().is_ok(), None, None),
                     LockServer::Given(_) => (false, None, None),
@@ -1084,6 +1316,23 @@ impl Nemesis<'_> {
                     }
                 }
                 Store::Memcached(s) => (s.restart().is_ok(), None, None),
+                Store::Etcd { cluster, admins } => {
+                    self.node_restarts += 1;
+                    let leader_turn = self.node_restarts % 2 == 1;
+                    match etcd_victim(cluster, admins, leader_turn, &mut self.node_rng).await {
+                        Some((i, leads)) => {
+                            happened = if leads {
+                                Fault::LeaderRestart
+                            } else {
+                                Fault::MemberRestart
+                            };
+                            cluster.members[i].kill();
+                            nodes = Nodes::one(i);
+                            (true, None, Some((half_ttls(4), Undo::Revive(nodes))))
+                        }
+                        None => (false, None, None),
+                    }
+                }
             },
             Fault::ScriptFlush => {
                 let flush = redis::cmd("SCRIPT").arg("FLUSH").to_owned();
@@ -1096,7 +1345,7 @@ impl Nemesis<'_> {
                         }
                         any
                     }
-                    Store::Memcached(_) => false,
+                    Store::Memcached(_) | Store::Etcd { .. } => false,
                 };
                 (flushed, None, None)
             }
@@ -1147,7 +1396,7 @@ impl Nemesis<'_> {
                 start: t,
                 end,
                 worker,
-                nodes: if quorum && fault.hits_nodes() {
+                nodes: if has_nodes && fault.hits_nodes() {
                     nodes.list()
                 } else {
                     Vec::new()
@@ -1500,7 +1749,7 @@ enum Undo {
     Unpause(Nodes),
     /// Let traffic through a worker slot's links to these servers again.
     Pass(usize, Nodes),
-    /// Start killed RedLock nodes again, empty.
+    /// Start killed RedLock nodes again, empty, or killed etcd members from their data.
     Revive(Nodes),
 }
 
@@ -1531,7 +1780,7 @@ impl Undo {
                         .iter()
                         .filter_map(|i| admins.get(i).cloned())
                         .collect(),
-                    Store::Memcached(_) => Vec::new(),
+                    Store::Memcached(_) | Store::Etcd { .. } => Vec::new(),
                 };
                 // Pipelined after the pause's own expiry at the latest; no need to wait.
                 for mut admin in admins {
@@ -1554,6 +1803,13 @@ impl Undo {
                 for i in nodes.iter() {
                     if let Err(e) = servers[i].restart() {
                         eprintln!("dlock: torture: RedLock node {i} did not start again: {e}");
+                    }
+                }
+            }
+            (Undo::Revive(nodes), Store::Etcd { cluster, .. }) => {
+                for i in nodes.iter() {
+                    if let Some(Err(e)) = cluster.members.get_mut(i).map(|m| m.restart()) {
+                        eprintln!("dlock: torture: etcd member {i} did not start again: {e}");
                     }
                 }
             }
@@ -1811,6 +2067,16 @@ fn print_summary(reports: &[KindReport]) {
                 f.restart_overlaps
             );
         }
+        if f.kind == Kind::EtcdFenced {
+            println!(
+                "{:<16} member restarts: {} of the leader, {} of a follower (down 2 × ttl, data kept); fences never start over: {} out of grant order, {} reused",
+                "",
+                windows(Fault::LeaderRestart),
+                windows(Fault::MemberRestart),
+                f.fence_regressions,
+                f.fence_reuse
+            );
+        }
     }
 }
 
@@ -1858,6 +2124,22 @@ mod tests {
         assert!(faults.contains(&Fault::Freeze) && faults.contains(&Fault::Restart));
         let (faults, _) = plan(&config, Kind::MemcachedFenced);
         assert!(!faults.contains(&Fault::Freeze) && faults.contains(&Fault::Restart));
+        let (faults, _) = plan(&config, Kind::EtcdFenced);
+        assert!(!faults.contains(&Fault::Freeze) && faults.contains(&Fault::Restart));
+    }
+
+    #[test]
+    fn etcd_network_faults_hit_one_two_or_all_three_of_a_worker_s_links() {
+        let mut rng = Rng(7);
+        let mut sizes = [0usize; 4];
+        for _ in 0..300 {
+            let links = Nodes::some(ETCD_MEMBERS, &mut rng).list();
+            assert!(links.iter().all(|&n| n < ETCD_MEMBERS), "{links:?}");
+            sizes[links.len()] += 1;
+        }
+        assert_eq!(sizes[0], 0);
+        assert!(sizes[1..].iter().all(|&n| n > 0), "{sizes:?}");
+        assert_eq!(Nodes::one(2).list(), vec![2]);
     }
 
     #[test]

@@ -2,15 +2,15 @@
 //! loop until its deadline, printing every step as a JSON line (flushed at once, so a
 //! killed worker loses at most the step it was in).
 //!
-//! dlock's primitives all run through one loop over a [`Lock`] (a plain lock on Redis or
-//! memcached, a fair lock, a read-write lock's write side, a reentrant lock's holds for
-//! one owner, all fenced; a RedLock quorum, which has no fence); the controls have loops
-//! of their own.
+//! dlock's primitives all run through one loop over a [`Lock`] (a plain lock on Redis,
+//! memcached or etcd, a fair lock, a read-write lock's write side, a reentrant lock's
+//! holds for one owner, all fenced; a RedLock quorum, which has no fence); the controls
+//! have loops of their own.
 
 use std::io::Write as _;
 use std::time::Duration;
 
-use dlock::backend::{Memcached, Quorum, Redis};
+use dlock::backend::{Etcd, Memcached, Quorum, Redis};
 use dlock::raw::{RawFencing, RawLock};
 use dlock::{FairLock, Lock, LockGuard, Owner, ReentrantLock, RwLock, RwSide, Token};
 use serde::Serialize;
@@ -171,6 +171,13 @@ pub(crate) async fn run(args: TortureWorkerArgs) -> Result<u8, Failure> {
             worker.run_dlock(&lock, None, false, fence_of).await;
             return Ok(exit::SUCCESS);
         }
+        // One endpoint per member, comma-separated.
+        Kind::EtcdFenced => {
+            let etcd = connect_etcd(&args.lock_url).await?;
+            let lock = Lock::builder(etcd, name).ttl(ttl).build()?;
+            worker.run_dlock(&lock, None, false, fence_of).await;
+            return Ok(exit::SUCCESS);
+        }
         _ => {}
     }
     let redis = Redis::builder(args.lock_url.clone())
@@ -219,6 +226,28 @@ pub(crate) async fn run(args: TortureWorkerArgs) -> Result<u8, Failure> {
         }
     }
     Ok(exit::SUCCESS)
+}
+
+/// How long a worker tries to reach etcd before it gives up.
+const ETCD_CONNECT_FOR: Duration = Duration::from_secs(10);
+
+/// Connects to etcd, again and again for up to [`ETCD_CONNECT_FOR`]: a worker may start
+/// while the members elect a leader (a replacement after a kill, just after a member
+/// restarted), when the first read fails.
+async fn connect_etcd(url: &str) -> Result<Etcd, Failure> {
+    let deadline = tokio::time::Instant::now() + ETCD_CONNECT_FOR;
+    loop {
+        match Etcd::connect(url).await {
+            Ok(etcd) => return Ok(etcd),
+            Err(e)
+                if e.kind() != dlock::ErrorKind::InvalidArgument
+                    && tokio::time::Instant::now() < deadline =>
+            {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
 }
 
 /// In rwlock-fenced, every this-many-th hold of a worker is a read hold.
