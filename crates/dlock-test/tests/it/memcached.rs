@@ -197,3 +197,55 @@ async fn a_restart_forgets_locks_and_fences_as_documented() {
     );
     again.release().await.expect("release");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_call_leaves_no_replies_for_the_next_one() {
+    use dlock_test::proxy::{Fault, Proxy};
+    let target = MemcachedTarget::start();
+    let proxy = Proxy::start(
+        format!("127.0.0.1:{}", target.server.port())
+            .parse()
+            .expect("addr"),
+    )
+    .await
+    .expect("proxy");
+    let mc = dlock::backend::Memcached::connect(&format!("memcache://{}", proxy.addr()))
+        .await
+        .expect("connect");
+    let name = unique("cancelled");
+    let a = Lock::builder(mc.clone(), &name)
+        .ttl(Duration::from_secs(3))
+        .build()
+        .expect("valid");
+    proxy.set_fault(Fault::Delay(Duration::from_millis(300)));
+    assert!(
+        timeout(Duration::from_millis(100), a.lock()).await.is_err(),
+        "answered through a 300 ms delay"
+    );
+    proxy.set_fault(Fault::Pass);
+    tokio::time::sleep(Duration::from_millis(800)).await; // the delayed bytes arrive
+    for i in 0..3 {
+        let lock = Lock::builder(mc.clone(), format!("{name}-{i}"))
+            .ttl(Duration::from_secs(3))
+            .build()
+            .expect("valid");
+        let g = lock
+            .try_lock()
+            .await
+            .expect("a later call reads its own replies")
+            .expect("free");
+        g.release().await.expect("release");
+    }
+    // The cancelled grant is given back in the background — or, if the delayed add lands
+    // after that release, it expires by its ttl: either way it is free within the ttl.
+    let other = Lock::builder(target.client().await, &name)
+        .ttl(Duration::from_secs(3))
+        .build()
+        .expect("valid");
+    let g = other
+        .try_lock_for(Duration::from_secs(5))
+        .await
+        .expect("store")
+        .expect("the cancelled grant was released or expired");
+    g.release().await.expect("release");
+}

@@ -171,43 +171,44 @@ impl Memcached {
     /// a timeout mid-reply) is dropped and opened again on the next call.
     async fn call(&self, request: Vec<u8>, replies: usize) -> Result<Vec<Reply>> {
         let mut slot = self.inner.conn.lock().await;
+        // The connection is taken out for the exchange and put back only once every reply
+        // was read: a call cancelled mid-exchange drops it (closing it), so no later call
+        // can read this one's replies as its own.
+        let taken = slot.take();
         let exchange = async {
-            if slot.is_none() {
-                let stream = TcpStream::connect(&self.inner.addr).await.map_err(|e| {
-                    Error::new(
-                        ErrorKind::Unavailable,
-                        format!("connecting to memcached at {}: {e}", self.inner.addr),
-                    )
-                    .retryable(true)
-                })?;
-                let _ = stream.set_nodelay(true);
-                *slot = Some(BufStream::new(stream));
-            }
-            let Some(conn) = slot.as_mut() else {
-                return Err(Error::new(ErrorKind::Unavailable, "no connection"));
+            let mut conn = match taken {
+                Some(conn) => conn,
+                None => {
+                    let stream = TcpStream::connect(&self.inner.addr).await.map_err(|e| {
+                        Error::new(
+                            ErrorKind::Unavailable,
+                            format!("connecting to memcached at {}: {e}", self.inner.addr),
+                        )
+                        .retryable(true)
+                    })?;
+                    let _ = stream.set_nodelay(true);
+                    BufStream::new(stream)
+                }
             };
             conn.write_all(&request).await.map_err(io_err)?;
             conn.flush().await.map_err(io_err)?;
             let mut out = Vec::with_capacity(replies);
             for _ in 0..replies {
-                out.push(read_reply(conn).await?);
+                out.push(read_reply(&mut conn).await?);
             }
-            Ok(out)
+            Ok((conn, out))
         };
         match tokio::time::timeout(self.inner.timeout, exchange).await {
-            Ok(Ok(out)) => Ok(out),
-            Ok(Err(err)) => {
-                *slot = None;
-                Err(err)
+            Ok(Ok((conn, out))) => {
+                *slot = Some(conn);
+                Ok(out)
             }
-            Err(_) => {
-                *slot = None;
-                Err(Error::new(
-                    ErrorKind::TimedOut,
-                    format!("memcached at {} did not answer in time", self.inner.addr),
-                )
-                .retryable(true))
-            }
+            Ok(Err(err)) => Err(err),
+            Err(_) => Err(Error::new(
+                ErrorKind::TimedOut,
+                format!("memcached at {} did not answer in time", self.inner.addr),
+            )
+            .retryable(true)),
         }
     }
 
