@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use dlock::backend::Redis;
+use dlock::backend::{Etcd, Memcached, Redis};
 use dlock::{FairGuard, FairLock, Lock, LockGuard, Semaphore, SemaphorePermit};
 use dlock_test::server::RedisServer;
 use indicatif::ProgressBar;
@@ -133,6 +133,64 @@ pub(crate) enum Waiter {
         permits: u32,
         sem: Option<Semaphore<Redis>>,
     },
+    /// dlock's lock on memcached (no notification: waiters back off).
+    Memcached(Memcached),
+    /// dlock's lock on etcd (waiters watch the key).
+    Etcd(Etcd),
+    /// etcd's own lock service (`Lock` RPC, which waits on the server), with a lease
+    /// granted per acquisition as etcd-client's example does.
+    EtcdNative(Box<EtcdNativeWaiter>),
+}
+
+/// A waiter on etcd's lock service.
+///
+/// Its `Lock` calls are never aborted: etcd's lock service can stop granting locks at all
+/// after many waiting `Lock` calls are aborted at once (etcd issue 13336; seen here with
+/// etcd 3.4.23 after a 64-waiter run ended), so a waiter that stops waiting (the end of a
+/// run) leaves its call running in the background, and gives the lock on at once if it
+/// gets it. The client has no per-request timeout for the same reason (a deadline is an
+/// abort too); `pending` counts the calls still running, so a section can wait for them
+/// to drain before measuring anything else.
+pub(crate) struct EtcdNativeWaiter {
+    /// A client of its own, without a request timeout.
+    pub(crate) client: etcd_client::Client,
+    /// `Lock` calls of this section still running.
+    pub(crate) pending: Arc<AtomicUsize>,
+}
+
+impl EtcdNativeWaiter {
+    /// Grants a lease and waits for the lock `name` on it; returns the lock's key and the
+    /// lease.
+    async fn lock(&self, name: &str) -> Result<(Vec<u8>, i64)> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let mut client = self.client.clone();
+        let pending = Arc::clone(&self.pending);
+        let name = name.to_owned();
+        pending.fetch_add(1, Ordering::SeqCst);
+        tokio::spawn(async move {
+            let outcome = async {
+                let lease = client.lease_grant(TTL.as_secs() as i64, None).await?.id();
+                let options = etcd_client::LockOptions::new().with_lease(lease);
+                match client.lock(name.as_str(), Some(options)).await {
+                    Ok(resp) => Ok((resp.key().to_vec(), lease)),
+                    Err(err) => {
+                        crate::stores::revoke_later(&client, lease);
+                        Err(err)
+                    }
+                }
+            }
+            .await;
+            if let Err(Ok((key, lease))) = tx.send(outcome) {
+                // Nobody waits any more: give the lock on at once.
+                let _ = client.unlock(key).await;
+                crate::stores::revoke_later(&client, lease);
+            }
+            pending.fetch_sub(1, Ordering::SeqCst);
+        });
+        Ok(rx
+            .await
+            .map_err(|_| "etcd lock task ended without an answer")??)
+    }
 }
 
 enum Held {
@@ -141,6 +199,9 @@ enum Held {
     Blpop,
     Fair(FairGuard<Redis>),
     Permit(SemaphorePermit<Redis>),
+    Memcached(LockGuard<Memcached>),
+    Etcd(LockGuard<Etcd>),
+    EtcdNative { key: Vec<u8>, lease: i64 },
 }
 
 impl Waiter {
@@ -189,6 +250,18 @@ impl Waiter {
                 let sem = sem.as_ref().ok_or("semaphore missing")?;
                 Ok(Held::Permit(sem.acquire().await?))
             }
+            Waiter::Memcached(mc) => {
+                let lock = Lock::builder(mc.clone(), name).ttl(TTL).build()?;
+                Ok(Held::Memcached(lock.lock().await?))
+            }
+            Waiter::Etcd(etcd) => {
+                let lock = Lock::builder(etcd.clone(), name).ttl(TTL).build()?;
+                Ok(Held::Etcd(lock.lock().await?))
+            }
+            Waiter::EtcdNative(waiter) => {
+                let (key, lease) = waiter.lock(name).await?;
+                Ok(Held::EtcdNative { key, lease })
+            }
             Waiter::Rslock(manager) => Ok(Held::Rslock(
                 manager
                     .acquire(name.as_bytes(), TTL)
@@ -225,6 +298,15 @@ impl Waiter {
             (Held::Fair(guard), _) => guard.release().await?,
             (Held::Permit(guard), _) => guard.release().await?,
             (Held::Rslock(guard), _) => guard.release().await,
+            (Held::Memcached(guard), _) => guard.release().await?,
+            (Held::Etcd(guard), _) => guard.release().await?,
+            (Held::EtcdNative { key, lease }, Waiter::EtcdNative(waiter)) => {
+                waiter.client.unlock(key).await?;
+                crate::stores::revoke_later(&waiter.client, lease);
+            }
+            (Held::EtcdNative { .. }, _) => {
+                return Err("etcd lock guard on a non-etcd waiter".into());
+            }
             (Held::Blpop, Waiter::Blpop { conn, token, sha }) => {
                 let (key, signal) = blpop_keys(name);
                 let refused: i64 = redis::cmd("EVALSHA")

@@ -15,17 +15,25 @@
 //! watchdog was lost.
 //!
 //! Sections (`--only` takes a comma-separated subset): `uncontended`, `contended`,
-//! `watchdog`, `memory`, `primitives` (Semaphore, ReentrantLock, RwLock, FairLock,
-//! MultiLock).
+//! `redlock` (RedLock over 3 and 5 servers), `watchdog`, `memory`, `memcached`, `etcd`,
+//! `primitives` (Semaphore, ReentrantLock, RwLock, FairLock, MultiLock), `replicas`
+//! (`WAIT` on a master with a replica), `cluster` (a 3-master Redis Cluster). The store
+//! sections also start `memcached`, `etcd` and `redis-cli --cluster create`.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod cluster;
 mod contended;
+mod etcd;
 mod measure;
+mod memcached;
 mod primitives;
+mod redlock;
+mod replicas;
 mod report;
 mod scale;
+mod stores;
 mod svg;
 mod uncontended;
 
@@ -80,6 +88,17 @@ pub(crate) struct Profile {
     pub(crate) primitive_contended_run: Duration,
     /// Waiter counts of the other primitives' contended benchmark.
     pub(crate) primitive_waiters: Vec<usize>,
+    /// Length of one uncontended run of the store sections (RedLock, replicas, Cluster,
+    /// Memcached, etcd).
+    pub(crate) store_run: Duration,
+    /// Task counts of the store sections' uncontended runs.
+    pub(crate) store_tasks: Vec<usize>,
+    /// Length of one contended run of the store sections.
+    pub(crate) store_contended_run: Duration,
+    /// Waiter counts of the store sections' contended runs.
+    pub(crate) store_waiters: Vec<usize>,
+    /// Warm-up on another name before each of those contended runs.
+    pub(crate) store_warm_up: Duration,
 }
 
 impl Profile {
@@ -100,6 +119,11 @@ impl Profile {
             reader_tasks: vec![64],
             primitive_contended_run: Duration::from_millis(400),
             primitive_waiters: vec![8, 64],
+            store_run: Duration::from_millis(150),
+            store_tasks: vec![1, 16],
+            store_contended_run: Duration::from_millis(300),
+            store_waiters: vec![8],
+            store_warm_up: Duration::from_millis(100),
         }
     }
 
@@ -125,6 +149,11 @@ impl Profile {
             reader_tasks: vec![16, 64],
             primitive_contended_run: Duration::from_secs(2),
             primitive_waiters: vec![8, 64],
+            store_run: Duration::from_secs(1),
+            store_tasks: vec![1, 16],
+            store_contended_run: Duration::from_secs(2),
+            store_waiters: vec![8, 64],
+            store_warm_up: Duration::from_millis(300),
         }
     }
 }
@@ -134,12 +163,17 @@ impl Profile {
 const SHORT_TTL: Duration = Duration::from_secs(3);
 
 /// The benchmark sections, in the order they run.
-const SECTIONS: [&str; 5] = [
+const SECTIONS: [&str; 10] = [
     "uncontended",
     "contended",
+    "redlock",
     "watchdog",
     "memory",
+    "memcached",
+    "etcd",
     "primitives",
+    "replicas",
+    "cluster",
 ];
 
 /// Parsed command line.
@@ -150,7 +184,8 @@ struct Args {
 }
 
 const USAGE: &str = "usage: dlock-bench [--quick] [--out DIR] \
-     [--only uncontended,contended,watchdog,memory,primitives]";
+     [--only uncontended,contended,redlock,watchdog,memory,memcached,etcd,primitives,\
+     replicas,cluster]";
 
 fn parse_args() -> std::result::Result<Args, String> {
     let mut quick = false;
@@ -249,14 +284,29 @@ async fn run(args: &Args) -> Result<bool> {
             * profile.waiters.len()
             * contended::CLIENTS.len()) as u64;
     }
+    if wants("redlock") {
+        steps += redlock::steps(profile);
+    }
     if wants("watchdog") {
         steps += profile.lease_runs.len() as u64;
     }
     if wants("memory") {
         steps += 4;
     }
+    if wants("memcached") {
+        steps += memcached::steps(profile);
+    }
+    if wants("etcd") {
+        steps += etcd::steps(profile);
+    }
     if wants("primitives") {
         steps += primitives::steps(profile);
+    }
+    if wants("replicas") {
+        steps += replicas::steps(profile);
+    }
+    if wants("cluster") {
+        steps += cluster::steps(profile);
     }
     let bar = ProgressBar::new(steps);
     bar.set_style(
@@ -278,6 +328,10 @@ async fn run(args: &Args) -> Result<bool> {
         md.push_str(&section.markdown());
         write(&args.out, "handoff-histogram.svg", &section.histogram_svg())?;
     }
+    if wants("redlock") {
+        let section = redlock::bench(profile, &bar).await?;
+        md.push_str(&section.markdown());
+    }
     if wants("watchdog") {
         let section = scale::watchdog(profile, &bar).await?;
         all_kept &= section.all_kept();
@@ -285,6 +339,14 @@ async fn run(args: &Args) -> Result<bool> {
     }
     if wants("memory") {
         let section = scale::memory(profile, &bar).await?;
+        md.push_str(&section.markdown());
+    }
+    if wants("memcached") {
+        let section = memcached::bench(profile, &bar).await?;
+        md.push_str(&section.markdown());
+    }
+    if wants("etcd") {
+        let section = etcd::bench(profile, &bar).await?;
         md.push_str(&section.markdown());
     }
     if wants("primitives") {
@@ -295,6 +357,14 @@ async fn run(args: &Args) -> Result<bool> {
             "primitives-handoff-histogram.svg",
             &section.histogram_svg(),
         )?;
+    }
+    if wants("replicas") {
+        let section = replicas::bench(profile, &bar).await?;
+        md.push_str(&section.markdown());
+    }
+    if wants("cluster") {
+        let section = cluster::bench(profile, &bar).await?;
+        md.push_str(&section.markdown());
     }
     bar.finish_and_clear();
 

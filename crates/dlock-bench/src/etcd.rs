@@ -1,0 +1,365 @@
+//! Section 6.2, etcd: dlock's `Lock<Etcd>` on a private single-member etcd, beside
+//!
+//! * **limit**: the calls the backend needs, bare, with etcd-client: `LeaseGrant`, a
+//!   create-if-absent transaction putting the key on that lease, `DeleteRange` (three
+//!   round trips; the lease revoked in the background, as dlock does);
+//! * **peer**: etcd's own lock service through etcd-client (`LeaseGrant`, `Lock`,
+//!   `Unlock`; lease revoked in the background), which waits on the server;
+//! * **reference**: dlock's `Lock<Redis>` on a private `redis-server` in the same run.
+//!
+//! Contended, dlock's waiters watch the key; etcd's `Lock` RPC queues waiters on the
+//! server by revision and answers the next one.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use dlock::backend::{Etcd, Redis};
+use dlock_test::server::{EtcdCluster, RedisServer};
+use indicatif::ProgressBar;
+use redis::aio::ConnectionManager;
+
+use crate::contended::{self, EtcdNativeWaiter, Waiter};
+use crate::measure;
+use crate::report::fmt_dur;
+use crate::stores::{
+    self, BoxCycle, Cell, Cells, EtcdLimit, EtcdNative, HandoffRow, HandoffRun, LockCycle, Plan,
+    RedisLimit, Row, Run, Setup,
+};
+use crate::{Profile, Result};
+
+/// Uncontended rows, in run order within a round.
+const ROWS: [&str; 5] = ["limit", "dlock", "native", "redis-limit", "redis"];
+
+/// Contended rows, in run order within a round.
+const HANDOFF_ROWS: [&str; 3] = ["dlock", "native", "redis"];
+
+struct Clients {
+    /// Kept for its lifetime: dropping it kills the member.
+    _etcd_server: EtcdCluster,
+    etcd_pid: Option<u32>,
+    redis_server: RedisServer,
+    url: String,
+    redis_url: String,
+    bare: etcd_client::Client,
+    etcd: Etcd,
+    redis_limit: ConnectionManager,
+    release_sha: String,
+    redis: Redis,
+    /// `Lock` calls of etcd's lock service still running (see [`EtcdNativeWaiter`]).
+    native_pending: Arc<AtomicUsize>,
+}
+
+impl Clients {
+    async fn start() -> Result<Clients> {
+        let etcd_server = EtcdCluster::start(1)?;
+        let etcd_pid = etcd_server
+            .members
+            .first()
+            .and_then(|m| stores::child_pid(&m.addr()));
+        let url = etcd_server.url();
+        // The member elects itself first: both clients retry until it serves.
+        let bare = stores::etcd_client(&url).await?;
+        let etcd = stores::etcd_connect(&url).await?;
+        let redis_server = RedisServer::start()?;
+        let redis_url = redis_server.url();
+        let mut redis_limit = measure::connection_manager(&redis_url).await?;
+        let release_sha: String = redis::cmd("SCRIPT")
+            .arg("LOAD")
+            .arg(stores::RELEASE)
+            .query_async(&mut redis_limit)
+            .await?;
+        let redis = Redis::connect(redis_url.as_str()).await?;
+        Ok(Clients {
+            _etcd_server: etcd_server,
+            etcd_pid,
+            redis_server,
+            url,
+            redis_url,
+            bare,
+            etcd,
+            redis_limit,
+            release_sha,
+            redis,
+            native_pending: Arc::new(AtomicUsize::new(0)),
+        })
+    }
+}
+
+impl Setup for Clients {
+    async fn tasks(&self, id: &'static str, n: usize, tag: &str) -> Result<Vec<BoxCycle>> {
+        let mut tasks = Vec::with_capacity(n);
+        for t in 0..n {
+            let name = format!("bench:e:{id}:{tag}:{n}:{t}");
+            let token = format!("{:032x}", 0xe7cd_0000_0000_u128 + t as u128);
+            tasks.push(match id {
+                "limit" => EtcdLimit::boxed(self.bare.clone(), name, token),
+                "dlock" => LockCycle::boxed(self.etcd.clone(), name, stores::TTL)?,
+                "native" => EtcdNative::boxed(self.bare.clone(), name),
+                "redis-limit" => RedisLimit::boxed(
+                    vec![self.redis_limit.clone()],
+                    &self.release_sha,
+                    name,
+                    token,
+                    None,
+                ),
+                _ => LockCycle::boxed(self.redis.clone(), name, stores::TTL)?,
+            });
+        }
+        Ok(tasks)
+    }
+
+    async fn waiters(&self, id: &'static str, n: usize) -> Result<Vec<Waiter>> {
+        let mut waiters = Vec::with_capacity(n);
+        match id {
+            "redis" => {
+                return contended::make_waiters(
+                    contended::Client::DlockPerWaiter,
+                    n,
+                    &self.redis_url,
+                    "",
+                )
+                .await;
+            }
+            "native" => {
+                for _ in 0..n {
+                    waiters.push(Waiter::EtcdNative(Box::new(EtcdNativeWaiter {
+                        client: stores::etcd_client_with(&self.url, None).await?,
+                        pending: Arc::clone(&self.native_pending),
+                    })));
+                }
+            }
+            _ => {
+                for _ in 0..n {
+                    waiters.push(Waiter::Etcd(stores::etcd_connect(&self.url).await?));
+                }
+            }
+        }
+        Ok(waiters)
+    }
+
+    async fn round_trips(&self) -> Result<Vec<Duration>> {
+        Ok(vec![
+            stores::etcd_round_trip(&self.bare, 300)
+                .await?
+                .quantile(0.5),
+            measure::round_trip(&self.redis_url, 1_000)
+                .await?
+                .quantile(0.5),
+        ])
+    }
+
+    /// Waits until the `Lock` calls that waiters of etcd's lock service left running have
+    /// each got the lock and given it on.
+    async fn settle(&self) -> Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while self.native_pending.load(Ordering::SeqCst) > 0 {
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "{} waits on etcd's lock service did not end within 60 s",
+                    self.native_pending.load(Ordering::SeqCst)
+                )
+                .into());
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        Ok(())
+    }
+
+    fn servers(&self) -> Vec<u32> {
+        self.etcd_pid
+            .into_iter()
+            .chain(self.redis_server.pid())
+            .collect()
+    }
+}
+
+/// The section's results.
+pub(crate) struct Section {
+    rounds: usize,
+    run: Duration,
+    contended_run: Duration,
+    rtts: Vec<Duration>,
+    etcd_cpu_measured: bool,
+    cells: Vec<Cell<Run>>,
+    handoffs: Vec<Cell<HandoffRun>>,
+}
+
+fn plan(profile: &Profile) -> (Cells, Cells) {
+    let mut cells = Vec::new();
+    for &n in &profile.store_tasks {
+        for id in ROWS {
+            cells.push((id, n));
+        }
+    }
+    let mut handoffs = Vec::new();
+    for &n in &profile.store_waiters {
+        for id in HANDOFF_ROWS {
+            handoffs.push((id, n));
+        }
+    }
+    (cells, handoffs)
+}
+
+/// Progress steps.
+pub(crate) fn steps(profile: &Profile) -> u64 {
+    let (a, b) = plan(profile);
+    stores::steps(profile, a.len() + b.len())
+}
+
+/// Runs the section.
+pub(crate) async fn bench(profile: &Profile, bar: &ProgressBar) -> Result<Section> {
+    bar.set_message("etcd: starting a member");
+    let clients = Clients::start().await?;
+    let (cells, handoffs) = plan(profile);
+    let measured = stores::measure(
+        &clients,
+        &Plan {
+            section: "etcd",
+            uncontended: &cells,
+            contended: &handoffs,
+        },
+        profile,
+        bar,
+    )
+    .await?;
+    let etcd_cpu_measured = clients.etcd_pid.is_some();
+    drop(clients);
+    Ok(Section {
+        rounds: profile.rounds,
+        run: profile.store_run,
+        contended_run: profile.store_contended_run,
+        rtts: measured.rtts,
+        etcd_cpu_measured,
+        cells: measured.uncontended,
+        handoffs: measured.contended,
+    })
+}
+
+fn rows() -> Vec<Row> {
+    vec![
+        Row {
+            id: "limit",
+            label: "limit: bare `LeaseGrant` + create-if-absent `Txn` + `DeleteRange`".to_owned(),
+            round_trips: "3".to_owned(),
+            limit: Some("limit"),
+            reference: None,
+            peer: None,
+        },
+        Row {
+            id: "dlock",
+            label: "**dlock** `Lock<Etcd>`, one shared client".to_owned(),
+            round_trips: "3".to_owned(),
+            limit: Some("limit"),
+            reference: Some("redis"),
+            peer: Some("native"),
+        },
+        Row {
+            id: "native",
+            label: "etcd's lock service (etcd-client: `LeaseGrant` + `Lock` + `Unlock`)".to_owned(),
+            round_trips: "3".to_owned(),
+            limit: Some("limit"),
+            reference: None,
+            peer: None,
+        },
+        Row {
+            id: "redis-limit",
+            label: "Redis limit: bare `SET NX PX` + `EVALSHA`".to_owned(),
+            round_trips: "2".to_owned(),
+            limit: Some("redis-limit"),
+            reference: None,
+            peer: None,
+        },
+        Row {
+            id: "redis",
+            label: "dlock `Lock<Redis>`, one shared client (reference)".to_owned(),
+            round_trips: "2".to_owned(),
+            limit: Some("redis-limit"),
+            reference: None,
+            peer: None,
+        },
+    ]
+}
+
+impl Section {
+    fn handoff_rows(&self) -> Vec<HandoffRow> {
+        let etcd = self.rtts.first().copied().unwrap_or_default();
+        let redis = self.rtts.get(1).copied().unwrap_or(etcd);
+        vec![
+            HandoffRow {
+                id: "dlock",
+                label: "**dlock** `Lock<Etcd>`, a client per waiter (watch)".to_owned(),
+                rtt: etcd,
+                reference: Some("redis"),
+            },
+            HandoffRow {
+                id: "native",
+                label: "etcd's lock service, a client per waiter (server-side queue)".to_owned(),
+                rtt: etcd,
+                reference: Some("redis"),
+            },
+            HandoffRow {
+                id: "redis",
+                label: "dlock `Lock<Redis>`, a client per waiter (reference)".to_owned(),
+                rtt: redis,
+                reference: None,
+            },
+        ]
+    }
+
+    /// The section's Markdown.
+    pub(crate) fn markdown(&self) -> String {
+        let etcd = self.rtts.first().copied().unwrap_or_default();
+        let redis = self.rtts.get(1).copied().unwrap_or(etcd);
+        let mut md = format!(
+            "\n## 6.2 etcd\n\n\
+             A private single-member etcd ({}; data directory in the system temp directory) \
+             and a private `redis-server`, on loopback. **dlock** = \
+             `Lock::builder(Etcd::connect(url)?, name).ttl(30 s)` (watchdog on): a lease \
+             per attempt, one create-if-absent transaction, release by a compare-on-token \
+             delete transaction and a background lease revocation. **limit** = \
+             etcd-client's bare `LeaseGrant`, create-if-absent `Txn` on that lease, \
+             `DeleteRange`, lease revoked in the background. **peer** = etcd's own lock \
+             service via etcd-client (`LeaseGrant`, `Lock`, `Unlock`, lease revoked in the \
+             background). **reference** = dlock's `Lock<Redis>` in the same run. Tasks of \
+             a client share its gRPC channel. Median of {} rounds: uncontended runs of \
+             {:.2} s, contended runs of {:.2} s (step-aside mode as in section 2, a client \
+             per waiter, ttl 10 s). Server CPU = {}. Round trip: etcd `Range` p50 {}, Redis \
+             PING p50 {}.\n\n### Uncontended\n\n",
+            etcd_version(),
+            self.rounds,
+            self.run.as_secs_f64(),
+            self.contended_run.as_secs_f64(),
+            if self.etcd_cpu_measured {
+                "etcd + redis-server"
+            } else {
+                "redis-server only (etcd's PID was not found)"
+            },
+            fmt_dur(etcd),
+            fmt_dur(redis),
+        );
+        md.push_str(&stores::uncontended_table(&rows(), &self.cells));
+        md.push_str(
+            "\n### Contended hand-off on one hot name\n\n\
+             dlock's waiters watch the lock key and try again when it is deleted; etcd's \
+             `Lock` RPC keeps every waiter's key on the server and answers the oldest.\n\n",
+        );
+        md.push_str(&stores::handoff_table(&self.handoff_rows(), &self.handoffs));
+        md
+    }
+}
+
+/// `etcd 3.4.23`, from `etcd --version`.
+fn etcd_version() -> String {
+    std::process::Command::new("etcd")
+        .arg("--version")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("etcd Version: "))
+                .map(|v| format!("etcd {}", v.trim()))
+        })
+        .unwrap_or_else(|| "etcd".to_owned())
+}
