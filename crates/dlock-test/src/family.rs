@@ -323,12 +323,10 @@ where
     sleep(Duration::from_millis(300)).await;
     let rw = RwLock::new(target.client().await, &name).expect("valid");
     assert!(rw.is_locked().await.expect("store"), "the readers hold it");
-    let started = Instant::now();
     let w = timeout(Duration::from_secs(5), rw.write())
         .await
         .expect("the writer starved behind a stream of readers")
         .expect("write");
-    let waited = started.elapsed();
     assert_eq!(rw.state().await.expect("store").holders, Some(0));
     w.release().await.expect("release");
     sleep(Duration::from_millis(300)).await;
@@ -341,7 +339,6 @@ where
         reads > 8,
         "the reader stream stalled after the writer: {reads} reads"
     );
-    assert!(waited < Duration::from_secs(5));
 }
 
 /// Downgrade keeps the lock (no writer between), readers join; a crashed reader frees at

@@ -11,28 +11,9 @@ use dlock_test::server::EtcdCluster;
 use tokio::time::{Instant, sleep, timeout};
 
 mod conformance {
+    crate::lock_conformance_tests!(dlock_test::targets::EtcdTarget::start());
     crate::conformance_tests!(dlock_test::targets::EtcdTarget::start();
-        mutual_exclusion,
-        checker_catches_no_lock,
-        fences_strictly_increase,
-        forgotten_holder_frees_within_ttl,
-        killed_holder_frees_within_ttl,
-        release_after_expiry_is_lock_lost,
-        watchdog_keeps_lock,
-        without_watchdog_lease_ends_at_ttl,
-        lost_fires_on_external_delete,
-        lost_fires_at_the_next_renewal,
-        lapsed_lease_is_lost_for_good,
-        shorter_extend_is_renewed_in_time,
-        extreme_waits,
-        late_grant_is_timed_out_and_given_back,
         waiter_wakes_on_release,
-        cancelled_after_the_grant_gives_it_back,
-        cancelled_acquire_leaks_nothing,
-        dropped_guard_releases,
-        bounded_waits_give_up,
-        extend_resets_lease,
-        bad_input_is_rejected,
         inspection_and_administration,
     );
     crate::family_tests!(dlock_test::targets::EtcdTarget::start();

@@ -8,28 +8,7 @@ use dlock_test::targets::MemcachedTarget;
 use tokio::time::timeout;
 
 mod conformance {
-    crate::conformance_tests!(dlock_test::targets::MemcachedTarget::start();
-        mutual_exclusion,
-        checker_catches_no_lock,
-        fences_strictly_increase,
-        forgotten_holder_frees_within_ttl,
-        killed_holder_frees_within_ttl,
-        release_after_expiry_is_lock_lost,
-        watchdog_keeps_lock,
-        without_watchdog_lease_ends_at_ttl,
-        lost_fires_on_external_delete,
-        lost_fires_at_the_next_renewal,
-        lapsed_lease_is_lost_for_good,
-        shorter_extend_is_renewed_in_time,
-        extreme_waits,
-        late_grant_is_timed_out_and_given_back,
-        cancelled_after_the_grant_gives_it_back,
-        cancelled_acquire_leaks_nothing,
-        dropped_guard_releases,
-        bounded_waits_give_up,
-        extend_resets_lease,
-        bad_input_is_rejected,
-    );
+    crate::lock_conformance_tests!(dlock_test::targets::MemcachedTarget::start());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
