@@ -312,7 +312,7 @@ pub async fn watchdog_keeps_lock<T: Target>(target: &T) {
         .build()
         .expect("valid");
     let guard = lock.try_lock().await.expect("store").expect("free");
-    assert_eq!(backend.leases().len(), 1);
+    assert_eq!(backend.engine().leases(), 1);
     let other = Lock::new(target.client().await, &name).expect("valid");
     let until = Instant::now() + ttl * 6;
     while Instant::now() < until {
@@ -326,7 +326,7 @@ pub async fn watchdog_keeps_lock<T: Target>(target: &T) {
     assert!(guard.remaining() > Duration::ZERO);
     guard.release().await.expect("still ours");
     assert_eq!(
-        backend.leases().len(),
+        backend.engine().leases(),
         0,
         "released lease still under renewal"
     );
@@ -343,7 +343,7 @@ pub async fn without_watchdog_lease_ends_at_ttl<T: Target>(target: &T) {
         .build()
         .expect("valid");
     let guard = lock.try_lock().await.expect("store").expect("free");
-    assert_eq!(backend.leases().len(), 0);
+    assert_eq!(backend.engine().leases(), 0);
     timeout(ttl * 5, guard.lost())
         .await
         .expect("lost() must fire when the un-renewed lease runs out");
@@ -540,7 +540,7 @@ pub async fn cancelled_acquire_leaks_nothing<T: Target>(target: &T) {
     }
     sleep(Duration::from_millis(50)).await;
     assert_eq!(
-        backend.leases().len(),
+        backend.engine().leases(),
         0,
         "a cancelled acquire left a renewal"
     );
@@ -585,8 +585,8 @@ impl<B: RawLock> RawLock for SlowReply<B> {
         self.inner.extend(keys, token, ttl).await
     }
 
-    fn leases(&self) -> &dlock::watchdog::Leases {
-        self.inner.leases()
+    fn engine(&self) -> &dlock::engine::Engine {
+        self.inner.engine()
     }
 }
 
@@ -627,7 +627,7 @@ pub async fn dropped_guard_releases<T: Target>(target: &T) {
         .expect("valid");
     let guard = lock.try_lock().await.expect("store").expect("free");
     drop(guard);
-    assert_eq!(backend.leases().len(), 0, "dropped lease still renewed");
+    assert_eq!(backend.engine().leases(), 0, "dropped lease still renewed");
     let other = Lock::new(target.client().await, &name).expect("valid");
     let g = other
         .try_lock_for(Duration::from_secs(5))

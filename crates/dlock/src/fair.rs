@@ -7,7 +7,7 @@ use crate::keys::LockKeys;
 use crate::lock::{Lock, LockGuard};
 use crate::raw::{Acquire, LockState, RawFair, RawFencing, RawLock, ReleaseWatch};
 use crate::token::Token;
-use crate::watchdog::Leases;
+use crate::engine::{Engine, LeaseKind, Renewal};
 
 /// Default key prefix of fair locks.
 pub const DEFAULT_FAIR_PREFIX: &str = "dlock-fair:";
@@ -21,11 +21,12 @@ pub const DEFAULT_WAITER_GRACE: Duration = Duration::from_secs(5);
 pub struct Queued<B> {
     backend: B,
     grace: Duration,
-    leases: Leases,
 }
 
 impl<B: RawFair> RawLock for Queued<B> {
     const QUEUES_WAITERS: bool = true;
+    const LEASE_KIND: LeaseKind = LeaseKind::Lock;
+
 
     async fn acquire(&self, keys: &LockKeys, token: &Token, ttl: Duration) -> Result<Acquire> {
         self.backend
@@ -63,8 +64,13 @@ impl<B: RawFair> RawLock for Queued<B> {
         self.backend.drift()
     }
 
-    fn leases(&self) -> &Leases {
-        &self.leases
+    fn engine(&self) -> &Engine {
+        self.backend.engine()
+    }
+
+    /// Renewals go to the client's batch, whatever primitive they belong to.
+    fn extend_many(&self, renewals: &[Renewal]) -> impl Future<Output = Vec<Result<bool>>> + Send {
+        self.backend.extend_many(renewals)
     }
 }
 
@@ -157,7 +163,6 @@ impl<B: RawFair> FairLockBuilder<B> {
         let queued = Queued {
             backend: self.backend,
             grace: self.grace,
-            leases: Leases::new(),
         };
         let keys = LockKeys::new(&self.prefix, &self.name)?;
         Ok(FairLock {

@@ -81,6 +81,7 @@
 #![warn(missing_docs)]
 
 pub mod backend;
+pub mod engine;
 mod error;
 mod fair;
 pub mod keys;
@@ -92,7 +93,6 @@ mod rwlock;
 mod semaphore;
 mod token;
 pub mod validity;
-pub mod watchdog;
 
 /// The README's examples compile (and run, where they need no server).
 #[cfg(doctest)]
@@ -103,7 +103,8 @@ pub use error::{Error, ErrorKind, Result};
 pub use fair::{
     DEFAULT_FAIR_PREFIX, DEFAULT_WAITER_GRACE, FairGuard, FairLock, FairLockBuilder, Queued,
 };
-pub use lock::{DEFAULT_TTL, Lock, LockBuilder, LockGuard, MAX_TTL, MIN_TTL, Retry};
+pub use engine::wait::Retry;
+pub use lock::{DEFAULT_TTL, Lock, LockBuilder, LockGuard, MAX_TTL, MIN_TTL};
 pub use multi::{BoxFuture, Held, Lockable, MultiGuard, MultiLock, MultiLockBuilder};
 pub use reentrant::{
     DEFAULT_MAX_HOLDS, DEFAULT_REENTRANT_PREFIX, Holds, MAX_OWNER_LEN, Owner, ReentrantGuard,

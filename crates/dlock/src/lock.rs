@@ -9,7 +9,8 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::keys::{DEFAULT_PREFIX, LockKeys};
 use crate::raw::{Acquire, LockState, RawFencing, RawInspect, RawLock, ReleaseWatch};
 use crate::token::{FencingToken, Token};
-use crate::watchdog::{End, Lease};
+use crate::engine::wait::{Backoff, PassOn, Retry};
+use crate::engine::{End, Lease, Renew, Renewal};
 
 /// Default lease length.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
@@ -30,66 +31,6 @@ const DROP_RELEASE_TIMEOUT: Duration = Duration::from_secs(5);
 const UNKNOWN_OUTCOME_RETRIES: u32 = 2;
 /// Pause before the n-th repeat (times n).
 const RETRY_PAUSE: Duration = Duration::from_millis(50);
-
-/// Backoff between attempts on stores that cannot announce releases (and the fallback
-/// timer when a holder's remaining ttl is unknown): exponential from `min` to `max`, with
-/// full jitter.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct Retry {
-    /// First delay.
-    pub min: Duration,
-    /// Largest delay.
-    pub max: Duration,
-}
-
-impl Retry {
-    /// Exponential backoff from `min` to `max`.
-    pub fn exponential(min: Duration, max: Duration) -> Retry {
-        Retry { min, max }
-    }
-
-    fn validate(self) -> Result<Retry> {
-        if self.min.is_zero() || self.min > self.max || self.max > Duration::from_secs(60) {
-            return Err(Error::invalid("retry backoff needs 0 < min <= max <= 60 s"));
-        }
-        Ok(self)
-    }
-}
-
-impl Default for Retry {
-    fn default() -> Self {
-        Retry::exponential(Duration::from_millis(10), Duration::from_millis(500))
-    }
-}
-
-struct Backoff {
-    retry: Retry,
-    attempt: u32,
-}
-
-impl Backoff {
-    fn next(&mut self) -> Duration {
-        let ceiling = self
-            .retry
-            .min
-            .saturating_mul(1u32 << self.attempt.min(16))
-            .min(self.retry.max);
-        self.attempt = self.attempt.saturating_add(1);
-        // Full jitter between min and the ceiling, so waiters that lost together spread out.
-        let span = ceiling.saturating_sub(self.retry.min);
-        self.retry.min + span.mul_f64(jitter())
-    }
-}
-
-/// A uniform number in [0, 1) for jitter. Not for secrets.
-fn jitter() -> f64 {
-    let mut b = [0u8; 4];
-    if getrandom::fill(&mut b).is_err() {
-        return 0.5;
-    }
-    f64::from(u32::from_le_bytes(b)) / (f64::from(u32::MAX) + 1.0)
-}
 
 fn validate_ttl(ttl: Duration) -> Result<Duration> {
     if ttl.is_zero() {
@@ -330,10 +271,7 @@ impl<B: RawLock> Lock<B> {
         // attempt repeated after a lost reply is recognised by the store as the same one.
         let token = Token::random()?;
         let mut watch: Option<ReleaseWatch> = None;
-        let mut backoff = Backoff {
-            retry: self.retry,
-            attempt: 0,
-        };
+        let mut backoff = Backoff::new(self.retry);
         // Withdraws our place in the store's waiter queue (if the primitive keeps one)
         // unless the wait ends with a grant.
         let mut waiting = Waiting {
@@ -348,7 +286,8 @@ impl<B: RawLock> Lock<B> {
         // When the store became unreachable while we were waiting.
         let mut outage: Option<Instant> = None;
         loop {
-            let attempt = match self.attempt(&token).await {
+            let queue = watch.as_ref().is_some_and(ReleaseWatch::is_active);
+            let attempt = match self.attempt(&token, queue).await {
                 Ok(attempt) => {
                     outage = None;
                     attempt
@@ -386,10 +325,12 @@ impl<B: RawLock> Lock<B> {
             if let Some(mut w) = woken.take() {
                 w.consumed();
             }
-            waiting.queued = true;
+            // Stores that queue only waiters listening for their wake-up have no entry of
+            // ours before such an attempt.
+            waiting.queued |= queue || !B::QUEUES_ONLY_LISTENERS;
             let now = Instant::now();
             if deadline.is_some_and(|d| now >= d) {
-                if B::QUEUES_WAITERS {
+                if B::QUEUES_WAITERS && waiting.queued {
                     // Withdraw before returning, so that our entry is gone when the caller
                     // looks (the background withdrawal is for cancellation only).
                     waiting.queued = false;
@@ -438,7 +379,7 @@ impl<B: RawLock> Lock<B> {
     /// One attempt under `token`. An attempt whose outcome is unknown (no reply in time,
     /// connection lost) is repeated with the same token a few times: the store treats the
     /// repeat as the same request, so a grant is never applied twice.
-    async fn attempt(&self, token: &Token) -> Result<Attempt<B>> {
+    async fn attempt(&self, token: &Token, queue: bool) -> Result<Attempt<B>> {
         if self.watchdog && tokio::runtime::Handle::try_current().is_err() {
             // Checked before acquiring: a grant we could not renew nor give back would
             // block everyone for a whole ttl.
@@ -454,7 +395,14 @@ impl<B: RawLock> Lock<B> {
         let mut tries = 0;
         let (fence, sent) = loop {
             let sent = Instant::now();
-            match self.backend.acquire(&self.keys, token, self.ttl).await {
+            let acquire = if queue {
+                self.backend
+                    .acquire_or_queue(&self.keys, token, self.ttl)
+                    .await
+            } else {
+                self.backend.acquire(&self.keys, token, self.ttl).await
+            };
+            match acquire {
                 Ok(Acquire::Acquired { fence }) => break (fence, sent),
                 Ok(Acquire::Held { remaining }) => {
                     pending.token = None;
@@ -494,6 +442,7 @@ impl<B: RawLock> Lock<B> {
             sent,
             self.ttl,
             self.backend.drift(),
+            B::LEASE_KIND,
         ));
         if lease.is_lost_at(Instant::now()) {
             spawn_release(&self.backend, &lease.keys, &lease.token);
@@ -511,8 +460,8 @@ impl<B: RawLock> Lock<B> {
         let registration = if self.watchdog {
             match self
                 .backend
-                .leases()
-                .register(&self.backend, Arc::clone(&lease))
+                .engine()
+                .register(&Renewer(self.backend.clone()), Arc::clone(&lease))
             {
                 Ok(id) => Some(id),
                 Err(err) => {
@@ -564,24 +513,6 @@ impl<B: RawLock> Drop for Waiting<'_, B> {
                 );
             }
         });
-    }
-}
-
-/// Passes a consumed release announcement on to another local waiter if this waiter
-/// leaves (error, cancellation) before its attempt settled anything.
-struct PassOn(Option<Arc<tokio::sync::Notify>>);
-
-impl PassOn {
-    fn consumed(&mut self) {
-        self.0 = None;
-    }
-}
-
-impl Drop for PassOn {
-    fn drop(&mut self) {
-        if let Some(notify) = self.0.take() {
-            notify.notify_one();
-        }
     }
 }
 
@@ -809,7 +740,7 @@ impl<B: RawLock> LockGuard<B> {
         }
         if let Some(id) = self.registration {
             // A shorter ttl must be renewed sooner than the old schedule says.
-            self.backend.leases().reschedule(id, sent + ttl / 3);
+            self.backend.engine().reschedule(id, sent + ttl / 3);
         }
         Ok(())
     }
@@ -836,7 +767,7 @@ impl<B: RawLock> LockGuard<B> {
         // Out of renewal now; `armed` stays set until the reply, so that a cancelled
         // release still gives the lock back from `Drop`.
         if let Some(id) = self.registration.take() {
-            self.backend.leases().deregister(id);
+            self.backend.engine().deregister(id);
         }
         let lapsed = self.is_lost();
         let lost_before = self.lease.snapshot().end;
@@ -897,7 +828,7 @@ impl<B: RawLock> LockGuard<B> {
     fn disarm(&mut self) {
         self.armed = false;
         if let Some(id) = self.registration.take() {
-            self.backend.leases().deregister(id);
+            self.backend.engine().deregister(id);
         }
     }
 }
@@ -909,5 +840,15 @@ impl<B: RawLock> Drop for LockGuard<B> {
             self.lease.end(End::Released);
             spawn_release(&self.backend, &self.lease.keys, &self.lease.token);
         }
+    }
+}
+
+/// Sends the engine's renewal batches through a backend's [`RawLock::extend_many`].
+#[derive(Clone)]
+struct Renewer<B>(B);
+
+impl<B: RawLock> Renew for Renewer<B> {
+    fn renew(&self, batch: &[Renewal]) -> impl Future<Output = Vec<Result<bool>>> + Send {
+        self.0.extend_many(batch)
     }
 }

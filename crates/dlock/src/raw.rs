@@ -15,7 +15,9 @@ use tokio::sync::Notify;
 use crate::error::Result;
 use crate::keys::LockKeys;
 use crate::token::Token;
-use crate::watchdog::Leases;
+use crate::engine::Engine;
+
+pub use crate::engine::{LeaseKind, Renewal};
 
 /// The outcome of one acquire attempt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,17 +35,6 @@ pub enum Acquire {
         /// key has no expiry (set by a foreign client) or the store cannot tell.
         remaining: Option<Duration>,
     },
-}
-
-/// One lease to renew, as handed to [`RawLock::extend_many`].
-#[derive(Debug, Clone)]
-pub struct Renewal {
-    /// The lock's keys.
-    pub keys: LockKeys,
-    /// Our token at the lock key.
-    pub token: Token,
-    /// The new time to live, counted from when the store applies it.
-    pub ttl: Duration,
 }
 
 /// A mutual-exclusion lease in a store.
@@ -76,6 +67,16 @@ pub trait RawLock: Clone + Send + Sync + 'static {
     /// [`abandon`](RawLock::abandon) must withdraw.
     const QUEUES_WAITERS: bool = false;
 
+    /// Whether only [`acquire_or_queue`](RawLock::acquire_or_queue) queues (a plain
+    /// [`acquire`](RawLock::acquire) never leaves an entry), so that a `try_lock` that
+    /// found the lock held has nothing to withdraw.
+    const QUEUES_ONLY_LISTENERS: bool = false;
+
+    /// Which renewal the store applies to this primitive's leases (see
+    /// [`extend_many`](RawLock::extend_many)). Adapters over the capability traits set
+    /// their own.
+    const LEASE_KIND: LeaseKind = LeaseKind::Lock;
+
     /// Tries once to set `keys.lock()` to `token` with a time to live of `ttl`, if absent.
     /// On success, a store that implements [`RawFencing`] mints the next fence of the name
     /// in the same atomic step.
@@ -85,6 +86,20 @@ pub trait RawLock: Clone + Send + Sync + 'static {
         token: &Token,
         ttl: Duration,
     ) -> impl Future<Output = Result<Acquire>> + Send;
+
+    /// Like [`acquire`](RawLock::acquire), for a waiter already listening for its wake-up
+    /// ([`watch_for`](RawLock::watch_for)): if the lock cannot be granted now, a store
+    /// that wakes one waiter per release takes it into its waiter queue (withdrawn by
+    /// [`abandon`](RawLock::abandon), or lapsing by itself if the waiter crashes). The
+    /// default is a plain attempt.
+    fn acquire_or_queue(
+        &self,
+        keys: &LockKeys,
+        token: &Token,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<Acquire>> + Send {
+        self.acquire(keys, token, ttl)
+    }
 
     /// Deletes the lock key if it holds `token`, announcing the release to waiters.
     /// Returns whether the key held our token.
@@ -99,9 +114,15 @@ pub trait RawLock: Clone + Send + Sync + 'static {
         ttl: Duration,
     ) -> impl Future<Output = Result<bool>> + Send;
 
-    /// Renews many leases at once (the watchdog's call). Stores that can batch round trips
-    /// should override the default, which renews one after the other. Returns one result
-    /// per renewal, in order.
+    /// Renews many leases at once: the engine's call, with every lease of this client
+    /// that is due, of every primitive (each [`Renewal`] names its [`LeaseKind`]).
+    /// Returns one result per renewal, in order.
+    ///
+    /// The default renews one after the other with [`extend`](RawLock::extend), which is
+    /// right for a store that only implements the plain lock. A store that implements
+    /// capability traits ([`RawSemaphore`], [`RawReentrant`], [`RawRwLock`]) must override
+    /// it and apply each renewal by its kind; a store that can batch round trips should
+    /// send the whole batch at once. Adapters pass batches to their client untouched.
     fn extend_many(&self, renewals: &[Renewal]) -> impl Future<Output = Vec<Result<bool>>> + Send {
         async move {
             let mut out = Vec::with_capacity(renewals.len());
@@ -160,9 +181,9 @@ pub trait RawLock: Clone + Send + Sync + 'static {
         String::new()
     }
 
-    /// The client's lease registry: one watchdog task renews every lease of this client.
-    /// Clones of a backend value must return the same registry.
-    fn leases(&self) -> &Leases;
+    /// The client's engine: one lease registry and renewal task for every primitive on
+    /// this client. Clones of a client, and adapters over it, return the same engine.
+    fn engine(&self) -> &Engine;
 }
 
 /// Marker: the fence returned by [`RawLock::acquire`] strictly increases with every grant

@@ -10,7 +10,7 @@ use crate::keys::LockKeys;
 use crate::lock::{Lock, LockGuard};
 use crate::raw::{Acquire, LockState, RawFencing, RawLock, RawReentrant, ReleaseWatch};
 use crate::token::Token;
-use crate::watchdog::Leases;
+use crate::engine::{Engine, LeaseKind, Renewal};
 
 /// Default key prefix of reentrant locks (apart from plain locks: the value is a hash).
 pub const DEFAULT_REENTRANT_PREFIX: &str = "dlock-re:";
@@ -108,10 +108,11 @@ pub struct Holds<B> {
     backend: B,
     owner: Owner,
     limit: u32,
-    leases: Leases,
 }
 
 impl<B: RawReentrant> RawLock for Holds<B> {
+    const LEASE_KIND: LeaseKind = LeaseKind::Reentrant;
+
     async fn acquire(&self, keys: &LockKeys, token: &Token, ttl: Duration) -> Result<Acquire> {
         self.backend
             .acquire_reentrant(keys, self.owner.as_str(), token, ttl, self.limit)
@@ -140,8 +141,13 @@ impl<B: RawReentrant> RawLock for Holds<B> {
         self.backend.drift()
     }
 
-    fn leases(&self) -> &Leases {
-        &self.leases
+    fn engine(&self) -> &Engine {
+        self.backend.engine()
+    }
+
+    /// Renewals go to the client's batch, whatever primitive they belong to.
+    fn extend_many(&self, renewals: &[Renewal]) -> impl Future<Output = Vec<Result<bool>>> + Send {
+        self.backend.extend_many(renewals)
     }
 }
 
@@ -193,7 +199,6 @@ pub struct ReentrantLock<B: RawReentrant> {
     backend: B,
     keys: LockKeys,
     options: Options,
-    leases: Leases,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -252,7 +257,6 @@ impl<B: RawReentrant> ReentrantLockBuilder<B> {
             keys: LockKeys::new(&self.prefix, &self.name)?,
             backend: self.backend,
             options: self.options,
-            leases: Leases::new(),
         };
         // Validates the ttl once, as every hold's lock will.
         lock.holds_of(&Owner(Arc::from("-")))?;
@@ -304,7 +308,6 @@ impl<B: RawReentrant> ReentrantLock<B> {
             backend: self.backend.clone(),
             owner: owner.clone(),
             limit: self.options.limit,
-            leases: self.leases.clone(),
         };
         Lock::with_keys(
             holds,

@@ -9,7 +9,7 @@ use crate::keys::LockKeys;
 use crate::lock::{Lock, LockGuard, spawn_release};
 use crate::raw::{Acquire, LockState, RawFencing, RawLock, RawRwLock, ReleaseWatch};
 use crate::token::Token;
-use crate::watchdog::Leases;
+use crate::engine::{Engine, LeaseKind, Renewal};
 
 /// Default key prefix of read-write locks.
 pub const DEFAULT_RWLOCK_PREFIX: &str = "dlock-rw:";
@@ -24,11 +24,12 @@ pub const DEFAULT_WRITER_GRACE: Duration = Duration::from_secs(2);
 pub struct RwSide<B, const WRITE: bool> {
     backend: B,
     grace: Duration,
-    leases: Leases,
 }
 
 impl<B: RawRwLock, const WRITE: bool> RawLock for RwSide<B, WRITE> {
     const QUEUES_WAITERS: bool = WRITE;
+    const LEASE_KIND: LeaseKind = LeaseKind::ReadWrite;
+
 
     async fn acquire(&self, keys: &LockKeys, token: &Token, ttl: Duration) -> Result<Acquire> {
         self.backend
@@ -68,8 +69,13 @@ impl<B: RawRwLock, const WRITE: bool> RawLock for RwSide<B, WRITE> {
         self.backend.drift()
     }
 
-    fn leases(&self) -> &Leases {
-        &self.leases
+    fn engine(&self) -> &Engine {
+        self.backend.engine()
+    }
+
+    /// Renewals go to the client's batch, whatever primitive they belong to.
+    fn extend_many(&self, renewals: &[Renewal]) -> impl Future<Output = Vec<Result<bool>>> + Send {
+        self.backend.extend_many(renewals)
     }
 }
 
@@ -176,7 +182,6 @@ impl<B: RawRwLock> RwLockBuilder<B> {
             RwSide {
                 backend: self.backend.clone(),
                 grace: self.grace,
-                leases: Leases::new(),
             },
             keys.clone(),
             self.ttl,
@@ -186,7 +191,6 @@ impl<B: RawRwLock> RwLockBuilder<B> {
             RwSide {
                 backend: self.backend,
                 grace: self.grace,
-                leases: Leases::new(),
             },
             keys,
             self.ttl,

@@ -7,7 +7,7 @@ use crate::keys::LockKeys;
 use crate::lock::{Lock, LockGuard};
 use crate::raw::{Acquire, LockState, RawLock, RawSemaphore, ReleaseWatch};
 use crate::token::Token;
-use crate::watchdog::Leases;
+use crate::engine::{Engine, LeaseKind, Renewal};
 
 /// Default key prefix of semaphores (apart from locks, so names never collide).
 pub const DEFAULT_SEMAPHORE_PREFIX: &str = "dlock-sem:";
@@ -16,17 +16,18 @@ pub const DEFAULT_SEMAPHORE_PREFIX: &str = "dlock-sem:";
 pub const MAX_PERMITS: u32 = 1_000_000;
 
 /// A backend seen through one semaphore: acquiring takes `count` permits. This is what
-/// lets a permit reuse the lock's guard, watchdog, `lost()` and waiting unchanged. It has
-/// its own lease registry (its own watchdog task), apart from the backend's locks.
+/// lets a permit reuse the lock's guard, watchdog, `lost()` and waiting unchanged; its
+/// leases are renewed by the client's engine together with every other lease of it.
 #[derive(Clone, Debug)]
 pub struct Permits<B> {
     backend: B,
     permits: u32,
     count: u32,
-    leases: Leases,
 }
 
 impl<B: RawSemaphore> RawLock for Permits<B> {
+    const LEASE_KIND: LeaseKind = LeaseKind::Permits;
+
     async fn acquire(&self, keys: &LockKeys, token: &Token, ttl: Duration) -> Result<Acquire> {
         self.backend
             .acquire_permits(keys, token, self.count, self.permits, ttl)
@@ -58,8 +59,13 @@ impl<B: RawSemaphore> RawLock for Permits<B> {
         self.backend.drift()
     }
 
-    fn leases(&self) -> &Leases {
-        &self.leases
+    fn engine(&self) -> &Engine {
+        self.backend.engine()
+    }
+
+    /// Renewals go to the client's batch, whatever primitive they belong to.
+    fn extend_many(&self, renewals: &[Renewal]) -> impl Future<Output = Vec<Result<bool>>> + Send {
+        self.backend.extend_many(renewals)
     }
 }
 
@@ -147,7 +153,6 @@ impl<B: RawSemaphore> SemaphoreBuilder<B> {
             backend: self.backend,
             permits: self.permits,
             count: 1,
-            leases: Leases::new(),
         };
         let one = Lock::builder(adapter, self.name)
             .prefix(self.prefix)

@@ -63,22 +63,24 @@ async fn acquire_and_release_are_one_round_trip_each() {
         v.sort();
         v
     };
-    // One EVALSHA from the client; SET NX PX and INCR run inside it.
+    // One EVALSHA from the client; EXISTS (nobody queued?), SET NX PX and INCR run
+    // inside it.
     assert_eq!(
         all_calls(&mut admin).await,
-        expect(&[("evalsha", 1), ("set", 1), ("incr", 1)])
+        expect(&[("evalsha", 1), ("exists", 1), ("set", 1), ("incr", 1)])
     );
     guard.release().await.expect("release");
-    // One more EVALSHA; GET, DEL and PUBLISH run inside it.
+    // One more EVALSHA; GET, DEL and EXISTS run inside it. Nobody waits, so nothing is
+    // announced: no PUBLISH.
     assert_eq!(
         all_calls(&mut admin).await,
         expect(&[
             ("evalsha", 2),
+            ("exists", 2),
             ("set", 1),
             ("incr", 1),
             ("get", 1),
             ("del", 1),
-            ("publish", 1)
         ])
     );
 }
@@ -207,7 +209,7 @@ async fn script_flush_mid_hold_is_survived() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn one_release_wakes_one_local_waiter() {
+async fn one_release_wakes_one_waiter_across_clients() {
     let t = RedisTarget::start();
     let name = unique("herd");
     let ttl = Duration::from_secs(30);
@@ -216,47 +218,40 @@ async fn one_release_wakes_one_local_waiter() {
         .build()
         .expect("valid");
     let guard = holder.try_lock().await.expect("store").expect("free");
-    // Three waiters sharing one client (one pub/sub subscription).
-    let waiters_client = t.client().await;
+    // Sixteen waiters, each its own client (as sixteen processes would be), plus three
+    // sharing one client.
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    for _ in 0..3 {
-        let lock = Lock::builder(waiters_client.clone(), &name)
-            .ttl(ttl)
-            .build()
-            .expect("valid");
+    let shared = t.client().await;
+    for i in 0..19 {
+        let client = if i < 16 {
+            t.client().await
+        } else {
+            shared.clone()
+        };
+        let lock = Lock::builder(client, &name).ttl(ttl).build().expect("valid");
         let tx = tx.clone();
         tokio::spawn(async move {
             let g = lock.lock().await.expect("lock");
-            let _ = tx.send(g);
+            let _ = tx.send((i, g));
         });
+        sleep(Duration::from_millis(20)).await;
     }
-    let mut admin = t.admin().await;
-    let subscribed = async {
-        loop {
-            let n: Vec<redis::Value> =
-                cmd(&mut admin, &["PUBSUB", "NUMSUB", holder.keys().channel()]).await;
-            if matches!(n.get(1), Some(redis::Value::Int(1))) {
-                break;
-            }
+    let queued = async {
+        while holder.state().await.expect("store").queued != Some(19) {
             sleep(Duration::from_millis(10)).await;
         }
     };
-    timeout(Duration::from_secs(5), subscribed)
+    timeout(Duration::from_secs(5), queued)
         .await
-        .expect("the waiters' client subscribes once to the lock's channel");
-    sleep(Duration::from_millis(100)).await; // let every waiter settle into its wait
-    let state = holder.state().await.expect("store");
-    assert_eq!(
-        state.waiting_clients,
-        Some(1),
-        "one client, three local waiters"
-    );
+        .expect("every waiter takes a place in the store's queue");
+    let mut admin = t.admin().await;
     let _: () = cmd(&mut admin, &["CONFIG", "RESETSTAT"]).await;
     guard.release().await.expect("release");
-    let first = timeout(Duration::from_secs(5), rx.recv())
+    let (first, g) = timeout(Duration::from_secs(5), rx.recv())
         .await
         .expect("a waiter woke on the release")
         .expect("channel");
+    assert_eq!(first, 0, "the first waiter in line gets it");
     sleep(Duration::from_millis(300)).await;
     // One EVALSHA for the release, one for the single woken waiter's attempt.
     assert_eq!(
@@ -264,8 +259,29 @@ async fn one_release_wakes_one_local_waiter() {
         2,
         "a release must wake one waiter, not the herd"
     );
+    assert_eq!(calls(&mut admin, "publish").await, 1, "one announcement");
     assert!(rx.try_recv().is_err());
-    drop(first);
+    // The rest follow in arrival order, one release each.
+    let mut order = vec![first];
+    let mut g = g;
+    for _ in 1..19 {
+        g.release().await.expect("release");
+        let (next, ng) = timeout(Duration::from_secs(5), rx.recv())
+            .await
+            .expect("the next waiter woke")
+            .expect("channel");
+        order.push(next);
+        g = ng;
+    }
+    g.release().await.expect("release");
+    assert_eq!(order, (0..19).collect::<Vec<_>>(), "FIFO across clients");
+    // 20 releases (the holder's and each waiter's) and 19 acquires: no waiter ever
+    // attempted in vain.
+    assert_eq!(
+        calls(&mut admin, "evalsha").await,
+        20 + 19,
+        "every hand-off: one release, one acquire"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -326,13 +342,13 @@ async fn watchdog_pipelines_renewals_of_many_leases() {
             .expect("valid");
         guards.push(lock.try_lock().await.expect("store").expect("free"));
     }
-    assert_eq!(dlock::raw::RawLock::leases(&backend).len(), 200);
+    assert_eq!(dlock::raw::RawLock::engine(&backend).leases(), 200);
     sleep(ttl * 3).await;
     assert!(guards.iter().all(|g| !g.is_lost()), "every lease renewed");
     for g in guards {
         g.release().await.expect("release");
     }
-    assert!(dlock::raw::RawLock::leases(&backend).is_empty());
+    assert!(dlock::raw::RawLock::engine(&backend).leases() == 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -29,7 +29,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::keys::LockKeys;
 use crate::raw::{Acquire, LockState, RawFencing, RawInspect, RawLock, ReleaseWatch};
 use crate::token::Token;
-use crate::watchdog::Leases;
+use crate::engine::Engine;
 
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -55,7 +55,7 @@ struct Inner {
     timeout: Duration,
     /// The lease (and its granted ttl in seconds) of each lock this client holds.
     leases_of: Mutex<HashMap<Token, (i64, i64)>>,
-    leases: Leases,
+    engine: Engine,
 }
 
 impl std::fmt::Debug for Etcd {
@@ -138,7 +138,7 @@ impl Etcd {
                 endpoints,
                 timeout: DEFAULT_TIMEOUT,
                 leases_of: Mutex::new(HashMap::new()),
-                leases: Leases::new(),
+                engine: Engine::new(),
             }),
         };
         // One read proves a member answers.
@@ -453,8 +453,8 @@ impl RawLock for Etcd {
         format!("etcd:{}", self.inner.endpoints.join(","))
     }
 
-    fn leases(&self) -> &Leases {
-        &self.inner.leases
+    fn engine(&self) -> &Engine {
+        &self.inner.engine
     }
 }
 

@@ -56,7 +56,7 @@ use crate::keys::LockKeys;
 use crate::raw::{Acquire, LockState, RawFencing, RawInspect, RawLock};
 use crate::token::Token;
 use crate::validity::Drift;
-use crate::watchdog::Leases;
+use crate::engine::Engine;
 
 /// Shortest ttl memcached's one-second expiry clock can hold with some validity left.
 pub const MIN_TTL: Duration = Duration::from_secs(2);
@@ -90,7 +90,7 @@ struct Inner {
     addr: String,
     timeout: Duration,
     conn: Mutex<Option<BufStream<TcpStream>>>,
-    leases: Leases,
+    engine: Engine,
 }
 
 impl std::fmt::Debug for Memcached {
@@ -147,7 +147,7 @@ impl Memcached {
                 addr,
                 timeout: DEFAULT_TIMEOUT,
                 conn: Mutex::new(None),
-                leases: Leases::new(),
+                engine: Engine::new(),
             }),
         };
         // Proves the server is there and speaks the meta protocol.
@@ -445,8 +445,8 @@ impl RawLock for Memcached {
         format!("memcache:{}", self.inner.addr)
     }
 
-    fn leases(&self) -> &Leases {
-        &self.inner.leases
+    fn engine(&self) -> &Engine {
+        &self.inner.engine
     }
 }
 

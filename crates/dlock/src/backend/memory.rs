@@ -17,7 +17,7 @@ use crate::raw::{
 };
 use crate::reentrant::ReentrantEntry;
 use crate::token::Token;
-use crate::watchdog::Leases;
+use crate::engine::{Engine, LeaseKind, Renewal};
 
 /// An in-process lock store: for single-process programs, tests and doctests.
 ///
@@ -44,7 +44,7 @@ use crate::watchdog::Leases;
 #[derive(Clone, Default)]
 pub struct Memory {
     state: Arc<Mutex<State>>,
-    leases: Leases,
+    engine: Engine,
 }
 
 #[derive(Default)]
@@ -153,7 +153,7 @@ impl Memory {
     pub fn client(&self) -> Memory {
         Memory {
             state: Arc::clone(&self.state),
-            leases: Leases::new(),
+            engine: Engine::new(),
         }
     }
 
@@ -300,12 +300,26 @@ impl RawLock for Memory {
         Ok(ReleaseWatch::new(notify, None))
     }
 
+    /// Each renewal by its kind (in-process: no round trips to save).
+    async fn extend_many(&self, renewals: &[Renewal]) -> Vec<Result<bool>> {
+        let mut out = Vec::with_capacity(renewals.len());
+        for r in renewals {
+            out.push(match r.kind {
+                LeaseKind::Permits => self.extend_permits(&r.keys, &r.token, r.ttl).await,
+                LeaseKind::Reentrant => self.extend_reentrant(&r.keys, &r.token, r.ttl).await,
+                LeaseKind::ReadWrite => self.extend_rw(&r.keys, &r.token, r.ttl).await,
+                _ => self.extend(&r.keys, &r.token, r.ttl).await,
+            });
+        }
+        out
+    }
+
     fn store_id(&self) -> String {
         format!("memory:{:p}", Arc::as_ptr(&self.state))
     }
 
-    fn leases(&self) -> &Leases {
-        &self.leases
+    fn engine(&self) -> &Engine {
+        &self.engine
     }
 }
 

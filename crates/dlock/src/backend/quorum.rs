@@ -13,7 +13,7 @@ use crate::keys::LockKeys;
 use crate::raw::{Acquire, RawLock, Renewal};
 use crate::token::Token;
 use crate::validity::Drift;
-use crate::watchdog::Leases;
+use crate::engine::Engine;
 
 /// Default share of the ttl one node may take to answer before it counts as a no.
 pub const DEFAULT_NODE_TIMEOUT_FRACTION: f64 = 0.1;
@@ -63,7 +63,7 @@ struct Inner<B> {
     nodes: Vec<B>,
     node_timeout_fraction: f64,
     drift: Drift,
-    leases: Leases,
+    engine: Engine,
 }
 
 impl<B: RawLock> std::fmt::Debug for Quorum<B> {
@@ -124,7 +124,7 @@ impl<B: RawLock> QuorumBuilder<B> {
                 nodes: self.nodes,
                 node_timeout_fraction: f,
                 drift: d,
-                leases: Leases::new(),
+                engine: Engine::new(),
             }),
         })
     }
@@ -347,7 +347,7 @@ impl<B: RawLock> RawLock for Quorum<B> {
         format!("quorum[{}]", ids.join(","))
     }
 
-    fn leases(&self) -> &Leases {
-        &self.inner.leases
+    fn engine(&self) -> &Engine {
+        &self.inner.engine
     }
 }

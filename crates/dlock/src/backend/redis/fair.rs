@@ -21,6 +21,7 @@ impl Redis {
     async fn fair_release(&self, keys: &LockKeys, token: &str, mode: &str) -> Result<bool> {
         let done: i64 = self
             .inner
+            .scripts
             .fair_release
             .key(keys.lock())
             .key(queue(keys))
@@ -47,7 +48,7 @@ impl RawFair for Redis {
         let (q, c) = (queue(keys), claims(keys));
         let (reply, replicated): (Vec<i64>, bool) = self
             .write(
-                &self.inner.fair_acquire,
+                &self.inner.scripts.fair_acquire,
                 &[keys.lock(), &q, &c, keys.fence()],
                 &[&token.as_str(), &ttl_ms(ttl), &ttl_ms(grace)],
                 "acquiring a fair lock",

@@ -21,6 +21,7 @@ mod fair;
 mod pubsub;
 mod reentrant;
 mod rwlock;
+mod scripts;
 mod sentinel;
 
 use std::sync::Arc;
@@ -35,7 +36,7 @@ use crate::raw::{
     Acquire, LockState, RawFencing, RawInspect, RawLock, RawSemaphore, ReleaseWatch, Renewal,
 };
 use crate::token::Token;
-use crate::watchdog::Leases;
+use crate::engine::{Engine, LeaseKind};
 
 use pubsub::PubSub;
 
@@ -67,25 +68,8 @@ struct Inner {
     /// A Redis Cluster: shard channels (`SPUBLISH` / `SSUBSCRIBE`) for announcements.
     cluster: bool,
     config: ConnectionManagerConfig,
-    acquire: Script,
-    release: Script,
-    extend: Script,
-    sem_acquire: Script,
-    sem_release: Script,
-    sem_extend: Script,
-    sem_count: Script,
-    sem_add: Script,
-    re_acquire: Script,
-    re_release: Script,
-    re_extend: Script,
-    rw_acquire: Script,
-    rw_release: Script,
-    rw_extend: Script,
-    rw_downgrade: Script,
-    rw_abandon: Script,
-    fair_acquire: Script,
-    fair_release: Script,
-    leases: Leases,
+    scripts: scripts::Scripts,
+    engine: Engine,
     replication: Option<Replication>,
     pubsub: PubSub,
     addr: String,
@@ -257,25 +241,8 @@ impl RedisBuilder {
                 conn: std::sync::RwLock::new(conn),
                 cluster,
                 config,
-                acquire: Script::new(include_str!("lua/acquire.lua")),
-                release: Script::new(include_str!("lua/release.lua")),
-                extend: Script::new(include_str!("lua/extend.lua")),
-                sem_acquire: Script::new(include_str!("lua/sem_acquire.lua")),
-                sem_release: Script::new(include_str!("lua/sem_release.lua")),
-                sem_extend: Script::new(include_str!("lua/sem_extend.lua")),
-                sem_count: Script::new(include_str!("lua/sem_count.lua")),
-                sem_add: Script::new(include_str!("lua/sem_add.lua")),
-                re_acquire: Script::new(include_str!("lua/re_acquire.lua")),
-                re_release: Script::new(include_str!("lua/re_release.lua")),
-                re_extend: Script::new(include_str!("lua/re_extend.lua")),
-                rw_acquire: Script::new(include_str!("lua/rw_acquire.lua")),
-                rw_release: Script::new(include_str!("lua/rw_release.lua")),
-                rw_extend: Script::new(include_str!("lua/rw_extend.lua")),
-                rw_downgrade: Script::new(include_str!("lua/rw_downgrade.lua")),
-                rw_abandon: Script::new(include_str!("lua/rw_abandon.lua")),
-                fair_acquire: Script::new(include_str!("lua/fair_acquire.lua")),
-                fair_release: Script::new(include_str!("lua/fair_release.lua")),
-                leases: Leases::new(),
+                scripts: scripts::Scripts::new(),
+                engine: Engine::new(),
                 replication,
                 pubsub,
                 addr,
@@ -427,27 +394,7 @@ impl Redis {
 
     async fn load_scripts(&self) -> Result<()> {
         let mut conn = self.conn();
-        let i = &self.inner;
-        for script in [
-            &i.acquire,
-            &i.release,
-            &i.extend,
-            &i.sem_acquire,
-            &i.sem_release,
-            &i.sem_extend,
-            &i.sem_count,
-            &i.sem_add,
-            &i.re_acquire,
-            &i.re_release,
-            &i.re_extend,
-            &i.rw_acquire,
-            &i.rw_release,
-            &i.rw_extend,
-            &i.rw_downgrade,
-            &i.rw_abandon,
-            &i.fair_acquire,
-            &i.fair_release,
-        ] {
+        for script in self.inner.scripts.all() {
             script
                 .prepare_invoke()
                 .load_async(&mut conn)
@@ -557,13 +504,21 @@ fn map_err(err: RedisError, doing: &str) -> Error {
         .with_source(err)
 }
 
-impl RawLock for Redis {
-    async fn acquire(&self, keys: &LockKeys, token: &Token, ttl: Duration) -> Result<Acquire> {
+impl Redis {
+    /// One attempt at the plain lock; `mode` is `try` or `wait` (queue if it must wait).
+    async fn acquire_lock(
+        &self,
+        keys: &LockKeys,
+        token: &Token,
+        ttl: Duration,
+        mode: &str,
+    ) -> Result<Acquire> {
+        let (q, c) = (waiters(keys), claims(keys));
         let (reply, replicated): (Vec<i64>, bool) = self
             .write(
-                &self.inner.acquire,
-                &[keys.lock(), keys.fence()],
-                &[&token.as_str(), &ttl_ms(ttl)],
+                &self.inner.scripts.acquire,
+                &[keys.lock(), keys.fence(), &q, &c],
+                &[&token.as_str(), &ttl_ms(ttl), &mode, &ttl_ms(waiter_grace(ttl))],
                 "acquiring",
             )
             .await?;
@@ -571,50 +526,116 @@ impl RawLock for Redis {
             let _ = self.release(keys, token).await;
             return Err(not_replicated(keys, "the grant"));
         }
-        match reply.as_slice() {
-            [1, fence] if *fence >= 1 => Ok(Acquire::Acquired {
-                fence: u64::try_from(*fence).unwrap_or(0),
-            }),
-            [1, fence] => {
-                // A fence counter someone set to zero or below: fences would repeat.
-                let _ = self.release(keys, token).await;
-                Err(Error::new(
-                    ErrorKind::Backend,
-                    format!(
-                        "fence counter {} is {fence}, not positive: it was tampered with, and \
-                         fences from it would not be unique",
-                        keys.fence()
-                    ),
-                ))
-            }
-            [0, pttl] => Ok(Acquire::Held {
-                remaining: u64::try_from(*pttl).ok().map(Duration::from_millis),
-            }),
-            other => Err(Error::new(
+        if let [1, fence] = reply.as_slice()
+            && *fence < 1
+        {
+            // A fence counter someone set to zero or below: fences would repeat.
+            let _ = self.release(keys, token).await;
+            return Err(Error::new(
                 ErrorKind::Backend,
-                format!("unexpected reply from the acquire script: {other:?}"),
-            )),
+                format!(
+                    "fence counter {} is {fence}, not positive: it was tampered with, and \
+                     fences from it would not be unique",
+                    keys.fence()
+                ),
+            ));
         }
+        parse_acquire(&reply, "acquire")
     }
 
-    async fn release(&self, keys: &LockKeys, token: &Token) -> Result<bool> {
-        let released: i64 = self
+    /// The plain lock's release script in `mode` (`own`, `force` or `leave`).
+    async fn release_lock(&self, keys: &LockKeys, token: &str, mode: &str) -> Result<bool> {
+        let done: i64 = self
             .inner
+            .scripts
             .release
             .key(keys.lock())
-            .arg(token.as_str())
+            .key(waiters(keys))
+            .key(claims(keys))
+            .arg(token)
             .arg(keys.channel())
+            .arg(mode)
+            .arg(ttl_ms(WAKE_GRACE))
             .arg(self.publish_cmd())
             .invoke_async(&mut self.conn())
             .await
             .map_err(|e| map_err(e, "releasing"))?;
-        Ok(released == 1)
+        Ok(done == 1)
+    }
+}
+
+/// The plain lock's waiter queue (token -> arrival).
+pub(super) fn waiters(keys: &LockKeys) -> String {
+    keys.companion("waiters")
+}
+
+/// The plain lock's waiter claims (token -> claim expiry).
+pub(super) fn claims(keys: &LockKeys) -> String {
+    keys.companion("claims")
+}
+
+/// How long a queued waiter's place outlives its next expected attempt: ttl / 3, within
+/// 200 ms ..= 5 s. A crashed waiter leaves the queue by itself after that.
+fn waiter_grace(ttl: Duration) -> Duration {
+    (ttl / 3).clamp(Duration::from_millis(200), Duration::from_secs(5))
+}
+
+/// How long the waiter a release woke has to come and take the lock before its place
+/// lapses (it crashed, or its process stalls) and the others' fallback timers take over.
+const WAKE_GRACE: Duration = Duration::from_secs(1);
+
+/// Decodes the reply every acquire script returns: `{1, fence}` granted (fence 0 where
+/// the primitive has none), `{0, wait}` not granted, wait = ms until it may be (-1: no
+/// telling).
+pub(super) fn parse_acquire(reply: &[i64], script: &str) -> Result<Acquire> {
+    match reply {
+        [1, fence] if *fence >= 0 => Ok(Acquire::Acquired {
+            fence: u64::try_from(*fence).unwrap_or(0),
+        }),
+        [0, wait] => Ok(Acquire::Held {
+            remaining: u64::try_from(*wait).ok().map(Duration::from_millis),
+        }),
+        other => Err(Error::new(
+            ErrorKind::Backend,
+            format!("unexpected reply from the {script} script: {other:?}"),
+        )),
+    }
+}
+
+/// The plain lock on Redis: `SET NX PX` + fence while nobody waits; waiters queue in the
+/// store (FIFO, each with a claim that lapses if it crashes) and each release wakes the
+/// head only, on a channel of its own — one waiter per release, across every client.
+impl RawLock for Redis {
+    const QUEUES_WAITERS: bool = true;
+    const QUEUES_ONLY_LISTENERS: bool = true;
+
+    async fn acquire(&self, keys: &LockKeys, token: &Token, ttl: Duration) -> Result<Acquire> {
+        self.acquire_lock(keys, token, ttl, "try").await
+    }
+
+    async fn acquire_or_queue(
+        &self,
+        keys: &LockKeys,
+        token: &Token,
+        ttl: Duration,
+    ) -> Result<Acquire> {
+        self.acquire_lock(keys, token, ttl, "wait").await
+    }
+
+    async fn release(&self, keys: &LockKeys, token: &Token) -> Result<bool> {
+        self.release_lock(keys, token.as_str(), "own").await
+    }
+
+    async fn abandon(&self, keys: &LockKeys, token: &Token) -> Result<()> {
+        self.release_lock(keys, token.as_str(), "leave")
+            .await
+            .map(|_| ())
     }
 
     async fn extend(&self, keys: &LockKeys, token: &Token, ttl: Duration) -> Result<bool> {
         let (extended, replicated): (i64, bool) = self
             .write(
-                &self.inner.extend,
+                &self.inner.scripts.extend,
                 &[keys.lock()],
                 &[&token.as_str(), &ttl_ms(ttl)],
                 "extending",
@@ -626,15 +647,28 @@ impl RawLock for Redis {
         Ok(extended == 1)
     }
 
-    /// All renewals in one pipelined round trip of `EVALSHA`s.
+    /// All renewals in one pipelined round trip of `EVALSHA`s, each of its primitive's
+    /// renewal script: locks, permits, reentrant holds and read-write holds together.
     async fn extend_many(&self, renewals: &[Renewal]) -> Vec<Result<bool>> {
-        let sha = self.inner.extend.get_hash();
+        let scripts = &self.inner.scripts;
         let mut pipe = redis::pipe();
         for r in renewals {
+            let (script, keys) = match r.kind {
+                LeaseKind::Permits => (
+                    &scripts.sem_extend,
+                    vec![r.keys.lock().to_owned(), r.keys.companion("holders")],
+                ),
+                LeaseKind::Reentrant => (&scripts.re_extend, vec![r.keys.lock().to_owned()]),
+                LeaseKind::ReadWrite => (
+                    &scripts.rw_extend,
+                    vec![r.keys.lock().to_owned(), rwlock::readers(&r.keys)],
+                ),
+                _ => (&scripts.extend, vec![r.keys.lock().to_owned()]),
+            };
             pipe.cmd("EVALSHA")
-                .arg(sha)
-                .arg(1)
-                .arg(r.keys.lock())
+                .arg(script.get_hash())
+                .arg(keys.len())
+                .arg(keys)
                 .arg(r.token.as_str())
                 .arg(ttl_ms(r.ttl));
         }
@@ -661,14 +695,7 @@ impl RawLock for Redis {
             if noscript && round == 0 {
                 // The script cache was flushed: load it again and resend. Renewal is
                 // idempotent, so the ones that did go through are unharmed by a repeat.
-                if let Err(e) = self
-                    .inner
-                    .extend
-                    .prepare_invoke()
-                    .load_async(&mut conn)
-                    .await
-                {
-                    let err = map_err(e, "reloading the extend script");
+                if let Err(err) = self.load_scripts().await {
                     return renewals
                         .iter()
                         .map(|_| Err(Error::new(err.kind(), err.message().to_owned())))
@@ -699,7 +726,7 @@ impl RawLock for Redis {
             .map(|_| {
                 Err(Error::new(
                     ErrorKind::Backend,
-                    "extend script missing after reload",
+                    "renewal script missing after reload",
                 ))
             })
             .collect()
@@ -709,12 +736,17 @@ impl RawLock for Redis {
         self.inner.pubsub.watch(keys.channel()).await
     }
 
+    /// A queued waiter listens on a channel of its own: a release wakes it alone.
+    async fn watch_for(&self, keys: &LockKeys, token: &Token) -> Result<ReleaseWatch> {
+        self.inner.pubsub.watch(keys.side(token.as_str()).channel()).await
+    }
+
     fn store_id(&self) -> String {
         format!("redis:{}", self.inner.addr)
     }
 
-    fn leases(&self) -> &Leases {
-        &self.inner.leases
+    fn engine(&self) -> &Engine {
+        &self.inner.engine
     }
 }
 
@@ -724,12 +756,13 @@ impl RawFencing for Redis {}
 
 impl RawInspect for Redis {
     async fn inspect(&self, keys: &LockKeys) -> Result<LockState> {
-        type Snapshot = (Option<String>, i64, Option<u64>, (String, u64));
-        let (holder, pttl, fence, (_, subscribers)): Snapshot = redis::pipe()
+        type Snapshot = (Option<String>, i64, Option<u64>, u64, (String, u64));
+        let (holder, pttl, fence, queued, (_, subscribers)): Snapshot = redis::pipe()
             .atomic()
             .get(keys.lock())
             .pttl(keys.lock())
             .get(keys.fence())
+            .zcard(waiters(keys))
             .cmd("PUBSUB")
             .arg(if self.inner.cluster {
                 "SHARDNUMSUB"
@@ -741,20 +774,23 @@ impl RawInspect for Redis {
             .await
             .map_err(|e| map_err(e, "inspecting"))?;
         let remaining = u64::try_from(pttl).ok().map(Duration::from_millis);
-        Ok(LockState::new(holder, remaining, fence).with_waiting_clients(subscribers))
+        // Queued waiters of the plain lock, plus clients listening on the lock's channel
+        // (waiters of the primitives that still share it).
+        Ok(LockState::new(holder, remaining, fence)
+            .with_queued(u32::try_from(queued).unwrap_or(u32::MAX))
+            .with_waiting_clients(queued + subscribers))
     }
 
     async fn force_unlock(&self, keys: &LockKeys) -> Result<bool> {
-        let (deleted, _): (i64, i64) = redis::pipe()
-            .atomic()
-            .del(keys.lock())
-            .cmd(self.publish_cmd())
+        let deleted = self.release_lock(keys, "", "force").await?;
+        // Primitives whose waiters listen on the lock's channel (reentrant) hear it too.
+        let _: i64 = redis::cmd(self.publish_cmd())
             .arg(keys.channel())
             .arg(keys.lock())
             .query_async(&mut self.conn())
             .await
             .map_err(|e| map_err(e, "force-unlocking"))?;
-        Ok(deleted == 1)
+        Ok(deleted)
     }
 
     async fn list(&self, prefix: &str, pattern: &str, limit: usize) -> Result<Vec<String>> {
@@ -827,7 +863,7 @@ impl RawSemaphore for Redis {
         let (holders, count) = (keys.companion("holders"), keys.companion("permits"));
         let (reply, replicated): (Vec<i64>, bool) = self
             .write(
-                &self.inner.sem_acquire,
+                &self.inner.scripts.sem_acquire,
                 &[keys.lock(), &holders, &count],
                 &[&token.as_str(), &n, &permits, &ttl_ms(ttl)],
                 "acquiring permits",
@@ -852,6 +888,7 @@ impl RawSemaphore for Redis {
     async fn release_permits(&self, keys: &LockKeys, token: &Token) -> Result<bool> {
         let released: i64 = self
             .inner
+            .scripts
             .sem_release
             .key(keys.lock())
             .key(keys.companion("holders"))
@@ -868,7 +905,7 @@ impl RawSemaphore for Redis {
         let holders = keys.companion("holders");
         let (extended, replicated): (i64, bool) = self
             .write(
-                &self.inner.sem_extend,
+                &self.inner.scripts.sem_extend,
                 &[keys.lock(), &holders],
                 &[&token.as_str(), &ttl_ms(ttl)],
                 "renewing permits",
@@ -884,6 +921,7 @@ impl RawSemaphore for Redis {
         // Live leases only: those whose expiry is still ahead by the server's clock.
         let (used, count): (i64, i64) = self
             .inner
+            .scripts
             .sem_count
             .key(keys.lock())
             .key(keys.companion("holders"))
@@ -953,6 +991,7 @@ impl RawSemaphore for Redis {
     ) -> Result<Option<u32>> {
         let count: i64 = self
             .inner
+            .scripts
             .sem_add
             .key(keys.companion("permits"))
             .arg(delta)

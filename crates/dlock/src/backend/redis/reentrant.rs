@@ -20,7 +20,7 @@ impl RawReentrant for Redis {
     ) -> Result<Acquire> {
         let (reply, replicated): (Vec<i64>, bool) = self
             .write(
-                &self.inner.re_acquire,
+                &self.inner.scripts.re_acquire,
                 &[keys.lock(), keys.fence()],
                 &[&owner, &token.as_str(), &ttl_ms(ttl), &limit],
                 "acquiring a reentrant lock",
@@ -65,6 +65,7 @@ impl RawReentrant for Redis {
     async fn release_reentrant(&self, keys: &LockKeys, owner: &str, token: &Token) -> Result<bool> {
         let released: i64 = self
             .inner
+            .scripts
             .re_release
             .key(keys.lock())
             .arg(owner)
@@ -85,7 +86,7 @@ impl RawReentrant for Redis {
     ) -> Result<bool> {
         let (extended, replicated): (i64, bool) = self
             .write(
-                &self.inner.re_extend,
+                &self.inner.scripts.re_extend,
                 &[keys.lock()],
                 &[&token.as_str(), &ttl_ms(ttl)],
                 "renewing a reentrant lock",

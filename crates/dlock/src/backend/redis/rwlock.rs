@@ -29,7 +29,7 @@ impl RawRwLock for Redis {
         let (r, w) = (readers(keys), writers(keys));
         let (reply, replicated): (Vec<i64>, bool) = self
             .write(
-                &self.inner.rw_acquire,
+                &self.inner.scripts.rw_acquire,
                 &[keys.lock(), &r, &w, keys.fence()],
                 &[
                     &if write { "w" } else { "r" },
@@ -61,6 +61,7 @@ impl RawRwLock for Redis {
     async fn release_rw(&self, keys: &LockKeys, token: &Token) -> Result<bool> {
         let released: i64 = self
             .inner
+            .scripts
             .rw_release
             .key(keys.lock())
             .key(readers(keys))
@@ -77,7 +78,7 @@ impl RawRwLock for Redis {
         let r = readers(keys);
         let (extended, replicated): (i64, bool) = self
             .write(
-                &self.inner.rw_extend,
+                &self.inner.scripts.rw_extend,
                 &[keys.lock(), &r],
                 &[&token.as_str(), &ttl_ms(ttl)],
                 "renewing a read-write lock",
@@ -92,6 +93,7 @@ impl RawRwLock for Redis {
     async fn downgrade_rw(&self, keys: &LockKeys, token: &Token, ttl: Duration) -> Result<bool> {
         let done: i64 = self
             .inner
+            .scripts
             .rw_downgrade
             .key(keys.lock())
             .key(readers(keys))
@@ -108,6 +110,7 @@ impl RawRwLock for Redis {
     async fn abandon_rw(&self, keys: &LockKeys, token: &Token) -> Result<()> {
         let _: i64 = self
             .inner
+            .scripts
             .rw_abandon
             .key(keys.lock())
             .key(writers(keys))

@@ -1,0 +1,48 @@
+//! dlock's Lua scripts, listed once: each is built (and its SHA-1 computed) once per
+//! client, loaded at connect, and sent by SHA (`EVALSHA`, reloaded on `NOSCRIPT`).
+//! Each file in `lua/` carries its KEYS / ARGV / returns header.
+
+use redis::Script;
+
+macro_rules! scripts {
+    ($($name:ident => $file:literal),* $(,)?) => {
+        /// Every script of the backend, one field each.
+        pub(super) struct Scripts {
+            $(pub(super) $name: Script,)*
+        }
+
+        impl Scripts {
+            pub(super) fn new() -> Scripts {
+                Scripts {
+                    $($name: Script::new(include_str!(concat!("lua/", $file))),)*
+                }
+            }
+
+            /// All of them, for loading at connect.
+            pub(super) fn all(&self) -> Vec<&Script> {
+                vec![$(&self.$name,)*]
+            }
+        }
+    };
+}
+
+scripts! {
+    acquire => "acquire.lua",
+    release => "release.lua",
+    extend => "extend.lua",
+    sem_acquire => "sem_acquire.lua",
+    sem_release => "sem_release.lua",
+    sem_extend => "sem_extend.lua",
+    sem_count => "sem_count.lua",
+    sem_add => "sem_add.lua",
+    re_acquire => "re_acquire.lua",
+    re_release => "re_release.lua",
+    re_extend => "re_extend.lua",
+    rw_acquire => "rw_acquire.lua",
+    rw_release => "rw_release.lua",
+    rw_extend => "rw_extend.lua",
+    rw_downgrade => "rw_downgrade.lua",
+    rw_abandon => "rw_abandon.lua",
+    fair_acquire => "fair_acquire.lua",
+    fair_release => "fair_release.lua",
+}
