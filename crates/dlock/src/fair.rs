@@ -2,12 +2,12 @@
 
 use std::time::Duration;
 
+use crate::engine::{Engine, LeaseKind, Renewal};
 use crate::error::{Error, Result};
 use crate::keys::LockKeys;
 use crate::lock::{Lock, LockGuard};
 use crate::raw::{Acquire, LockState, RawFair, RawFencing, RawLock, ReleaseWatch};
 use crate::token::Token;
-use crate::engine::{Engine, LeaseKind, Renewal};
 
 /// Default key prefix of fair locks.
 pub const DEFAULT_FAIR_PREFIX: &str = "dlock-fair:";
@@ -26,7 +26,6 @@ pub struct Queued<B> {
 impl<B: RawFair> RawLock for Queued<B> {
     const QUEUES_WAITERS: bool = true;
     const LEASE_KIND: LeaseKind = LeaseKind::Lock;
-
 
     async fn acquire(&self, keys: &LockKeys, token: &Token, ttl: Duration) -> Result<Acquire> {
         self.backend

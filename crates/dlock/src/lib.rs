@@ -99,11 +99,11 @@ pub mod validity;
 #[doc = include_str!("../../../README.md")]
 struct ReadmeDoctests;
 
+pub use engine::wait::Retry;
 pub use error::{Error, ErrorKind, Result};
 pub use fair::{
     DEFAULT_FAIR_PREFIX, DEFAULT_WAITER_GRACE, FairGuard, FairLock, FairLockBuilder, Queued,
 };
-pub use engine::wait::Retry;
 pub use lock::{DEFAULT_TTL, Lock, LockBuilder, LockGuard, MAX_TTL, MIN_TTL};
 pub use multi::{BoxFuture, Held, Lockable, MultiGuard, MultiLock, MultiLockBuilder};
 pub use reentrant::{

@@ -5,12 +5,12 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::engine::wait::{Backoff, PassOn, Retry};
+use crate::engine::{End, Lease, Renew, Renewal};
 use crate::error::{Error, ErrorKind, Result};
 use crate::keys::{DEFAULT_PREFIX, LockKeys};
 use crate::raw::{Acquire, LockState, RawFencing, RawInspect, RawLock, ReleaseWatch};
 use crate::token::{FencingToken, Token};
-use crate::engine::wait::{Backoff, PassOn, Retry};
-use crate::engine::{End, Lease, Renew, Renewal};
 
 /// Default lease length.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(30);

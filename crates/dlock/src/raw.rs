@@ -12,10 +12,10 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 
+use crate::engine::Engine;
 use crate::error::Result;
 use crate::keys::LockKeys;
 use crate::token::Token;
-use crate::engine::Engine;
 
 pub use crate::engine::{LeaseKind, Renewal};
 

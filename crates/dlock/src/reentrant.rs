@@ -5,12 +5,12 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::engine::{Engine, LeaseKind, Renewal};
 use crate::error::{Error, Result};
 use crate::keys::LockKeys;
 use crate::lock::{Lock, LockGuard};
 use crate::raw::{Acquire, LockState, RawFencing, RawLock, RawReentrant, ReleaseWatch};
 use crate::token::Token;
-use crate::engine::{Engine, LeaseKind, Renewal};
 
 /// Default key prefix of reentrant locks (apart from plain locks: the value is a hash).
 pub const DEFAULT_REENTRANT_PREFIX: &str = "dlock-re:";

@@ -4,12 +4,12 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::engine::{Engine, LeaseKind, Renewal};
 use crate::error::{Error, Result};
 use crate::keys::LockKeys;
 use crate::lock::{Lock, LockGuard, spawn_release};
 use crate::raw::{Acquire, LockState, RawFencing, RawLock, RawRwLock, ReleaseWatch};
 use crate::token::Token;
-use crate::engine::{Engine, LeaseKind, Renewal};
 
 /// Default key prefix of read-write locks.
 pub const DEFAULT_RWLOCK_PREFIX: &str = "dlock-rw:";
@@ -29,7 +29,6 @@ pub struct RwSide<B, const WRITE: bool> {
 impl<B: RawRwLock, const WRITE: bool> RawLock for RwSide<B, WRITE> {
     const QUEUES_WAITERS: bool = WRITE;
     const LEASE_KIND: LeaseKind = LeaseKind::ReadWrite;
-
 
     async fn acquire(&self, keys: &LockKeys, token: &Token, ttl: Duration) -> Result<Acquire> {
         self.backend

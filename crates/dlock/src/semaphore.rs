@@ -2,12 +2,12 @@
 
 use std::time::Duration;
 
+use crate::engine::{Engine, LeaseKind, Renewal};
 use crate::error::{Error, Result};
 use crate::keys::LockKeys;
 use crate::lock::{Lock, LockGuard};
 use crate::raw::{Acquire, LockState, RawLock, RawSemaphore, ReleaseWatch};
 use crate::token::Token;
-use crate::engine::{Engine, LeaseKind, Renewal};
 
 /// Default key prefix of semaphores (apart from locks, so names never collide).
 pub const DEFAULT_SEMAPHORE_PREFIX: &str = "dlock-sem:";

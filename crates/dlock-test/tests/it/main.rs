@@ -1,6 +1,7 @@
 //! dlock's integration tests: one binary, real servers.
 
 mod cluster;
+mod engine;
 mod etcd;
 mod memcached;
 mod memory;

@@ -228,7 +228,10 @@ async fn one_release_wakes_one_waiter_across_clients() {
         } else {
             shared.clone()
         };
-        let lock = Lock::builder(client, &name).ttl(ttl).build().expect("valid");
+        let lock = Lock::builder(client, &name)
+            .ttl(ttl)
+            .build()
+            .expect("valid");
         let tx = tx.clone();
         tokio::spawn(async move {
             let g = lock.lock().await.expect("lock");

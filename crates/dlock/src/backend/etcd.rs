@@ -25,11 +25,11 @@ use etcd_client::{
 };
 use tokio::sync::Notify;
 
+use crate::engine::Engine;
 use crate::error::{Error, ErrorKind, Result};
 use crate::keys::LockKeys;
 use crate::raw::{Acquire, LockState, RawFencing, RawInspect, RawLock, ReleaseWatch};
 use crate::token::Token;
-use crate::engine::Engine;
 
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
 

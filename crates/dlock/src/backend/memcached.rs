@@ -51,12 +51,12 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufStream};
 use tokio::net::TcpStream;
 use tokio::sync::Mutex;
 
+use crate::engine::Engine;
 use crate::error::{Error, ErrorKind, Result};
 use crate::keys::LockKeys;
 use crate::raw::{Acquire, LockState, RawFencing, RawInspect, RawLock};
 use crate::token::Token;
 use crate::validity::Drift;
-use crate::engine::Engine;
 
 /// Shortest ttl memcached's one-second expiry clock can hold with some validity left.
 pub const MIN_TTL: Duration = Duration::from_secs(2);

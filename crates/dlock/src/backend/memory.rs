@@ -8,6 +8,7 @@ use tokio::time::Instant;
 
 use tokio::sync::Notify;
 
+use crate::engine::{Engine, LeaseKind, Renewal};
 use crate::error::Error;
 use crate::error::Result;
 use crate::keys::LockKeys;
@@ -17,7 +18,6 @@ use crate::raw::{
 };
 use crate::reentrant::ReentrantEntry;
 use crate::token::Token;
-use crate::engine::{Engine, LeaseKind, Renewal};
 
 /// An in-process lock store: for single-process programs, tests and doctests.
 ///

@@ -8,12 +8,12 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::engine::Engine;
 use crate::error::{Error, ErrorKind, Result};
 use crate::keys::LockKeys;
 use crate::raw::{Acquire, RawLock, Renewal};
 use crate::token::Token;
 use crate::validity::Drift;
-use crate::engine::Engine;
 
 /// Default share of the ttl one node may take to answer before it counts as a no.
 pub const DEFAULT_NODE_TIMEOUT_FRACTION: f64 = 0.1;

@@ -37,8 +37,8 @@ use crate::keys::LockKeys;
 use crate::token::Token;
 
 pub(crate) use lease::{End, Lease};
-pub(crate) use watchdog::Renew;
 pub use watchdog::BATCH_WINDOW;
+pub(crate) use watchdog::Renew;
 
 /// Which primitive holds a lease, i.e. which renewal the store must apply to it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

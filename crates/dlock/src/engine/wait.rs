@@ -91,4 +91,3 @@ impl Drop for PassOn {
         }
     }
 }
-

@@ -30,13 +30,13 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{RedisError, Script, ServerErrorKind};
 
+use crate::engine::{Engine, LeaseKind};
 use crate::error::{Error, ErrorKind, Result};
 use crate::keys::LockKeys;
 use crate::raw::{
     Acquire, LockState, RawFencing, RawInspect, RawLock, RawSemaphore, ReleaseWatch, Renewal,
 };
 use crate::token::Token;
-use crate::engine::{Engine, LeaseKind};
 
 use pubsub::PubSub;
 
@@ -518,7 +518,12 @@ impl Redis {
             .write(
                 &self.inner.scripts.acquire,
                 &[keys.lock(), keys.fence(), &q, &c],
-                &[&token.as_str(), &ttl_ms(ttl), &mode, &ttl_ms(waiter_grace(ttl))],
+                &[
+                    &token.as_str(),
+                    &ttl_ms(ttl),
+                    &mode,
+                    &ttl_ms(waiter_grace(ttl)),
+                ],
                 "acquiring",
             )
             .await?;
@@ -738,7 +743,10 @@ impl RawLock for Redis {
 
     /// A queued waiter listens on a channel of its own: a release wakes it alone.
     async fn watch_for(&self, keys: &LockKeys, token: &Token) -> Result<ReleaseWatch> {
-        self.inner.pubsub.watch(keys.side(token.as_str()).channel()).await
+        self.inner
+            .pubsub
+            .watch(keys.side(token.as_str()).channel())
+            .await
     }
 
     fn store_id(&self) -> String {

@@ -1,0 +1,287 @@
+//! The client engine: one renewal task per client whatever it holds, and waking one
+//! waiter per release without losing a wake-up for good.
+
+use std::time::Duration;
+
+use dlock::backend::{Memory, Redis};
+use dlock::raw::{Acquire, RawLock};
+use dlock::{FairLock, Lock, Owner, ReentrantLock, RwLock, Semaphore, Token};
+use dlock_test::conformance::{Target, unique};
+use dlock_test::targets::RedisTarget;
+use tokio::time::{Instant, sleep, timeout};
+
+/// Holds one of everything on `client` with a short ttl, lets the watchdog renew for a
+/// while, and checks that one task renewed all of it, in shared batches.
+async fn every_primitive_renewed_by_one_task<B>(client: B)
+where
+    B: dlock::raw::RawSemaphore
+        + dlock::raw::RawReentrant
+        + dlock::raw::RawRwLock
+        + dlock::raw::RawFair,
+{
+    let ttl = Duration::from_millis(600);
+    let lock = Lock::builder(client.clone(), unique("mix-lock"))
+        .ttl(ttl)
+        .build()
+        .expect("valid");
+    let sem = Semaphore::builder(client.clone(), unique("mix-sem"), 3)
+        .ttl(ttl)
+        .build()
+        .expect("valid");
+    let re = ReentrantLock::builder(client.clone(), unique("mix-re"))
+        .ttl(ttl)
+        .build()
+        .expect("valid");
+    let rw_read = RwLock::builder(client.clone(), unique("mix-rw-r"))
+        .ttl(ttl)
+        .build()
+        .expect("valid");
+    let rw_write = RwLock::builder(client.clone(), unique("mix-rw-w"))
+        .ttl(ttl)
+        .build()
+        .expect("valid");
+    let fair = FairLock::builder(client.clone(), unique("mix-fair"))
+        .ttl(ttl)
+        .build()
+        .expect("valid");
+    let owner = Owner::new("mix-owner").expect("valid");
+
+    let before = client.engine().stats();
+    let g_lock = lock.lock().await.expect("lock");
+    let g_sem = sem.acquire().await.expect("permit");
+    let g_re1 = re.lock(&owner).await.expect("first hold");
+    let g_re2 = re.lock(&owner).await.expect("re-entry");
+    let g_read = rw_read.read().await.expect("read");
+    let g_write = rw_write.write().await.expect("write");
+    let g_fair = fair.lock().await.expect("fair");
+    assert_eq!(
+        client.engine().leases(),
+        7,
+        "every hold is one lease of the client"
+    );
+
+    sleep(ttl * 3).await; // several renewal rounds
+    for (what, lost) in [
+        ("lock", g_lock.is_lost()),
+        ("permit", g_sem.is_lost()),
+        ("reentrant 1", g_re1.is_lost()),
+        ("reentrant 2", g_re2.is_lost()),
+        ("read", g_read.is_lost()),
+        ("write", g_write.is_lost()),
+        ("fair", g_fair.is_lost()),
+    ] {
+        assert!(!lost, "the {what} lease was not renewed");
+    }
+    let after = client.engine().stats();
+    assert!(after.renewal_task_running);
+    assert_eq!(
+        after.renewal_tasks_started - before.renewal_tasks_started,
+        u64::from(!before.renewal_task_running),
+        "one renewal task for the whole client (at most the one this test started)"
+    );
+    let (batches, renewals) = (
+        after.renewal_batches - before.renewal_batches,
+        after.renewals - before.renewals,
+    );
+    assert!(
+        renewals >= 7 * 4,
+        "{renewals} renewals in {batches} batches"
+    );
+    assert!(
+        batches * 3 <= renewals,
+        "leases of different primitives must share batches: {renewals} renewals in {batches} batches"
+    );
+
+    g_lock.release().await.expect("release");
+    g_sem.release().await.expect("release");
+    g_re2.release().await.expect("release");
+    g_re1.release().await.expect("release");
+    g_read.release().await.expect("release");
+    g_write.release().await.expect("release");
+    g_fair.release().await.expect("release");
+    assert_eq!(client.engine().leases(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_renewal_task_per_redis_client_whatever_it_holds() {
+    let t = RedisTarget::start();
+    let client = t.client().await;
+    let mut admin = t.admin().await;
+    every_primitive_renewed_by_one_task(client.clone()).await;
+    // Another client of the same server has an engine of its own; clones share one.
+    let other = t.client().await;
+    assert!(!client.engine().same_as(other.engine()));
+    assert!(client.engine().same_as(client.clone().engine()));
+    let _: () = redis::cmd("PING")
+        .query_async(&mut admin)
+        .await
+        .expect("ping");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_renewal_task_per_memory_store_whatever_it_holds() {
+    every_primitive_renewed_by_one_task(Memory::new()).await;
+}
+
+/// Puts `token` in the store's waiter queue of `lock` the way a waiter does, then
+/// "crashes": nobody listens on its channel, nobody withdraws it.
+async fn queue_a_crashed_waiter(client: &Redis, lock: &Lock<Redis>, token: &Token) {
+    let reply = client
+        .acquire_or_queue(lock.keys(), token, lock.ttl())
+        .await
+        .expect("store");
+    assert!(matches!(reply, Acquire::Held { .. }), "the lock is held");
+}
+
+async fn wait_queued(lock: &Lock<Redis>, n: u32) {
+    let queued = async {
+        while lock.state().await.expect("store").queued != Some(n) {
+            sleep(Duration::from_millis(10)).await;
+        }
+    };
+    timeout(Duration::from_secs(5), queued)
+        .await
+        .unwrap_or_else(|_| panic!("{n} waiters never queued"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashed_woken_waiter_delays_the_next_by_the_ttl_at_most() {
+    let t = RedisTarget::start();
+    let ttl = Duration::from_secs(2);
+    let client = t.client().await;
+    let lock = Lock::builder(client.clone(), unique("crashed-head"))
+        .ttl(ttl)
+        .build()
+        .expect("valid");
+    let holder = lock.try_lock().await.expect("store").expect("free");
+    queue_a_crashed_waiter(&client, &lock, &Token::random().expect("token")).await;
+    let waiter = Lock::builder(t.client().await, lock.name())
+        .ttl(ttl)
+        .build()
+        .expect("valid");
+    let next = tokio::spawn(async move { waiter.lock().await });
+    wait_queued(&lock, 2).await;
+    let released = Instant::now();
+    holder.release().await.expect("release"); // wakes the crashed head only
+    let g = timeout(ttl * 3, next)
+        .await
+        .expect("the next waiter must not hang: its fallback timer covers the lost wake-up")
+        .expect("task")
+        .expect("lock");
+    assert!(
+        released.elapsed() <= ttl + Duration::from_secs(2),
+        "the wait after a crashed head is bounded by the holder's ttl, took {:?}",
+        released.elapsed()
+    );
+    g.release().await.expect("release");
+    // The crashed waiter's place lapsed by itself.
+    wait_queued(&lock, 0).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_woken_waiter_that_leaves_passes_the_wake_up_on() {
+    let t = RedisTarget::start();
+    let ttl = Duration::from_secs(30); // a fallback timer would take this long
+    let client = t.client().await;
+    let lock = Lock::builder(client.clone(), unique("leaving-head"))
+        .ttl(ttl)
+        .build()
+        .expect("valid");
+    let holder = lock.try_lock().await.expect("store").expect("free");
+    let head = Token::random().expect("token");
+    queue_a_crashed_waiter(&client, &lock, &head).await;
+    let waiter = Lock::builder(t.client().await, lock.name())
+        .ttl(ttl)
+        .build()
+        .expect("valid");
+    let next = tokio::spawn(async move { waiter.lock().await });
+    wait_queued(&lock, 2).await;
+    holder.release().await.expect("release"); // wakes the head, which now leaves
+    sleep(Duration::from_millis(100)).await;
+    assert!(!next.is_finished(), "the lock was the head's to take");
+    client.abandon(lock.keys(), &head).await.expect("leave"); // what a cancelled waiter does
+    let g = timeout(Duration::from_secs(5), next)
+        .await
+        .expect("leaving the queue at its head must wake the next waiter at once")
+        .expect("task")
+        .expect("lock");
+    g.release().await.expect("release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_waiter_leaves_the_queue() {
+    let t = RedisTarget::start();
+    let ttl = Duration::from_secs(30);
+    let lock = Lock::builder(t.client().await, unique("cancelled"))
+        .ttl(ttl)
+        .build()
+        .expect("valid");
+    let holder = lock.try_lock().await.expect("store").expect("free");
+    let first = Lock::builder(t.client().await, lock.name())
+        .ttl(ttl)
+        .build()
+        .expect("valid");
+    let cancelled = tokio::spawn(async move { first.lock().await });
+    wait_queued(&lock, 1).await;
+    let second = Lock::builder(t.client().await, lock.name())
+        .ttl(ttl)
+        .build()
+        .expect("valid");
+    let next = tokio::spawn(async move { second.lock().await });
+    wait_queued(&lock, 2).await;
+    cancelled.abort();
+    wait_queued(&lock, 1).await; // withdrawn in the background
+    holder.release().await.expect("release");
+    let g = timeout(Duration::from_secs(5), next)
+        .await
+        .expect("the release must wake the remaining waiter")
+        .expect("task")
+        .expect("lock");
+    g.release().await.expect("release");
+    // A try_lock that found the lock held leaves nothing behind.
+    let g = lock.try_lock().await.expect("store").expect("free");
+    let other = Lock::new(t.client().await, lock.name()).expect("valid");
+    assert!(other.try_lock().await.expect("store").is_none());
+    assert_eq!(lock.state().await.expect("store").queued, Some(0));
+    g.release().await.expect("release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_foreign_release_is_covered_by_the_ttl_fallback() {
+    let t = RedisTarget::start();
+    let name = unique("foreign");
+    let lock = Lock::builder(t.client().await, &name)
+        .prefix("")
+        .ttl(Duration::from_secs(30))
+        .build()
+        .expect("valid");
+    let mut raw = t.admin().await;
+    // redis-py's Lock: SET NX PX, and a compare-and-delete that announces nothing.
+    let set: Option<String> = redis::cmd("SET")
+        .arg(&name)
+        .arg("foreign")
+        .arg("NX")
+        .arg("PX")
+        .arg(1500)
+        .query_async(&mut raw)
+        .await
+        .expect("set");
+    assert_eq!(set.as_deref(), Some("OK"));
+    let waiter = lock.clone();
+    let next = tokio::spawn(async move { waiter.lock().await });
+    wait_queued(&lock, 1).await;
+    let _: i64 = redis::Script::new(
+        "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0",
+    )
+    .key(&name)
+    .arg("foreign")
+    .invoke_async(&mut raw)
+    .await
+    .expect("foreign release");
+    let g = timeout(Duration::from_secs(5), next)
+        .await
+        .expect("the waiter gets in by its fallback timer (the foreign holder's ttl) at worst")
+        .expect("task")
+        .expect("lock");
+    g.release().await.expect("release");
+}
