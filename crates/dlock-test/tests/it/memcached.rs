@@ -228,3 +228,452 @@ async fn a_cancelled_call_leaves_no_replies_for_the_next_one() {
         .expect("the cancelled grant was released or expired");
     g.release().await.expect("release");
 }
+
+/// A loopback TCP proxy that can hold back the server's replies, per connection: those
+/// open when [`HoldProxy::hold_open`] is called, or every one ([`HoldProxy::hold_all`]).
+/// Requests always pass, so held calls reach the server and wait only for their replies.
+struct HoldProxy {
+    addr: std::net::SocketAddr,
+    state: std::sync::Arc<std::sync::Mutex<HoldState>>,
+    acceptor: tokio::task::JoinHandle<()>,
+}
+
+#[derive(Default)]
+struct HoldState {
+    /// One "replies held" switch per accepted connection, in accept order.
+    held: Vec<tokio::sync::watch::Sender<bool>>,
+    hold_new: bool,
+    /// Connections the client closed.
+    closed: usize,
+    pumps: tokio::task::JoinSet<()>,
+}
+
+impl HoldProxy {
+    async fn start(port: u16) -> HoldProxy {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let state = std::sync::Arc::new(std::sync::Mutex::new(HoldState::default()));
+        let acceptor = {
+            let state = std::sync::Arc::clone(&state);
+            tokio::spawn(async move {
+                while let Ok((client, _)) = listener.accept().await {
+                    let server = tokio::net::TcpStream::connect(("127.0.0.1", port))
+                        .await
+                        .expect("upstream");
+                    let (mut cr, mut cw) = client.into_split();
+                    let (mut sr, mut sw) = server.into_split();
+                    let mut st = state.lock().expect("state");
+                    let (tx, mut held) = tokio::sync::watch::channel(st.hold_new);
+                    st.held.push(tx);
+                    let on_close = std::sync::Arc::clone(&state);
+                    st.pumps.spawn(async move {
+                        let _ = tokio::io::copy(&mut cr, &mut sw).await;
+                        on_close.lock().expect("state").closed += 1;
+                    });
+                    st.pumps.spawn(async move {
+                        let mut buf = vec![0u8; 16 * 1024];
+                        loop {
+                            let n = match sr.read(&mut buf).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => n,
+                            };
+                            if held.wait_for(|h| !*h).await.is_err()
+                                || cw.write_all(&buf[..n]).await.is_err()
+                            {
+                                return;
+                            }
+                        }
+                    });
+                }
+            })
+        };
+        HoldProxy {
+            addr,
+            state,
+            acceptor,
+        }
+    }
+
+    fn url(&self, query: &str) -> String {
+        format!("memcache://{}{query}", self.addr)
+    }
+
+    /// Connections accepted so far.
+    fn connections(&self) -> usize {
+        self.state.lock().expect("state").held.len()
+    }
+
+    /// Connections accepted and not closed by the client.
+    fn open_connections(&self) -> usize {
+        let st = self.state.lock().expect("state");
+        st.held.len() - st.closed
+    }
+
+    /// Holds the replies of the connections open now; later ones pass.
+    fn hold_open(&self) {
+        for h in &self.state.lock().expect("state").held {
+            h.send_replace(true);
+        }
+    }
+
+    /// Holds the replies of every connection, open now or later.
+    fn hold_all(&self) {
+        let mut st = self.state.lock().expect("state");
+        st.hold_new = true;
+        for h in &st.held {
+            h.send_replace(true);
+        }
+    }
+
+    /// Lets every held reply through.
+    fn release(&self) {
+        let mut st = self.state.lock().expect("state");
+        st.hold_new = false;
+        for h in &st.held {
+            h.send_replace(false);
+        }
+    }
+}
+
+impl Drop for HoldProxy {
+    fn drop(&mut self) {
+        self.acceptor.abort();
+        if let Ok(mut st) = self.state.lock() {
+            st.pumps.abort_all();
+        }
+    }
+}
+
+/// How many of `locks` the store shows held (asked directly, not through their client).
+async fn held_count(
+    direct: &dlock::backend::Memcached,
+    locks: &[Lock<dlock::backend::Memcached>],
+) -> usize {
+    let mut n = 0;
+    for lock in locks {
+        let lock = Lock::new(direct.clone(), lock.name()).expect("valid");
+        n += usize::from(lock.is_locked().await.expect("store"));
+    }
+    n
+}
+
+/// Polls the store (not through the client under test) until `name` is held.
+async fn until_held(direct: &dlock::backend::Memcached, name: &str) {
+    let lock = Lock::new(direct.clone(), name).expect("valid");
+    timeout(Duration::from_secs(5), async {
+        while !lock.is_locked().await.expect("store") {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the request reached memcached");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_client_serves_a_call_while_another_waits_for_its_reply() {
+    let target = MemcachedTarget::start();
+    let direct = target.client().await;
+    let proxy = HoldProxy::start(target.server.port()).await;
+    let mc = dlock::backend::Memcached::connect(&proxy.url(""))
+        .await
+        .expect("connect");
+    assert_eq!(proxy.connections(), 1, "connect opens one connection");
+    assert_eq!(
+        mc.max_connections(),
+        dlock::backend::memcached::DEFAULT_MAX_CONNECTIONS
+    );
+    let slow = Lock::builder(mc.clone(), unique("slow"))
+        .ttl(Duration::from_secs(10))
+        .build()
+        .expect("valid");
+    let fast = Lock::builder(mc.clone(), unique("fast"))
+        .ttl(Duration::from_secs(10))
+        .build()
+        .expect("valid");
+
+    // The only connection so far answers nothing now: the slow acquire takes it, its add
+    // lands, and its replies wait in the proxy.
+    proxy.hold_open();
+    let slow_call = tokio::spawn({
+        let slow = slow.clone();
+        async move { slow.try_lock().await }
+    });
+    until_held(&direct, slow.name()).await;
+
+    // Another task's acquire on the same client goes ahead on a second connection.
+    let g = timeout(Duration::from_secs(5), fast.try_lock())
+        .await
+        .expect("not queued behind the held call")
+        .expect("store")
+        .expect("free");
+    assert!(
+        !slow_call.is_finished(),
+        "the first call still waits for its replies"
+    );
+    assert_eq!(
+        (proxy.connections(), proxy.open_connections()),
+        (2, 2),
+        "one more connection, and the held one is still open (it did not time out first)"
+    );
+    g.release().await.expect("release");
+
+    proxy.release();
+    let slow_guard = slow_call
+        .await
+        .expect("task")
+        .expect("its own replies, once let through")
+        .expect("granted");
+    assert_eq!(
+        slow.state().await.expect("store").holder.as_deref(),
+        Some(slow_guard.token().as_str())
+    );
+    slow_guard.release().await.expect("release");
+    assert_eq!(
+        (proxy.connections(), proxy.open_connections()),
+        (2, 2),
+        "both connections were kept and reused"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_are_bounded_by_max_connections_and_reused() {
+    let target = MemcachedTarget::start();
+    let direct = target.client().await;
+    let proxy = HoldProxy::start(target.server.port()).await;
+    let mc = dlock::backend::Memcached::connect(&proxy.url("?max_connections=3"))
+        .await
+        .expect("connect");
+    assert_eq!(mc.max_connections(), 3);
+    let locks: Vec<_> = (0..10)
+        .map(|i| {
+            Lock::builder(mc.clone(), unique(&format!("bounded-{i}")))
+                .ttl(Duration::from_secs(10))
+                .build()
+                .expect("valid")
+        })
+        .collect();
+    proxy.hold_all();
+    let calls: Vec<_> = locks
+        .iter()
+        .map(|lock| {
+            let lock = lock.clone();
+            tokio::spawn(async move { lock.try_lock().await })
+        })
+        .collect();
+    // Three calls get a connection each and reach the server; the other seven wait for
+    // one of them (nothing of theirs is sent).
+    timeout(Duration::from_secs(5), async {
+        while held_count(&direct, &locks).await < 3 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("three calls reached memcached");
+    assert_eq!(proxy.connections(), 3, "at most max_connections");
+    proxy.release();
+    for (call, lock) in calls.into_iter().zip(&locks) {
+        let g = call
+            .await
+            .expect("task")
+            .expect("store")
+            .expect("a fresh name is free");
+        assert_eq!(
+            Lock::new(direct.clone(), lock.name())
+                .expect("valid")
+                .state()
+                .await
+                .expect("store")
+                .holder
+                .as_deref(),
+            Some(g.token().as_str()),
+            "each call read its own replies"
+        );
+        g.release().await.expect("release");
+    }
+    assert_eq!(
+        proxy.connections(),
+        3,
+        "the same three connections served all"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_calls_some_cancelled_mid_exchange_each_read_their_own_replies() {
+    use dlock_test::proxy::{Fault, Proxy};
+    let target = MemcachedTarget::start();
+    let direct = target.client().await;
+    let proxy = Proxy::start(
+        format!("127.0.0.1:{}", target.server.port())
+            .parse()
+            .expect("addr"),
+    )
+    .await
+    .expect("proxy");
+    let mc = dlock::backend::Memcached::connect(&format!(
+        "memcache://{}?max_connections=4",
+        proxy.addr()
+    ))
+    .await
+    .expect("connect");
+    let name = unique("mixed");
+    let lock = |i: usize| {
+        Lock::builder(mc.clone(), format!("{name}-{i}"))
+            .ttl(Duration::from_secs(3))
+            .build()
+            .expect("valid")
+    };
+    // Each chunk takes 20 ms through the proxy, each way: every other call is cancelled
+    // after 1 to 60 ms — before its request got through, at the server, or with its
+    // replies on the way — while the others share the same four connections.
+    proxy.set_fault(Fault::Delay(Duration::from_millis(20)));
+    let calls: Vec<_> = (0..40)
+        .map(|i| {
+            let lock = lock(i);
+            tokio::spawn(async move {
+                if i % 2 == 0 {
+                    let cancel_after = Duration::from_millis(1 + (i as u64 * 7) % 60);
+                    let _ = timeout(cancel_after, lock.try_lock()).await;
+                    None
+                } else {
+                    let got = lock.try_lock().await;
+                    Some((lock, got))
+                }
+            })
+        })
+        .collect();
+    let mut granted = Vec::new();
+    for call in calls {
+        if let Some((lock, got)) = call.await.expect("task") {
+            granted.push((lock, got.expect("store").expect("a fresh name is free")));
+        }
+    }
+    assert_eq!(granted.len(), 20);
+    for (lock, g) in &granted {
+        let state = Lock::new(direct.clone(), lock.name())
+            .expect("valid")
+            .state()
+            .await
+            .expect("store");
+        assert_eq!(
+            state.holder.as_deref(),
+            Some(g.token().as_str()),
+            "{state:?}"
+        );
+        assert_eq!(state.last_fence, Some(g.fencing_token().get()), "{state:?}");
+    }
+    let held: Vec<_> = granted.iter().map(|(lock, _)| lock.clone()).collect();
+    for (_, g) in granted {
+        g.release().await.expect("released through the same client");
+    }
+    assert_eq!(
+        held_count(&direct, &held).await,
+        0,
+        "no grant outlives its release"
+    );
+
+    // Once the delayed bytes are through, a new wave on the same client: every call is
+    // granted, with the store's own view of it.
+    proxy.set_fault(Fault::Pass);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let calls: Vec<_> = (100..116)
+        .map(|i| {
+            let lock = lock(i);
+            tokio::spawn(async move {
+                let got = lock.try_lock().await;
+                (lock, got)
+            })
+        })
+        .collect();
+    for call in calls {
+        let (lock, got) = call.await.expect("task");
+        let g = got.expect("store").expect("a fresh name is free");
+        let state = Lock::new(direct.clone(), lock.name())
+            .expect("valid")
+            .state()
+            .await
+            .expect("store");
+        assert_eq!(
+            state.holder.as_deref(),
+            Some(g.token().as_str()),
+            "{state:?}"
+        );
+        g.release().await.expect("release");
+    }
+    // The cancelled acquires hold nothing for long: given back, or expired by their ttl.
+    for i in (0..40).step_by(2) {
+        let g = Lock::builder(direct.clone(), format!("{name}-{i}"))
+            .ttl(Duration::from_secs(3))
+            .build()
+            .expect("valid")
+            .try_lock_for(Duration::from_secs(5))
+            .await
+            .expect("store")
+            .expect("free within the ttl");
+        g.release().await.expect("release");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extend_many_renews_exactly_the_leases_still_ours() {
+    use dlock::Token;
+    use dlock::keys::LockKeys;
+    use dlock::raw::{Acquire, RawInspect, RawLock, Renewal};
+    let target = MemcachedTarget::start();
+    let mc = target.client().await;
+    let short = Duration::from_secs(3);
+    let long = Duration::from_secs(60);
+    let mut renewals = Vec::new();
+    for _ in 0..2000 {
+        let keys = LockKeys::new("", &unique("many")).expect("keys");
+        let token = Token::random().expect("rng");
+        assert!(matches!(
+            mc.acquire(&keys, &token, short).await.expect("store"),
+            Acquire::Acquired { .. }
+        ));
+        renewals.push(Renewal::new(keys, token, long, dlock::raw::LeaseKind::Lock));
+    }
+    let foreign = LockKeys::new("", &unique("foreign")).expect("keys");
+    let holder = Token::random().expect("rng");
+    assert!(matches!(
+        mc.acquire(&foreign, &holder, short).await.expect("store"),
+        Acquire::Acquired { .. }
+    ));
+    renewals.push(Renewal::new(
+        foreign.clone(),
+        Token::random().expect("rng"),
+        long,
+        dlock::raw::LeaseKind::Lock,
+    ));
+    renewals.push(Renewal::new(
+        LockKeys::new("", &unique("absent")).expect("keys"),
+        Token::random().expect("rng"),
+        long,
+        dlock::raw::LeaseKind::Lock,
+    ));
+    let mut bad_ttl = renewals[0].clone();
+    bad_ttl.ttl = Duration::from_secs(1);
+    renewals.push(bad_ttl);
+
+    let results = mc.extend_many(&renewals).await;
+    assert_eq!(results.len(), renewals.len());
+    for r in &results[..2000] {
+        assert!(matches!(r, Ok(true)), "{r:?}");
+    }
+    assert!(matches!(results[2000], Ok(false)), "someone else's lease");
+    assert!(matches!(results[2001], Ok(false)), "no lease");
+    assert_eq!(
+        results[2002].as_ref().map_err(dlock::Error::kind).err(),
+        Some(ErrorKind::InvalidArgument)
+    );
+    for r in renewals.iter().take(2000).step_by(100) {
+        let state = mc.inspect(&r.keys).await.expect("store");
+        assert_eq!(state.holder.as_deref(), Some(r.token.as_str()));
+        assert!(state.remaining > Some(short), "renewed: {state:?}");
+    }
+    let state = mc.inspect(&foreign).await.expect("store");
+    assert_eq!(state.holder.as_deref(), Some(holder.as_str()));
+    assert!(state.remaining <= Some(short), "not renewed: {state:?}");
+}

@@ -10,9 +10,31 @@
 //!   whatever is there).
 //! * **Extend** is compare-and-set by CAS: `ms <key> … C<cas> MS` with our token again and
 //!   the new expiry.
+//! * **Renewal** of many leases (the watchdog's [`extend_many`](RawLock::extend_many)) is
+//!   two pipelined round trips on one connection for the whole batch: every `mg`, then
+//!   every CAS-checked `ms`.
 //! * **No notification**: memcached has no pub/sub; waiters retry with jittered
 //!   exponential backoff (10 ms doubling to 500 ms, [`Retry`](crate::Retry)) and at the
 //!   holder's remaining ttl.
+//!
+//! # Connections
+//!
+//! One client (and its clones) keeps a small pool of connections: each call takes an idle
+//! connection, or opens one if none is idle, and has it to itself for its exchange (its
+//! commands pipelined in one write, their replies read in order), so concurrent calls run
+//! side by side on separate connections. At most `max_connections` are open at once
+//! ([`DEFAULT_MAX_CONNECTIONS`], or `memcache://host:port?max_connections=N`); further
+//! calls wait, first come first served, for one to come free, and that wait counts
+//! towards the call's 2 s time bound. Idle connections stay open for reuse.
+//!
+//! A connection goes back to the pool only after every reply of its exchange was read. A
+//! call that fails, times out or is **cancelled** mid-exchange drops its connection
+//! (closing it), so no later call can read its replies as its own; the next call that
+//! needs one opens a new one. A connection that breaks (`Unavailable`) also closes the
+//! idle ones, which most likely share its fate (a restarted server), so the calls after
+//! a failure open fresh connections rather than each failing once on a stale one (calls
+//! then in flight on other connections fail, or not, on their own). Reconnection is lazy:
+//! there is no background task.
 //!
 //! # Expiry
 //!
@@ -44,17 +66,19 @@
 //! fires). Give memcached memory to spare, or use Redis with persistence where fencing
 //! must survive.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufStream};
+use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
-use tokio::sync::Mutex;
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::sync::Semaphore;
+use tokio::time::Instant;
 
 use crate::engine::Engine;
 use crate::error::{Error, ErrorKind, Result};
 use crate::keys::LockKeys;
-use crate::raw::{Acquire, LockState, RawFencing, RawInspect, RawLock};
+use crate::raw::{Acquire, LockState, RawFencing, RawInspect, RawLock, Renewal};
 use crate::token::Token;
 use crate::validity::Drift;
 
@@ -64,11 +88,17 @@ pub const MIN_TTL: Duration = Duration::from_secs(2);
 pub const MAX_TTL: Duration = Duration::from_secs(30 * 24 * 3600);
 /// Longest key memcached accepts.
 pub const MAX_KEY_LEN: usize = 250;
+/// How many connections one client opens at most unless its URL says otherwise
+/// (`?max_connections=N`).
+pub const DEFAULT_MAX_CONNECTIONS: usize = 8;
+/// The largest `max_connections` a URL may ask for.
+pub const MAX_CONNECTIONS_LIMIT: usize = 1024;
 
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// A memcached client for locks: one connection, requests one at a time (pipelined
-/// within a request). Cheap to clone; clones share the connection and the watchdog.
+/// A memcached client for locks: a small pool of connections, one request (itself
+/// pipelined) per connection at a time, so concurrent calls run side by side. Cheap to
+/// clone; clones share the pool and the watchdog.
 ///
 /// ```no_run
 /// # async fn demo() -> dlock::Result<()> {
@@ -89,14 +119,86 @@ pub struct Memcached {
 struct Inner {
     addr: String,
     timeout: Duration,
-    conn: Mutex<Option<BufStream<TcpStream>>>,
+    max_connections: usize,
+    /// One permit per connection that may be in use: a call holds one for its whole
+    /// exchange, so at most `max_connections` connections exist (idle ones were opened
+    /// under a permit and are only reused under one).
+    permits: Semaphore,
+    /// Connections between calls, every reply of their last exchange read.
+    idle: Mutex<Vec<Conn>>,
     engine: Engine,
+}
+
+impl Inner {
+    fn take_idle(&self) -> Option<Conn> {
+        self.idle
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pop()
+    }
+
+    fn put_idle(&self, conn: Conn) {
+        self.idle
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(conn);
+    }
+
+    /// Closes every idle connection (after one failed: they most likely share its fate,
+    /// e.g. a restarted server).
+    fn close_idle(&self) {
+        self.idle
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clear();
+    }
+}
+
+/// One connection, read and written independently so a long pipeline cannot deadlock
+/// (memcached stops reading while its replies are not taken).
+struct Conn {
+    reader: BufReader<OwnedReadHalf>,
+    writer: OwnedWriteHalf,
+}
+
+impl Conn {
+    async fn open(addr: &str) -> Result<Conn> {
+        let stream = TcpStream::connect(addr).await.map_err(|e| {
+            Error::new(
+                ErrorKind::Unavailable,
+                format!("connecting to memcached at {addr}: {e}"),
+            )
+            .retryable(true)
+        })?;
+        let _ = stream.set_nodelay(true);
+        let (reader, writer) = stream.into_split();
+        Ok(Conn {
+            reader: BufReader::new(reader),
+            writer,
+        })
+    }
+
+    /// Writes `request` while reading `replies` replies.
+    async fn exchange(&mut self, request: &[u8], replies: usize) -> Result<Vec<Reply>> {
+        let Conn { reader, writer } = self;
+        let write = async { writer.write_all(request).await.map_err(io_err) };
+        let read = async {
+            let mut out = Vec::with_capacity(replies);
+            for _ in 0..replies {
+                out.push(read_reply(reader).await?);
+            }
+            Ok(out)
+        };
+        let ((), out) = tokio::try_join!(write, read)?;
+        Ok(out)
+    }
 }
 
 impl std::fmt::Debug for Memcached {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Memcached")
             .field("addr", &self.inner.addr)
+            .field("max_connections", &self.inner.max_connections)
             .finish_non_exhaustive()
     }
 }
@@ -115,38 +217,76 @@ impl Reply {
     }
 }
 
+/// `host:port` and the connection bound of a `memcache://` URL.
+fn parse_url(url: &str) -> Result<(String, usize)> {
+    let bad = || {
+        Error::invalid(format!(
+            "bad memcached URL {url:?}: expected memcache://host:port[?max_connections=N]"
+        ))
+    };
+    let rest = url
+        .strip_prefix("memcache://")
+        .or_else(|| url.strip_prefix("memcached://"))
+        .ok_or_else(|| {
+            Error::invalid(format!(
+                "unsupported memcached URL {url:?}: expected memcache://host:port"
+            ))
+        })?;
+    let (addr, query) = rest.split_once('?').unwrap_or((rest, ""));
+    let addr = addr.trim_end_matches('/');
+    if addr.is_empty() || addr.contains('/') || addr.contains('@') {
+        return Err(bad());
+    }
+    let mut max_connections = DEFAULT_MAX_CONNECTIONS;
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        match pair.split_once('=') {
+            Some(("max_connections", n)) => {
+                max_connections = n
+                    .parse()
+                    .ok()
+                    .filter(|n| (1..=MAX_CONNECTIONS_LIMIT).contains(n))
+                    .ok_or_else(|| {
+                        Error::invalid(format!(
+                            "bad memcached URL {url:?}: max_connections must be 1 to \
+                             {MAX_CONNECTIONS_LIMIT}"
+                        ))
+                    })?;
+            }
+            _ => {
+                return Err(Error::invalid(format!(
+                    "bad memcached URL {url:?}: unknown option {pair:?} (known: \
+                     max_connections)"
+                )));
+            }
+        }
+    }
+    let addr = if addr.contains(':') {
+        addr.to_owned()
+    } else {
+        format!("{addr}:11211")
+    };
+    Ok((addr, max_connections))
+}
+
 impl Memcached {
-    /// Connects to `memcache://host:port` (port 11211 if omitted).
+    /// Connects to `memcache://host:port` (port 11211 if omitted), opening one connection
+    /// now and more, up to `max_connections` (default [`DEFAULT_MAX_CONNECTIONS`]; set it
+    /// with `memcache://host:port?max_connections=N`, 1 to [`MAX_CONNECTIONS_LIMIT`]),
+    /// while calls overlap.
     ///
     /// # Errors
     /// `InvalidArgument` for a malformed URL; `Unavailable` if the server cannot be
     /// reached within 2 s; `Backend` if it does not speak the meta protocol (memcached
     /// older than 1.6).
     pub async fn connect(url: &str) -> Result<Memcached> {
-        let addr = url
-            .strip_prefix("memcache://")
-            .or_else(|| url.strip_prefix("memcached://"))
-            .ok_or_else(|| {
-                Error::invalid(format!(
-                    "unsupported memcached URL {url:?}: expected memcache://host:port"
-                ))
-            })?
-            .trim_end_matches('/');
-        if addr.is_empty() || addr.contains('/') || addr.contains('@') {
-            return Err(Error::invalid(format!(
-                "bad memcached URL {url:?}: expected memcache://host:port"
-            )));
-        }
-        let addr = if addr.contains(':') {
-            addr.to_owned()
-        } else {
-            format!("{addr}:11211")
-        };
+        let (addr, max_connections) = parse_url(url)?;
         let mc = Memcached {
             inner: Arc::new(Inner {
                 addr,
                 timeout: DEFAULT_TIMEOUT,
-                conn: Mutex::new(None),
+                max_connections,
+                permits: Semaphore::new(max_connections),
+                idle: Mutex::new(Vec::with_capacity(max_connections)),
                 engine: Engine::new(),
             }),
         };
@@ -166,64 +306,62 @@ impl Memcached {
         &self.inner.addr
     }
 
+    /// The most connections this client opens at once.
+    pub fn max_connections(&self) -> usize {
+        self.inner.max_connections
+    }
+
     /// Sends `request` (one or more pipelined commands) and reads `replies` replies, on
-    /// one connection, bounded in time. A connection whose state is unknown (an error or
-    /// a timeout mid-reply) is dropped and opened again on the next call.
+    /// one connection of the pool used by no other call meanwhile, bounded in time
+    /// (waiting for a free connection included). A connection whose state is unknown (an
+    /// error, a timeout or a cancellation mid-exchange) is dropped, never reused.
     async fn call(&self, request: Vec<u8>, replies: usize) -> Result<Vec<Reply>> {
-        let mut slot = self.inner.conn.lock().await;
-        // The connection is taken out for the exchange and put back only once every reply
-        // was read: a call cancelled mid-exchange drops it (closing it), so no later call
-        // can read this one's replies as its own.
-        let taken = slot.take();
-        let exchange = async {
-            let mut conn = match taken {
-                Some(conn) => conn,
-                None => {
-                    let stream = TcpStream::connect(&self.inner.addr).await.map_err(|e| {
-                        Error::new(
-                            ErrorKind::Unavailable,
-                            format!("connecting to memcached at {}: {e}", self.inner.addr),
-                        )
-                        .retryable(true)
-                    })?;
-                    let _ = stream.set_nodelay(true);
-                    BufStream::new(stream)
-                }
-            };
-            conn.write_all(&request).await.map_err(io_err)?;
-            conn.flush().await.map_err(io_err)?;
-            let mut out = Vec::with_capacity(replies);
-            for _ in 0..replies {
-                out.push(read_reply(&mut conn).await?);
-            }
-            Ok((conn, out))
+        let inner = &*self.inner;
+        let deadline = Instant::now() + inner.timeout;
+        let timed_out = || {
+            Error::new(
+                ErrorKind::TimedOut,
+                format!("memcached at {} did not answer in time", inner.addr),
+            )
+            .retryable(true)
         };
-        match tokio::time::timeout(self.inner.timeout, exchange).await {
+        // Waiters queue here (first come, first served), one per pending call: nothing
+        // is buffered for them.
+        let _permit = tokio::time::timeout_at(deadline, inner.permits.acquire())
+            .await
+            .map_err(|_| timed_out())?
+            .map_err(|_| Error::new(ErrorKind::Backend, "memcached client closed"))?;
+        // The connection is owned by the exchange and goes back to the pool only once
+        // every reply was read: a call cancelled mid-exchange drops it (closing it), so
+        // no later call can read this one's replies as its own.
+        let idle = inner.take_idle();
+        let exchange = async {
+            let mut conn = match idle {
+                Some(conn) => conn,
+                None => Conn::open(&inner.addr).await?,
+            };
+            let out = conn.exchange(&request, replies).await?;
+            Ok::<_, Error>((conn, out))
+        };
+        match tokio::time::timeout_at(deadline, exchange).await {
             Ok(Ok((conn, out))) => {
-                *slot = Some(conn);
+                inner.put_idle(conn);
                 Ok(out)
             }
-            Ok(Err(err)) => Err(err),
-            Err(_) => Err(Error::new(
-                ErrorKind::TimedOut,
-                format!("memcached at {} did not answer in time", self.inner.addr),
-            )
-            .retryable(true)),
+            Ok(Err(err)) => {
+                if err.kind() == ErrorKind::Unavailable {
+                    inner.close_idle();
+                }
+                Err(err)
+            }
+            Err(_) => Err(timed_out()),
         }
     }
 
     /// `mg <key> v c t`: the value, its CAS and remaining seconds, if present.
-    async fn get(&self, key: &str) -> Result<Option<(Vec<u8>, String, Option<i64>)>> {
+    async fn get(&self, key: &str) -> Result<Option<Stored>> {
         let reply = self.one(format!("mg {key} v c t\r\n").into_bytes()).await?;
-        match reply.code.as_str() {
-            "EN" => Ok(None),
-            "VA" => {
-                let cas = reply.flag('c').unwrap_or_default().to_owned();
-                let ttl = reply.flag('t').and_then(|t| t.parse().ok());
-                Ok(Some((reply.data.unwrap_or_default(), cas, ttl)))
-            }
-            other => Err(unexpected("mg", other)),
-        }
+        get_reply(reply)
     }
 
     async fn one(&self, request: Vec<u8>) -> Result<Reply> {
@@ -232,10 +370,46 @@ impl Memcached {
             .pop()
             .ok_or_else(|| unexpected("a command", "no reply"))
     }
+
+    /// The CAS-checked set of an extend: `Some(renewed)`, or `None` if the key changed
+    /// since its CAS was read.
+    fn extend_outcome(reply: &Reply) -> Result<Option<bool>> {
+        match reply.code.as_str() {
+            "HD" => Ok(Some(true)),
+            "NF" | "NS" => Ok(Some(false)),
+            "EX" => Ok(None),
+            other => Err(unexpected("ms (extend)", other)),
+        }
+    }
+}
+
+/// A key's value, its CAS and its remaining seconds (if asked for).
+type Stored = (Vec<u8>, String, Option<i64>);
+
+/// The outcome of `mg <key> v c [t]`.
+fn get_reply(reply: Reply) -> Result<Option<Stored>> {
+    match reply.code.as_str() {
+        "EN" => Ok(None),
+        "VA" => {
+            let cas = reply.flag('c').unwrap_or_default().to_owned();
+            let ttl = reply.flag('t').and_then(|t| t.parse().ok());
+            Ok(Some((reply.data.unwrap_or_default(), cas, ttl)))
+        }
+        other => Err(unexpected("mg", other)),
+    }
+}
+
+fn extend_request(key: &str, value: &str, secs: u64, cas: &str) -> String {
+    format!("ms {key} {} T{secs} C{cas} MS\r\n{value}\r\n", value.len())
 }
 
 fn io_err(e: std::io::Error) -> Error {
     Error::new(ErrorKind::Unavailable, format!("memcached connection: {e}")).retryable(true)
+}
+
+/// The same error again, for each of the calls a batch failed for.
+fn copy_err(e: &Error) -> Error {
+    Error::new(e.kind(), e.message().to_owned()).retryable(e.is_retryable())
 }
 
 fn unexpected(command: &str, reply: &str) -> Error {
@@ -245,7 +419,7 @@ fn unexpected(command: &str, reply: &str) -> Error {
     )
 }
 
-async fn read_reply(conn: &mut BufStream<TcpStream>) -> Result<Reply> {
+async fn read_reply<R: AsyncBufRead + Unpin>(conn: &mut R) -> Result<Reply> {
     let mut line = String::new();
     if conn.read_line(&mut line).await.map_err(io_err)? == 0 {
         return Err(
@@ -414,16 +588,10 @@ impl RawLock for Memcached {
                 return Ok(false);
             }
             let reply = self
-                .one(
-                    format!("ms {key} {} T{secs} C{cas} MS\r\n{value}\r\n", value.len())
-                        .into_bytes(),
-                )
+                .one(extend_request(&key, value, secs, &cas).into_bytes())
                 .await?;
-            match reply.code.as_str() {
-                "HD" => return Ok(true),
-                "NF" | "NS" => return Ok(false),
-                "EX" => {}
-                other => return Err(unexpected("ms (extend)", other)),
+            if let Some(renewed) = Self::extend_outcome(&reply)? {
+                return Ok(renewed);
             }
         }
         Err(Error::new(
@@ -431,6 +599,77 @@ impl RawLock for Memcached {
             "the lock key kept changing while extending",
         )
         .retryable(true))
+    }
+
+    /// Two pipelined round trips on one connection for the whole batch: every `mg`
+    /// (value + CAS), then a CAS-checked `ms` for each key that still holds its token. A
+    /// key that changed between the two (rare: `EX`) is renewed on its own by
+    /// [`extend`](RawLock::extend).
+    async fn extend_many(&self, renewals: &[Renewal]) -> Vec<Result<bool>> {
+        let mut out: Vec<Option<Result<bool>>> = Vec::with_capacity(renewals.len());
+        let mut todo = Vec::new(); // (index, key, secs)
+        for (i, r) in renewals.iter().enumerate() {
+            match expiry_seconds(r.ttl) {
+                Ok(secs) => {
+                    todo.push((i, memcached_key(r.keys.lock()), secs));
+                    out.push(None);
+                }
+                Err(e) => out.push(Some(Err(e))),
+            }
+        }
+        if !todo.is_empty() {
+            let gets: String = todo
+                .iter()
+                .map(|(_, key, _)| format!("mg {key} v c\r\n"))
+                .collect();
+            match self.call(gets.into_bytes(), todo.len()).await {
+                Err(e) => {
+                    for (i, _, _) in &todo {
+                        out[*i] = Some(Err(copy_err(&e)));
+                    }
+                }
+                Ok(replies) => {
+                    let mut sets = Vec::new(); // (index, request)
+                    for ((i, key, secs), reply) in todo.iter().zip(replies) {
+                        let token = renewals[*i].token.as_str();
+                        match get_reply(reply) {
+                            Ok(Some((value, cas, _))) if value == token.as_bytes() => {
+                                sets.push((*i, extend_request(key, token, *secs, &cas)));
+                            }
+                            Ok(_) => out[*i] = Some(Ok(false)),
+                            Err(e) => out[*i] = Some(Err(e)),
+                        }
+                    }
+                    if !sets.is_empty() {
+                        let request: String = sets.iter().map(|(_, req)| req.as_str()).collect();
+                        match self.call(request.into_bytes(), sets.len()).await {
+                            Err(e) => {
+                                for (i, _) in &sets {
+                                    out[*i] = Some(Err(copy_err(&e)));
+                                }
+                            }
+                            Ok(replies) => {
+                                for ((i, _), reply) in sets.iter().zip(replies) {
+                                    match Self::extend_outcome(&reply) {
+                                        Ok(Some(renewed)) => out[*i] = Some(Ok(renewed)),
+                                        Ok(None) => {}
+                                        Err(e) => out[*i] = Some(Err(e)),
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        let mut results = Vec::with_capacity(renewals.len());
+        for (r, done) in renewals.iter().zip(out) {
+            results.push(match done {
+                Some(result) => result,
+                None => self.extend(&r.keys, &r.token, r.ttl).await,
+            });
+        }
+        results
     }
 
     /// The one-second expiry clock can end a lease up to a second early.
@@ -508,6 +747,43 @@ mod tests {
             );
         }
         assert_eq!(memcached_key("a b"), memcached_key("a b"));
+    }
+
+    #[test]
+    fn urls_give_the_address_and_the_connection_bound() {
+        let ok = |url: &str| parse_url(url).ok();
+        assert_eq!(
+            ok("memcache://h"),
+            Some(("h:11211".to_owned(), DEFAULT_MAX_CONNECTIONS))
+        );
+        assert_eq!(
+            ok("memcache://h:1/"),
+            Some(("h:1".to_owned(), DEFAULT_MAX_CONNECTIONS))
+        );
+        assert_eq!(
+            ok("memcached://h:1?max_connections=3"),
+            Some(("h:1".to_owned(), 3))
+        );
+        assert_eq!(
+            ok("memcache://h:1/?max_connections=1024"),
+            Some(("h:1".to_owned(), 1024))
+        );
+        for bad in [
+            "redis://h",
+            "memcache://",
+            "memcache://u@h",
+            "memcache://h/x",
+            "memcache://h?max_connections=0",
+            "memcache://h?max_connections=1025",
+            "memcache://h?max_connections=x",
+            "memcache://h?pool=3",
+        ] {
+            assert_eq!(
+                parse_url(bad).map_err(|e| e.kind()),
+                Err(ErrorKind::InvalidArgument),
+                "{bad}"
+            );
+        }
     }
 
     #[test]
