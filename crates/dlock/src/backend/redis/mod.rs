@@ -2,8 +2,20 @@
 //!
 //! * Acquire is ONE round trip: a script does `SET key token NX PX ttl` and, only on
 //!   success, `INCR` of the fence counter, returning the fence (or the holder's `PTTL`).
-//! * Release is ONE round trip: compare-and-delete, then `PUBLISH` on the lock's channel.
-//! * Extend is compare-and-`PEXPIRE`; the watchdog pipelines many of them in one round trip.
+//! * Release is ONE round trip: compare-and-delete; when waiters are queued, the same
+//!   script wakes the one at the head of the queue, on its own channel
+//!   (`<channel>:<token>`). Nobody waiting, nothing published.
+//! * Waiting: a waiter first subscribes to its own channel, then attempts again in
+//!   `wait` mode, which puts it in the lock's waiter queue (FIFO by server time, with a
+//!   claim that lapses by itself if the waiter crashes). While anyone is queued, a free
+//!   lock goes to the head only (no barging), so one release costs one waiter's acquire
+//!   across every client and process, not one per subscribed client. A woken head has
+//!   one second (`WAKE_GRACE`) to come; a waiter that leaves (cancelled, timed out) withdraws and,
+//!   if it was woken, wakes the next. A release that announces nothing (a foreign
+//!   client's compare-and-delete) or a lost message is covered by each waiter's fallback
+//!   timer: the holder's remaining ttl.
+//! * Extend is compare-and-`PEXPIRE`; the client's engine pipelines every renewal due
+//!   (locks, permits, reentrant and read-write holds alike) in one round trip.
 //! * Scripts are sent by SHA (`EVALSHA`), loaded once at connect and again on `NOSCRIPT`.
 //! * One multiplexed, self-reconnecting connection carries every command of a client;
 //!   a second one, opened on first need, carries the client's pub/sub subscriptions.
