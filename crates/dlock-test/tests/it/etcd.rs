@@ -1,25 +1,179 @@
-//! The etcd backend against the lock conformance suite, plus leader loss and leases
-//! that run out while waiting.
+//! The etcd backend against the lock conformance suite, plus leader loss, leases that run
+//! out while waiting, and the waiter queue: first come first served, one waiter woken per
+//! release, waiters that leave or die passing the turn on, and etcd's own lock service on
+//! the same keys.
 
+use std::io::{Read, Write};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use dlock::backend::Etcd;
-use dlock::{ErrorKind, Lock};
-use dlock_test::conformance::unique;
+use dlock::keys::LockKeys;
+use dlock::raw::{Acquire, RawFencing, RawLock, ReleaseWatch};
+use dlock::{ErrorKind, Lock, Token};
+use dlock_test::conformance::{Target, unique};
 use dlock_test::server::EtcdCluster;
+use dlock_test::targets::EtcdTarget;
+use etcd_client::{DeleteOptions, GetOptions, LockOptions, SortOrder, SortTarget};
+use tokio::sync::Notify;
 use tokio::time::{Instant, sleep, timeout};
 
 mod conformance {
-    crate::lock_conformance_tests!(dlock_test::targets::EtcdTarget::start());
-    crate::conformance_tests!(dlock_test::targets::EtcdTarget::start();
+    crate::lock_conformance_tests!(super::QueueTarget(dlock_test::targets::EtcdTarget::start()));
+    crate::conformance_tests!(super::QueueTarget(dlock_test::targets::EtcdTarget::start());
         waiter_wakes_on_release,
         inspection_and_administration,
     );
-    crate::family_tests!(dlock_test::targets::EtcdTarget::start();
+    crate::family_tests!(super::QueueTarget(dlock_test::targets::EtcdTarget::start());
         multi_locks_on_overlapping_sets_do_not_deadlock,
     );
 }
+
+/// The kit's etcd, where deleting a lock's key behind its holder's back means deleting its
+/// queue: the holder's key is `<lock key>/<token>` (nothing is stored at the lock key).
+struct QueueTarget(EtcdTarget);
+
+impl Target for QueueTarget {
+    type Backend = Etcd;
+
+    async fn client(&self) -> Etcd {
+        self.0.client().await
+    }
+
+    async fn delete_key(&self, key: &str) {
+        let mut admin = admin(&self.0.cluster).await;
+        admin.delete(key, None).await.expect("delete");
+        admin
+            .delete(format!("{key}/"), Some(DeleteOptions::new().with_prefix()))
+            .await
+            .expect("delete the queue");
+    }
+
+    fn ttl(&self, wanted: Duration) -> Duration {
+        self.0.ttl(wanted)
+    }
+}
+
+async fn admin(cluster: &EtcdCluster) -> etcd_client::Client {
+    etcd_client::Client::connect([format!("http://{}", cluster.members[0].addr())], None)
+        .await
+        .expect("etcd admin")
+}
+
+/// The keys of `lock`'s queue in line order: (key, value, lease).
+async fn queue_of<B: RawLock>(cluster: &EtcdCluster, lock: &Lock<B>) -> Vec<(String, String, i64)> {
+    let prefix = format!("{}/", lock.keys().lock());
+    admin(cluster)
+        .await
+        .get(
+            prefix,
+            Some(
+                GetOptions::new()
+                    .with_prefix()
+                    .with_sort(SortTarget::Create, SortOrder::Ascend),
+            ),
+        )
+        .await
+        .expect("read the queue")
+        .kvs()
+        .iter()
+        .map(|kv| {
+            (
+                String::from_utf8_lossy(kv.key()).into_owned(),
+                String::from_utf8_lossy(kv.value()).into_owned(),
+                kv.lease(),
+            )
+        })
+        .collect()
+}
+
+/// Transactions etcd has answered (its `/metrics`: gRPC `Txn` calls handled with `OK`).
+fn txns_handled(addr: &str) -> u64 {
+    let mut conn = std::net::TcpStream::connect(addr).expect("metrics");
+    write!(conn, "GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").expect("metrics request");
+    let mut text = String::new();
+    conn.read_to_string(&mut text).expect("metrics reply");
+    let series = "grpc_server_handled_total{grpc_code=\"OK\",grpc_method=\"Txn\",\
+                  grpc_service=\"etcdserverpb.KV\",grpc_type=\"unary\"} ";
+    text.lines()
+        .find_map(|l| l.strip_prefix(series))
+        .map_or(0, |n| n.trim().parse().expect("a count"))
+}
+
+/// Waits until `done` holds, for at most 10 s.
+async fn until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// An `Etcd` client that counts its acquire attempts and, if told, stalls the attempt of
+/// that number (for cancelling a waiter right after it was woken).
+#[derive(Clone)]
+struct Counted {
+    inner: Etcd,
+    attempts: Arc<AtomicU32>,
+    stall_at: Option<u32>,
+    stalled: Arc<Notify>,
+}
+
+impl Counted {
+    fn new(inner: Etcd, stall_at: Option<u32>) -> Counted {
+        Counted {
+            inner,
+            attempts: Arc::default(),
+            stall_at,
+            stalled: Arc::default(),
+        }
+    }
+
+    fn attempts(&self) -> u32 {
+        self.attempts.load(Ordering::SeqCst)
+    }
+}
+
+impl RawLock for Counted {
+    const QUEUES_WAITERS: bool = Etcd::QUEUES_WAITERS;
+
+    async fn acquire(
+        &self,
+        keys: &LockKeys,
+        token: &Token,
+        ttl: Duration,
+    ) -> dlock::Result<Acquire> {
+        let n = self.attempts.fetch_add(1, Ordering::SeqCst) + 1;
+        if self.stall_at == Some(n) {
+            self.stalled.notify_one();
+            std::future::pending::<()>().await;
+        }
+        self.inner.acquire(keys, token, ttl).await
+    }
+
+    async fn release(&self, keys: &LockKeys, token: &Token) -> dlock::Result<bool> {
+        self.inner.release(keys, token).await
+    }
+
+    async fn extend(&self, keys: &LockKeys, token: &Token, ttl: Duration) -> dlock::Result<bool> {
+        self.inner.extend(keys, token, ttl).await
+    }
+
+    async fn watch_for(&self, keys: &LockKeys, token: &Token) -> dlock::Result<ReleaseWatch> {
+        self.inner.watch_for(keys, token).await
+    }
+
+    async fn abandon(&self, keys: &LockKeys, token: &Token) -> dlock::Result<()> {
+        self.inner.abandon(keys, token).await
+    }
+
+    fn engine(&self) -> &dlock::engine::Engine {
+        self.inner.engine()
+    }
+}
+
+impl RawFencing for Counted {}
 
 async fn connect(url: &str) -> Etcd {
     let mut last = None;
@@ -138,7 +292,8 @@ async fn killing_the_leader_grants_no_lock_twice_and_locks_work_after_the_electi
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_whose_wait_outlasts_its_ttl_is_never_told_it_holds_the_lock() {
     // etcd issue 11456: a waiter whose session lease expired while queued was told it
-    // held the lock. Here waiters hold no lease while waiting; a grant is a fresh lease.
+    // held the lock. Here a waiter's lease is kept alive while it waits (its place stays
+    // over many of its ttls), and the granting attempt restarts it for the whole ttl.
     let cluster = EtcdCluster::start(1).expect("etcd");
     let url = cluster.url();
     let name = unique("wait-expired");
@@ -179,4 +334,375 @@ async fn a_waiter_whose_wait_outlasts_its_ttl_is_never_told_it_holds_the_lock() 
     g.release().await.expect("still ours");
     let err = Etcd::connect("etcd://").await.expect_err("no endpoint");
     assert_eq!(err.kind(), ErrorKind::InvalidArgument);
+}
+
+/// A started waiter whose key is in the queue and whose watch is in effect: its first
+/// attempt queued it, and the attempt made after subscribing found the lock held.
+async fn queue_up(
+    cluster: &EtcdCluster,
+    name: &str,
+    ttl: Duration,
+    stall_at: Option<u32>,
+) -> (
+    Counted,
+    tokio::task::JoinHandle<(Instant, dlock::LockGuard<Counted>)>,
+) {
+    let backend = Counted::new(connect(&cluster.url()).await, stall_at);
+    let lock = Lock::builder(backend.clone(), name)
+        .ttl(ttl)
+        .build()
+        .expect("valid");
+    let task = tokio::spawn(async move {
+        let guard = lock.lock().await.expect("lock");
+        (Instant::now(), guard)
+    });
+    let counted = backend.clone();
+    until("the waiter queued and subscribed", || {
+        counted.attempts() == 2
+    })
+    .await;
+    (backend, task)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_release_wakes_exactly_the_next_waiter_in_arrival_order() {
+    let cluster = EtcdCluster::start(1).expect("etcd");
+    let addr = cluster.members[0].addr();
+    let name = unique("fifo");
+    let ttl = Duration::from_secs(20);
+    let holder = Lock::builder(connect(&cluster.url()).await, &name)
+        .ttl(ttl)
+        .build()
+        .expect("valid");
+    let first = holder.try_lock().await.expect("store").expect("free");
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let mut waiters = Vec::new();
+    for i in 0..8 {
+        let (backend, task) = queue_up(&cluster, &name, ttl, None).await;
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            let (_, guard) = task.await.expect("waiter");
+            tx.send((i, guard)).expect("the test listens");
+        });
+        waiters.push(backend);
+        assert_eq!(
+            holder.state().await.expect("store").queued,
+            Some(i + 1),
+            "waiter {i} queued"
+        );
+    }
+    let mut order = Vec::new();
+    let mut fences = vec![first.fencing_token().get()];
+    let mut txns = Vec::new();
+    let mut before = txns_handled(&addr);
+    first.release().await.expect("release");
+    for k in 0..8 {
+        let (i, guard) = timeout(Duration::from_secs(5), rx.recv())
+            .await
+            .expect("a release hands the lock on at once")
+            .expect("a waiter");
+        // Any other waiter woken by that release would have sent its attempt by now.
+        sleep(Duration::from_millis(300)).await;
+        txns.push(txns_handled(&addr) - before);
+        let attempts: Vec<u32> = waiters.iter().map(Counted::attempts).collect();
+        let expected: Vec<u32> = (0..8).map(|j| if j <= k { 3 } else { 2 }).collect();
+        assert_eq!(
+            attempts, expected,
+            "after release {k} only the next waiter may have attempted (once)"
+        );
+        order.push(i);
+        fences.push(guard.fencing_token().get());
+        before = txns_handled(&addr);
+        guard.release().await.expect("release");
+    }
+    println!("grant order {order:?}, fences {fences:?}, transactions per hand-over {txns:?}");
+    assert_eq!(
+        order,
+        (0..8).collect::<Vec<u32>>(),
+        "grants in arrival order"
+    );
+    assert!(fences.windows(2).all(|w| w[0] < w[1]), "{fences:?}");
+    // The release's transaction and the one granting attempt: nobody else's.
+    assert_eq!(txns, vec![2; 8]);
+    assert_eq!(holder.state().await.expect("store").queued, Some(0));
+    assert_eq!(queue_of(&cluster, &holder).await, Vec::new());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_woken_waiter_that_is_cancelled_passes_the_turn_on() {
+    let cluster = EtcdCluster::start(1).expect("etcd");
+    let name = unique("woken-cancelled");
+    let ttl = Duration::from_secs(20);
+    let holder = Lock::builder(connect(&cluster.url()).await, &name)
+        .ttl(ttl)
+        .build()
+        .expect("valid");
+    let guard = holder.try_lock().await.expect("store").expect("free");
+    // The first waiter's third attempt — the one its wake-up starts — never reaches etcd.
+    let (first, first_task) = queue_up(&cluster, &name, ttl, Some(3)).await;
+    let (second, second_task) = queue_up(&cluster, &name, ttl, None).await;
+    let released = Instant::now();
+    guard.release().await.expect("release");
+    timeout(Duration::from_secs(5), first.stalled.notified())
+        .await
+        .expect("the release woke the first waiter");
+    sleep(Duration::from_millis(200)).await;
+    assert!(
+        !second_task.is_finished(),
+        "the second waiter jumped the queue"
+    );
+    assert_eq!(second.attempts(), 2, "the second waiter was woken too");
+    first_task.abort(); // cancelled right after being woken
+    let (at, g) = timeout(Duration::from_secs(5), second_task)
+        .await
+        .expect("the turn passes on, long before the holder's 20 s ttl")
+        .expect("waiter");
+    println!(
+        "the second waiter got the lock {:?} after the release",
+        at - released
+    );
+    assert!(at - released < Duration::from_secs(3));
+    assert_eq!(second.attempts(), 3, "one attempt, when its turn came");
+    g.release().await.expect("release");
+    assert_eq!(
+        queue_of(&cluster, &holder).await,
+        Vec::new(),
+        "nothing left"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_waiter_holds_up_the_next_for_at_most_its_lease() {
+    let cluster = EtcdCluster::start(1).expect("etcd");
+    let url = cluster.url();
+    let name = unique("killed-waiter");
+    let holder = Lock::builder(connect(&url).await, &name)
+        .ttl(Duration::from_secs(20))
+        .build()
+        .expect("valid");
+    let guard = holder.try_lock().await.expect("store").expect("free");
+    let lease = Duration::from_secs(2);
+    // The waiter lives in a runtime of its own, which then dies with its wait still
+    // pending: no withdrawal, no more keep-alives, as if its process were killed.
+    let (queued_tx, queued_rx) = std::sync::mpsc::channel();
+    let (die_tx, die_rx) = std::sync::mpsc::channel::<()>();
+    let dead = {
+        let (url, name) = (url.clone(), name.clone());
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .enable_all()
+                .build()
+                .expect("runtime");
+            rt.block_on(async {
+                let backend = Counted::new(connect(&url).await, None);
+                let lock = Lock::builder(backend.clone(), &name)
+                    .ttl(lease)
+                    .build()
+                    .expect("valid");
+                let mut wait = Box::pin(async move { lock.lock().await });
+                tokio::select! {
+                    _ = &mut wait => panic!("granted a held lock"),
+                    () = until("the doomed waiter queued", || backend.attempts() == 2) => {}
+                }
+                queued_tx.send(()).expect("test");
+                let _ = tokio::task::spawn_blocking(move || die_rx.recv()).await;
+                std::mem::forget(wait); // never dropped: nothing is cleaned up
+            });
+            rt.shutdown_background();
+        })
+    };
+    queued_rx.recv().expect("queued");
+    let (next, next_task) = queue_up(&cluster, &name, Duration::from_secs(20), None).await;
+    assert_eq!(queue_of(&cluster, &holder).await.len(), 3);
+    die_tx.send(()).expect("the doomed waiter listens");
+    dead.join().expect("the doomed waiter's thread");
+    let killed = Instant::now();
+    guard.release().await.expect("release");
+    let (at, g) = timeout(Duration::from_secs(10), next_task)
+        .await
+        .expect("the dead waiter's key goes with its lease")
+        .expect("waiter");
+    let waited = at - killed;
+    println!(
+        "the next waiter got in {waited:?} after the one before it was killed (lease {lease:?})"
+    );
+    // Its last keep-alive was at most a third of the lease before it died; etcd revokes
+    // expired leases within half a second.
+    assert!(
+        waited >= Duration::from_secs(1),
+        "the dead waiter's place ended early: {waited:?}"
+    );
+    assert!(waited <= lease + Duration::from_millis(1500), "{waited:?}");
+    assert_eq!(next.attempts(), 3, "one attempt, when its turn came");
+    g.release().await.expect("release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_whose_lease_ran_out_goes_to_the_back_and_is_never_granted_on_its_old_key() {
+    let cluster = EtcdCluster::start(1).expect("etcd");
+    let name = unique("vanished-waiter");
+    let ttl = Duration::from_secs(20);
+    let holder = Lock::builder(connect(&cluster.url()).await, &name)
+        .ttl(ttl)
+        .build()
+        .expect("valid");
+    let guard = holder.try_lock().await.expect("store").expect("free");
+    let (first, mut first_task) = queue_up(&cluster, &name, Duration::from_secs(2), None).await;
+    let (_second, second_task) = queue_up(&cluster, &name, ttl, None).await;
+    let queue = queue_of(&cluster, &holder).await;
+    assert_eq!(queue.len(), 3);
+    let (first_key, first_token, first_lease) = queue[1].clone();
+    // Its lease ends while it waits (as after a partition longer than the lease).
+    admin(&cluster)
+        .await
+        .lease_revoke(first_lease)
+        .await
+        .expect("revoke");
+    // Its task notices at the next keep-alive and it attempts again: at the back now.
+    until("the waiter attempted again", || first.attempts() == 3).await;
+    let mut queue = queue_of(&cluster, &holder).await;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while queue.len() < 3 && Instant::now() < deadline {
+        sleep(Duration::from_millis(10)).await; // its attempt is under way
+        queue = queue_of(&cluster, &holder).await;
+    }
+    let values: Vec<&str> = queue.iter().map(|(_, v, _)| v.as_str()).collect();
+    assert_eq!(values.len(), 3, "{queue:?}");
+    assert_eq!(
+        values[2], first_token,
+        "the waiter that lost its key queued at the back"
+    );
+    assert_eq!(queue[2].0, first_key, "under the same key, created anew");
+    assert_ne!(queue[2].2, first_lease, "on a new lease");
+    guard.release().await.expect("release");
+    let (_, g) = timeout(Duration::from_secs(5), second_task)
+        .await
+        .expect("the waiter now first is granted")
+        .expect("waiter");
+    sleep(Duration::from_millis(300)).await;
+    assert!(
+        !first_task.is_finished(),
+        "granted on a key that had vanished"
+    );
+    let second_fence = g.fencing_token().get();
+    g.release().await.expect("release");
+    let (_, g) = timeout(Duration::from_secs(5), &mut first_task)
+        .await
+        .expect("then its turn comes")
+        .expect("waiter");
+    assert!(g.fencing_token().get() > second_fence);
+    // Granted on a lease restarted by the granting attempt, not the one it waited on.
+    assert!(
+        g.remaining() > Duration::from_secs(1),
+        "{:?}",
+        g.remaining()
+    );
+    g.release().await.expect("release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waits_that_end_without_the_lock_leave_no_key_behind() {
+    let cluster = EtcdCluster::start(1).expect("etcd");
+    let name = unique("leaves-nothing");
+    let ttl = Duration::from_secs(20);
+    let holder = Lock::builder(connect(&cluster.url()).await, &name)
+        .ttl(ttl)
+        .build()
+        .expect("valid");
+    let guard = holder.try_lock().await.expect("store").expect("free");
+    let other = Lock::builder(connect(&cluster.url()).await, &name)
+        .ttl(ttl)
+        .build()
+        .expect("valid");
+    assert!(other.try_lock().await.expect("store").is_none());
+    assert_eq!(
+        queue_of(&cluster, &holder).await.len(),
+        1,
+        "try_lock left its key"
+    );
+    assert!(
+        other
+            .try_lock_for(Duration::from_millis(300))
+            .await
+            .expect("store")
+            .is_none()
+    );
+    assert_eq!(
+        queue_of(&cluster, &holder).await.len(),
+        1,
+        "try_lock_for left its key"
+    );
+    assert!(
+        timeout(Duration::from_millis(300), other.lock())
+            .await
+            .is_err()
+    );
+    let cancelled = Instant::now();
+    loop {
+        let left = queue_of(&cluster, &holder).await.len();
+        if left == 1 {
+            break;
+        }
+        assert!(
+            cancelled.elapsed() < Duration::from_secs(2),
+            "a cancelled wait left its key ({left} keys), long before its 20 s lease"
+        );
+        sleep(Duration::from_millis(20)).await;
+    }
+    let state = holder.state().await.expect("store");
+    assert_eq!(state.queued, Some(0));
+    assert_eq!(state.holder.as_deref(), Some(guard.token().as_str()));
+    guard.release().await.expect("release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcds_lock_service_and_dlock_exclude_each_other_in_one_queue() {
+    let cluster = EtcdCluster::start(1).expect("etcd");
+    let name = unique("lock-service");
+    let lock = Lock::builder(connect(&cluster.url()).await, &name)
+        .ttl(Duration::from_secs(20))
+        .build()
+        .expect("valid");
+    let guard = lock.try_lock().await.expect("store").expect("free");
+    // etcd's lock service (what `etcdctl lock` uses) on the lock key: it queues behind us.
+    let mut service = admin(&cluster).await;
+    let session = service.lease_grant(20, None).await.expect("lease").id();
+    let key = lock.keys().lock().to_owned();
+    let mut client = service.clone();
+    let locking = tokio::spawn(async move {
+        client
+            .lock(key, Some(LockOptions::new().with_lease(session)))
+            .await
+            .expect("lock service")
+            .key()
+            .to_vec()
+    });
+    sleep(Duration::from_millis(500)).await;
+    assert!(
+        !locking.is_finished(),
+        "etcd's lock service got a lock dlock holds"
+    );
+    assert_eq!(lock.state().await.expect("store").queued, Some(1));
+    guard.release().await.expect("release");
+    let held = timeout(Duration::from_secs(5), locking)
+        .await
+        .expect("our release lets the lock service in")
+        .expect("task");
+    let state = lock.state().await.expect("store");
+    assert_eq!(state.holder, Some(format!("{session:x}")), "{state:?}");
+    assert!(
+        lock.try_lock().await.expect("store").is_none(),
+        "dlock got a lock etcd's lock service holds"
+    );
+    let waiter = lock.clone();
+    let waiting = tokio::spawn(async move { waiter.lock().await.expect("lock") });
+    sleep(Duration::from_millis(300)).await;
+    assert!(!waiting.is_finished());
+    service.unlock(held).await.expect("unlock");
+    let g = timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("its unlock wakes our waiter")
+        .expect("task");
+    g.release().await.expect("release");
 }

@@ -1,29 +1,88 @@
-//! etcd: a linearizable lock with revision fencing.
+//! etcd: a linearizable lock whose waiters queue in revision order (etcd's own concurrency
+//! recipe), with the holder's queue position as the fence.
 //!
-//! * **Acquire**: a lease (`LeaseGrant`, whole seconds, rounded up) and ONE transaction
-//!   that creates the lock key, attached to that lease, only if it does not exist
-//!   (`create_revision == 0`); otherwise it reads the holder. The lease is granted per
-//!   attempt and revoked at once if the attempt loses, so a waiter holds no lease while it
-//!   waits: a waiter whose lease ran out can never be told it holds the lock (etcd issue
-//!   11456, where etcd's own lock API did exactly that).
-//! * **Fence**: the key's create revision — etcd's cluster-wide revision at the grant,
-//!   strictly increasing and persisted with the key, through restarts and leader changes.
-//! * **Release**: a transaction that deletes the key only if it holds our token, then the
-//!   lease is revoked. **Extend**: a keep-alive of our lease (it can only extend keys
-//!   attached to our own lease) confirmed by reading our token at the key; a longer ttl
-//!   moves the key to a new, longer lease in a compare-on-token transaction.
-//! * **Waiting**: each waiter watches the lock key and retries when it is deleted (release,
-//!   expiry, force-unlock); the holder's remaining ttl is the fallback.
+//! # Layout
+//!
+//! Every client that wants the lock at key `K` (prefix + name) puts a key of its own,
+//! `K/<token>`, holding its token and attached to a lease of its own. The live key under
+//! `K/` with the lowest create revision holds the lock; the others wait behind it in
+//! create-revision order. Keys whose rest after `K/` contains another `/` belong to other
+//! locks (the queue of `K/x`) and are ignored. Nothing is stored at `K` itself. etcd's own
+//! lock recipe (`concurrency.Mutex`, behind `etcdctl lock K` and etcd's lock service)
+//! queues keys `K/<lease id in hex>` under the same rule, so it and dlock exclude each other
+//! on one name and share one queue (tested against etcd's lock service).
+//! Older dlock versions held the lock at `K` itself: the two layouts do not exclude each
+//! other, so every client of a name must move to this version together.
+//!
+//! # Operations
+//!
+//! * **Acquire** (one attempt, two round trips): (1) a lease that starts now for the full
+//!   ttl — the first attempt of a wait grants one (`LeaseGrant`, whole seconds rounded up);
+//!   later attempts send a keep-alive for it, which restarts its whole ttl, and grant a new
+//!   one if it is gone. (2) ONE transaction puts our key with our token on that lease and
+//!   reads the queue at the same revision. A key that exists keeps its create revision (its
+//!   place); a key that vanished (its lease ran out while the waiter was cut off, an operator
+//!   deleted it) is created anew, at the back. We hold the lock iff our key is the first of
+//!   that snapshot; otherwise the attempt reports the first key's remaining lease.
+//! * **Never granted on a vanished key** (etcd issue 11456, where etcd's lock API told a
+//!   waiter whose lease had expired that it held the lock): the grant is read from the same
+//!   transaction that wrote our key with our token, so at that revision our key exists and
+//!   is the lowest. No key created later can have a lower create revision, so it stays the
+//!   holder until it is deleted.
+//! * **Validity**: [`Lock`](crate::Lock) counts a grant's validity from the moment the
+//!   attempt was sent, for the requested ttl. Step (1) is sent after that moment and
+//!   restarts the lease for at least the ttl (rounded up to whole seconds) on the leader's
+//!   clock, and step (2) attaches our key to exactly that lease, so the key cannot expire
+//!   before `sent + ttl` (less the drift allowance; a new leader extends leases, never
+//!   shortens them). Whatever the lease went through while its owner waited does not count.
+//! * **Fence**: the holder key's create revision. The holder is always the lowest live key,
+//!   keys created later get higher revisions and a deleted key never returns with its old
+//!   revision, so grants go in create-revision order and fences strictly increase per name —
+//!   through restarts and leader changes, because revisions are persisted by raft.
+//! * **Repeats**: the key is a function of the token, so an attempt repeated after a lost
+//!   reply finds the same key (same place, same fence) and never queues twice. Release,
+//!   extend and withdrawal compare the token stored at the key.
+//! * **Waiting**: [`RawLock::watch_for`] starts one task per waiter. It finds the key just
+//!   before ours (by create revision) and watches it for deletion from the revision it was
+//!   read at, so a deletion in between is not missed. When it is deleted the task looks
+//!   again: another key still in front (a waiter that left) — it watches that one; none —
+//!   it wakes its waiter, which attempts once and is granted. A release therefore wakes one
+//!   waiter, the next in line, and no other waiter sends anything. The holder's remaining
+//!   ttl stays the fallback timer of [`Lock`](crate::Lock).
+//! * **Waiters' leases**: a waiter's lease has the lock's ttl (whole seconds, at least
+//!   etcd's minimum); its task renews it every third of that and each attempt renews it too.
+//!   A live waiter thus loses its place only if it cannot reach etcd for two thirds of its
+//!   lease — the rule that ends a holder's lease too. The task then wakes it, and its next
+//!   attempt queues it at the back under a new lease. A crashed waiter's key goes with its
+//!   lease: it holds up the waiters behind it for at most one lease.
+//! * **Leaving**: a waiter that stops waiting (`try_lock` on a held lock, a deadline, a
+//!   cancellation, through [`RawLock::abandon`]) deletes its key (compared on its token) and
+//!   revokes its lease; the next in line is watching that key and moves up. Release does the
+//!   same for the holder.
+//! * **Extend**: a keep-alive of our own lease (it holds only our key), confirmed by reading
+//!   our token on that lease at our key; a longer ttl moves the key to a new, longer lease
+//!   in a compare-on-token transaction (its create revision, hence the fence, stays).
+//! * **Operators**: [`inspect`](RawInspect::inspect) reads the queue (holder, its lease's
+//!   remaining ttl, its create revision as the last fence, the number queued behind it);
+//!   [`force_unlock`](RawInspect::force_unlock) deletes the first key (compared on its create
+//!   revision), which wakes the next in line; [`list`](RawInspect::list) names every lock
+//!   whose queue has a key.
+//!
+//! Costs: an attempt is a lease call and a transaction (plus a lease read when the lock is
+//! held); a waiter keeps one watch stream open and sends a keep-alive every third of its
+//! ttl; reading the queue costs one key per waiter.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, PutOptions, Txn, TxnOp,
-    TxnOpResponse,
+    Client, Compare, CompareOp, ConnectOptions, DeleteOptions, EventType, GetOptions, KeyValue,
+    PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse, WatchFilterType, WatchOptions,
+    WatchStream,
 };
-use tokio::sync::Notify;
+use tokio::sync::{Notify, oneshot};
+use tokio::time::{Instant, MissedTickBehavior};
 
 use crate::engine::Engine;
 use crate::error::{Error, ErrorKind, Result};
@@ -32,6 +91,8 @@ use crate::raw::{Acquire, LockState, RawFencing, RawInspect, RawLock, ReleaseWat
 use crate::token::Token;
 
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
+/// Pause before a waiter's task looks at the queue again after etcd failed it.
+const FOLLOW_RETRY: Duration = Duration::from_millis(200);
 
 /// An etcd client for locks. Cheap to clone; clones share the gRPC channel and the
 /// watchdog.
@@ -40,7 +101,7 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
 /// # async fn demo() -> dlock::Result<()> {
 /// let etcd = dlock::backend::Etcd::connect("etcd://127.0.0.1:2379").await?;
 /// let guard = dlock::Lock::new(etcd, "leader")?.lock().await?;
-/// println!("fence {} (the key's create revision)", guard.fencing_token());
+/// println!("fence {} (the create revision of our queue key)", guard.fencing_token());
 /// guard.release().await?;
 /// # Ok(()) }
 /// ```
@@ -53,9 +114,59 @@ struct Inner {
     client: Client,
     endpoints: Vec<String>,
     timeout: Duration,
-    /// The lease (and its granted ttl in seconds) of each lock this client holds.
-    leases_of: Mutex<HashMap<Token, (i64, i64)>>,
+    /// Our queue keys (waiting or holding), by key.
+    places: Mutex<HashMap<String, Place>>,
     engine: Engine,
+}
+
+/// What this client knows about one of its queue keys.
+#[derive(Clone)]
+struct Place {
+    /// The lease the key is (or is being) attached to; 0 for none yet.
+    lease: i64,
+    /// That lease's requested ttl in seconds.
+    secs: i64,
+    /// The key's create revision as last seen (0: not yet).
+    rev: i64,
+    /// Told when `rev` changes (the key was created anew at the back).
+    moved: Arc<Notify>,
+}
+
+impl Place {
+    fn new() -> Place {
+        Place {
+            lease: 0,
+            secs: 0,
+            rev: 0,
+            moved: Arc::new(Notify::new()),
+        }
+    }
+}
+
+/// One key of a lock's queue.
+struct Queued {
+    key: Vec<u8>,
+    value: Vec<u8>,
+    created: i64,
+    lease: i64,
+}
+
+impl Queued {
+    /// Who this key says holds or waits: its token, or for a key of etcd's lock service
+    /// (empty value) the rest of its key (the session's lease id).
+    fn owner(&self, prefix: &str) -> String {
+        if self.value.is_empty() {
+            String::from_utf8_lossy(&self.key[prefix.len()..]).into_owned()
+        } else {
+            String::from_utf8_lossy(&self.value).into_owned()
+        }
+    }
+
+    /// Whether dlock wrote it (the value is the token the key is named after), so its lease
+    /// holds nothing else and may be revoked with it.
+    fn is_ours(&self, prefix: &str) -> bool {
+        self.key[prefix.len()..] == self.value[..]
+    }
 }
 
 impl std::fmt::Debug for Etcd {
@@ -91,6 +202,42 @@ fn map_err(e: etcd_client::Error, doing: &str) -> Error {
 fn lease_seconds(ttl: Duration) -> i64 {
     let whole = ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0);
     i64::try_from(whole.max(1)).unwrap_or(i64::MAX)
+}
+
+/// The prefix of a lock's queue: `K/`.
+fn queue_prefix(keys: &LockKeys) -> String {
+    format!("{}/", keys.lock())
+}
+
+/// The queue key of `token`: `K/<token>`.
+fn queue_key(keys: &LockKeys, token: &Token) -> String {
+    format!("{}/{}", keys.lock(), token.as_str())
+}
+
+/// Whether `key` is in the queue under `prefix` (not in the queue of a lock named below it).
+fn in_queue(prefix: &[u8], key: &[u8]) -> bool {
+    key.strip_prefix(prefix)
+        .is_some_and(|rest| !rest.is_empty() && !rest.contains(&b'/'))
+}
+
+/// The keys of `kvs` that are in the queue under `prefix`, in the order given.
+fn queued(kvs: &[KeyValue], prefix: &str) -> Vec<Queued> {
+    kvs.iter()
+        .filter(|kv| in_queue(prefix.as_bytes(), kv.key()))
+        .map(|kv| Queued {
+            key: kv.key().to_vec(),
+            value: kv.value().to_vec(),
+            created: kv.create_revision(),
+            lease: kv.lease(),
+        })
+        .collect()
+}
+
+/// Reads a queue in line order (create revision, lowest first).
+fn queue_read() -> GetOptions {
+    GetOptions::new()
+        .with_prefix()
+        .with_sort(SortTarget::Create, SortOrder::Ascend)
 }
 
 impl Etcd {
@@ -137,7 +284,7 @@ impl Etcd {
                 client,
                 endpoints,
                 timeout: DEFAULT_TIMEOUT,
-                leases_of: Mutex::new(HashMap::new()),
+                places: Mutex::new(HashMap::new()),
                 engine: Engine::new(),
             }),
         };
@@ -170,29 +317,39 @@ impl Etcd {
         }
     }
 
-    fn remember(&self, token: &Token, lease: i64, ttl: i64) {
+    fn places(&self) -> std::sync::MutexGuard<'_, HashMap<String, Place>> {
         self.inner
-            .leases_of
+            .places
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .insert(token.clone(), (lease, ttl));
     }
 
-    fn forget(&self, token: &Token) -> Option<(i64, i64)> {
-        self.inner
-            .leases_of
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(token)
+    fn place(&self, key: &str) -> Option<Place> {
+        self.places().get(key).cloned()
     }
 
-    fn lease_of(&self, token: &Token) -> Option<(i64, i64)> {
-        self.inner
-            .leases_of
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(token)
-            .copied()
+    /// Records that `key` is (being) attached to `lease`; returns the lease it had before.
+    fn set_lease(&self, key: &str, lease: i64, secs: i64) -> Option<i64> {
+        let mut places = self.places();
+        let place = places.entry(key.to_owned()).or_insert_with(Place::new);
+        let old = place.lease;
+        place.lease = lease;
+        place.secs = secs;
+        (old != 0 && old != lease).then_some(old)
+    }
+
+    /// Records `key`'s create revision, telling its waiter's task if it changed.
+    fn placed(&self, key: &str, rev: i64) {
+        let mut places = self.places();
+        let place = places.entry(key.to_owned()).or_insert_with(Place::new);
+        if place.rev != rev {
+            place.rev = rev;
+            place.moved.notify_one();
+        }
+    }
+
+    fn forget(&self, key: &str) -> Option<Place> {
+        self.places().remove(key)
     }
 
     /// Revokes `lease` in the background (it expires by itself if that fails).
@@ -225,8 +382,24 @@ impl Etcd {
             .map(|kv| (kv.value().to_vec(), kv.create_revision(), kv.lease())))
     }
 
-    /// The remaining ttl of `lease`, if it is alive.
+    /// The queue of `keys`, first (the holder) first.
+    async fn queue(&self, keys: &LockKeys) -> Result<(String, Vec<Queued>)> {
+        let prefix = queue_prefix(keys);
+        let from = prefix.clone();
+        let resp = self
+            .call("reading a lock's queue", |mut c| async move {
+                c.get(from, Some(queue_read())).await
+            })
+            .await?;
+        let queue = queued(resp.kvs(), &prefix);
+        Ok((prefix, queue))
+    }
+
+    /// The remaining ttl of `lease`, if it is alive (`None` for 0: a key without lease).
     async fn lease_remaining(&self, lease: i64) -> Result<Option<Duration>> {
+        if lease == 0 {
+            return Ok(None);
+        }
         let resp = self
             .call("reading a lease", |mut c| async move {
                 c.lease_time_to_live(lease, None).await
@@ -235,15 +408,51 @@ impl Etcd {
         Ok(u64::try_from(resp.ttl()).ok().map(Duration::from_secs))
     }
 
-    /// Moves the key held under `token` to a new lease of `secs` (keeping its create
-    /// revision, so the fence stays). Returns whether the key held our token.
-    async fn move_to_lease(&self, key: &str, token: &Token, secs: i64) -> Result<bool> {
-        let grant = self
+    /// Grants a lease of `secs`.
+    async fn grant(&self, secs: i64) -> Result<i64> {
+        Ok(self
             .call("granting a lease", |mut c| async move {
                 c.lease_grant(secs, None).await
             })
-            .await?;
-        let lease = grant.id();
+            .await?
+            .id())
+    }
+
+    /// Sends one keep-alive for `lease`, which restarts its whole ttl on the leader.
+    /// Returns whether the lease was alive (and is renewed).
+    async fn keep_alive(&self, lease: i64) -> Result<bool> {
+        self.call("renewing a lease", |mut c| async move {
+            // Opening the stream sends the keep-alive and waits for its answer; the client
+            // reports a lease the leader does not know as this error.
+            match c.lease_keep_alive(lease).await {
+                Ok(_) => Ok(true),
+                Err(etcd_client::Error::LeaseKeepAliveError(e)) if e == "lease not found" => {
+                    Ok(false)
+                }
+                Err(e) => Err(e),
+            }
+        })
+        .await
+    }
+
+    /// A lease for `key` whose ttl of at least `secs` (re)started now: the one it has, kept
+    /// alive, or a new one. Also returns a lease to revoke once the key is off it.
+    async fn fresh_lease(&self, key: &str, secs: i64) -> Result<(i64, Option<i64>)> {
+        if let Some(place) = self.place(key)
+            && place.lease != 0
+            && place.secs >= secs
+            && self.keep_alive(place.lease).await?
+        {
+            return Ok((place.lease, None));
+        }
+        let lease = self.grant(secs).await?;
+        Ok((lease, self.set_lease(key, lease, secs)))
+    }
+
+    /// Moves the key held under `token` to a new lease of `secs` (keeping its create
+    /// revision, so the fence stays). Returns whether the key held our token.
+    async fn move_to_lease(&self, key: &str, token: &Token, secs: i64) -> Result<bool> {
+        let lease = self.grant(secs).await?;
         let txn = Txn::new()
             .when([Compare::value(key, CompareOp::Equal, token.as_str())])
             .and_then([TxnOp::put(
@@ -256,131 +465,318 @@ impl Etcd {
             .await?
             .succeeded();
         if moved {
-            if let Some((old, _)) = self.lease_of(token) {
+            if let Some(old) = self.set_lease(key, lease, secs) {
                 self.revoke_later(old);
             }
-            self.remember(token, lease, secs);
         } else {
             self.revoke_later(lease);
         }
         Ok(moved)
     }
-}
 
-impl RawLock for Etcd {
-    async fn acquire(&self, keys: &LockKeys, token: &Token, ttl: Duration) -> Result<Acquire> {
-        let secs = lease_seconds(ttl);
-        let key = keys.lock().to_owned();
-        let grant = self
-            .call("granting a lease", |mut c| async move {
-                c.lease_grant(secs, None).await
+    /// The queue key just before create revision `rev` under `prefix`, and the revision the
+    /// queue was read at.
+    async fn predecessor(&self, prefix: &str, rev: i64) -> Result<(Option<Vec<u8>>, i64)> {
+        let from = prefix.to_owned();
+        // Every key created before ours, latest first (a max of 0 would mean "no bound").
+        let options = GetOptions::new()
+            .with_prefix()
+            .with_keys_only()
+            .with_max_create_revision((rev - 1).max(1))
+            .with_sort(SortTarget::Create, SortOrder::Descend);
+        let resp = self
+            .call("reading a lock's queue", |mut c| async move {
+                c.get(from, Some(options)).await
             })
             .await?;
-        let lease = grant.id();
-        let txn = Txn::new()
-            .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
-            .and_then([TxnOp::put(
-                key.as_str(),
-                token.as_str(),
-                Some(PutOptions::new().with_lease(lease)),
-            )])
-            .or_else([TxnOp::get(key.as_str(), None)]);
-        let resp = match self
-            .call("acquiring", |mut c| async move { c.txn(txn).await })
+        let read_at = resp
+            .header()
+            .map_or(0, etcd_client::ResponseHeader::revision);
+        let ahead = resp
+            .kvs()
+            .iter()
+            .filter(|kv| kv.create_revision() < rev)
+            .find(|kv| in_queue(prefix.as_bytes(), kv.key()))
+            .map(|kv| kv.key().to_vec());
+        Ok((ahead, read_at))
+    }
+
+    /// Watches `key` for its deletion, from revision `from` on; returns once etcd confirmed
+    /// the watch.
+    async fn watch_deletion(&self, key: Vec<u8>, from: i64) -> Result<WatchStream> {
+        let options = WatchOptions::new()
+            .with_start_revision(from)
+            .with_filters([WatchFilterType::NoPut]);
+        let mut stream = self
+            .call("watching the waiter ahead", |mut c| async move {
+                c.watch(key, Some(options)).await
+            })
+            .await?;
+        let created = tokio::time::timeout(self.inner.timeout, stream.message())
             .await
-        {
-            Ok(resp) => resp,
-            Err(err) => {
-                // Whatever happened, the key can only live as long as this lease.
-                self.revoke_later(lease);
-                return Err(err);
-            }
-        };
-        if resp.succeeded() {
-            let fence = resp
-                .header()
-                .map_or(0, etcd_client::ResponseHeader::revision);
-            self.remember(token, lease, secs);
-            return Ok(Acquire::Acquired {
-                fence: u64::try_from(fence).unwrap_or(0),
-            });
-        }
-        self.revoke_later(lease);
-        let holder = resp.op_responses().into_iter().find_map(|op| match op {
-            TxnOpResponse::Get(get) => get
-                .kvs()
-                .first()
-                .map(|kv| (kv.value().to_vec(), kv.create_revision(), kv.lease())),
-            _ => None,
-        });
-        match holder {
-            // A repeat of a granted request: the grant stands, renewed.
-            Some((value, created, held_lease)) if value == token.as_str().as_bytes() => {
-                let renewed = self
-                    .call("renewing a lease", |mut c| async move {
-                        let (mut keeper, mut stream) = c.lease_keep_alive(held_lease).await?;
-                        keeper.keep_alive().await?;
-                        stream.message().await
-                    })
-                    .await?
-                    .is_some_and(|r| r.ttl() > 0);
-                if renewed {
-                    self.remember(token, held_lease, secs);
-                    Ok(Acquire::Acquired {
-                        fence: u64::try_from(created).unwrap_or(0),
-                    })
-                } else {
-                    Ok(Acquire::Held { remaining: None })
-                }
-            }
-            Some((_, _, held_lease)) => Ok(Acquire::Held {
-                remaining: self.lease_remaining(held_lease).await.ok().flatten(),
-            }),
-            // Deleted between the compare and the read: try again soon.
-            None => Ok(Acquire::Held { remaining: None }),
+            .map_err(|_| Error::new(ErrorKind::TimedOut, "etcd did not confirm a watch"))?
+            .map_err(|e| map_err(e, "watching the waiter ahead"))?
+            .is_some_and(|r| r.created());
+        if created {
+            Ok(stream)
+        } else {
+            Err(Error::new(ErrorKind::Backend, "etcd refused a watch"))
         }
     }
 
-    async fn release(&self, keys: &LockKeys, token: &Token) -> Result<bool> {
-        let key = keys.lock().to_owned();
+    /// Renews the lease of our queue key `key`: `Some(false)` if it is gone (and with it our
+    /// place), `None` if etcd did not say.
+    async fn renew_place(&self, key: &str) -> Option<bool> {
+        let lease = self.place(key)?.lease;
+        if lease == 0 {
+            return None;
+        }
+        match self.keep_alive(lease).await {
+            Ok(true) => Some(true),
+            // Gone, unless an attempt moved the key to a new lease meanwhile.
+            Ok(false) => Some(self.place(key)?.lease != lease),
+            Err(_) => None,
+        }
+    }
+
+    /// The task behind [`RawLock::watch_for`]: follows the queue key just before ours, wakes
+    /// our waiter when none is left before it, and keeps our lease alive. Signals `ready`
+    /// after its first look (with a watch in effect unless etcd failed it).
+    async fn follow(
+        self,
+        prefix: String,
+        key: String,
+        wake: Arc<Notify>,
+        ready: oneshot::Sender<()>,
+    ) {
+        let mut ready = Some(ready);
+        let Some(first) = self.place(&key) else {
+            wake.notify_one();
+            return;
+        };
+        let period = Duration::from_millis(
+            u64::try_from(first.secs)
+                .unwrap_or(1)
+                .max(1)
+                .saturating_mul(1000)
+                / 3,
+        );
+        let mut renew = tokio::time::interval_at(Instant::now() + period, period);
+        renew.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        // The place (create revision) at whose turn our waiter was already woken.
+        let mut told = 0;
+        loop {
+            // Withdrawn (released, abandoned): nothing to follow.
+            let Some(place) = self.place(&key) else {
+                return;
+            };
+            let mut stream = None;
+            let mut failed = false;
+            match self.predecessor(&prefix, place.rev).await {
+                Ok((Some(ahead), read_at)) => match self.watch_deletion(ahead, read_at + 1).await {
+                    Ok(s) => stream = Some(s),
+                    Err(_) => failed = true,
+                },
+                // Our turn.
+                Ok((None, _)) if place.rev > 0 => {
+                    if told != place.rev {
+                        told = place.rev;
+                        wake.notify_one();
+                    }
+                }
+                Ok((None, _)) | Err(_) => failed = true,
+            }
+            if let Some(r) = ready.take() {
+                let _ = r.send(());
+            }
+            loop {
+                tokio::select! {
+                    clean = deleted(stream.as_mut()) => {
+                        if !clean {
+                            tokio::time::sleep(FOLLOW_RETRY).await;
+                        }
+                        break;
+                    }
+                    () = place.moved.notified() => {
+                        if self.place(&key).is_none_or(|p| p.rev != place.rev) {
+                            break;
+                        }
+                    }
+                    _ = renew.tick() => {
+                        if self.renew_place(&key).await == Some(false) {
+                            // Our key went with its lease: the next attempt queues anew.
+                            told = 0;
+                            wake.notify_one();
+                        }
+                    }
+                    () = async {
+                        if failed {
+                            tokio::time::sleep(FOLLOW_RETRY).await;
+                        } else {
+                            std::future::pending::<()>().await;
+                        }
+                    } => break,
+                }
+            }
+        }
+    }
+}
+
+/// Resolves when the watched key is deleted (`true`) or the watch ends (`false`:
+/// cancelled, compacted, connection lost); never without a watch.
+async fn deleted(stream: Option<&mut WatchStream>) -> bool {
+    let Some(stream) = stream else {
+        return std::future::pending().await;
+    };
+    loop {
+        match stream.message().await {
+            Ok(Some(resp)) => {
+                if resp
+                    .events()
+                    .iter()
+                    .any(|e| e.event_type() == EventType::Delete)
+                {
+                    return true;
+                }
+                if resp.canceled() {
+                    return false;
+                }
+            }
+            Ok(None) | Err(_) => return false,
+        }
+    }
+}
+
+impl RawLock for Etcd {
+    const QUEUES_WAITERS: bool = true;
+
+    async fn acquire(&self, keys: &LockKeys, token: &Token, ttl: Duration) -> Result<Acquire> {
+        let secs = lease_seconds(ttl);
+        let key = queue_key(keys, token);
+        let prefix = queue_prefix(keys);
+        // (1) A lease whose whole ttl starts now, after the caller took its send time.
+        let (lease, retired) = self.fresh_lease(&key, secs).await?;
+        // (2) Our key on that lease (an existing key keeps its place, a vanished one goes to
+        // the back), and the queue as of the same revision.
+        let ops = [
+            TxnOp::put(
+                key.as_str(),
+                token.as_str(),
+                Some(PutOptions::new().with_lease(lease)),
+            ),
+            TxnOp::get(prefix.as_str(), Some(queue_read().with_keys_only())),
+        ];
         let txn = Txn::new()
             .when([Compare::value(
                 key.as_str(),
                 CompareOp::Equal,
                 token.as_str(),
             )])
-            .and_then([
-                TxnOp::get(key.as_str(), None),
-                TxnOp::delete(key.as_str(), None),
-            ]);
-        let resp = self
-            .call("releasing", |mut c| async move { c.txn(txn).await })
-            .await?;
-        let remembered = self.forget(token);
-        if !resp.succeeded() {
-            return Ok(false);
+            .and_then(ops.clone())
+            .or_else(ops);
+        let resp = match self
+            .call("acquiring", |mut c| async move { c.txn(txn).await })
+            .await
+        {
+            Ok(resp) => resp,
+            // The lease ran out between its keep-alive and the transaction (a stall longer
+            // than the lease): nothing was written; the repeat grants a new lease.
+            Err(err) if err.to_string().contains("requested lease not found") => {
+                self.set_lease(&key, 0, 0);
+                return Err(Error::new(
+                    ErrorKind::Unavailable,
+                    format!("acquiring: the waiter's lease ran out before the attempt ({err})"),
+                )
+                .retryable(true));
+            }
+            // Outcome unknown: the caller repeats the attempt under the same token (same key)
+            // or gives it back with a release.
+            Err(err) => return Err(err),
+        };
+        if let Some(old) = retired {
+            self.revoke_later(old);
         }
-        let lease = resp
+        let queue = resp
             .op_responses()
             .into_iter()
             .find_map(|op| match op {
-                TxnOpResponse::Get(get) => get.kvs().first().map(|kv| kv.lease()),
+                TxnOpResponse::Get(get) => Some(queued(get.kvs(), &prefix)),
                 _ => None,
             })
-            .or(remembered.map(|(l, _)| l));
-        if let Some(lease) = lease.filter(|l| *l != 0) {
+            .unwrap_or_default();
+        let Some(at) = queue.iter().position(|q| q.key == key.as_bytes()) else {
+            return Err(Error::new(
+                ErrorKind::Backend,
+                "etcd did not list the queue key it had just written",
+            ));
+        };
+        let created = queue[at].created;
+        self.placed(&key, created);
+        if !resp.succeeded() {
+            tracing::debug!(lock = keys.name(), place = at, "queued at the back");
+        }
+        if at == 0 {
+            // First in the snapshot that wrote our key: ours, with its create revision as
+            // the fence.
+            return Ok(Acquire::Acquired {
+                fence: u64::try_from(created).unwrap_or(0),
+            });
+        }
+        Ok(Acquire::Held {
+            remaining: self.lease_remaining(queue[0].lease).await.ok().flatten(),
+        })
+    }
+
+    async fn release(&self, keys: &LockKeys, token: &Token) -> Result<bool> {
+        let key = queue_key(keys, token);
+        let txn = Txn::new()
+            .when([Compare::value(
+                key.as_str(),
+                CompareOp::Equal,
+                token.as_str(),
+            )])
+            .and_then([TxnOp::delete(
+                key.as_str(),
+                Some(DeleteOptions::new().with_prev_key()),
+            )]);
+        let resp = match self
+            .call("releasing", |mut c| async move { c.txn(txn).await })
+            .await
+        {
+            Ok(resp) => resp,
+            Err(err) => {
+                // Outcome unknown: the key lives only as long as its lease, so end that too
+                // (the caller may still repeat the release).
+                if let Some(place) = self.forget(&key).filter(|p| p.lease != 0) {
+                    self.revoke_later(place.lease);
+                }
+                return Err(err);
+            }
+        };
+        let remembered = self.forget(&key).map(|p| p.lease);
+        let deleted = resp.op_responses().into_iter().find_map(|op| match op {
+            TxnOpResponse::Delete(d) => d.prev_kvs().first().map(KeyValue::lease),
+            _ => None,
+        });
+        // The deleted key's lease, and the one we last attached it to (an attempt still in
+        // flight may put the key back on it): each holds nothing but this key.
+        if let Some(lease) = deleted.filter(|l| *l != 0) {
             self.revoke_later(lease);
         }
-        Ok(true)
+        if let Some(lease) = remembered.filter(|l| *l != 0 && Some(*l) != deleted) {
+            self.revoke_later(lease);
+        }
+        Ok(resp.succeeded())
     }
 
     async fn extend(&self, keys: &LockKeys, token: &Token, ttl: Duration) -> Result<bool> {
         let secs = lease_seconds(ttl);
-        let key = keys.lock();
-        let known = match self.lease_of(token) {
-            Some(l) => Some(l),
-            None => match self.read(key).await? {
-                Some((value, _, lease)) if value == token.as_str().as_bytes() => {
+        let key = queue_key(keys, token);
+        let known = match self.place(&key).filter(|p| p.lease != 0) {
+            Some(p) => Some((p.lease, p.secs)),
+            // A holder in another process handed us its token.
+            None => match self.read(&key).await? {
+                Some((value, _, lease)) if value == token.as_str().as_bytes() && lease != 0 => {
                     let granted = self
                         .call("reading a lease", |mut c| async move {
                             c.lease_time_to_live(lease, None).await
@@ -396,27 +792,31 @@ impl RawLock for Etcd {
             return Ok(false);
         };
         if secs > granted {
-            return self.move_to_lease(key, token, secs).await;
+            return self.move_to_lease(&key, token, secs).await;
         }
         // Keep our own lease alive (it can only hold our key), and check the key is still
-        // ours on it.
-        let alive = self.call("renewing a lease", |mut c| async move {
-            let (mut keeper, mut stream) = c.lease_keep_alive(lease).await?;
-            keeper.keep_alive().await?;
-            stream.message().await
-        });
-        let (alive, holder) = tokio::join!(alive, self.read(key));
-        let alive = alive?.is_some_and(|r| r.ttl() > 0);
+        // ours on it. Our key, while it exists, is the lowest of the queue: the holder.
+        let (alive, holder) = tokio::join!(self.keep_alive(lease), self.read(&key));
+        let alive = alive?;
         let ours =
             holder?.is_some_and(|(value, _, l)| value == token.as_str().as_bytes() && l == lease);
         Ok(alive && ours)
     }
 
+    /// Any release of the lock (a deletion in its queue): for callers without a token.
     async fn watch(&self, keys: &LockKeys) -> Result<ReleaseWatch> {
-        let key = keys.lock().to_owned();
+        let prefix = queue_prefix(keys);
         let mut stream = self
             .call("watching a lock", |mut c| async move {
-                c.watch(key, None).await
+                c.watch(
+                    prefix,
+                    Some(
+                        WatchOptions::new()
+                            .with_prefix()
+                            .with_filters([WatchFilterType::NoPut]),
+                    ),
+                )
+                .await
             })
             .await?;
         // The first response confirms the watch: releases from here on are heard.
@@ -431,22 +831,37 @@ impl RawLock for Etcd {
         let notify = Arc::new(Notify::new());
         let wake = Arc::clone(&notify);
         let task = tokio::spawn(async move {
-            while let Ok(Some(resp)) = stream.message().await {
-                if resp
-                    .events()
-                    .iter()
-                    .any(|e| e.event_type() == EventType::Delete)
-                {
-                    wake.notify_one();
-                }
-                if resp.canceled() {
-                    break;
-                }
+            while deleted(Some(&mut stream)).await {
+                wake.notify_one();
             }
             // The watch ended (connection lost): let the waiter retry now.
             wake.notify_one();
         });
         Ok(ReleaseWatch::new(notify, Some(Box::new(AbortOnDrop(task)))))
+    }
+
+    /// Wakes `token`'s waiter when no key is left before its own; keeps its lease alive
+    /// meanwhile. See the module docs.
+    async fn watch_for(&self, keys: &LockKeys, token: &Token) -> Result<ReleaseWatch> {
+        let notify = Arc::new(Notify::new());
+        let (ready, first_look) = oneshot::channel();
+        // Owned at once: if this call is cancelled (a deadline), the task ends with it and
+        // renews nothing.
+        let task = AbortOnDrop(tokio::spawn(self.clone().follow(
+            queue_prefix(keys),
+            queue_key(keys, token),
+            Arc::clone(&notify),
+            ready,
+        )));
+        // Once the task watches the key ahead, a release from then on is heard. If etcd
+        // fails it, the task keeps trying, and wakes us when it finds our turn came.
+        let _ = tokio::time::timeout(self.inner.timeout, first_look).await;
+        Ok(ReleaseWatch::new(notify, Some(Box::new(task))))
+    }
+
+    /// Deletes the waiter's key (compared on its token) and revokes its lease.
+    async fn abandon(&self, keys: &LockKeys, token: &Token) -> Result<()> {
+        self.release(keys, token).await.map(|_| ())
     }
 
     fn store_id(&self) -> String {
@@ -467,49 +882,58 @@ impl Drop for AbortOnDrop {
     }
 }
 
-/// The fence is the key's create revision: etcd's revision counter is cluster-wide,
-/// strictly increasing and persisted (raft log and snapshots), so it survives restarts
-/// and leader changes.
+/// The fence is the create revision of the holder's queue key: etcd's revision counter is
+/// cluster-wide, strictly increasing and persisted (raft log and snapshots), so it survives
+/// restarts and leader changes, and the queue grants in create-revision order.
 impl RawFencing for Etcd {}
 
 impl RawInspect for Etcd {
     async fn inspect(&self, keys: &LockKeys) -> Result<LockState> {
-        Ok(match self.read(keys.lock()).await? {
-            Some((value, created, lease)) => LockState::new(
-                Some(String::from_utf8_lossy(&value).into_owned()),
-                self.lease_remaining(lease).await?,
-                u64::try_from(created).ok(),
-            ),
-            None => LockState::new(None, None, None),
-        })
+        let (prefix, queue) = self.queue(keys).await?;
+        let Some(head) = queue.first() else {
+            return Ok(LockState::new(None, None, None).with_queued(0));
+        };
+        Ok(LockState::new(
+            Some(head.owner(&prefix)),
+            self.lease_remaining(head.lease).await?,
+            u64::try_from(head.created).ok(),
+        )
+        .with_queued(u32::try_from(queue.len() - 1).unwrap_or(u32::MAX)))
     }
 
     async fn force_unlock(&self, keys: &LockKeys) -> Result<bool> {
-        let key = keys.lock().to_owned();
-        let txn = Txn::new()
-            .when([Compare::create_revision(
-                key.as_str(),
-                CompareOp::Greater,
-                0,
-            )])
-            .and_then([
-                TxnOp::get(key.as_str(), None),
-                TxnOp::delete(key.as_str(), None),
-            ]);
-        let resp = self
-            .call("force-unlocking", |mut c| async move { c.txn(txn).await })
-            .await?;
-        if let Some(lease) = resp.op_responses().into_iter().find_map(|op| match op {
-            TxnOpResponse::Get(get) => get.kvs().first().map(|kv| kv.lease()),
-            _ => None,
-        }) && lease != 0
-        {
-            self.revoke_later(lease);
+        // The holder may release (and the next take over) between our read and the delete:
+        // then read again.
+        for _ in 0..3 {
+            let (prefix, queue) = self.queue(keys).await?;
+            let Some(head) = queue.into_iter().next() else {
+                return Ok(false);
+            };
+            let txn = Txn::new()
+                .when([Compare::create_revision(
+                    head.key.clone(),
+                    CompareOp::Equal,
+                    head.created,
+                )])
+                .and_then([TxnOp::delete(head.key.clone(), None)]);
+            let resp = self
+                .call("force-unlocking", |mut c| async move { c.txn(txn).await })
+                .await?;
+            if resp.succeeded() {
+                // A key of etcd's lock service shares its session's lease: leave that alone.
+                if head.is_ours(&prefix) && head.lease != 0 {
+                    self.revoke_later(head.lease);
+                }
+                return Ok(true);
+            }
         }
-        Ok(resp.succeeded())
+        Ok(false)
     }
 
     async fn list(&self, prefix: &str, pattern: &str, limit: usize) -> Result<Vec<String>> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
         let from = prefix.to_owned();
         let resp = self
             .call("listing locks", |mut c| async move {
@@ -517,22 +941,31 @@ impl RawInspect for Etcd {
                     .await
             })
             .await?;
-        Ok(resp
-            .kvs()
-            .iter()
-            .filter(|kv| kv.lease() != 0)
-            .filter_map(|kv| std::str::from_utf8(kv.key()).ok())
-            .filter_map(|k| k.strip_prefix(prefix))
-            .filter(|name| crate::backend::glob_match(pattern.as_bytes(), name.as_bytes()))
-            .take(limit)
-            .map(str::to_owned)
-            .collect())
+        // A lock is held while its queue has a key: name it once.
+        let mut names = BTreeSet::new();
+        for kv in resp.kvs().iter().filter(|kv| kv.lease() != 0) {
+            let Some(name) = std::str::from_utf8(kv.key())
+                .ok()
+                .and_then(|k| k.strip_prefix(prefix))
+                .and_then(|k| k.rsplit_once('/'))
+                .and_then(|(name, rest)| (!name.is_empty() && !rest.is_empty()).then_some(name))
+            else {
+                continue;
+            };
+            if crate::backend::glob_match(pattern.as_bytes(), name.as_bytes()) {
+                names.insert(name.to_owned());
+                if names.len() >= limit {
+                    break;
+                }
+            }
+        }
+        Ok(names.into_iter().collect())
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::lease_seconds;
+    use super::{in_queue, lease_seconds};
     use std::time::Duration;
 
     #[test]
@@ -540,5 +973,14 @@ mod tests {
         assert_eq!(lease_seconds(Duration::from_millis(100)), 1);
         assert_eq!(lease_seconds(Duration::from_millis(1001)), 2);
         assert_eq!(lease_seconds(Duration::from_secs(30)), 30);
+    }
+
+    #[test]
+    fn the_queue_leaves_out_locks_named_below_it() {
+        assert!(in_queue(b"dlock:a/", b"dlock:a/0123abcd"));
+        assert!(in_queue(b"dlock:a/", b"dlock:a/694d7a1c2b3e4f50"));
+        assert!(!in_queue(b"dlock:a/", b"dlock:a/b/0123abcd"));
+        assert!(!in_queue(b"dlock:a/", b"dlock:a/"));
+        assert!(!in_queue(b"dlock:a/", b"dlock:ab/0123"));
     }
 }
