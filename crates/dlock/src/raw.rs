@@ -211,7 +211,9 @@ pub trait RawFencing: RawLock {}
 /// (holders above a lowered count keep their permits until they release).
 pub trait RawSemaphore: RawLock {
     /// Takes `n` permits under `token` for `ttl`, if free; else reports when the earliest
-    /// lease ends (`Held { remaining }`).
+    /// lease ends (`Held { remaining }`). With `queue` (the caller listens for its
+    /// wake-up), a store that wakes one waiter per release queues it, as
+    /// [`RawLock::acquire_or_queue`] does.
     fn acquire_permits(
         &self,
         keys: &LockKeys,
@@ -219,7 +221,19 @@ pub trait RawSemaphore: RawLock {
         n: u32,
         permits: u32,
         ttl: Duration,
+        queue: bool,
     ) -> impl Future<Output = Result<Acquire>> + Send;
+
+    /// Withdraws a queued permit waiter (see [`RawLock::abandon`]). The default does
+    /// nothing.
+    fn abandon_permits(
+        &self,
+        keys: &LockKeys,
+        token: &Token,
+    ) -> impl Future<Output = Result<()>> + Send {
+        let _ = (keys, token);
+        async { Ok(()) }
+    }
 
     /// Gives back the permits held under `token` and wakes waiters. Returns whether a live
     /// lease was released.
@@ -283,6 +297,9 @@ pub trait RawReentrant: RawLock {
     /// # Errors
     /// [`ErrorKind::LimitReached`](crate::ErrorKind::LimitReached) if `owner` already holds
     /// `limit` holds; store failures.
+    /// With `queue` (the caller listens for its wake-up), a store that wakes one waiter
+    /// per release queues a caller that must wait, as [`RawLock::acquire_or_queue`] does;
+    /// it withdraws through [`RawLock::abandon`].
     fn acquire_reentrant(
         &self,
         keys: &LockKeys,
@@ -290,6 +307,7 @@ pub trait RawReentrant: RawLock {
         token: &Token,
         ttl: Duration,
         limit: u32,
+        queue: bool,
     ) -> impl Future<Output = Result<Acquire>> + Send;
 
     /// Gives back `owner`'s hold taken under `token` (the last hold deletes the lock and

@@ -112,11 +112,34 @@ pub struct Holds<B> {
 
 impl<B: RawReentrant> RawLock for Holds<B> {
     const LEASE_KIND: LeaseKind = LeaseKind::Reentrant;
+    const QUEUES_WAITERS: bool = B::QUEUES_WAITERS;
+    const QUEUES_ONLY_LISTENERS: bool = B::QUEUES_ONLY_LISTENERS;
 
     async fn acquire(&self, keys: &LockKeys, token: &Token, ttl: Duration) -> Result<Acquire> {
         self.backend
-            .acquire_reentrant(keys, self.owner.as_str(), token, ttl, self.limit)
+            .acquire_reentrant(keys, self.owner.as_str(), token, ttl, self.limit, false)
             .await
+    }
+
+    async fn acquire_or_queue(
+        &self,
+        keys: &LockKeys,
+        token: &Token,
+        ttl: Duration,
+    ) -> Result<Acquire> {
+        self.backend
+            .acquire_reentrant(keys, self.owner.as_str(), token, ttl, self.limit, true)
+            .await
+    }
+
+    /// A queued waiter listens for its own wake-up, where the store wakes one waiter per
+    /// release.
+    async fn watch_for(&self, keys: &LockKeys, token: &Token) -> Result<ReleaseWatch> {
+        self.backend.watch_for(keys, token).await
+    }
+
+    async fn abandon(&self, keys: &LockKeys, token: &Token) -> Result<()> {
+        self.backend.abandon(keys, token).await
     }
 
     async fn release(&self, keys: &LockKeys, token: &Token) -> Result<bool> {

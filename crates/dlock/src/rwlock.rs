@@ -52,6 +52,16 @@ impl<B: RawRwLock, const WRITE: bool> RawLock for RwSide<B, WRITE> {
             .await
     }
 
+    /// A waiting writer listens for its own wake-up where the store wakes one writer per
+    /// release; readers share one channel (a release lets them all in).
+    async fn watch_for(&self, keys: &LockKeys, token: &Token) -> Result<ReleaseWatch> {
+        if WRITE {
+            self.backend.watch_for(&keys.side("w"), token).await
+        } else {
+            self.watch(keys).await
+        }
+    }
+
     async fn abandon(&self, keys: &LockKeys, token: &Token) -> Result<()> {
         self.backend.abandon_rw(keys, token).await
     }

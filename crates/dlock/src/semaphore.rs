@@ -27,11 +27,34 @@ pub struct Permits<B> {
 
 impl<B: RawSemaphore> RawLock for Permits<B> {
     const LEASE_KIND: LeaseKind = LeaseKind::Permits;
+    const QUEUES_WAITERS: bool = B::QUEUES_WAITERS;
+    const QUEUES_ONLY_LISTENERS: bool = B::QUEUES_ONLY_LISTENERS;
 
     async fn acquire(&self, keys: &LockKeys, token: &Token, ttl: Duration) -> Result<Acquire> {
         self.backend
-            .acquire_permits(keys, token, self.count, self.permits, ttl)
+            .acquire_permits(keys, token, self.count, self.permits, ttl, false)
             .await
+    }
+
+    async fn acquire_or_queue(
+        &self,
+        keys: &LockKeys,
+        token: &Token,
+        ttl: Duration,
+    ) -> Result<Acquire> {
+        self.backend
+            .acquire_permits(keys, token, self.count, self.permits, ttl, true)
+            .await
+    }
+
+    /// A queued waiter listens for its own wake-up, where the store wakes one waiter per
+    /// freed permit.
+    async fn watch_for(&self, keys: &LockKeys, token: &Token) -> Result<ReleaseWatch> {
+        self.backend.watch_for(keys, token).await
+    }
+
+    async fn abandon(&self, keys: &LockKeys, token: &Token) -> Result<()> {
+        self.backend.abandon_permits(keys, token).await
     }
 
     async fn release(&self, keys: &LockKeys, token: &Token) -> Result<bool> {

@@ -285,3 +285,185 @@ async fn a_foreign_release_is_covered_by_the_ttl_fallback() {
         .expect("lock");
     g.release().await.expect("release");
 }
+
+/// Waits until the sorted set `key` has `n` members (waiters queued in the store).
+async fn wait_zcard(admin: &mut redis::aio::MultiplexedConnection, key: &str, n: u64) {
+    let queued = async {
+        loop {
+            let have: u64 = redis::cmd("ZCARD")
+                .arg(key)
+                .query_async(&mut *admin)
+                .await
+                .expect("zcard");
+            if have == n {
+                return;
+            }
+            sleep(Duration::from_millis(10)).await;
+        }
+    };
+    timeout(Duration::from_secs(10), queued)
+        .await
+        .unwrap_or_else(|_| panic!("{n} waiters never queued in {key}"));
+}
+
+/// `EVALSHA` calls since the last `CONFIG RESETSTAT`.
+async fn evalsha_calls(admin: &mut redis::aio::MultiplexedConnection) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut *admin)
+        .await
+        .expect("info");
+    info.lines()
+        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+/// After `queued` waiters (each its own client) queued under `queue_key`, one release
+/// (`release`) must cost exactly one waiter's attempt: two EVALSHAs in all.
+async fn one_release_one_attempt<G: Send + 'static>(
+    t: &RedisTarget,
+    queue_key: &str,
+    queued: u64,
+    release: impl Future<Output = ()>,
+    rx: &mut tokio::sync::mpsc::UnboundedReceiver<G>,
+) -> G {
+    let mut admin = t.admin().await;
+    wait_zcard(&mut admin, queue_key, queued).await;
+    sleep(Duration::from_millis(100)).await; // every waiter asleep on its wake-up
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(&mut admin)
+        .await
+        .expect("resetstat");
+    release.await;
+    let first = timeout(Duration::from_secs(5), rx.recv())
+        .await
+        .expect("a waiter woke on the release")
+        .expect("channel");
+    sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        evalsha_calls(&mut admin).await,
+        2,
+        "one release, one waiter's acquire: not one per client"
+    );
+    assert!(rx.try_recv().is_err(), "only one waiter got in");
+    first
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_semaphore_release_wakes_one_waiter_across_clients() {
+    let t = RedisTarget::start();
+    let name = unique("sem-herd");
+    let ttl = Duration::from_secs(30);
+    let sem = Semaphore::builder(t.client().await, &name, 2)
+        .ttl(ttl)
+        .build()
+        .expect("valid");
+    let a = sem.acquire().await.expect("permit");
+    let b = sem.acquire().await.expect("permit");
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    for _ in 0..16 {
+        let s = Semaphore::builder(t.client().await, &name, 2)
+            .ttl(ttl)
+            .build()
+            .expect("valid");
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            let p = s.acquire().await.expect("permit");
+            let _ = tx.send(p);
+        });
+    }
+    let queue = sem.keys().companion("waiters");
+    let first = one_release_one_attempt(
+        &t,
+        &queue,
+        16,
+        async { a.release().await.expect("release") },
+        &mut rx,
+    )
+    .await;
+    // Adding two permits lets exactly two more in, one after the other.
+    sem.add_permits(2).await.expect("add");
+    for _ in 0..2 {
+        let p = timeout(Duration::from_secs(5), rx.recv())
+            .await
+            .expect("a waiter per added permit")
+            .expect("channel");
+        drop(p);
+    }
+    drop((first, b));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reentrant_release_wakes_one_waiter_across_clients() {
+    let t = RedisTarget::start();
+    let name = unique("re-herd");
+    let ttl = Duration::from_secs(30);
+    let re = ReentrantLock::builder(t.client().await, &name)
+        .ttl(ttl)
+        .build()
+        .expect("valid");
+    let owner = Owner::new("holder").expect("owner");
+    let outer = re.lock(&owner).await.expect("lock");
+    let inner = re.lock(&owner).await.expect("re-entry");
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    for i in 0..16 {
+        let r = ReentrantLock::builder(t.client().await, &name)
+            .ttl(ttl)
+            .build()
+            .expect("valid");
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            let o = Owner::new(format!("waiter-{i}")).expect("owner");
+            let g = r.lock(&o).await.expect("lock");
+            let _ = tx.send(g);
+        });
+    }
+    inner.release().await.expect("the inner hold frees nothing");
+    let queue = re.keys().companion("waiters");
+    let first = one_release_one_attempt(
+        &t,
+        &queue,
+        16,
+        async { outer.release().await.expect("release") },
+        &mut rx,
+    )
+    .await;
+    drop(first);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_release_wakes_one_writer_across_clients() {
+    let t = RedisTarget::start();
+    let name = unique("rw-herd");
+    let ttl = Duration::from_secs(30);
+    let rw = RwLock::builder(t.client().await, &name)
+        .ttl(ttl)
+        .build()
+        .expect("valid");
+    let held = rw.write().await.expect("write");
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    for _ in 0..16 {
+        let w = RwLock::builder(t.client().await, &name)
+            .ttl(ttl)
+            .build()
+            .expect("valid");
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            let g = w.write().await.expect("write");
+            let _ = tx.send(g);
+        });
+    }
+    let queue = rw.keys().companion("writers");
+    let first = one_release_one_attempt(
+        &t,
+        &queue,
+        16,
+        async { held.release().await.expect("release") },
+        &mut rx,
+    )
+    .await;
+    drop(first);
+}

@@ -393,6 +393,7 @@ impl RawSemaphore for Memory {
         n: u32,
         permits: u32,
         ttl: Duration,
+        _queue: bool,
     ) -> Result<Acquire> {
         let now = Instant::now();
         let mut state = self.state();
@@ -513,6 +514,7 @@ impl RawReentrant for Memory {
         token: &Token,
         ttl: Duration,
         limit: u32,
+        _queue: bool,
     ) -> Result<Acquire> {
         let now = Instant::now();
         let mut state = self.state();

@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use super::{Redis, map_err, not_replicated, ttl_ms};
-use crate::error::{Error, ErrorKind, Result};
+use super::{Redis, map_err, not_replicated, parse_acquire, ttl_ms};
+use crate::error::Result;
 use crate::keys::LockKeys;
 use crate::raw::{Acquire, LockState, RawFair, RawInspect};
 use crate::token::Token;
@@ -58,18 +58,7 @@ impl RawFair for Redis {
             let _ = self.release_fair(keys, token).await;
             return Err(not_replicated(keys, "the grant"));
         }
-        match reply.as_slice() {
-            [1, fence] if *fence >= 0 => Ok(Acquire::Acquired {
-                fence: u64::try_from(*fence).unwrap_or(0),
-            }),
-            [0, wait] => Ok(Acquire::Held {
-                remaining: u64::try_from(*wait).ok().map(Duration::from_millis),
-            }),
-            other => Err(Error::new(
-                ErrorKind::Backend,
-                format!("unexpected reply from the fair acquire script: {other:?}"),
-            )),
-        }
+        parse_acquire(&reply, "fair acquire")
     }
 
     async fn release_fair(&self, keys: &LockKeys, token: &Token) -> Result<bool> {

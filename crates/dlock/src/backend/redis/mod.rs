@@ -593,13 +593,13 @@ pub(super) fn claims(keys: &LockKeys) -> String {
 
 /// How long a queued waiter's place outlives its next expected attempt: ttl / 3, within
 /// 200 ms ..= 5 s. A crashed waiter leaves the queue by itself after that.
-fn waiter_grace(ttl: Duration) -> Duration {
+pub(super) fn waiter_grace(ttl: Duration) -> Duration {
     (ttl / 3).clamp(Duration::from_millis(200), Duration::from_secs(5))
 }
 
 /// How long the waiter a release woke has to come and take the lock before its place
 /// lapses (it crashed, or its process stalls) and the others' fallback timers take over.
-const WAKE_GRACE: Duration = Duration::from_secs(1);
+pub(super) const WAKE_GRACE: Duration = Duration::from_secs(1);
 
 /// Decodes the reply every acquire script returns: `{1, fence}` granted (fence 0 where
 /// the primitive has none), `{0, wait}` not granted, wait = ms until it may be (-1: no
@@ -879,13 +879,25 @@ impl RawSemaphore for Redis {
         n: u32,
         permits: u32,
         ttl: Duration,
+        queue: bool,
     ) -> Result<Acquire> {
         let (holders, count) = (keys.companion("holders"), keys.companion("permits"));
+        let (q, c) = (waiters(keys), claims(keys));
         let (reply, replicated): (Vec<i64>, bool) = self
             .write(
                 &self.inner.scripts.sem_acquire,
-                &[keys.lock(), &holders, &count],
-                &[&token.as_str(), &n, &permits, &ttl_ms(ttl)],
+                &[keys.lock(), &holders, &count, &q, &c],
+                &[
+                    &token.as_str(),
+                    &n,
+                    &permits,
+                    &ttl_ms(ttl),
+                    &if queue { "wait" } else { "try" },
+                    &ttl_ms(waiter_grace(ttl)),
+                    &keys.channel(),
+                    &ttl_ms(WAKE_GRACE),
+                    &self.publish_cmd(),
+                ],
                 "acquiring permits",
             )
             .await?;
@@ -893,32 +905,17 @@ impl RawSemaphore for Redis {
             let _ = self.release_permits(keys, token).await;
             return Err(not_replicated(keys, "the permit grant"));
         }
-        match reply.as_slice() {
-            [1, _] => Ok(Acquire::Acquired { fence: 0 }),
-            [0, wait] => Ok(Acquire::Held {
-                remaining: u64::try_from(*wait).ok().map(Duration::from_millis),
-            }),
-            other => Err(Error::new(
-                ErrorKind::Backend,
-                format!("unexpected reply from the permit script: {other:?}"),
-            )),
-        }
+        parse_acquire(&reply, "permit")
     }
 
     async fn release_permits(&self, keys: &LockKeys, token: &Token) -> Result<bool> {
-        let released: i64 = self
-            .inner
-            .scripts
-            .sem_release
-            .key(keys.lock())
-            .key(keys.companion("holders"))
-            .arg(token.as_str())
-            .arg(keys.channel())
-            .arg(self.publish_cmd())
-            .invoke_async(&mut self.conn())
+        self.sem_release(keys, token.as_str(), "own").await
+    }
+
+    async fn abandon_permits(&self, keys: &LockKeys, token: &Token) -> Result<()> {
+        self.sem_release(keys, token.as_str(), "leave")
             .await
-            .map_err(|e| map_err(e, "releasing permits"))?;
-        Ok(released == 1)
+            .map(|_| ())
     }
 
     async fn extend_permits(&self, keys: &LockKeys, token: &Token, ttl: Duration) -> Result<bool> {
@@ -990,16 +987,7 @@ impl RawSemaphore for Redis {
     }
 
     async fn force_unlock_permits(&self, keys: &LockKeys) -> Result<bool> {
-        let (deleted, _): (i64, i64) = redis::pipe()
-            .atomic()
-            .del(&[keys.lock().to_owned(), keys.companion("holders")])
-            .cmd(self.publish_cmd())
-            .arg(keys.channel())
-            .arg(keys.lock())
-            .query_async(&mut self.conn())
-            .await
-            .map_err(|e| map_err(e, "force-unlocking a semaphore"))?;
-        Ok(deleted > 0)
+        self.sem_release(keys, "", "force").await
     }
 
     async fn add_permits(
@@ -1009,34 +997,70 @@ impl RawSemaphore for Redis {
         permits: u32,
         max: u32,
     ) -> Result<Option<u32>> {
-        let count: i64 = self
-            .inner
-            .scripts
-            .sem_add
-            .key(keys.companion("permits"))
-            .arg(delta)
-            .arg(permits)
-            .arg(max)
-            .arg(keys.channel())
-            .arg(self.publish_cmd())
-            .invoke_async(&mut self.conn())
-            .await
-            .map_err(|e| map_err(e, "adding permits"))?;
+        let count = self.sem_count(keys, delta, permits, max, "add").await?;
         Ok(u32::try_from(count).ok())
     }
 
     async fn set_permits(&self, keys: &LockKeys, permits: u32) -> Result<()> {
-        let _: () = redis::pipe()
-            .set(keys.companion("permits"), permits)
-            .ignore()
-            .cmd(self.publish_cmd())
-            .arg(keys.channel())
-            .arg(keys.lock())
-            .ignore()
-            .query_async(&mut self.conn())
-            .await
-            .map_err(|e| map_err(e, "setting permits"))?;
+        let count = self
+            .sem_count(keys, i64::from(permits), permits, u32::MAX, "set")
+            .await?;
+        if count < 0 {
+            return Err(Error::invalid(format!(
+                "a semaphore's permit count must be at least 1, not {permits}"
+            )));
+        }
         Ok(())
+    }
+}
+
+impl Redis {
+    /// The semaphore's release script in `mode` (`own`, `force` or `leave`).
+    async fn sem_release(&self, keys: &LockKeys, token: &str, mode: &str) -> Result<bool> {
+        let done: i64 = self
+            .inner
+            .scripts
+            .sem_release
+            .key(keys.lock())
+            .key(keys.companion("holders"))
+            .key(waiters(keys))
+            .key(claims(keys))
+            .arg(token)
+            .arg(keys.channel())
+            .arg(mode)
+            .arg(ttl_ms(WAKE_GRACE))
+            .arg(self.publish_cmd())
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(|e| map_err(e, "releasing permits"))?;
+        Ok(done == 1)
+    }
+
+    /// Changes the permit count (`add` a delta or `set` it), waking a waiter if it grew.
+    async fn sem_count(
+        &self,
+        keys: &LockKeys,
+        value: i64,
+        permits: u32,
+        max: u32,
+        mode: &str,
+    ) -> Result<i64> {
+        self.inner
+            .scripts
+            .sem_add
+            .key(keys.companion("permits"))
+            .key(waiters(keys))
+            .key(claims(keys))
+            .arg(value)
+            .arg(permits)
+            .arg(max)
+            .arg(keys.channel())
+            .arg(mode)
+            .arg(ttl_ms(WAKE_GRACE))
+            .arg(self.publish_cmd())
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(|e| map_err(e, "changing the permit count"))
     }
 }
 

@@ -3,7 +3,10 @@
 
 use std::time::Duration;
 
-use super::{Redis, map_err, not_replicated, ttl_ms};
+use super::{
+    Redis, WAKE_GRACE, claims, map_err, not_replicated, parse_acquire, ttl_ms, waiter_grace,
+    waiters,
+};
 use crate::error::{Error, ErrorKind, Result};
 use crate::keys::LockKeys;
 use crate::raw::{Acquire, LockState, RawInspect, RawReentrant};
@@ -17,12 +20,21 @@ impl RawReentrant for Redis {
         token: &Token,
         ttl: Duration,
         limit: u32,
+        queue: bool,
     ) -> Result<Acquire> {
+        let (q, c) = (waiters(keys), claims(keys));
         let (reply, replicated): (Vec<i64>, bool) = self
             .write(
                 &self.inner.scripts.re_acquire,
-                &[keys.lock(), keys.fence()],
-                &[&owner, &token.as_str(), &ttl_ms(ttl), &limit],
+                &[keys.lock(), keys.fence(), &q, &c],
+                &[
+                    &owner,
+                    &token.as_str(),
+                    &ttl_ms(ttl),
+                    &limit,
+                    &if queue { "wait" } else { "try" },
+                    &ttl_ms(waiter_grace(ttl)),
+                ],
                 "acquiring a reentrant lock",
             )
             .await?;
@@ -31,12 +43,6 @@ impl RawReentrant for Redis {
             return Err(not_replicated(keys, "the grant"));
         }
         match reply.as_slice() {
-            [1, fence] if *fence >= 1 => Ok(Acquire::Acquired {
-                fence: u64::try_from(*fence).unwrap_or(0),
-            }),
-            [0, pttl] => Ok(Acquire::Held {
-                remaining: u64::try_from(*pttl).ok().map(Duration::from_millis),
-            }),
             [2, count] => Err(Error::new(
                 ErrorKind::LimitReached,
                 format!(
@@ -45,7 +51,7 @@ impl RawReentrant for Redis {
                     keys.name()
                 ),
             )),
-            [1, fence] => {
+            [1, fence] if *fence < 1 => {
                 let _ = self.release_reentrant(keys, owner, token).await;
                 Err(Error::new(
                     ErrorKind::Backend,
@@ -55,10 +61,7 @@ impl RawReentrant for Redis {
                     ),
                 ))
             }
-            other => Err(Error::new(
-                ErrorKind::Backend,
-                format!("unexpected reply from the reentrant acquire script: {other:?}"),
-            )),
+            other => parse_acquire(other, "reentrant acquire"),
         }
     }
 
@@ -68,9 +71,12 @@ impl RawReentrant for Redis {
             .scripts
             .re_release
             .key(keys.lock())
+            .key(waiters(keys))
+            .key(claims(keys))
             .arg(owner)
             .arg(token.as_str())
             .arg(keys.channel())
+            .arg(ttl_ms(WAKE_GRACE))
             .arg(self.publish_cmd())
             .invoke_async(&mut self.conn())
             .await

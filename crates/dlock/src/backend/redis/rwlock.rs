@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use super::{Redis, map_err, not_replicated, ttl_ms};
-use crate::error::{Error, ErrorKind, Result};
+use super::{Redis, map_err, not_replicated, parse_acquire, ttl_ms};
+use crate::error::Result;
 use crate::keys::LockKeys;
 use crate::raw::{Acquire, LockState, RawRwLock};
 use crate::token::Token;
@@ -44,18 +44,7 @@ impl RawRwLock for Redis {
             let _ = self.release_rw(keys, token).await;
             return Err(not_replicated(keys, "the grant"));
         }
-        match reply.as_slice() {
-            [1, fence] if *fence >= 0 => Ok(Acquire::Acquired {
-                fence: u64::try_from(*fence).unwrap_or(0),
-            }),
-            [0, wait] => Ok(Acquire::Held {
-                remaining: u64::try_from(*wait).ok().map(Duration::from_millis),
-            }),
-            other => Err(Error::new(
-                ErrorKind::Backend,
-                format!("unexpected reply from the read-write acquire script: {other:?}"),
-            )),
-        }
+        parse_acquire(&reply, "read-write acquire")
     }
 
     async fn release_rw(&self, keys: &LockKeys, token: &Token) -> Result<bool> {
@@ -65,6 +54,7 @@ impl RawRwLock for Redis {
             .rw_release
             .key(keys.lock())
             .key(readers(keys))
+            .key(writers(keys))
             .arg(token.as_str())
             .arg(keys.channel())
             .arg(self.publish_cmd())
@@ -114,6 +104,7 @@ impl RawRwLock for Redis {
             .rw_abandon
             .key(keys.lock())
             .key(writers(keys))
+            .key(readers(keys))
             .arg(token.as_str())
             .arg(keys.channel())
             .arg(self.publish_cmd())

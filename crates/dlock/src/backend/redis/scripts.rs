@@ -1,11 +1,13 @@
 //! dlock's Lua scripts, listed once: each is built (and its SHA-1 computed) once per
 //! client, loaded at connect, and sent by SHA (`EVALSHA`, reloaded on `NOSCRIPT`).
-//! Each file in `lua/` carries its KEYS / ARGV / returns header.
+//! Each file in `lua/` carries its KEYS / ARGV / returns header. The scripts of primitives
+//! that wake one waiter per release start with `lua/queue.lua`, the waiter queue's
+//! functions, written once.
 
 use redis::Script;
 
 macro_rules! scripts {
-    ($($name:ident => $file:literal),* $(,)?) => {
+    ($($name:ident => $($file:literal)+),* $(,)?) => {
         /// Every script of the backend, one field each.
         pub(super) struct Scripts {
             $(pub(super) $name: Script,)*
@@ -14,7 +16,7 @@ macro_rules! scripts {
         impl Scripts {
             pub(super) fn new() -> Scripts {
                 Scripts {
-                    $($name: Script::new(include_str!(concat!("lua/", $file))),)*
+                    $($name: Script::new(concat!($(include_str!(concat!("lua/", $file))),+)),)*
                 }
             }
 
@@ -27,16 +29,16 @@ macro_rules! scripts {
 }
 
 scripts! {
-    acquire => "acquire.lua",
-    release => "release.lua",
+    acquire => "queue.lua" "acquire.lua",
+    release => "queue.lua" "release.lua",
     extend => "extend.lua",
-    sem_acquire => "sem_acquire.lua",
-    sem_release => "sem_release.lua",
+    sem_acquire => "queue.lua" "sem_acquire.lua",
+    sem_release => "queue.lua" "sem_release.lua",
     sem_extend => "sem_extend.lua",
     sem_count => "sem_count.lua",
-    sem_add => "sem_add.lua",
-    re_acquire => "re_acquire.lua",
-    re_release => "re_release.lua",
+    sem_add => "queue.lua" "sem_add.lua",
+    re_acquire => "queue.lua" "re_acquire.lua",
+    re_release => "queue.lua" "re_release.lua",
     re_extend => "re_extend.lua",
     rw_acquire => "rw_acquire.lua",
     rw_release => "rw_release.lua",

@@ -1,8 +1,8 @@
 -- Acquire a lock and mint its fence, atomically; queue the caller if it must wait.
+-- (queue.lua is prepended: the waiter queue's functions.)
 -- KEYS[1]  the lock key (holds the owner token as a plain string)
 -- KEYS[2]  the fence counter (same hash tag; never expires)
--- KEYS[3]  zset: waiter token -> arrival (server time in microseconds)
--- KEYS[4]  zset: waiter token -> claim expiry (ms, server clock)
+-- KEYS[3]  the waiter queue: token -> arrival      KEYS[4]  token -> claim expiry
 -- ARGV[1]  the owner token
 -- ARGV[2]  the lease length in milliseconds
 -- ARGV[3]  'wait': take a place in the waiter queue if the lock cannot be granted now (the
@@ -38,37 +38,20 @@ if holder == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return {1, tonumber(redis.call('GET', KEYS[2])) or 0}
 end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
--- Waiters whose claims lapsed (crashed, gone) leave the queue.
-for _, gone in ipairs(redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now)) do
-  redis.call('ZREM', KEYS[3], gone)
-end
-redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
+local now, arrival = q_now()
+local head = q_head(KEYS[3], KEYS[4], now)
 local wait
 if holder then
   wait = redis.call('PTTL', KEYS[1])
+elseif head == nil or head == ARGV[1] then
+  -- Free, and ours to take: the head of the queue may, nobody else (no barging).
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  q_leave(KEYS[3], KEYS[4], ARGV[1])
+  return mint()
 else
-  -- Free: the head of the queue may take it, nobody else (no barging past waiters).
-  local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
-  if head == nil or head == ARGV[1] then
-    redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-    redis.call('ZREM', KEYS[3], ARGV[1])
-    redis.call('ZREM', KEYS[4], ARGV[1])
-    return mint()
-  end
-  wait = math.max(0, (tonumber(redis.call('ZSCORE', KEYS[4], head)) or now) - now)
+  wait = q_claim_left(KEYS[4], head, now)
 end
 if ARGV[3] == 'wait' then
-  if not redis.call('ZSCORE', KEYS[3], ARGV[1]) then
-    redis.call('ZADD', KEYS[3], tonumber(t[1]) * 1000000 + tonumber(t[2]), ARGV[1])
-  end
-  -- A holder without expiry gives no deadline: the caller retries within a second.
-  local next_attempt = wait
-  if next_attempt < 0 then next_attempt = 1000 end
-  redis.call('ZADD', KEYS[4], now + next_attempt + tonumber(ARGV[4]), ARGV[1])
-  local last = redis.call('ZRANGE', KEYS[4], -1, -1, 'WITHSCORES')[2]
-  redis.call('PEXPIREAT', KEYS[3], last)
-  redis.call('PEXPIREAT', KEYS[4], last)
+  q_join(KEYS[3], KEYS[4], ARGV[1], now, arrival, wait, tonumber(ARGV[4]))
 end
 return {0, wait}

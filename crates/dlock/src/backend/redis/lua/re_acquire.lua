@@ -1,16 +1,33 @@
--- Take one hold of a reentrant lock (seed 004's hash layout), atomically.
+-- Take one hold of a reentrant lock (seed 004's hash layout), atomically; queue the
+-- caller if another owner holds it. (queue.lua is prepended: the waiter queue.)
 -- KEYS[1]  the lock hash: owner -> hold count, ':fence' -> the tenure's fence,
 --          't:<token>' -> 1 for every live hold (so a repeated request is recognised)
 -- KEYS[2]  the fence counter (same hash tag; never expires)
+-- KEYS[3]  the waiter queue: token -> arrival      KEYS[4]  token -> claim expiry
 -- ARGV[1]  the owner (always contains '/', so it never collides with the other fields)
 -- ARGV[2]  the request token of this hold
 -- ARGV[3]  the lease length in milliseconds
 -- ARGV[4]  the reentrancy limit
+-- ARGV[5]  'wait': queue the caller if it must wait; 'try': don't
+-- ARGV[6]  the waiter grace in ms
 -- returns  {1, fence}  a hold (new tenure: a new fence; re-entry: the tenure's fence)
---          {0, pttl}   another owner holds it
+--          {0, wait}   another owner holds it, or it is free but the queue head's;
+--                      wait = ms until its lease or the head's claim ends
 --          {2, count}  the owner is at the reentrancy limit (nothing changed)
 local kind = redis.call('TYPE', KEYS[1]).ok
 if kind == 'none' then
+  if redis.call('EXISTS', KEYS[3]) == 1 then
+    local now, arrival = q_now()
+    local head = q_head(KEYS[3], KEYS[4], now)
+    if head ~= nil and head ~= ARGV[2] then
+      local wait = q_claim_left(KEYS[4], head, now)
+      if ARGV[5] == 'wait' then
+        q_join(KEYS[3], KEYS[4], ARGV[2], now, arrival, wait, tonumber(ARGV[6]))
+      end
+      return {0, wait}
+    end
+    q_leave(KEYS[3], KEYS[4], ARGV[2])
+  end
   local fence = redis.pcall('INCR', KEYS[2])
   if type(fence) == 'table' and fence.err then
     return redis.error_reply(fence.err .. ' (dlock fence counter ' .. KEYS[2] .. ')')
@@ -24,7 +41,13 @@ if kind ~= 'hash' then
 end
 local count = redis.call('HGET', KEYS[1], ARGV[1])
 if not count then
-  return {0, redis.call('PTTL', KEYS[1])}
+  local pttl = redis.call('PTTL', KEYS[1])
+  if ARGV[5] == 'wait' then
+    local now, arrival = q_now()
+    q_head(KEYS[3], KEYS[4], now)
+    q_join(KEYS[3], KEYS[4], ARGV[2], now, arrival, pttl, tonumber(ARGV[6]))
+  end
+  return {0, pttl}
 end
 if redis.call('HEXISTS', KEYS[1], 't:' .. ARGV[2]) == 0 then
   if tonumber(count) >= tonumber(ARGV[4]) then

@@ -1,6 +1,8 @@
 -- Release a lock if it is still ours, and wake exactly the next queued waiter.
--- KEYS[1]  the lock key
--- KEYS[2]  zset: waiter token -> arrival      KEYS[3]  zset: waiter token -> claim expiry
+-- (queue.lua is prepended: the waiter queue's functions.)
+-- KEYS[1]  the lock key (a plain lock's string, or a reentrant lock's hash for 'force'
+--          and 'leave')
+-- KEYS[2]  the waiter queue: token -> arrival      KEYS[3]  token -> claim expiry
 -- ARGV[1]  the owner token (ignored for 'force')
 -- ARGV[2]  the release channel; each waiter listens on '<channel>:<its token>'
 -- ARGV[3]  'own': release our hold; 'force': delete any holder; 'leave': take waiter
@@ -20,28 +22,10 @@ if ARGV[3] == 'own' then
 elseif ARGV[3] == 'force' then
   done = redis.call('DEL', KEYS[1])
 else
-  done = redis.call('ZREM', KEYS[2], ARGV[1])
-  redis.call('ZREM', KEYS[3], ARGV[1])
+  done = q_leave(KEYS[2], KEYS[3], ARGV[1])
   if redis.call('EXISTS', KEYS[1]) == 1 then
     return done
   end
 end
-if redis.call('EXISTS', KEYS[2]) == 1 then
-  local t = redis.call('TIME')
-  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  for _, gone in ipairs(redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now)) do
-    redis.call('ZREM', KEYS[2], gone)
-  end
-  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
-  local head = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
-  if head then
-    -- The head has at most the grace to come; if it crashed, its claim lapses and the
-    -- others' fallback timers take over.
-    local by = now + tonumber(ARGV[4])
-    if (tonumber(redis.call('ZSCORE', KEYS[3], head)) or by) > by then
-      redis.call('ZADD', KEYS[3], by, head)
-    end
-    redis.call(ARGV[#ARGV], ARGV[2] .. ':' .. head, KEYS[1])
-  end
-end
+q_wake(KEYS[2], KEYS[3], ARGV[2], tonumber(ARGV[4]), ARGV[#ARGV], KEYS[1])
 return done

@@ -1,8 +1,20 @@
--- Withdraw a waiting writer's claim; readers it held back are told when none is left.
--- KEYS[1]  the writer key      KEYS[2]  waiting writers zset
--- ARGV[1]  the token           ARGV[2]  the release channel (readers: '<channel>:r')
+-- Withdraw a waiting writer's claim: readers it held back are told when no writer waits
+-- any more; if the lock is free, the next waiting writer is woken (the leaver may have
+-- been the one a release woke).
+-- KEYS[1]  the writer key      KEYS[2]  waiting writers zset      KEYS[3]  readers zset
+-- ARGV[1]  the token           ARGV[2]  the release channel (readers: '<channel>:r',
+--          writers: '<channel>:w:<token>')
 -- ARGV[#ARGV]  the publish command: PUBLISH, or SPUBLISH on a Redis Cluster (sharded)
-if redis.call('ZREM', KEYS[2], ARGV[1]) == 1 and redis.call('ZCARD', KEYS[2]) == 0 then
-  redis.call(ARGV[#ARGV], ARGV[2] .. ':r', KEYS[1])
+if redis.call('ZREM', KEYS[2], ARGV[1]) == 1 then
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
+  local writer = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
+  if not writer then
+    redis.call(ARGV[#ARGV], ARGV[2] .. ':r', KEYS[1])
+  elseif redis.call('EXISTS', KEYS[1]) == 0 and redis.call('ZCARD', KEYS[3]) == 0 then
+    redis.call(ARGV[#ARGV], ARGV[2] .. ':w:' .. writer, KEYS[1])
+  end
 end
 return 1

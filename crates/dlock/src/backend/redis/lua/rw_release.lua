@@ -1,25 +1,34 @@
--- Release the writer's or a reader's hold; announce when a writer may now come in.
--- KEYS[1]  the writer key      KEYS[2]  readers zset
+-- Release the writer's or a reader's hold; wake whoever may now come in: one waiting
+-- writer (writers first), else every waiting reader.
+-- KEYS[1]  the writer key      KEYS[2]  readers zset      KEYS[3]  waiting writers zset
+--          (token -> claim expiry)
 -- ARGV[1]  the token           ARGV[2]  the release channel; readers listen on
---          '<channel>:r', writers on '<channel>:w'
+--          '<channel>:r', each waiting writer on '<channel>:w:<its token>'
 -- returns  1 released, 0 no live hold under the token
 -- ARGV[#ARGV]  the publish command: PUBLISH, or SPUBLISH on a Redis Cluster (sharded)
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-if redis.pcall('GET', KEYS[1]) == ARGV[1] then
-  redis.call('DEL', KEYS[1])
-  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
-  if redis.call('ZCARD', KEYS[2]) == 0 then
-    redis.call(ARGV[#ARGV], ARGV[2] .. ':w', KEYS[1])
+local publish = ARGV[#ARGV]
+-- Called when the lock may be free: one writer if any waits, else the readers.
+local function wake(readers_too)
+  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
+  local writer = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+  if writer then
+    if redis.call('ZCARD', KEYS[2]) == 0 then
+      redis.call(publish, ARGV[2] .. ':w:' .. writer, KEYS[1])
+    end
+  elseif readers_too then
+    redis.call(publish, ARGV[2] .. ':r', KEYS[1])
   end
-  redis.call(ARGV[#ARGV], ARGV[2] .. ':r', KEYS[1])
-  return 1
 end
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+if redis.pcall('GET', KEYS[1]) == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  wake(true)
+  return 1
+end
 if redis.call('ZREM', KEYS[2], ARGV[1]) == 1 then
-  if redis.call('ZCARD', KEYS[2]) == 0 then
-    redis.call(ARGV[#ARGV], ARGV[2] .. ':w', KEYS[1])
-  end
+  wake(false)
   return 1
 end
 return 0

@@ -1,19 +1,25 @@
--- Take N permits of a semaphore, each holder's permits a lease of its own.
+-- Take N permits of a semaphore, each holder's permits a lease of its own; queue the
+-- caller if it must wait. (queue.lua is prepended: the waiter queue's functions.)
 -- KEYS[1]  zset: holder token -> lease expiry (ms, server clock)
 -- KEYS[2]  hash: holder token -> permits held
 -- KEYS[3]  the permit count (set on first use from ARGV[3]; `set_permits` changes it)
+-- KEYS[4]  the waiter queue: token -> arrival      KEYS[5]  token -> claim expiry
 -- ARGV[1]  the holder token
 -- ARGV[2]  permits wanted (N >= 1)
 -- ARGV[3]  the permit count to start with, if none is stored yet
 -- ARGV[4]  lease length in milliseconds
--- returns  {1, 0}     acquired
---          {0, wait}  not enough free permits; wait = ms until the earliest lease ends
---                     (-1 if no holder has a lease, i.e. N exceeds the permit count)
-local now_parts = redis.call('TIME')
-local now = tonumber(now_parts[1]) * 1000 + math.floor(tonumber(now_parts[2]) / 1000)
+-- ARGV[5]  'wait': queue the caller if it cannot be granted now; 'try': don't
+-- ARGV[6]  the waiter grace in ms         ARGV[7]  the release channel
+-- ARGV[8]  the grace in ms a woken waiter has to come
+-- ARGV[#ARGV]  the publish command: PUBLISH, or SPUBLISH on a Redis Cluster (sharded)
+-- returns  {1, 0}     acquired (a repeat of a granted request is granted again, not twice)
+--          {0, wait}   not now: not enough free permits, or the free ones are the queue
+--                      head's; wait = ms until the earliest lease or the head's claim
+--                      ends (-1 if no holder has a lease, i.e. N exceeds the permit count)
+-- Waiters are served in arrival order; a grant that leaves permits free wakes the next.
+local now, arrival = q_now()
 -- Leases that ran out give their permits back.
-local expired = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)
-for _, token in ipairs(expired) do
+for _, token in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)) do
   redis.call('HDEL', KEYS[2], token)
 end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
@@ -24,11 +30,16 @@ for _, n in ipairs(redis.call('HVALS', KEYS[2])) do
   used = used + tonumber(n)
 end
 local want = tonumber(ARGV[2])
--- A repeat of a granted request (its reply lost) is granted again, not twice.
-if redis.call('HGET', KEYS[2], ARGV[1]) then
-  used = used - tonumber(redis.call('HGET', KEYS[2], ARGV[1]))
+local mine = redis.call('HGET', KEYS[2], ARGV[1])
+if mine then
+  used = used - tonumber(mine)
 end
-if used + want <= capacity then
+local head = nil
+if redis.call('EXISTS', KEYS[4]) == 1 then
+  head = q_head(KEYS[4], KEYS[5], now)
+end
+local fits = used + want <= capacity
+if mine or (fits and (head == nil or head == ARGV[1])) then
   local ttl = tonumber(ARGV[4])
   redis.call('ZADD', KEYS[1], now + ttl, ARGV[1])
   redis.call('HSET', KEYS[2], ARGV[1], want)
@@ -36,10 +47,24 @@ if used + want <= capacity then
   local last = tonumber(redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')[2])
   redis.call('PEXPIREAT', KEYS[1], last)
   redis.call('PEXPIREAT', KEYS[2], last)
+  if head ~= nil then
+    q_leave(KEYS[4], KEYS[5], ARGV[1])
+    if used + want < capacity then
+      q_wake(KEYS[4], KEYS[5], ARGV[7], tonumber(ARGV[8]), ARGV[#ARGV], KEYS[1])
+    end
+  end
   return {1, 0}
 end
-local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-if first[2] then
-  return {0, tonumber(first[2]) - now}
+local wait = -1
+if fits then
+  wait = q_claim_left(KEYS[5], head, now)
+else
+  local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+  if first[2] then
+    wait = tonumber(first[2]) - now
+  end
 end
-return {0, -1}
+if ARGV[5] == 'wait' then
+  q_join(KEYS[4], KEYS[5], ARGV[1], now, arrival, wait, tonumber(ARGV[6]))
+end
+return {0, wait}

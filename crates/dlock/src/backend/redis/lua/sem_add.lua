@@ -1,16 +1,25 @@
--- Add (or, with a negative delta, remove) permits, atomically, within 0..=max.
+-- Add (or, with a negative delta, remove) permits, or set their count, atomically, within
+-- 1..=max; wake the next waiter when permits were added.
+-- (queue.lua is prepended: the waiter queue's functions.)
 -- KEYS[1]  the permit count
--- ARGV[1]  the delta
+-- KEYS[2]  the waiter queue: token -> arrival      KEYS[3]  token -> claim expiry
+-- ARGV[1]  the delta ('add') or the new count ('set')
 -- ARGV[2]  the count to start from if none is stored yet
 -- ARGV[3]  the largest count allowed
--- ARGV[4]  the release channel        ARGV[#ARGV]  the publish command
+-- ARGV[4]  the release channel        ARGV[5]  'add' or 'set'
+-- ARGV[6]  the grace in ms a woken waiter has to come
+-- ARGV[#ARGV]  the publish command
 -- returns  the new count, or -1 if it would leave 1..=max (nothing changed)
-local count = tonumber(redis.call('GET', KEYS[1]) or ARGV[2]) + tonumber(ARGV[1])
+local old = tonumber(redis.call('GET', KEYS[1]) or ARGV[2])
+local count = tonumber(ARGV[1])
+if ARGV[5] == 'add' then
+  count = old + count
+end
 if count < 1 or count > tonumber(ARGV[3]) then
   return -1
 end
 redis.call('SET', KEYS[1], count)
-if tonumber(ARGV[1]) > 0 then
-  redis.call(ARGV[#ARGV], ARGV[4], KEYS[1])
+if count > old then
+  q_wake(KEYS[2], KEYS[3], ARGV[4], tonumber(ARGV[6]), ARGV[#ARGV], KEYS[1])
 end
 return count

@@ -1,0 +1,76 @@
+-- The waiter queue, shared by every primitive that wakes one waiter per release. This file
+-- is prepended to their scripts (scripts.rs); it defines functions only.
+-- A queue is two sorted sets under the lock's hash tag:
+--   q: waiter token -> arrival (server time in microseconds): the order
+--   c: waiter token -> claim expiry (ms, server clock): a waiter's claim lasts until its
+--      next expected attempt plus a grace and is renewed at every attempt, so a crashed
+--      waiter leaves the queue by itself
+-- A waiter listens on '<release channel>:<its token>'; a release wakes the head only.
+
+-- Server time: (ms, µs).
+local function q_now()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000),
+    tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+-- Drops the waiters whose claims lapsed; returns the head's token, or nil.
+local function q_head(q, c, now)
+  for _, gone in ipairs(redis.call('ZRANGEBYSCORE', c, '-inf', now)) do
+    redis.call('ZREM', q, gone)
+  end
+  redis.call('ZREMRANGEBYSCORE', c, '-inf', now)
+  return redis.call('ZRANGE', q, 0, 0)[1]
+end
+
+-- Milliseconds until `token`'s claim lapses.
+local function q_claim_left(c, token, now)
+  return math.max(0, (tonumber(redis.call('ZSCORE', c, token)) or now) - now)
+end
+
+-- Both sets live as long as the latest claim.
+local function q_keep(q, c)
+  local last = redis.call('ZRANGE', c, -1, -1, 'WITHSCORES')[2]
+  if last then
+    redis.call('PEXPIREAT', q, last)
+    redis.call('PEXPIREAT', c, last)
+  end
+end
+
+-- Takes `token` into the queue (keeping its place if it has one), claiming it until its
+-- next attempt, `wait` ms from now (negative: unknown, within a second), plus `grace` ms.
+local function q_join(q, c, token, now, arrival, wait, grace)
+  if not redis.call('ZSCORE', q, token) then
+    redis.call('ZADD', q, arrival, token)
+  end
+  if wait < 0 then
+    wait = 1000
+  end
+  redis.call('ZADD', c, now + wait + grace, token)
+  q_keep(q, c)
+end
+
+-- Takes `token` out of the queue; returns 1 if it was in it.
+local function q_leave(q, c, token)
+  redis.call('ZREM', c, token)
+  return redis.call('ZREM', q, token)
+end
+
+-- Wakes the head of the queue, if any, on its own channel, giving it at most `grace` ms
+-- to come (then its claim lapses and the others' fallback timers take over).
+local function q_wake(q, c, channel, grace, publish, subject)
+  if redis.call('EXISTS', q) == 0 then
+    return
+  end
+  local now = q_now()
+  local head = q_head(q, c, now)
+  if head then
+    local by = now + grace
+    if (tonumber(redis.call('ZSCORE', c, head)) or by) > by then
+      redis.call('ZADD', c, by, head)
+      q_keep(q, c)
+    end
+    redis.call(publish, channel .. ':' .. head, subject)
+  end
+end
+
