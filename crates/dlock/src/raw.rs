@@ -101,6 +101,30 @@ pub trait RawLock: Clone + Send + Sync + 'static {
         self.acquire(keys, token, ttl)
     }
 
+    /// One attempt as a member of a quorum ([`Quorum`](crate::backend::Quorum), RedLock):
+    /// the key set to `token` with its expiry if absent — and nothing RedLock does not
+    /// use: no fence minted, no waiter queued, no announcement. A store may report a
+    /// repeat of its own granted request as `Held` here (the quorum then gives its grants
+    /// back and tries again). The default is [`acquire`](RawLock::acquire).
+    fn acquire_member(
+        &self,
+        keys: &LockKeys,
+        token: &Token,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<Acquire>> + Send {
+        self.acquire(keys, token, ttl)
+    }
+
+    /// Releases a quorum member's key if it holds `token`, announcing nothing. The
+    /// default is [`release`](RawLock::release).
+    fn release_member(
+        &self,
+        keys: &LockKeys,
+        token: &Token,
+    ) -> impl Future<Output = Result<bool>> + Send {
+        self.release(keys, token)
+    }
+
     /// Deletes the lock key if it holds `token`, announcing the release to waiters.
     /// Returns whether the key held our token.
     fn release(&self, keys: &LockKeys, token: &Token) -> impl Future<Output = Result<bool>> + Send;

@@ -243,3 +243,62 @@ async fn a_quorum_lease_is_lost_when_a_majority_stops_answering() {
     let err = guard.release().await.expect_err("the lease lapsed");
     assert_eq!(err.kind(), dlock::ErrorKind::LockLost);
 }
+
+/// Each node gets only what RedLock needs: one `SET NX PX` to acquire and one
+/// compare-and-delete to release; no fence counter, no waiter queue, no announcement.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_get_only_what_redlock_needs() {
+    let servers: Vec<RedisServer> = (0..3)
+        .map(|_| RedisServer::start().expect("redis-server"))
+        .collect();
+    let mut nodes = Vec::new();
+    let mut admins = Vec::new();
+    for s in &servers {
+        let url = format!("redis://127.0.0.1:{}/", s.port());
+        nodes.push(Redis::connect(&url).await.expect("connect"));
+        let client = redis::Client::open(url).expect("url");
+        let mut admin = client
+            .get_multiplexed_async_connection()
+            .await
+            .expect("admin");
+        let _: () = redis::cmd("CONFIG")
+            .arg("RESETSTAT")
+            .query_async(&mut admin)
+            .await
+            .expect("resetstat");
+        admins.push(admin);
+    }
+    let lock = Lock::builder(Quorum::new(nodes).expect("quorum"), unique("lean"))
+        .watchdog(false)
+        .build()
+        .expect("valid");
+    let guard = lock.try_lock().await.expect("store").expect("free");
+    guard.release().await.expect("release");
+    for admin in &mut admins {
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(admin)
+            .await
+            .expect("info");
+        let mut calls: Vec<(String, u64)> = info
+            .lines()
+            .filter_map(|l| l.strip_prefix("cmdstat_"))
+            .filter_map(|l| {
+                let (name, rest) = l.split_once(":calls=")?;
+                Some((name.to_owned(), rest.split(',').next()?.parse().ok()?))
+            })
+            .filter(|(name, _)| !matches!(name.as_str(), "info" | "config|resetstat"))
+            .collect();
+        calls.sort();
+        assert_eq!(
+            calls,
+            vec![
+                ("del".to_owned(), 1),
+                ("evalsha".to_owned(), 1),
+                ("get".to_owned(), 1),
+                ("set".to_owned(), 1),
+            ],
+            "a node saw more than SET NX PX and a compare-and-delete"
+        );
+    }
+}

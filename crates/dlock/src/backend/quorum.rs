@@ -32,6 +32,9 @@ const RELEASE_TIMEOUT: Duration = Duration::from_secs(2);
 ///   and the caller retries after a randomized backoff.
 /// * **Extend** (the watchdog's renewals) succeeds when a majority extended within the
 ///   validity left; **release** goes to every node.
+/// * Each node is asked only what RedLock needs ([`RawLock::acquire_member`],
+///   [`RawLock::release_member`]): on Redis a bare `SET NX PX` and a compare-and-delete —
+///   no fence counter, no waiter queue, no announcement.
 /// * There is **no fencing token**: each node has its own counter, and no number minted
 ///   by a majority of independent counters is guaranteed to increase from one holder to
 ///   the next (two majorities share one node, not its counter's history). So
@@ -240,7 +243,7 @@ impl<B: RawLock> RawLock for Quorum<B> {
         let started = Instant::now();
         let results = self
             .on_all(self.node_timeout(ttl), |node| {
-                node.acquire(keys, token, ttl)
+                node.acquire_member(keys, token, ttl)
             })
             .await;
         let granted = results
@@ -285,7 +288,7 @@ impl<B: RawLock> RawLock for Quorum<B> {
         // Not bounded by a lease's ttl: each node gets its client's own response timeout,
         // at most RELEASE_TIMEOUT (a node that misses it lets our key expire).
         let results = self
-            .on_all(RELEASE_TIMEOUT, |node| node.release(keys, token))
+            .on_all(RELEASE_TIMEOUT, |node| node.release_member(keys, token))
             .await;
         self.verdict(results)
     }

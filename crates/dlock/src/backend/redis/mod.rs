@@ -643,6 +643,44 @@ impl RawLock for Redis {
         self.release_lock(keys, token.as_str(), "own").await
     }
 
+    /// RedLock's own request: a bare `SET NX PX` (no script, no fence, no queue). A
+    /// refusal does not tell the holder's remaining ttl (the quorum backs off anyway).
+    async fn acquire_member(
+        &self,
+        keys: &LockKeys,
+        token: &Token,
+        ttl: Duration,
+    ) -> Result<Acquire> {
+        let mut set = redis::cmd("SET");
+        set.arg(keys.lock())
+            .arg(token.as_str())
+            .arg("NX")
+            .arg("PX")
+            .arg(ttl_ms(ttl));
+        let ok: Option<String> = set
+            .query_async(&mut self.conn())
+            .await
+            .map_err(|e| map_err(e, "acquiring (quorum member)"))?;
+        Ok(match ok {
+            Some(_) => Acquire::Acquired { fence: 0 },
+            None => Acquire::Held { remaining: None },
+        })
+    }
+
+    /// RedLock's release: compare-and-delete, nothing announced.
+    async fn release_member(&self, keys: &LockKeys, token: &Token) -> Result<bool> {
+        let released: i64 = self
+            .inner
+            .scripts
+            .release_member
+            .key(keys.lock())
+            .arg(token.as_str())
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(|e| map_err(e, "releasing (quorum member)"))?;
+        Ok(released == 1)
+    }
+
     async fn abandon(&self, keys: &LockKeys, token: &Token) -> Result<()> {
         self.release_lock(keys, token.as_str(), "leave")
             .await

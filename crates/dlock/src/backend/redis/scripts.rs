@@ -31,6 +31,7 @@ macro_rules! scripts {
 scripts! {
     acquire => "queue.lua" "acquire.lua",
     release => "queue.lua" "release.lua",
+    release_member => "release_member.lua",
     extend => "extend.lua",
     sem_acquire => "queue.lua" "sem_acquire.lua",
     sem_release => "queue.lua" "sem_release.lua",
