@@ -811,6 +811,48 @@ async fn wait_fails_a_grant_that_no_replica_acknowledged() {
         !lock.is_locked().await.expect("store"),
         "the grant was given back"
     );
+
+    // While one request waits for the frozen replica (WAIT blocks its connection), the
+    // client's other requests do not wait behind it: each WAIT has a connection of its own.
+    let slow = Redis::builder(master.url())
+        .min_replicas(1)
+        .replica_timeout(Duration::from_millis(1500))
+        .connect()
+        .await
+        .expect("connect");
+    let waiting = Lock::builder(slow.clone(), unique("wait-blocked"))
+        .ttl(Duration::from_secs(5))
+        .build()
+        .expect("valid");
+    let pending = tokio::spawn(async move { waiting.try_lock().await.map(|g| g.is_some()) });
+    let blocked = async {
+        loop {
+            let info: String = cmd(&mut admin, &["INFO", "clients"]).await;
+            if info.contains("blocked_clients:1") {
+                break;
+            }
+            sleep(Duration::from_millis(5)).await;
+        }
+    };
+    timeout(Duration::from_secs(1), blocked)
+        .await
+        .expect("the WAIT is under way");
+    let inspected = Lock::new(slow, lock.name())
+        .expect("valid")
+        .state()
+        .await
+        .expect("an inspection on the same client");
+    assert!(inspected.holder.is_none());
+    let info: String = cmd(&mut admin, &["INFO", "clients"]).await;
+    assert!(
+        info.contains("blocked_clients:1"),
+        "the inspection returned only after the WAIT ended: it waited behind it"
+    );
+    let err = pending
+        .await
+        .expect("task")
+        .expect_err("no replica acknowledges");
+    assert_eq!(err.kind(), ErrorKind::NotReplicated, "{err}");
     replica.thaw().expect("SIGCONT");
     let guard = timeout(Duration::from_secs(10), async {
         loop {

@@ -134,3 +134,87 @@ mod tests {
         assert!(cluster_nodes("redis+cluster://a:1/0").is_err());
     }
 }
+
+/// Connections for requests followed by `WAIT` (`min_replicas`). `WAIT` blocks the
+/// connection it is sent on until enough replicas acknowledged (or its timeout), so each
+/// such request takes a connection of its own from this pool: the client's shared
+/// connection, and every other request on it, never waits behind a `WAIT`.
+///
+/// A connection goes back to the pool only after its request completed; one whose
+/// request failed or was cancelled (a `WAIT` may still be pending on it) is dropped.
+pub(super) struct WaitPool {
+    client: std::sync::Mutex<redis::Client>,
+    config: redis::AsyncConnectionConfig,
+    idle: std::sync::Mutex<Vec<redis::aio::MultiplexedConnection>>,
+    /// Bounds the connections in use at once.
+    permits: tokio::sync::Semaphore,
+}
+
+/// At most this many `WAIT`s of one client run at once (each on its own connection).
+pub(super) const MAX_WAIT_CONNECTIONS: usize = 64;
+
+/// A pooled connection, returned to the pool by [`WaitPool::put_back`].
+pub(super) struct Pooled<'a> {
+    pub(super) conn: redis::aio::MultiplexedConnection,
+    _permit: tokio::sync::SemaphorePermit<'a>,
+}
+
+impl WaitPool {
+    pub(super) fn new(client: redis::Client, config: redis::AsyncConnectionConfig) -> WaitPool {
+        WaitPool {
+            client: std::sync::Mutex::new(client),
+            config,
+            idle: std::sync::Mutex::new(Vec::new()),
+            permits: tokio::sync::Semaphore::new(MAX_WAIT_CONNECTIONS),
+        }
+    }
+
+    /// An idle connection, or a new one.
+    pub(super) async fn take(&self) -> redis::RedisResult<Pooled<'_>> {
+        let permit = self.permits.acquire().await.map_err(|_| {
+            redis::RedisError::from((redis::ErrorKind::Io, "the WAIT pool is closed"))
+        })?;
+        let idle = self
+            .idle
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .pop();
+        let conn = match idle {
+            Some(conn) => conn,
+            None => {
+                let client = self
+                    .client
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .clone();
+                client
+                    .get_multiplexed_async_connection_with_config(&self.config)
+                    .await?
+            }
+        };
+        Ok(Pooled {
+            conn,
+            _permit: permit,
+        })
+    }
+
+    /// Returns a connection whose request completed.
+    pub(super) fn put_back(&self, pooled: Pooled<'_>) {
+        self.idle
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(pooled.conn);
+    }
+
+    /// After a failover: new connections go to `client`'s server, idle ones are dropped.
+    pub(super) fn switch(&self, client: redis::Client) {
+        *self
+            .client
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = client;
+        self.idle
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clear();
+    }
+}

@@ -83,6 +83,8 @@ struct Inner {
     scripts: scripts::Scripts,
     engine: Engine,
     replication: Option<Replication>,
+    /// Connections of their own for requests followed by `WAIT` (single server only).
+    wait_pool: Option<conn::WaitPool>,
     pubsub: PubSub,
     addr: String,
 }
@@ -137,8 +139,9 @@ impl RedisBuilder {
     /// `WAIT` narrows the window in which a failover to a replica loses a lock; it does
     /// not close it: the replica may still be behind on other writes, a failover can pick
     /// a replica that did not acknowledge, and a write acknowledged by a replica's memory
-    /// is not durable on it. While a `WAIT` blocks, this client's other commands wait
-    /// behind it (one connection).
+    /// is not durable on it. Each `WAIT` runs on a connection of its own (a pool of at
+    /// most 64 per client), so the client's other requests never wait behind it (on a
+    /// Redis Cluster it shares the cluster connection).
     pub fn min_replicas(mut self, n: u32) -> Self {
         self.min_replicas = n;
         self
@@ -206,7 +209,7 @@ impl RedisBuilder {
         };
         let mut sentinel = None;
         let mut master_addr = String::new();
-        let (conn, pubsub, addr) = if scheme == "redis+cluster" {
+        let (conn, pubsub, addr, wait_pool) = if scheme == "redis+cluster" {
             let nodes = conn::cluster_nodes(&self.url)?;
             let addr = format!("cluster:{}", nodes.join(","));
             let client = redis::cluster::ClusterClient::builder(nodes.clone())
@@ -219,7 +222,8 @@ impl RedisBuilder {
                 .map_err(|_| unavailable(&addr))?
                 .map_err(|e| map_err(e, &format!("connecting to redis at {addr}")))?;
             let pubsub = PubSub::new_cluster(&nodes, self.connect_timeout, self.response_timeout)?;
-            (conn::Conn::Cluster(conn), pubsub, addr)
+            // On a cluster, WAIT goes to the key's master on the shared connection.
+            (conn::Conn::Cluster(conn), pubsub, addr, None)
         } else {
             if scheme == "redis+sentinel" {
                 sentinel = Some(sentinel::SentinelUrl::parse(&self.url)?);
@@ -244,7 +248,15 @@ impl RedisBuilder {
             .map_err(|_| unavailable(&master_addr))?
             .map_err(|e| map_err(e, &format!("connecting to redis at {master_addr}")))?;
             let pubsub = PubSub::new(&client, self.connect_timeout, self.response_timeout);
-            (conn::Conn::Single(conn), pubsub, addr)
+            let wait_pool = replication.map(|_| {
+                conn::WaitPool::new(
+                    client.clone(),
+                    redis::AsyncConnectionConfig::new()
+                        .set_connection_timeout(Some(self.connect_timeout))
+                        .set_response_timeout(Some(self.response_timeout)),
+                )
+            });
+            (conn::Conn::Single(conn), pubsub, addr, wait_pool)
         };
         let cluster = matches!(conn, conn::Conn::Cluster(_));
 
@@ -257,6 +269,7 @@ impl RedisBuilder {
                 engine: Engine::new(),
                 replication,
                 pubsub,
+                wait_pool,
                 addr,
             }),
         };
@@ -379,7 +392,7 @@ impl Redis {
                         .cmd("WAIT")
                         .arg(r.replicas)
                         .arg(r.timeout_ms);
-                    pipe.query_async::<(T, i64)>(&mut conn)
+                    self.query_waiting::<(T, i64)>(&pipe, &mut conn)
                         .await
                         .map(|(t, acks)| (t, acks >= i64::from(r.replicas)))
                 }
@@ -402,6 +415,26 @@ impl Redis {
             ErrorKind::Backend,
             "script missing after reload",
         ))
+    }
+
+    /// Runs a pipeline that ends in `WAIT` on a pooled connection of its own, so that the
+    /// shared connection never waits behind it (on a cluster: on `conn`).
+    async fn query_waiting<T: redis::FromRedisValue>(
+        &self,
+        pipe: &redis::Pipeline,
+        conn: &mut conn::Conn,
+    ) -> redis::RedisResult<T> {
+        match &self.inner.wait_pool {
+            Some(pool) => {
+                let mut pooled = pool.take().await?;
+                let out = pipe.query_async(&mut pooled.conn).await;
+                if out.is_ok() {
+                    pool.put_back(pooled);
+                }
+                out
+            }
+            None => pipe.query_async(conn).await,
+        }
     }
 
     async fn load_scripts(&self) -> Result<()> {
@@ -733,7 +766,12 @@ impl RawLock for Redis {
         pipe.ignore_errors();
         let mut conn = self.conn();
         for round in 0..2 {
-            let replies: Vec<redis::RedisResult<i64>> = match pipe.query_async(&mut conn).await {
+            let sent = if self.inner.replication.is_some() {
+                self.query_waiting(&pipe, &mut conn).await
+            } else {
+                pipe.query_async(&mut conn).await
+            };
+            let replies: Vec<redis::RedisResult<i64>> = match sent {
                 Ok(replies) => replies,
                 Err(e) => {
                     let err = map_err(e, "renewing leases");

@@ -197,6 +197,9 @@ pub(super) fn follow(inner: Weak<Inner>, url: SentinelUrl, mut current: String, 
             };
             tracing::info!(master = url.master(), from = %current, to = %addr, "following a sentinel failover");
             *inner.conn.write().unwrap_or_else(PoisonError::into_inner) = super::conn::Conn::Single(conn);
+            if let Some(pool) = &inner.wait_pool {
+                pool.switch(client.clone());
+            }
             inner.pubsub.switch(&client).await;
             current = addr;
         }
