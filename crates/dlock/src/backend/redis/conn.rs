@@ -116,25 +116,6 @@ pub(super) fn cluster_nodes(url: &str) -> crate::Result<Vec<String>> {
     Ok(nodes)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::cluster_nodes;
-
-    #[test]
-    fn urls() {
-        assert_eq!(
-            cluster_nodes("redis+cluster://u:p@a:1,b:2").expect("valid"),
-            ["redis://u:p@a:1/", "redis://u:p@b:2/"]
-        );
-        assert_eq!(
-            cluster_nodes("redis+cluster://a:1/").expect("valid"),
-            ["redis://a:1/"]
-        );
-        assert!(cluster_nodes("redis+cluster://").is_err());
-        assert!(cluster_nodes("redis+cluster://a:1/0").is_err());
-    }
-}
-
 /// Connections for requests followed by `WAIT` (`min_replicas`). `WAIT` blocks the
 /// connection it is sent on until enough replicas acknowledged (or its timeout), so each
 /// such request takes a connection of its own from this pool: the client's shared
@@ -216,5 +197,24 @@ impl WaitPool {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::cluster_nodes;
+
+    #[test]
+    fn urls() {
+        assert_eq!(
+            cluster_nodes("redis+cluster://u:p@a:1,b:2").expect("valid"),
+            ["redis://u:p@a:1/", "redis://u:p@b:2/"]
+        );
+        assert_eq!(
+            cluster_nodes("redis+cluster://a:1/").expect("valid"),
+            ["redis://a:1/"]
+        );
+        assert!(cluster_nodes("redis+cluster://").is_err());
+        assert!(cluster_nodes("redis+cluster://a:1/0").is_err());
     }
 }
