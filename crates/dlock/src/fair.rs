@@ -3,9 +3,10 @@
 use std::time::Duration;
 
 use crate::engine::{Engine, LeaseKind, Renewal};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::keys::LockKeys;
 use crate::lock::{Lock, LockGuard};
+use crate::options::{Options, builder_options, check_grace};
 use crate::raw::{Acquire, LockState, RawFair, RawFencing, RawLock, ReleaseWatch};
 use crate::token::Token;
 
@@ -116,26 +117,13 @@ pub struct FairLock<B: RawFair> {
 #[derive(Debug)]
 pub struct FairLockBuilder<B: RawFair> {
     backend: B,
-    name: String,
-    prefix: String,
-    ttl: Duration,
-    watchdog: bool,
     grace: Duration,
+    options: Options,
 }
 
+builder_options!(FairLockBuilder<B: RawFair>, DEFAULT_FAIR_PREFIX);
+
 impl<B: RawFair> FairLockBuilder<B> {
-    /// Lease length (default 30 s), renewed every third of it while held.
-    pub fn ttl(mut self, ttl: Duration) -> Self {
-        self.ttl = ttl;
-        self
-    }
-
-    /// Whether to renew the lease while the guard lives (default `true`).
-    pub fn watchdog(mut self, on: bool) -> Self {
-        self.watchdog = on;
-        self
-    }
-
     /// How long a waiter's place outlives its next expected attempt (default
     /// [`DEFAULT_WAITER_GRACE`]).
     pub fn waiter_grace(mut self, grace: Duration) -> Self {
@@ -143,29 +131,18 @@ impl<B: RawFair> FairLockBuilder<B> {
         self
     }
 
-    /// Key prefix (default `"dlock-fair:"`).
-    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.prefix = prefix.into();
-        self
-    }
-
     /// Checks the options and makes the lock.
     ///
     /// # Errors
-    /// `InvalidArgument` for a bad name, prefix or ttl, or a grace outside 10 ms to 60 s.
+    /// `InvalidArgument` for a bad name, prefix, ttl or retry, or a grace outside 10 ms to
+    /// 60 s.
     pub fn build(self) -> Result<FairLock<B>> {
-        if self.grace < Duration::from_millis(10) || self.grace > Duration::from_secs(60) {
-            return Err(Error::invalid(
-                "waiter grace must be between 10 ms and 60 s",
-            ));
-        }
         let queued = Queued {
             backend: self.backend,
-            grace: self.grace,
+            grace: check_grace(self.grace, "waiter grace")?,
         };
-        let keys = LockKeys::new(&self.prefix, &self.name)?;
         Ok(FairLock {
-            lock: Lock::with_keys(queued, keys, self.ttl, self.watchdog)?,
+            lock: self.options.lock(queued)?,
         })
     }
 }
@@ -184,11 +161,8 @@ impl<B: RawFair> FairLock<B> {
     pub fn builder(backend: B, name: impl Into<String>) -> FairLockBuilder<B> {
         FairLockBuilder {
             backend,
-            name: name.into(),
-            prefix: DEFAULT_FAIR_PREFIX.to_owned(),
-            ttl: crate::lock::DEFAULT_TTL,
-            watchdog: true,
             grace: DEFAULT_WAITER_GRACE,
+            options: Options::new(name.into(), DEFAULT_FAIR_PREFIX),
         }
     }
 

@@ -87,6 +87,7 @@ mod fair;
 pub mod keys;
 mod lock;
 mod multi;
+mod options;
 pub mod raw;
 mod reentrant;
 mod rwlock;

@@ -9,6 +9,7 @@ use crate::engine::wait::{Backoff, PassOn, Retry};
 use crate::engine::{End, Lease, Renew, Renewal};
 use crate::error::{Error, ErrorKind, Result};
 use crate::keys::{DEFAULT_PREFIX, LockKeys};
+use crate::options::{Options, builder_options};
 use crate::raw::{Acquire, LockState, RawFencing, RawInspect, RawLock, ReleaseWatch};
 use crate::token::{FencingToken, Token};
 
@@ -78,54 +79,19 @@ impl<B: RawLock> std::fmt::Debug for Lock<B> {
 #[derive(Debug)]
 pub struct LockBuilder<B: RawLock> {
     backend: B,
-    name: String,
-    prefix: String,
-    ttl: Duration,
-    watchdog: bool,
-    retry: Retry,
+    options: Options,
 }
 
+builder_options!(LockBuilder<B: RawLock>, crate::keys::DEFAULT_PREFIX);
+
 impl<B: RawLock> LockBuilder<B> {
-    /// Lease length (default 30 s, at least [`MIN_TTL`], at most [`MAX_TTL`]). With the
-    /// watchdog on, the lease is renewed every `ttl / 3` and a crashed holder's lock frees
-    /// itself within `ttl`; with it off, the lock is held for at most `ttl`.
-    pub fn ttl(mut self, ttl: Duration) -> Self {
-        self.ttl = ttl;
-        self
-    }
-
-    /// Whether to renew the lease for as long as the guard lives (default `true`).
-    pub fn watchdog(mut self, on: bool) -> Self {
-        self.watchdog = on;
-        self
-    }
-
-    /// Backoff for stores that cannot announce releases.
-    pub fn retry(mut self, retry: Retry) -> Self {
-        self.retry = retry;
-        self
-    }
-
-    /// Key prefix (default `"dlock:"`). With an empty prefix the lock key is the name
-    /// itself, for sharing a key with another client of the standard protocol.
-    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.prefix = prefix.into();
-        self
-    }
-
     /// Checks the options and makes the lock.
     ///
     /// # Errors
     /// [`ErrorKind::InvalidArgument`] for an empty or over-long name or prefix, a ttl out of
     /// range, or a bad retry policy.
     pub fn build(self) -> Result<Lock<B>> {
-        Ok(Lock {
-            keys: LockKeys::new(&self.prefix, &self.name)?,
-            ttl: validate_ttl(self.ttl)?,
-            retry: self.retry.validate()?,
-            watchdog: self.watchdog,
-            backend: self.backend,
-        })
+        self.options.lock(self.backend)
     }
 }
 
@@ -149,27 +115,24 @@ impl<B: RawLock> Lock<B> {
     pub fn builder(backend: B, name: impl Into<String>) -> LockBuilder<B> {
         LockBuilder {
             backend,
-            name: name.into(),
-            prefix: DEFAULT_PREFIX.to_owned(),
-            ttl: DEFAULT_TTL,
-            watchdog: true,
-            retry: Retry::default(),
+            options: Options::new(name.into(), DEFAULT_PREFIX),
         }
     }
 
-    /// A lock on already laid-out keys, with default retry (for the other primitives).
-    pub(crate) fn with_keys(
+    /// A lock on already laid-out keys (the checked end of every builder).
+    pub(crate) fn from_parts(
         backend: B,
         keys: LockKeys,
         ttl: Duration,
         watchdog: bool,
+        retry: Retry,
     ) -> Result<Lock<B>> {
         Ok(Lock {
             backend,
             keys,
             ttl: validate_ttl(ttl)?,
             watchdog,
-            retry: Retry::default(),
+            retry: retry.validate()?,
         })
     }
 

@@ -9,6 +9,7 @@ use crate::engine::{Engine, LeaseKind, Renewal};
 use crate::error::{Error, Result};
 use crate::keys::LockKeys;
 use crate::lock::{Lock, LockGuard};
+use crate::options::{Options, builder_options};
 use crate::raw::{Acquire, LockState, RawFencing, RawLock, RawReentrant, ReleaseWatch};
 use crate::token::Token;
 
@@ -221,14 +222,8 @@ pub type ReentrantGuard<B> = LockGuard<Holds<B>>;
 pub struct ReentrantLock<B: RawReentrant> {
     backend: B,
     keys: LockKeys,
-    options: Options,
-}
-
-#[derive(Clone, Copy, Debug)]
-struct Options {
-    ttl: Duration,
-    watchdog: bool,
     limit: u32,
+    options: Options,
 }
 
 /// Options for a [`ReentrantLock`]; made by [`ReentrantLock::builder`].
@@ -236,52 +231,36 @@ struct Options {
 #[derive(Debug)]
 pub struct ReentrantLockBuilder<B: RawReentrant> {
     backend: B,
-    name: String,
-    prefix: String,
+    limit: u32,
     options: Options,
 }
 
+builder_options!(ReentrantLockBuilder<B: RawReentrant>, DEFAULT_REENTRANT_PREFIX);
+
 impl<B: RawReentrant> ReentrantLockBuilder<B> {
-    /// Lease length (default 30 s), as [`LockBuilder::ttl`](crate::LockBuilder::ttl).
-    pub fn ttl(mut self, ttl: Duration) -> Self {
-        self.options.ttl = ttl;
-        self
-    }
-
-    /// Whether to renew holds while their guards live (default `true`).
-    pub fn watchdog(mut self, on: bool) -> Self {
-        self.options.watchdog = on;
-        self
-    }
-
     /// Reentrancy limit: the most holds one owner may stack (default
     /// [`DEFAULT_MAX_HOLDS`]); one more fails with
     /// [`ErrorKind::LimitReached`](crate::ErrorKind::LimitReached).
     pub fn max_holds(mut self, limit: u32) -> Self {
-        self.options.limit = limit;
-        self
-    }
-
-    /// Key prefix (default `"dlock-re:"`).
-    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.prefix = prefix.into();
+        self.limit = limit;
         self
     }
 
     /// Checks the options and makes the lock.
     ///
     /// # Errors
-    /// `InvalidArgument` for a bad name, prefix or ttl, or a limit of 0.
+    /// `InvalidArgument` for a bad name, prefix, ttl or retry, or a limit of 0.
     pub fn build(self) -> Result<ReentrantLock<B>> {
-        if self.options.limit == 0 {
+        if self.limit == 0 {
             return Err(Error::invalid("a reentrancy limit must be at least 1"));
         }
         let lock = ReentrantLock {
-            keys: LockKeys::new(&self.prefix, &self.name)?,
+            keys: self.options.keys()?,
             backend: self.backend,
+            limit: self.limit,
             options: self.options,
         };
-        // Validates the ttl once, as every hold's lock will.
+        // Checks the ttl and retry once, as every hold's lock will.
         lock.holds_of(&Owner(Arc::from("-")))?;
         Ok(lock)
     }
@@ -301,13 +280,8 @@ impl<B: RawReentrant> ReentrantLock<B> {
     pub fn builder(backend: B, name: impl Into<String>) -> ReentrantLockBuilder<B> {
         ReentrantLockBuilder {
             backend,
-            name: name.into(),
-            prefix: DEFAULT_REENTRANT_PREFIX.to_owned(),
-            options: Options {
-                ttl: crate::lock::DEFAULT_TTL,
-                watchdog: true,
-                limit: DEFAULT_MAX_HOLDS,
-            },
+            limit: DEFAULT_MAX_HOLDS,
+            options: Options::new(name.into(), DEFAULT_REENTRANT_PREFIX),
         }
     }
 
@@ -330,14 +304,9 @@ impl<B: RawReentrant> ReentrantLock<B> {
         let holds = Holds {
             backend: self.backend.clone(),
             owner: owner.clone(),
-            limit: self.options.limit,
+            limit: self.limit,
         };
-        Lock::with_keys(
-            holds,
-            self.keys.clone(),
-            self.options.ttl,
-            self.options.watchdog,
-        )
+        self.options.lock_on(holds, self.keys.clone())
     }
 
     /// Waits until `owner` holds the lock (at once if it already does: one more hold).

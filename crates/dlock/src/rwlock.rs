@@ -8,6 +8,7 @@ use crate::engine::{Engine, LeaseKind, Renewal};
 use crate::error::{Error, Result};
 use crate::keys::LockKeys;
 use crate::lock::{Lock, LockGuard, spawn_release};
+use crate::options::{Options, builder_options, check_grace};
 use crate::raw::{Acquire, LockState, RawFencing, RawLock, RawRwLock, ReleaseWatch};
 use crate::token::Token;
 
@@ -143,26 +144,13 @@ pub struct RwLock<B: RawRwLock> {
 #[derive(Debug)]
 pub struct RwLockBuilder<B: RawRwLock> {
     backend: B,
-    name: String,
-    prefix: String,
-    ttl: Duration,
-    watchdog: bool,
     grace: Duration,
+    options: Options,
 }
 
+builder_options!(RwLockBuilder<B: RawRwLock>, DEFAULT_RWLOCK_PREFIX);
+
 impl<B: RawRwLock> RwLockBuilder<B> {
-    /// Lease length of every hold (default 30 s), renewed every third of it while held.
-    pub fn ttl(mut self, ttl: Duration) -> Self {
-        self.ttl = ttl;
-        self
-    }
-
-    /// Whether to renew holds while their guards live (default `true`).
-    pub fn watchdog(mut self, on: bool) -> Self {
-        self.watchdog = on;
-        self
-    }
-
     /// How long a waiting writer's claim outlives its next expected attempt (default
     /// [`DEFAULT_WRITER_GRACE`]).
     pub fn writer_grace(mut self, grace: Duration) -> Self {
@@ -170,40 +158,27 @@ impl<B: RawRwLock> RwLockBuilder<B> {
         self
     }
 
-    /// Key prefix (default `"dlock-rw:"`).
-    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.prefix = prefix.into();
-        self
-    }
-
     /// Checks the options and makes the lock.
     ///
     /// # Errors
-    /// `InvalidArgument` for a bad name, prefix or ttl, or a grace outside 10 ms to 60 s.
+    /// `InvalidArgument` for a bad name, prefix, ttl or retry, or a grace outside 10 ms to
+    /// 60 s.
     pub fn build(self) -> Result<RwLock<B>> {
-        if self.grace < Duration::from_millis(10) || self.grace > Duration::from_secs(60) {
-            return Err(Error::invalid(
-                "writer grace must be between 10 ms and 60 s",
-            ));
-        }
-        let keys = LockKeys::new(&self.prefix, &self.name)?;
-        let read = Lock::with_keys(
+        let grace = check_grace(self.grace, "writer grace")?;
+        let keys = self.options.keys()?;
+        let read = self.options.lock_on(
             RwSide {
                 backend: self.backend.clone(),
-                grace: self.grace,
+                grace,
             },
             keys.clone(),
-            self.ttl,
-            self.watchdog,
         )?;
-        let write = Lock::with_keys(
+        let write = self.options.lock_on(
             RwSide {
                 backend: self.backend,
-                grace: self.grace,
+                grace,
             },
             keys,
-            self.ttl,
-            self.watchdog,
         )?;
         Ok(RwLock { read, write })
     }
@@ -223,11 +198,8 @@ impl<B: RawRwLock> RwLock<B> {
     pub fn builder(backend: B, name: impl Into<String>) -> RwLockBuilder<B> {
         RwLockBuilder {
             backend,
-            name: name.into(),
-            prefix: DEFAULT_RWLOCK_PREFIX.to_owned(),
-            ttl: crate::lock::DEFAULT_TTL,
-            watchdog: true,
             grace: DEFAULT_WRITER_GRACE,
+            options: Options::new(name.into(), DEFAULT_RWLOCK_PREFIX),
         }
     }
 

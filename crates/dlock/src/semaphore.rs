@@ -6,6 +6,7 @@ use crate::engine::{Engine, LeaseKind, Renewal};
 use crate::error::{Error, Result};
 use crate::keys::LockKeys;
 use crate::lock::{Lock, LockGuard};
+use crate::options::{Options, builder_options};
 use crate::raw::{Acquire, LockState, RawLock, RawSemaphore, ReleaseWatch};
 use crate::token::Token;
 
@@ -138,37 +139,17 @@ pub struct Semaphore<B: RawSemaphore> {
 #[derive(Debug)]
 pub struct SemaphoreBuilder<B: RawSemaphore> {
     backend: B,
-    name: String,
     permits: u32,
-    ttl: Duration,
-    watchdog: bool,
-    prefix: String,
+    options: Options,
 }
 
+builder_options!(SemaphoreBuilder<B: RawSemaphore>, DEFAULT_SEMAPHORE_PREFIX);
+
 impl<B: RawSemaphore> SemaphoreBuilder<B> {
-    /// Lease length of each holder's permits (default 30 s), renewed every third of it
-    /// while held: a dead holder's permits come back within it.
-    pub fn ttl(mut self, ttl: Duration) -> Self {
-        self.ttl = ttl;
-        self
-    }
-
-    /// Whether to renew permits for as long as they are held (default `true`).
-    pub fn watchdog(mut self, on: bool) -> Self {
-        self.watchdog = on;
-        self
-    }
-
-    /// Key prefix (default `"dlock-sem:"`).
-    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.prefix = prefix.into();
-        self
-    }
-
     /// Checks the options and makes the semaphore.
     ///
     /// # Errors
-    /// `InvalidArgument` for a bad name, prefix or ttl, or `permits` of 0 or above
+    /// `InvalidArgument` for a bad name, prefix, ttl or retry, or `permits` of 0 or above
     /// [`MAX_PERMITS`].
     pub fn build(self) -> Result<Semaphore<B>> {
         check_permits(self.permits)?;
@@ -177,12 +158,9 @@ impl<B: RawSemaphore> SemaphoreBuilder<B> {
             permits: self.permits,
             count: 1,
         };
-        let one = Lock::builder(adapter, self.name)
-            .prefix(self.prefix)
-            .ttl(self.ttl)
-            .watchdog(self.watchdog)
-            .build()?;
-        Ok(Semaphore { one })
+        Ok(Semaphore {
+            one: self.options.lock(adapter)?,
+        })
     }
 }
 
@@ -209,11 +187,8 @@ impl<B: RawSemaphore> Semaphore<B> {
     pub fn builder(backend: B, name: impl Into<String>, permits: u32) -> SemaphoreBuilder<B> {
         SemaphoreBuilder {
             backend,
-            name: name.into(),
             permits,
-            ttl: crate::lock::DEFAULT_TTL,
-            watchdog: true,
-            prefix: DEFAULT_SEMAPHORE_PREFIX.to_owned(),
+            options: Options::new(name.into(), DEFAULT_SEMAPHORE_PREFIX),
         }
     }
 

@@ -1,0 +1,99 @@
+//! The options every primitive's builder takes — name, key prefix, lease length, watchdog,
+//! retry — written once: one [`Options`] value inside each builder, one set of setters
+//! ([`builder_options!`]), one place that checks them and makes the [`Lock`] the
+//! primitive is built on.
+
+use std::time::Duration;
+
+use crate::engine::wait::Retry;
+use crate::error::{Error, Result};
+use crate::keys::LockKeys;
+use crate::lock::{DEFAULT_TTL, Lock};
+use crate::raw::RawLock;
+
+/// What every builder holds besides its client and its own options.
+#[derive(Debug, Clone)]
+pub(crate) struct Options {
+    pub(crate) name: String,
+    pub(crate) prefix: String,
+    pub(crate) ttl: Duration,
+    pub(crate) watchdog: bool,
+    pub(crate) retry: Retry,
+}
+
+impl Options {
+    /// The defaults: 30 s leases, watchdog on, default retry, the primitive's prefix.
+    pub(crate) fn new(name: String, prefix: &str) -> Options {
+        Options {
+            name,
+            prefix: prefix.to_owned(),
+            ttl: DEFAULT_TTL,
+            watchdog: true,
+            retry: Retry::default(),
+        }
+    }
+
+    /// Lays out the keys of the name under the prefix.
+    pub(crate) fn keys(&self) -> Result<LockKeys> {
+        LockKeys::new(&self.prefix, &self.name)
+    }
+
+    /// The lock over `backend` (a primitive's adapter) on `keys`, with these options,
+    /// checked.
+    pub(crate) fn lock_on<A: RawLock>(&self, backend: A, keys: LockKeys) -> Result<Lock<A>> {
+        Lock::from_parts(backend, keys, self.ttl, self.watchdog, self.retry)
+    }
+
+    /// The lock over `backend` on this name's keys.
+    pub(crate) fn lock<A: RawLock>(&self, backend: A) -> Result<Lock<A>> {
+        self.lock_on(backend, self.keys()?)
+    }
+}
+
+/// Checks a waiter's or writer's grace: 10 ms to 60 s.
+pub(crate) fn check_grace(grace: Duration, what: &str) -> Result<Duration> {
+    if grace < Duration::from_millis(10) || grace > Duration::from_secs(60) {
+        return Err(Error::invalid(format!(
+            "{what} must be between 10 ms and 60 s"
+        )));
+    }
+    Ok(grace)
+}
+
+/// The setters every builder shares, on its `options` field.
+macro_rules! builder_options {
+    ($builder:ident<B: $bound:path>, $prefix:path) => {
+        impl<B: $bound> $builder<B> {
+            /// Lease length (default 30 s, at least [`MIN_TTL`](crate::MIN_TTL), at most
+            /// [`MAX_TTL`](crate::MAX_TTL)). With the watchdog on, every hold is renewed
+            /// every `ttl / 3` and a crashed holder's is freed within `ttl`; with it off,
+            /// a hold lasts at most `ttl`.
+            pub fn ttl(mut self, ttl: std::time::Duration) -> Self {
+                self.options.ttl = ttl;
+                self
+            }
+
+            /// Whether to renew holds for as long as their guards live (default `true`).
+            pub fn watchdog(mut self, on: bool) -> Self {
+                self.options.watchdog = on;
+                self
+            }
+
+            /// Backoff between attempts on stores that cannot announce releases (and the
+            /// fallback when a holder's remaining ttl is unknown).
+            pub fn retry(mut self, retry: crate::Retry) -> Self {
+                self.options.retry = retry;
+                self
+            }
+
+            #[doc = concat!("Key prefix (default [`", stringify!($prefix), "`]). With an")]
+            /// empty prefix the key is the name itself (for the plain lock: sharing a key
+            /// with another client of the standard `SET NX PX` protocol).
+            pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+                self.options.prefix = prefix.into();
+                self
+            }
+        }
+    };
+}
+pub(crate) use builder_options;
