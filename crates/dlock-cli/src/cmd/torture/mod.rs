@@ -19,7 +19,7 @@
 //! | `reentrant-fenced` | [`ReentrantLock`](dlock::ReentrantLock) (`dlock-re:` keys, a hash), an owner per worker, entered again inside every hold, then the fenced write, inner hold released first | as `dlock-fenced`; every re-entry made while the outer hold was valid gets the outer hold's fence (a mismatch or refusal fails the run) |
 //! | `redlock` | [`Lock`] over [`Quorum`](dlock::backend::Quorum)`<Redis>`: 5 redis-servers of its own (whatever `--url` says), each worker reaching each node through its own proxy; unfenced counter (a quorum has no fence) | as `dlock`: no overlap outside pause windows and windows where nodes restarted empty at once (the known RedLock hazard, seed 002: a node that forgot a key can let a second majority form; such overlaps are counted apart); lock free within ttl + ε after a holder's crash; no lock key left on any node |
 //! | `memcached-fenced` | [`Lock`] over [`Memcached`](dlock::backend::Memcached): a memcached of its own, ttl at least 2 s (its expiry clock ticks in seconds), fenced | 0 stale writes accepted, 0 fenced increments lost, fences strictly increasing in grant order between restarts; overlaps only in pause/restart windows. A restart forgets the fence counter: fences start over at 1, and the resource refuses them (counted as refused) until the counter passes the highest fence it saw — the fenced resource's liveness suffers, its safety does not |
-//! | `etcd-fenced` | [`Lock`] over [`Etcd`](dlock::backend::Etcd): a 3-member etcd cluster of its own, each worker reaching each member through its own proxy, ttl at least 2 s (leases count whole seconds), fenced (the fence is the lock key's create revision) | 0 stale writes accepted, 0 fenced increments lost, fences strictly increasing in grant order and never reused, across member and leader restarts too (a revision never repeats); overlaps only in pause windows — a member's or the leader's restart excuses none (raft keeps the lock); lock free within ttl + ε after a holder's crash; no lock key left (an etcd get) |
+//! | `etcd-fenced` | [`Lock`] over [`Etcd`](dlock::backend::Etcd): a 3-member etcd cluster of its own, each worker reaching each member through its own proxy, ttl at least 2 s (leases count whole seconds), fenced (each acquirer queues a key `<lock key>/<token>` on a lease of its own; the fence is the holder's queue key's create revision) | 0 stale writes accepted, 0 fenced increments lost, fences strictly increasing in grant order and never reused, across member and leader restarts too (a revision never repeats); overlaps only in pause windows — a member's or the leader's restart excuses none (raft keeps the lock); lock free within ttl + ε after a holder's crash; no key left at the lock key or under `<lock key>/` — no holder's or waiter's queue key (an etcd prefix read) |
 //! | `memory` | [`Lock`] on the memory backend, threads, stalls only | as `dlock-fenced` |
 //! | `setnx-expire` … `plain-del` | the seeds' broken locks (controls) | must be caught by their own bug, or the run fails |
 //!
@@ -824,9 +824,12 @@ async fn etcd_victim(
     (!others.is_empty()).then(|| (others[rng.below(others.len())], false))
 }
 
-/// How many of `keys` etcd holds, asked of the first running member that answers (a
-/// linearizable read). A key no member could be asked about counts as present: an audit
-/// that could not look must not pass.
+/// How many keys etcd holds at each of `keys` or under `<key>/`, asked of the first running
+/// member that answers (one linearizable transaction per key, so both reads see one
+/// revision). The etcd backend queues every holder and waiter at `<lock key>/<token>` and
+/// stores nothing at the lock key itself, so after the run any key at either place is an
+/// orphan; each is named on stderr. A key no member could be asked about counts as
+/// present: an audit that could not look must not pass.
 async fn etcd_count(
     cluster: &EtcdCluster,
     admins: &[etcd_client::Client],
@@ -834,6 +837,20 @@ async fn etcd_count(
 ) -> usize {
     let mut n = 0;
     for key in keys {
+        let txn = etcd_client::Txn::new().and_then([
+            etcd_client::TxnOp::get(
+                key.as_str(),
+                Some(etcd_client::GetOptions::new().with_keys_only()),
+            ),
+            etcd_client::TxnOp::get(
+                format!("{key}/"),
+                Some(
+                    etcd_client::GetOptions::new()
+                        .with_prefix()
+                        .with_keys_only(),
+                ),
+            ),
+        ]);
         let mut answer = None;
         for (i, admin) in admins.iter().enumerate() {
             if !cluster.members.get(i).is_some_and(|m| m.is_running()) {
@@ -841,15 +858,32 @@ async fn etcd_count(
             }
             let mut admin = admin.clone();
             if let Ok(Ok(resp)) =
-                tokio::time::timeout(ETCD_ADMIN_TIMEOUT, admin.get(key.as_str(), None)).await
+                tokio::time::timeout(ETCD_ADMIN_TIMEOUT, admin.txn(txn.clone())).await
             {
-                answer = Some(resp.kvs().len());
+                let left: Vec<String> = resp
+                    .op_responses()
+                    .into_iter()
+                    .filter_map(|op| match op {
+                        etcd_client::TxnOpResponse::Get(get) => Some(get),
+                        _ => None,
+                    })
+                    .flat_map(|get| {
+                        get.kvs()
+                            .iter()
+                            .map(|kv| String::from_utf8_lossy(kv.key()).into_owned())
+                            .collect::<Vec<_>>()
+                    })
+                    .collect();
+                for orphan in &left {
+                    eprintln!("dlock: torture: etcd still holds {orphan} after the run");
+                }
+                answer = Some(left.len());
                 break;
             }
         }
         n += answer.unwrap_or_else(|| {
             eprintln!(
-                "dlock: torture: no etcd member answered the audit of {key}; counted as left"
+                "dlock: torture: no etcd member answered the audit of {key} and {key}/; counted as left"
             );
             1
         });
@@ -967,7 +1001,7 @@ impl<'a> Store<'a> {
 
     /// How many of `keys` (lock keys, as the kind's Redis backend names them) are still
     /// present: on the server, on any RedLock node (counted per node), in memcached, or in
-    /// etcd.
+    /// etcd — there every key at a lock key or in its queue under `<lock key>/` counts.
     async fn count_present(&mut self, keys: &[String]) -> usize {
         let exists = |admin: &mut redis::aio::ConnectionManager| {
             let mut admin = admin.clone();
