@@ -200,6 +200,10 @@ impl Target for EtcdTarget {
         panic!("connect to the test etcd: {last:?}");
     }
 
+    /// Deletes `key` and every key under `key/`: the etcd backend stores nothing at a
+    /// lock's key and queues its holder and waiters at `<lock key>/<token>`, so deleting a
+    /// lock's key behind its holder's back means deleting that queue. One transaction, so
+    /// no holder or waiter sees half of it gone.
     async fn delete_key(&self, key: &str) {
         let mut c = etcd_client::Client::connect(
             [format!("http://{}", self.cluster.members[0].addr())],
@@ -207,7 +211,14 @@ impl Target for EtcdTarget {
         )
         .await
         .expect("etcd admin");
-        c.delete(key, None).await.expect("delete");
+        let txn = etcd_client::Txn::new().and_then([
+            etcd_client::TxnOp::delete(key, None),
+            etcd_client::TxnOp::delete(
+                format!("{key}/"),
+                Some(etcd_client::DeleteOptions::new().with_prefix()),
+            ),
+        ]);
+        c.txn(txn).await.expect("delete the key and its queue");
     }
 
     /// Leases are whole seconds: at least 2 s, five times what the behaviour wants.

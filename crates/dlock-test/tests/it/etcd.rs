@@ -12,47 +12,21 @@ use dlock::backend::Etcd;
 use dlock::keys::LockKeys;
 use dlock::raw::{Acquire, RawFencing, RawLock, ReleaseWatch};
 use dlock::{ErrorKind, Lock, Token};
-use dlock_test::conformance::{Target, unique};
+use dlock_test::conformance::unique;
 use dlock_test::server::EtcdCluster;
-use dlock_test::targets::EtcdTarget;
-use etcd_client::{DeleteOptions, GetOptions, LockOptions, SortOrder, SortTarget};
+use etcd_client::{GetOptions, LockOptions, SortOrder, SortTarget};
 use tokio::sync::Notify;
 use tokio::time::{Instant, sleep, timeout};
 
 mod conformance {
-    crate::lock_conformance_tests!(super::QueueTarget(dlock_test::targets::EtcdTarget::start()));
-    crate::conformance_tests!(super::QueueTarget(dlock_test::targets::EtcdTarget::start());
+    crate::lock_conformance_tests!(dlock_test::targets::EtcdTarget::start());
+    crate::conformance_tests!(dlock_test::targets::EtcdTarget::start();
         waiter_wakes_on_release,
         inspection_and_administration,
     );
-    crate::family_tests!(super::QueueTarget(dlock_test::targets::EtcdTarget::start());
+    crate::family_tests!(dlock_test::targets::EtcdTarget::start();
         multi_locks_on_overlapping_sets_do_not_deadlock,
     );
-}
-
-/// The kit's etcd, where deleting a lock's key behind its holder's back means deleting its
-/// queue: the holder's key is `<lock key>/<token>` (nothing is stored at the lock key).
-struct QueueTarget(EtcdTarget);
-
-impl Target for QueueTarget {
-    type Backend = Etcd;
-
-    async fn client(&self) -> Etcd {
-        self.0.client().await
-    }
-
-    async fn delete_key(&self, key: &str) {
-        let mut admin = admin(&self.0.cluster).await;
-        admin.delete(key, None).await.expect("delete");
-        admin
-            .delete(format!("{key}/"), Some(DeleteOptions::new().with_prefix()))
-            .await
-            .expect("delete the queue");
-    }
-
-    fn ttl(&self, wanted: Duration) -> Duration {
-        self.0.ttl(wanted)
-    }
 }
 
 async fn admin(cluster: &EtcdCluster) -> etcd_client::Client {
