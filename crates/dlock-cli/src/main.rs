@@ -16,6 +16,7 @@ use std::process::ExitCode;
 use clap::{CommandFactory, Parser};
 
 use crate::args::{Cli, Command};
+use crate::cmd::Layout;
 use crate::exit::Failure;
 use crate::target::{Target, connect, with_backend};
 
@@ -92,18 +93,18 @@ async fn dispatch(command: Command) -> Result<u8, Failure> {
             })
         }
         Command::Status(args) => match connect(&args.store, false).await? {
-            Target::Memcached(m) => cmd::lock_status_cmd(m, args).await,
-            Target::Etcd(e) => cmd::lock_status_cmd(e, args).await,
+            Target::Memcached(m) => cmd::lock_status_cmd(m, Layout::AtKey, args).await,
+            Target::Etcd(e) => cmd::lock_status_cmd(e, Layout::QueueUnder, args).await,
             target => with_backend!(target, |b| cmd::status_cmd(b, args).await),
         },
         Command::List(args) => match connect(&args.store, false).await? {
-            Target::Memcached(m) => cmd::list_cmd(m, args).await,
-            Target::Etcd(e) => cmd::list_cmd(e, args).await,
-            target => with_backend!(target, |b| cmd::list_cmd(b, args).await),
+            Target::Memcached(m) => cmd::list_cmd(m, Layout::AtKey, args).await,
+            Target::Etcd(e) => cmd::list_cmd(e, Layout::QueueUnder, args).await,
+            target => with_backend!(target, |b| cmd::list_cmd(b, Layout::AtKey, args).await),
         },
         Command::ForceUnlock(args) => match connect(&args.store, false).await? {
-            Target::Memcached(m) => cmd::lock_force_unlock_cmd(m, args).await,
-            Target::Etcd(e) => cmd::lock_force_unlock_cmd(e, args).await,
+            Target::Memcached(m) => cmd::lock_force_unlock_cmd(m, Layout::AtKey, args).await,
+            Target::Etcd(e) => cmd::lock_force_unlock_cmd(e, Layout::QueueUnder, args).await,
             target => with_backend!(target, |b| cmd::force_unlock_cmd(b, args).await),
         },
         Command::Demo(args) => cmd::demo::demo(args).await,

@@ -9,6 +9,7 @@ mod workers;
 use std::io::{BufRead, IsTerminal, Write};
 use std::time::Duration;
 
+use dlock::keys::LockKeys;
 use dlock::raw::{RawFencing, RawInspect, RawLock};
 use dlock::{Lock, LockGuard, Token};
 use serde::Serialize;
@@ -161,9 +162,29 @@ async fn status_of<B: kinds::AnyKind>(
     Ok(Status::new(name, key, kind, &state))
 }
 
+/// Where a store keeps a plain lock: what `status` and `list` show as its key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Layout {
+    /// At the lock key itself (Redis, memcached).
+    AtKey,
+    /// In a queue under `<lock key>/`, one key `<lock key>/<token>` per holder or waiter,
+    /// nothing at the lock key (etcd): shown as the prefix `<lock key>/`.
+    QueueUnder,
+}
+
+impl Layout {
+    fn key(self, keys: &LockKeys) -> String {
+        match self {
+            Layout::AtKey => keys.lock().to_owned(),
+            Layout::QueueUnder => format!("{}/", keys.lock()),
+        }
+    }
+}
+
 /// A plain lock's status, on any store that can be inspected.
 async fn lock_status_of<B: RawInspect>(
     backend: B,
+    layout: Layout,
     prefix: &str,
     name: &str,
 ) -> Result<Status, Failure> {
@@ -171,7 +192,7 @@ async fn lock_status_of<B: RawInspect>(
     let state = lock.state().await?;
     Ok(Status::new(
         name,
-        lock.keys().lock().to_owned(),
+        layout.key(lock.keys()),
         Kind::Lock,
         &state,
     ))
@@ -231,10 +252,11 @@ pub(crate) async fn status_cmd<B: kinds::AnyKind>(
 /// `dlock status` on a store with the plain lock only.
 pub(crate) async fn lock_status_cmd<B: RawInspect>(
     backend: B,
+    layout: Layout,
     args: StatusArgs,
 ) -> Result<u8, Failure> {
     lock_kind_only(args.kind)?;
-    let s = lock_status_of(backend, &args.store.prefix, &args.name).await?;
+    let s = lock_status_of(backend, layout, &args.store.prefix, &args.name).await?;
     print_status(&s, &args)
 }
 
@@ -267,20 +289,29 @@ fn print_status(s: &Status, args: &StatusArgs) -> Result<u8, Failure> {
                 println!("waiting writers: {}", or_dash(s.queued));
             }
             Kind::Fair => println!("queued:          {}", or_dash(s.queued)),
-            Kind::Lock => {}
+            // A plain lock's waiters in the store's queue, where it keeps one (Redis, etcd).
+            Kind::Lock => {
+                if let Some(n) = s.queued {
+                    println!("queued:          {n}");
+                }
+            }
         }
     }
     Ok(exit::SUCCESS)
 }
 
-pub(crate) async fn list_cmd<B: RawInspect>(backend: B, args: ListArgs) -> Result<u8, Failure> {
+pub(crate) async fn list_cmd<B: RawInspect>(
+    backend: B,
+    layout: Layout,
+    args: ListArgs,
+) -> Result<u8, Failure> {
     let mut names = backend
         .list(&args.store.prefix, &args.pattern, args.limit)
         .await?;
     names.sort();
     let mut rows = Vec::with_capacity(names.len());
     for name in &names {
-        let s = lock_status_of(backend.clone(), &args.store.prefix, name).await?;
+        let s = lock_status_of(backend.clone(), layout, &args.store.prefix, name).await?;
         if s.held {
             rows.push(s);
         }
@@ -325,12 +356,13 @@ pub(crate) async fn force_unlock_cmd<B: kinds::AnyKind>(
 /// `dlock force-unlock` on a store with the plain lock only.
 pub(crate) async fn lock_force_unlock_cmd<B: RawInspect>(
     backend: B,
+    layout: Layout,
     args: ForceUnlockArgs,
 ) -> Result<u8, Failure> {
     lock_kind_only(args.kind)?;
     if !confirm_force_unlock(
         &args,
-        lock_status_of(backend.clone(), &args.store.prefix, &args.name),
+        lock_status_of(backend.clone(), layout, &args.store.prefix, &args.name),
     )
     .await?
     {
