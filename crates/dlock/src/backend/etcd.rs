@@ -891,14 +891,19 @@ impl RawInspect for Etcd {
     async fn inspect(&self, keys: &LockKeys) -> Result<LockState> {
         let (prefix, queue) = self.queue(keys).await?;
         let Some(head) = queue.first() else {
-            return Ok(LockState::new(None, None, None).with_queued(0));
+            return Ok(LockState::new(None, None, None)
+                .with_queued(0)
+                .with_waiting_clients(0));
         };
+        // Every queued key is a waiting client (each waiter has its own).
+        let waiting = queue.len() - 1;
         Ok(LockState::new(
             Some(head.owner(&prefix)),
             self.lease_remaining(head.lease).await?,
             u64::try_from(head.created).ok(),
         )
-        .with_queued(u32::try_from(queue.len() - 1).unwrap_or(u32::MAX)))
+        .with_queued(u32::try_from(waiting).unwrap_or(u32::MAX))
+        .with_waiting_clients(waiting as u64))
     }
 
     async fn force_unlock(&self, keys: &LockKeys) -> Result<bool> {
