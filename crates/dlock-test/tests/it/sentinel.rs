@@ -144,4 +144,50 @@ async fn locks_follow_a_sentinel_failover() {
         "woke by timer, not by pub/sub: {woke:?}"
     );
     g.release().await.expect("release");
+
+    // A failover cuts every pub/sub connection. A release announced while the waiter's
+    // subscription is down is not lost for good: when its subscription is back, every
+    // waiter of the client tries again (long before the 20 s fallback timer).
+    let guard = lock.lock().await.expect("lock again on the new master");
+    let waiter = Redis::connect(&url).await.expect("connect via sentinel");
+    let waiting = {
+        let lock = Lock::builder(waiter, &lock_name)
+            .ttl(ttl)
+            .build()
+            .expect("valid");
+        tokio::spawn(async move { lock.lock().await.expect("lock") })
+    };
+    timeout(Duration::from_secs(10), async {
+        while lock.state().await.expect("store").queued != Some(1) {
+            sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the waiter queues on the new master");
+    let mut new_master = replica
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .expect("new master");
+    let killed: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("pubsub")
+        .query_async(&mut new_master)
+        .await
+        .expect("CLIENT KILL");
+    assert!(killed >= 1, "the waiter's subscription was cut");
+    let released = Instant::now();
+    guard.release().await.expect("release");
+    let g = timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("the waiter wakes although its announcement may have been lost")
+        .expect("task");
+    let woke = released.elapsed();
+    println!("after a cut subscription the waiter acquired {woke:?} after the release");
+    assert!(
+        woke < Duration::from_secs(5),
+        "woke by the fallback timer only: {woke:?}"
+    );
+    g.release().await.expect("release");
 }
