@@ -377,14 +377,40 @@ impl Redis {
         args: &[&dyn ToArg],
         doing: &str,
     ) -> Result<(T, bool)> {
+        self.run(script, keys, args, doing, true).await
+    }
+
+    /// Runs a script that grants nothing (a release, a withdrawal): `EVALSHA`, never
+    /// followed by `WAIT`.
+    pub(super) async fn eval<T: redis::FromRedisValue>(
+        &self,
+        script: &Script,
+        keys: &[&str],
+        args: &[&dyn ToArg],
+        doing: &str,
+    ) -> Result<T> {
+        Ok(self.run(script, keys, args, doing, false).await?.0)
+    }
+
+    /// `EVALSHA` built in one buffer (no per-argument copies), loaded again on
+    /// `NOSCRIPT`; followed by `WAIT` if `replicate` and replicas must acknowledge.
+    async fn run<T: redis::FromRedisValue>(
+        &self,
+        script: &Script,
+        keys: &[&str],
+        args: &[&dyn ToArg],
+        doing: &str,
+        replicate: bool,
+    ) -> Result<(T, bool)> {
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(script.get_hash()).arg(keys.len()).arg(keys);
         for a in args {
             a.push_to(&mut cmd);
         }
+        let replication = self.inner.replication.filter(|_| replicate);
         let mut conn = self.conn();
         for round in 0..2 {
-            let reply = match self.inner.replication {
+            let reply = match replication {
                 None => cmd.query_async::<T>(&mut conn).await.map(|t| (t, true)),
                 Some(r) => {
                     let mut pipe = redis::pipe();
@@ -595,21 +621,21 @@ impl Redis {
 
     /// The plain lock's release script in `mode` (`own`, `force` or `leave`).
     async fn release_lock(&self, keys: &LockKeys, token: &str, mode: &str) -> Result<bool> {
+        let (q, c) = (waiters(keys), claims(keys));
         let done: i64 = self
-            .inner
-            .scripts
-            .release
-            .key(keys.lock())
-            .key(waiters(keys))
-            .key(claims(keys))
-            .arg(token)
-            .arg(keys.channel())
-            .arg(mode)
-            .arg(ttl_ms(WAKE_GRACE))
-            .arg(self.publish_cmd())
-            .invoke_async(&mut self.conn())
-            .await
-            .map_err(|e| map_err(e, "releasing"))?;
+            .eval(
+                &self.inner.scripts.release,
+                &[keys.lock(), &q, &c],
+                &[
+                    &token,
+                    &keys.channel(),
+                    &mode,
+                    &ttl_ms(WAKE_GRACE),
+                    &self.publish_cmd(),
+                ],
+                "releasing",
+            )
+            .await?;
         Ok(done == 1)
     }
 }
@@ -703,14 +729,13 @@ impl RawLock for Redis {
     /// RedLock's release: compare-and-delete, nothing announced.
     async fn release_member(&self, keys: &LockKeys, token: &Token) -> Result<bool> {
         let released: i64 = self
-            .inner
-            .scripts
-            .release_member
-            .key(keys.lock())
-            .arg(token.as_str())
-            .invoke_async(&mut self.conn())
-            .await
-            .map_err(|e| map_err(e, "releasing (quorum member)"))?;
+            .eval(
+                &self.inner.scripts.release_member,
+                &[keys.lock()],
+                &[&token.as_str()],
+                "releasing (quorum member)",
+            )
+            .await?;
         Ok(released == 1)
     }
 
