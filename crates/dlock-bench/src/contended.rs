@@ -142,6 +142,14 @@ pub(crate) enum Waiter {
     EtcdNative(Box<EtcdNativeWaiter>),
 }
 
+/// Revokes an etcd lease in the background, as dlock's etcd backend does after a release.
+pub(crate) fn revoke_later(client: &etcd_client::Client, lease: i64) {
+    let mut client = client.clone();
+    tokio::spawn(async move {
+        let _ = client.lease_revoke(lease).await;
+    });
+}
+
 /// A waiter on etcd's lock service.
 ///
 /// Its `Lock` calls are never aborted: etcd's lock service can stop granting locks at all
@@ -174,7 +182,7 @@ impl EtcdNativeWaiter {
                 match client.lock(name.as_str(), Some(options)).await {
                     Ok(resp) => Ok((resp.key().to_vec(), lease)),
                     Err(err) => {
-                        crate::stores::revoke_later(&client, lease);
+                        revoke_later(&client, lease);
                         Err(err)
                     }
                 }
@@ -183,7 +191,7 @@ impl EtcdNativeWaiter {
             if let Err(Ok((key, lease))) = tx.send(outcome) {
                 // Nobody waits any more: give the lock on at once.
                 let _ = client.unlock(key).await;
-                crate::stores::revoke_later(&client, lease);
+                revoke_later(&client, lease);
             }
             pending.fetch_sub(1, Ordering::SeqCst);
         });
@@ -302,7 +310,7 @@ impl Waiter {
             (Held::Etcd(guard), _) => guard.release().await?,
             (Held::EtcdNative { key, lease }, Waiter::EtcdNative(waiter)) => {
                 waiter.client.unlock(key).await?;
-                crate::stores::revoke_later(&waiter.client, lease);
+                revoke_later(&waiter.client, lease);
             }
             (Held::EtcdNative { .. }, _) => {
                 return Err("etcd lock guard on a non-etcd waiter".into());

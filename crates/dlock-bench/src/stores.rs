@@ -19,7 +19,7 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufStream};
 use tokio::net::TcpStream;
 
 use crate::Result;
-use crate::contended::{self, Mode, Waiter};
+use crate::contended::{self, Mode, Waiter, revoke_later};
 use crate::measure::{self, CpuMeter, Latencies};
 use crate::report::{fmt_dur, fmt_rate, fmt_ratio};
 
@@ -353,14 +353,6 @@ pub(crate) async fn memcached_round_trip(addr: &str, samples: usize) -> Result<L
 /// Lease seconds of [`TTL`] for etcd.
 fn lease_secs(ttl: Duration) -> i64 {
     i64::try_from(ttl.as_secs().max(1)).unwrap_or(i64::MAX)
-}
-
-/// Revokes an etcd lease in the background, as dlock's etcd backend does after a release.
-pub(crate) fn revoke_later(client: &etcd_client::Client, lease: i64) {
-    let mut client = client.clone();
-    tokio::spawn(async move {
-        let _ = client.lease_revoke(lease).await;
-    });
 }
 
 /// The bare etcd limit: `LeaseGrant`, a transaction that puts the key on that lease if it
