@@ -273,24 +273,28 @@ impl Section {
                 label: "dlock `Lock`, one server, a client per waiter (reference)".to_owned(),
                 rtt: single,
                 reference: None,
+                peer: None,
             },
             HandoffRow {
                 id: "shared-1",
                 label: "dlock `Lock`, one server, one shared client (reference)".to_owned(),
                 rtt: single,
                 reference: None,
+                peer: None,
             },
             HandoffRow {
                 id: "each-cluster",
                 label: "**dlock** `Lock`, cluster, a client per waiter".to_owned(),
                 rtt: node,
                 reference: Some("each-1"),
+                peer: None,
             },
             HandoffRow {
                 id: "shared-cluster",
                 label: "**dlock** `Lock`, cluster, one shared client".to_owned(),
                 rtt: node,
                 reference: Some("shared-1"),
+                peer: None,
             },
         ]
     }

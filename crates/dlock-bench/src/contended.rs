@@ -6,9 +6,10 @@
 //! (pure hand-off), or ask again at once (barging).
 //!
 //! * **dlock, a client per waiter**: every waiter is its own `Redis` client (its own
-//!   connections), as separate processes would be. A release is announced to all of them.
-//! * **dlock, one shared client**: all waiters in one process share one client; a release
-//!   wakes one local waiter.
+//!   connections), as separate processes would be. The store queues the waiters and a
+//!   release wakes the head of the queue, whichever client it is on.
+//! * **dlock, one shared client**: all waiters in one process share one client (and its
+//!   engine).
 //! * **rslock**: its `acquire` retry loop with default settings (3 tries, a random
 //!   0–200 ms pause between them, then again), a manager per waiter.
 //! * **BLPOP hand-off**: python-redis-lock's scheme in Rust — `SET NX EX`, and when held,
@@ -31,6 +32,7 @@ use redis::aio::MultiplexedConnection;
 use crate::measure::{self, Latencies};
 use crate::report::{fmt_dur, fmt_rate};
 use crate::svg::{self, Panel, Series};
+use crate::targets::{Goal, HandoffFigures, Targets, ratio_text};
 use crate::{Profile, Result};
 
 /// The clients compared, in table order.
@@ -121,8 +123,7 @@ pub(crate) enum Waiter {
         token: String,
         sha: String,
     },
-    /// A [`FairLock`] on its own client, built once per name (each `FairLock` has its own
-    /// watchdog registry, as an application's would).
+    /// A [`FairLock`] on its own client, built once per name, as an application would.
     Fair {
         redis: Redis,
         lock: Option<FairLock<Redis>>,
@@ -685,6 +686,52 @@ impl Section {
         counts.sort_unstable();
         counts.dedup();
         counts
+    }
+
+    /// Issue 13's rows 2-4: a client per waiter at 64 and 8 waiters (step-aside mode),
+    /// beside the BLPOP scheme of the same run.
+    pub(crate) fn targets(&self, targets: &mut Targets) {
+        let mode = Mode::StepAside;
+        let per_waiter = |n| self.cell(mode, Client::DlockPerWaiter, n);
+        let blpop = |n| self.cell(mode, Client::Blpop, n);
+        let figure = "64 waiters, a client per waiter: acquisitions/s × BLPOP";
+        match (per_waiter(64), blpop(64)) {
+            (Some(dlock), Some(blpop)) => {
+                let (rate, base) = (dlock.median(|r| r.rate), blpop.median(|r| r.rate));
+                targets.judge(
+                    2,
+                    figure,
+                    Some(rate / base),
+                    ratio_text(rate, base),
+                    Goal::AtLeast(1.0),
+                    "≥ 1.0×",
+                );
+            }
+            _ => targets.not_judged(2, figure, "", "≥ 1.0×", "not in this profile"),
+        }
+        for (row, n, rt) in [(3, 64, 3.0), (4, 8, 2.5)] {
+            let Some(cell) = per_waiter(n) else {
+                targets.not_judged(
+                    row,
+                    format!("{n} waiters, a client per waiter"),
+                    "",
+                    "",
+                    "not in this profile",
+                );
+                continue;
+            };
+            HandoffFigures {
+                row,
+                what: format!("{n} waiters, a client per waiter"),
+                rtt: self.rtt,
+                p50: Duration::from_secs_f64(cell.median(|r| r.p50.as_secs_f64())),
+                fairness: cell.median(|r| r.fairness),
+                wait_p99: (n == 64)
+                    .then(|| Duration::from_secs_f64(cell.median(|r| r.wait_p99.as_secs_f64()))),
+                max_rt: rt,
+            }
+            .judge(targets);
+        }
     }
 
     /// The section's Markdown tables, one per mode.

@@ -7,8 +7,8 @@
 //!   `Unlock`; lease revoked in the background), which waits on the server;
 //! * **reference**: dlock's `Lock<Redis>` on a private `redis-server` in the same run.
 //!
-//! Contended, dlock's waiters watch the key; etcd's `Lock` RPC queues waiters on the
-//! server by revision and answers the next one.
+//! Contended, both queue waiters by create revision: dlock's each watch their predecessor
+//! key, etcd's `Lock` RPC does the same inside the server.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -26,6 +26,7 @@ use crate::stores::{
     self, BoxCycle, Cell, Cells, EtcdLimit, EtcdNative, HandoffRow, HandoffRun, LockCycle, Plan,
     RedisLimit, Row, Run, Setup,
 };
+use crate::targets::{Goal, Targets, fairness_text};
 use crate::{Profile, Result};
 
 /// Uncontended rows, in run order within a round.
@@ -288,23 +289,70 @@ impl Section {
         vec![
             HandoffRow {
                 id: "dlock",
-                label: "**dlock** `Lock<Etcd>`, a client per waiter (watch)".to_owned(),
+                label: "**dlock** `Lock<Etcd>`, a client per waiter (create-revision queue)"
+                    .to_owned(),
                 rtt: etcd,
                 reference: Some("redis"),
+                peer: Some("native"),
             },
             HandoffRow {
                 id: "native",
                 label: "etcd's lock service, a client per waiter (server-side queue)".to_owned(),
                 rtt: etcd,
                 reference: Some("redis"),
+                peer: None,
             },
             HandoffRow {
                 id: "redis",
                 label: "dlock `Lock<Redis>`, a client per waiter (reference)".to_owned(),
                 rtt: redis,
                 reference: None,
+                peer: None,
             },
         ]
+    }
+
+    /// Issue 13's row 6: dlock's etcd hand-off against etcd's lock service at 8 and 64
+    /// waiters (a client per waiter), and its fairness.
+    pub(crate) fn targets(&self, targets: &mut Targets) {
+        for n in [8, 64] {
+            let what = format!("etcd, {n} waiters, a client per waiter");
+            let (Some(dlock), Some(native), Some(fairness)) = (
+                stores::handoff_p50(&self.handoffs, "dlock", n),
+                stores::handoff_p50(&self.handoffs, "native", n),
+                stores::handoff_fairness(&self.handoffs, "dlock", n),
+            ) else {
+                targets.not_judged(
+                    6,
+                    what,
+                    "",
+                    "≤ 1.0× / ≤ 1.5",
+                    "not in this profile's waiter counts",
+                );
+                continue;
+            };
+            targets.judge(
+                6,
+                format!("{what}: hand-off p50 × etcd's lock service"),
+                Some(dlock / native),
+                format!(
+                    "{:.2}× ({} vs {})",
+                    dlock / native,
+                    fmt_dur(Duration::from_secs_f64(dlock)),
+                    fmt_dur(Duration::from_secs_f64(native))
+                ),
+                Goal::AtMost(1.0),
+                "≤ 1.0×",
+            );
+            targets.judge(
+                6,
+                format!("{what}: fairness max/min"),
+                Some(fairness),
+                fairness_text(fairness),
+                Goal::AtMost(1.5),
+                "≤ 1.5",
+            );
+        }
     }
 
     /// The section's Markdown.
@@ -341,8 +389,11 @@ impl Section {
         md.push_str(&stores::uncontended_table(&rows(), &self.cells));
         md.push_str(
             "\n### Contended hand-off on one hot name\n\n\
-             dlock's waiters watch the lock key and try again when it is deleted; etcd's \
-             `Lock` RPC keeps every waiter's key on the server and answers the oldest.\n\n",
+             Both queue waiters on the server in create-revision order: dlock puts each \
+             acquirer's key `<lock key>/<token>` on a lease of its own and each waiter \
+             watches only its predecessor, so a release wakes one waiter; etcd's `Lock` RPC \
+             does the same inside the server. `p50 × peer` = dlock's hand-off p50 over etcd's \
+             lock service's in the same run.\n\n",
         );
         md.push_str(&stores::handoff_table(&self.handoff_rows(), &self.handoffs));
         md

@@ -18,7 +18,8 @@
 //! `redlock` (RedLock over 3 and 5 servers), `watchdog`, `memory`, `memcached`, `etcd`,
 //! `primitives` (Semaphore, ReentrantLock, RwLock, FairLock, MultiLock), `replicas`
 //! (`WAIT` on a master with a replica), `cluster` (a 3-master Redis Cluster). The store
-//! sections also start `memcached`, `etcd` and `redis-cli --cluster create`.
+//! sections also start `memcached`, `etcd` and `redis-cli --cluster create`. The last
+//! table judges issue 13's targets on the figures of this run (see `targets`).
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -35,6 +36,7 @@ mod report;
 mod scale;
 mod stores;
 mod svg;
+mod targets;
 mod uncontended;
 
 use std::path::PathBuf;
@@ -72,8 +74,8 @@ pub(crate) struct Profile {
     pub(crate) waiters: Vec<usize>,
     /// Waiter behaviours of the contended benchmark.
     pub(crate) modes: Vec<contended::Mode>,
-    /// Lease counts and lease lengths of the watchdog benchmark.
-    pub(crate) lease_runs: Vec<(usize, Duration)>,
+    /// Lease counts, lease lengths and kinds of the watchdog benchmark.
+    pub(crate) lease_runs: Vec<(usize, Duration, scale::Mix)>,
     /// How long renewals are observed at least (two renewal periods at the least).
     pub(crate) watch_window: Duration,
     /// Waiters parked for the per-waiter memory figure.
@@ -111,7 +113,11 @@ impl Profile {
             contended_run: Duration::from_secs(1),
             waiters: vec![8, 64],
             modes: vec![contended::Mode::StepAside],
-            lease_runs: vec![(1_000, SHORT_TTL), (10_000, SHORT_TTL)],
+            lease_runs: vec![
+                (1_000, SHORT_TTL, scale::Mix::Locks),
+                (10_000, SHORT_TTL, scale::Mix::Locks),
+                (10_000, SHORT_TTL, scale::Mix::Mixed),
+            ],
             watch_window: Duration::from_secs(3),
             memory_waiters: 1_000,
             memory_locks: 10_000,
@@ -137,10 +143,11 @@ impl Profile {
             waiters: vec![8, 64],
             modes: vec![contended::Mode::StepAside, contended::Mode::Barging],
             lease_runs: vec![
-                (1_000, SHORT_TTL),
-                (10_000, SHORT_TTL),
-                (100_000, SHORT_TTL),
-                (100_000, dlock::DEFAULT_TTL),
+                (1_000, SHORT_TTL, scale::Mix::Locks),
+                (10_000, SHORT_TTL, scale::Mix::Locks),
+                (100_000, SHORT_TTL, scale::Mix::Locks),
+                (100_000, dlock::DEFAULT_TTL, scale::Mix::Locks),
+                (100_000, dlock::DEFAULT_TTL, scale::Mix::Mixed),
             ],
             watch_window: Duration::from_secs(10),
             memory_waiters: 10_000,
@@ -317,28 +324,34 @@ async fn run(args: &Args) -> Result<bool> {
 
     let mut md = report::header(profile)?;
     let mut all_kept = true;
+    let mut targets = targets::Targets::default();
 
     if wants("uncontended") {
         let section = uncontended::bench(profile, &bar).await?;
+        section.targets(&mut targets);
         md.push_str(&section.markdown());
         write(&args.out, "uncontended-cdf.svg", &section.cdf_svg())?;
     }
     if wants("contended") {
         let section = contended::bench(profile, &bar).await?;
+        section.targets(&mut targets);
         md.push_str(&section.markdown());
         write(&args.out, "handoff-histogram.svg", &section.histogram_svg())?;
     }
     if wants("redlock") {
         let section = redlock::bench(profile, &bar).await?;
+        section.targets(&mut targets);
         md.push_str(&section.markdown());
     }
     if wants("watchdog") {
         let section = scale::watchdog(profile, &bar).await?;
         all_kept &= section.all_kept();
+        section.targets(&mut targets);
         md.push_str(&section.markdown());
     }
     if wants("memory") {
         let section = scale::memory(profile, &bar).await?;
+        section.targets(&mut targets);
         md.push_str(&section.markdown());
     }
     if wants("memcached") {
@@ -347,10 +360,12 @@ async fn run(args: &Args) -> Result<bool> {
     }
     if wants("etcd") {
         let section = etcd::bench(profile, &bar).await?;
+        section.targets(&mut targets);
         md.push_str(&section.markdown());
     }
     if wants("primitives") {
         let section = primitives::bench(profile, &bar).await?;
+        section.targets(&mut targets);
         md.push_str(&section.markdown());
         write(
             &args.out,
@@ -367,6 +382,7 @@ async fn run(args: &Args) -> Result<bool> {
         md.push_str(&section.markdown());
     }
     bar.finish_and_clear();
+    md.push_str(&targets.markdown(profile.quick));
 
     md.push_str(&format!(
         "\nTotal time: {:.0} s.\n",

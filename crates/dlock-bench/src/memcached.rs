@@ -262,12 +262,14 @@ impl Section {
                 label: "**dlock** `Lock<Memcached>` (waiters back off)".to_owned(),
                 rtt: mc,
                 reference: Some("redis"),
+                peer: None,
             },
             HandoffRow {
                 id: "redis",
                 label: "dlock `Lock<Redis>` (pub/sub; reference)".to_owned(),
                 rtt: redis,
                 reference: None,
+                peer: None,
             },
         ]
     }

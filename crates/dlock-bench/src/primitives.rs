@@ -11,9 +11,10 @@
 //!   names of their own, the plain lock and the limit at the same concurrency.
 //! * **Contended hand-off**: waiters with a client each on one hot name, as in the
 //!   contended section (step-aside mode): `FairLock`, whose release wakes exactly the
-//!   head of its queue, beside the plain `Lock`, whose release is announced to every
-//!   waiting client; a `Semaphore` of [`PERMITS`]; and, as the limit, python-redis-lock's
-//!   `BLPOP` hand-off, which wakes one waiter with bare commands.
+//!   head of its queue, beside the plain `Lock` (its waiters queue in the store too); a
+//!   `Semaphore` of one permit (held to the lock's targets) and of [`PERMITS`]; and, as
+//!   the limit, python-redis-lock's `BLPOP` hand-off, which wakes one waiter with bare
+//!   commands.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -29,6 +30,7 @@ use crate::contended::{self, Mode, Waiter};
 use crate::measure::{self, CpuMeter, Latencies};
 use crate::report::{fmt_dur, fmt_rate, fmt_ratio};
 use crate::svg::{self, Panel, Series};
+use crate::targets::{Goal, HandoffFigures, Targets, fairness_text, ratio_text};
 use crate::{Profile, Result};
 
 /// Permits of every benchmarked semaphore.
@@ -385,15 +387,19 @@ pub(crate) enum Contender {
     Lock,
     /// `FairLock`, a client per waiter.
     Fair,
+    /// One permit of a semaphore of one permit (a lock by another name), a client per
+    /// waiter: issue 13 holds it to the lock's targets.
+    Semaphore1,
     /// One permit of a semaphore of [`PERMITS`], a client per waiter.
     Semaphore,
 }
 
 /// Every contended client, in run order.
-pub(crate) const CONTENDERS: [Contender; 4] = [
+pub(crate) const CONTENDERS: [Contender; 5] = [
     Contender::Blpop,
     Contender::Lock,
     Contender::Fair,
+    Contender::Semaphore1,
     Contender::Semaphore,
 ];
 
@@ -403,6 +409,7 @@ impl Contender {
             Contender::Blpop => "limit: `BLPOP` hand-off, bare commands (python-redis-lock style)",
             Contender::Lock => "dlock `Lock` (reference)",
             Contender::Fair => "`FairLock`",
+            Contender::Semaphore1 => "`Semaphore`, 1 permit",
             Contender::Semaphore => "`Semaphore`, 4 permits",
         }
     }
@@ -412,6 +419,7 @@ impl Contender {
             Contender::Blpop => "BLPOP hand-off",
             Contender::Lock => "dlock Lock",
             Contender::Fair => "FairLock",
+            Contender::Semaphore1 => "Semaphore (1 permit)",
             Contender::Semaphore => "Semaphore (4 permits)",
         }
     }
@@ -421,6 +429,7 @@ impl Contender {
             Contender::Blpop => "#ff7f0e",
             Contender::Lock => "#1f77b4",
             Contender::Fair => "#2ca02c",
+            Contender::Semaphore1 => "#8c564b",
             Contender::Semaphore => "#9467bd",
         }
     }
@@ -429,7 +438,7 @@ impl Contender {
         match self {
             Contender::Blpop => "",
             Contender::Lock => "rslock: see §2",
-            Contender::Fair | Contender::Semaphore => "no peer in Rust",
+            Contender::Fair | Contender::Semaphore1 | Contender::Semaphore => "no peer in Rust",
         }
     }
 }
@@ -684,10 +693,15 @@ async fn contend(
             }
             w
         }
-        Contender::Semaphore => {
+        Contender::Semaphore1 | Contender::Semaphore => {
+            let permits = if client == Contender::Semaphore1 {
+                1
+            } else {
+                PERMITS
+            };
             let mut w = Vec::with_capacity(n);
             for _ in 0..n {
-                w.push(Waiter::permit(url, PERMITS).await?);
+                w.push(Waiter::permit(url, permits).await?);
             }
             w
         }
@@ -769,6 +783,45 @@ impl Section {
         md
     }
 
+    fn contended_cell(&self, client: Contender, waiters: usize) -> Option<&ContendedCell> {
+        self.contended
+            .iter()
+            .find(|c| c.client == client && c.waiters == waiters)
+    }
+
+    /// Issue 13's row 5: the semaphore of one permit at 64 waiters in 64 clients, held to
+    /// the lock's targets, beside the `BLPOP` hand-off of the same run.
+    pub(crate) fn targets(&self, targets: &mut Targets) {
+        const N: usize = 64;
+        let what = format!("semaphore (1 permit), {N} waiters in {N} clients");
+        let (Some(sem), Some(blpop)) = (
+            self.contended_cell(Contender::Semaphore1, N),
+            self.contended_cell(Contender::Blpop, N),
+        ) else {
+            targets.not_judged(5, what, "", "", "not in this profile's waiter counts");
+            return;
+        };
+        let (rate, base) = (sem.median(|r| r.run.rate), blpop.median(|r| r.run.rate));
+        targets.judge(
+            5,
+            format!("{what}: acquisitions/s × BLPOP"),
+            Some(rate / base),
+            ratio_text(rate, base),
+            Goal::AtLeast(1.0),
+            "≥ 1.0×",
+        );
+        HandoffFigures {
+            row: 5,
+            what,
+            rtt: self.rtt,
+            p50: sem.median_dur(|r| r.p50),
+            fairness: sem.median(|r| r.run.fairness),
+            wait_p99: Some(sem.median_dur(|r| r.wait_p99)),
+            max_rt: 3.0,
+        }
+        .judge(targets);
+    }
+
     fn waiter_counts(&self) -> Vec<usize> {
         let mut counts: Vec<usize> = self.contended.iter().map(|c| c.waiters).collect();
         counts.sort_unstable();
@@ -807,36 +860,43 @@ impl Section {
             "\n### Contended hand-off, a client per waiter\n\n\
              As in section 2 (step-aside mode: every acquisition is a hand-off to a waiter), \
              {:.1} s runs after a {:.1} s warm-up; every waiter has its own client, as \
-             separate processes would. For the semaphore, a release while others wait is \
-             paired with the next acquisition by another waiter (oldest release first). \
-             Redis CPU per acquisition shows what waking waiters costs the server.\n\n\
-             | waiters | client | acquisitions/s | hand-off p50 | p50 in round trips | \
+             separate processes would, and every row ran interleaved with the others in \
+             each round. For a semaphore, a release while others wait is paired with the \
+             next acquisition by another waiter (oldest release first); a semaphore of ONE \
+             permit is a lock by another name, held to the lock's targets. `× BLPOP` = \
+             acquisitions/s over the `BLPOP` hand-off's in the same round's run; `p50 × \
+             reference` = hand-off p50 over the plain `Lock`'s. Redis CPU per acquisition \
+             shows what waking waiters costs the server.\n\n\
+             | waiters | client | acquisitions/s | × BLPOP | hand-off p50 | p50 in round trips | \
              hand-off p99 | p50 × reference | wait p50 | wait p99 | fairness max/min | \
-             redis CPU/acquisition | peer |\n\
-             |---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
+             to self | redis CPU/acquisition | peer |\n\
+             |---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
             self.contended_run.as_secs_f64(),
             contended::WARM_UP.as_secs_f64(),
         ));
         for n in self.waiter_counts() {
             let reference = self
-                .contended
-                .iter()
-                .find(|c| c.client == Contender::Lock && c.waiters == n)
+                .contended_cell(Contender::Lock, n)
                 .map(|c| c.median_dur(|r| r.p50).as_secs_f64());
+            let blpop = self
+                .contended_cell(Contender::Blpop, n)
+                .map(|c| c.median(|r| r.run.rate));
             for client in CONTENDERS {
-                let Some(cell) = self
-                    .contended
-                    .iter()
-                    .find(|c| c.client == client && c.waiters == n)
-                else {
+                let Some(cell) = self.contended_cell(client, n) else {
                     continue;
                 };
                 let p50 = cell.median_dur(|r| r.p50);
                 let fairness = cell.median(|r| r.run.fairness);
+                let rate = cell.median(|r| r.run.rate);
                 md.push_str(&format!(
-                    "| {n} | {} | {} | {} | {:.1} | {} | {} | {} | {} | {} | {} | {} |\n",
+                    "| {n} | {} | {} | {} | {} | {:.1} | {} | {} | {} | {} | {} | {:.0} % | {} | {} |\n",
                     client.label(),
-                    fmt_rate(cell.median(|r| r.run.rate)),
+                    fmt_rate(rate),
+                    if client == Contender::Blpop {
+                        "–".to_owned()
+                    } else {
+                        fmt_ratio(rate, blpop)
+                    },
                     fmt_dur(p50),
                     p50.as_secs_f64() / self.rtt.as_secs_f64().max(1e-9),
                     fmt_dur(cell.median_dur(|r| r.p99)),
@@ -847,11 +907,8 @@ impl Section {
                     },
                     fmt_dur(cell.median_dur(|r| r.wait_p50)),
                     fmt_dur(cell.median_dur(|r| r.wait_p99)),
-                    if fairness.is_finite() {
-                        format!("{fairness:.2}")
-                    } else {
-                        "∞".to_owned()
-                    },
+                    fairness_text(fairness),
+                    cell.median(|r| r.run.to_self) * 100.0,
                     fmt_us(Duration::from_secs_f64(
                         cell.median(|r| r.server_cpu.as_secs_f64()),
                     )),

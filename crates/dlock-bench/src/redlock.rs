@@ -22,6 +22,7 @@ use crate::report::fmt_dur;
 use crate::stores::{
     self, BoxCycle, Cell, LockCycle, Plan, RedisLimit, Row, RslockCycle, Run, Setup,
 };
+use crate::targets::{Goal, Targets, ratio_text, tasks_text};
 use crate::{Profile, Result};
 
 /// Node counts of the quorums.
@@ -239,6 +240,36 @@ fn rows() -> Vec<Row> {
 }
 
 impl Section {
+    /// Issue 13's row 7: dlock's RedLock over 3 and 5 nodes against rslock's, at each task
+    /// count of the run.
+    pub(crate) fn targets(&self, targets: &mut Targets) {
+        let mut tasks: Vec<usize> = self.cells.iter().map(|c| c.n).collect();
+        tasks.dedup();
+        for n in tasks {
+            for nodes in NODES {
+                let (dlock, rslock) = (format!("dlock-{nodes}"), format!("rslock-{nodes}"));
+                let (dlock, rslock) = (
+                    stores::rate(&self.cells, &dlock, n),
+                    stores::rate(&self.cells, &rslock, n),
+                );
+                targets.judge(
+                    7,
+                    format!(
+                        "RedLock {nodes} nodes, {}: cycles/s × rslock",
+                        tasks_text(n)
+                    ),
+                    dlock.zip(rslock).map(|(d, r)| d / r),
+                    dlock
+                        .zip(rslock)
+                        .map(|(d, r)| ratio_text(d, r))
+                        .unwrap_or_default(),
+                    Goal::AtLeast(1.0),
+                    "≥ 1.0×",
+                );
+            }
+        }
+    }
+
     /// `(RedLock-5 acquire p50, single-node acquire p50)` at one task, if measured.
     pub(crate) fn target(&self) -> Option<(Duration, Duration)> {
         Some((

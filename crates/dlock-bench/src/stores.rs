@@ -793,14 +793,20 @@ pub(crate) struct HandoffRow {
     pub(crate) rtt: Duration,
     /// The row whose hand-off p50 `p50 × reference` divides by.
     pub(crate) reference: Option<&'static str>,
+    /// The row whose hand-off p50 `p50 × peer` divides by (the column is shown only when
+    /// some row has a peer).
+    pub(crate) peer: Option<&'static str>,
 }
 
 /// The contended table of `rows` over `cells`.
 pub(crate) fn handoff_table(rows: &[HandoffRow], cells: &[Cell<HandoffRun>]) -> String {
-    let mut md = String::from(
+    let peers = rows.iter().any(|r| r.peer.is_some());
+    let mut md = format!(
         "| waiters | client | acquisitions/s | hand-off p50 | p50 in round trips | hand-off p99 \
-         | p50 × reference | wait p50 | wait p99 | fairness max/min | server CPU/acquisition |\n\
-         |---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+         | p50 × reference |{} wait p50 | wait p99 | fairness max/min | server CPU/acquisition |\n\
+         |---:|---|---:|---:|---:|---:|---:|{}---:|---:|---:|---:|\n",
+        if peers { " p50 × peer |" } else { "" },
+        if peers { "---:|" } else { "" },
     );
     for n in counts(cells) {
         for row in rows {
@@ -808,22 +814,23 @@ pub(crate) fn handoff_table(rows: &[HandoffRow], cells: &[Cell<HandoffRun>]) -> 
                 continue;
             };
             let p50 = cell.median_dur(|r| r.run.p50);
-            let reference = row
-                .reference
-                .and_then(|id| find(cells, id, n))
-                .map(|c| c.median_dur(|r| r.run.p50).as_secs_f64());
+            let p50_ratio = |other: Option<&str>| match other {
+                Some(id) => fmt_ratio(p50.as_secs_f64(), handoff_p50(cells, id, n)),
+                None => "–".to_owned(),
+            };
             let fairness = cell.median(|r| r.run.fairness);
             md.push_str(&format!(
-                "| {n} | {} | {} | {} | {:.1} | {} | {} | {} | {} | {} | {} |\n",
+                "| {n} | {} | {} | {} | {:.1} | {} | {} |{} {} | {} | {} | {} |\n",
                 row.label,
                 fmt_rate(cell.median(|r| r.run.rate)),
                 fmt_dur(p50),
                 p50.as_secs_f64() / row.rtt.as_secs_f64().max(1e-9),
                 fmt_dur(cell.median_dur(|r| r.run.p99)),
-                if row.reference.is_some() {
-                    fmt_ratio(p50.as_secs_f64(), reference)
+                p50_ratio(row.reference),
+                if peers {
+                    format!(" {} |", p50_ratio(row.peer))
                 } else {
-                    "–".to_owned()
+                    String::new()
                 },
                 fmt_dur(cell.median_dur(|r| r.run.wait_p50)),
                 fmt_dur(cell.median_dur(|r| r.run.wait_p99)),
@@ -837,6 +844,22 @@ pub(crate) fn handoff_table(rows: &[HandoffRow], cells: &[Cell<HandoffRun>]) -> 
         }
     }
     md
+}
+
+/// The median hand-off p50 of contended row `id` at `n` waiters, in seconds.
+pub(crate) fn handoff_p50(cells: &[Cell<HandoffRun>], id: &str, n: usize) -> Option<f64> {
+    find(cells, id, n).map(|c| c.median_dur(|r| r.run.p50).as_secs_f64())
+}
+
+/// The median fairness (most / fewest acquisitions of one waiter) of contended row `id`
+/// at `n` waiters.
+pub(crate) fn handoff_fairness(cells: &[Cell<HandoffRun>], id: &str, n: usize) -> Option<f64> {
+    find(cells, id, n).map(|c| c.median(|r| r.run.fairness))
+}
+
+/// The median cycles/s of uncontended row `id` at `n` tasks.
+pub(crate) fn rate(cells: &[Cell<Run>], id: &str, n: usize) -> Option<f64> {
+    find(cells, id, n).map(|c| c.median(|r| r.rate))
 }
 
 /// What a section measures with: its clients on its servers.

@@ -23,6 +23,7 @@ use redis::aio::ConnectionManager;
 use crate::measure::{self, CpuMeter, Latencies};
 use crate::report::{fmt_dur, fmt_rate, fmt_ratio};
 use crate::svg::{self, Panel, Series};
+use crate::targets::{Goal, Targets, ratio_text, tasks_text};
 use crate::{Profile, Result};
 
 /// The clients compared, in table order.
@@ -372,6 +373,29 @@ impl Section {
         self.cells
             .iter()
             .find(|c| c.client == client && c.tasks == tasks)
+    }
+
+    /// Issue 13's row 1: dlock (defaults: fencing and watchdog on) against rslock at 1, 16
+    /// and 64 tasks.
+    pub(crate) fn targets(&self, targets: &mut Targets) {
+        const TARGET: &str = "≥ 1.0×";
+        for tasks in [1, 16, 64] {
+            let figure = format!("uncontended cycles/s × rslock, {}", tasks_text(tasks));
+            match (
+                self.cell(Client::Dlock, tasks),
+                self.cell(Client::Rslock, tasks),
+            ) {
+                (Some(dlock), Some(rslock)) => targets.judge(
+                    1,
+                    figure,
+                    Some(dlock.rate() / rslock.rate()),
+                    ratio_text(dlock.rate(), rslock.rate()),
+                    Goal::AtLeast(1.0),
+                    TARGET,
+                ),
+                _ => targets.not_judged(1, figure, "", TARGET, "not in this profile's task counts"),
+            }
+        }
     }
 
     /// The section's Markdown: one table, ratios to the limit and to rslock.
