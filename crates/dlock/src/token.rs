@@ -1,6 +1,8 @@
 //! Owner tokens and fencing tokens.
 
+use std::cell::RefCell;
 use std::fmt;
+use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
 use crate::error::{Error, ErrorKind, Result};
@@ -11,8 +13,22 @@ use crate::error::{Error, ErrorKind, Result};
 /// it is a plain string any client speaking the standard `SET NX PX` / compare-and-delete
 /// protocol can store and compare. Only the holder knows it, so only the holder can release
 /// or extend the lock.
-#[derive(Clone, PartialEq, Eq, Hash)]
-pub struct Token(Arc<str>);
+///
+/// A token of up to 32 bytes (every random one) is stored inline: making or cloning it
+/// allocates nothing.
+#[derive(Clone)]
+pub struct Token(Repr);
+
+#[derive(Clone)]
+enum Repr {
+    /// `len` bytes of UTF-8 at the start of `bytes`.
+    Inline { len: u8, bytes: [u8; INLINE] },
+    /// A longer token handed to [`Token::from_string`].
+    Shared(Arc<str>),
+}
+
+/// Longest token stored inline, in bytes (a random token's 32 hex digits).
+const INLINE: usize = 32;
 
 impl Token {
     /// Number of random bytes in a token.
@@ -20,23 +36,31 @@ impl Token {
 
     /// Draws a fresh token from the OS random number generator.
     ///
+    /// The bytes come straight from the OS generator (`getrandom`), read a batch at a time
+    /// into a small per-thread buffer: one system call serves many tokens. Each batch
+    /// belongs to the process that read it — a forked child never hands out its parent's
+    /// bytes — and every 16 bytes are handed out once, then wiped from the buffer.
+    ///
     /// # Errors
     /// [`ErrorKind::Backend`] if the OS generator fails (it practically never does).
     pub fn random() -> Result<Token> {
-        let mut bytes = [0u8; Self::RANDOM_BYTES];
-        getrandom::fill(&mut bytes).map_err(|e| {
+        let mut random = [0u8; Self::RANDOM_BYTES];
+        draw(&mut random).map_err(|e| {
             Error::new(
                 ErrorKind::Backend,
                 format!("OS random generator failed: {e}"),
             )
         })?;
-        let mut hex = String::with_capacity(Self::RANDOM_BYTES * 2);
-        for b in bytes {
-            const DIGITS: &[u8; 16] = b"0123456789abcdef";
-            hex.push(char::from(DIGITS[usize::from(b >> 4)]));
-            hex.push(char::from(DIGITS[usize::from(b & 0x0f)]));
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
+        let mut bytes = [0u8; INLINE];
+        for (pair, b) in bytes.chunks_exact_mut(2).zip(random) {
+            pair[0] = DIGITS[usize::from(b >> 4)];
+            pair[1] = DIGITS[usize::from(b & 0x0f)];
         }
-        Ok(Token(hex.into()))
+        Ok(Token(Repr::Inline {
+            len: INLINE as u8,
+            bytes,
+        }))
     }
 
     /// Wraps a token obtained elsewhere (for example printed by `dlock acquire`), so that
@@ -49,25 +73,107 @@ impl Token {
         if s.is_empty() || s.len() > 256 {
             return Err(Error::invalid("a token must be 1 to 256 bytes long"));
         }
-        Ok(Token(s.into()))
+        if s.len() <= INLINE {
+            let mut bytes = [0u8; INLINE];
+            bytes[..s.len()].copy_from_slice(s.as_bytes());
+            return Ok(Token(Repr::Inline {
+                len: s.len() as u8,
+                bytes,
+            }));
+        }
+        Ok(Token(Repr::Shared(s.into())))
     }
 
     /// The token as stored at the lock key.
     pub fn as_str(&self) -> &str {
-        &self.0
+        match &self.0 {
+            // Always valid: the bytes were copied from a `str` or are hex digits.
+            Repr::Inline { len, bytes } => {
+                std::str::from_utf8(&bytes[..usize::from(*len)]).unwrap_or_default()
+            }
+            Repr::Shared(s) => s,
+        }
+    }
+}
+
+impl PartialEq for Token {
+    fn eq(&self, other: &Token) -> bool {
+        self.as_str() == other.as_str()
+    }
+}
+
+impl Eq for Token {}
+
+impl Hash for Token {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.as_str().hash(state);
+    }
+}
+
+/// Bytes of OS randomness read per system call (64 tokens' worth).
+const POOL_BYTES: usize = 1024;
+
+/// One thread's batch of OS randomness: `bytes[next..]` not handed out yet, read by
+/// process `pid`.
+struct Pool {
+    bytes: [u8; POOL_BYTES],
+    next: usize,
+    pid: u32,
+}
+
+thread_local! {
+    static POOL: RefCell<Option<Box<Pool>>> = const { RefCell::new(None) };
+}
+
+/// Fills `out` with OS randomness from this thread's batch, reading a new batch when it
+/// is used up or was read by another process (we are a fork of it: its remaining bytes
+/// are the parent's too, so they are thrown away).
+fn draw(out: &mut [u8; Token::RANDOM_BYTES]) -> std::result::Result<(), getrandom::Error> {
+    let drawn = POOL.try_with(|cell| {
+        let Ok(mut slot) = cell.try_borrow_mut() else {
+            return None;
+        };
+        let pool = slot.get_or_insert_with(|| {
+            Box::new(Pool {
+                bytes: [0; POOL_BYTES],
+                next: POOL_BYTES,
+                pid: 0,
+            })
+        });
+        let pid = std::process::id();
+        if pool.pid != pid || pool.next + out.len() > POOL_BYTES {
+            pool.next = POOL_BYTES; // unusable until the read succeeds
+            pool.bytes.fill(0);
+            if let Err(e) = getrandom::fill(&mut pool.bytes) {
+                return Some(Err(e));
+            }
+            pool.next = 0;
+            pool.pid = pid;
+        }
+        let taken = &mut pool.bytes[pool.next..pool.next + out.len()];
+        out.copy_from_slice(taken);
+        taken.fill(0);
+        pool.next += out.len();
+        Some(Ok(()))
+    });
+    match drawn {
+        Ok(Some(result)) => result,
+        // The thread is exiting (its buffer is gone), or the buffer is busy: read just
+        // what we need.
+        Ok(None) | Err(_) => getrandom::fill(out),
     }
 }
 
 impl fmt::Display for Token {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(self.as_str())
     }
 }
 
 impl fmt::Debug for Token {
     // Only a prefix: a full token in a log line lets anyone who reads logs release the lock.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let shown: String = self.0.chars().take(8).collect();
+        let shown: String = self.as_str().chars().take(8).collect();
         write!(f, "Token({shown}…)")
     }
 }
@@ -111,6 +217,75 @@ mod tests {
         assert!(a.as_str().bytes().all(|c| c.is_ascii_hexdigit()));
         assert_ne!(a, b);
         assert!(!format!("{a:?}").contains(a.as_str()));
+    }
+
+    #[test]
+    fn random_tokens_are_unique_and_every_one_of_the_128_bits_varies() {
+        // Many batches' worth, on several threads (each with its own batch).
+        let tokens: Vec<Token> = std::thread::scope(|scope| {
+            let threads: Vec<_> = (0..4)
+                .map(|_| {
+                    scope.spawn(|| {
+                        (0..2_500)
+                            .map(|_| Token::random().expect("rng"))
+                            .collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            threads
+                .into_iter()
+                .flat_map(|t| t.join().expect("thread"))
+                .collect()
+        });
+        let distinct: std::collections::HashSet<&str> = tokens.iter().map(Token::as_str).collect();
+        assert_eq!(distinct.len(), tokens.len());
+        let mut ones = [0u32; 128];
+        for t in &tokens {
+            let s = t.as_str();
+            assert_eq!(s.len(), 2 * Token::RANDOM_BYTES);
+            assert!(s.bytes().all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f')));
+            let v = u128::from_str_radix(s, 16).expect("hex");
+            for (bit, n) in ones.iter_mut().enumerate() {
+                *n += u32::from(v >> bit & 1 == 1);
+            }
+        }
+        // 10 000 fair coin flips per bit: 5 000 ± 300 (six standard deviations) holds for
+        // all 128 bits with overwhelming odds; a stuck, repeated or counter-like bit would
+        // not.
+        for (bit, n) in ones.iter().enumerate() {
+            assert!((4_700..=5_300).contains(n), "bit {bit} was set {n} times");
+        }
+    }
+
+    #[test]
+    fn tokens_compare_by_their_string_whatever_their_storage() {
+        let a = Token::random().expect("rng");
+        let b = Token::from_string(a.as_str()).expect("ok");
+        assert_eq!(a, b);
+        let state = std::collections::hash_map::RandomState::new();
+        assert_eq!(
+            std::hash::BuildHasher::hash_one(&state, &a),
+            std::hash::BuildHasher::hash_one(&state, &b)
+        );
+        let long = "t".repeat(200);
+        let c = Token::from_string(long.clone()).expect("ok");
+        assert_eq!(c.as_str(), long);
+        assert_eq!(c, Token::from_string(long).expect("ok"));
+        assert_ne!(a, c);
+        assert_eq!(
+            Token::from_string("x".repeat(32))
+                .expect("ok")
+                .as_str()
+                .len(),
+            32
+        );
+        assert_eq!(
+            Token::from_string("x".repeat(33))
+                .expect("ok")
+                .as_str()
+                .len(),
+            33
+        );
     }
 
     #[test]
