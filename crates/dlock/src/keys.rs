@@ -26,17 +26,34 @@ pub const MAX_PREFIX_LEN: usize = 256;
 pub const DEFAULT_PREFIX: &str = "dlock:";
 
 /// The store keys of one lock name. Cheap to clone.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LockKeys(Arc<KeysInner>);
+///
+/// All of them live in one shared string, `fence key + channel`, whose boundaries are
+/// kept beside it: one allocation per lock name. The lock key is read out of the fence
+/// key, which starts with it (`{lock key}:fence`, or `lock key:fence` when the lock key
+/// has a hash tag of its own).
+#[derive(Clone, PartialEq, Eq)]
+pub struct LockKeys {
+    text: Arc<str>,
+    /// Where the name starts (after `{` and the prefix).
+    name_start: u16,
+    /// Where the lock key ends; it starts at 0, or at 1 after a `{` when the base is
+    /// `{lock key}` (then the base ends one byte later).
+    lock_end: u16,
+    /// Where the fence key ends and the channel starts (the channel runs to the end).
+    fence_end: u16,
+}
 
-#[derive(Debug, PartialEq, Eq)]
-struct KeysInner {
-    name: String,
-    /// The lock key, or `{lock key}` when it has no hash tag of its own.
-    base: String,
-    lock: String,
-    fence: String,
-    channel: String,
+const FENCE_SUFFIX: &str = ":fence";
+
+impl std::fmt::Debug for LockKeys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LockKeys")
+            .field("name", &self.name())
+            .field("lock", &self.lock())
+            .field("fence", &self.fence())
+            .field("channel", &self.channel())
+            .finish()
+    }
 }
 
 impl LockKeys {
@@ -62,63 +79,88 @@ impl LockKeys {
                 prefix.len()
             )));
         }
-        let lock = format!("{prefix}{name}");
-        let base = if hash_tag(lock.as_bytes()).is_some() {
-            lock.clone()
-        } else if lock.contains('}') {
+        let lock_len = prefix.len() + name.len();
+        let mut text = String::with_capacity(2 * lock_len + 4 + FENCE_SUFFIX.len() + 9);
+        text.push_str(prefix);
+        text.push_str(name);
+        // The companions' base: the lock key, or `{lock key}` when it has no hash tag.
+        let tagged = hash_tag(text.as_bytes()).is_some();
+        if !tagged && text.contains('}') {
             return Err(Error::invalid(format!(
-                "lock key {lock:?} contains '}}' without forming a {{hash tag}}; \
+                "lock key {text:?} contains '}}' without forming a {{hash tag}}; \
                  its companion keys could not share its cluster slot"
             )));
-        } else {
-            format!("{{{lock}}}")
-        };
-        Ok(LockKeys(Arc::new(KeysInner {
-            name: name.to_owned(),
-            fence: format!("{base}:fence"),
-            channel: format!("{base}:released"),
-            base,
-            lock,
-        })))
+        }
+        if !tagged {
+            text.clear();
+            text.push('{');
+            text.push_str(prefix);
+            text.push_str(name);
+            text.push('}');
+        }
+        let open = usize::from(!tagged);
+        text.push_str(FENCE_SUFFIX);
+        let fence_end = text.len();
+        text.extend_from_within(..fence_end - FENCE_SUFFIX.len());
+        text.push_str(":released");
+        Ok(LockKeys {
+            text: text.into(),
+            name_start: offset(open + prefix.len())?,
+            lock_end: offset(open + lock_len)?,
+            fence_end: offset(fence_end)?,
+        })
     }
 
     /// The lock's name as the user gave it.
     pub fn name(&self) -> &str {
-        &self.0.name
+        &self.text[usize::from(self.name_start)..usize::from(self.lock_end)]
     }
 
     /// The key holding the owner token.
     pub fn lock(&self) -> &str {
-        &self.0.lock
+        let start = self.base().len() - usize::from(self.lock_end);
+        &self.text[start..usize::from(self.lock_end)]
     }
 
     /// The key of the fencing counter (never expires).
     pub fn fence(&self) -> &str {
-        &self.0.fence
+        &self.text[..usize::from(self.fence_end)]
     }
 
     /// The channel on which releases are announced.
     pub fn channel(&self) -> &str {
-        &self.0.channel
+        &self.text[usize::from(self.fence_end)..]
+    }
+
+    /// The lock key, or `{lock key}` when it has no hash tag of its own: what companion
+    /// keys are appended to.
+    fn base(&self) -> &str {
+        &self.text[..usize::from(self.fence_end) - FENCE_SUFFIX.len()]
     }
 
     /// The same keys with release announcements on a channel of their own
     /// (`<channel>:<side>`), for primitives whose waiters wait for different things
     /// (readers and writers).
     pub fn side(&self, side: &str) -> LockKeys {
-        LockKeys(Arc::new(KeysInner {
-            name: self.0.name.clone(),
-            base: self.0.base.clone(),
-            lock: self.0.lock.clone(),
-            fence: self.0.fence.clone(),
-            channel: format!("{}:{side}", self.0.channel),
-        }))
+        let mut text = String::with_capacity(self.text.len() + 1 + side.len());
+        text.push_str(&self.text);
+        text.push(':');
+        text.push_str(side);
+        LockKeys {
+            text: text.into(),
+            ..*self
+        }
     }
 
     /// Another key of the same primitive, in the lock key's cluster slot.
     pub fn companion(&self, suffix: &str) -> String {
-        format!("{}:{suffix}", self.0.base)
+        format!("{}:{suffix}", self.base())
     }
+}
+
+/// A boundary inside a [`LockKeys`] text (always small: names and prefixes are bounded).
+fn offset(at: usize) -> Result<u16> {
+    u16::try_from(at).map_err(|_| Error::invalid("lock key too long"))
 }
 
 /// The part of `key` that Redis Cluster hashes: the content of the first `{…}` if it is
@@ -185,6 +227,27 @@ mod tests {
     }
 
     #[test]
+    fn sides_and_companions_keep_every_key() {
+        let k = LockKeys::new("dlock:", "orders").expect("valid");
+        let w = k.side("writers");
+        assert_eq!(w.name(), "orders");
+        assert_eq!(w.lock(), "dlock:orders");
+        assert_eq!(w.fence(), "{dlock:orders}:fence");
+        assert_eq!(w.channel(), "{dlock:orders}:released:writers");
+        assert_eq!(w.companion("holders"), "{dlock:orders}:holders");
+        assert_ne!(w, k);
+        assert_eq!(k, LockKeys::new("dlock:", "orders").expect("valid"));
+        let t = LockKeys::new("p:", "{o}x").expect("valid");
+        assert_eq!(t.name(), "{o}x");
+        assert_eq!(t.companion("q"), "p:{o}x:q");
+        assert_eq!(t.channel(), "p:{o}x:released");
+        let long =
+            LockKeys::new(&"p".repeat(MAX_PREFIX_LEN), &"x".repeat(MAX_NAME_LEN)).expect("valid");
+        assert_eq!(long.name().len(), MAX_NAME_LEN);
+        assert_eq!(long.fence().len(), MAX_PREFIX_LEN + MAX_NAME_LEN + 2 + 6);
+    }
+
+    #[test]
     fn bad_names_are_rejected() {
         assert!(LockKeys::new("dlock:", "").is_err());
         assert!(LockKeys::new("dlock:", &"x".repeat(MAX_NAME_LEN + 1)).is_err());
@@ -202,6 +265,7 @@ mod tests {
                 prop_assert_eq!(cluster_slot(k.channel().as_bytes()), slot);
                 prop_assert_eq!(cluster_slot(k.companion("holders").as_bytes()), slot);
                 prop_assert_eq!(k.lock(), format!("{prefix}{name}"));
+                prop_assert_eq!(k.name(), name.as_str());
             } else {
                 // Only the brace case may be refused for names within the limits.
                 let key = format!("{prefix}{name}");
