@@ -3,9 +3,10 @@
 //! A lease is *lost* when the store says the key no longer holds our token, or when
 //! renewals kept failing until its validity (monotonic clock, minus drift) ran out.
 
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use tokio::sync::watch;
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::LeaseKind;
@@ -26,15 +27,28 @@ pub(crate) enum End {
     Released,
 }
 
+/// What a lease's holder and the watchdog read of it ([`Lease::snapshot`]).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct LeaseState {
     pub(crate) valid_until: Instant,
-    /// When the request behind `valid_until` was sent. Replies on one connection come in
-    /// the order the store applied them, so the latest-sent success describes the store.
-    pub(crate) sent: Instant,
     /// The ttl future renewals ask for.
     pub(crate) ttl: Duration,
     pub(crate) end: End,
+}
+
+/// A lease's state as stored (the ttl in nanoseconds: 8 bytes fewer per lease).
+#[derive(Debug, Clone, Copy)]
+struct Current {
+    valid_until: Instant,
+    /// When the request behind `valid_until` was sent. Replies on one connection come in
+    /// the order the store applied them, so the latest-sent success describes the store.
+    sent: Instant,
+    ttl_nanos: u64,
+    end: End,
+}
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// One held lease, shared by its guard and the watchdog.
@@ -44,7 +58,11 @@ pub(crate) struct Lease {
     pub(crate) token: Token,
     /// Which renewal the store must apply (the primitive that holds it).
     pub(crate) kind: LeaseKind,
-    pub(crate) state: watch::Sender<LeaseState>,
+    state: Mutex<Current>,
+    /// Woken when `state.end` leaves [`End::Held`]. Renewals wake nobody: a
+    /// [`lost_future`](Lease::lost_future) sleeps until the validity it saw, then looks
+    /// again.
+    ended: Notify,
     drift: validity::Drift,
 }
 
@@ -57,28 +75,39 @@ impl Lease {
         drift: validity::Drift,
         kind: LeaseKind,
     ) -> Lease {
-        let (state, _) = watch::channel(LeaseState {
-            valid_until: drift.valid_until(sent.into_std(), ttl).into(),
-            sent,
-            ttl,
-            end: End::Held,
-        });
         Lease {
             keys,
             token,
             kind,
-            state,
+            state: Mutex::new(Current {
+                valid_until: drift.valid_until(sent.into_std(), ttl).into(),
+                sent,
+                ttl_nanos: nanos(ttl),
+                end: End::Held,
+            }),
+            ended: Notify::new(),
             drift,
         }
     }
 
+    fn state(&self) -> MutexGuard<'_, Current> {
+        // The state is plain data, updated in one go: a panic elsewhere cannot leave it
+        // half-written.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     pub(crate) fn snapshot(&self) -> LeaseState {
-        *self.state.borrow()
+        let s = *self.state();
+        LeaseState {
+            valid_until: s.valid_until,
+            ttl: Duration::from_nanos(s.ttl_nanos),
+            end: s.end,
+        }
     }
 
     /// Lost (or ended) at `now`: the store said so, or validity ran out.
     pub(crate) fn is_lost_at(&self, now: Instant) -> bool {
-        let s = self.snapshot();
+        let s = self.state();
         s.end != End::Held || now >= s.valid_until
     }
 
@@ -87,62 +116,160 @@ impl Lease {
     /// revive it (someone may have held the lock in between), and ends it instead.
     pub(crate) fn renewed(&self, sent: Instant, ttl: Duration) -> bool {
         let now = Instant::now();
-        let mut held = false;
-        self.state.send_if_modified(|s| {
-            if s.end != End::Held {
-                return false;
-            }
-            if now >= s.valid_until {
-                s.end = End::Expired;
-                return true;
-            }
-            held = true;
-            if sent < s.sent {
-                return false; // an older request's late reply says nothing new
-            }
+        let mut s = self.state();
+        if s.end != End::Held {
+            return false;
+        }
+        if now >= s.valid_until {
+            s.end = End::Expired;
+            drop(s);
+            self.ended.notify_waiters();
+            return false;
+        }
+        // An older request's late reply says nothing new: only a later-sent confirmation
+        // moves the validity.
+        if sent >= s.sent {
             s.sent = sent;
             s.valid_until = self.drift.valid_until(sent.into_std(), ttl).into();
-            true
-        });
-        held
+        }
+        true
     }
 
     /// From now on, renewals ask for `ttl`.
     pub(crate) fn set_ttl(&self, ttl: Duration) {
-        self.state.send_modify(|s| s.ttl = ttl);
+        self.state().ttl_nanos = nanos(ttl);
     }
 
     pub(crate) fn end(&self, end: End) {
-        self.state.send_if_modified(|s| {
-            if s.end == End::Held {
-                s.end = end;
-                true
-            } else {
-                false
-            }
-        });
+        let mut s = self.state();
+        if s.end == End::Held {
+            s.end = end;
+            drop(s);
+            self.ended.notify_waiters();
+        }
     }
 
-    /// Resolves when the lease can no longer be guaranteed.
-    pub(crate) fn lost_future(&self) -> impl Future<Output = ()> + Send + 'static {
-        let mut rx = self.state.subscribe();
+    /// Resolves when the lease can no longer be guaranteed: once it ends, or once its
+    /// validity runs out without a renewal (also after every guard and the watchdog let
+    /// go of it: the future keeps the lease alive).
+    pub(crate) fn lost_future(self: &Arc<Self>) -> impl Future<Output = ()> + Send + 'static {
+        let lease = Arc::clone(self);
         async move {
             loop {
-                let s = *rx.borrow_and_update();
-                if s.end != End::Held {
+                let ended = lease.ended.notified();
+                tokio::pin!(ended);
+                // Registered before looking, so an end in between still wakes us.
+                ended.as_mut().enable();
+                let s = lease.snapshot();
+                if s.end != End::Held || Instant::now() >= s.valid_until {
                     return;
                 }
                 tokio::select! {
-                    changed = rx.changed() => {
-                        if changed.is_err() {
-                            // Every sender is gone: nobody renews any more.
-                            tokio::time::sleep_until(s.valid_until).await;
-                            return;
-                        }
-                    }
-                    () = tokio::time::sleep_until(s.valid_until) => return,
+                    () = ended => return,
+                    // Renewed meanwhile? The next round sleeps until the new validity.
+                    () = tokio::time::sleep_until(s.valid_until) => {}
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lease(sent: Instant, ttl: Duration) -> Arc<Lease> {
+        Arc::new(Lease::new(
+            LockKeys::new("t:", "lease").expect("keys"),
+            Token::random().expect("rng"),
+            sent,
+            ttl,
+            validity::Drift::DEFAULT,
+            LeaseKind::Lock,
+        ))
+    }
+
+    fn assert_static_send<F: Future<Output = ()> + Send + 'static>(f: F) -> F {
+        f
+    }
+
+    #[tokio::test]
+    async fn lost_future_resolves_when_the_validity_runs_out_and_not_before() {
+        let start = Instant::now();
+        let ttl = Duration::from_millis(200);
+        let lease = lease(start, ttl);
+        let valid_until = lease.snapshot().valid_until;
+        assert_eq!(valid_until, start + ttl - validity::drift(ttl));
+        let lost = assert_static_send(lease.lost_future());
+        // Renewals are not announced: the future finds them when it wakes.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let renewed_at = Instant::now();
+        assert!(lease.renewed(renewed_at, ttl));
+        let renewed_until = lease.snapshot().valid_until;
+        assert!(renewed_until > valid_until);
+        lost.await;
+        let now = Instant::now();
+        assert!(now >= renewed_until, "resolved before the renewed validity");
+        assert!(
+            now < renewed_until + Duration::from_millis(150),
+            "resolved late"
+        );
+        assert!(lease.is_lost_at(now));
+        assert_eq!(lease.snapshot().end, End::Held, "lapsed, not ended");
+        // A confirmation after the validity ran out does not revive it.
+        assert!(!lease.renewed(renewed_at, ttl));
+        assert_eq!(lease.snapshot().end, End::Expired);
+    }
+
+    #[tokio::test]
+    async fn lost_future_resolves_at_once_when_the_lease_ends() {
+        let lease = lease(Instant::now(), Duration::from_secs(30));
+        let lost = lease.lost_future();
+        let later = lease.lost_future();
+        let ender = Arc::clone(&lease);
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            ender.end(End::Taken);
+        });
+        let started = Instant::now();
+        tokio::time::timeout(Duration::from_secs(5), async {
+            lost.await;
+            later.await;
+        })
+        .await
+        .expect("both futures resolve on the end");
+        assert!(started.elapsed() < Duration::from_secs(5));
+        assert_eq!(lease.snapshot().end, End::Taken);
+        // Ended once: a later end keeps the first reason, and new futures resolve at once.
+        lease.end(End::Released);
+        assert_eq!(lease.snapshot().end, End::Taken);
+        lease.lost_future().await;
+    }
+
+    #[tokio::test]
+    async fn lost_future_outlives_the_lease_holders() {
+        let lease = lease(Instant::now(), Duration::from_millis(100));
+        let valid_until = lease.snapshot().valid_until;
+        let lost = lease.lost_future();
+        drop(lease); // the guard and the watchdog let go, nobody ends it
+        lost.await;
+        assert!(Instant::now() >= valid_until);
+    }
+
+    #[test]
+    fn late_replies_of_older_requests_do_not_move_the_validity() {
+        let start = Instant::now();
+        let ttl = Duration::from_secs(30);
+        let lease = lease(start, ttl);
+        let newer = start + Duration::from_millis(10);
+        assert!(lease.renewed(newer, ttl));
+        let until = lease.snapshot().valid_until;
+        assert!(
+            lease.renewed(start + Duration::from_millis(5), ttl),
+            "still held"
+        );
+        assert_eq!(lease.snapshot().valid_until, until);
+        lease.set_ttl(Duration::from_secs(5));
+        assert_eq!(lease.snapshot().ttl, Duration::from_secs(5));
     }
 }
