@@ -426,7 +426,8 @@ impl<B: RawLock> Lock<B> {
                 .engine()
                 .register(&Renewer(self.backend.clone()), Arc::clone(&lease))
             {
-                Ok(id) => Some(id),
+                // The engine never hands out id 0.
+                Ok(id) => std::num::NonZeroU64::new(id),
                 Err(err) => {
                     spawn_release(&self.backend, &lease.keys, &lease.token);
                     return Err(err);
@@ -593,7 +594,9 @@ pub struct LockGuard<B: RawLock> {
     backend: B,
     lease: Arc<Lease>,
     fence: u64,
-    registration: Option<u64>,
+    /// The engine's id of the lease while it renews it (never 0, so the option costs
+    /// nothing).
+    registration: Option<std::num::NonZeroU64>,
     armed: bool,
 }
 
@@ -703,7 +706,7 @@ impl<B: RawLock> LockGuard<B> {
         }
         if let Some(id) = self.registration {
             // A shorter ttl must be renewed sooner than the old schedule says.
-            self.backend.engine().reschedule(id, sent + ttl / 3);
+            self.backend.engine().reschedule(id.get(), sent + ttl / 3);
         }
         Ok(())
     }
@@ -730,7 +733,7 @@ impl<B: RawLock> LockGuard<B> {
         // Out of renewal now; `armed` stays set until the reply, so that a cancelled
         // release still gives the lock back from `Drop`.
         if let Some(id) = self.registration.take() {
-            self.backend.engine().deregister(id);
+            self.backend.engine().deregister(id.get());
         }
         let lapsed = self.is_lost();
         let lost_before = self.lease.snapshot().end;
@@ -791,7 +794,7 @@ impl<B: RawLock> LockGuard<B> {
     fn disarm(&mut self) {
         self.armed = false;
         if let Some(id) = self.registration.take() {
-            self.backend.engine().deregister(id);
+            self.backend.engine().deregister(id.get());
         }
     }
 }

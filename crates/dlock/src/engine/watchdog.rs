@@ -8,7 +8,8 @@
 //! there are leases to renew (plus a short linger): it never keeps a client alive on its
 //! own.
 
-use std::collections::{BTreeSet, HashMap};
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
@@ -34,7 +35,6 @@ pub(crate) trait Renew: Clone + Send + Sync + 'static {
 }
 
 /// The registry shared by every clone of one client.
-#[derive(Default)]
 pub(super) struct Registry {
     state: Mutex<State>,
     wake: Notify,
@@ -43,12 +43,39 @@ pub(super) struct Registry {
     renewals: AtomicU64,
 }
 
-#[derive(Default)]
+impl Default for Registry {
+    fn default() -> Registry {
+        Registry {
+            state: Mutex::new(State {
+                epoch: Instant::now(),
+                slots: Vec::new(),
+                free: NO_SLOT,
+                live: 0,
+                due: BinaryHeap::new(),
+                task: None,
+                wake_at: None,
+            }),
+            wake: Notify::new(),
+            tasks_started: AtomicU64::new(0),
+            batches: AtomicU64::new(0),
+            renewals: AtomicU64::new(0),
+        }
+    }
+}
+
+/// Leases under renewal: a slab of entries (a registration id is its slot and the slot's
+/// generation, never 0) and a min-heap of due times. Taking a lease out or moving its due time
+/// leaves its old heap item behind, recognised as stale when it comes up (its entry is
+/// gone or due at another time) and swept out whenever stale items outnumber live ones.
 struct State {
-    next_id: u64,
-    entries: HashMap<u64, Entry>,
-    /// `(next_due, id)` of every entry not currently being renewed.
-    due: BTreeSet<(Instant, u64)>,
+    /// Due times are kept as nanoseconds since this instant ([`Tick`]s).
+    epoch: Instant,
+    slots: Vec<Slot>,
+    /// The first free slot (each free slot names the next), or [`NO_SLOT`].
+    free: u32,
+    /// Occupied slots.
+    live: usize,
+    due: BinaryHeap<Reverse<Due>>,
     /// The renewal task, if one was started. It may have died with its runtime (a holder
     /// process's runtime shut down): then the next registration starts a new one.
     task: Option<tokio::task::JoinHandle<()>>,
@@ -57,10 +84,137 @@ struct State {
     wake_at: Option<Instant>,
 }
 
+/// Nanoseconds since the registry's epoch.
+type Tick = u64;
+
+/// An entry's due time while a renewal of it is in flight.
+const IN_FLIGHT: Tick = Tick::MAX;
+
+const NO_SLOT: u32 = u32::MAX;
+
+struct Slot {
+    /// Bumped each time the slot is taken, so that an old registration id never names a
+    /// later lease. A slot whose generation is used up is never taken again.
+    generation: u32,
+    /// While free: the next free slot.
+    next_free: u32,
+    entry: Option<Entry>,
+}
+
 struct Entry {
     lease: Arc<Lease>,
-    /// `None` while a renewal is in flight.
-    next_due: Option<Instant>,
+    /// When to renew next, or [`IN_FLIGHT`].
+    next_due: Tick,
+}
+
+/// One heap item: slot `slot` of generation `generation` is due at `at` (if its entry
+/// still says so).
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct Due {
+    at: Tick,
+    slot: u32,
+    generation: u32,
+}
+
+fn id_of(slot: u32, generation: u32) -> u64 {
+    u64::from(generation) << 32 | u64::from(slot)
+}
+
+fn slot_of(id: u64) -> (u32, u32) {
+    ((id & u64::from(u32::MAX)) as u32, (id >> 32) as u32)
+}
+
+impl State {
+    fn tick(&self, at: Instant) -> Tick {
+        Tick::try_from(at.saturating_duration_since(self.epoch).as_nanos()).unwrap_or(IN_FLIGHT - 1)
+    }
+
+    fn instant(&self, at: Tick) -> Instant {
+        self.epoch + Duration::from_nanos(at)
+    }
+
+    fn entry_mut(&mut self, slot: u32, generation: u32) -> Option<&mut Entry> {
+        let s = self.slots.get_mut(slot as usize)?;
+        if s.generation != generation {
+            return None;
+        }
+        s.entry.as_mut()
+    }
+
+    fn insert(&mut self, lease: Arc<Lease>, next_due: Tick) -> (u32, u32) {
+        let entry = Some(Entry { lease, next_due });
+        let slot = if self.free == NO_SLOT {
+            self.slots.push(Slot {
+                // From 1: no id is 0 (guards keep theirs in an `Option<NonZeroU64>`).
+                generation: 1,
+                next_free: NO_SLOT,
+                entry,
+            });
+            // (Past u32::MAX slots ids would collide; no client holds that many leases.)
+            (self.slots.len() - 1) as u32
+        } else {
+            let slot = self.free;
+            let s = &mut self.slots[slot as usize];
+            self.free = s.next_free;
+            s.generation += 1;
+            s.entry = entry;
+            slot
+        };
+        self.live += 1;
+        self.push_due(slot, next_due);
+        (slot, self.slots[slot as usize].generation)
+    }
+
+    fn remove(&mut self, slot: u32, generation: u32) -> Option<Entry> {
+        let s = self.slots.get_mut(slot as usize)?;
+        if s.generation != generation {
+            return None;
+        }
+        let entry = s.entry.take()?;
+        if s.generation < u32::MAX {
+            s.next_free = self.free;
+            self.free = slot;
+        }
+        self.live -= 1;
+        self.sweep();
+        Some(entry)
+    }
+
+    fn push_due(&mut self, slot: u32, at: Tick) {
+        let generation = self.slots[slot as usize].generation;
+        self.due.push(Reverse(Due {
+            at,
+            slot,
+            generation,
+        }));
+        self.sweep();
+    }
+
+    fn is_current(&self, d: Due) -> bool {
+        self.slots.get(d.slot as usize).is_some_and(|s| {
+            s.generation == d.generation && s.entry.as_ref().is_some_and(|e| e.next_due == d.at)
+        })
+    }
+
+    /// Drops stale heap items once they outnumber the live ones (amortised O(1)).
+    fn sweep(&mut self) {
+        if self.due.len() > 2 * self.live + 64 {
+            let mut due = std::mem::take(&mut self.due);
+            due.retain(|&Reverse(d)| self.is_current(d));
+            self.due = due;
+        }
+    }
+
+    /// The earliest current due time, dropping stale items on top of the heap.
+    fn first_due(&mut self) -> Option<Due> {
+        while let Some(&Reverse(d)) = self.due.peek() {
+            if self.is_current(d) {
+                return Some(d);
+            }
+            self.due.pop();
+        }
+        None
+    }
 }
 
 impl Registry {
@@ -71,7 +225,7 @@ impl Registry {
     pub(super) fn stats(&self) -> EngineStats {
         let state = self.lock();
         EngineStats {
-            leases: state.entries.len(),
+            leases: state.live,
             renewal_task_running: state.task.as_ref().is_some_and(|t| !t.is_finished()),
             renewal_tasks_started: self.tasks_started.load(Ordering::Relaxed),
             renewal_batches: self.batches.load(Ordering::Relaxed),
@@ -92,18 +246,10 @@ impl Registry {
             )
         })?;
         let ttl = lease.snapshot().ttl;
-        let mut state = self.lock();
-        let id = state.next_id;
-        state.next_id += 1;
         let due = Instant::now() + ttl / 3;
-        state.entries.insert(
-            id,
-            Entry {
-                lease,
-                next_due: Some(due),
-            },
-        );
-        state.due.insert((due, id));
+        let mut state = self.lock();
+        let at = state.tick(due);
+        let (slot, generation) = state.insert(lease, at);
         if state
             .task
             .as_ref()
@@ -114,23 +260,24 @@ impl Registry {
         } else if state.wake_at.is_none_or(|wake| due < wake) {
             self.wake.notify_one();
         }
-        Ok(id)
+        Ok(id_of(slot, generation))
     }
 
     /// Renews lease `id` no later than `due` (after an extension to a shorter ttl).
     pub(super) fn reschedule(&self, id: u64, due: Instant) {
+        let (slot, generation) = slot_of(id);
         let mut state = self.lock();
-        let Some(entry) = state.entries.get_mut(&id) else {
+        let at = state.tick(due);
+        let Some(entry) = state.entry_mut(slot, generation) else {
             return;
         };
         // In flight: its result reschedules from the lease's current ttl.
-        let Some(old) = entry.next_due else {
+        if entry.next_due == IN_FLIGHT {
             return;
-        };
-        if due < old {
-            entry.next_due = Some(due);
-            state.due.remove(&(old, id));
-            state.due.insert((due, id));
+        }
+        if at < entry.next_due {
+            entry.next_due = at;
+            state.push_due(slot, at);
             self.wake.notify_one();
         }
     }
@@ -138,12 +285,9 @@ impl Registry {
     /// Takes a lease out of renewal at once (released, forgotten or dropped).
     pub(super) fn deregister(&self, id: u64) {
         // With nothing left, the task exits at its next wake-up (plus a linger).
-        let mut state = self.lock();
-        if let Some(entry) = state.entries.remove(&id)
-            && let Some(due) = entry.next_due
-        {
-            state.due.remove(&(due, id));
-        }
+        let (slot, generation) = slot_of(id);
+        let removed = self.lock().remove(slot, generation);
+        drop(removed); // the lease, outside the lock
     }
 }
 
@@ -155,11 +299,11 @@ async fn run<R: Renew>(renewer: R, registry: Arc<Registry>) {
     let mut idle_since: Option<Instant> = None;
     loop {
         let now = Instant::now();
-        let mut batch: Vec<(u64, Arc<Lease>)> = Vec::new();
+        let mut batch: Vec<((u32, u32), Arc<Lease>)> = Vec::new();
         let next_wake;
         {
             let mut state = registry.lock();
-            if state.entries.is_empty() {
+            if state.live == 0 {
                 let since = *idle_since.get_or_insert(now);
                 if now >= since + LINGER {
                     state.task = None;
@@ -169,23 +313,24 @@ async fn run<R: Renew>(renewer: R, registry: Arc<Registry>) {
             } else {
                 idle_since = None;
             }
-            while let Some(&(due, id)) = state.due.first() {
-                if due > now + BATCH_WINDOW {
+            let horizon = state.tick(now + BATCH_WINDOW);
+            while let Some(d) = state.first_due() {
+                if d.at > horizon {
                     break;
                 }
-                state.due.pop_first();
-                let Some(entry) = state.entries.get_mut(&id) else {
+                state.due.pop();
+                let Some(entry) = state.entry_mut(d.slot, d.generation) else {
                     continue;
                 };
                 if entry.lease.is_lost_at(now) {
                     entry.lease.end(End::Expired);
-                    state.entries.remove(&id);
+                    state.remove(d.slot, d.generation);
                     continue;
                 }
-                entry.next_due = None;
-                batch.push((id, Arc::clone(&entry.lease)));
+                entry.next_due = IN_FLIGHT;
+                batch.push(((d.slot, d.generation), Arc::clone(&entry.lease)));
             }
-            next_wake = state.due.first().map(|&(due, _)| due);
+            next_wake = state.first_due().map(|d| state.instant(d.at));
         }
 
         if batch.is_empty() {
@@ -244,8 +389,10 @@ async fn run<R: Renew>(renewer: R, registry: Arc<Registry>) {
 
         let done = Instant::now();
         let mut state = registry.lock();
-        for (((id, lease), renewal), result) in batch.into_iter().zip(&renewals).zip(results) {
-            if !state.entries.contains_key(&id) {
+        for ((((slot, generation), lease), renewal), result) in
+            batch.into_iter().zip(&renewals).zip(results)
+        {
+            if state.entry_mut(slot, generation).is_none() {
                 continue; // released while the renewal was in flight
             }
             let next = match result {
@@ -282,15 +429,104 @@ async fn run<R: Renew>(renewer: R, registry: Arc<Registry>) {
             };
             match next {
                 Some(due) => {
-                    if let Some(entry) = state.entries.get_mut(&id) {
-                        entry.next_due = Some(due);
+                    let at = state.tick(due);
+                    if let Some(entry) = state.entry_mut(slot, generation) {
+                        entry.next_due = at;
                     }
-                    state.due.insert((due, id));
+                    state.push_due(slot, at);
                 }
                 None => {
-                    state.entries.remove(&id);
+                    state.remove(slot, generation);
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::LeaseKind;
+    use crate::keys::LockKeys;
+    use crate::token::Token;
+
+    /// Confirms every renewal.
+    #[derive(Clone)]
+    struct Confirm;
+
+    impl Renew for Confirm {
+        fn renew(&self, batch: &[Renewal]) -> impl Future<Output = Vec<Result<bool>>> + Send {
+            let n = batch.len();
+            async move { (0..n).map(|_| Ok(true)).collect() }
+        }
+    }
+
+    fn lease(ttl: Duration) -> Arc<Lease> {
+        Arc::new(Lease::new(
+            LockKeys::new("t:", "watchdog").expect("keys"),
+            Token::random().expect("rng"),
+            Instant::now(),
+            ttl,
+            crate::validity::Drift::DEFAULT,
+            LeaseKind::Lock,
+        ))
+    }
+
+    #[tokio::test]
+    async fn an_old_id_never_names_the_lease_that_reuses_its_slot() {
+        let registry = Arc::new(Registry::default());
+        let first = registry
+            .register(&Confirm, lease(Duration::from_secs(30)))
+            .expect("register");
+        assert_ne!(first, 0);
+        registry.deregister(first);
+        let second = registry
+            .register(&Confirm, lease(Duration::from_secs(30)))
+            .expect("register");
+        assert_eq!(slot_of(first).0, slot_of(second).0, "the slot is reused");
+        assert_ne!(first, second);
+        // A guard whose lease the task already dropped still deregisters its old id.
+        registry.deregister(first);
+        registry.reschedule(first, Instant::now());
+        assert_eq!(registry.stats().leases, 1);
+        registry.deregister(second);
+        assert_eq!(registry.stats().leases, 0);
+        // Unknown ids are ignored.
+        registry.deregister(id_of(1_000, 1));
+        registry.reschedule(id_of(1_000, 1), Instant::now());
+    }
+
+    #[tokio::test]
+    async fn churn_leaves_a_bounded_heap_and_renewals_go_on() {
+        let registry = Arc::new(Registry::default());
+        let ttl = Duration::from_millis(300);
+        let kept = lease(ttl);
+        let kept_id = registry
+            .register(&Confirm, Arc::clone(&kept))
+            .expect("register");
+        for _ in 0..10_000 {
+            let id = registry
+                .register(&Confirm, lease(Duration::from_secs(30)))
+                .expect("register");
+            registry.reschedule(id, Instant::now() + Duration::from_secs(1));
+            registry.deregister(id);
+        }
+        {
+            let state = registry.lock();
+            assert_eq!(state.live, 1);
+            assert!(state.slots.len() <= 2, "slots are reused");
+            assert!(
+                state.due.len() <= 2 * state.live + 64 + 1,
+                "{}",
+                state.due.len()
+            );
+        }
+        let until = kept.snapshot().valid_until;
+        tokio::time::sleep(ttl).await;
+        assert!(!kept.is_lost_at(Instant::now()), "renewed in time");
+        assert!(kept.snapshot().valid_until > until);
+        assert!(registry.stats().renewals >= 1);
+        registry.deregister(kept_id);
+        assert_eq!(registry.stats().leases, 0);
     }
 }
