@@ -6,7 +6,7 @@
 //! it was down); the connection manager reconnects and resubscribes by itself.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -89,6 +89,8 @@ impl PubSub {
         let channels: Arc<Mutex<HashMap<String, Channel>>> = Arc::default();
         let resp3 = resp3_client(client);
         let sink = Arc::clone(&channels);
+        let back: Arc<OnceLock<Weak<Shared>>> = Arc::default();
+        let back_in_sink = Arc::clone(&back);
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(connect_timeout))
             .set_response_timeout(Some(response_timeout))
@@ -96,10 +98,10 @@ impl PubSub {
             .set_max_delay(Duration::from_millis(500))
             .set_automatic_resubscription()
             .set_push_sender(move |push: redis::PushInfo| {
-                deliver(&sink, push);
+                deliver(&sink, &back_in_sink, push);
                 Ok::<(), redis::aio::SendError>(())
             });
-        PubSub {
+        let pubsub = PubSub {
             shared: Arc::new(Shared {
                 client: Mutex::new(resp3),
                 cluster: None,
@@ -112,7 +114,9 @@ impl PubSub {
                     .collect(),
                 failed_at: Mutex::new(None),
             }),
-        }
+        };
+        let _ = back.set(Arc::downgrade(&pubsub.shared));
+        pubsub
     }
 
     /// Pub/sub over a Redis Cluster: shard channels on a RESP3 cluster connection.
@@ -123,17 +127,19 @@ impl PubSub {
     ) -> Result<PubSub> {
         let channels: Arc<Mutex<HashMap<String, Channel>>> = Arc::default();
         let sink = Arc::clone(&channels);
+        let back: Arc<OnceLock<Weak<Shared>>> = Arc::default();
+        let back_in_sink = Arc::clone(&back);
         let cluster = redis::cluster::ClusterClient::builder(nodes.to_vec())
             .use_protocol(ProtocolVersion::RESP3)
             .connection_timeout(connect_timeout)
             .response_timeout(response_timeout)
             .push_sender(move |push: redis::PushInfo| {
-                deliver(&sink, push);
+                deliver(&sink, &back_in_sink, push);
                 Ok::<(), redis::aio::SendError>(())
             })
             .build()
             .map_err(|e| map_err(e, "configuring the cluster pub/sub client"))?;
-        Ok(PubSub {
+        let pubsub = PubSub {
             shared: Arc::new(Shared {
                 client: Mutex::new(None),
                 config: None,
@@ -146,7 +152,9 @@ impl PubSub {
                     .collect(),
                 failed_at: Mutex::new(None),
             }),
-        })
+        };
+        let _ = back.set(Arc::downgrade(&pubsub.shared));
+        Ok(pubsub)
     }
 
     pub(super) async fn watch(&self, channel: &str) -> Result<ReleaseWatch> {
@@ -321,7 +329,11 @@ impl PubSub {
     }
 }
 
-fn deliver(channels: &Mutex<HashMap<String, Channel>>, push: redis::PushInfo) {
+fn deliver(
+    channels: &Mutex<HashMap<String, Channel>>,
+    shared: &OnceLock<Weak<Shared>>,
+    push: redis::PushInfo,
+) {
     match push.kind {
         PushKind::Message | PushKind::SMessage => {
             let Some(Value::BulkString(name)) = push.data.first() else {
@@ -335,12 +347,43 @@ fn deliver(channels: &Mutex<HashMap<String, Channel>>, push: redis::PushInfo) {
             }
         }
         PushKind::Disconnection => {
-            // Releases announced while we were away are lost: let every waiter retry now.
+            // Releases announced while we were away are lost: let every waiter retry now,
+            // and once more when the subscriptions are back (a release between this retry
+            // and the resubscription would be lost for good otherwise).
             for channel in lock(channels).values() {
                 channel.notify.notify_waiters();
             }
+            if let (Some(shared), Ok(runtime)) = (
+                shared.get().and_then(Weak::upgrade),
+                tokio::runtime::Handle::try_current(),
+            ) {
+                runtime.spawn(wake_when_resubscribed(shared));
+            }
         }
         _ => {}
+    }
+}
+
+/// After a dropped pub/sub connection: waits until the connection is back (a `PING` on it
+/// is answered only after the connection manager has reconnected and sent its
+/// resubscriptions), then lets every waiter retry.
+async fn wake_when_resubscribed(shared: Arc<Shared>) {
+    let deadline = Instant::now() + RETRY_CONNECT_AFTER * 4;
+    while Instant::now() < deadline {
+        let Some(mut conn) = shared.current() else {
+            break; // replaced (a failover moved it): `switch` wakes everyone
+        };
+        let pong = match &mut conn {
+            PubConn::Single(c) => redis::cmd("PING").query_async::<()>(c).await,
+            PubConn::Cluster(c) => redis::cmd("PING").query_async::<()>(c).await,
+        };
+        if pong.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for channel in lock(&shared.channels).values() {
+        channel.notify.notify_waiters();
     }
 }
 
