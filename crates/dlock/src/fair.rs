@@ -142,7 +142,7 @@ impl<B: RawFair> FairLockBuilder<B> {
             grace: check_grace(self.grace, "waiter grace")?,
         };
         Ok(FairLock {
-            lock: self.options.lock(queued)?,
+            lock: Lock::from_options(queued, &self.options)?,
         })
     }
 }

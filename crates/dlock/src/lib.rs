@@ -105,8 +105,9 @@ pub use error::{Error, ErrorKind, Result};
 pub use fair::{
     DEFAULT_FAIR_PREFIX, DEFAULT_WAITER_GRACE, FairGuard, FairLock, FairLockBuilder, Queued,
 };
-pub use lock::{DEFAULT_TTL, Lock, LockBuilder, LockGuard, MAX_TTL, MIN_TTL};
+pub use lock::{Lock, LockBuilder, LockGuard, MAX_TTL, MIN_TTL};
 pub use multi::{BoxFuture, Held, Lockable, MultiGuard, MultiLock, MultiLockBuilder};
+pub use options::DEFAULT_TTL;
 pub use reentrant::{
     DEFAULT_MAX_HOLDS, DEFAULT_REENTRANT_PREFIX, Holds, MAX_OWNER_LEN, Owner, ReentrantGuard,
     ReentrantLock, ReentrantLockBuilder,

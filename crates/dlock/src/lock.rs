@@ -13,8 +13,6 @@ use crate::options::{Options, builder_options};
 use crate::raw::{Acquire, LockState, RawFencing, RawInspect, RawLock, ReleaseWatch};
 use crate::token::{FencingToken, Token};
 
-/// Default lease length.
-pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
 /// Shortest lease accepted: the watchdog must be able to renew it (at a third of it) over
 /// a real network.
 pub const MIN_TTL: Duration = Duration::from_millis(100);
@@ -91,7 +89,7 @@ impl<B: RawLock> LockBuilder<B> {
     /// [`ErrorKind::InvalidArgument`] for an empty or over-long name or prefix, a ttl out of
     /// range, or a bad retry policy.
     pub fn build(self) -> Result<Lock<B>> {
-        self.options.lock(self.backend)
+        Lock::from_options(self.backend, &self.options)
     }
 }
 
@@ -119,20 +117,24 @@ impl<B: RawLock> Lock<B> {
         }
     }
 
-    /// A lock on already laid-out keys (the checked end of every builder).
-    pub(crate) fn from_parts(
+    /// The lock over `backend` (a primitive's adapter) on the options' name: the checked
+    /// end of every builder.
+    pub(crate) fn from_options(backend: B, options: &Options) -> Result<Lock<B>> {
+        Lock::from_options_on(backend, options.keys()?, options)
+    }
+
+    /// The same, on keys already laid out (primitives that share them between locks).
+    pub(crate) fn from_options_on(
         backend: B,
         keys: LockKeys,
-        ttl: Duration,
-        watchdog: bool,
-        retry: Retry,
+        options: &Options,
     ) -> Result<Lock<B>> {
         Ok(Lock {
             backend,
             keys,
-            ttl: validate_ttl(ttl)?,
-            watchdog,
-            retry: retry.validate()?,
+            ttl: validate_ttl(options.ttl)?,
+            watchdog: options.watchdog,
+            retry: options.retry.validate()?,
         })
     }
 

@@ -1,15 +1,16 @@
 //! The options every primitive's builder takes — name, key prefix, lease length, watchdog,
 //! retry — written once: one [`Options`] value inside each builder, one set of setters
-//! ([`builder_options!`]), one place that checks them and makes the [`Lock`] the
-//! primitive is built on.
+//! ([`builder_options!`]), and `Lock::from_options`, the one place that checks them
+//! and makes the lock each primitive is built on.
 
 use std::time::Duration;
 
 use crate::engine::wait::Retry;
 use crate::error::{Error, Result};
 use crate::keys::LockKeys;
-use crate::lock::{DEFAULT_TTL, Lock};
-use crate::raw::RawLock;
+
+/// Default lease length.
+pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
 
 /// What every builder holds besides its client and its own options.
 #[derive(Debug, Clone)]
@@ -36,17 +37,6 @@ impl Options {
     /// Lays out the keys of the name under the prefix.
     pub(crate) fn keys(&self) -> Result<LockKeys> {
         LockKeys::new(&self.prefix, &self.name)
-    }
-
-    /// The lock over `backend` (a primitive's adapter) on `keys`, with these options,
-    /// checked.
-    pub(crate) fn lock_on<A: RawLock>(&self, backend: A, keys: LockKeys) -> Result<Lock<A>> {
-        Lock::from_parts(backend, keys, self.ttl, self.watchdog, self.retry)
-    }
-
-    /// The lock over `backend` on this name's keys.
-    pub(crate) fn lock<A: RawLock>(&self, backend: A) -> Result<Lock<A>> {
-        self.lock_on(backend, self.keys()?)
     }
 }
 

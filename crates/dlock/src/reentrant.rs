@@ -306,7 +306,7 @@ impl<B: RawReentrant> ReentrantLock<B> {
             owner: owner.clone(),
             limit: self.limit,
         };
-        self.options.lock_on(holds, self.keys.clone())
+        Lock::from_options_on(holds, self.keys.clone(), &self.options)
     }
 
     /// Waits until `owner` holds the lock (at once if it already does: one more hold).

@@ -166,19 +166,21 @@ impl<B: RawRwLock> RwLockBuilder<B> {
     pub fn build(self) -> Result<RwLock<B>> {
         let grace = check_grace(self.grace, "writer grace")?;
         let keys = self.options.keys()?;
-        let read = self.options.lock_on(
+        let read = Lock::from_options_on(
             RwSide {
                 backend: self.backend.clone(),
                 grace,
             },
             keys.clone(),
+            &self.options,
         )?;
-        let write = self.options.lock_on(
+        let write = Lock::from_options_on(
             RwSide {
                 backend: self.backend,
                 grace,
             },
             keys,
+            &self.options,
         )?;
         Ok(RwLock { read, write })
     }

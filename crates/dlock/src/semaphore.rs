@@ -159,7 +159,7 @@ impl<B: RawSemaphore> SemaphoreBuilder<B> {
             count: 1,
         };
         Ok(Semaphore {
-            one: self.options.lock(adapter)?,
+            one: Lock::from_options(adapter, &self.options)?,
         })
     }
 }
