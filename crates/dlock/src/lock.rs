@@ -235,7 +235,12 @@ impl<B: RawLock> Lock<B> {
         // One token for the whole wait: a queued waiter keeps its place under it, and an
         // attempt repeated after a lost reply is recognised by the store as the same one.
         let token = Token::random()?;
-        let mut watch: Option<ReleaseWatch> = None;
+        // A client that still listens from an earlier wait can queue from the first
+        // attempt (not when one attempt is all there is).
+        let mut watch: Option<ReleaseWatch> = match deadline {
+            Some(d) if d <= Instant::now() => None,
+            _ => self.backend.watch_ready(&self.keys, &token),
+        };
         let mut backoff = Backoff::new(self.retry);
         // Withdraws our place in the store's waiter queue (if the primitive keeps one)
         // unless the wait ends with a grant.

@@ -179,6 +179,14 @@ pub trait RawLock: Clone + Send + Sync + 'static {
         self.watch(keys)
     }
 
+    /// A watch for `token` that is in effect already, without a round trip (the client
+    /// still listens from an earlier wait), or `None`. With one, the first attempt of a
+    /// wait can already queue. The default is `None`.
+    fn watch_ready(&self, keys: &LockKeys, token: &Token) -> Option<ReleaseWatch> {
+        let _ = (keys, token);
+        None
+    }
+
     /// Withdraws a waiter that stopped waiting (cancelled, timed out, failed) without
     /// being granted: primitives that queue waiters (fair lock, writers of a read-write
     /// lock) remove its entry here, so no queue position outlives it. The default does

@@ -139,6 +139,10 @@ impl<B: RawReentrant> RawLock for Holds<B> {
         self.backend.watch_for(keys, token).await
     }
 
+    fn watch_ready(&self, keys: &LockKeys, token: &Token) -> Option<ReleaseWatch> {
+        self.backend.watch_ready(keys, token)
+    }
+
     async fn abandon(&self, keys: &LockKeys, token: &Token) -> Result<()> {
         self.backend.abandon(keys, token).await
     }

@@ -63,6 +63,14 @@ impl<B: RawRwLock, const WRITE: bool> RawLock for RwSide<B, WRITE> {
         }
     }
 
+    fn watch_ready(&self, keys: &LockKeys, token: &Token) -> Option<ReleaseWatch> {
+        if WRITE {
+            self.backend.watch_ready(&keys.side("w"), token)
+        } else {
+            None
+        }
+    }
+
     async fn abandon(&self, keys: &LockKeys, token: &Token) -> Result<()> {
         self.backend.abandon_rw(keys, token).await
     }

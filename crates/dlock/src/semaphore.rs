@@ -54,6 +54,10 @@ impl<B: RawSemaphore> RawLock for Permits<B> {
         self.backend.watch_for(keys, token).await
     }
 
+    fn watch_ready(&self, keys: &LockKeys, token: &Token) -> Option<ReleaseWatch> {
+        self.backend.watch_ready(keys, token)
+    }
+
     async fn abandon(&self, keys: &LockKeys, token: &Token) -> Result<()> {
         self.backend.abandon_permits(keys, token).await
     }

@@ -467,3 +467,69 @@ async fn a_write_release_wakes_one_writer_across_clients() {
     .await;
     drop(first);
 }
+
+/// A client that waits on a lock again keeps its subscription from the last wait: the
+/// wait costs no SUBSCRIBE, and its first attempt already queues (one EVALSHA to queue,
+/// one to take the lock when woken).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_wait_reuses_the_subscription_and_queues_at_once() {
+    let t = RedisTarget::start();
+    let name = unique("rewait");
+    let ttl = Duration::from_secs(30);
+    let holder = Lock::builder(t.client().await, &name)
+        .ttl(ttl)
+        .build()
+        .expect("valid");
+    let waiter = Lock::builder(t.client().await, &name)
+        .ttl(ttl)
+        .build()
+        .expect("valid");
+    let mut admin = t.admin().await;
+    for round in 0..2 {
+        let held = holder.lock().await.expect("lock");
+        if round == 1 {
+            let _: () = redis::cmd("CONFIG")
+                .arg("RESETSTAT")
+                .query_async(&mut admin)
+                .await
+                .expect("resetstat");
+        }
+        let w = waiter.clone();
+        let waiting = tokio::spawn(async move { w.lock().await.expect("lock") });
+        timeout(Duration::from_secs(5), async {
+            while holder.state().await.expect("store").queued != Some(1) {
+                sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .expect("the waiter queues");
+        held.release().await.expect("release");
+        let g = timeout(Duration::from_secs(5), waiting)
+            .await
+            .expect("woken")
+            .expect("task");
+        g.release().await.expect("release");
+    }
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut admin)
+        .await
+        .expect("info");
+    let calls = |command: &str| -> u64 {
+        info.lines()
+            .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:calls=")))
+            .and_then(|rest| rest.split(',').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    };
+    assert_eq!(
+        calls("subscribe"),
+        0,
+        "the subscription lingered between waits"
+    );
+    assert_eq!(calls("unsubscribe"), 0);
+    // Since the reset (after the holder's lock): the holder's release, the waiter's
+    // queueing attempt and its grant, the waiter's release. (A fresh subscription would
+    // add a first attempt that does not queue, a SUBSCRIBE and an UNSUBSCRIBE.)
+    assert_eq!(calls("evalsha"), 4, "{info}");
+}

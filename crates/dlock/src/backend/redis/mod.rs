@@ -86,6 +86,9 @@ struct Inner {
     /// Connections of their own for requests followed by `WAIT` (single server only).
     wait_pool: Option<conn::WaitPool>,
     pubsub: PubSub,
+    /// Names this client's waiters in the stores' waiter queues (`<id>:<token>`): a
+    /// release wakes a waiter on `<channel>:<id>`, one subscription per client and lock.
+    waiter_id: String,
     addr: String,
 }
 
@@ -270,6 +273,7 @@ impl RedisBuilder {
                 replication,
                 pubsub,
                 wait_pool,
+                waiter_id: Token::random()?.as_str()[..16].to_owned(),
                 addr,
             }),
         };
@@ -347,6 +351,16 @@ impl Redis {
             }
         }
         Ok(masters)
+    }
+
+    /// This client's waiter id (see `Inner::waiter_id`).
+    pub(super) fn waiter_id(&self) -> &str {
+        &self.inner.waiter_id
+    }
+
+    /// The channel on which this client's waiters of `keys` are woken.
+    fn waiter_channel(&self, keys: &LockKeys) -> String {
+        format!("{}:{}", keys.channel(), self.inner.waiter_id)
     }
 
     /// The command that announces a release: sharded on a cluster.
@@ -594,6 +608,7 @@ impl Redis {
                     &ttl_ms(ttl),
                     &mode,
                     &ttl_ms(waiter_grace(ttl)),
+                    &self.waiter_id(),
                 ],
                 "acquiring",
             )
@@ -631,6 +646,7 @@ impl Redis {
                     &keys.channel(),
                     &mode,
                     &ttl_ms(WAKE_GRACE),
+                    &self.waiter_id(),
                     &self.publish_cmd(),
                 ],
                 "releasing",
@@ -854,12 +870,19 @@ impl RawLock for Redis {
         self.inner.pubsub.watch(keys.channel()).await
     }
 
-    /// A queued waiter listens on a channel of its own: a release wakes it alone.
+    /// A queued waiter listens on its client's channel of the lock (one subscription per
+    /// client and lock, kept a while between waits); a release names the waiter it wakes.
     async fn watch_for(&self, keys: &LockKeys, token: &Token) -> Result<ReleaseWatch> {
         self.inner
             .pubsub
-            .watch(keys.side(token.as_str()).channel())
+            .watch_named(&self.waiter_channel(keys), token.as_str())
             .await
+    }
+
+    fn watch_ready(&self, keys: &LockKeys, token: &Token) -> Option<ReleaseWatch> {
+        self.inner
+            .pubsub
+            .ready(&self.waiter_channel(keys), token.as_str())
     }
 
     fn store_id(&self) -> String {
@@ -997,6 +1020,7 @@ impl RawSemaphore for Redis {
                     &ttl_ms(waiter_grace(ttl)),
                     &keys.channel(),
                     &ttl_ms(WAKE_GRACE),
+                    &self.waiter_id(),
                     &self.publish_cmd(),
                 ],
                 "acquiring permits",
@@ -1130,6 +1154,7 @@ impl Redis {
             .arg(keys.channel())
             .arg(mode)
             .arg(ttl_ms(WAKE_GRACE))
+            .arg(self.waiter_id())
             .arg(self.publish_cmd())
             .invoke_async(&mut self.conn())
             .await

@@ -1,9 +1,12 @@
-//! One shared pub/sub connection per client, demultiplexed per lock channel.
+//! One shared pub/sub connection per client, demultiplexed per channel.
 //!
 //! Each channel is subscribed once, however many local waiters it has, and unsubscribed
-//! when its last waiter leaves. A release message wakes ONE local waiter. When the
-//! connection drops, every waiter is woken to retry (messages may have been missed while
-//! it was down); the connection manager reconnects and resubscribes by itself.
+//! when it has had no waiter for [`LINGER`] (a client that waits on a lock again and again
+//! keeps its subscription, so a wait costs no `SUBSCRIBE`). A message naming a waiter
+//! (the stores' waiter queues name the token they wake) wakes that waiter; any other
+//! message wakes ONE local waiter of the channel. When the connection drops, every waiter
+//! is woken to retry (messages may have been missed while it was down), and again once
+//! the connection is back with its subscriptions.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
@@ -72,9 +75,40 @@ impl PubConn {
 
 struct Channel {
     notify: Arc<Notify>,
+    /// Waiters that messages name (by token), each woken alone.
+    named: HashMap<String, Arc<Notify>>,
     watchers: usize,
     subscribed: bool,
+    /// Since when nobody watches (the subscription lingers).
+    idle_since: Option<Instant>,
+    /// Whether a task will unsubscribe it once idle for [`LINGER`].
+    reaper: bool,
 }
+
+impl Channel {
+    fn new() -> Channel {
+        Channel {
+            notify: Arc::new(Notify::new()),
+            named: HashMap::new(),
+            watchers: 0,
+            subscribed: false,
+            idle_since: None,
+            reaper: false,
+        }
+    }
+
+    /// Every waiter retries (messages may have been lost). Named waiters keep the
+    /// wake-up if they are between two waits.
+    fn wake_all(&self) {
+        self.notify.notify_waiters();
+        for n in self.named.values() {
+            n.notify_one();
+        }
+    }
+}
+
+/// How long a channel stays subscribed without a waiter.
+const LINGER: Duration = Duration::from_secs(2);
 
 fn lock(channels: &Mutex<HashMap<String, Channel>>) -> MutexGuard<'_, HashMap<String, Channel>> {
     channels.lock().unwrap_or_else(PoisonError::into_inner)
@@ -157,23 +191,46 @@ impl PubSub {
         Ok(pubsub)
     }
 
+    /// A watch of `channel`: a message on it wakes one local waiter.
     pub(super) async fn watch(&self, channel: &str) -> Result<ReleaseWatch> {
+        self.watch_as(channel, None).await
+    }
+
+    /// A watch of `channel` for the waiter `name`: woken by messages that name it.
+    pub(super) async fn watch_named(&self, channel: &str, name: &str) -> Result<ReleaseWatch> {
+        self.watch_as(channel, Some(name)).await
+    }
+
+    /// A watch for `name` if `channel` is subscribed already (no round trip), else `None`.
+    pub(super) fn ready(&self, channel: &str, name: &str) -> Option<ReleaseWatch> {
+        let notify = {
+            let mut channels = lock(&self.shared.channels);
+            let entry = channels.get_mut(channel).filter(|c| c.subscribed)?;
+            entry.register(Some(name))
+        };
+        Some(ReleaseWatch::new(
+            notify,
+            Some(Box::new(Subscription {
+                shared: Arc::clone(&self.shared),
+                channel: channel.to_owned(),
+                name: Some(name.to_owned()),
+            })),
+        ))
+    }
+
+    async fn watch_as(&self, channel: &str, name: Option<&str>) -> Result<ReleaseWatch> {
         let (notify, subscribed) = {
             let mut channels = lock(&self.shared.channels);
             let entry = channels
                 .entry(channel.to_owned())
-                .or_insert_with(|| Channel {
-                    notify: Arc::new(Notify::new()),
-                    watchers: 0,
-                    subscribed: false,
-                });
-            entry.watchers += 1;
-            (Arc::clone(&entry.notify), entry.subscribed)
+                .or_insert_with(Channel::new);
+            (entry.register(name), entry.subscribed)
         };
         // From here on, dropping `subscription` undoes the registration.
         let subscription = Subscription {
             shared: Arc::clone(&self.shared),
             channel: channel.to_owned(),
+            name: name.map(str::to_owned),
         };
         if !subscribed {
             if self.shared.recently_failed() {
@@ -194,6 +251,22 @@ impl PubSub {
             }
         }
         Ok(ReleaseWatch::new(notify, Some(Box::new(subscription))))
+    }
+}
+
+impl Channel {
+    /// One more watcher (`name`d or sharing the channel's notifier); its notifier.
+    fn register(&mut self, name: Option<&str>) -> Arc<Notify> {
+        self.watchers += 1;
+        self.idle_since = None;
+        match name {
+            Some(name) => Arc::clone(
+                self.named
+                    .entry(name.to_owned())
+                    .or_insert_with(|| Arc::new(Notify::new())),
+            ),
+            None => Arc::clone(&self.notify),
+        }
     }
 }
 
@@ -324,7 +397,7 @@ impl PubSub {
             }
         }
         for c in lock(&shared.channels).values() {
-            c.notify.notify_waiters();
+            c.wake_all();
         }
     }
 }
@@ -343,7 +416,16 @@ fn deliver(
                 return;
             };
             if let Some(channel) = lock(channels).get(name) {
-                channel.notify.notify_one();
+                let named = match push.data.get(1) {
+                    Some(Value::BulkString(payload)) => std::str::from_utf8(payload)
+                        .ok()
+                        .and_then(|waiter| channel.named.get(waiter)),
+                    _ => None,
+                };
+                match named {
+                    Some(waiter) => waiter.notify_one(),
+                    None => channel.notify.notify_one(),
+                }
             }
         }
         PushKind::Disconnection => {
@@ -351,7 +433,7 @@ fn deliver(
             // and once more when the subscriptions are back (a release between this retry
             // and the resubscription would be lost for good otherwise).
             for channel in lock(channels).values() {
-                channel.notify.notify_waiters();
+                channel.wake_all();
             }
             if let (Some(shared), Ok(runtime)) = (
                 shared.get().and_then(Weak::upgrade),
@@ -383,7 +465,7 @@ async fn wake_when_resubscribed(shared: Arc<Shared>) {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     for channel in lock(&shared.channels).values() {
-        channel.notify.notify_waiters();
+        channel.wake_all();
     }
 }
 
@@ -391,6 +473,7 @@ async fn wake_when_resubscribed(shared: Arc<Shared>) {
 struct Subscription {
     shared: Arc<Shared>,
     channel: String,
+    name: Option<String>,
 }
 
 impl Drop for Subscription {
@@ -400,14 +483,23 @@ impl Drop for Subscription {
             let Some(entry) = channels.get_mut(&self.channel) else {
                 return;
             };
+            if let Some(name) = &self.name {
+                entry.named.remove(name);
+            }
             entry.watchers -= 1;
             if entry.watchers > 0 {
                 return;
             }
+            entry.idle_since = Some(Instant::now());
+            if entry.reaper {
+                return; // the channel's reaper will look again
+            }
+            entry.reaper = true;
         }
-        // The last waiter left. A SUBSCRIBE may have been sent even if it was never
-        // confirmed (its waiter was cancelled mid-call), so UNSUBSCRIBE in any case — in
-        // order with the channel's other (un)subscriptions.
+        // The last waiter left: the subscription lingers, then goes unless someone waits
+        // again. A SUBSCRIBE may have been sent even if it was never confirmed (its waiter
+        // was cancelled mid-call), so UNSUBSCRIBE in any case — in order with the
+        // channel's other (un)subscriptions.
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             // The subscription lingers until the connection closes; harmless.
             lock(&self.shared.channels).remove(&self.channel);
@@ -415,25 +507,50 @@ impl Drop for Subscription {
         };
         let shared = Arc::clone(&self.shared);
         let channel = std::mem::take(&mut self.channel);
-        runtime.spawn(async move {
-            let _serial = shared.serial(&channel).lock().await;
-            let idle = {
-                let mut channels = lock(&shared.channels);
-                let idle = channels.get(&channel).is_some_and(|c| c.watchers == 0);
-                if idle {
-                    channels.remove(&channel);
-                }
-                idle
-            };
-            if !idle {
+        runtime.spawn(reap(shared, channel));
+    }
+}
+
+/// Unsubscribes `channel` once it has had no waiter for [`LINGER`].
+async fn reap(shared: Arc<Shared>, channel: String) {
+    loop {
+        let due = {
+            let mut channels = lock(&shared.channels);
+            let Some(entry) = channels.get_mut(&channel) else {
                 return;
+            };
+            match entry.idle_since {
+                None => {
+                    entry.reaper = false; // in use again
+                    return;
+                }
+                Some(since) => since + LINGER,
             }
-            // Only an existing connection can hold the subscription.
-            if let Some(mut conn) = shared.current()
-                && let Err(err) = conn.unsubscribe(&channel).await
-            {
-                tracing::debug!(%channel, error = %err, "unsubscribe failed");
+        };
+        if Instant::now() < due {
+            tokio::time::sleep_until(due.into()).await;
+            continue;
+        }
+        let _serial = shared.serial(&channel).lock().await;
+        let idle = {
+            let mut channels = lock(&shared.channels);
+            let idle = channels.get(&channel).is_some_and(|c| {
+                c.watchers == 0 && c.idle_since.is_some_and(|s| s + LINGER <= Instant::now())
+            });
+            if idle {
+                channels.remove(&channel);
             }
-        });
+            idle
+        };
+        if !idle {
+            continue;
+        }
+        // Only an existing connection can hold the subscription.
+        if let Some(mut conn) = shared.current()
+            && let Err(err) = conn.unsubscribe(&channel).await
+        {
+            tracing::debug!(%channel, error = %err, "unsubscribe failed");
+        }
+        return;
     }
 }

@@ -34,6 +34,7 @@ impl RawReentrant for Redis {
                     &limit,
                     &if queue { "wait" } else { "try" },
                     &ttl_ms(waiter_grace(ttl)),
+                    &self.waiter_id(),
                 ],
                 "acquiring a reentrant lock",
             )

@@ -36,6 +36,7 @@ impl RawRwLock for Redis {
                     &token.as_str(),
                     &ttl_ms(ttl),
                     &ttl_ms(grace),
+                    &self.waiter_id(),
                 ],
                 "acquiring a read-write lock",
             )
@@ -107,6 +108,7 @@ impl RawRwLock for Redis {
             .key(readers(keys))
             .arg(token.as_str())
             .arg(keys.channel())
+            .arg(self.waiter_id())
             .arg(self.publish_cmd())
             .invoke_async(&mut self.conn())
             .await

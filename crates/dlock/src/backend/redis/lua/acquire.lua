@@ -8,6 +8,7 @@
 -- ARGV[3]  'wait': take a place in the waiter queue if the lock cannot be granted now (the
 --          caller listens on '<release channel>:<token>'); 'try': don't
 -- ARGV[4]  the waiter grace in ms: how long a claim outlives the caller's next attempt
+-- ARGV[5]  the caller's client's waiter id (its member is '<id>:<token>')
 -- returns  {1, fence}  acquired; fence = the counter after INCR
 --          {0, wait}   held by someone else, or free but reserved for the waiter at the
 --                      head of the queue; wait = ms until the holder's lease or the
@@ -38,20 +39,21 @@ if holder == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return {1, tonumber(redis.call('GET', KEYS[2])) or 0}
 end
+local me = q_member(ARGV[5], ARGV[1])
 local now, arrival = q_now()
 local head = q_head(KEYS[3], KEYS[4], now)
 local wait
 if holder then
   wait = redis.call('PTTL', KEYS[1])
-elseif head == nil or head == ARGV[1] then
+elseif head == nil or head == me then
   -- Free, and ours to take: the head of the queue may, nobody else (no barging).
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-  q_leave(KEYS[3], KEYS[4], ARGV[1])
+  q_leave(KEYS[3], KEYS[4], me)
   return mint()
 else
   wait = q_claim_left(KEYS[4], head, now)
 end
 if ARGV[3] == 'wait' then
-  q_join(KEYS[3], KEYS[4], ARGV[1], now, arrival, wait, tonumber(ARGV[4]))
+  q_join(KEYS[3], KEYS[4], me, now, arrival, wait, tonumber(ARGV[4]))
 end
 return {0, wait}

@@ -5,7 +5,14 @@
 --   c: waiter token -> claim expiry (ms, server clock): a waiter's claim lasts until its
 --      next expected attempt plus a grace and is renewed at every attempt, so a crashed
 --      waiter leaves the queue by itself
--- A waiter listens on '<release channel>:<its token>'; a release wakes the head only.
+-- A waiter's member is '<its client's waiter id>:<its token>'; the client listens on
+-- '<release channel>:<waiter id>' (one subscription per client and lock, kept between
+-- waits) and a release wakes the head only, naming its token in the message.
+
+-- The member of waiter `token` of client `id`.
+local function q_member(id, token)
+  return id .. ':' .. token
+end
 
 -- Server time: (ms, µs).
 local function q_now()
@@ -56,9 +63,10 @@ local function q_leave(q, c, token)
   return redis.call('ZREM', q, token)
 end
 
--- Wakes the head of the queue, if any, on its own channel, giving it at most `grace` ms
--- to come (then its claim lapses and the others' fallback timers take over).
-local function q_wake(q, c, channel, grace, publish, subject)
+-- Wakes the head of the queue, if any, on its client's channel (the message names its
+-- token), giving it at most `grace` ms to come (then its claim lapses and the others'
+-- fallback timers take over).
+local function q_wake(q, c, channel, grace, publish)
   if redis.call('EXISTS', q) == 0 then
     return
   end
@@ -70,7 +78,8 @@ local function q_wake(q, c, channel, grace, publish, subject)
       redis.call('ZADD', c, by, head)
       q_keep(q, c)
     end
-    redis.call(publish, channel .. ':' .. head, subject)
+    local sep = string.find(head, ':', 1, true)
+    redis.call(publish, channel .. ':' .. string.sub(head, 1, sep - 1), string.sub(head, sep + 1))
   end
 end
 

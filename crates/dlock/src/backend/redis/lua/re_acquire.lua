@@ -10,23 +10,25 @@
 -- ARGV[4]  the reentrancy limit
 -- ARGV[5]  'wait': queue the caller if it must wait; 'try': don't
 -- ARGV[6]  the waiter grace in ms
+-- ARGV[7]  the caller's client's waiter id (its member is '<id>:<token>')
 -- returns  {1, fence}  a hold (new tenure: a new fence; re-entry: the tenure's fence)
 --          {0, wait}   another owner holds it, or it is free but the queue head's;
 --                      wait = ms until its lease or the head's claim ends
 --          {2, count}  the owner is at the reentrancy limit (nothing changed)
 local kind = redis.call('TYPE', KEYS[1]).ok
+local me = q_member(ARGV[7], ARGV[2])
 if kind == 'none' then
   if redis.call('EXISTS', KEYS[3]) == 1 then
     local now, arrival = q_now()
     local head = q_head(KEYS[3], KEYS[4], now)
-    if head ~= nil and head ~= ARGV[2] then
+    if head ~= nil and head ~= me then
       local wait = q_claim_left(KEYS[4], head, now)
       if ARGV[5] == 'wait' then
-        q_join(KEYS[3], KEYS[4], ARGV[2], now, arrival, wait, tonumber(ARGV[6]))
+        q_join(KEYS[3], KEYS[4], me, now, arrival, wait, tonumber(ARGV[6]))
       end
       return {0, wait}
     end
-    q_leave(KEYS[3], KEYS[4], ARGV[2])
+    q_leave(KEYS[3], KEYS[4], me)
   end
   local fence = redis.pcall('INCR', KEYS[2])
   if type(fence) == 'table' and fence.err then
@@ -45,7 +47,7 @@ if not count then
   if ARGV[5] == 'wait' then
     local now, arrival = q_now()
     q_head(KEYS[3], KEYS[4], now)
-    q_join(KEYS[3], KEYS[4], ARGV[2], now, arrival, pttl, tonumber(ARGV[6]))
+    q_join(KEYS[3], KEYS[4], me, now, arrival, pttl, tonumber(ARGV[6]))
   end
   return {0, pttl}
 end

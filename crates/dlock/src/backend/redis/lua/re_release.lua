@@ -4,7 +4,7 @@
 -- KEYS[2]  the waiter queue: token -> arrival      KEYS[3]  token -> claim expiry
 -- ARGV[1]  the owner
 -- ARGV[2]  the request token of the hold
--- ARGV[3]  the release channel; each waiter listens on '<channel>:<its token>'
+-- ARGV[3]  the release channel; waiters' clients listen on '<channel>:<waiter id>'
 -- ARGV[4]  the grace in ms a woken waiter has to come
 -- returns  1  the hold was live and is given back
 --          0  no such hold (already given back, expired, or another owner's): no change
@@ -15,6 +15,6 @@ end
 redis.call('HDEL', KEYS[1], 't:' .. ARGV[2])
 if redis.call('HINCRBY', KEYS[1], ARGV[1], -1) <= 0 then
   redis.call('DEL', KEYS[1])
-  q_wake(KEYS[2], KEYS[3], ARGV[3], tonumber(ARGV[4]), ARGV[#ARGV], KEYS[1])
+  q_wake(KEYS[2], KEYS[3], ARGV[3], tonumber(ARGV[4]), ARGV[#ARGV])
 end
 return 1

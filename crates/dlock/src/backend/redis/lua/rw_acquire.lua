@@ -1,18 +1,20 @@
 -- Take a read-write lock for reading or writing: many readers or one writer, writers first.
 -- KEYS[1]  the writer key (the writer's token, with its expiry, as a plain lock)
 -- KEYS[2]  zset: reader token -> lease expiry (ms, server clock)
--- KEYS[3]  zset: waiting writer token -> claim expiry (ms, server clock)
+-- KEYS[3]  zset: waiting writer '<waiter id>:<token>' -> claim expiry (ms, server clock)
 -- KEYS[4]  the fence counter (writers only; never expires)
 -- ARGV[1]  'r' or 'w'
 -- ARGV[2]  the token
 -- ARGV[3]  the lease length in milliseconds
 -- ARGV[4]  the waiting writer's grace in milliseconds
+-- ARGV[5]  the caller's client's waiter id (a waiting writer's member is '<id>:<token>')
 -- returns  {1, fence}  granted (fence 0 for readers); a repeat of a granted request
 --                      (same token) is granted again
 --          {0, wait}   not now; wait = ms until the blocking hold or claim ends (-1: unknown)
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local ttl = tonumber(ARGV[3])
+local me = ARGV[5] .. ':' .. ARGV[2]
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
 redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
 local writer_pttl = redis.call('PTTL', KEYS[1])
@@ -41,7 +43,7 @@ if ARGV[1] == 'r' then
 end
 if writer_pttl ~= -2 and redis.call('GET', KEYS[1]) == ARGV[2] then
   redis.call('PEXPIRE', KEYS[1], ttl)
-  redis.call('ZREM', KEYS[3], ARGV[2])
+  redis.call('ZREM', KEYS[3], me)
   return {1, tonumber(redis.call('GET', KEYS[4])) or 0}
 end
 local wait = -1
@@ -54,7 +56,7 @@ else
   end
 end
 if writer_pttl ~= -2 or wait >= 0 then
-  redis.call('ZADD', KEYS[3], now + math.max(wait, 0) + tonumber(ARGV[4]), ARGV[2])
+  redis.call('ZADD', KEYS[3], now + math.max(wait, 0) + tonumber(ARGV[4]), me)
   keep_until_last(KEYS[3])
   return {0, wait}
 end
@@ -63,5 +65,5 @@ if type(fence) == 'table' and fence.err then
   return redis.error_reply(fence.err .. ' (dlock fence counter ' .. KEYS[4] .. ')')
 end
 redis.call('SET', KEYS[1], ARGV[2], 'PX', ttl)
-redis.call('ZREM', KEYS[3], ARGV[2])
+redis.call('ZREM', KEYS[3], me)
 return {1, fence}

@@ -1,9 +1,10 @@
 -- Release the writer's or a reader's hold; wake whoever may now come in: one waiting
 -- writer (writers first), else every waiting reader.
 -- KEYS[1]  the writer key      KEYS[2]  readers zset      KEYS[3]  waiting writers zset
---          (token -> claim expiry)
+--          ('<waiter id>:<token>' -> claim expiry)
 -- ARGV[1]  the token           ARGV[2]  the release channel; readers listen on
---          '<channel>:r', each waiting writer on '<channel>:w:<its token>'
+--          '<channel>:r', a waiting writer's client on '<channel>:w:<waiter id>' (the
+--          message names the writer's token)
 -- returns  1 released, 0 no live hold under the token
 -- ARGV[#ARGV]  the publish command: PUBLISH, or SPUBLISH on a Redis Cluster (sharded)
 local t = redis.call('TIME')
@@ -15,7 +16,8 @@ local function wake(readers_too)
   local writer = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
   if writer then
     if redis.call('ZCARD', KEYS[2]) == 0 then
-      redis.call(publish, ARGV[2] .. ':w:' .. writer, KEYS[1])
+      local sep = string.find(writer, ':', 1, true)
+      redis.call(publish, ARGV[2] .. ':w:' .. string.sub(writer, 1, sep - 1), string.sub(writer, sep + 1))
     end
   elseif readers_too then
     redis.call(publish, ARGV[2] .. ':r', KEYS[1])

@@ -11,6 +11,7 @@
 -- ARGV[5]  'wait': queue the caller if it cannot be granted now; 'try': don't
 -- ARGV[6]  the waiter grace in ms         ARGV[7]  the release channel
 -- ARGV[8]  the grace in ms a woken waiter has to come
+-- ARGV[9]  the caller's client's waiter id (its member is '<id>:<token>')
 -- ARGV[#ARGV]  the publish command: PUBLISH, or SPUBLISH on a Redis Cluster (sharded)
 -- returns  {1, 0}     acquired (a repeat of a granted request is granted again, not twice)
 --          {0, wait}   not now: not enough free permits, or the free ones are the queue
@@ -34,12 +35,13 @@ local mine = redis.call('HGET', KEYS[2], ARGV[1])
 if mine then
   used = used - tonumber(mine)
 end
+local me = q_member(ARGV[9], ARGV[1])
 local head = nil
 if redis.call('EXISTS', KEYS[4]) == 1 then
   head = q_head(KEYS[4], KEYS[5], now)
 end
 local fits = used + want <= capacity
-if mine or (fits and (head == nil or head == ARGV[1])) then
+if mine or (fits and (head == nil or head == me)) then
   local ttl = tonumber(ARGV[4])
   redis.call('ZADD', KEYS[1], now + ttl, ARGV[1])
   redis.call('HSET', KEYS[2], ARGV[1], want)
@@ -48,9 +50,9 @@ if mine or (fits and (head == nil or head == ARGV[1])) then
   redis.call('PEXPIREAT', KEYS[1], last)
   redis.call('PEXPIREAT', KEYS[2], last)
   if head ~= nil then
-    q_leave(KEYS[4], KEYS[5], ARGV[1])
+    q_leave(KEYS[4], KEYS[5], me)
     if used + want < capacity then
-      q_wake(KEYS[4], KEYS[5], ARGV[7], tonumber(ARGV[8]), ARGV[#ARGV], KEYS[1])
+      q_wake(KEYS[4], KEYS[5], ARGV[7], tonumber(ARGV[8]), ARGV[#ARGV])
     end
   end
   return {1, 0}
@@ -65,6 +67,6 @@ else
   end
 end
 if ARGV[5] == 'wait' then
-  q_join(KEYS[4], KEYS[5], ARGV[1], now, arrival, wait, tonumber(ARGV[6]))
+  q_join(KEYS[4], KEYS[5], me, now, arrival, wait, tonumber(ARGV[6]))
 end
 return {0, wait}

@@ -20,6 +20,6 @@ if count < 1 or count > tonumber(ARGV[3]) then
 end
 redis.call('SET', KEYS[1], count)
 if count > old then
-  q_wake(KEYS[2], KEYS[3], ARGV[4], tonumber(ARGV[6]), ARGV[#ARGV], KEYS[1])
+  q_wake(KEYS[2], KEYS[3], ARGV[4], tonumber(ARGV[6]), ARGV[#ARGV])
 end
 return count
