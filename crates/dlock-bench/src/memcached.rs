@@ -282,8 +282,8 @@ impl Section {
             "\n## 6.1 Memcached\n\n\
              A private `memcached` (64 MB, no UDP) and a private `redis-server`, on loopback. \
              **dlock** = `Lock::builder(Memcached::connect(url)?, name).ttl(30 s)` (watchdog \
-             on); its client sends one request at a time on one connection, so tasks \
-             sharing it queue. **limit** = the meta commands it sends, bare, over a raw TCP \
+             on); tasks sharing one client run side by side on its pool of up to 8 \
+             connections. **limit** = the meta commands it sends, bare, over a raw TCP \
              socket per task: `ms <key> <len> T30 ME` + `ma <fence> N0 J1 v` + `mg <key> v t` \
              pipelined, then `mg <key> v c`, then `md <key> C<cas>`. **reference** = \
              dlock's `Lock<Redis>` (section 1) in the same run. No Rust crate offers a \

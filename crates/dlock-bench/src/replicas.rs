@@ -225,9 +225,10 @@ impl Section {
              .replica_timeout({} ms)`: every grant is followed by `WAIT 1 {}` in the same \
              round trip (releases are not). **reference** = the same lock without `WAIT` on \
              the same master; **limit** = the bare commands, with and without the pipelined \
-             `WAIT`; rslock has no `WAIT`. Tasks share one client (one connection): `WAIT` \
-             blocks that connection on the server, so the commands of other tasks queue \
-             behind it. Median of {} rounds of {:.2} s runs; server CPU = master + replica. \
+             `WAIT`; rslock has no `WAIT`. Tasks share one client: `WAIT` blocks the \
+             connection it is sent on, so the bare limit's tasks queue behind it on their \
+             one connection, while dlock sends each grant + `WAIT` on a pooled connection \
+             of its own. Median of {} rounds of {:.2} s runs; server CPU = master + replica. \
              PING round trip: p50 {}.\n\n",
             REPLICA_TIMEOUT.as_millis(),
             REPLICA_TIMEOUT.as_millis(),
