@@ -42,10 +42,6 @@ impl<B: RawFair> RawLock for Queued<B> {
         self.backend.extend(keys, token, ttl).await
     }
 
-    async fn watch(&self, keys: &LockKeys) -> Result<ReleaseWatch> {
-        self.backend.watch(keys).await
-    }
-
     /// Each waiter listens on a channel of its own: a release wakes exactly the next in
     /// line, not every waiter.
     async fn watch_for(&self, keys: &LockKeys, token: &Token) -> Result<ReleaseWatch> {

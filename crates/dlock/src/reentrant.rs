@@ -157,10 +157,6 @@ impl<B: RawReentrant> RawLock for Holds<B> {
         self.backend.extend_reentrant(keys, token, ttl).await
     }
 
-    async fn watch(&self, keys: &LockKeys) -> Result<ReleaseWatch> {
-        self.backend.watch(keys).await
-    }
-
     fn store_id(&self) -> String {
         self.backend.store_id()
     }

@@ -70,10 +70,6 @@ impl<B: RawSemaphore> RawLock for Permits<B> {
         self.backend.extend_permits(keys, token, ttl).await
     }
 
-    async fn watch(&self, keys: &LockKeys) -> Result<ReleaseWatch> {
-        self.backend.watch(keys).await
-    }
-
     /// A woken waiter that got permits passes the wake-up on: more may be free.
     fn shares_grants(&self) -> bool {
         self.permits > 1

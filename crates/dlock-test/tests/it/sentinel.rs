@@ -177,17 +177,11 @@ async fn locks_follow_a_sentinel_failover() {
         .await
         .expect("CLIENT KILL");
     assert!(killed >= 1, "the waiter's subscription was cut");
-    let released = Instant::now();
     guard.release().await.expect("release");
+    // Its fallback timer is the holder's 20 s ttl: within 10 s means it was woken.
     let g = timeout(Duration::from_secs(10), waiting)
         .await
         .expect("the waiter wakes although its announcement may have been lost")
         .expect("task");
-    let woke = released.elapsed();
-    println!("after a cut subscription the waiter acquired {woke:?} after the release");
-    assert!(
-        woke < Duration::from_secs(5),
-        "woke by the fallback timer only: {woke:?}"
-    );
     g.release().await.expect("release");
 }

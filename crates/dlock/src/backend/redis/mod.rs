@@ -899,6 +899,11 @@ impl RawLock for Redis {
     }
 
     fn watch_ready(&self, keys: &LockKeys, token: &Token) -> Option<ReleaseWatch> {
+        // Called before every wait's first attempt, uncontended ones too: a client that
+        // listens on nothing pays no channel name and no lookup.
+        if !self.inner.pubsub.listens() {
+            return None;
+        }
         self.inner
             .pubsub
             .ready(&self.waiter_channel(keys), token.as_str())
@@ -919,41 +924,27 @@ impl RawFencing for Redis {}
 
 impl RawInspect for Redis {
     async fn inspect(&self, keys: &LockKeys) -> Result<LockState> {
-        type Snapshot = (Option<String>, i64, Option<u64>, u64, (String, u64));
-        let (holder, pttl, fence, queued, (_, subscribers)): Snapshot = redis::pipe()
+        type Snapshot = (Option<String>, i64, Option<u64>, u64);
+        let (holder, pttl, fence, queued): Snapshot = redis::pipe()
             .atomic()
             .get(keys.lock())
             .pttl(keys.lock())
             .get(keys.fence())
             .zcard(waiters(keys))
-            .cmd("PUBSUB")
-            .arg(if self.inner.cluster {
-                "SHARDNUMSUB"
-            } else {
-                "NUMSUB"
-            })
-            .arg(keys.channel())
             .query_async(&mut self.conn())
             .await
             .map_err(|e| map_err(e, "inspecting"))?;
         let remaining = u64::try_from(pttl).ok().map(Duration::from_millis);
-        // Queued waiters of the plain lock, plus clients listening on the lock's channel
-        // (waiters of the primitives that still share it).
+        // Every waiter of the lock has a place in its queue.
         Ok(LockState::new(holder, remaining, fence)
             .with_queued(u32::try_from(queued).unwrap_or(u32::MAX))
-            .with_waiting_clients(queued + subscribers))
+            .with_waiting_clients(queued))
     }
 
+    /// Deletes the holder (a plain lock's string or a reentrant lock's hash) and wakes the
+    /// head of the queue, in one script.
     async fn force_unlock(&self, keys: &LockKeys) -> Result<bool> {
-        let deleted = self.release_lock(keys, "", "force").await?;
-        // Primitives whose waiters listen on the lock's channel (reentrant) hear it too.
-        let _: i64 = redis::cmd(self.publish_cmd())
-            .arg(keys.channel())
-            .arg(keys.lock())
-            .query_async(&mut self.conn())
-            .await
-            .map_err(|e| map_err(e, "force-unlocking"))?;
-        Ok(deleted)
+        self.release_lock(keys, "", "force").await
     }
 
     async fn list(&self, prefix: &str, pattern: &str, limit: usize) -> Result<Vec<String>> {

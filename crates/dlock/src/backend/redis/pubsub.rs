@@ -201,6 +201,11 @@ impl PubSub {
         self.watch_as(channel, Some(name)).await
     }
 
+    /// Whether any channel is subscribed (or lingering) at all.
+    pub(super) fn listens(&self) -> bool {
+        !lock(&self.shared.channels).is_empty()
+    }
+
     /// A watch for `name` if `channel` is subscribed already (no round trip), else `None`.
     pub(super) fn ready(&self, channel: &str, name: &str) -> Option<ReleaseWatch> {
         let notify = {
