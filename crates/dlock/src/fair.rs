@@ -48,7 +48,7 @@ impl<B: RawFair> RawLock for Queued<B> {
         self.backend.watch(&keys.side(token.as_str())).await
     }
 
-    async fn abandon(&self, keys: &LockKeys, token: &Token) -> Result<()> {
+    async fn abandon(&self, keys: &LockKeys, token: &Token, _ttl: Duration) -> Result<()> {
         self.backend.abandon_fair(keys, token).await
     }
 

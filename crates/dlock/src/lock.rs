@@ -248,6 +248,7 @@ impl<B: RawLock> Lock<B> {
             backend: &self.backend,
             keys: &self.keys,
             token: &token,
+            ttl: self.ttl,
             queued: false,
         };
         // A release announcement this waiter consumed; passed on to another local waiter
@@ -255,8 +256,12 @@ impl<B: RawLock> Lock<B> {
         let mut woken: Option<PassOn> = None;
         // When the store became unreachable while we were waiting.
         let mut outage: Option<Instant> = None;
+        // When our latest attempt that found the lock held was sent: a hand-over the store
+        // makes after it (see `ReleaseWatch::take_grant`) counts its lease from here.
+        let mut held_sent;
         loop {
             let queue = watch.as_ref().is_some_and(ReleaseWatch::is_active);
+            let sent = Instant::now();
             let attempt = match self.attempt(&token, queue).await {
                 Ok(attempt) => {
                     outage = None;
@@ -290,7 +295,10 @@ impl<B: RawLock> Lock<B> {
                     }
                     return Ok(Some(guard));
                 }
-                Attempt::Held(remaining) => remaining,
+                Attempt::Held(remaining) => {
+                    held_sent = sent;
+                    remaining
+                }
             };
             if let Some(mut w) = woken.take() {
                 w.consumed();
@@ -304,7 +312,7 @@ impl<B: RawLock> Lock<B> {
                     // Withdraw before returning, so that our entry is gone when the caller
                     // looks (the background withdrawal is for cancellation only).
                     waiting.queued = false;
-                    if let Err(err) = self.backend.abandon(&self.keys, &token).await {
+                    if let Err(err) = self.backend.abandon(&self.keys, &token, self.ttl).await {
                         tracing::debug!(lock = self.name(), error = %err, "withdrawing a waiter failed; its entry times out");
                     }
                 }
@@ -342,6 +350,19 @@ impl<B: RawLock> Lock<B> {
             tokio::select! {
                 () = watch.released() => woken = Some(PassOn(watch.notifier())),
                 () = tokio::time::sleep(sleep) => {}
+            }
+            // The store handed the lock over to us at a release, after our latest attempt
+            // was processed: we hold it from no earlier than that attempt's sending. (If
+            // that was long ago, the next attempt finds our token and renews it instead.)
+            if let Some(fence) = watch.take_grant()
+                && held_sent.elapsed() < self.ttl / 2
+            {
+                if let Some(mut w) = woken.take() {
+                    w.consumed();
+                }
+                let guard = self.guard(token.clone(), held_sent, fence)?;
+                waiting.queued = false;
+                return Ok(Some(guard));
             }
         }
     }
@@ -458,6 +479,7 @@ struct Waiting<'a, B: RawLock> {
     backend: &'a B,
     keys: &'a LockKeys,
     token: &'a Token,
+    ttl: Duration,
     queued: bool,
 }
 
@@ -472,8 +494,9 @@ impl<B: RawLock> Drop for Waiting<'_, B> {
         let backend = self.backend.clone();
         let keys = self.keys.clone();
         let token = self.token.clone();
+        let ttl = self.ttl;
         runtime.spawn(async move {
-            let abandon = backend.abandon(&keys, &token);
+            let abandon = backend.abandon(&keys, &token, ttl);
             if !matches!(
                 tokio::time::timeout(DROP_RELEASE_TIMEOUT, abandon).await,
                 Ok(Ok(()))

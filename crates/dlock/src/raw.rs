@@ -13,6 +13,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 
 use crate::engine::Engine;
+use crate::engine::wait::GrantSlot;
 use crate::error::Result;
 use crate::keys::LockKeys;
 use crate::token::Token;
@@ -189,10 +190,17 @@ pub trait RawLock: Clone + Send + Sync + 'static {
 
     /// Withdraws a waiter that stopped waiting (cancelled, timed out, failed) without
     /// being granted: primitives that queue waiters (fair lock, writers of a read-write
-    /// lock) remove its entry here, so no queue position outlives it. The default does
-    /// nothing.
-    fn abandon(&self, keys: &LockKeys, token: &Token) -> impl Future<Output = Result<()>> + Send {
-        let _ = (keys, token);
+    /// lock) remove its entry here, so no queue position outlives it. `ttl` is the lease
+    /// its attempts asked for. A store that hands the lock over to a queued waiter at
+    /// release gives the lock on if it was handed to this waiter as it left. The default
+    /// does nothing.
+    fn abandon(
+        &self,
+        keys: &LockKeys,
+        token: &Token,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<()>> + Send {
+        let _ = (keys, token, ttl);
         async { Ok(()) }
     }
 
@@ -579,6 +587,8 @@ pub trait RawInspect: RawLock {
 /// woken but gives up passes the wake-up on.
 pub struct ReleaseWatch {
     inner: Option<(Arc<Notify>, Option<Subscription>)>,
+    /// Where the store leaves a hand-over to this waiter (stores that grant at release).
+    grants: Option<Arc<GrantSlot>>,
 }
 
 /// Whatever keeps a store-side subscription alive; dropping it may end the subscription.
@@ -587,7 +597,10 @@ pub type Subscription = Box<dyn Send + Sync>;
 impl ReleaseWatch {
     /// A watch that never fires: the store cannot notify.
     pub fn none() -> Self {
-        ReleaseWatch { inner: None }
+        ReleaseWatch {
+            inner: None,
+            grants: None,
+        }
     }
 
     /// A watch woken through `notify` (with `notify_one`). `subscription` is dropped with
@@ -595,7 +608,20 @@ impl ReleaseWatch {
     pub fn new(notify: Arc<Notify>, subscription: Option<Subscription>) -> Self {
         ReleaseWatch {
             inner: Some((notify, subscription)),
+            grants: None,
         }
+    }
+
+    /// This watch with the slot where its store leaves a hand-over.
+    pub(crate) fn with_grants(mut self, grants: Arc<GrantSlot>) -> Self {
+        self.grants = Some(grants);
+        self
+    }
+
+    /// The fence of a hand-over: the store granted the lock to this waiter's token at a
+    /// release made after the waiter's latest attempt that found it held.
+    pub(crate) fn take_grant(&self) -> Option<u64> {
+        self.grants.as_ref().and_then(|g| g.take())
     }
 
     /// Whether this watch can fire at all.

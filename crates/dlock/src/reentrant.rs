@@ -143,8 +143,8 @@ impl<B: RawReentrant> RawLock for Holds<B> {
         self.backend.watch_ready(keys, token)
     }
 
-    async fn abandon(&self, keys: &LockKeys, token: &Token) -> Result<()> {
-        self.backend.abandon(keys, token).await
+    async fn abandon(&self, keys: &LockKeys, token: &Token, ttl: Duration) -> Result<()> {
+        self.backend.abandon(keys, token, ttl).await
     }
 
     async fn release(&self, keys: &LockKeys, token: &Token) -> Result<bool> {

@@ -71,7 +71,7 @@ impl<B: RawRwLock, const WRITE: bool> RawLock for RwSide<B, WRITE> {
         }
     }
 
-    async fn abandon(&self, keys: &LockKeys, token: &Token) -> Result<()> {
+    async fn abandon(&self, keys: &LockKeys, token: &Token, _ttl: Duration) -> Result<()> {
         self.backend.abandon_rw(keys, token).await
     }
 

@@ -58,7 +58,7 @@ impl<B: RawSemaphore> RawLock for Permits<B> {
         self.backend.watch_ready(keys, token)
     }
 
-    async fn abandon(&self, keys: &LockKeys, token: &Token) -> Result<()> {
+    async fn abandon(&self, keys: &LockKeys, token: &Token, _ttl: Duration) -> Result<()> {
         self.backend.abandon_permits(keys, token).await
     }
 

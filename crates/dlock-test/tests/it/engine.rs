@@ -124,13 +124,25 @@ async fn one_renewal_task_per_memory_store_whatever_it_holds() {
 }
 
 /// Puts `token` in the store's waiter queue of `lock` the way a waiter does, then
-/// "crashes": nobody listens on its channel, nobody withdraws it.
+/// "crashes": nobody waits for it in `client`, nobody withdraws it. If `client` listens on
+/// its waiter channel of the lock (`listening`), a release hands the lock over to it.
 async fn queue_a_crashed_waiter(client: &Redis, lock: &Lock<Redis>, token: &Token) {
     let reply = client
         .acquire_or_queue(lock.keys(), token, lock.ttl())
         .await
         .expect("store");
     assert!(matches!(reply, Acquire::Held { .. }), "the lock is held");
+}
+
+/// Makes `client` listen on its waiter channel of `lock`, as a client with a live waiter
+/// does (the watch keeps the subscription while it is held).
+async fn listening(client: &Redis, lock: &Lock<Redis>) -> dlock::raw::ReleaseWatch {
+    let watch = client
+        .watch_for(lock.keys(), &Token::random().expect("token"))
+        .await
+        .expect("subscribe");
+    assert!(watch.is_active());
+    watch
 }
 
 async fn wait_queued(lock: &Lock<Redis>, n: u32) {
@@ -145,7 +157,64 @@ async fn wait_queued(lock: &Lock<Redis>, n: u32) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_crashed_woken_waiter_is_covered_by_the_fallback_timer() {
+async fn a_head_whose_client_is_gone_is_skipped_by_the_same_release() {
+    let t = RedisTarget::start();
+    let ttl = Duration::from_secs(30); // a fallback timer would take this long
+    let client = t.client().await;
+    let lock = Lock::builder(client.clone(), unique("gone-head"))
+        .ttl(ttl)
+        .build()
+        .expect("valid");
+    let holder = lock.try_lock().await.expect("store").expect("free");
+    // Its client listens on nothing: the hand-over's message reaches nobody.
+    queue_a_crashed_waiter(&client, &lock, &Token::random().expect("token")).await;
+    let waiter = Lock::builder(t.client().await, lock.name())
+        .ttl(ttl)
+        .build()
+        .expect("valid");
+    let next = tokio::spawn(async move { waiter.lock().await });
+    wait_queued(&lock, 2).await;
+    let mut admin = t.admin().await;
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(&mut admin)
+        .await
+        .expect("resetstat");
+    holder.release().await.expect("release");
+    let g = timeout(Duration::from_secs(5), next)
+        .await
+        .expect("the release must pass over the gone head to the next waiter")
+        .expect("task")
+        .expect("lock");
+    assert_eq!(
+        lock.state().await.expect("store").queued,
+        Some(0),
+        "both left the queue"
+    );
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut admin)
+        .await
+        .expect("info");
+    let calls = |command: &str| -> u64 {
+        info.lines()
+            .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:calls=")))
+            .and_then(|rest| rest.split(',').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    };
+    // The release alone: no attempt of the waiter's between the release and its hold.
+    assert_eq!(calls("evalsha"), 1, "{info}");
+    assert_eq!(
+        calls("publish"),
+        2,
+        "one to the gone head, one to the next: {info}"
+    );
+    g.release().await.expect("release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashed_head_is_covered_by_the_fallback_timer() {
     let t = RedisTarget::start();
     let ttl = Duration::from_secs(2);
     let client = t.client().await;
@@ -154,6 +223,9 @@ async fn a_crashed_woken_waiter_is_covered_by_the_fallback_timer() {
         .build()
         .expect("valid");
     let holder = lock.try_lock().await.expect("store").expect("free");
+    // Its client still listens (another wait of it), so the release hands the lock over
+    // to the crashed waiter: it holds it for its ttl.
+    let _listening = listening(&client, &lock).await;
     queue_a_crashed_waiter(&client, &lock, &Token::random().expect("token")).await;
     let waiter = Lock::builder(t.client().await, lock.name())
         .ttl(ttl)
@@ -161,24 +233,24 @@ async fn a_crashed_woken_waiter_is_covered_by_the_fallback_timer() {
         .expect("valid");
     let next = tokio::spawn(async move { waiter.lock().await });
     wait_queued(&lock, 2).await;
-    holder.release().await.expect("release"); // wakes the crashed head only
+    holder.release().await.expect("release"); // hands over to the crashed head
+    sleep(Duration::from_millis(100)).await;
     assert!(
         !next.is_finished(),
-        "the free lock is the crashed head's until its claim lapses"
+        "the lock is the crashed head's until its lease runs out"
     );
     // Liveness, not speed: the next waiter's fallback timer is the holder's ttl (2 s).
     let g = timeout(ttl * 5, next)
         .await
-        .expect("the next waiter must not hang: its fallback timer covers the lost wake-up")
+        .expect("the next waiter must not hang: its fallback timer covers the crashed head")
         .expect("task")
         .expect("lock");
     g.release().await.expect("release");
-    // The crashed waiter's place lapsed by itself.
     wait_queued(&lock, 0).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_woken_waiter_that_leaves_passes_the_wake_up_on() {
+async fn a_head_that_leaves_after_the_hand_over_passes_the_lock_on() {
     let t = RedisTarget::start();
     let ttl = Duration::from_secs(30); // a fallback timer would take this long
     let client = t.client().await;
@@ -187,6 +259,7 @@ async fn a_woken_waiter_that_leaves_passes_the_wake_up_on() {
         .build()
         .expect("valid");
     let holder = lock.try_lock().await.expect("store").expect("free");
+    let _listening = listening(&client, &lock).await;
     let head = Token::random().expect("token");
     queue_a_crashed_waiter(&client, &lock, &head).await;
     let waiter = Lock::builder(t.client().await, lock.name())
@@ -195,13 +268,21 @@ async fn a_woken_waiter_that_leaves_passes_the_wake_up_on() {
         .expect("valid");
     let next = tokio::spawn(async move { waiter.lock().await });
     wait_queued(&lock, 2).await;
-    holder.release().await.expect("release"); // wakes the head, which now leaves
+    holder.release().await.expect("release"); // hands over to the head, which now leaves
     sleep(Duration::from_millis(100)).await;
-    assert!(!next.is_finished(), "the lock was the head's to take");
-    client.abandon(lock.keys(), &head).await.expect("leave"); // what a cancelled waiter does
+    assert!(!next.is_finished(), "the lock was handed to the head");
+    assert_eq!(
+        lock.state().await.expect("store").holder.as_deref(),
+        Some(head.as_str()),
+        "the release set the lock to the head's token"
+    );
+    client
+        .abandon(lock.keys(), &head, ttl)
+        .await
+        .expect("leave"); // what a cancelled waiter does
     let g = timeout(Duration::from_secs(5), next)
         .await
-        .expect("leaving the queue at its head must wake the next waiter at once")
+        .expect("leaving with the lock handed over must pass it on at once")
         .expect("task")
         .expect("lock");
     g.release().await.expect("release");
@@ -548,8 +629,9 @@ async fn a_second_wait_reuses_the_subscription_and_queues_at_once() {
         "the subscription lingered between waits"
     );
     assert_eq!(calls("unsubscribe"), 0);
-    // Since the reset (after the holder's lock): the holder's release, the waiter's
-    // queueing attempt and its grant, the waiter's release. (A fresh subscription would
-    // add a first attempt that does not queue, a SUBSCRIBE and an UNSUBSCRIBE.)
-    assert_eq!(calls("evalsha"), 4, "{info}");
+    // Since the reset (after the holder's lock): the waiter's queueing attempt, the
+    // holder's release (which hands the lock over), the waiter's release. (A fresh
+    // subscription would add a first attempt that does not queue, a SUBSCRIBE and an
+    // UNSUBSCRIBE.)
+    assert_eq!(calls("evalsha"), 3, "{info}");
 }

@@ -138,8 +138,13 @@ impl RawLock for Counted {
         self.inner.watch_for(keys, token).await
     }
 
-    async fn abandon(&self, keys: &LockKeys, token: &Token) -> dlock::Result<()> {
-        self.inner.abandon(keys, token).await
+    async fn abandon(
+        &self,
+        keys: &LockKeys,
+        token: &Token,
+        ttl: std::time::Duration,
+    ) -> dlock::Result<()> {
+        self.inner.abandon(keys, token, ttl).await
     }
 
     fn engine(&self) -> &dlock::engine::Engine {

@@ -860,7 +860,7 @@ impl RawLock for Etcd {
     }
 
     /// Deletes the waiter's key (compared on its token) and revokes its lease.
-    async fn abandon(&self, keys: &LockKeys, token: &Token) -> Result<()> {
+    async fn abandon(&self, keys: &LockKeys, token: &Token, _ttl: Duration) -> Result<()> {
         self.release(keys, token).await.map(|_| ())
     }
 

@@ -91,3 +91,76 @@ impl Drop for PassOn {
         }
     }
 }
+
+/// Where a store that hands the lock over at release (the Redis lock's queue) leaves the
+/// fence of a grant made to one waiter, until the waiter's wait loop takes it.
+///
+/// A hand-over counts only if it was made after the waiter's latest attempt that reported
+/// the lock held was processed: that attempt's send time is then a safe start for the
+/// lease. The store tells them apart by the fence counter: each such reply carries the
+/// counter's value ([`GrantSlot::raise_floor`]) and a later grant mints a higher fence.
+#[derive(Debug, Default)]
+pub(crate) struct GrantSlot {
+    /// (the counter in the latest held reply, a grant's fence above it)
+    state: std::sync::Mutex<(u64, Option<u64>)>,
+}
+
+impl GrantSlot {
+    fn state(&self) -> std::sync::MutexGuard<'_, (u64, Option<u64>)> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// A hand-over with `fence` arrived; kept if it is newer than the latest held reply.
+    pub(crate) fn offer(&self, fence: u64) {
+        let mut s = self.state();
+        if fence > s.0 {
+            s.1 = Some(fence);
+        }
+    }
+
+    /// An attempt reported the lock held when the fence counter stood at `counter`: a
+    /// hand-over with a fence up to it was made before that attempt and is void (the
+    /// attempt would have found the lock ours otherwise).
+    pub(crate) fn raise_floor(&self, counter: u64) {
+        let mut s = self.state();
+        s.0 = s.0.max(counter);
+        if s.1.is_some_and(|f| f <= s.0) {
+            s.1 = None;
+        }
+    }
+
+    /// Forgets any hand-over (the connection that carried it dropped: the store may have
+    /// restarted and lost it).
+    pub(crate) fn clear(&self) {
+        self.state().1 = None;
+    }
+
+    /// Takes the hand-over's fence, if one arrived.
+    pub(crate) fn take(&self) -> Option<u64> {
+        self.state().1.take()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::GrantSlot;
+
+    #[test]
+    fn a_hand_over_counts_only_above_the_latest_held_reply() {
+        let slot = GrantSlot::default();
+        slot.raise_floor(10);
+        slot.offer(10); // made before the held reply: void
+        assert_eq!(slot.take(), None);
+        slot.offer(11);
+        assert_eq!(slot.take(), Some(11));
+        assert_eq!(slot.take(), None, "taken once");
+        slot.offer(12);
+        slot.raise_floor(12); // a later attempt found the lock held after that grant
+        assert_eq!(slot.take(), None);
+        slot.offer(13);
+        slot.clear();
+        assert_eq!(slot.take(), None);
+    }
+}

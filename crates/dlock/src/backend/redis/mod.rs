@@ -618,6 +618,14 @@ impl Redis {
         mode: &str,
     ) -> Result<Acquire> {
         let (q, c) = (waiters(keys), claims(keys));
+        // A release hands the lock over to a queued waiter in its own step, unless the
+        // waiter's client waits for replicas (the hand-over is not followed by WAIT): it
+        // is woken and takes the lock with its own acquire.
+        let hand_over = if self.inner.replication.is_none() {
+            "1"
+        } else {
+            "0"
+        };
         let (reply, replicated): (Vec<i64>, bool) = self
             .write(
                 &self.inner.scripts.acquire,
@@ -628,10 +636,20 @@ impl Redis {
                     &mode,
                     &ttl_ms(waiter_grace(ttl)),
                     &self.waiter_id(),
+                    &hand_over,
                 ],
                 "acquiring",
             )
             .await?;
+        if let [0, _, counter] = reply.as_slice()
+            && mode == "wait"
+        {
+            self.inner.pubsub.raise_floor(
+                &self.waiter_channel(keys),
+                token.as_str(),
+                u64::try_from(*counter).unwrap_or(0),
+            );
+        }
         if !replicated && reply.first() == Some(&1) {
             let _ = self.release(keys, token).await;
             return Err(not_replicated(keys, "the grant"));
@@ -653,19 +671,27 @@ impl Redis {
         parse_acquire(&reply, "acquire")
     }
 
-    /// The plain lock's release script in `mode` (`own`, `force` or `leave`).
-    async fn release_lock(&self, keys: &LockKeys, token: &str, mode: &str) -> Result<bool> {
+    /// The plain lock's release script in `mode` (`own`, `force` or `leave`; `ttl` is the
+    /// leaving waiter's).
+    async fn release_lock(
+        &self,
+        keys: &LockKeys,
+        token: &str,
+        mode: &str,
+        ttl: Duration,
+    ) -> Result<bool> {
         let (q, c) = (waiters(keys), claims(keys));
         let done: i64 = self
             .eval(
                 &self.inner.scripts.release,
-                &[keys.lock(), &q, &c],
+                &[keys.lock(), &q, &c, keys.fence()],
                 &[
                     &token,
                     &keys.channel(),
                     &mode,
                     &ttl_ms(WAKE_GRACE),
                     &self.waiter_id(),
+                    &ttl_ms(ttl),
                     &self.publish_cmd(),
                 ],
                 "releasing",
@@ -697,13 +723,13 @@ pub(super) const WAKE_GRACE: Duration = Duration::from_secs(1);
 
 /// Decodes the reply every acquire script returns: `{1, fence}` granted (fence 0 where
 /// the primitive has none), `{0, wait}` not granted, wait = ms until it may be (-1: no
-/// telling).
+/// telling); the plain lock adds the fence counter: `{0, wait, counter}`.
 pub(super) fn parse_acquire(reply: &[i64], script: &str) -> Result<Acquire> {
     match reply {
         [1, fence] if *fence >= 0 => Ok(Acquire::Acquired {
             fence: u64::try_from(*fence).unwrap_or(0),
         }),
-        [0, wait] => Ok(Acquire::Held {
+        [0, wait] | [0, wait, _] => Ok(Acquire::Held {
             remaining: u64::try_from(*wait).ok().map(Duration::from_millis),
         }),
         other => Err(Error::new(
@@ -714,8 +740,10 @@ pub(super) fn parse_acquire(reply: &[i64], script: &str) -> Result<Acquire> {
 }
 
 /// The plain lock on Redis: `SET NX PX` + fence while nobody waits; waiters queue in the
-/// store (FIFO, each with a claim that lapses if it crashes) and each release wakes the
-/// head only, on a channel of its own — one waiter per release, across every client.
+/// store (FIFO, each with a claim that lapses if it crashes) and each release hands the
+/// lock over to the head in its own step (key, fence and a message on the head's client's
+/// channel that tells it the fence): one waiter per release across every client, and no
+/// round trip of the waiter's between the release and its hold.
 impl RawLock for Redis {
     const QUEUES_WAITERS: bool = true;
     const QUEUES_ONLY_LISTENERS: bool = true;
@@ -734,7 +762,8 @@ impl RawLock for Redis {
     }
 
     async fn release(&self, keys: &LockKeys, token: &Token) -> Result<bool> {
-        self.release_lock(keys, token.as_str(), "own").await
+        self.release_lock(keys, token.as_str(), "own", Duration::ZERO)
+            .await
     }
 
     /// RedLock's own request: a bare `SET NX PX` (no script, no fence, no queue). A
@@ -774,8 +803,8 @@ impl RawLock for Redis {
         Ok(released == 1)
     }
 
-    async fn abandon(&self, keys: &LockKeys, token: &Token) -> Result<()> {
-        self.release_lock(keys, token.as_str(), "leave")
+    async fn abandon(&self, keys: &LockKeys, token: &Token, ttl: Duration) -> Result<()> {
+        self.release_lock(keys, token.as_str(), "leave", ttl)
             .await
             .map(|_| ())
     }
@@ -944,7 +973,7 @@ impl RawInspect for Redis {
     /// Deletes the holder (a plain lock's string or a reentrant lock's hash) and wakes the
     /// head of the queue, in one script.
     async fn force_unlock(&self, keys: &LockKeys) -> Result<bool> {
-        self.release_lock(keys, "", "force").await
+        self.release_lock(keys, "", "force", Duration::ZERO).await
     }
 
     async fn list(&self, prefix: &str, pattern: &str, limit: usize) -> Result<Vec<String>> {

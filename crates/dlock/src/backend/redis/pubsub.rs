@@ -17,6 +17,7 @@ use redis::{ProtocolVersion, PushKind, Value};
 use tokio::sync::Notify;
 
 use super::map_err;
+use crate::engine::wait::GrantSlot;
 use crate::error::Result;
 use crate::raw::ReleaseWatch;
 
@@ -76,13 +77,19 @@ impl PubConn {
 struct Channel {
     notify: Arc<Notify>,
     /// Waiters that messages name (by token), each woken alone.
-    named: HashMap<String, Arc<Notify>>,
+    named: HashMap<String, Named>,
     watchers: usize,
     subscribed: bool,
     /// Since when nobody watches (the subscription lingers).
     idle_since: Option<Instant>,
     /// Whether a task will unsubscribe it once idle for [`LINGER`].
     reaper: bool,
+}
+
+/// A waiter that messages name: its wake-up, and where a hand-over to it is left.
+struct Named {
+    notify: Arc<Notify>,
+    grants: Arc<GrantSlot>,
 }
 
 impl Channel {
@@ -102,7 +109,16 @@ impl Channel {
     fn wake_all(&self) {
         self.notify.notify_waiters();
         for n in self.named.values() {
-            n.notify_one();
+            n.notify.notify_one();
+        }
+    }
+
+    /// Forgets every hand-over not taken yet: the connection that carried them dropped,
+    /// and the store may have lost the grants with it (a restart). The waiters' next
+    /// attempts find out whether the lock is theirs.
+    fn forget_grants(&self) {
+        for n in self.named.values() {
+            n.grants.clear();
         }
     }
 }
@@ -208,23 +224,37 @@ impl PubSub {
 
     /// A watch for `name` if `channel` is subscribed already (no round trip), else `None`.
     pub(super) fn ready(&self, channel: &str, name: &str) -> Option<ReleaseWatch> {
-        let notify = {
+        let (notify, grants) = {
             let mut channels = lock(&self.shared.channels);
             let entry = channels.get_mut(channel).filter(|c| c.subscribed)?;
             entry.register(Some(name))
         };
-        Some(ReleaseWatch::new(
-            notify,
-            Some(Box::new(Subscription {
-                shared: Arc::clone(&self.shared),
-                channel: channel.to_owned(),
-                name: Some(name.to_owned()),
-            })),
+        Some(with_grants(
+            ReleaseWatch::new(
+                notify,
+                Some(Box::new(Subscription {
+                    shared: Arc::clone(&self.shared),
+                    channel: channel.to_owned(),
+                    name: Some(name.to_owned()),
+                })),
+            ),
+            grants,
         ))
     }
 
+    /// Waiter `name` of `channel` was told the lock is held while the fence counter stood
+    /// at `counter`: hand-overs up to it are void ([`GrantSlot::raise_floor`]).
+    pub(super) fn raise_floor(&self, channel: &str, name: &str, counter: u64) {
+        if let Some(n) = lock(&self.shared.channels)
+            .get(channel)
+            .and_then(|c| c.named.get(name))
+        {
+            n.grants.raise_floor(counter);
+        }
+    }
+
     async fn watch_as(&self, channel: &str, name: Option<&str>) -> Result<ReleaseWatch> {
-        let (notify, subscribed) = {
+        let ((notify, grants), subscribed) = {
             let mut channels = lock(&self.shared.channels);
             let entry = channels
                 .entry(channel.to_owned())
@@ -255,22 +285,35 @@ impl PubSub {
                 }
             }
         }
-        Ok(ReleaseWatch::new(notify, Some(Box::new(subscription))))
+        Ok(with_grants(
+            ReleaseWatch::new(notify, Some(Box::new(subscription))),
+            grants,
+        ))
+    }
+}
+
+fn with_grants(watch: ReleaseWatch, grants: Option<Arc<GrantSlot>>) -> ReleaseWatch {
+    match grants {
+        Some(g) => watch.with_grants(g),
+        None => watch,
     }
 }
 
 impl Channel {
-    /// One more watcher (`name`d or sharing the channel's notifier); its notifier.
-    fn register(&mut self, name: Option<&str>) -> Arc<Notify> {
+    /// One more watcher (`name`d or sharing the channel's notifier); its notifier, and
+    /// for a named one its hand-over slot.
+    fn register(&mut self, name: Option<&str>) -> (Arc<Notify>, Option<Arc<GrantSlot>>) {
         self.watchers += 1;
         self.idle_since = None;
         match name {
-            Some(name) => Arc::clone(
-                self.named
-                    .entry(name.to_owned())
-                    .or_insert_with(|| Arc::new(Notify::new())),
-            ),
-            None => Arc::clone(&self.notify),
+            Some(name) => {
+                let n = self.named.entry(name.to_owned()).or_insert_with(|| Named {
+                    notify: Arc::new(Notify::new()),
+                    grants: Arc::default(),
+                });
+                (Arc::clone(&n.notify), Some(Arc::clone(&n.grants)))
+            }
+            None => (Arc::clone(&self.notify), None),
         }
     }
 }
@@ -402,6 +445,7 @@ impl PubSub {
             }
         }
         for c in lock(&shared.channels).values() {
+            c.forget_grants();
             c.wake_all();
         }
     }
@@ -421,15 +465,17 @@ fn deliver(
                 return;
             };
             if let Some(channel) = lock(channels).get(name) {
-                let named = match push.data.get(1) {
-                    Some(Value::BulkString(payload)) => std::str::from_utf8(payload)
-                        .ok()
-                        .and_then(|waiter| channel.named.get(waiter)),
+                let payload = match push.data.get(1) {
+                    Some(Value::BulkString(payload)) => std::str::from_utf8(payload).ok(),
                     _ => None,
                 };
-                match named {
-                    Some(waiter) => waiter.notify_one(),
-                    None => channel.notify.notify_one(),
+                match payload.map(|p| named_in(channel, p)) {
+                    Some(Some((waiter, Some(fence)))) => {
+                        waiter.grants.offer(fence);
+                        waiter.notify.notify_one();
+                    }
+                    Some(Some((waiter, None))) => waiter.notify.notify_one(),
+                    _ => channel.notify.notify_one(),
                 }
             }
         }
@@ -438,6 +484,7 @@ fn deliver(
             // and once more when the subscriptions are back (a release between this retry
             // and the resubscription would be lost for good otherwise).
             for channel in lock(channels).values() {
+                channel.forget_grants();
                 channel.wake_all();
             }
             if let (Some(shared), Ok(runtime)) = (
@@ -449,6 +496,19 @@ fn deliver(
         }
         _ => {}
     }
+}
+
+/// The waiter a message names, and the fence if it hands the lock over: a wake-up names
+/// the waiter's token; a hand-over is `=<fence>:<token>`.
+fn named_in<'c>(channel: &'c Channel, payload: &str) -> Option<(&'c Named, Option<u64>)> {
+    if let Some(waiter) = channel.named.get(payload) {
+        return Some((waiter, None));
+    }
+    let (fence, token) = payload.strip_prefix('=')?.split_once(':')?;
+    let waiter = channel.named.get(token)?;
+    // A fence that is no positive number (a tampered counter): a plain wake-up, whose
+    // attempt reports the counter.
+    Some((waiter, fence.parse::<u64>().ok().filter(|f| *f > 0)))
 }
 
 /// After a dropped pub/sub connection: waits until the connection is back (a `PING` on it

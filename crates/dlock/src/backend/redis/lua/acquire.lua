@@ -8,11 +8,16 @@
 -- ARGV[3]  'wait': take a place in the waiter queue if the lock cannot be granted now (the
 --          caller listens on '<release channel>:<token>'); 'try': don't
 -- ARGV[4]  the waiter grace in ms: how long a claim outlives the caller's next attempt
--- ARGV[5]  the caller's client's waiter id (its member is '<id>:<token>')
+-- ARGV[5]  the caller's client's waiter id
+-- ARGV[6]  '1': a release may hand the lock over to the caller (its member is
+--          '<id>:=<ttl ms>:<token>', see release.lua); '0': it must be woken and take the
+--          lock itself (its member is '<id>:<token>'; clients that wait for replicas)
 -- returns  {1, fence}  acquired; fence = the counter after INCR
---          {0, wait}   held by someone else, or free but reserved for the waiter at the
---                      head of the queue; wait = ms until the holder's lease or the
---                      head's claim ends (-1: a holder without expiry)
+--          {0, wait, counter}  held by someone else, or free but reserved for the waiter
+--                      at the head of the queue; wait = ms until the holder's lease or the
+--                      head's claim ends (-1: a holder without expiry); counter = the
+--                      fence counter now, so that the caller can tell a hand-over made
+--                      after this reply (its fence is higher) from an older one
 --          A repeat of an acquire that was granted (its reply lost) finds our own token:
 --          it renews the expiry and returns the fence of that grant.
 --          error       WRONGTYPE if the lock key holds a non-string value; the INCR error
@@ -39,7 +44,12 @@ if holder == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return {1, tonumber(redis.call('GET', KEYS[2])) or 0}
 end
-local me = q_member(ARGV[5], ARGV[1])
+local me
+if ARGV[6] == '1' then
+  me = q_member(ARGV[5], '=' .. ARGV[2] .. ':' .. ARGV[1])
+else
+  me = q_member(ARGV[5], ARGV[1])
+end
 local now, arrival = q_now()
 local head = q_head(KEYS[3], KEYS[4], now)
 local wait
@@ -56,4 +66,4 @@ end
 if ARGV[3] == 'wait' then
   q_join(KEYS[3], KEYS[4], me, now, arrival, wait, tonumber(ARGV[4]))
 end
-return {0, wait}
+return {0, wait, tonumber(redis.pcall('GET', KEYS[2])) or 0}
