@@ -264,14 +264,16 @@ pub trait RawSemaphore: RawLock {
         queue: bool,
     ) -> impl Future<Output = Result<Acquire>> + Send;
 
-    /// Withdraws a queued permit waiter (see [`RawLock::abandon`]). The default does
-    /// nothing.
+    /// Withdraws a queued permit waiter that wanted `n` permits for `ttl` (see
+    /// [`RawLock::abandon`]). The default does nothing.
     fn abandon_permits(
         &self,
         keys: &LockKeys,
         token: &Token,
+        n: u32,
+        ttl: Duration,
     ) -> impl Future<Output = Result<()>> + Send {
-        let _ = (keys, token);
+        let _ = (keys, token, n, ttl);
         async { Ok(()) }
     }
 

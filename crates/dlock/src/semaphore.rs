@@ -58,8 +58,10 @@ impl<B: RawSemaphore> RawLock for Permits<B> {
         self.backend.watch_ready(keys, token)
     }
 
-    async fn abandon(&self, keys: &LockKeys, token: &Token, _ttl: Duration) -> Result<()> {
-        self.backend.abandon_permits(keys, token).await
+    async fn abandon(&self, keys: &LockKeys, token: &Token, ttl: Duration) -> Result<()> {
+        self.backend
+            .abandon_permits(keys, token, self.count, ttl)
+            .await
     }
 
     async fn release(&self, keys: &LockKeys, token: &Token) -> Result<bool> {

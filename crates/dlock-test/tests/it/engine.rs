@@ -289,6 +289,50 @@ async fn a_head_that_leaves_after_the_hand_over_passes_the_lock_on() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_waiter_that_leaves_after_the_hand_over_passes_the_permit_on() {
+    use dlock::raw::RawSemaphore;
+    let t = RedisTarget::start();
+    let ttl = Duration::from_secs(30); // a fallback timer would take this long
+    let client = t.client().await;
+    let sem = Semaphore::builder(client.clone(), unique("leaving-permit-head"), 1)
+        .ttl(ttl)
+        .build()
+        .expect("valid");
+    let held = sem.acquire().await.expect("permit");
+    // The head: queued by a client that listens on its waiter channel, then "crashed".
+    let _listening = client
+        .watch_for(sem.keys(), &Token::random().expect("token"))
+        .await
+        .expect("subscribe");
+    let head = Token::random().expect("token");
+    let reply = client
+        .acquire_permits(sem.keys(), &head, 1, 1, ttl, true)
+        .await
+        .expect("store");
+    assert!(matches!(reply, Acquire::Held { .. }), "no permit free");
+    let waiter = Semaphore::builder(t.client().await, sem.name(), 1)
+        .ttl(ttl)
+        .build()
+        .expect("valid");
+    let next = tokio::spawn(async move { waiter.acquire().await });
+    let mut admin = t.admin().await;
+    wait_zcard(&mut admin, &sem.keys().companion("waiters"), 2).await;
+    held.release().await.expect("release"); // hands the permit over to the head
+    sleep(Duration::from_millis(100)).await;
+    assert!(!next.is_finished(), "the permit was handed to the head");
+    client
+        .abandon_permits(sem.keys(), &head, 1, ttl)
+        .await
+        .expect("leave"); // what a cancelled waiter does
+    let p = timeout(Duration::from_secs(5), next)
+        .await
+        .expect("leaving with the permit handed over must pass it on at once")
+        .expect("task")
+        .expect("permit");
+    p.release().await.expect("release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancelled_waiter_leaves_the_queue() {
     let t = RedisTarget::start();
     let ttl = Duration::from_secs(30);
@@ -401,11 +445,14 @@ async fn evalsha_calls(admin: &mut redis::aio::MultiplexedConnection) -> u64 {
 }
 
 /// After `queued` waiters (each its own client) queued under `queue_key`, one release
-/// (`release`) must cost exactly one waiter's attempt: two EVALSHAs in all.
+/// (`release`) must let exactly one waiter in, for `evalshas` EVALSHAs in all: 2 where
+/// the woken waiter takes it with an attempt of its own, 1 where the release hands it
+/// over.
 async fn one_release_one_attempt<G: Send + 'static>(
     t: &RedisTarget,
     queue_key: &str,
     queued: u64,
+    evalshas: u64,
     release: impl Future<Output = ()>,
     rx: &mut tokio::sync::mpsc::UnboundedReceiver<G>,
 ) -> G {
@@ -425,8 +472,8 @@ async fn one_release_one_attempt<G: Send + 'static>(
     sleep(Duration::from_millis(300)).await;
     assert_eq!(
         evalsha_calls(&mut admin).await,
-        2,
-        "one release, one waiter's acquire: not one per client"
+        evalshas,
+        "one release (and one waiter's acquire if it was woken): not one per client"
     );
     assert!(rx.try_recv().is_err(), "only one waiter got in");
     first
@@ -480,11 +527,12 @@ async fn a_semaphore_release_wakes_one_waiter_across_clients() {
         &t,
         &queue,
         16,
+        1, // the release hands the permit over
         async { a.release().await.expect("release") },
         &mut rx,
     )
     .await;
-    // Adding two permits lets exactly two more in (the first wakes the second).
+    // Adding two permits hands them over to exactly two more.
     sem.add_permits(2).await.expect("add");
     let mut more = Vec::new();
     for _ in 0..2 {
@@ -532,6 +580,7 @@ async fn a_reentrant_release_wakes_one_waiter_across_clients() {
         &t,
         &queue,
         16,
+        2, // the woken waiter takes the lock itself
         async { outer.release().await.expect("release") },
         &mut rx,
     )
@@ -562,6 +611,7 @@ async fn a_write_release_wakes_one_writer_across_clients() {
         &t,
         &queue,
         16,
+        2, // the woken writer takes the lock itself
         async { held.release().await.expect("release") },
         &mut rx,
     )

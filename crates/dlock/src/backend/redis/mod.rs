@@ -363,6 +363,28 @@ impl Redis {
         format!("{}:{}", keys.channel(), self.inner.waiter_id)
     }
 
+    /// `'1'` if a release may hand the lock (or permits) over to this client's queued
+    /// waiters in its own step; `'0'` if they must be woken and take it themselves: the
+    /// client waits for replicas after every grant, and a hand-over is not followed by
+    /// `WAIT`.
+    fn hand_over(&self) -> &'static str {
+        if self.inner.replication.is_none() {
+            "1"
+        } else {
+            "0"
+        }
+    }
+
+    /// Waiter `token` of `keys` was told the lock is held when the name's counter stood at
+    /// `counter`: hand-overs it hears of from then on must carry a higher one.
+    fn raise_floor(&self, keys: &LockKeys, token: &Token, counter: i64) {
+        self.inner.pubsub.raise_floor(
+            &self.waiter_channel(keys),
+            token.as_str(),
+            u64::try_from(counter).unwrap_or(0),
+        );
+    }
+
     /// The command that announces a release: sharded on a cluster.
     fn publish_cmd(&self) -> &'static str {
         if self.inner.cluster {
@@ -621,11 +643,6 @@ impl Redis {
         // A release hands the lock over to a queued waiter in its own step, unless the
         // waiter's client waits for replicas (the hand-over is not followed by WAIT): it
         // is woken and takes the lock with its own acquire.
-        let hand_over = if self.inner.replication.is_none() {
-            "1"
-        } else {
-            "0"
-        };
         let (reply, replicated): (Vec<i64>, bool) = self
             .write(
                 &self.inner.scripts.acquire,
@@ -636,7 +653,7 @@ impl Redis {
                     &mode,
                     &ttl_ms(waiter_grace(ttl)),
                     &self.waiter_id(),
-                    &hand_over,
+                    &self.hand_over(),
                 ],
                 "acquiring",
             )
@@ -644,11 +661,7 @@ impl Redis {
         if let [0, _, counter] = reply.as_slice()
             && mode == "wait"
         {
-            self.inner.pubsub.raise_floor(
-                &self.waiter_channel(keys),
-                token.as_str(),
-                u64::try_from(*counter).unwrap_or(0),
-            );
+            self.raise_floor(keys, token, *counter);
         }
         if !replicated && reply.first() == Some(&1) {
             let _ = self.release(keys, token).await;
@@ -1049,7 +1062,7 @@ impl RawSemaphore for Redis {
         let (reply, replicated): (Vec<i64>, bool) = self
             .write(
                 &self.inner.scripts.sem_acquire,
-                &[keys.lock(), &holders, &count, &q, &c],
+                &[keys.lock(), &holders, &count, &q, &c, keys.fence()],
                 &[
                     &token.as_str(),
                     &n,
@@ -1060,11 +1073,15 @@ impl RawSemaphore for Redis {
                     &keys.channel(),
                     &ttl_ms(WAKE_GRACE),
                     &self.waiter_id(),
+                    &self.hand_over(),
                     &self.publish_cmd(),
                 ],
                 "acquiring permits",
             )
             .await?;
+        if queue && let [0, _, counter] = reply.as_slice() {
+            self.raise_floor(keys, token, *counter);
+        }
         if !replicated && reply.first() == Some(&1) {
             let _ = self.release_permits(keys, token).await;
             return Err(not_replicated(keys, "the permit grant"));
@@ -1073,11 +1090,18 @@ impl RawSemaphore for Redis {
     }
 
     async fn release_permits(&self, keys: &LockKeys, token: &Token) -> Result<bool> {
-        self.sem_release(keys, token.as_str(), "own").await
+        self.sem_release(keys, token.as_str(), "own", (0, Duration::ZERO))
+            .await
     }
 
-    async fn abandon_permits(&self, keys: &LockKeys, token: &Token) -> Result<()> {
-        self.sem_release(keys, token.as_str(), "leave")
+    async fn abandon_permits(
+        &self,
+        keys: &LockKeys,
+        token: &Token,
+        n: u32,
+        ttl: Duration,
+    ) -> Result<()> {
+        self.sem_release(keys, token.as_str(), "leave", (n, ttl))
             .await
             .map(|_| ())
     }
@@ -1151,7 +1175,8 @@ impl RawSemaphore for Redis {
     }
 
     async fn force_unlock_permits(&self, keys: &LockKeys) -> Result<bool> {
-        self.sem_release(keys, "", "force").await
+        self.sem_release(keys, "", "force", (0, Duration::ZERO))
+            .await
     }
 
     async fn add_permits(
@@ -1179,8 +1204,15 @@ impl RawSemaphore for Redis {
 }
 
 impl Redis {
-    /// The semaphore's release script in `mode` (`own`, `force` or `leave`).
-    async fn sem_release(&self, keys: &LockKeys, token: &str, mode: &str) -> Result<bool> {
+    /// The semaphore's release script in `mode` (`own`, `force` or `leave`; `wanted` is
+    /// the leaving waiter's permits and ttl).
+    async fn sem_release(
+        &self,
+        keys: &LockKeys,
+        token: &str,
+        mode: &str,
+        wanted: (u32, Duration),
+    ) -> Result<bool> {
         let done: i64 = self
             .inner
             .scripts
@@ -1189,11 +1221,15 @@ impl Redis {
             .key(keys.companion("holders"))
             .key(waiters(keys))
             .key(claims(keys))
+            .key(keys.companion("permits"))
+            .key(keys.fence())
             .arg(token)
             .arg(keys.channel())
             .arg(mode)
             .arg(ttl_ms(WAKE_GRACE))
             .arg(self.waiter_id())
+            .arg(ttl_ms(wanted.1))
+            .arg(wanted.0)
             .arg(self.publish_cmd())
             .invoke_async(&mut self.conn())
             .await
@@ -1216,6 +1252,9 @@ impl Redis {
             .key(keys.companion("permits"))
             .key(waiters(keys))
             .key(claims(keys))
+            .key(keys.lock())
+            .key(keys.companion("holders"))
+            .key(keys.fence())
             .arg(value)
             .arg(permits)
             .arg(max)

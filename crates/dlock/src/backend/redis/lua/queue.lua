@@ -83,3 +83,67 @@ local function q_wake(q, c, channel, grace, publish)
   end
 end
 
+
+-- The permits of a semaphore that are free now, after the leases that ran out gave theirs
+-- back. holders: token -> lease expiry; counts: token -> permits; count: the permit count.
+local function q_permits_free(holders, counts, count, now)
+  for _, gone in ipairs(redis.call('ZRANGEBYSCORE', holders, '-inf', now)) do
+    redis.call('HDEL', counts, gone)
+  end
+  redis.call('ZREMRANGEBYSCORE', holders, '-inf', now)
+  local free = tonumber(redis.call('GET', count)) or 0
+  for _, n in ipairs(redis.call('HVALS', counts)) do
+    free = free - tonumber(n)
+  end
+  return free
+end
+
+-- Hands `free` permits of a semaphore over to the queue's heads, first come first served:
+-- a head '<id>:=<ttl ms>,<n>:<token>' that fits is granted its n permits (a lease of its
+-- ttl) in this very step, and told so on its client's channel with '=<seq>:<token>'
+-- (seq: the name's hand-over counter `counter`, so the waiter can tell this grant from
+-- an older one); a head whose client does not listen (the message reaches nobody) is
+-- dropped and the next one tried. A head that does not fit stops the hand-over; a head
+-- of the other form ('<id>:<token>': its client waits for replicas) is woken to come
+-- and take its permits itself.
+local function q_hand_permits(holders, counts, q, c, counter, channel, grace, publish, free, now)
+  if redis.call('EXISTS', q) == 0 then
+    return
+  end
+  while free > 0 do
+    local head = q_head(q, c, now)
+    if not head then
+      return
+    end
+    local sep = string.find(head, ':', 1, true)
+    local rest = string.sub(head, sep + 1)
+    if string.sub(rest, 1, 1) ~= '=' then
+      q_wake(q, c, channel, grace, publish)
+      return
+    end
+    local comma = string.find(rest, ',', 1, true)
+    local sep2 = string.find(rest, ':', 1, true)
+    local ttl = tonumber(string.sub(rest, 2, comma - 1))
+    local n = tonumber(string.sub(rest, comma + 1, sep2 - 1))
+    local token = string.sub(rest, sep2 + 1)
+    if n > free then
+      return
+    end
+    q_leave(q, c, head)
+    local to = channel .. ':' .. string.sub(head, 1, sep - 1)
+    local seq = redis.pcall('INCR', counter)
+    if type(seq) == 'table' then
+      -- A broken counter: wake the waiter, whose own attempt takes the permits.
+      redis.call(publish, to, token)
+      return
+    end
+    if redis.call(publish, to, '=' .. seq .. ':' .. token) > 0 then
+      redis.call('ZADD', holders, now + ttl, token)
+      redis.call('HSET', counts, token, n)
+      local last = tonumber(redis.call('ZRANGE', holders, -1, -1, 'WITHSCORES')[2])
+      redis.call('PEXPIREAT', holders, last)
+      redis.call('PEXPIREAT', counts, last)
+      free = free - n
+    end
+  end
+end

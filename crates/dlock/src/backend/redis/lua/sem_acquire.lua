@@ -4,6 +4,7 @@
 -- KEYS[2]  hash: holder token -> permits held
 -- KEYS[3]  the permit count (set on first use from ARGV[3]; `set_permits` changes it)
 -- KEYS[4]  the waiter queue: token -> arrival      KEYS[5]  token -> claim expiry
+-- KEYS[6]  the name's hand-over counter (see q_hand_permits)
 -- ARGV[1]  the holder token
 -- ARGV[2]  permits wanted (N >= 1)
 -- ARGV[3]  the permit count to start with, if none is stored yet
@@ -11,13 +12,16 @@
 -- ARGV[5]  'wait': queue the caller if it cannot be granted now; 'try': don't
 -- ARGV[6]  the waiter grace in ms         ARGV[7]  the release channel
 -- ARGV[8]  the grace in ms a woken waiter has to come
--- ARGV[9]  the caller's client's waiter id (its member is '<id>:<token>')
+-- ARGV[9]  the caller's client's waiter id
+-- ARGV[10] '1': a release may hand permits over to the caller (its member is
+--          '<id>:=<ttl ms>,<N>:<token>'); '0': it is woken and comes itself ('<id>:<token>')
 -- ARGV[#ARGV]  the publish command: PUBLISH, or SPUBLISH on a Redis Cluster (sharded)
 -- returns  {1, 0}     acquired (a repeat of a granted request is granted again, not twice)
---          {0, wait}   not now: not enough free permits, or the free ones are the queue
---                      head's; wait = ms until the earliest lease or the head's claim
---                      ends (-1 if no holder has a lease, i.e. N exceeds the permit count)
--- Waiters are served in arrival order; a grant that leaves permits free wakes the next.
+--          {0, wait, counter}  not now: not enough free permits, or the free ones are the
+--                      queue head's; wait = ms until the earliest lease or the head's
+--                      claim ends (-1 if no holder has a lease, i.e. N exceeds the permit
+--                      count); counter = the hand-over counter now
+-- Waiters are served in arrival order; a grant that leaves permits free hands them on.
 local now, arrival = q_now()
 -- Leases that ran out give their permits back.
 for _, token in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)) do
@@ -35,7 +39,12 @@ local mine = redis.call('HGET', KEYS[2], ARGV[1])
 if mine then
   used = used - tonumber(mine)
 end
-local me = q_member(ARGV[9], ARGV[1])
+local me
+if ARGV[10] == '1' then
+  me = q_member(ARGV[9], '=' .. ARGV[4] .. ',' .. ARGV[2] .. ':' .. ARGV[1])
+else
+  me = q_member(ARGV[9], ARGV[1])
+end
 local head = nil
 if redis.call('EXISTS', KEYS[4]) == 1 then
   head = q_head(KEYS[4], KEYS[5], now)
@@ -52,7 +61,8 @@ if mine or (fits and (head == nil or head == me)) then
   if head ~= nil then
     q_leave(KEYS[4], KEYS[5], me)
     if used + want < capacity then
-      q_wake(KEYS[4], KEYS[5], ARGV[7], tonumber(ARGV[8]), ARGV[#ARGV])
+      q_hand_permits(KEYS[1], KEYS[2], KEYS[4], KEYS[5], KEYS[6], ARGV[7], tonumber(ARGV[8]),
+        ARGV[#ARGV], capacity - used - want, now)
     end
   end
   return {1, 0}
@@ -69,4 +79,4 @@ end
 if ARGV[5] == 'wait' then
   q_join(KEYS[4], KEYS[5], me, now, arrival, wait, tonumber(ARGV[6]))
 end
-return {0, wait}
+return {0, wait, tonumber(redis.pcall('GET', KEYS[6])) or 0}

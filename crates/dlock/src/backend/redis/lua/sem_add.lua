@@ -1,8 +1,10 @@
 -- Add (or, with a negative delta, remove) permits, or set their count, atomically, within
--- 1..=max; wake the next waiter when permits were added.
+-- 1..=max; hand added permits over to waiters.
 -- (queue.lua is prepended: the waiter queue's functions.)
 -- KEYS[1]  the permit count
 -- KEYS[2]  the waiter queue: token -> arrival      KEYS[3]  token -> claim expiry
+-- KEYS[4]  zset: holder token -> lease expiry       KEYS[5]  hash: holder token -> permits
+-- KEYS[6]  the hand-over counter
 -- ARGV[1]  the delta ('add') or the new count ('set')
 -- ARGV[2]  the count to start from if none is stored yet
 -- ARGV[3]  the largest count allowed
@@ -19,7 +21,9 @@ if count < 1 or count > tonumber(ARGV[3]) then
   return -1
 end
 redis.call('SET', KEYS[1], count)
-if count > old then
-  q_wake(KEYS[2], KEYS[3], ARGV[4], tonumber(ARGV[6]), ARGV[#ARGV])
+if count > old and redis.call('EXISTS', KEYS[2]) == 1 then
+  local now = q_now()
+  q_hand_permits(KEYS[4], KEYS[5], KEYS[2], KEYS[3], KEYS[6], ARGV[4], tonumber(ARGV[6]),
+    ARGV[#ARGV], q_permits_free(KEYS[4], KEYS[5], KEYS[1], now), now)
 end
 return count

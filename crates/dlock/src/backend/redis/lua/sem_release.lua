@@ -3,32 +3,47 @@
 -- KEYS[1]  zset: holder token -> lease expiry
 -- KEYS[2]  hash: holder token -> permits held
 -- KEYS[3]  the waiter queue: token -> arrival      KEYS[4]  token -> claim expiry
+-- KEYS[5]  the permit count                         KEYS[6]  the hand-over counter
 -- ARGV[1]  the holder (or waiter) token
 -- ARGV[2]  the release channel; waiters' clients listen on '<channel>:<waiter id>'
 -- ARGV[3]  'own': give back ARGV[1]'s permits; 'force': every holder's; 'leave': take
 --          waiter ARGV[1] out of the queue
 -- ARGV[4]  the grace in ms a woken waiter has to come
 -- ARGV[5]  'leave': the waiter's client's waiter id
+-- ARGV[6]  'leave': the waiter's ttl in ms         ARGV[7]  'leave': the permits it wanted
 -- ARGV[#ARGV]  the publish command: PUBLISH, or SPUBLISH on a Redis Cluster (sharded)
 -- returns  own: 1 the holder's lease was live and is gone now, 0 no live lease (expired
 --          or never there); force: 1 if any live permit was held; leave: 1 if queued
--- The next waiter is woken when permits were freed (or the head left); with nobody
--- queued, nothing is published.
+-- Freed permits are handed over to the queue's heads (q_hand_permits) when permits were
+-- freed or the head left; with nobody queued, nothing is published. A waiter that leaves
+-- holding permits handed over to it as it left gives them back (and on).
 local now = q_now()
 local grace, publish = tonumber(ARGV[4]), ARGV[#ARGV]
+local function hand_over()
+  if redis.call('EXISTS', KEYS[3]) == 1 then
+    q_hand_permits(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[6], ARGV[2], grace, publish,
+      q_permits_free(KEYS[1], KEYS[2], KEYS[5], now), now)
+  end
+end
 if ARGV[3] == 'leave' then
-  local me = q_member(ARGV[5], ARGV[1])
-  local was_head = redis.call('ZRANGE', KEYS[3], 0, 0)[1] == me
-  local done = q_leave(KEYS[3], KEYS[4], me)
-  if was_head then
-    q_wake(KEYS[3], KEYS[4], ARGV[2], grace, publish)
+  local plain = q_member(ARGV[5], ARGV[1])
+  local handed = q_member(ARGV[5], '=' .. ARGV[6] .. ',' .. ARGV[7] .. ':' .. ARGV[1])
+  local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+  local done = math.max(q_leave(KEYS[3], KEYS[4], plain), q_leave(KEYS[3], KEYS[4], handed))
+  if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1 then
+    -- Handed over to us as we left: give the permits back, and on.
+    redis.call('ZREM', KEYS[1], ARGV[1])
+    redis.call('HDEL', KEYS[2], ARGV[1])
+    hand_over()
+  elseif head == plain or head == handed then
+    hand_over()
   end
   return done
 end
 if ARGV[3] == 'force' then
   local live = redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf')
   redis.call('DEL', KEYS[1], KEYS[2])
-  q_wake(KEYS[3], KEYS[4], ARGV[2], grace, publish)
+  hand_over()
   if live > 0 then
     return 1
   end
@@ -38,7 +53,7 @@ local expiry = redis.call('ZSCORE', KEYS[1], ARGV[1])
 redis.call('ZREM', KEYS[1], ARGV[1])
 redis.call('HDEL', KEYS[2], ARGV[1])
 if expiry then
-  q_wake(KEYS[3], KEYS[4], ARGV[2], grace, publish)
+  hand_over()
 end
 if expiry and tonumber(expiry) > now then
   return 1
