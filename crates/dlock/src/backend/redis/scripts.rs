@@ -1,8 +1,9 @@
 //! dlock's Lua scripts, listed once: each is built (and its SHA-1 computed) once per
 //! client, loaded at connect, and sent by SHA (`EVALSHA`, reloaded on `NOSCRIPT`).
 //! Each file in `lua/` carries its KEYS / ARGV / returns header. The scripts of primitives
-//! that wake one waiter per release start with `lua/queue.lua`, the waiter queue's
-//! functions, written once.
+//! that wake one waiter per release include `lua/queue.lua`, the waiter queue's
+//! functions, written once: first, or (the plain lock's, whose uncontended path must be
+//! cheapest) after that fast path, so that an uncontended call does not define them.
 
 use redis::Script;
 
@@ -29,8 +30,8 @@ macro_rules! scripts {
 }
 
 scripts! {
-    acquire => "queue.lua" "acquire.lua",
-    release => "queue.lua" "release.lua",
+    acquire => "acquire.lua" "queue.lua" "acquire_queued.lua",
+    release => "release.lua" "queue.lua" "release_queued.lua",
     release_member => "release_member.lua",
     extend => "extend.lua",
     sem_acquire => "queue.lua" "sem_acquire.lua",

@@ -1,5 +1,7 @@
 -- Acquire a lock and mint its fence, atomically; queue the caller if it must wait.
--- (queue.lua is prepended: the waiter queue's functions.)
+-- The fast path comes first, before the waiter queue's functions (queue.lua, then
+-- acquire_queued.lua follow it: scripts.rs), so that an uncontended acquire does not pay
+-- for defining them.
 -- KEYS[1]  the lock key (holds the owner token as a plain string)
 -- KEYS[2]  the fence counter (same hash tag; never expires)
 -- KEYS[3]  the waiter queue: token -> arrival      KEYS[4]  token -> claim expiry
@@ -36,34 +38,3 @@ if redis.call('EXISTS', KEYS[3]) == 0
     and redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   return mint()
 end
-local holder = redis.pcall('GET', KEYS[1])
-if type(holder) == 'table' and holder.err then
-  return redis.error_reply('WRONGTYPE dlock lock key ' .. KEYS[1] .. ' holds a non-string value')
-end
-if holder == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return {1, tonumber(redis.call('GET', KEYS[2])) or 0}
-end
-local me
-if ARGV[6] == '1' then
-  me = q_member(ARGV[5], '=' .. ARGV[2] .. ':' .. ARGV[1])
-else
-  me = q_member(ARGV[5], ARGV[1])
-end
-local now, arrival = q_now()
-local head = q_head(KEYS[3], KEYS[4], now)
-local wait
-if holder then
-  wait = redis.call('PTTL', KEYS[1])
-elseif head == nil or head == me then
-  -- Free, and ours to take: the head of the queue may, nobody else (no barging).
-  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-  q_leave(KEYS[3], KEYS[4], me)
-  return mint()
-else
-  wait = q_claim_left(KEYS[4], head, now)
-end
-if ARGV[3] == 'wait' then
-  q_join(KEYS[3], KEYS[4], me, now, arrival, wait, tonumber(ARGV[4]))
-end
-return {0, wait, tonumber(redis.pcall('GET', KEYS[2])) or 0}

@@ -23,10 +23,13 @@ end
 
 -- Drops the waiters whose claims lapsed; returns the head's token, or nil.
 local function q_head(q, c, now)
-  for _, gone in ipairs(redis.call('ZRANGEBYSCORE', c, '-inf', now)) do
-    redis.call('ZREM', q, gone)
+  local lapsed = redis.call('ZRANGEBYSCORE', c, '-inf', now)
+  if #lapsed > 0 then
+    for _, gone in ipairs(lapsed) do
+      redis.call('ZREM', q, gone)
+    end
+    redis.call('ZREMRANGEBYSCORE', c, '-inf', now)
   end
-  redis.call('ZREMRANGEBYSCORE', c, '-inf', now)
   return redis.call('ZRANGE', q, 0, 0)[1]
 end
 
@@ -47,9 +50,7 @@ end
 -- Takes `token` into the queue (keeping its place if it has one), claiming it until its
 -- next attempt, `wait` ms from now (negative: unknown, within a second), plus `grace` ms.
 local function q_join(q, c, token, now, arrival, wait, grace)
-  if not redis.call('ZSCORE', q, token) then
-    redis.call('ZADD', q, arrival, token)
-  end
+  redis.call('ZADD', q, 'NX', arrival, token)
   if wait < 0 then
     wait = 1000
   end
