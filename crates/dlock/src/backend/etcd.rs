@@ -46,9 +46,19 @@
 //!   before ours (by create revision) and watches it for deletion from the revision it was
 //!   read at, so a deletion in between is not missed. When it is deleted the task looks
 //!   again: another key still in front (a waiter that left) — it watches that one; none —
-//!   it wakes its waiter, which attempts once and is granted. A release therefore wakes one
-//!   waiter, the next in line, and no other waiter sends anything. The holder's remaining
-//!   ttl stays the fallback timer of [`Lock`](crate::Lock).
+//!   the lock is its waiter's. A release therefore wakes one waiter, the next in line, and
+//!   no other waiter sends anything. The holder's remaining ttl stays the fallback timer of
+//!   [`Lock`](crate::Lock).
+//! * **Taking the turn without an attempt**: when the watched key was the only one in
+//!   front at the task's last read, its deletion alone makes ours the first key (no key
+//!   can be created before ours later: revisions only grow), so the task hands its waiter
+//!   the grant at once — the fence is our key's create revision — without another read or
+//!   attempt; otherwise the read that finds nothing in front (and our key still there) does.
+//!   The waiter's lease runs for at least its ttl from the send time of its latest attempt
+//!   (each attempt restarts the lease after that moment; renewals only push its end later),
+//!   so the grant's validity counts from there, as an attempt's would. A grant the task
+//!   found for a key that a later attempt re-created at the back is void (its create
+//!   revision is older than the new key's).
 //! * **Waiters' leases**: a waiter's lease has the lock's ttl (whole seconds, at least
 //!   etcd's minimum); its task renews it every third of that and each attempt renews it too.
 //!   A live waiter thus loses its place only if it cannot reach etcd for two thirds of its
@@ -85,6 +95,7 @@ use tokio::sync::{Notify, oneshot};
 use tokio::time::{Instant, MissedTickBehavior};
 
 use crate::engine::Engine;
+use crate::engine::wait::GrantSlot;
 use crate::error::{Error, ErrorKind, Result};
 use crate::keys::LockKeys;
 use crate::raw::{Acquire, LockState, RawFencing, RawInspect, RawLock, ReleaseWatch};
@@ -130,6 +141,9 @@ struct Place {
     rev: i64,
     /// Told when `rev` changes (the key was created anew at the back).
     moved: Arc<Notify>,
+    /// Where the waiter's task leaves the grant when the key's turn came (its fence: the
+    /// key's create revision).
+    grants: Arc<GrantSlot>,
 }
 
 impl Place {
@@ -139,6 +153,7 @@ impl Place {
             secs: 0,
             rev: 0,
             moved: Arc::new(Notify::new()),
+            grants: Arc::default(),
         }
     }
 }
@@ -474,15 +489,14 @@ impl Etcd {
         Ok(moved)
     }
 
-    /// The queue key just before create revision `rev` under `prefix`, and the revision the
-    /// queue was read at.
-    async fn predecessor(&self, prefix: &str, rev: i64) -> Result<(Option<Vec<u8>>, i64)> {
+    /// What is in front of our queue key `key` (create revision `rev`) under `prefix`.
+    async fn predecessor(&self, prefix: &str, key: &str, rev: i64) -> Result<Ahead> {
         let from = prefix.to_owned();
-        // Every key created before ours, latest first (a max of 0 would mean "no bound").
+        // Every key created up to ours, latest first.
         let options = GetOptions::new()
             .with_prefix()
             .with_keys_only()
-            .with_max_create_revision((rev - 1).max(1))
+            .with_max_create_revision(rev.max(1))
             .with_sort(SortTarget::Create, SortOrder::Descend);
         let resp = self
             .call("reading a lock's queue", |mut c| async move {
@@ -492,13 +506,20 @@ impl Etcd {
         let read_at = resp
             .header()
             .map_or(0, etcd_client::ResponseHeader::revision);
-        let ahead = resp
+        let mut ahead = resp
             .kvs()
             .iter()
-            .filter(|kv| kv.create_revision() < rev)
-            .find(|kv| in_queue(prefix.as_bytes(), kv.key()))
-            .map(|kv| kv.key().to_vec());
-        Ok((ahead, read_at))
+            .filter(|kv| kv.create_revision() < rev && in_queue(prefix.as_bytes(), kv.key()));
+        let first = ahead.next().map(|kv| kv.key().to_vec());
+        Ok(Ahead {
+            only: first.is_some() && ahead.next().is_none(),
+            key: first,
+            read_at,
+            ours: resp
+                .kvs()
+                .iter()
+                .any(|kv| kv.create_revision() == rev && kv.key() == key.as_bytes()),
+        })
     }
 
     /// Watches `key` for its deletion, from revision `from` on; returns once etcd confirmed
@@ -572,19 +593,35 @@ impl Etcd {
             };
             let mut stream = None;
             let mut failed = false;
-            match self.predecessor(&prefix, place.rev).await {
-                Ok((Some(ahead), read_at)) => match self.watch_deletion(ahead, read_at + 1).await {
-                    Ok(s) => stream = Some(s),
+            // Whether the key we watch is the only one in front of ours.
+            let mut only = false;
+            match self.predecessor(&prefix, &key, place.rev).await {
+                Ok(Ahead {
+                    key: Some(ahead),
+                    read_at,
+                    only: alone,
+                    ..
+                }) => match self.watch_deletion(ahead, read_at + 1).await {
+                    Ok(s) => {
+                        stream = Some(s);
+                        only = alone;
+                    }
                     Err(_) => failed = true,
                 },
-                // Our turn.
-                Ok((None, _)) if place.rev > 0 => {
+                // Our turn: hand the grant over if our key is still there (else the
+                // waiter's attempt finds out).
+                Ok(Ahead {
+                    key: None, ours, ..
+                }) if place.rev > 0 => {
                     if told != place.rev {
                         told = place.rev;
+                        if ours {
+                            place.grants.offer(u64::try_from(place.rev).unwrap_or(0));
+                        }
                         wake.notify_one();
                     }
                 }
-                Ok((None, _)) | Err(_) => failed = true,
+                Ok(_) | Err(_) => failed = true,
             }
             if let Some(r) = ready.take() {
                 let _ = r.send(());
@@ -594,6 +631,12 @@ impl Etcd {
                     clean = deleted(stream.as_mut()) => {
                         if !clean {
                             tokio::time::sleep(FOLLOW_RETRY).await;
+                        } else if only && told != place.rev {
+                            // The last key in front is gone: our turn, told at once (the
+                            // read that follows confirms it for the record).
+                            told = place.rev;
+                            place.grants.offer(u64::try_from(place.rev).unwrap_or(0));
+                            wake.notify_one();
                         }
                         break;
                     }
@@ -620,6 +663,18 @@ impl Etcd {
             }
         }
     }
+}
+
+/// What a waiter's task read in front of its key.
+struct Ahead {
+    /// The key just before ours, if any.
+    key: Option<Vec<u8>>,
+    /// Whether it is the only one before ours.
+    only: bool,
+    /// The revision of the read.
+    read_at: i64,
+    /// Whether our key was there, with the create revision we know.
+    ours: bool,
 }
 
 /// Resolves when the watched key is deleted (`true`) or the watch ends (`false`:
@@ -712,6 +767,14 @@ impl RawLock for Etcd {
         };
         let created = queue[at].created;
         self.placed(&key, created);
+        if at != 0
+            && let Some(place) = self.place(&key)
+        {
+            // A turn found for an older key of ours (re-created since) is void.
+            place
+                .grants
+                .raise_floor(u64::try_from(created - 1).unwrap_or(0));
+        }
         if !resp.succeeded() {
             tracing::debug!(lock = keys.name(), place = at, "queued at the back");
         }
@@ -856,7 +919,11 @@ impl RawLock for Etcd {
         // Once the task watches the key ahead, a release from then on is heard. If etcd
         // fails it, the task keeps trying, and wakes us when it finds our turn came.
         let _ = tokio::time::timeout(self.inner.timeout, first_look).await;
-        Ok(ReleaseWatch::new(notify, Some(Box::new(task))))
+        let watch = ReleaseWatch::new(notify, Some(Box::new(task)));
+        Ok(match self.place(&queue_key(keys, token)) {
+            Some(place) => watch.with_grants(place.grants),
+            None => watch,
+        })
     }
 
     /// Deletes the waiter's key (compared on its token) and revokes its lease.
