@@ -127,6 +127,11 @@ struct Inner {
     timeout: Duration,
     /// Our queue keys (waiting or holding), by key.
     places: Mutex<HashMap<String, Place>>,
+    /// Where each waiting key's task leaves the grant when the key's turn came (its fence:
+    /// the key's create revision), by key: one per wait, kept while the waiter watches,
+    /// whatever happens to the key meanwhile (a key re-created at the back reports its
+    /// new place here, which voids a grant found for the old one).
+    grants: Arc<Mutex<HashMap<String, Arc<GrantSlot>>>>,
     engine: Engine,
 }
 
@@ -141,9 +146,6 @@ struct Place {
     rev: i64,
     /// Told when `rev` changes (the key was created anew at the back).
     moved: Arc<Notify>,
-    /// Where the waiter's task leaves the grant when the key's turn came (its fence: the
-    /// key's create revision).
-    grants: Arc<GrantSlot>,
 }
 
 impl Place {
@@ -153,7 +155,6 @@ impl Place {
             secs: 0,
             rev: 0,
             moved: Arc::new(Notify::new()),
-            grants: Arc::default(),
         }
     }
 }
@@ -300,6 +301,7 @@ impl Etcd {
                 endpoints,
                 timeout: DEFAULT_TIMEOUT,
                 places: Mutex::new(HashMap::new()),
+                grants: Arc::default(),
                 engine: Engine::new(),
             }),
         };
@@ -360,6 +362,23 @@ impl Etcd {
         if place.rev != rev {
             place.rev = rev;
             place.moved.notify_one();
+        }
+    }
+
+    /// The grant slot of the wait of `key`, if its waiter watches.
+    fn grants(&self, key: &str) -> Option<Arc<GrantSlot>> {
+        self.inner
+            .grants
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(key)
+            .cloned()
+    }
+
+    /// Hands the waiter of `key` (create revision `rev`) the grant: its turn came.
+    fn grant_turn(&self, key: &str, rev: i64) {
+        if let Some(slot) = self.grants(key) {
+            slot.offer(u64::try_from(rev).unwrap_or(0));
         }
     }
 
@@ -616,7 +635,7 @@ impl Etcd {
                     if told != place.rev {
                         told = place.rev;
                         if ours {
-                            place.grants.offer(u64::try_from(place.rev).unwrap_or(0));
+                            self.grant_turn(&key, place.rev);
                         }
                         wake.notify_one();
                     }
@@ -635,7 +654,7 @@ impl Etcd {
                             // The last key in front is gone: our turn, told at once (the
                             // read that follows confirms it for the record).
                             told = place.rev;
-                            place.grants.offer(u64::try_from(place.rev).unwrap_or(0));
+                            self.grant_turn(&key, place.rev);
                             wake.notify_one();
                         }
                         break;
@@ -768,12 +787,10 @@ impl RawLock for Etcd {
         let created = queue[at].created;
         self.placed(&key, created);
         if at != 0
-            && let Some(place) = self.place(&key)
+            && let Some(slot) = self.grants(&key)
         {
             // A turn found for an older key of ours (re-created since) is void.
-            place
-                .grants
-                .raise_floor(u64::try_from(created - 1).unwrap_or(0));
+            slot.raise_floor(u64::try_from(created - 1).unwrap_or(0));
         }
         if !resp.succeeded() {
             tracing::debug!(lock = keys.name(), place = at, "queued at the back");
@@ -908,22 +925,29 @@ impl RawLock for Etcd {
     async fn watch_for(&self, keys: &LockKeys, token: &Token) -> Result<ReleaseWatch> {
         let notify = Arc::new(Notify::new());
         let (ready, first_look) = oneshot::channel();
+        let key = queue_key(keys, token);
+        let slot: Arc<GrantSlot> = Arc::default();
+        self.inner
+            .grants
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(key.clone(), Arc::clone(&slot));
         // Owned at once: if this call is cancelled (a deadline), the task ends with it and
-        // renews nothing.
-        let task = AbortOnDrop(tokio::spawn(self.clone().follow(
-            queue_prefix(keys),
-            queue_key(keys, token),
-            Arc::clone(&notify),
-            ready,
-        )));
+        // renews nothing, and the slot goes.
+        let task = Following {
+            task: AbortOnDrop(tokio::spawn(self.clone().follow(
+                queue_prefix(keys),
+                key.clone(),
+                Arc::clone(&notify),
+                ready,
+            ))),
+            grants: Arc::clone(&self.inner.grants),
+            key,
+        };
         // Once the task watches the key ahead, a release from then on is heard. If etcd
         // fails it, the task keeps trying, and wakes us when it finds our turn came.
         let _ = tokio::time::timeout(self.inner.timeout, first_look).await;
-        let watch = ReleaseWatch::new(notify, Some(Box::new(task)));
-        Ok(match self.place(&queue_key(keys, token)) {
-            Some(place) => watch.with_grants(place.grants),
-            None => watch,
-        })
+        Ok(ReleaseWatch::new(notify, Some(Box::new(task))).with_grants(slot))
     }
 
     /// Deletes the waiter's key (compared on its token) and revokes its lease.
@@ -942,6 +966,23 @@ impl RawLock for Etcd {
 
 /// Ends a waiter's watch task with the waiter.
 struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+/// A waiter's task and its grant slot, both ended when the waiter stops watching.
+struct Following {
+    task: AbortOnDrop,
+    grants: Arc<Mutex<HashMap<String, Arc<GrantSlot>>>>,
+    key: String,
+}
+
+impl Drop for Following {
+    fn drop(&mut self) {
+        self.task.0.abort();
+        self.grants
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&self.key);
+    }
+}
 
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {
