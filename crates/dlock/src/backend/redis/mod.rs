@@ -3,17 +3,25 @@
 //! * Acquire is ONE round trip: a script does `SET key token NX PX ttl` and, only on
 //!   success, `INCR` of the fence counter, returning the fence (or the holder's `PTTL`).
 //! * Release is ONE round trip: compare-and-delete; when waiters are queued, the same
-//!   script wakes the one at the head of the queue, on its own channel
-//!   (`<channel>:<token>`). Nobody waiting, nothing published.
-//! * Waiting: a waiter first subscribes to its own channel, then attempts again in
+//!   script hands the lock over to the head of the queue: the key set to the head's
+//!   token with the head's ttl, the next fence minted, and a message on the head's
+//!   client's channel (`<channel>:<waiter id>`, payload `=<fence>:<token>`) that tells
+//!   the head it holds the lock. Nobody waiting, nothing published.
+//! * Waiting: a waiter first subscribes to its client's channel, then attempts again in
 //!   `wait` mode, which puts it in the lock's waiter queue (FIFO by server time, with a
 //!   claim that lapses by itself if the waiter crashes). While anyone is queued, a free
-//!   lock goes to the head only (no barging), so one release costs one waiter's acquire
-//!   across every client and process, not one per subscribed client. A woken head has
-//!   one second (`WAKE_GRACE`) to come; a waiter that leaves (cancelled, timed out) withdraws and,
-//!   if it was woken, wakes the next. A release that announces nothing (a foreign
-//!   client's compare-and-delete) or a lost message is covered by each waiter's fallback
-//!   timer: the holder's remaining ttl.
+//!   lock goes to the head only (no barging), so one release costs one script across
+//!   every client and process, and the new holder sends nothing. Its lease counts from
+//!   its latest attempt that found the lock held (the reply carried the fence counter; a
+//!   hand-over counts only with a higher fence, i.e. made after it). A head whose client
+//!   no longer listens (`PUBLISH` reaches nobody) is skipped; a waiter that leaves
+//!   (cancelled, timed out) withdraws and gives back a lock handed over to it meanwhile.
+//!   Clients with `min_replicas` queue to be woken instead (a hand-over is not followed by
+//!   `WAIT`): the head then has one second (`WAKE_GRACE`) to come and take the lock with
+//!   its own acquire. A release that announces nothing (a foreign client's
+//!   compare-and-delete) or a lost message is covered by each waiter's fallback timer: the
+//!   holder's remaining ttl (after which the waiter's own attempt finds the lock its own,
+//!   if it was handed over).
 //! * Extend is compare-and-`PEXPIRE`; the client's engine pipelines every renewal due
 //!   (locks, permits, reentrant and read-write holds alike) in one round trip.
 //! * Scripts are sent by SHA (`EVALSHA`), loaded once at connect and again on `NOSCRIPT`.
