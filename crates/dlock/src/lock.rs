@@ -99,6 +99,13 @@ enum Attempt<B: RawLock> {
     Held(Option<Duration>),
 }
 
+/// An attempt that failed; `unsettled` if its request may have reached the store (and
+/// granted something under the wait's token).
+struct Failed {
+    err: Error,
+    unsettled: bool,
+}
+
 impl<B: RawLock> Lock<B> {
     /// A lock named `name` with default options (30 s ttl, watchdog on, prefix `dlock:`).
     ///
@@ -250,6 +257,7 @@ impl<B: RawLock> Lock<B> {
             token: &token,
             ttl: self.ttl,
             queued: false,
+            unsettled: false,
         };
         // A release announcement this waiter consumed; passed on to another local waiter
         // unless our next attempt settles who holds the lock.
@@ -261,20 +269,28 @@ impl<B: RawLock> Lock<B> {
         let mut held_sent;
         loop {
             let queue = watch.as_ref().is_some_and(ReleaseWatch::is_active);
+            // From its sending on, the attempt may leave an entry in the store's queue: a
+            // wait that ends without a grant withdraws it, even if no reply came back.
+            waiting.queued |= queue || !B::QUEUES_ONLY_LISTENERS;
             let sent = Instant::now();
             let attempt = match self.attempt(&token, queue).await {
                 Ok(attempt) => {
                     outage = None;
+                    waiting.unsettled = false;
                     attempt
                 }
                 // A waiter rides out a store outage (a restart, a failover) for up to one
                 // ttl; the first attempt, and longer outages, report the error.
-                Err(err)
+                // The next attempt, under the same token, settles whatever an unsettled one
+                // may have granted (the store recognises the token); giving it back now
+                // could land after that attempt and take a later grant away.
+                Err(Failed { err, unsettled })
                     if err.is_retryable()
                         && watch.is_some()
                         && outage.get_or_insert_with(Instant::now).elapsed() < self.ttl
                         && deadline.is_none_or(|d| Instant::now() < d) =>
                 {
+                    waiting.unsettled |= unsettled;
                     tracing::debug!(lock = self.name(), error = %err, "store unavailable while waiting; retrying");
                     let pause = backoff.next();
                     match deadline {
@@ -283,7 +299,11 @@ impl<B: RawLock> Lock<B> {
                     }
                     continue;
                 }
-                Err(err) => return Err(err),
+                Err(Failed { err, unsettled }) => {
+                    // Whatever may have been granted under our token goes back (`waiting`).
+                    waiting.unsettled |= unsettled;
+                    return Err(err);
+                }
             };
             let remaining = match attempt {
                 Attempt::Got(guard) => {
@@ -303,9 +323,6 @@ impl<B: RawLock> Lock<B> {
             if let Some(mut w) = woken.take() {
                 w.consumed();
             }
-            // Stores that queue only waiters listening for their wake-up have no entry of
-            // ours before such an attempt.
-            waiting.queued |= queue || !B::QUEUES_ONLY_LISTENERS;
             let now = Instant::now();
             if deadline.is_some_and(|d| now >= d) {
                 if B::QUEUES_WAITERS && waiting.queued {
@@ -370,13 +387,21 @@ impl<B: RawLock> Lock<B> {
     /// One attempt under `token`. An attempt whose outcome is unknown (no reply in time,
     /// connection lost) is repeated with the same token a few times: the store treats the
     /// repeat as the same request, so a grant is never applied twice.
-    async fn attempt(&self, token: &Token, queue: bool) -> Result<Attempt<B>> {
+    ///
+    /// An attempt cancelled mid-flight gives back in the background whatever it may have
+    /// been granted; one that fails with its outcome unknown leaves that to the caller
+    /// (`Failed::unsettled`).
+    async fn attempt(&self, token: &Token, queue: bool) -> std::result::Result<Attempt<B>, Failed> {
+        let settled = |err| Failed {
+            err,
+            unsettled: false,
+        };
         if self.watchdog && tokio::runtime::Handle::try_current().is_err() {
             // Checked before acquiring: a grant we could not renew nor give back would
             // block everyone for a whole ttl.
-            return Err(Error::invalid(
+            return Err(settled(Error::invalid(
                 "dlock's lease watchdog needs a tokio runtime",
-            ));
+            )));
         }
         let mut pending = PendingAcquire {
             backend: &self.backend,
@@ -412,16 +437,24 @@ impl<B: RawLock> Lock<B> {
                     ) =>
                 {
                     pending.token = None;
-                    return Err(err);
+                    return Err(settled(err));
                 }
-                // The outcome is unknown (the request may have reached the store): `pending`
-                // gives back whatever may have been granted under our token.
-                Err(err) => return Err(err),
+                // The outcome is unknown (the request may have reached the store): the
+                // caller settles it (a repeat under the same token, or a release).
+                Err(err) => {
+                    pending.token = None;
+                    return Err(Failed {
+                        err,
+                        unsettled: true,
+                    });
+                }
             }
         };
         pending.token = None;
         drop(pending);
-        self.guard(token.clone(), sent, fence).map(Attempt::Got)
+        self.guard(token.clone(), sent, fence)
+            .map(Attempt::Got)
+            .map_err(settled)
     }
 
     /// Wraps a grant made under `token` (request sent at `sent`) in a guard, registering
@@ -474,17 +507,23 @@ impl<B: RawLock> Lock<B> {
     }
 }
 
-/// Withdraws a waiter's queue entry in the background when its wait ends without a grant.
+/// Withdraws a waiter's queue entry in the background when its wait ends without a grant,
+/// and gives back what an attempt whose outcome is still unknown may have been granted.
 struct Waiting<'a, B: RawLock> {
     backend: &'a B,
     keys: &'a LockKeys,
     token: &'a Token,
     ttl: Duration,
     queued: bool,
+    /// An attempt failed with its outcome unknown and no later attempt settled it.
+    unsettled: bool,
 }
 
 impl<B: RawLock> Drop for Waiting<'_, B> {
     fn drop(&mut self) {
+        if self.unsettled {
+            spawn_release(self.backend, self.keys, self.token);
+        }
         if !self.queued || !B::QUEUES_WAITERS {
             return;
         }

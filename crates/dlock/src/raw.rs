@@ -620,8 +620,9 @@ impl ReleaseWatch {
         self
     }
 
-    /// The fence of a hand-over: the store granted the lock to this waiter's token at a
-    /// release made after the waiter's latest attempt that found it held.
+    /// The fence of a hand-over: the store granted the lock to this waiter's token after
+    /// the waiter's latest attempt that found it held was processed (a Redis release's
+    /// hand-over, or an etcd waiter's turn).
     pub(crate) fn take_grant(&self) -> Option<u64> {
         self.grants.as_ref().and_then(|g| g.take())
     }

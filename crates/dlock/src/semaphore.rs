@@ -48,8 +48,8 @@ impl<B: RawSemaphore> RawLock for Permits<B> {
             .await
     }
 
-    /// A queued waiter listens for its own wake-up, where the store wakes one waiter per
-    /// freed permit.
+    /// A queued waiter listens for its own wake-up (or hand-over), where the store serves
+    /// one waiter per freed permit.
     async fn watch_for(&self, keys: &LockKeys, token: &Token) -> Result<ReleaseWatch> {
         self.backend.watch_for(keys, token).await
     }

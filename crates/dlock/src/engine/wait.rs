@@ -92,8 +92,9 @@ impl Drop for PassOn {
     }
 }
 
-/// Where a store that hands the lock over at release (the Redis lock's queue) leaves the
-/// fence of a grant made to one waiter, until the waiter's wait loop takes it.
+/// Where a store that grants a queued waiter without its asking (a Redis release's
+/// hand-over of the lock or permits; an etcd waiter's task seeing its turn come) leaves
+/// the grant's fence (or counter), until the waiter's wait loop takes it.
 ///
 /// A hand-over counts only if it was made after the waiter's latest attempt that reported
 /// the lock held was processed: that attempt's send time is then a safe start for the

@@ -5,7 +5,7 @@
 //! * Release is ONE round trip: compare-and-delete; when waiters are queued, the same
 //!   script hands the lock over to the head of the queue: the key set to the head's
 //!   token with the head's ttl, the next fence minted, and a message on the head's
-//!   client's channel (`<channel>:<waiter id>`, payload `=<fence>:<token>`) that tells
+//!   client's channel (`<channel>:<waiter id>`, payload `!<fence>:<token>`) that tells
 //!   the head it holds the lock. Nobody waiting, nothing published.
 //! * Waiting: a waiter first subscribes to its client's channel, then attempts again in
 //!   `wait` mode, which puts it in the lock's waiter queue (FIFO by server time, with a
@@ -744,7 +744,8 @@ pub(super) const WAKE_GRACE: Duration = Duration::from_secs(1);
 
 /// Decodes the reply every acquire script returns: `{1, fence}` granted (fence 0 where
 /// the primitive has none), `{0, wait}` not granted, wait = ms until it may be (-1: no
-/// telling); the plain lock adds the fence counter: `{0, wait, counter}`.
+/// telling); the plain lock and the semaphore add their hand-over counter (the fence
+/// counter): `{0, wait, counter}`.
 pub(super) fn parse_acquire(reply: &[i64], script: &str) -> Result<Acquire> {
     match reply {
         [1, fence] if *fence >= 0 => Ok(Acquire::Acquired {
@@ -991,8 +992,8 @@ impl RawInspect for Redis {
             .with_waiting_clients(queued))
     }
 
-    /// Deletes the holder (a plain lock's string or a reentrant lock's hash) and wakes the
-    /// head of the queue, in one script.
+    /// Deletes the holder (a plain lock's string or a reentrant lock's hash) and hands the
+    /// lock over to the head of the queue (or wakes it), in one script.
     async fn force_unlock(&self, keys: &LockKeys) -> Result<bool> {
         self.release_lock(keys, "", "force", Duration::ZERO).await
     }
@@ -1245,7 +1246,7 @@ impl Redis {
         Ok(done == 1)
     }
 
-    /// Changes the permit count (`add` a delta or `set` it), waking a waiter if it grew.
+    /// Changes the permit count (`add` a delta or `set` it), handing added permits over to waiters.
     async fn sem_count(
         &self,
         keys: &LockKeys,

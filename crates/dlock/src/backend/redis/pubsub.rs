@@ -3,10 +3,13 @@
 //! Each channel is subscribed once, however many local waiters it has, and unsubscribed
 //! when it has had no waiter for [`LINGER`] (a client that waits on a lock again and again
 //! keeps its subscription, so a wait costs no `SUBSCRIBE`). A message naming a waiter
-//! (the stores' waiter queues name the token they wake) wakes that waiter; any other
-//! message wakes ONE local waiter of the channel. When the connection drops, every waiter
-//! is woken to retry (messages may have been missed while it was down), and again once
-//! the connection is back with its subscriptions.
+//! (the stores' waiter queues name the token they wake) wakes that waiter; a hand-over
+//! (`!<fence>:<token>`: the release granted the lock to that waiter) also leaves the fence
+//! in the waiter's grant slot; any other message wakes ONE local waiter of the channel.
+//! When the connection drops, every waiter is woken to retry (messages may have been
+//! missed while it was down) and hand-overs not yet taken are forgotten (the server may
+//! have lost them), and every waiter is woken again once the connection is back with its
+//! subscriptions.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
@@ -499,12 +502,13 @@ fn deliver(
 }
 
 /// The waiter a message names, and the fence if it hands the lock over: a wake-up names
-/// the waiter's token; a hand-over is `=<fence>:<token>`.
+/// the waiter's token; a hand-over is `!<fence>:<token>` (a prefix no wake-up carries: a wake-up of an older client names a
+/// member's tail, which may start with '=').
 fn named_in<'c>(channel: &'c Channel, payload: &str) -> Option<(&'c Named, Option<u64>)> {
     if let Some(waiter) = channel.named.get(payload) {
         return Some((waiter, None));
     }
-    let (fence, token) = payload.strip_prefix('=')?.split_once(':')?;
+    let (fence, token) = payload.strip_prefix('!')?.split_once(':')?;
     let waiter = channel.named.get(token)?;
     // A fence that is no positive number (a tampered counter): a plain wake-up, whose
     // attempt reports the counter.

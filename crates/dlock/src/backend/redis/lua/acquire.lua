@@ -8,7 +8,7 @@
 -- ARGV[1]  the owner token
 -- ARGV[2]  the lease length in milliseconds
 -- ARGV[3]  'wait': take a place in the waiter queue if the lock cannot be granted now (the
---          caller listens on '<release channel>:<token>'); 'try': don't
+--          caller listens on '<release channel>:<waiter id>'); 'try': don't
 -- ARGV[4]  the waiter grace in ms: how long a claim outlives the caller's next attempt
 -- ARGV[5]  the caller's client's waiter id
 -- ARGV[6]  '1': a release may hand the lock over to the caller (its member is

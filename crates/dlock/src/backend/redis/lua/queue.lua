@@ -1,13 +1,18 @@
--- The waiter queue, shared by every primitive that wakes one waiter per release. This file
--- is prepended to their scripts (scripts.rs); it defines functions only.
+-- The waiter queue, shared by every primitive that serves one waiter per release. This
+-- file is included in their scripts (scripts.rs); it defines functions only.
 -- A queue is two sorted sets under the lock's hash tag:
---   q: waiter token -> arrival (server time in microseconds): the order
---   c: waiter token -> claim expiry (ms, server clock): a waiter's claim lasts until its
+--   q: waiter member -> arrival (server time in microseconds): the order
+--   c: waiter member -> claim expiry (ms, server clock): a waiter's claim lasts until its
 --      next expected attempt plus a grace and is renewed at every attempt, so a crashed
 --      waiter leaves the queue by itself
--- A waiter's member is '<its client's waiter id>:<its token>'; the client listens on
--- '<release channel>:<waiter id>' (one subscription per client and lock, kept between
--- waits) and a release wakes the head only, naming its token in the message.
+-- The client listens on '<release channel>:<waiter id>' (one subscription per client and
+-- lock, kept between waits). A waiter's member is either
+--   '<waiter id>:=<what it asked for>:<token>' — a release hands the lock (or permits)
+--      over to it in its own step and tells it '!<counter>:<token>' (the plain lock's
+--      release.lua, q_hand_permits below), or
+--   '<waiter id>:<token>' — a release wakes it, naming its token (q_wake), and it takes
+--      the lock with its own attempt (the reentrant lock, the read-write lock's writers,
+--      and clients that wait for replicas after every grant).
 
 -- The member of waiter `token` of client `id`.
 local function q_member(id, token)
@@ -101,7 +106,7 @@ end
 
 -- Hands `free` permits of a semaphore over to the queue's heads, first come first served:
 -- a head '<id>:=<ttl ms>,<n>:<token>' that fits is granted its n permits (a lease of its
--- ttl) in this very step, and told so on its client's channel with '=<seq>:<token>'
+-- ttl) in this very step, and told so on its client's channel with '!<seq>:<token>'
 -- (seq: the name's hand-over counter `counter`, so the waiter can tell this grant from
 -- an older one); a head whose client does not listen (the message reaches nobody) is
 -- dropped and the next one tried. A head that does not fit stops the hand-over; a head
@@ -138,7 +143,10 @@ local function q_hand_permits(holders, counts, q, c, counter, channel, grace, pu
       redis.call(publish, to, token)
       return
     end
-    if redis.call(publish, to, '=' .. seq .. ':' .. token) > 0 then
+    -- On a cluster the count is the shard node's own subscribers only: trusted nowhere
+    -- but on one server.
+    local heard = redis.call(publish, to, '!' .. seq .. ':' .. token)
+    if heard > 0 or publish == 'SPUBLISH' then
       redis.call('ZADD', holders, now + ttl, token)
       redis.call('HSET', counts, token, n)
       local last = tonumber(redis.call('ZRANGE', holders, -1, -1, 'WITHSCORES')[2])

@@ -22,10 +22,12 @@
 -- Direct hand-over: a plain lock's waiter ('<id>:=<ttl>:<token>') at the head of the
 -- queue is granted the lock here, in the release's own step: the key set to its token
 -- with its ttl and the next fence minted, and the message on its client's channel
--- '=<fence>:<token>' tells it that it holds the lock — the waiter sends nothing more. A
+-- '!<fence>:<token>' tells it that it holds the lock — the waiter sends nothing more. A
 -- head whose client does not listen (PUBLISH reaches nobody: it crashed, or its pub/sub
--- connection is down) is dropped and the next one is tried. Other waiters (a reentrant
--- lock's, '<id>:<token>') are woken to take the lock themselves.
+-- connection is down) is dropped and the next one is tried (on one server; a cluster's
+-- shard counts only its own node's subscribers, so there every head is granted). Waiters
+-- of the other form ('<id>:<token>': a reentrant lock's, or a client's that waits for
+-- replicas) are woken to take the lock themselves.
 if ARGV[3] == 'own' then
   if redis.pcall('GET', KEYS[1]) ~= ARGV[1] then
     return 0

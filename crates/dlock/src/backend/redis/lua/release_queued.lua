@@ -30,7 +30,10 @@ local function hand_over()
       redis.call(publish, to, token)
       return
     end
-    if redis.call(publish, to, '=' .. fence .. ':' .. token) > 0 then
+    -- On a cluster the count is the shard node's own subscribers only: trusted nowhere
+    -- but on one server.
+    local heard = redis.call(publish, to, '!' .. fence .. ':' .. token)
+    if heard > 0 or publish == 'SPUBLISH' then
       redis.call('SET', KEYS[1], token, 'PX', ttl)
       return
     end

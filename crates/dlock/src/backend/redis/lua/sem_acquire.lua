@@ -28,7 +28,8 @@ for _, token in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)) do
   redis.call('HDEL', KEYS[2], token)
 end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-local capacity = tonumber(redis.call('SET', KEYS[3], ARGV[3], 'NX', 'GET') or ARGV[3])
+redis.call('SET', KEYS[3], ARGV[3], 'NX')
+local capacity = tonumber(redis.call('GET', KEYS[3]))
 local used = 0
 for _, n in ipairs(redis.call('HVALS', KEYS[2])) do
   used = used + tonumber(n)
