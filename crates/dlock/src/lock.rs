@@ -775,7 +775,9 @@ impl<B: RawLock> LockGuard<B> {
         }
         if let Some(id) = self.registration {
             // A shorter ttl must be renewed sooner than the old schedule says.
-            self.backend.engine().reschedule(id.get(), sent + ttl / 3);
+            self.backend
+                .engine()
+                .reschedule(id.get(), sent + self.lease.renewal_period(ttl));
         }
         Ok(())
     }

@@ -96,6 +96,14 @@ impl Lease {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// How long after a renewal of `ttl` is sent the next one falls due: a third of the
+    /// validity it buys (the ttl less the store's drift allowance), so that two renewals
+    /// can fail or run late before the lease lapses — also where the allowance is a large
+    /// part of the ttl (memcached's whole second).
+    pub(crate) fn renewal_period(&self, ttl: Duration) -> Duration {
+        ttl.saturating_sub(self.drift.of(ttl)) / 3
+    }
+
     pub(crate) fn snapshot(&self) -> LeaseState {
         let s = *self.state();
         LeaseState {

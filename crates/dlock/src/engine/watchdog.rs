@@ -1,8 +1,9 @@
 //! The engine's lease half: ONE registry and ONE renewal task per client, for every
 //! primitive on it.
 //!
-//! Each held lease is renewed when a third of its ttl has passed since the last successful
-//! renewal. Renewals that fall due within [`BATCH_WINDOW`] of each other go to the store
+//! Each held lease is renewed when a third of the validity its last successful renewal
+//! bought has passed (`Lease::renewal_period`: the ttl less the store's drift allowance,
+//! about a third of the ttl). Renewals that fall due within [`BATCH_WINDOW`] of each other go to the store
 //! in one batch ([`Renew::renew`]: one pipelined round trip on Redis), whatever primitives
 //! they belong to: each [`Renewal`] says its [`LeaseKind`]. The task exists only while
 //! there are leases to renew (plus a short linger): it never keeps a client alive on its
@@ -245,8 +246,7 @@ impl Registry {
                 "the lease watchdog needs a tokio runtime",
             )
         })?;
-        let ttl = lease.snapshot().ttl;
-        let due = Instant::now() + ttl / 3;
+        let due = Instant::now() + lease.renewal_period(lease.snapshot().ttl);
         let mut state = self.lock();
         let at = state.tick(due);
         let (slot, generation) = state.insert(lease, at);
@@ -399,7 +399,7 @@ async fn run<R: Renew>(renewer: R, registry: Arc<Registry>) {
                 Ok(true) => {
                     if lease.renewed(sent, renewal.ttl) {
                         // The lease's ttl now, which an extend may have changed meanwhile.
-                        Some(sent + lease.snapshot().ttl.min(renewal.ttl) / 3)
+                        Some(sent + lease.renewal_period(lease.snapshot().ttl.min(renewal.ttl)))
                     } else {
                         tracing::warn!(
                             lock = lease.keys.name(),
