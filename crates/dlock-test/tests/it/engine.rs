@@ -8,6 +8,8 @@ use dlock::raw::{Acquire, RawLock};
 use dlock::{FairLock, Lock, Owner, ReentrantLock, RwLock, Semaphore, Token};
 use dlock_test::conformance::{Target, unique};
 use dlock_test::targets::RedisTarget;
+
+use crate::redis::calls;
 use tokio::time::{sleep, timeout};
 
 /// Holds one of everything on `client` with a short ttl, lets the watchdog renew for a
@@ -191,24 +193,12 @@ async fn a_head_whose_client_is_gone_is_skipped_by_the_same_release() {
         Some(0),
         "both left the queue"
     );
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(&mut admin)
-        .await
-        .expect("info");
-    let calls = |command: &str| -> u64 {
-        info.lines()
-            .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:calls=")))
-            .and_then(|rest| rest.split(',').next())
-            .and_then(|n| n.parse().ok())
-            .unwrap_or(0)
-    };
     // The release alone: no attempt of the waiter's between the release and its hold.
-    assert_eq!(calls("evalsha"), 1, "{info}");
+    assert_eq!(calls(&mut admin, "evalsha").await, 1);
     assert_eq!(
-        calls("publish"),
+        calls(&mut admin, "publish").await,
         2,
-        "one to the gone head, one to the next: {info}"
+        "one to the gone head, one to the next"
     );
     g.release().await.expect("release");
 }
@@ -430,20 +420,6 @@ async fn wait_zcard(admin: &mut redis::aio::MultiplexedConnection, key: &str, n:
         .unwrap_or_else(|_| panic!("{n} waiters never queued in {key}"));
 }
 
-/// `EVALSHA` calls since the last `CONFIG RESETSTAT`.
-async fn evalsha_calls(admin: &mut redis::aio::MultiplexedConnection) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(&mut *admin)
-        .await
-        .expect("info");
-    info.lines()
-        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
-        .and_then(|rest| rest.split(',').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0)
-}
-
 /// After `queued` waiters (each its own client) queued under `queue_key`, one release
 /// (`release`) must let exactly one waiter in, for `evalshas` EVALSHAs in all: 2 where
 /// the woken waiter takes it with an attempt of its own, 1 where the release hands it
@@ -471,7 +447,7 @@ async fn one_release_one_attempt<G: Send + 'static>(
         .expect("channel");
     sleep(Duration::from_millis(300)).await;
     assert_eq!(
-        evalsha_calls(&mut admin).await,
+        calls(&mut admin, "evalsha").await,
         evalshas,
         "one release (and one waiter's acquire if it was woken): not one per client"
     );
@@ -661,27 +637,15 @@ async fn a_second_wait_reuses_the_subscription_and_queues_at_once() {
             .expect("task");
         g.release().await.expect("release");
     }
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(&mut admin)
-        .await
-        .expect("info");
-    let calls = |command: &str| -> u64 {
-        info.lines()
-            .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:calls=")))
-            .and_then(|rest| rest.split(',').next())
-            .and_then(|n| n.parse().ok())
-            .unwrap_or(0)
-    };
     assert_eq!(
-        calls("subscribe"),
+        calls(&mut admin, "subscribe").await,
         0,
         "the subscription lingered between waits"
     );
-    assert_eq!(calls("unsubscribe"), 0);
+    assert_eq!(calls(&mut admin, "unsubscribe").await, 0);
     // Since the reset (after the holder's lock): the waiter's queueing attempt, the
     // holder's release (which hands the lock over), the waiter's release. (A fresh
     // subscription would add a first attempt that does not queue, a SUBSCRIBE and an
     // UNSUBSCRIBE.)
-    assert_eq!(calls("evalsha"), 3, "{info}");
+    assert_eq!(calls(&mut admin, "evalsha").await, 3);
 }

@@ -25,7 +25,7 @@ async fn cmd<T: redis::FromRedisValue>(
 }
 
 /// `cmdstat_<name>:calls=N` from INFO commandstats.
-async fn calls(conn: &mut redis::aio::MultiplexedConnection, command: &str) -> u64 {
+pub(crate) async fn calls(conn: &mut redis::aio::MultiplexedConnection, command: &str) -> u64 {
     let info: String = cmd(conn, &["INFO", "commandstats"]).await;
     let prefix = format!("cmdstat_{command}:calls=");
     info.lines()

@@ -104,14 +104,43 @@ local function q_permits_free(holders, counts, count, now)
   return free
 end
 
+-- Splits a hand-over member '<id>:=<wanted>:<token>' into its client's waiter id, what it
+-- asked for (the text between '=' and the next ':') and its token; nil for a member that
+-- is woken instead ('<id>:<token>').
+local function q_hand_parts(member)
+  local sep = string.find(member, ':', 1, true)
+  if string.sub(member, sep + 1, sep + 1) ~= '=' then
+    return nil
+  end
+  local sep2 = string.find(member, ':', sep + 1, true)
+  return string.sub(member, 1, sep - 1), string.sub(member, sep + 2, sep2 - 1),
+    string.sub(member, sep2 + 1)
+end
+
+-- Offers a grant to the hand-over member `head` (client `id`, `token`): takes it off the
+-- queue, mints the next value of `counter` and tells its client '!<value>:<token>' (the
+-- value lets the waiter tell this grant from an older one). Returns true if the grant
+-- stands (the client listens; on a cluster, where SPUBLISH counts only its own node's
+-- subscribers, always), false if nobody heard it (the caller tries the next head), nil if
+-- the counter cannot be incremented (the head is woken instead; its own attempt reports
+-- the error).
+local function q_offer(q, c, counter, channel, publish, head, id, token)
+  q_leave(q, c, head)
+  local to = channel .. ':' .. id
+  local seq = redis.pcall('INCR', counter)
+  if type(seq) == 'table' then
+    redis.call(publish, to, token)
+    return nil
+  end
+  return redis.call(publish, to, '!' .. seq .. ':' .. token) > 0 or publish == 'SPUBLISH'
+end
+
 -- Hands `free` permits of a semaphore over to the queue's heads, first come first served:
 -- a head '<id>:=<ttl ms>,<n>:<token>' that fits is granted its n permits (a lease of its
--- ttl) in this very step, and told so on its client's channel with '!<seq>:<token>'
--- (seq: the name's hand-over counter `counter`, so the waiter can tell this grant from
--- an older one); a head whose client does not listen (the message reaches nobody) is
--- dropped and the next one tried. A head that does not fit stops the hand-over; a head
--- of the other form ('<id>:<token>': its client waits for replicas) is woken to come
--- and take its permits itself.
+-- ttl) in this very step (q_offer); a head whose client does not listen is dropped and
+-- the next one tried. A head that does not fit stops the hand-over; a head of the other
+-- form ('<id>:<token>': its client waits for replicas) is woken to come and take its
+-- permits itself.
 local function q_hand_permits(holders, counts, q, c, counter, channel, grace, publish, free, now)
   if redis.call('EXISTS', q) == 0 then
     return
@@ -121,32 +150,22 @@ local function q_hand_permits(holders, counts, q, c, counter, channel, grace, pu
     if not head then
       return
     end
-    local sep = string.find(head, ':', 1, true)
-    local rest = string.sub(head, sep + 1)
-    if string.sub(rest, 1, 1) ~= '=' then
+    local id, wanted, token = q_hand_parts(head)
+    if not id then
       q_wake(q, c, channel, grace, publish)
       return
     end
-    local comma = string.find(rest, ',', 1, true)
-    local sep2 = string.find(rest, ':', 1, true)
-    local ttl = tonumber(string.sub(rest, 2, comma - 1))
-    local n = tonumber(string.sub(rest, comma + 1, sep2 - 1))
-    local token = string.sub(rest, sep2 + 1)
+    local comma = string.find(wanted, ',', 1, true)
+    local ttl = tonumber(string.sub(wanted, 1, comma - 1))
+    local n = tonumber(string.sub(wanted, comma + 1))
     if n > free then
       return
     end
-    q_leave(q, c, head)
-    local to = channel .. ':' .. string.sub(head, 1, sep - 1)
-    local seq = redis.pcall('INCR', counter)
-    if type(seq) == 'table' then
-      -- A broken counter: wake the waiter, whose own attempt takes the permits.
-      redis.call(publish, to, token)
+    local granted = q_offer(q, c, counter, channel, publish, head, id, token)
+    if granted == nil then
       return
     end
-    -- On a cluster the count is the shard node's own subscribers only: trusted nowhere
-    -- but on one server.
-    local heard = redis.call(publish, to, '!' .. seq .. ':' .. token)
-    if heard > 0 or publish == 'SPUBLISH' then
+    if granted then
       redis.call('ZADD', holders, now + ttl, token)
       redis.call('HSET', counts, token, n)
       local last = tonumber(redis.call('ZRANGE', holders, -1, -1, 'WITHSCORES')[2])

@@ -13,27 +13,16 @@ local function hand_over()
     if not head then
       return
     end
-    local sep = string.find(head, ':', 1, true)
-    local rest = string.sub(head, sep + 1)
-    if string.sub(rest, 1, 1) ~= '=' then
+    local id, ttl, token = q_hand_parts(head)
+    if not id then
       q_wake(q, c, ARGV[2], tonumber(ARGV[4]), publish)
       return
     end
-    local id = string.sub(head, 1, sep - 1)
-    local sep2 = string.find(rest, ':', 1, true)
-    local ttl, token = string.sub(rest, 2, sep2 - 1), string.sub(rest, sep2 + 1)
-    q_leave(q, c, head)
-    local fence = redis.pcall('INCR', KEYS[4])
-    local to = ARGV[2] .. ':' .. id
-    if type(fence) == 'table' then
-      -- A broken fence counter: wake the waiter, whose own attempt reports it.
-      redis.call(publish, to, token)
+    local granted = q_offer(q, c, KEYS[4], ARGV[2], publish, head, id, token)
+    if granted == nil then
       return
     end
-    -- On a cluster the count is the shard node's own subscribers only: trusted nowhere
-    -- but on one server.
-    local heard = redis.call(publish, to, '!' .. fence .. ':' .. token)
-    if heard > 0 or publish == 'SPUBLISH' then
+    if granted then
       redis.call('SET', KEYS[1], token, 'PX', ttl)
       return
     end
