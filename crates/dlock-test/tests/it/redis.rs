@@ -333,6 +333,63 @@ async fn a_fair_release_wakes_only_the_next_waiter_across_clients() {
     drop(g);
 }
 
+/// A waiter behind a queue head that never comes (its process died) is told to look again
+/// within its own lease, not when the head's claim ends, and claims no longer than that
+/// plus its grace: otherwise each dead waiter's claim would sit a grace past the one in
+/// front, and the queue's keys would outlive every waiter (the torture's orphan audit).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_behind_a_dead_head_claims_at_most_a_lease_and_a_grace() {
+    use dlock::raw::{Acquire, RawFair};
+    let t = RedisTarget::start();
+    let client = t.client().await;
+    let keys = dlock::keys::LockKeys::new(dlock::DEFAULT_FAIR_PREFIX, &unique("fair-chain"))
+        .expect("valid");
+    let (long, grace, short) = (
+        Duration::from_secs(20),
+        Duration::from_millis(500),
+        Duration::from_millis(300),
+    );
+    let token = || dlock::Token::random().expect("token");
+    let holder = token();
+    let granted = client.acquire_fair(&keys, &holder, long, grace).await;
+    assert!(
+        matches!(granted, Ok(Acquire::Acquired { .. })),
+        "{granted:?}"
+    );
+    // The head queues behind a 20 s lease (its claim: 20 s and a grace), then dies.
+    let head = client.acquire_fair(&keys, &token(), long, grace).await;
+    assert!(matches!(head, Ok(Acquire::Held { .. })), "{head:?}");
+    assert!(client.release_fair(&keys, &holder).await.expect("release"));
+    // Free, but reserved for the head for almost 20 s more.
+    let waiter = token();
+    let behind = client.acquire_fair(&keys, &waiter, short, grace).await;
+    let Ok(Acquire::Held {
+        remaining: Some(wait),
+    }) = behind
+    else {
+        panic!("not held for the head: {behind:?}");
+    };
+    assert!(
+        wait <= short,
+        "told to wait {wait:?}, beyond its {short:?} lease"
+    );
+    let mut admin = t.admin().await;
+    let ours: u64 = cmd(
+        &mut admin,
+        &["ZSCORE", &keys.companion("claims"), waiter.as_str()],
+    )
+    .await;
+    let now_ms = {
+        let (secs, micros): (u64, u64) = cmd(&mut admin, &["TIME"]).await;
+        secs * 1000 + micros / 1000
+    };
+    assert!(
+        ours <= now_ms + u64::try_from((short + grace).as_millis()).expect("ms"),
+        "claim {} ms ahead, beyond a lease and a grace",
+        ours - now_ms
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watchdog_pipelines_renewals_of_many_leases() {
     let t = RedisTarget::start();

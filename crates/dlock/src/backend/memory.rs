@@ -840,7 +840,11 @@ impl RawFair for Memory {
                 *fence += 1;
                 return Ok(Acquire::Acquired { fence: *fence });
             }
-            None => head_claim.map_or(Duration::ZERO, |c| c.saturating_duration_since(now)),
+            // At most a lease, as on Redis: claims behind a head that never comes must not
+            // chain (each a grace past the one in front).
+            None => head_claim
+                .map_or(Duration::ZERO, |c| c.saturating_duration_since(now))
+                .min(ttl),
         };
         if let Some(place) = queue.places.get_mut(token) {
             place.1 = now + wait + grace;

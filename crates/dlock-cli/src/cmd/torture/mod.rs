@@ -1003,16 +1003,51 @@ impl<'a> Store<'a> {
     /// present: on the server, on any RedLock node (counted per node), in memcached, or in
     /// etcd — there every key at a lock key or in its queue under `<lock key>/` counts.
     async fn count_present(&mut self, keys: &[String]) -> usize {
+        // Each key left is named on stderr with its remaining ttl and (for a sorted set,
+        // a waiter queue) its members and scores, so that a failed audit says what leaked.
         let exists = |admin: &mut redis::aio::ConnectionManager| {
             let mut admin = admin.clone();
             let keys = keys.to_vec();
             async move {
-                let n: i64 = redis::cmd("EXISTS")
-                    .arg(&keys)
-                    .query_async(&mut admin)
-                    .await
-                    .unwrap_or(0);
-                usize::try_from(n).unwrap_or(0)
+                let mut n = 0;
+                for key in &keys {
+                    let (present, pttl, kind): (i64, i64, String) = match redis::pipe()
+                        .exists(key)
+                        .pttl(key)
+                        .cmd("TYPE")
+                        .arg(key)
+                        .query_async(&mut admin)
+                        .await
+                    {
+                        Ok(r) => r,
+                        Err(_) => continue,
+                    };
+                    if present == 0 {
+                        continue;
+                    }
+                    n += 1;
+                    let members: Vec<(String, f64)> = if kind == "zset" {
+                        redis::cmd("ZRANGE")
+                            .arg(key)
+                            .arg(0)
+                            .arg(-1)
+                            .arg("WITHSCORES")
+                            .query_async(&mut admin)
+                            .await
+                            .unwrap_or_default()
+                    } else {
+                        Vec::new()
+                    };
+                    eprintln!(
+                        "dlock: torture: {key} ({kind}) still present after the run, pttl {pttl} ms{}",
+                        if members.is_empty() {
+                            String::new()
+                        } else {
+                            format!(", members {members:?}")
+                        }
+                    );
+                }
+                n
             }
         };
         match self {

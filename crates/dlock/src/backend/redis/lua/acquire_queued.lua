@@ -25,7 +25,7 @@ elseif head == nil or head == me then
   q_leave(KEYS[3], KEYS[4], me)
   return mint()
 else
-  wait = q_claim_left(KEYS[4], head, now)
+  wait = q_claim_left(KEYS[4], head, now, tonumber(ARGV[2]))
 end
 if ARGV[3] == 'wait' then
   q_join(KEYS[3], KEYS[4], me, now, arrival, wait, tonumber(ARGV[4]))

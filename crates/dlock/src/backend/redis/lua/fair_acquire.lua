@@ -43,7 +43,11 @@ if pttl ~= -2 then
 elseif head == ARGV[1] then
   return grant()
 else
-  wait = math.max(0, (tonumber(redis.call('ZSCORE', KEYS[3], head)) or now) - now)
+  -- At most a lease: a claim made behind the head's ends within a lease and a grace of
+  -- this attempt (uncapped, claims behind a head that never comes would chain, each a
+  -- grace past the one in front, and outlive every waiter).
+  wait = math.min(tonumber(ARGV[2]),
+    math.max(0, (tonumber(redis.call('ZSCORE', KEYS[3], head)) or now) - now))
 end
 redis.call('ZADD', KEYS[3], now + math.max(wait, 0) + tonumber(ARGV[3]), ARGV[1])
 local last = redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')[2]

@@ -38,9 +38,14 @@ local function q_head(q, c, now)
   return redis.call('ZRANGE', q, 0, 0)[1]
 end
 
--- Milliseconds until `token`'s claim lapses.
-local function q_claim_left(c, token, now)
-  return math.max(0, (tonumber(redis.call('ZSCORE', c, token)) or now) - now)
+-- Milliseconds until `token`'s claim lapses, at most `cap` (the caller's lease length).
+-- The cap keeps claims from chaining: a waiter behind the head claims until the head's
+-- claim ends plus its grace, so without it each waiter that dies behind a dead head would
+-- push the claims (and the sets' expiry) another grace further out; capped, every claim
+-- ends within a lease and a grace of the attempt that made it, and a waiter behind a head
+-- that does not come simply looks again after a lease.
+local function q_claim_left(c, token, now, cap)
+  return math.min(cap, math.max(0, (tonumber(redis.call('ZSCORE', c, token)) or now) - now))
 end
 
 -- Both sets live as long as the latest claim.

@@ -22,7 +22,7 @@ if kind == 'none' then
     local now, arrival = q_now()
     local head = q_head(KEYS[3], KEYS[4], now)
     if head ~= nil and head ~= me then
-      local wait = q_claim_left(KEYS[4], head, now)
+      local wait = q_claim_left(KEYS[4], head, now, tonumber(ARGV[3]))
       if ARGV[5] == 'wait' then
         q_join(KEYS[3], KEYS[4], me, now, arrival, wait, tonumber(ARGV[6]))
       end

@@ -69,7 +69,7 @@ if mine or (fits and (head == nil or head == me)) then
 end
 local wait = -1
 if fits then
-  wait = q_claim_left(KEYS[5], head, now)
+  wait = q_claim_left(KEYS[5], head, now, tonumber(ARGV[4]))
 else
   local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
   if first[2] then
