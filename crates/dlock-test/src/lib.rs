@@ -4,6 +4,8 @@
 //! * [`server::RedisServer`] spawns `redis-server` (from `PATH`, or `$DLOCK_REDIS_SERVER`)
 //!   on a free loopback port, can restart it empty, freeze (SIGSTOP) and thaw it, and kills
 //!   it on drop.
+//! * [`postgres::PostgresServer`] spawns a private PostgreSQL (Debian's `postgresql`
+//!   package), as the `postgres` user when the tests run as root.
 //! * [`conformance`] holds one function per behaviour, generic over a [`conformance::Target`].
 //! * [`targets`] has the targets of the built-in backends.
 
@@ -13,6 +15,7 @@
 pub mod cluster;
 pub mod conformance;
 pub mod family;
+pub mod postgres;
 pub mod proxy;
 pub mod server;
 pub mod targets;

@@ -229,3 +229,46 @@ impl Target for EtcdTarget {
         (wanted * 5).max(std::time::Duration::from_secs(2))
     }
 }
+
+/// A private PostgreSQL server; each client is its own pool of connections.
+#[derive(Debug)]
+pub struct PostgresTarget {
+    /// The server (public so tests can restart or freeze it).
+    pub server: crate::postgres::PostgresServer,
+}
+
+impl PostgresTarget {
+    /// Starts a private PostgreSQL.
+    ///
+    /// # Panics
+    /// If PostgreSQL cannot be started (the test cannot run without it).
+    pub fn start() -> PostgresTarget {
+        PostgresTarget {
+            server: crate::postgres::PostgresServer::start()
+                .expect("start postgres (apt-get install postgresql)"),
+        }
+    }
+}
+
+impl Target for PostgresTarget {
+    type Backend = dlock::backend::Postgres;
+
+    async fn client(&self) -> dlock::backend::Postgres {
+        dlock::backend::Postgres::connect(&self.server.url())
+            .await
+            .expect("connect to the test postgres")
+    }
+
+    /// Clears the holder as an operator's `UPDATE` would (the row, and with it the
+    /// name's fence counter, stays).
+    async fn delete_key(&self, key: &str) {
+        let admin = self.server.admin().await;
+        admin
+            .execute(
+                "UPDATE dlock.locks SET holder = NULL, expires_at = NULL WHERE key = $1",
+                &[&key],
+            )
+            .await
+            .expect("UPDATE");
+    }
+}

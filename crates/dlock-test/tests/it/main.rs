@@ -5,6 +5,7 @@ mod engine;
 mod etcd;
 mod memcached;
 mod memory;
+mod postgres;
 mod quorum;
 mod redis;
 mod sentinel;

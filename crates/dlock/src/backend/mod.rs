@@ -20,3 +20,8 @@ pub use self::memcached::Memcached;
 pub mod etcd;
 #[cfg(feature = "etcd")]
 pub use self::etcd::Etcd;
+
+#[cfg(feature = "postgres")]
+pub mod postgres;
+#[cfg(feature = "postgres")]
+pub use self::postgres::Postgres;

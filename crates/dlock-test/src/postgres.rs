@@ -1,0 +1,347 @@
+//! A private PostgreSQL server on a free loopback port, killed on drop.
+//!
+//! The binaries come from `$DLOCK_PG_BIN`, else the newest `/usr/lib/postgresql/<N>/bin`
+//! (Debian's `postgresql` package), else `pg_config --bindir`. `initdb` runs once per test
+//! process into a template directory that every server copies. PostgreSQL refuses to run
+//! as root; when the tests run as root (CI does), the directories are given to the
+//! package's `postgres` user and every binary runs through `setpriv` as that user (it
+//! execs, so the child process is the postmaster itself).
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use crate::server::free_port;
+
+/// Environment variable naming PostgreSQL's bin directory.
+pub const PG_BIN_ENV: &str = "DLOCK_PG_BIN";
+/// The superuser `initdb` creates (trust authentication on loopback).
+pub const SUPERUSER: &str = "dlock";
+
+const READY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// PostgreSQL's bin directory.
+fn bin_dir() -> io::Result<PathBuf> {
+    if let Some(dir) = std::env::var_os(PG_BIN_ENV) {
+        return Ok(PathBuf::from(dir));
+    }
+    let mut versions: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let v = e.file_name().to_str()?.parse().ok()?;
+            let bin = e.path().join("bin");
+            bin.join("postgres").exists().then_some((v, bin))
+        })
+        .collect();
+    versions.sort();
+    if let Some((_, bin)) = versions.pop() {
+        return Ok(bin);
+    }
+    let out = Command::new("pg_config")
+        .arg("--bindir")
+        .output()
+        .map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!(
+                    "PostgreSQL not found (apt-get install postgresql, or set {PG_BIN_ENV}): {e}"
+                ),
+            )
+        })?;
+    Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
+}
+
+/// Whether this process runs as root (PostgreSQL then runs as `postgres`).
+fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
+        s.lines()
+            .find_map(|l| l.strip_prefix("Uid:"))
+            .and_then(|ids| ids.split_whitespace().nth(1))
+            == Some("0")
+    })
+}
+
+/// A command for PostgreSQL binary `name`, as the `postgres` user when we are root.
+fn pg_command(name: &str) -> io::Result<Command> {
+    let bin = bin_dir()?.join(name);
+    Ok(if is_root() {
+        let mut c = Command::new("setpriv");
+        c.args([
+            "--reuid=postgres",
+            "--regid=postgres",
+            "--init-groups",
+            "--",
+        ])
+        .arg(bin);
+        c
+    } else {
+        Command::new(bin)
+    })
+}
+
+/// Gives `path` (recursively) to the `postgres` user when we are root.
+fn hand_over(path: &Path) -> io::Result<()> {
+    if is_root() {
+        let status = Command::new("chown")
+            .args(["-R", "postgres:postgres"])
+            .arg(path)
+            .status()?;
+        if !status.success() {
+            return Err(io::Error::other(format!(
+                "chown {}: {status}",
+                path.display()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The initialised data directory every server copies: made once per machine and
+/// PostgreSQL version (`initdb` into a private directory, then renamed into place, so
+/// concurrent test processes never see half of one), reused by later runs.
+fn template() -> io::Result<&'static Path> {
+    static TEMPLATE: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    let made = TEMPLATE.get_or_init(|| {
+        let bin = bin_dir().map_err(|e| e.to_string())?;
+        let version = bin
+            .parent()
+            .and_then(|p| p.file_name())
+            .map_or_else(|| "pg".to_owned(), |v| v.to_string_lossy().into_owned());
+        let dir = std::env::temp_dir().join(format!("dlock-pg-template-{version}"));
+        if dir.join("PG_VERSION").exists() {
+            return Ok(dir);
+        }
+        let fresh = std::env::temp_dir().join(format!(
+            "dlock-pg-template-{version}.{}",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_dir_all(&fresh);
+        std::fs::create_dir_all(&fresh).map_err(|e| e.to_string())?;
+        hand_over(&fresh).map_err(|e| e.to_string())?;
+        let out = pg_command("initdb")
+            .map_err(|e| e.to_string())?
+            .args([
+                "-U",
+                SUPERUSER,
+                "--auth=trust",
+                "--no-sync",
+                "--locale=C",
+                "-E",
+                "UTF8",
+                "-D",
+            ])
+            .arg(&fresh)
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| format!("cannot run initdb: {e}"))?;
+        if !out.status.success() {
+            let _ = std::fs::remove_dir_all(&fresh);
+            return Err(format!(
+                "initdb failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+        if std::fs::rename(&fresh, &dir).is_err() {
+            // Another process put its template there first.
+            let _ = std::fs::remove_dir_all(&fresh);
+        }
+        if dir.join("PG_VERSION").exists() {
+            Ok(dir)
+        } else {
+            Err(format!("no PostgreSQL template at {}", dir.display()))
+        }
+    });
+    made.as_deref().map_err(|e| io::Error::other(e.clone()))
+}
+
+/// A `postgres` server listening on `127.0.0.1:<port>` (and a unix socket in its data
+/// directory), in its own process group. Dropping it kills the group and removes the data.
+#[derive(Debug)]
+pub struct PostgresServer {
+    child: Option<Child>,
+    port: u16,
+    dir: PathBuf,
+    frozen: bool,
+}
+
+impl PostgresServer {
+    /// Starts a server on a free loopback port and waits until it accepts connections.
+    ///
+    /// # Errors
+    /// PostgreSQL is missing, `initdb` failed, or no server became ready on a few ports.
+    pub fn start() -> io::Result<PostgresServer> {
+        let template = template()?;
+        let mut last_err = None;
+        for _ in 0..5 {
+            let port = free_port()?;
+            let dir = std::env::temp_dir().join(format!("dlock-pg-{}-{port}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&dir);
+            let status = Command::new("cp")
+                .arg("-a")
+                .arg(template)
+                .arg(&dir)
+                .status()?;
+            if !status.success() {
+                return Err(io::Error::other(format!(
+                    "cp -a {}: {status}",
+                    template.display()
+                )));
+            }
+            let mut server = PostgresServer {
+                child: None,
+                port,
+                dir,
+                frozen: false,
+            };
+            match server.spawn() {
+                Ok(()) => return Ok(server),
+                Err(e) => last_err = Some(e),
+            }
+        }
+        Err(last_err.unwrap_or_else(|| io::Error::other("postgres did not start")))
+    }
+
+    fn spawn(&mut self) -> io::Result<()> {
+        use std::os::unix::process::CommandExt;
+        let port = self.port.to_string();
+        let mut child = pg_command("postgres")?
+            .arg("-D")
+            .arg(&self.dir)
+            .args(["-p", &port, "-k"])
+            .arg(&self.dir)
+            .args([
+                "-c",
+                "listen_addresses=127.0.0.1",
+                "-c",
+                "fsync=off",
+                "-c",
+                "shared_buffers=16MB",
+                "-c",
+                "max_connections=100",
+            ])
+            .process_group(0)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| io::Error::new(e.kind(), format!("cannot run postgres: {e}")))?;
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            if let Some(status) = child.try_wait()? {
+                return Err(io::Error::other(format!("postgres exited early: {status}")));
+            }
+            let ready = Command::new(bin_dir()?.join("pg_isready"))
+                .args(["-q", "-h", "127.0.0.1", "-p", &port, "-U", SUPERUSER])
+                .status()
+                .is_ok_and(|s| s.success());
+            if ready {
+                self.child = Some(child);
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "postgres not ready",
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Signals the server's process group (postmaster and backends).
+    fn signal(&self, signal: &str) {
+        if let Some(child) = &self.child {
+            let _ = Command::new("kill")
+                .args([signal, "--", &format!("-{}", child.id())])
+                .status();
+        }
+    }
+
+    fn stop(&mut self) {
+        if self.frozen {
+            self.signal("-CONT");
+            self.frozen = false;
+        }
+        self.signal("-KILL");
+        if let Some(mut child) = self.child.take() {
+            let _ = child.wait();
+        }
+    }
+
+    /// The port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// A URL for the `postgres` database as the superuser.
+    pub fn url(&self) -> String {
+        format!("postgres://{SUPERUSER}@127.0.0.1:{}/postgres", self.port)
+    }
+
+    /// The same server through its unix socket (libpq's `host=` parameter).
+    pub fn socket_url(&self) -> String {
+        format!(
+            "postgres://{SUPERUSER}@/postgres?host={}&port={}",
+            self.dir.display(),
+            self.port
+        )
+    }
+
+    /// Kills the server (SIGKILL, every backend with it) and starts it again on the same
+    /// data directory and port: committed data survives, as after a crash.
+    ///
+    /// # Errors
+    /// It did not come back.
+    pub fn restart(&mut self) -> io::Result<()> {
+        self.stop();
+        // The postmaster's shared memory and pid file outlive a SIGKILL for a moment.
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            match self.spawn() {
+                Ok(()) => return Ok(()),
+                Err(e) if Instant::now() > deadline => return Err(e),
+                Err(_) => std::thread::sleep(Duration::from_millis(200)),
+            }
+        }
+    }
+
+    /// Stops the whole server (SIGSTOP to its process group): connections stay open but
+    /// nothing answers.
+    pub fn freeze(&mut self) {
+        self.signal("-STOP");
+        self.frozen = true;
+    }
+
+    /// Continues a frozen server.
+    pub fn thaw(&mut self) {
+        self.signal("-CONT");
+        self.frozen = false;
+    }
+
+    /// An admin connection (superuser), driven on the current runtime.
+    ///
+    /// # Panics
+    /// If the server does not answer.
+    pub async fn admin(&self) -> tokio_postgres::Client {
+        let (client, connection) = tokio_postgres::connect(&self.url(), tokio_postgres::NoTls)
+            .await
+            .expect("admin connection");
+        tokio::spawn(async move {
+            let _ = connection.await;
+        });
+        client
+    }
+}
+
+impl Drop for PostgresServer {
+    fn drop(&mut self) {
+        self.stop();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

@@ -1,0 +1,777 @@
+//! PostgreSQL: seed 000's database lock, as a lease with a durable fence.
+//!
+//! Each lock name is one row of `<schema>.locks` (`key`, `holder`, `expires_at`, `fence`),
+//! and every operation is **one statement** on a pooled connection, so it is atomic by
+//! PostgreSQL's row locking and needs no transaction of its own:
+//!
+//! * **Acquire**: `INSERT … ON CONFLICT (key) DO UPDATE … WHERE` the row is free (no
+//!   holder, or its lease ran out by the *server's* clock, `clock_timestamp()`) or already
+//!   ours; the grant sets the holder and its expiry and increments the row's `fence` in
+//!   the same step. A repeat of a granted request (its reply lost) finds our own token,
+//!   renews the expiry and reports the same fence. When the row is held, the same
+//!   statement reports the holder's remaining lease (the waiter's fallback timer).
+//! * **Release** / **extend**: `UPDATE … WHERE key = $1 AND holder = $2 AND expires_at >
+//!   clock_timestamp()` — compare-and-delete and compare-and-extend in one statement.
+//! * **Renewal** of many leases (the watchdog's [`extend_many`](RawLock::extend_many)):
+//!   one `UPDATE … FROM unnest(…)` for the whole batch, one round trip.
+//! * **Waiting**: waiters sleep until the holder's remaining lease, backing off (10 ms
+//!   doubling to 500 ms, [`Retry`](crate::Retry)) in between; `LISTEN`/`NOTIFY` wake-ups
+//!   are not built yet.
+//!
+//! # Fences survive restarts
+//!
+//! A release clears the holder but keeps the row, so its `fence` only ever grows; the
+//! grant that increments it commits like any write (WAL; `synchronous_commit` is on by
+//! default), so fences strictly increase per name **across server restarts and crashes**
+//! — unlike Redis without `appendfsync always`. What loses them: a failover to an
+//! asynchronous standby that had not received the last commits (fences can then repeat),
+//! restoring an older backup, or deleting the rows by hand.
+//!
+//! # Schema
+//!
+//! On connect, the client creates what it needs if it is missing (idempotent; concurrent
+//! first connects are serialised by a transaction-scoped advisory lock):
+//!
+//! ```sql
+//! CREATE SCHEMA IF NOT EXISTS dlock;
+//! CREATE TABLE IF NOT EXISTS dlock.locks (
+//!     key        text COLLATE "C" PRIMARY KEY,
+//!     holder     text,
+//!     expires_at timestamptz,
+//!     fence      bigint NOT NULL DEFAULT 0
+//! );
+//! ```
+//!
+//! The schema name is `dlock` unless the URL says `?schema=<name>` (lowercase letters,
+//! digits and `_`, at most 63 bytes). If the table exists already, nothing is created, so
+//! a role without `CREATE` can use a schema a DBA made with the statements above
+//! ([`schema_sql`]). At run time the role needs `USAGE` on the schema and `SELECT`,
+//! `INSERT`, `UPDATE` on the table.
+//!
+//! # Connections
+//!
+//! A pool (deadpool-postgres) of at most `max_connections` connections (8 by default, or
+//! `?max_connections=N`): each call takes one for its one statement. A broken connection
+//! is dropped and replaced on the next call; every call is bounded by 5 s (`TimedOut`).
+//! Everything else in the URL is libpq's (`postgres://user:pass@host:port/db`,
+//! `postgresql://…`, `?host=/run/postgresql` for a unix socket, `application_name`, …);
+//! TLS is not supported yet (`sslmode=require` fails to connect).
+
+use std::fmt::Write as _;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, PoolError, RecyclingMethod};
+use tokio_postgres::error::SqlState;
+use tokio_postgres::types::ToSql;
+use tokio_postgres::{NoTls, Row};
+
+use crate::engine::Engine;
+use crate::error::{Error, ErrorKind, Result};
+use crate::keys::LockKeys;
+use crate::raw::{Acquire, LockState, RawFencing, RawInspect, RawLock, Renewal};
+use crate::token::Token;
+
+/// The schema dlock's table lives in unless the URL names another (`?schema=`).
+pub const DEFAULT_SCHEMA: &str = "dlock";
+/// How many connections one client opens at most unless its URL says otherwise
+/// (`?max_connections=N`).
+pub const DEFAULT_MAX_CONNECTIONS: usize = 8;
+/// The largest `max_connections` a URL may ask for.
+pub const MAX_CONNECTIONS_LIMIT: usize = 1024;
+/// The bound on one call: taking a connection (or opening one) plus its statement.
+const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+/// A namespace for the advisory lock that serialises schema creation (two-int form, so it
+/// never collides with an application's one-bigint advisory locks).
+const MIGRATION_LOCK_CLASS: i32 = 0x646c_6f63; // "dloc"
+
+/// A PostgreSQL client for locks: a pool of connections, one statement per operation.
+/// Cheap to clone; clones share the pool and the watchdog.
+///
+/// ```no_run
+/// # async fn demo() -> dlock::Result<()> {
+/// let pg = dlock::backend::Postgres::connect("postgres://app:secret@127.0.0.1/app").await?;
+/// let lock = dlock::Lock::builder(pg, "nightly").build()?;
+/// let guard = lock.lock().await?;
+/// println!("fence {}", guard.fencing_token());
+/// guard.release().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Postgres {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    pool: Pool,
+    sql: Statements,
+    store_id: String,
+    engine: Engine,
+}
+
+/// dlock's statements, with the schema's name filled in.
+struct Statements {
+    acquire: String,
+    release: String,
+    extend: String,
+    extend_many: String,
+    inspect: String,
+    force_unlock: String,
+    list: String,
+}
+
+impl Statements {
+    fn new(schema: &str) -> Statements {
+        let t = format!("\"{schema}\".locks");
+        // Milliseconds left of a lease, by the server's clock (never negative).
+        let left = "greatest(0, ceil(extract(epoch FROM (l.expires_at - clock_timestamp())) * 1000))::bigint";
+        Statements {
+            // The upsert grants (or repeats our own grant) in one step; when it did not
+            // (the row is someone else's), the second branch reports that holder's lease.
+            // Both see the row as of this statement: held rows are not changed by it.
+            acquire: format!(
+                "WITH g AS (
+                   INSERT INTO {t} AS l (key, holder, expires_at, fence)
+                   VALUES ($1::text, $2::text, clock_timestamp() + $3::bigint * interval '1 millisecond', 1)
+                   ON CONFLICT (key) DO UPDATE SET
+                     holder = excluded.holder,
+                     expires_at = excluded.expires_at,
+                     fence = CASE WHEN l.holder = excluded.holder AND l.expires_at > clock_timestamp()
+                                  THEN l.fence ELSE l.fence + 1 END
+                   WHERE l.holder IS NULL OR l.expires_at <= clock_timestamp()
+                      OR l.holder = excluded.holder
+                   RETURNING l.fence)
+                 SELECT true, g.fence, 0::bigint FROM g
+                 UNION ALL
+                 SELECT false, l.fence, CASE WHEN l.expires_at IS NULL THEN -1 ELSE {left} END
+                   FROM {t} l WHERE l.key = $1 AND NOT EXISTS (SELECT 1 FROM g)"
+            ),
+            release: format!(
+                "UPDATE {t} SET holder = NULL, expires_at = NULL
+                 WHERE key = $1 AND holder = $2 AND expires_at > clock_timestamp()"
+            ),
+            extend: format!(
+                "UPDATE {t} SET expires_at = clock_timestamp() + $3::bigint * interval '1 millisecond'
+                 WHERE key = $1 AND holder = $2 AND expires_at > clock_timestamp()"
+            ),
+            // Rows are taken in key order, so two batches never wait for each other in a
+            // circle.
+            extend_many: format!(
+                "WITH u AS (SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[])
+                              WITH ORDINALITY AS u(key, holder, ttl, i)),
+                      r AS (SELECT l.key FROM {t} l JOIN u ON l.key = u.key AND l.holder = u.holder
+                            ORDER BY l.key FOR UPDATE OF l)
+                 UPDATE {t} l SET expires_at = clock_timestamp() + u.ttl * interval '1 millisecond'
+                 FROM u WHERE l.key = u.key AND l.key IN (SELECT key FROM r)
+                   AND l.holder = u.holder AND l.expires_at > clock_timestamp()
+                 RETURNING u.i"
+            ),
+            inspect: format!(
+                "SELECT CASE WHEN l.expires_at > clock_timestamp() THEN l.holder END,
+                        CASE WHEN l.expires_at > clock_timestamp() THEN {left} END,
+                        l.fence
+                 FROM {t} l WHERE l.key = $1"
+            ),
+            force_unlock: format!(
+                "UPDATE {t} SET holder = NULL, expires_at = NULL
+                 WHERE key = $1 AND expires_at > clock_timestamp()"
+            ),
+            list: format!(
+                "SELECT key FROM {t}
+                 WHERE starts_with(key, $1) AND expires_at > clock_timestamp()"
+            ),
+        }
+    }
+}
+
+/// The statements that create dlock's table in `schema` (what a client runs on first use
+/// when the table is missing), for a DBA who prefers to create it by hand.
+///
+/// # Errors
+/// [`ErrorKind::InvalidArgument`] for a schema name dlock does not accept.
+pub fn schema_sql(schema: &str) -> Result<String> {
+    check_schema(schema)?;
+    Ok(format!(
+        "CREATE SCHEMA IF NOT EXISTS \"{schema}\";
+CREATE TABLE IF NOT EXISTS \"{schema}\".locks (
+    key        text COLLATE \"C\" PRIMARY KEY,
+    holder     text,
+    expires_at timestamptz,
+    fence      bigint NOT NULL DEFAULT 0
+);
+"
+    ))
+}
+
+fn check_schema(schema: &str) -> Result<()> {
+    let ok = !schema.is_empty()
+        && schema.len() <= 63
+        && !schema.starts_with(|c: char| c.is_ascii_digit())
+        && schema
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::invalid(format!(
+            "invalid postgres schema name {schema:?}: use lowercase letters, digits and '_' (at most 63 bytes, not starting with a digit)"
+        )))
+    }
+}
+
+/// What a URL asks of dlock, apart from what it tells libpq.
+#[derive(Debug, PartialEq, Eq)]
+struct Url {
+    /// The URL without dlock's own parameters, for `tokio_postgres::Config`.
+    libpq: String,
+    schema: String,
+    max_connections: usize,
+}
+
+/// Splits dlock's own query parameters (`schema`, `max_connections`) off a
+/// `postgres://` or `postgresql://` URL.
+fn parse_url(url: &str) -> Result<Url> {
+    let bad = |why: &str| Error::invalid(format!("invalid postgres URL {}: {why}", redact(url)));
+    if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+        return Err(bad("expected postgres://user:password@host:port/database"));
+    }
+    let (base, query) = url.split_once('?').unwrap_or((url, ""));
+    let mut schema = DEFAULT_SCHEMA.to_owned();
+    let mut max_connections = DEFAULT_MAX_CONNECTIONS;
+    let mut rest = Vec::new();
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        match pair.split_once('=') {
+            Some(("schema", v)) => schema = v.to_owned(),
+            Some(("max_connections", v)) => {
+                max_connections = v
+                    .parse()
+                    .ok()
+                    .filter(|n| (1..=MAX_CONNECTIONS_LIMIT).contains(n))
+                    .ok_or_else(|| {
+                        bad(&format!(
+                            "max_connections must be 1 to {MAX_CONNECTIONS_LIMIT}"
+                        ))
+                    })?;
+            }
+            _ => rest.push(pair),
+        }
+    }
+    check_schema(&schema)?;
+    let mut libpq = base.to_owned();
+    if !rest.is_empty() {
+        libpq.push('?');
+        libpq.push_str(&rest.join("&"));
+    }
+    Ok(Url {
+        libpq,
+        schema,
+        max_connections,
+    })
+}
+
+/// The URL with its password replaced by `***`, for messages.
+pub fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    // The authority ends at the first '/' or '?'; its user info at the last '@'.
+    let end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(end);
+    let mut out = format!("{scheme}://");
+    match authority.rsplit_once('@') {
+        Some((userinfo, host)) => match userinfo.split_once(':') {
+            Some((user, _)) => {
+                let _ = write!(out, "{user}:***@{host}");
+            }
+            None => {
+                let _ = write!(out, "{userinfo}@{host}");
+            }
+        },
+        None => out.push_str(authority),
+    }
+    // A password can also come as a query parameter.
+    let (path, query) = tail.split_once('?').unwrap_or((tail, ""));
+    out.push_str(path);
+    if !tail.contains('?') {
+        return out;
+    }
+    let query = query
+        .split('&')
+        .map(|p| match p.split_once('=') {
+            Some(("password", _)) => "password=***".to_owned(),
+            _ => p.to_owned(),
+        })
+        .collect::<Vec<_>>()
+        .join("&");
+    out.push('?');
+    out.push_str(&query);
+    out
+}
+
+/// Maps a driver error to dlock's kinds: connection failures are `Unavailable` (retryable),
+/// a cancelled statement `TimedOut`, refusals (privileges, a read-only server, a wrong
+/// password) `Backend`.
+fn map_err(err: &tokio_postgres::Error, doing: &str) -> Error {
+    let detail = err.to_string();
+    let Some(code) = err.code() else {
+        // No SQLSTATE: the connection (I/O, closed, TLS), or the client itself (a value
+        // it could not encode or decode: dlock's bug, not the network's).
+        let io = std::error::Error::source(err).is_some_and(|s| s.is::<std::io::Error>());
+        let kind = if err.is_closed() || io {
+            ErrorKind::Unavailable
+        } else {
+            ErrorKind::Backend
+        };
+        return Error::new(kind, format!("{doing}: {detail}"));
+    };
+    let db = err
+        .as_db_error()
+        .map_or_else(|| detail.clone(), |d| d.message().to_owned());
+    let class = &code.code()[..2];
+    if *code == SqlState::QUERY_CANCELED {
+        Error::new(
+            ErrorKind::TimedOut,
+            format!("{doing}: the statement was cancelled: {db}"),
+        )
+    } else if class == "08"
+        || *code == SqlState::ADMIN_SHUTDOWN
+        || *code == SqlState::CRASH_SHUTDOWN
+        || *code == SqlState::CANNOT_CONNECT_NOW
+        || *code == SqlState::T_R_DEADLOCK_DETECTED
+        || *code == SqlState::T_R_SERIALIZATION_FAILURE
+    {
+        Error::new(ErrorKind::Unavailable, format!("{doing}: {db}"))
+    } else if *code == SqlState::INVALID_PASSWORD || class == "28" {
+        Error::new(
+            ErrorKind::Backend,
+            format!("{doing}: authentication failed: {db}"),
+        )
+    } else if *code == SqlState::INSUFFICIENT_PRIVILEGE {
+        Error::new(
+            ErrorKind::Backend,
+            format!(
+                "{doing}: the role lacks a privilege dlock needs (USAGE on the schema; SELECT, INSERT, UPDATE on its locks table; CREATE for the first use): {db}"
+            ),
+        )
+    } else if *code == SqlState::READ_ONLY_SQL_TRANSACTION {
+        Error::new(
+            ErrorKind::Backend,
+            format!(
+                "{doing}: the server is read-only (a standby, or default_transaction_read_only): locks need the primary: {db}"
+            ),
+        )
+    } else {
+        Error::new(
+            ErrorKind::Backend,
+            format!("{doing}: {db} (SQLSTATE {})", code.code()),
+        )
+    }
+}
+
+fn map_pool_err(err: PoolError, doing: &str) -> Error {
+    match err {
+        PoolError::Backend(e) => map_err(&e, doing),
+        PoolError::Timeout(_) => Error::new(
+            ErrorKind::TimedOut,
+            format!("{doing}: no connection in time"),
+        ),
+        other => Error::new(ErrorKind::Unavailable, format!("{doing}: {other}")),
+    }
+}
+
+fn ttl_ms(ttl: Duration) -> Result<i64> {
+    let ms = i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX);
+    if ms < 1 {
+        return Err(Error::invalid("a postgres lease must be at least 1 ms"));
+    }
+    Ok(ms)
+}
+
+fn fence_of(v: i64) -> u64 {
+    u64::try_from(v).unwrap_or(0)
+}
+
+impl std::fmt::Debug for Postgres {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Postgres")
+            .field("store", &self.inner.store_id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Postgres {
+    /// Connects to the server at `url` (`postgres://` or `postgresql://`, as libpq takes
+    /// it, plus dlock's `schema` and `max_connections` parameters), checks that it takes
+    /// writes, and creates dlock's table if it is missing (see the [module docs](self)).
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidArgument`] for a malformed URL; [`ErrorKind::Unavailable`] if
+    /// the server cannot be reached; [`ErrorKind::Backend`] for a wrong password, a
+    /// read-only server, or a role that may not create the missing table. Passwords never
+    /// appear in messages.
+    pub async fn connect(url: &str) -> Result<Postgres> {
+        let parsed = parse_url(url)?;
+        let config = tokio_postgres::Config::from_str(&parsed.libpq)
+            .map_err(|e| Error::invalid(format!("invalid postgres URL {}: {e}", redact(url))))?;
+        let manager = Manager::from_config(
+            config.clone(),
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(parsed.max_connections)
+            .runtime(deadpool_postgres::Runtime::Tokio1)
+            .create_timeout(Some(CALL_TIMEOUT))
+            .wait_timeout(Some(CALL_TIMEOUT))
+            .recycle_timeout(Some(CALL_TIMEOUT))
+            .build()
+            .map_err(|e| Error::invalid(format!("postgres pool: {e}")))?;
+        let hosts = config
+            .get_hosts()
+            .iter()
+            .map(|h| match h {
+                tokio_postgres::config::Host::Tcp(h) => h.clone(),
+                #[cfg(unix)]
+                tokio_postgres::config::Host::Unix(p) => p.display().to_string(),
+            })
+            .collect::<Vec<_>>()
+            .join(",");
+        let ports = config
+            .get_ports()
+            .iter()
+            .map(u16::to_string)
+            .collect::<Vec<_>>()
+            .join(",");
+        let store_id = format!(
+            "postgres:{hosts}:{ports}/{}/{}",
+            config.get_dbname().unwrap_or(""),
+            parsed.schema
+        );
+        let pg = Postgres {
+            inner: Arc::new(Inner {
+                pool,
+                sql: Statements::new(&parsed.schema),
+                store_id,
+                engine: Engine::new(),
+            }),
+        };
+        pg.migrate(&parsed.schema).await.map_err(|e| {
+            let message = format!("connecting to {}: {}", redact(url), e.message());
+            Error::new(e.kind(), message).retryable(e.is_retryable())
+        })?;
+        Ok(pg)
+    }
+
+    /// Refuses a read-only server, then creates the schema and table unless the table is
+    /// there already (so a role without `CREATE` can use a table a DBA made).
+    async fn migrate(&self, schema: &str) -> Result<()> {
+        let doing = "preparing dlock's table";
+        let work = async {
+            let mut client = self
+                .inner
+                .pool
+                .get()
+                .await
+                .map_err(|e| map_pool_err(e, doing))?;
+            let row = client
+                .query_one(
+                    "SELECT current_setting('transaction_read_only') = 'on',
+                            to_regclass($1) IS NOT NULL",
+                    &[&format!("\"{schema}\".locks")],
+                )
+                .await
+                .map_err(|e| map_err(&e, doing))?;
+            if row.get::<_, bool>(0) {
+                return Err(Error::new(
+                    ErrorKind::Backend,
+                    "the server is read-only (a standby, or default_transaction_read_only): locks need the primary",
+                ));
+            }
+            if row.get::<_, bool>(1) {
+                return Ok(());
+            }
+            let tx = client.transaction().await.map_err(|e| map_err(&e, doing))?;
+            tx.execute(
+                "SELECT pg_advisory_xact_lock($1, hashtext($2))",
+                &[&MIGRATION_LOCK_CLASS, &schema],
+            )
+            .await
+            .map_err(|e| map_err(&e, doing))?;
+            tx.batch_execute(&schema_sql(schema)?)
+                .await
+                .map_err(|e| map_err(&e, doing))?;
+            tx.commit().await.map_err(|e| map_err(&e, doing))
+        };
+        tokio::time::timeout(CALL_TIMEOUT, work)
+            .await
+            .map_err(|_| Error::new(ErrorKind::TimedOut, format!("{doing}: no reply in time")))?
+    }
+
+    /// Runs one of dlock's statements (prepared once per connection) within the call bound.
+    async fn query(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+        doing: &'static str,
+    ) -> Result<Vec<Row>> {
+        let work = async {
+            let client = self
+                .inner
+                .pool
+                .get()
+                .await
+                .map_err(|e| map_pool_err(e, doing))?;
+            let statement = client
+                .prepare_cached(sql)
+                .await
+                .map_err(|e| map_err(&e, doing))?;
+            client
+                .query(&statement, params)
+                .await
+                .map_err(|e| map_err(&e, doing))
+        };
+        tokio::time::timeout(CALL_TIMEOUT, work)
+            .await
+            .map_err(|_| Error::new(ErrorKind::TimedOut, format!("{doing}: no reply in time")))?
+    }
+}
+
+impl RawLock for Postgres {
+    async fn acquire(&self, keys: &LockKeys, token: &Token, ttl: Duration) -> Result<Acquire> {
+        let ms = ttl_ms(ttl)?;
+        let rows = self
+            .query(
+                &self.inner.sql.acquire,
+                &[&keys.lock(), &token.as_str(), &ms],
+                "acquiring a lock",
+            )
+            .await?;
+        Ok(match rows.first() {
+            Some(row) if row.get::<_, bool>(0) => Acquire::Acquired {
+                fence: fence_of(row.get(1)),
+            },
+            Some(row) => Acquire::Held {
+                remaining: u64::try_from(row.get::<_, i64>(2))
+                    .ok()
+                    .map(Duration::from_millis),
+            },
+            // Granted to another client concurrently, after this statement's snapshot.
+            None => Acquire::Held { remaining: None },
+        })
+    }
+
+    async fn release(&self, keys: &LockKeys, token: &Token) -> Result<bool> {
+        let rows = self
+            .query_count(
+                &self.inner.sql.release,
+                &[&keys.lock(), &token.as_str()],
+                "releasing a lock",
+            )
+            .await?;
+        Ok(rows == 1)
+    }
+
+    async fn extend(&self, keys: &LockKeys, token: &Token, ttl: Duration) -> Result<bool> {
+        let ms = ttl_ms(ttl)?;
+        let rows = self
+            .query_count(
+                &self.inner.sql.extend,
+                &[&keys.lock(), &token.as_str(), &ms],
+                "extending a lock",
+            )
+            .await?;
+        Ok(rows == 1)
+    }
+
+    async fn extend_many(&self, renewals: &[Renewal]) -> Vec<Result<bool>> {
+        let mut keys = Vec::with_capacity(renewals.len());
+        let mut tokens = Vec::with_capacity(renewals.len());
+        let mut ttls = Vec::with_capacity(renewals.len());
+        for r in renewals {
+            keys.push(r.keys.lock());
+            tokens.push(r.token.as_str());
+            ttls.push(ttl_ms(r.ttl).unwrap_or(i64::MAX));
+        }
+        match self
+            .query(
+                &self.inner.sql.extend_many,
+                &[&keys, &tokens, &ttls],
+                "renewing leases",
+            )
+            .await
+        {
+            Ok(rows) => {
+                let mut renewed = vec![false; renewals.len()];
+                for row in rows {
+                    let i = row.get::<_, i64>(0);
+                    if let Some(slot) = usize::try_from(i - 1).ok().and_then(|i| renewed.get_mut(i))
+                    {
+                        *slot = true;
+                    }
+                }
+                renewed.into_iter().map(Ok).collect()
+            }
+            Err(e) => renewals
+                .iter()
+                .map(|_| {
+                    Err(Error::new(e.kind(), e.message().to_owned()).retryable(e.is_retryable()))
+                })
+                .collect(),
+        }
+    }
+
+    fn store_id(&self) -> String {
+        self.inner.store_id.clone()
+    }
+
+    fn engine(&self) -> &Engine {
+        &self.inner.engine
+    }
+}
+
+impl Postgres {
+    /// Runs a statement and returns how many rows it changed.
+    async fn query_count(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+        doing: &'static str,
+    ) -> Result<u64> {
+        let work = async {
+            let client = self
+                .inner
+                .pool
+                .get()
+                .await
+                .map_err(|e| map_pool_err(e, doing))?;
+            let statement = client
+                .prepare_cached(sql)
+                .await
+                .map_err(|e| map_err(&e, doing))?;
+            client
+                .execute(&statement, params)
+                .await
+                .map_err(|e| map_err(&e, doing))
+        };
+        tokio::time::timeout(CALL_TIMEOUT, work)
+            .await
+            .map_err(|_| Error::new(ErrorKind::TimedOut, format!("{doing}: no reply in time")))?
+    }
+}
+
+/// Fences are the row's counter, incremented by the granting statement itself and kept
+/// across releases and restarts; see the module docs for what can still repeat them.
+impl RawFencing for Postgres {}
+
+impl RawInspect for Postgres {
+    async fn inspect(&self, keys: &LockKeys) -> Result<LockState> {
+        let rows = self
+            .query(
+                &self.inner.sql.inspect,
+                &[&keys.lock()],
+                "inspecting a lock",
+            )
+            .await?;
+        Ok(match rows.first() {
+            Some(row) => {
+                let fence = fence_of(row.get(2));
+                LockState::new(
+                    row.get::<_, Option<String>>(0),
+                    row.get::<_, Option<i64>>(1)
+                        .and_then(|ms| u64::try_from(ms).ok())
+                        .map(Duration::from_millis),
+                    (fence > 0).then_some(fence),
+                )
+            }
+            None => LockState::new(None, None, None),
+        })
+    }
+
+    async fn force_unlock(&self, keys: &LockKeys) -> Result<bool> {
+        let rows = self
+            .query_count(
+                &self.inner.sql.force_unlock,
+                &[&keys.lock()],
+                "force-unlocking a lock",
+            )
+            .await?;
+        Ok(rows == 1)
+    }
+
+    async fn list(&self, prefix: &str, pattern: &str, limit: usize) -> Result<Vec<String>> {
+        let rows = self
+            .query(&self.inner.sql.list, &[&prefix], "listing locks")
+            .await?;
+        Ok(rows
+            .iter()
+            .filter_map(|row| {
+                let key: String = row.get(0);
+                let name = key.strip_prefix(prefix)?.to_owned();
+                super::glob_match(pattern.as_bytes(), name.as_bytes()).then_some(name)
+            })
+            .take(limit)
+            .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_give_libpq_its_part_and_dlock_its_own() {
+        let u =
+            parse_url("postgres://u:p@h:5432/db?schema=locks_2&sslmode=disable").expect("valid");
+        assert_eq!(u.libpq, "postgres://u:p@h:5432/db?sslmode=disable");
+        assert_eq!(u.schema, "locks_2");
+        assert_eq!(u.max_connections, DEFAULT_MAX_CONNECTIONS);
+        let u = parse_url("postgresql://h/db?max_connections=3").expect("valid");
+        assert_eq!(
+            (u.libpq.as_str(), u.max_connections),
+            ("postgresql://h/db", 3)
+        );
+        assert_eq!(u.schema, DEFAULT_SCHEMA);
+        for bad in [
+            "redis://h",
+            "postgres://h/db?schema=Bad",
+            "postgres://h/db?schema=",
+            "postgres://h/db?schema=a;drop",
+            "postgres://h/db?max_connections=0",
+            "postgres://h/db?max_connections=x",
+        ] {
+            assert_eq!(
+                parse_url(bad).map(|_| ()).map_err(|e| e.kind()),
+                Err(ErrorKind::InvalidArgument),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn passwords_never_reach_messages() {
+        assert_eq!(
+            redact("postgres://app:s3cret@db:5432/x?sslmode=disable"),
+            "postgres://app:***@db:5432/x?sslmode=disable"
+        );
+        assert_eq!(
+            redact("postgresql://h/x?user=a&password=s3cret"),
+            "postgresql://h/x?user=a&password=***"
+        );
+        assert_eq!(redact("postgres://h/x"), "postgres://h/x");
+        let err = parse_url("postgres://app:s3cret@h/x?max_connections=0").expect_err("bad");
+        assert!(!err.to_string().contains("s3cret"), "{err}");
+    }
+
+    #[test]
+    fn the_schema_sql_quotes_a_checked_name() {
+        assert!(
+            schema_sql("dlock")
+                .expect("valid")
+                .contains("\"dlock\".locks")
+        );
+        assert!(schema_sql("x\"; DROP TABLE t; --").is_err());
+    }
+}
