@@ -4,19 +4,26 @@
 //! and every operation is **one statement** on a pooled connection, so it is atomic by
 //! PostgreSQL's row locking and needs no transaction of its own:
 //!
-//! * **Acquire**: `INSERT … ON CONFLICT (key) DO UPDATE … WHERE` the row is free (no
-//!   holder, or its lease ran out by the *server's* clock, `clock_timestamp()`) or already
-//!   ours; the grant sets the holder and its expiry and increments the row's `fence` in
-//!   the same step. A repeat of a granted request (its reply lost) finds our own token,
-//!   renews the expiry and reports the same fence. When the row is held, the same
-//!   statement reports the holder's remaining lease (the waiter's fallback timer).
-//! * **Release** / **extend**: `UPDATE … WHERE key = $1 AND holder = $2 AND expires_at >
-//!   clock_timestamp()` — compare-and-delete and compare-and-extend in one statement.
+//! * **Acquire**: the function `<schema>.acquire` locks the name's row, then grants if it
+//!   is free (no holder, or its lease ran out by the *server's* clock,
+//!   `clock_timestamp()`) and nobody is queued ahead: the holder, its expiry and the
+//!   row's `fence` + 1 in the same step. A repeat of a granted request (its reply lost)
+//!   finds our own token, renews the expiry and reports the same fence. When the row is
+//!   held it reports the holder's remaining lease (the waiter's fallback timer).
+//! * **Release** (`<schema>.release`) and **extend**: `… WHERE key = $1 AND holder = $2
+//!   AND expires_at > clock_timestamp()` — compare-and-delete and compare-and-extend in
+//!   one statement.
 //! * **Renewal** of many leases (the watchdog's [`extend_many`](RawLock::extend_many)):
 //!   one `UPDATE … FROM unnest(…)` for the whole batch, one round trip.
-//! * **Waiting**: waiters sleep until the holder's remaining lease, backing off (10 ms
-//!   doubling to 500 ms, [`Retry`](crate::Retry)) in between; `LISTEN`/`NOTIFY` wake-ups
-//!   are not built yet.
+//! * **Waiting without polling**: a waiter that found the lock held takes a place in
+//!   `<schema>.waiters` (in arrival order, claimed until its next attempt plus a grace)
+//!   and sleeps; a release that leaves the lock free wakes the head of the queue only,
+//!   with `pg_notify` on its client's channel (sent at commit; nothing is sent when nobody
+//!   waits). Each client `LISTEN`s on one channel of its own, on one extra connection
+//!   opened at its first wait. A free lock goes to the head only (no barging); a woken
+//!   head that does not come within a second loses its claim, and every waiter also
+//!   wakes at the holder's remaining lease, so a lost notification costs time, never
+//!   liveness.
 //!
 //! # Fences survive restarts
 //!
@@ -29,24 +36,17 @@
 //!
 //! # Schema
 //!
-//! On connect, the client creates what it needs if it is missing (idempotent; concurrent
-//! first connects are serialised by a transaction-scoped advisory lock):
-//!
-//! ```sql
-//! CREATE SCHEMA IF NOT EXISTS dlock;
-//! CREATE TABLE IF NOT EXISTS dlock.locks (
-//!     key        text COLLATE "C" PRIMARY KEY,
-//!     holder     text,
-//!     expires_at timestamptz,
-//!     fence      bigint NOT NULL DEFAULT 0
-//! );
-//! ```
+//! On connect, the client creates what it needs if anything is missing: the schema, the
+//! tables `locks` (one row per name: `key`, `holder`, `expires_at`, `fence`) and
+//! `waiters`, and the functions `acquire` and `release` (idempotent; concurrent first
+//! connects are serialised by a transaction-scoped advisory lock). [`schema_sql`] returns
+//! the statements, for a DBA who prefers to run them by hand.
 //!
 //! The schema name is `dlock` unless the URL says `?schema=<name>` (lowercase letters,
-//! digits and `_`, at most 63 bytes). If the table exists already, nothing is created, so
-//! a role without `CREATE` can use a schema a DBA made with the statements above
-//! ([`schema_sql`]). At run time the role needs `USAGE` on the schema and `SELECT`,
-//! `INSERT`, `UPDATE` on the table.
+//! digits and `_`, at most 63 bytes). If everything exists already, nothing is created, so
+//! a role without `CREATE` can use a schema a DBA made. At run time the role needs
+//! `USAGE` on the schema, `SELECT`, `INSERT`, `UPDATE`, `DELETE` on its tables and
+//! `EXECUTE` on its functions (granted to `PUBLIC` by default).
 //!
 //! # Connections
 //!
@@ -70,8 +70,20 @@ use tokio_postgres::{NoTls, Row};
 use crate::engine::Engine;
 use crate::error::{Error, ErrorKind, Result};
 use crate::keys::LockKeys;
-use crate::raw::{Acquire, LockState, RawFencing, RawInspect, RawLock, Renewal};
+use crate::raw::{Acquire, LockState, RawFencing, RawInspect, RawLock, ReleaseWatch, Renewal};
 use crate::token::Token;
+
+mod listen;
+
+/// How long a queued waiter's place outlives its next expected attempt: ttl / 3, within
+/// 200 ms ..= 5 s. A crashed waiter leaves the queue by itself after that.
+fn waiter_grace(ttl: Duration) -> Duration {
+    (ttl / 3).clamp(Duration::from_millis(200), Duration::from_secs(5))
+}
+
+/// How long the waiter a release woke has to come and take the lock before its place
+/// lapses and the others' fallback timers take over.
+const WAKE_GRACE: Duration = Duration::from_secs(1);
 
 /// The schema dlock's table lives in unless the URL names another (`?schema=`).
 pub const DEFAULT_SCHEMA: &str = "dlock";
@@ -105,6 +117,7 @@ pub struct Postgres {
 
 struct Inner {
     pool: Pool,
+    listener: listen::Listener,
     sql: Statements,
     store_id: String,
     engine: Engine,
@@ -117,7 +130,6 @@ struct Statements {
     extend: String,
     extend_many: String,
     inspect: String,
-    force_unlock: String,
     list: String,
 }
 
@@ -127,29 +139,12 @@ impl Statements {
         // Milliseconds left of a lease, by the server's clock (never negative).
         let left = "greatest(0, ceil(extract(epoch FROM (l.expires_at - clock_timestamp())) * 1000))::bigint";
         Statements {
-            // The upsert grants (or repeats our own grant) in one step; when it did not
-            // (the row is someone else's), the second branch reports that holder's lease.
-            // Both see the row as of this statement: held rows are not changed by it.
             acquire: format!(
-                "WITH g AS (
-                   INSERT INTO {t} AS l (key, holder, expires_at, fence)
-                   VALUES ($1::text, $2::text, clock_timestamp() + $3::bigint * interval '1 millisecond', 1)
-                   ON CONFLICT (key) DO UPDATE SET
-                     holder = excluded.holder,
-                     expires_at = excluded.expires_at,
-                     fence = CASE WHEN l.holder = excluded.holder AND l.expires_at > clock_timestamp()
-                                  THEN l.fence ELSE l.fence + 1 END
-                   WHERE l.holder IS NULL OR l.expires_at <= clock_timestamp()
-                      OR l.holder = excluded.holder
-                   RETURNING l.fence)
-                 SELECT true, g.fence, 0::bigint FROM g
-                 UNION ALL
-                 SELECT false, l.fence, CASE WHEN l.expires_at IS NULL THEN -1 ELSE {left} END
-                   FROM {t} l WHERE l.key = $1 AND NOT EXISTS (SELECT 1 FROM g)"
+                "SELECT granted, fence, wait_ms
+                 FROM \"{schema}\".acquire($1::text, $2::text, $3::bigint, $4::text, $5::bigint)"
             ),
             release: format!(
-                "UPDATE {t} SET holder = NULL, expires_at = NULL
-                 WHERE key = $1 AND holder = $2 AND expires_at > clock_timestamp()"
+                "SELECT \"{schema}\".release($1::text, $2::text, $3::text, $4::bigint)"
             ),
             extend: format!(
                 "UPDATE {t} SET expires_at = clock_timestamp() + $3::bigint * interval '1 millisecond'
@@ -170,12 +165,10 @@ impl Statements {
             inspect: format!(
                 "SELECT CASE WHEN l.expires_at > clock_timestamp() THEN l.holder END,
                         CASE WHEN l.expires_at > clock_timestamp() THEN {left} END,
-                        l.fence
+                        l.fence,
+                        (SELECT count(*) FROM \"{schema}\".waiters q
+                         WHERE q.key = l.key AND q.claim_until > clock_timestamp())
                  FROM {t} l WHERE l.key = $1"
-            ),
-            force_unlock: format!(
-                "UPDATE {t} SET holder = NULL, expires_at = NULL
-                 WHERE key = $1 AND expires_at > clock_timestamp()"
             ),
             list: format!(
                 "SELECT key FROM {t}
@@ -185,23 +178,14 @@ impl Statements {
     }
 }
 
-/// The statements that create dlock's table in `schema` (what a client runs on first use
-/// when the table is missing), for a DBA who prefers to create it by hand.
+/// The statements that create dlock's objects in `schema` (what a client runs on first
+/// use when any is missing), for a DBA who prefers to create them by hand.
 ///
 /// # Errors
 /// [`ErrorKind::InvalidArgument`] for a schema name dlock does not accept.
 pub fn schema_sql(schema: &str) -> Result<String> {
     check_schema(schema)?;
-    Ok(format!(
-        "CREATE SCHEMA IF NOT EXISTS \"{schema}\";
-CREATE TABLE IF NOT EXISTS \"{schema}\".locks (
-    key        text COLLATE \"C\" PRIMARY KEY,
-    holder     text,
-    expires_at timestamptz,
-    fence      bigint NOT NULL DEFAULT 0
-);
-"
-    ))
+    Ok(include_str!("schema.sql").replace("\"S\"", &format!("\"{schema}\"")))
 }
 
 fn check_schema(schema: &str) -> Result<()> {
@@ -453,6 +437,7 @@ impl Postgres {
         let pg = Postgres {
             inner: Arc::new(Inner {
                 pool,
+                listener: listen::Listener::new(config.clone())?,
                 sql: Statements::new(&parsed.schema),
                 store_id,
                 engine: Engine::new(),
@@ -479,8 +464,15 @@ impl Postgres {
             let row = client
                 .query_one(
                     "SELECT current_setting('transaction_read_only') = 'on',
-                            to_regclass($1) IS NOT NULL",
-                    &[&format!("\"{schema}\".locks")],
+                            to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL
+                            AND to_regprocedure($3) IS NOT NULL
+                            AND to_regprocedure($4) IS NOT NULL",
+                    &[
+                        &format!("\"{schema}\".locks"),
+                        &format!("\"{schema}\".waiters"),
+                        &format!("\"{schema}\".acquire(text,text,bigint,text,bigint)"),
+                        &format!("\"{schema}\".release(text,text,text,bigint)"),
+                    ],
                 )
                 .await
                 .map_err(|e| map_err(&e, doing))?;
@@ -540,38 +532,42 @@ impl Postgres {
 }
 
 impl RawLock for Postgres {
+    const QUEUES_WAITERS: bool = true;
+    const QUEUES_ONLY_LISTENERS: bool = true;
+
     async fn acquire(&self, keys: &LockKeys, token: &Token, ttl: Duration) -> Result<Acquire> {
-        let ms = ttl_ms(ttl)?;
-        let rows = self
-            .query(
-                &self.inner.sql.acquire,
-                &[&keys.lock(), &token.as_str(), &ms],
-                "acquiring a lock",
-            )
-            .await?;
-        Ok(match rows.first() {
-            Some(row) if row.get::<_, bool>(0) => Acquire::Acquired {
-                fence: fence_of(row.get(1)),
-            },
-            Some(row) => Acquire::Held {
-                remaining: u64::try_from(row.get::<_, i64>(2))
-                    .ok()
-                    .map(Duration::from_millis),
-            },
-            // Granted to another client concurrently, after this statement's snapshot.
-            None => Acquire::Held { remaining: None },
-        })
+        self.acquire_lock(keys, token, ttl, false).await
+    }
+
+    async fn acquire_or_queue(
+        &self,
+        keys: &LockKeys,
+        token: &Token,
+        ttl: Duration,
+    ) -> Result<Acquire> {
+        self.acquire_lock(keys, token, ttl, true).await
     }
 
     async fn release(&self, keys: &LockKeys, token: &Token) -> Result<bool> {
-        let rows = self
-            .query_count(
-                &self.inner.sql.release,
-                &[&keys.lock(), &token.as_str()],
-                "releasing a lock",
-            )
-            .await?;
-        Ok(rows == 1)
+        self.release_lock(keys, token.as_str(), "own").await
+    }
+
+    async fn abandon(&self, keys: &LockKeys, token: &Token, _ttl: Duration) -> Result<()> {
+        self.release_lock(keys, token.as_str(), "leave")
+            .await
+            .map(|_| ())
+    }
+
+    /// A waiter listens on its client's channel; a release names the waiter it wakes.
+    async fn watch_for(&self, _keys: &LockKeys, token: &Token) -> Result<ReleaseWatch> {
+        self.inner.listener.watch(token.as_str()).await
+    }
+
+    fn watch_ready(&self, _keys: &LockKeys, token: &Token) -> Option<ReleaseWatch> {
+        self.inner
+            .listener
+            .is_up()
+            .then(|| self.inner.listener.register(token.as_str()))
     }
 
     async fn extend(&self, keys: &LockKeys, token: &Token, ttl: Duration) -> Result<bool> {
@@ -633,6 +629,60 @@ impl RawLock for Postgres {
 }
 
 impl Postgres {
+    /// One attempt; with `queue`, a caller that must wait takes a place in the queue
+    /// (only while this client listens, so that its wake-up can be heard).
+    async fn acquire_lock(
+        &self,
+        keys: &LockKeys,
+        token: &Token,
+        ttl: Duration,
+        queue: bool,
+    ) -> Result<Acquire> {
+        let ms = ttl_ms(ttl)?;
+        let listener = &self.inner.listener;
+        if queue && !listener.is_up() {
+            // The connection dropped since the waiter registered: listen again before
+            // queueing (if that fails, the attempt does not queue; the timer covers it).
+            let _ = listener.ensure_up().await;
+        }
+        let channel = (queue && listener.is_up()).then(|| listener.channel());
+        let grace = ttl_ms(waiter_grace(ttl))?;
+        let rows = self
+            .query(
+                &self.inner.sql.acquire,
+                &[&keys.lock(), &token.as_str(), &ms, &channel, &grace],
+                "acquiring a lock",
+            )
+            .await?;
+        let row = rows
+            .first()
+            .ok_or_else(|| Error::new(ErrorKind::Backend, "acquiring a lock: no reply row"))?;
+        Ok(if row.get::<_, bool>(0) {
+            Acquire::Acquired {
+                fence: fence_of(row.get(1)),
+            }
+        } else {
+            Acquire::Held {
+                remaining: Some(Duration::from_millis(
+                    u64::try_from(row.get::<_, i64>(2)).unwrap_or(0),
+                )),
+            }
+        })
+    }
+
+    /// `<schema>.release` in `mode` ('own', 'force', 'leave').
+    async fn release_lock(&self, keys: &LockKeys, token: &str, mode: &str) -> Result<bool> {
+        let wake = ttl_ms(WAKE_GRACE)?;
+        let rows = self
+            .query(
+                &self.inner.sql.release,
+                &[&keys.lock(), &token, &mode, &wake],
+                "releasing a lock",
+            )
+            .await?;
+        Ok(rows.first().is_some_and(|row| row.get::<_, bool>(0)))
+    }
+
     /// Runs a statement and returns how many rows it changed.
     async fn query_count(
         &self,
@@ -678,6 +728,7 @@ impl RawInspect for Postgres {
         Ok(match rows.first() {
             Some(row) => {
                 let fence = fence_of(row.get(2));
+                let queued = u64::try_from(row.get::<_, i64>(3)).unwrap_or(0);
                 LockState::new(
                     row.get::<_, Option<String>>(0),
                     row.get::<_, Option<i64>>(1)
@@ -685,20 +736,15 @@ impl RawInspect for Postgres {
                         .map(Duration::from_millis),
                     (fence > 0).then_some(fence),
                 )
+                .with_queued(u32::try_from(queued).unwrap_or(u32::MAX))
+                .with_waiting_clients(queued)
             }
             None => LockState::new(None, None, None),
         })
     }
 
     async fn force_unlock(&self, keys: &LockKeys) -> Result<bool> {
-        let rows = self
-            .query_count(
-                &self.inner.sql.force_unlock,
-                &[&keys.lock()],
-                "force-unlocking a lock",
-            )
-            .await?;
-        Ok(rows == 1)
+        self.release_lock(keys, "", "force").await
     }
 
     async fn list(&self, prefix: &str, pattern: &str, limit: usize) -> Result<Vec<String>> {
