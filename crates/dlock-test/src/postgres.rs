@@ -17,8 +17,11 @@ use crate::server::free_port;
 
 /// Environment variable naming PostgreSQL's bin directory.
 pub const PG_BIN_ENV: &str = "DLOCK_PG_BIN";
-/// The superuser `initdb` creates (trust authentication on loopback).
+/// The superuser `initdb` creates; its password is [`PASSWORD`] (SCRAM on TCP, trust on
+/// the unix socket).
 pub const SUPERUSER: &str = "dlock";
+/// The superuser's password.
+pub const PASSWORD: &str = "dlock-test-pw";
 
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -111,7 +114,8 @@ fn template() -> io::Result<&'static Path> {
             .parent()
             .and_then(|p| p.file_name())
             .map_or_else(|| "pg".to_owned(), |v| v.to_string_lossy().into_owned());
-        let dir = std::env::temp_dir().join(format!("dlock-pg-template-{version}"));
+        // "-scram": password authentication on TCP.
+        let dir = std::env::temp_dir().join(format!("dlock-pg-template-{version}-scram"));
         if dir.join("PG_VERSION").exists() {
             return Ok(dir);
         }
@@ -122,22 +126,28 @@ fn template() -> io::Result<&'static Path> {
         let _ = std::fs::remove_dir_all(&fresh);
         std::fs::create_dir_all(&fresh).map_err(|e| e.to_string())?;
         hand_over(&fresh).map_err(|e| e.to_string())?;
+        let pwfile = std::env::temp_dir().join(format!("dlock-pg-pw.{}", std::process::id()));
+        std::fs::write(&pwfile, PASSWORD).map_err(|e| e.to_string())?;
+        hand_over(&pwfile).map_err(|e| e.to_string())?;
         let out = pg_command("initdb")
             .map_err(|e| e.to_string())?
             .args([
                 "-U",
                 SUPERUSER,
-                "--auth=trust",
+                "--auth-local=trust",
+                "--auth-host=scram-sha-256",
                 "--no-sync",
                 "--locale=C",
                 "-E",
                 "UTF8",
-                "-D",
             ])
+            .arg(format!("--pwfile={}", pwfile.display()))
+            .arg("-D")
             .arg(&fresh)
             .stdin(Stdio::null())
             .output()
             .map_err(|e| format!("cannot run initdb: {e}"))?;
+        let _ = std::fs::remove_file(&pwfile);
         if !out.status.success() {
             let _ = std::fs::remove_dir_all(&fresh);
             return Err(format!(
@@ -159,7 +169,7 @@ fn template() -> io::Result<&'static Path> {
 }
 
 /// A `postgres` server listening on `127.0.0.1:<port>` (and a unix socket in its data
-/// directory), in its own process group. Dropping it kills the group and removes the data.
+/// directory). Dropping it kills the postmaster and its children and removes the data.
 #[derive(Debug)]
 pub struct PostgresServer {
     child: Option<Child>,
@@ -254,13 +264,22 @@ impl PostgresServer {
         }
     }
 
-    /// Signals the server's process group (postmaster and backends).
+    /// Signals the server: the postmaster and every process it forked (each backend runs
+    /// in a session of its own, so a process group would miss them). Children first, so
+    /// that none is forked behind a stopped postmaster's back.
     fn signal(&self, signal: &str) {
-        if let Some(child) = &self.child {
-            let _ = Command::new("kill")
-                .args([signal, "--", &format!("-{}", child.id())])
-                .status();
-        }
+        let Some(child) = &self.child else { return };
+        let postmaster = child.id();
+        let mut pids: Vec<String> = children_of(postmaster)
+            .into_iter()
+            .map(|p| p.to_string())
+            .collect();
+        pids.push(postmaster.to_string());
+        let _ = Command::new("kill")
+            .arg(signal)
+            .arg("--")
+            .args(&pids)
+            .status();
     }
 
     fn stop(&mut self) {
@@ -281,7 +300,15 @@ impl PostgresServer {
 
     /// A URL for the `postgres` database as the superuser.
     pub fn url(&self) -> String {
-        format!("postgres://{SUPERUSER}@127.0.0.1:{}/postgres", self.port)
+        self.url_as(SUPERUSER, PASSWORD)
+    }
+
+    /// A URL for the `postgres` database as `user` with `password`.
+    pub fn url_as(&self, user: &str, password: &str) -> String {
+        format!(
+            "postgres://{user}:{password}@127.0.0.1:{}/postgres",
+            self.port
+        )
     }
 
     /// The same server through its unix socket (libpq's `host=` parameter).
@@ -311,8 +338,8 @@ impl PostgresServer {
         }
     }
 
-    /// Stops the whole server (SIGSTOP to its process group): connections stay open but
-    /// nothing answers.
+    /// Stops the whole server (SIGSTOP to the postmaster and every backend): connections
+    /// stay open but nothing answers.
     pub fn freeze(&mut self) {
         self.signal("-STOP");
         self.frozen = true;
@@ -337,6 +364,24 @@ impl PostgresServer {
         });
         client
     }
+}
+
+/// The processes whose parent is `pid` (from `/proc/<pid>/stat`: the field after the
+/// parenthesised command name is the state, then the parent's pid).
+fn children_of(pid: u32) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| {
+            let child: u32 = e.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
+            let after_name = &stat[stat.rfind(')')? + 1..];
+            let parent: u32 = after_name.split_whitespace().nth(1)?.parse().ok()?;
+            (parent == pid).then_some(child)
+        })
+        .collect()
 }
 
 impl Drop for PostgresServer {

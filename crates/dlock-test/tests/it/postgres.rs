@@ -7,3 +7,313 @@ mod conformance {
         inspection_and_administration,
     );
 }
+
+use std::time::Duration;
+
+use dlock::backend::Postgres;
+use dlock::backend::postgres::schema_sql;
+use dlock::{ErrorKind, Lock};
+use dlock_test::conformance::{Target, unique};
+use dlock_test::server::free_port;
+use dlock_test::targets::PostgresTarget;
+use tokio::time::{Instant, sleep, timeout};
+
+/// Each queued waiter's claim, by token: a waiter's every attempt rewrites its claim, so
+/// claims that stay put prove that their waiters sent nothing.
+async fn claims(admin: &tokio_postgres::Client, key: &str) -> Vec<(String, String)> {
+    admin
+        .query(
+            "SELECT token, claim_until::text FROM dlock.waiters WHERE key = $1 ORDER BY arrival",
+            &[&key],
+        )
+        .await
+        .expect("waiters")
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_release_wakes_the_head_only_across_clients_in_arrival_order() {
+    let t = PostgresTarget::start();
+    let name = unique("herd");
+    let ttl = Duration::from_secs(30);
+    let holder = Lock::builder(t.client().await, &name)
+        .ttl(ttl)
+        .build()
+        .expect("valid");
+    let key = format!("{}{name}", dlock::keys::DEFAULT_PREFIX);
+    let guard = holder.try_lock().await.expect("store").expect("free");
+    // Eight waiters, each its own client (as eight processes would be).
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    for i in 0..8 {
+        let lock = Lock::builder(t.client().await, &name)
+            .ttl(ttl)
+            .build()
+            .expect("valid");
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            let g = lock.lock().await.expect("lock");
+            let _ = tx.send((i, g));
+        });
+        // Each queued before the next starts, so arrival order is known.
+        let queued = async {
+            while holder.state().await.expect("store").queued != Some(i + 1) {
+                sleep(Duration::from_millis(10)).await;
+            }
+        };
+        timeout(Duration::from_secs(10), queued)
+            .await
+            .expect("the waiter takes a place in the queue");
+    }
+    let admin = t.server.admin().await;
+    let before = claims(&admin, &key).await;
+    assert_eq!(before.len(), 8);
+    guard.release().await.expect("release");
+    let (first, mut g) = timeout(Duration::from_secs(5), rx.recv())
+        .await
+        .expect("the head woke on the release")
+        .expect("channel");
+    assert_eq!(first, 0, "the first waiter in line gets it");
+    sleep(Duration::from_millis(300)).await;
+    assert!(rx.try_recv().is_err(), "nobody else got in");
+    // The seven behind it did not attempt again: their claims are untouched.
+    assert_eq!(
+        claims(&admin, &key).await,
+        before[1..].to_vec(),
+        "a release must wake the head only, not the herd"
+    );
+    let mut order = vec![first];
+    for _ in 1..8 {
+        g.release().await.expect("release");
+        let (next, ng) = timeout(Duration::from_secs(5), rx.recv())
+            .await
+            .expect("the next waiter woke")
+            .expect("channel");
+        order.push(next);
+        g = ng;
+    }
+    g.release().await.expect("release");
+    assert_eq!(order, (0..8).collect::<Vec<_>>(), "FIFO across clients");
+    assert!(
+        claims(&admin, &key).await.is_empty(),
+        "no place left behind"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holds_and_fences_survive_a_server_crash() {
+    let mut t = PostgresTarget::start();
+    let client = t.client().await;
+    let lock = Lock::builder(client.clone(), unique("crash"))
+        .ttl(Duration::from_secs(30))
+        .build()
+        .expect("valid");
+    let guard = lock.try_lock().await.expect("store").expect("free");
+    let fence = guard.fencing_token();
+    t.server
+        .restart()
+        .expect("restart (SIGKILL, then start on the same data)");
+    // The same client reconnects by itself; the hold is still there, still ours.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let state = loop {
+        match lock.state().await {
+            Ok(s) => break s,
+            Err(e) if e.is_retryable() && Instant::now() < deadline => {
+                sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("client did not recover: {e}"),
+        }
+    };
+    assert_eq!(state.holder.as_deref(), Some(guard.token().as_str()));
+    assert_eq!(state.last_fence, Some(fence.get()));
+    guard
+        .extend(Duration::from_secs(30))
+        .await
+        .expect("still ours after the crash");
+    guard.release().await.expect("release");
+    let next = lock.try_lock().await.expect("store").expect("free");
+    assert!(
+        next.fencing_token().get() > fence.get(),
+        "fences must grow across a crash: {} after {}",
+        next.fencing_token().get(),
+        fence.get()
+    );
+    next.release().await.expect("release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_fires_when_the_server_is_frozen_past_the_ttl() {
+    let mut t = PostgresTarget::start();
+    let ttl = Duration::from_millis(800);
+    let lock = Lock::builder(t.client().await, unique("frozen"))
+        .ttl(ttl)
+        .build()
+        .expect("valid");
+    let guard = lock.try_lock().await.expect("store").expect("free");
+    let frozen_at = Instant::now();
+    t.server.freeze();
+    let fired = timeout(ttl * 4, guard.lost()).await;
+    let fired_after = frozen_at.elapsed();
+    t.server.thaw();
+    assert!(
+        fired.is_ok(),
+        "lost() did not fire while the server was frozen"
+    );
+    assert!(
+        fired_after <= ttl + Duration::from_millis(500),
+        "lost() must fire by the end of the validity, fired after {fired_after:?}"
+    );
+    let other = Lock::new(t.client().await, lock.name()).expect("valid");
+    let g = other
+        .try_lock_for(Duration::from_secs(10))
+        .await
+        .expect("store")
+        .expect("free after the frozen lease expired");
+    let err = guard.release().await.expect_err("stale release");
+    assert_eq!(err.kind(), ErrorKind::LockLost);
+    g.release().await.expect("the new holder's lock is intact");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn terminated_connections_are_replaced_and_the_lease_kept() {
+    let t = PostgresTarget::start();
+    let lock = Lock::builder(t.client().await, unique("terminate"))
+        .ttl(Duration::from_secs(2))
+        .build()
+        .expect("valid");
+    let guard = lock.try_lock().await.expect("store").expect("free");
+    let admin = t.server.admin().await;
+    let killed: i64 = admin
+        .query_one(
+            "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+             WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()) t",
+            &[],
+        )
+        .await
+        .expect("terminate")
+        .get(0);
+    assert!(killed >= 1, "the client's connection was terminated");
+    // Through two renewals (every ~650 ms), on fresh connections.
+    sleep(Duration::from_millis(2500)).await;
+    assert!(
+        timeout(Duration::from_millis(10), guard.lost())
+            .await
+            .is_err(),
+        "a terminated connection must not cost the lease"
+    );
+    guard.release().await.expect("still ours");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_credentials_read_only_servers_and_missing_privileges_are_clear_errors() {
+    let t = PostgresTarget::start();
+    let err = Postgres::connect(&t.server.url_as("dlock", "not-the-password"))
+        .await
+        .expect_err("wrong password");
+    assert_eq!(err.kind(), ErrorKind::Backend, "{err}");
+    assert!(err.to_string().contains("authentication"), "{err}");
+    assert!(
+        !err.to_string().contains("not-the-password"),
+        "password leaked: {err}"
+    );
+
+    let admin = t.server.admin().await;
+    admin
+        .batch_execute(
+            "CREATE ROLE reader LOGIN PASSWORD 'r';
+             ALTER ROLE reader SET default_transaction_read_only = on;
+             CREATE ROLE plain LOGIN PASSWORD 'p';",
+        )
+        .await
+        .expect("roles");
+    let err = Postgres::connect(&t.server.url_as("reader", "r"))
+        .await
+        .expect_err("read-only");
+    assert_eq!(err.kind(), ErrorKind::Backend, "{err}");
+    assert!(err.to_string().contains("read-only"), "{err}");
+
+    // A role that may not create the schema: a clear error, nothing created.
+    let err = Postgres::connect(&format!("{}?schema=fresh", t.server.url_as("plain", "p")))
+        .await
+        .expect_err("no CREATE");
+    assert_eq!(err.kind(), ErrorKind::Backend, "{err}");
+    assert!(err.to_string().contains("privilege"), "{err}");
+    let made: bool = admin
+        .query_one("SELECT to_regnamespace('fresh') IS NOT NULL", &[])
+        .await
+        .expect("query")
+        .get(0);
+    assert!(!made, "a failed first use leaves nothing behind");
+    // Once a DBA made the schema (schema_sql) and granted its use, the role locks.
+    admin
+        .batch_execute(&format!(
+            "{}GRANT USAGE ON SCHEMA fresh TO plain;
+             GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA fresh TO plain;",
+            schema_sql("fresh").expect("valid")
+        ))
+        .await
+        .expect("schema by hand");
+    let pg = Postgres::connect(&format!("{}?schema=fresh", t.server.url_as("plain", "p")))
+        .await
+        .expect("a pre-made schema needs no CREATE");
+    let lock = Lock::new(pg, unique("granted")).expect("valid");
+    lock.try_lock()
+        .await
+        .expect("store")
+        .expect("free")
+        .release()
+        .await
+        .expect("release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_server_and_malformed_urls_fail_clearly() {
+    let port = free_port().expect("port");
+    let started = Instant::now();
+    let err = Postgres::connect(&format!("postgres://u:secret@127.0.0.1:{port}/db"))
+        .await
+        .expect_err("nobody listens");
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    assert!(err.is_retryable());
+    assert!(
+        !err.to_string().contains("secret"),
+        "password leaked: {err}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(10));
+    for url in [
+        "postgres://h/db?schema=Upper",
+        "postgres://h/db?max_connections=0",
+        "postgres://h:notaport/db",
+        "mysql://h/db",
+    ] {
+        let err = Postgres::connect(url).await.expect_err(url);
+        assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{url}: {err}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_unix_socket_url_and_many_first_clients_at_once_work() {
+    let t = PostgresTarget::start();
+    let pg = Postgres::connect(&t.server.socket_url())
+        .await
+        .expect("unix socket");
+    let lock = Lock::new(pg, unique("socket")).expect("valid");
+    lock.try_lock()
+        .await
+        .expect("store")
+        .expect("free")
+        .release()
+        .await
+        .expect("release");
+    // Twenty clients creating a new schema at once: one creates it, none fails.
+    let url = format!("{}?schema=together", t.server.url());
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..20 {
+        let url = url.clone();
+        tasks.spawn(async move { Postgres::connect(&url).await.map(|_| ()) });
+    }
+    while let Some(done) = tasks.join_next().await {
+        done.expect("task").expect("concurrent first use");
+    }
+}
