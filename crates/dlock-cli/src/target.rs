@@ -1,6 +1,6 @@
 //! From `--url` to a connected store.
 
-use dlock::backend::{Etcd, Memcached, Memory, Quorum, Redis};
+use dlock::backend::{Etcd, Memcached, Memory, Postgres, Quorum, Redis};
 
 use crate::args::Store;
 use crate::exit::Failure;
@@ -15,6 +15,8 @@ pub(crate) enum Target {
     Memcached(Memcached),
     /// etcd: the plain lock (fenced) only.
     Etcd(Etcd),
+    /// PostgreSQL: the plain lock (fenced) only, so far.
+    Postgres(Postgres),
 }
 
 /// Runs `$body` with `$b` bound to the concrete backend of `$target`.
@@ -27,12 +29,12 @@ macro_rules! with_backend {
                 "redlock:// (a quorum of independent masters) works with `dlock run` only: \
                  it has no fencing token and no single store to inspect",
             )),
-            $crate::target::Target::Memcached(_) | $crate::target::Target::Etcd(_) => {
-                Err($crate::exit::Failure::usage(
-                    "memcache:// and etcd:// have the plain lock only: `dlock run` (without \
-                     --semaphore/--shared/--exclusive/--fair), status, list, force-unlock",
-                ))
-            }
+            $crate::target::Target::Memcached(_)
+            | $crate::target::Target::Etcd(_)
+            | $crate::target::Target::Postgres(_) => Err($crate::exit::Failure::usage(
+                "memcache://, etcd:// and postgres:// have the plain lock only: `dlock run` \
+                 (without --semaphore/--shared/--exclusive/--fair), status, list, force-unlock",
+            )),
         }
     };
 }
@@ -40,7 +42,7 @@ pub(crate) use with_backend;
 
 /// The URL schemes `--url` accepts.
 const SCHEMES: &str = "redis://, rediss://, redis+unix://, redis+sentinel://, \
-                       redis+cluster://, redlock://, memcache://, etcd://";
+                       redis+cluster://, redlock://, memcache://, etcd://, postgres://";
 
 /// Connects to the store named by `--url` / `DLOCK_URL`. `memory://` (in-process) is
 /// accepted only where `allow_memory` says so: a lock in one process's memory excludes
@@ -59,6 +61,7 @@ pub(crate) async fn connect(store: &Store, allow_memory: bool) -> Result<Target,
         Some("redlock") => Ok(Target::Quorum(redlock(url).await?)),
         Some("memcache" | "memcached") => Ok(Target::Memcached(Memcached::connect(url).await?)),
         Some("etcd") => Ok(Target::Etcd(Etcd::connect(url).await?)),
+        Some("postgres" | "postgresql") => Ok(Target::Postgres(Postgres::connect(url).await?)),
         Some("memory") if allow_memory => Ok(Target::Memory(Memory::new())),
         Some("memory") => Err(Failure::usage(
             "memory:// is in-process only and would exclude no other process; use redis://",
