@@ -259,8 +259,9 @@ impl Target for PostgresTarget {
             .expect("connect to the test postgres")
     }
 
-    /// Clears the holder as an operator's `UPDATE` would (the row, and with it the
-    /// name's fence counter, stays).
+    /// Clears the holder and every lease of the name (permits, readers, reentrant holds)
+    /// as an operator's statements would (the row, and with it the name's fence counter,
+    /// stays).
     async fn delete_key(&self, key: &str) {
         let admin = self.server.admin().await;
         admin
@@ -270,5 +271,9 @@ impl Target for PostgresTarget {
             )
             .await
             .expect("UPDATE");
+        admin
+            .execute("DELETE FROM dlock.leases WHERE key = $1", &[&key])
+            .await
+            .expect("DELETE");
     }
 }

@@ -33,8 +33,10 @@ struct Shared {
 struct State {
     /// The open connection's client (dropping it closes the connection), if any.
     up: Option<tokio_postgres::Client>,
-    /// Waiting tokens of this client and how to wake each.
-    waiters: HashMap<String, Arc<Notify>>,
+    /// What this client's waiters wait for (a waiter's token, or a name several local
+    /// waiters share: a read-write lock's readers), how to wake one of them, and how many
+    /// registrations share it.
+    waiters: HashMap<String, (Arc<Notify>, usize)>,
 }
 
 impl Shared {
@@ -46,7 +48,7 @@ impl Shared {
     fn down(&self) {
         let mut state = self.state();
         state.up = None;
-        for notify in state.waiters.values() {
+        for (notify, _) in state.waiters.values() {
             notify.notify_one();
         }
     }
@@ -61,7 +63,13 @@ struct Registration {
 impl Drop for Registration {
     fn drop(&mut self) {
         if let Some(shared) = self.shared.upgrade() {
-            shared.state().waiters.remove(&self.token);
+            let mut state = shared.state();
+            if let Some((_, n)) = state.waiters.get_mut(&self.token) {
+                *n -= 1;
+                if *n == 0 {
+                    state.waiters.remove(&self.token);
+                }
+            }
         }
     }
 }
@@ -113,7 +121,7 @@ impl Listener {
                 let Some(shared) = weak.upgrade() else { return };
                 match message {
                     Some(Ok(AsyncMessage::Notification(n))) => {
-                        if let Some(notify) = shared.state().waiters.get(n.payload()) {
+                        if let Some((notify, _)) = shared.state().waiters.get(n.payload()) {
                             notify.notify_one();
                         }
                     }
@@ -133,13 +141,18 @@ impl Listener {
         Ok(())
     }
 
-    /// Registers `token`'s waiter: a notification naming it wakes it.
+    /// Registers a waiter for `token`: a notification naming it wakes one of the local
+    /// waiters registered for it (the others are passed the wake-up by the one woken).
     pub(super) fn register(&self, token: &str) -> ReleaseWatch {
-        let notify = Arc::new(Notify::new());
-        self.shared
-            .state()
-            .waiters
-            .insert(token.to_owned(), Arc::clone(&notify));
+        let notify = {
+            let mut state = self.shared.state();
+            let (notify, n) = state
+                .waiters
+                .entry(token.to_owned())
+                .or_insert_with(|| (Arc::new(Notify::new()), 0));
+            *n += 1;
+            Arc::clone(notify)
+        };
         ReleaseWatch::new(
             notify,
             Some(Box::new(Registration {

@@ -68,11 +68,13 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::{NoTls, Row};
 
 use crate::engine::Engine;
+use crate::engine::LeaseKind;
 use crate::error::{Error, ErrorKind, Result};
 use crate::keys::LockKeys;
 use crate::raw::{Acquire, LockState, RawFencing, RawInspect, RawLock, ReleaseWatch, Renewal};
 use crate::token::Token;
 
+mod family;
 mod listen;
 
 /// How long a queued waiter's place outlives its next expected attempt: ttl / 3, within
@@ -131,48 +133,113 @@ struct Statements {
     extend_many: String,
     inspect: String,
     list: String,
+    sem_acquire: String,
+    sem_release: String,
+    sem_resize: String,
+    sem_inspect: String,
+    re_acquire: String,
+    re_release: String,
+    re_inspect: String,
+    rw_acquire: String,
+    rw_release: String,
+    rw_inspect: String,
 }
 
 impl Statements {
     fn new(schema: &str) -> Statements {
-        let t = format!("\"{schema}\".locks");
+        let s = format!("\"{schema}\"");
         // Milliseconds left of a lease, by the server's clock (never negative).
-        let left = "greatest(0, ceil(extract(epoch FROM (l.expires_at - clock_timestamp())) * 1000))::bigint";
+        let left = |col: &str| {
+            format!(
+                "greatest(0, ceil(extract(epoch FROM ({col} - clock_timestamp())) * 1000))::bigint"
+            )
+        };
+        let live = "clock_timestamp()";
+        let queued = format!(
+            "(SELECT count(*) FROM {s}.waiters q
+              WHERE q.key = $1 AND q.role = 'l' AND q.claim_until > {live})"
+        );
         Statements {
             acquire: format!(
-                "SELECT granted, fence, wait_ms
-                 FROM \"{schema}\".acquire($1::text, $2::text, $3::bigint, $4::text, $5::bigint)"
+                "SELECT granted, fence, wait_ms FROM {s}.acquire($1::text, $2::text,
+                   $3::bigint, $4::boolean, $5::text, $6::text, $7::bigint)"
             ),
-            release: format!(
-                "SELECT \"{schema}\".release($1::text, $2::text, $3::text, $4::bigint)"
-            ),
-            extend: format!(
-                "UPDATE {t} SET expires_at = clock_timestamp() + $3::bigint * interval '1 millisecond'
-                 WHERE key = $1 AND holder = $2 AND expires_at > clock_timestamp()"
-            ),
-            // Rows are taken in key order, so two batches never wait for each other in a
-            // circle.
+            release: format!("SELECT {s}.release($1::text, $2::text, $3::text, $4::bigint)"),
+            extend: format!("SELECT {s}.extend_one($1::text, $2::text, $3::text, $4::bigint)"),
             extend_many: format!(
-                "WITH u AS (SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[])
-                              WITH ORDINALITY AS u(key, holder, ttl, i)),
-                      r AS (SELECT l.key FROM {t} l JOIN u ON l.key = u.key AND l.holder = u.holder
-                            ORDER BY l.key FOR UPDATE OF l)
-                 UPDATE {t} l SET expires_at = clock_timestamp() + u.ttl * interval '1 millisecond'
-                 FROM u WHERE l.key = u.key AND l.key IN (SELECT key FROM r)
-                   AND l.holder = u.holder AND l.expires_at > clock_timestamp()
-                 RETURNING u.i"
+                "SELECT i FROM {s}.extend_many($1::text[], $2::text[], $3::text[], $4::bigint[]) AS i"
             ),
             inspect: format!(
-                "SELECT CASE WHEN l.expires_at > clock_timestamp() THEN l.holder END,
-                        CASE WHEN l.expires_at > clock_timestamp() THEN {left} END,
-                        l.fence,
-                        (SELECT count(*) FROM \"{schema}\".waiters q
-                         WHERE q.key = l.key AND q.claim_until > clock_timestamp())
-                 FROM {t} l WHERE l.key = $1"
+                "SELECT CASE WHEN l.expires_at > {live} THEN l.holder END,
+                        CASE WHEN l.expires_at > {live} THEN {} END,
+                        l.fence, {queued}
+                 FROM {s}.locks l WHERE l.key = $1",
+                left("l.expires_at")
             ),
             list: format!(
-                "SELECT key FROM {t}
-                 WHERE starts_with(key, $1) AND expires_at > clock_timestamp()"
+                "SELECT l.key FROM {s}.locks l
+                 WHERE starts_with(l.key, $1)
+                   AND (l.expires_at > {live}
+                        OR EXISTS (SELECT 1 FROM {s}.leases e
+                                   WHERE e.key = l.key AND e.role <> 'h' AND e.expires_at > {live}))"
+            ),
+            sem_acquire: format!(
+                "SELECT granted, fence, wait_ms FROM {s}.sem_acquire($1::text, $2::text,
+                   $3::int, $4::int, $5::bigint, $6::boolean, $7::text, $8::bigint, $9::bigint)"
+            ),
+            sem_release: format!(
+                "SELECT {s}.sem_release($1::text, $2::text, $3::text, $4::bigint)"
+            ),
+            sem_resize: format!(
+                "SELECT {s}.sem_resize($1::text, $2::int, $3::bigint, $4::int, $5::int, $6::bigint)"
+            ),
+            // Permits in use, holders, the latest lease's time left, the stored count,
+            // queued waiters.
+            sem_inspect: format!(
+                "SELECT coalesce(sum(e.n), 0)::bigint, count(e.token),
+                        max({}), (SELECT l.permits FROM {s}.locks l WHERE l.key = $1), {queued}
+                 FROM {s}.leases e WHERE e.key = $1 AND e.role = 'p' AND e.expires_at > {live}",
+                left("e.expires_at")
+            ),
+            re_acquire: format!(
+                "SELECT status, fence, wait_ms FROM {s}.re_acquire($1::text, $2::text, $3::text,
+                   $4::bigint, $5::int, $6::boolean, $7::text, $8::bigint)"
+            ),
+            re_release: format!(
+                "SELECT {s}.re_release($1::text, $2::text, $3::text, $4::text, $5::bigint)"
+            ),
+            re_inspect: format!(
+                "SELECT CASE WHEN l.expires_at > {live} THEN l.holder END,
+                        CASE WHEN l.expires_at > {live} THEN {} END,
+                        l.fence,
+                        CASE WHEN l.expires_at > {live} THEN
+                          (SELECT count(*) FROM {s}.leases e WHERE e.key = $1 AND e.role = 'h')
+                        ELSE 0 END,
+                        {queued}
+                 FROM {s}.locks l WHERE l.key = $1",
+                left("l.expires_at")
+            ),
+            rw_acquire: format!(
+                "SELECT granted, fence, wait_ms FROM {s}.rw_acquire($1::text, $2::text,
+                   $3::boolean, $4::bigint, $5::bigint, $6::text, $7::text)"
+            ),
+            rw_release: format!(
+                "SELECT {s}.rw_release($1::text, $2::text, $3::text, $4::bigint, $5::bigint)"
+            ),
+            // Writer, its time left, fence, live readers, the latest reader's time left,
+            // waiting writers.
+            rw_inspect: format!(
+                "SELECT CASE WHEN l.expires_at > {live} THEN l.holder END,
+                        CASE WHEN l.expires_at > {live} THEN {} END,
+                        l.fence,
+                        (SELECT count(*) FROM {s}.leases e
+                         WHERE e.key = $1 AND e.role = 'r' AND e.expires_at > {live}),
+                        (SELECT max({}) FROM {s}.leases e
+                         WHERE e.key = $1 AND e.role = 'r' AND e.expires_at > {live}),
+                        {queued}
+                 FROM {s}.locks l WHERE l.key = $1",
+                left("l.expires_at"),
+                left("e.expires_at")
             ),
         }
     }
@@ -465,13 +532,14 @@ impl Postgres {
                 .query_one(
                     "SELECT current_setting('transaction_read_only') = 'on',
                             to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL
-                            AND to_regprocedure($3) IS NOT NULL
+                            AND to_regclass($3) IS NOT NULL
                             AND to_regprocedure($4) IS NOT NULL",
                     &[
                         &format!("\"{schema}\".locks"),
                         &format!("\"{schema}\".waiters"),
-                        &format!("\"{schema}\".acquire(text,text,bigint,text,bigint)"),
-                        &format!("\"{schema}\".release(text,text,text,bigint)"),
+                        &format!("\"{schema}\".leases"),
+                        // The function the migration creates last.
+                        &format!("\"{schema}\".rw_release(text,text,text,bigint,bigint)"),
                     ],
                 )
                 .await
@@ -558,6 +626,12 @@ impl RawLock for Postgres {
             .map(|_| ())
     }
 
+    /// Fair-lock waiters and blocked readers listen for `keys`' own name (a fair lock's
+    /// side key per waiter; a read-write lock's readers' side): the release names it.
+    async fn watch(&self, keys: &LockKeys) -> Result<ReleaseWatch> {
+        self.inner.listener.watch(keys.lock()).await
+    }
+
     /// A waiter listens on its client's channel; a release names the waiter it wakes.
     async fn watch_for(&self, _keys: &LockKeys, token: &Token) -> Result<ReleaseWatch> {
         self.inner.listener.watch(token.as_str()).await
@@ -571,22 +645,16 @@ impl RawLock for Postgres {
     }
 
     async fn extend(&self, keys: &LockKeys, token: &Token, ttl: Duration) -> Result<bool> {
-        let ms = ttl_ms(ttl)?;
-        let rows = self
-            .query_count(
-                &self.inner.sql.extend,
-                &[&keys.lock(), &token.as_str(), &ms],
-                "extending a lock",
-            )
-            .await?;
-        Ok(rows == 1)
+        self.extend_kind(LeaseKind::Lock, keys, token, ttl).await
     }
 
     async fn extend_many(&self, renewals: &[Renewal]) -> Vec<Result<bool>> {
+        let mut kinds = Vec::with_capacity(renewals.len());
         let mut keys = Vec::with_capacity(renewals.len());
         let mut tokens = Vec::with_capacity(renewals.len());
         let mut ttls = Vec::with_capacity(renewals.len());
         for r in renewals {
+            kinds.push(kind_code(r.kind));
             keys.push(r.keys.lock());
             tokens.push(r.token.as_str());
             ttls.push(ttl_ms(r.ttl).unwrap_or(i64::MAX));
@@ -594,7 +662,7 @@ impl RawLock for Postgres {
         match self
             .query(
                 &self.inner.sql.extend_many,
-                &[&keys, &tokens, &ttls],
+                &[&kinds, &keys, &tokens, &ttls],
                 "renewing leases",
             )
             .await
@@ -628,7 +696,55 @@ impl RawLock for Postgres {
     }
 }
 
+/// Decodes `(granted, fence, wait_ms)`: a negative wait means no lease to wait for.
+fn granted(rows: &[Row], doing: &str) -> Result<Acquire> {
+    let row = rows
+        .first()
+        .ok_or_else(|| Error::new(ErrorKind::Backend, format!("{doing}: no reply row")))?;
+    Ok(if row.get::<_, bool>(0) {
+        Acquire::Acquired {
+            fence: fence_of(row.get(1)),
+        }
+    } else {
+        Acquire::Held {
+            remaining: u64::try_from(row.get::<_, i64>(2))
+                .ok()
+                .map(Duration::from_millis),
+        }
+    })
+}
+
+/// How `extend_one` names a lease's kind.
+fn kind_code(kind: LeaseKind) -> &'static str {
+    match kind {
+        LeaseKind::Permits => "p",
+        LeaseKind::Reentrant => "h",
+        LeaseKind::ReadWrite => "w",
+        // A plain or fair lock's holder; kinds added later renew as a lock would.
+        _ => "l",
+    }
+}
+
 impl Postgres {
+    /// Renews one lease of `kind`.
+    async fn extend_kind(
+        &self,
+        kind: LeaseKind,
+        keys: &LockKeys,
+        token: &Token,
+        ttl: Duration,
+    ) -> Result<bool> {
+        let ms = ttl_ms(ttl)?;
+        let rows = self
+            .query(
+                &self.inner.sql.extend,
+                &[&kind_code(kind), &keys.lock(), &token.as_str(), &ms],
+                "extending a lease",
+            )
+            .await?;
+        Ok(rows.first().is_some_and(|row| row.get::<_, bool>(0)))
+    }
+
     /// One attempt; with `queue`, a caller that must wait takes a place in the queue
     /// (only while this client listens, so that its wake-up can be heard).
     async fn acquire_lock(
@@ -650,24 +766,19 @@ impl Postgres {
         let rows = self
             .query(
                 &self.inner.sql.acquire,
-                &[&keys.lock(), &token.as_str(), &ms, &channel, &grace],
+                &[
+                    &keys.lock(),
+                    &token.as_str(),
+                    &ms,
+                    &queue,
+                    &channel,
+                    &None::<&str>,
+                    &grace,
+                ],
                 "acquiring a lock",
             )
             .await?;
-        let row = rows
-            .first()
-            .ok_or_else(|| Error::new(ErrorKind::Backend, "acquiring a lock: no reply row"))?;
-        Ok(if row.get::<_, bool>(0) {
-            Acquire::Acquired {
-                fence: fence_of(row.get(1)),
-            }
-        } else {
-            Acquire::Held {
-                remaining: Some(Duration::from_millis(
-                    u64::try_from(row.get::<_, i64>(2)).unwrap_or(0),
-                )),
-            }
-        })
+        granted(&rows, "acquiring a lock")
     }
 
     /// `<schema>.release` in `mode` ('own', 'force', 'leave').
@@ -681,34 +792,6 @@ impl Postgres {
             )
             .await?;
         Ok(rows.first().is_some_and(|row| row.get::<_, bool>(0)))
-    }
-
-    /// Runs a statement and returns how many rows it changed.
-    async fn query_count(
-        &self,
-        sql: &str,
-        params: &[&(dyn ToSql + Sync)],
-        doing: &'static str,
-    ) -> Result<u64> {
-        let work = async {
-            let client = self
-                .inner
-                .pool
-                .get()
-                .await
-                .map_err(|e| map_pool_err(e, doing))?;
-            let statement = client
-                .prepare_cached(sql)
-                .await
-                .map_err(|e| map_err(&e, doing))?;
-            client
-                .execute(&statement, params)
-                .await
-                .map_err(|e| map_err(&e, doing))
-        };
-        tokio::time::timeout(CALL_TIMEOUT, work)
-            .await
-            .map_err(|_| Error::new(ErrorKind::TimedOut, format!("{doing}: no reply in time")))?
     }
 }
 

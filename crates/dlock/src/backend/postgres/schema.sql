@@ -7,28 +7,90 @@ CREATE TABLE IF NOT EXISTS "S".locks (
     key        text COLLATE "C" PRIMARY KEY,
     holder     text,
     expires_at timestamptz,
-    fence      bigint NOT NULL DEFAULT 0
+    fence      bigint NOT NULL DEFAULT 0,
+    permits    int  -- a semaphore's permit count
 );
 
--- Waiters queued for a lock, in arrival order. A release wakes the head only, on its
--- client's channel; a waiter's place lapses at claim_until unless it comes again.
+-- Leases of the primitives with more than one holder: a semaphore's permit holders
+-- (role 'p', n permits), a read-write lock's readers ('r'), a reentrant lock's holds
+-- ('h': one row per hold's request token; the lock's row has the owner and the expiry).
+CREATE TABLE IF NOT EXISTS "S".leases (
+    key        text COLLATE "C",
+    token      text,
+    role       "char" NOT NULL,
+    n          int NOT NULL DEFAULT 1,
+    expires_at timestamptz NOT NULL,
+    PRIMARY KEY (key, token)
+);
+
+-- Waiters queued for a lock, in arrival order (role 'l'; `want` permits of a semaphore).
+-- A release wakes the head only, with pg_notify(channel, coalesce(wake, token)) (a null
+-- channel: its client did not listen yet, its timer wakes it); a waiter's place lapses at
+-- claim_until unless it comes again. A read-write lock's blocked readers leave a row of
+-- role 'r' too, which blocks nobody: it tells a release whom to wake.
 CREATE TABLE IF NOT EXISTS "S".waiters (
     key         text COLLATE "C",
     token       text,
-    channel     text NOT NULL,
+    role        "char" NOT NULL DEFAULT 'l',
+    want        int NOT NULL DEFAULT 1,
+    channel     text,
+    wake        text,
     arrival     bigint GENERATED ALWAYS AS IDENTITY,
     claim_until timestamptz NOT NULL,
     PRIMARY KEY (key, token)
 );
 CREATE INDEX IF NOT EXISTS waiters_in_order ON "S".waiters (key, arrival);
 
--- Take lock k for tok for ttl_ms, or report how long to wait. With chan, a caller that
--- must wait takes (or keeps) a place in the queue, claimed until its next attempt plus
--- grace_ms; a free lock goes to the head of the queue only (no barging). A repeat of a
--- granted request renews it and reports the same fence.
--- Returns (granted, fence, wait_ms): the fence of the grant, or the name's latest.
-CREATE OR REPLACE FUNCTION "S".acquire(k text, tok text, ttl_ms bigint, chan text,
-                                       grace_ms bigint)
+-- Milliseconds from now_ts until t (never negative).
+CREATE OR REPLACE FUNCTION "S".ms_until(t timestamptz, now_ts timestamptz) RETURNS bigint
+LANGUAGE sql IMMUTABLE AS $fn$
+    SELECT greatest(0, ceil(extract(epoch FROM t - now_ts) * 1000))::bigint
+$fn$;
+
+-- Takes (or keeps) tok's place in k's queue, claimed until `claim`.
+CREATE OR REPLACE FUNCTION "S".wait_in_line(k text, tok text, r "char", n int, chan text,
+                                            wk text, claim timestamptz)
+RETURNS void
+LANGUAGE sql AS $fn$
+    INSERT INTO "S".waiters AS q (key, token, role, want, channel, wake, claim_until)
+    VALUES (k, tok, r, n, chan, wk, claim)
+    ON CONFLICT (key, token) DO UPDATE
+    SET channel = coalesce(excluded.channel, q.channel), wake = excluded.wake,
+        want = excluded.want, claim_until = excluded.claim_until
+$fn$;
+
+-- Drops k's lapsed waiters, then wakes the head of its queue (role 'l') and gives it
+-- wake_ms to come. Returns whether there was one.
+CREATE OR REPLACE FUNCTION "S".wake_head(k text, wake_ms bigint) RETURNS boolean
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    head   "S".waiters%ROWTYPE;
+    now_ts timestamptz := clock_timestamp();
+BEGIN
+    DELETE FROM "S".waiters AS q WHERE q.key = k AND q.claim_until <= now_ts;
+    SELECT * INTO head FROM "S".waiters AS q
+    WHERE q.key = k AND q.role = 'l' ORDER BY q.arrival LIMIT 1;
+    IF head.token IS NULL THEN
+        RETURN false;
+    END IF;
+    UPDATE "S".waiters AS q
+    SET claim_until = least(q.claim_until, now_ts + wake_ms * interval '1 millisecond')
+    WHERE q.key = k AND q.token = head.token;
+    IF head.channel IS NOT NULL THEN
+        PERFORM pg_notify(head.channel, coalesce(head.wake, head.token));
+    END IF;
+    RETURN true;
+END
+$fn$;
+
+-- Take lock k (a plain or fair lock) for tok for ttl_ms, or report how long to wait. With
+-- queue, a caller that must wait takes (or keeps) a place in the queue, claimed until its
+-- next attempt plus grace_ms, woken on chan with wk (null: its token); a free lock goes
+-- to the head of the queue only (no barging). A repeat of a granted request renews it and
+-- reports the same fence. Returns (granted, fence, wait_ms): the grant's fence or the
+-- name's latest.
+CREATE OR REPLACE FUNCTION "S".acquire(k text, tok text, ttl_ms bigint, queue boolean,
+                                       chan text, wk text, grace_ms bigint)
 RETURNS TABLE (granted boolean, fence bigint, wait_ms bigint)
 LANGUAGE plpgsql AS $fn$
 DECLARE
@@ -48,7 +110,8 @@ BEGIN
         RETURN;
     END IF;
     DELETE FROM "S".waiters AS q WHERE q.key = k AND q.claim_until <= now_ts;
-    SELECT * INTO head FROM "S".waiters AS q WHERE q.key = k ORDER BY q.arrival LIMIT 1;
+    SELECT * INTO head FROM "S".waiters AS q
+    WHERE q.key = k AND q.role = 'l' ORDER BY q.arrival LIMIT 1;
     IF (r.holder IS NULL OR r.expires_at <= now_ts)
        AND (head.token IS NULL OR head.token = tok) THEN
         UPDATE "S".locks AS l
@@ -63,34 +126,30 @@ BEGIN
         RETURN;
     END IF;
     IF r.holder IS NOT NULL AND r.expires_at > now_ts THEN
-        w := ceil(extract(epoch FROM r.expires_at - now_ts) * 1000);
+        w := "S".ms_until(r.expires_at, now_ts);
     ELSE
         -- Free, but the head's: look again when its claim ends, or within a lease (claims
         -- behind a head that never comes must not chain).
-        w := least(ttl_ms, greatest(0, ceil(extract(epoch FROM head.claim_until - now_ts) * 1000)));
+        w := least(ttl_ms, "S".ms_until(head.claim_until, now_ts));
     END IF;
-    IF chan IS NOT NULL THEN
-        INSERT INTO "S".waiters AS q (key, token, channel, claim_until)
-        VALUES (k, tok, chan, now_ts + (w + grace_ms) * interval '1 millisecond')
-        ON CONFLICT (key, token) DO UPDATE
-        SET channel = excluded.channel, claim_until = excluded.claim_until;
+    IF queue THEN
+        PERFORM "S".wait_in_line(k, tok, 'l', 1, chan, wk,
+                                 now_ts + (w + grace_ms) * interval '1 millisecond');
     END IF;
     RETURN QUERY SELECT false, r.fence, w;
 END
 $fn$;
 
--- Release k: 'own' (tok's hold), 'force' (whoever holds it) or 'leave' (tok stops waiting).
--- When the lock is free afterwards, the head of the queue is woken (pg_notify on its
--- client's channel, naming its token; sent at commit) and has wake_ms to come.
--- Returns whether a hold was released ('own', 'force') or tok was queued ('leave').
+-- Release lock k: 'own' (tok's hold), 'force' (whoever holds it) or 'leave' (tok stops
+-- waiting). When the lock is free afterwards, the head of the queue is woken (sent at
+-- commit) and has wake_ms to come. Returns whether a hold was released ('own', 'force')
+-- or tok was queued ('leave').
 CREATE OR REPLACE FUNCTION "S".release(k text, tok text, mode text, wake_ms bigint)
 RETURNS boolean
 LANGUAGE plpgsql AS $fn$
 DECLARE
-    done   boolean;
-    held   boolean;
-    head   "S".waiters%ROWTYPE;
-    now_ts timestamptz;
+    done boolean;
+    held boolean;
 BEGIN
     IF mode = 'own' THEN
         UPDATE "S".locks AS l SET holder = NULL, expires_at = NULL
@@ -109,18 +168,425 @@ BEGIN
             RETURN done;
         END IF;
     END IF;
+    IF done THEN
+        PERFORM "S".wake_head(k, wake_ms);
+    END IF;
+    RETURN done;
+END
+$fn$;
+
+-- Renew one lease: kind 'l' a lock's holder, 'p' a semaphore's permits, 'h' a reentrant
+-- lock's hold (the lock's expiry), 'w' a read-write lock's writer or reader.
+CREATE OR REPLACE FUNCTION "S".extend_one(kind text, k text, tok text, ttl_ms bigint)
+RETURNS boolean
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    now_ts timestamptz := clock_timestamp();
+    until  timestamptz := clock_timestamp() + ttl_ms * interval '1 millisecond';
+BEGIN
+    IF kind = 'l' OR kind = 'w' THEN
+        UPDATE "S".locks AS l SET expires_at = until
+        WHERE l.key = k AND l.holder = tok AND l.expires_at > now_ts;
+        IF FOUND OR kind = 'l' THEN
+            RETURN FOUND;
+        END IF;
+    END IF;
+    IF kind = 'h' THEN
+        UPDATE "S".locks AS l SET expires_at = until
+        WHERE l.key = k AND l.expires_at > now_ts
+          AND EXISTS (SELECT 1 FROM "S".leases AS e
+                      WHERE e.key = k AND e.token = tok AND e.role = 'h');
+        RETURN FOUND;
+    END IF;
+    UPDATE "S".leases AS e SET expires_at = until
+    WHERE e.key = k AND e.token = tok AND e.expires_at > now_ts
+      AND e.role = CASE WHEN kind = 'w' THEN 'r' ELSE 'p' END::"char";
+    RETURN FOUND;
+END
+$fn$;
+
+-- Renew a batch of leases (kinds as extend_one), in key order (so two batches never wait
+-- for each other in a circle); returns the 1-based positions of those renewed.
+CREATE OR REPLACE FUNCTION "S".extend_many(kinds text[], ks text[], toks text[],
+                                           ttls bigint[])
+RETURNS SETOF bigint
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    x record;
+BEGIN
+    FOR x IN SELECT * FROM unnest(kinds, ks, toks, ttls) WITH ORDINALITY
+                           AS u(kind, key, token, ttl, i)
+             ORDER BY u.key
+    LOOP
+        IF "S".extend_one(x.kind, x.key, x.token, x.ttl) THEN
+            RETURN NEXT x.i;
+        END IF;
+    END LOOP;
+END
+$fn$;
+
+-- Take n of semaphore k's permits for tok (its permit count `start` if none is stored),
+-- in arrival order. Returns (granted, 0, wait_ms); wait_ms -1: no lease to wait for (n
+-- exceeds the count). A grant that leaves permits free wakes the next in line.
+CREATE OR REPLACE FUNCTION "S".sem_acquire(k text, tok text, n int, start int, ttl_ms bigint,
+                                           queue boolean, chan text, grace_ms bigint,
+                                           wake_ms bigint)
+RETURNS TABLE (granted boolean, fence bigint, wait_ms bigint)
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    r         "S".locks%ROWTYPE;
+    head      "S".waiters%ROWTYPE;
+    now_ts    timestamptz;
+    cap       int;
+    used      bigint;
+    first_end timestamptz;
+    w         bigint;
+BEGIN
+    INSERT INTO "S".locks AS l (key, permits) VALUES (k, start) ON CONFLICT (key) DO NOTHING;
+    SELECT * INTO r FROM "S".locks AS l WHERE l.key = k FOR UPDATE;
+    now_ts := clock_timestamp();
+    cap := coalesce(r.permits, start);
+    IF r.permits IS NULL THEN
+        UPDATE "S".locks AS l SET permits = cap WHERE l.key = k;
+    END IF;
+    DELETE FROM "S".leases AS e WHERE e.key = k AND e.expires_at <= now_ts;
+    UPDATE "S".leases AS e SET expires_at = now_ts + ttl_ms * interval '1 millisecond'
+    WHERE e.key = k AND e.token = tok;
+    IF FOUND THEN
+        RETURN QUERY SELECT true, 0::bigint, 0::bigint;
+        RETURN;
+    END IF;
+    SELECT coalesce(sum(e.n), 0), min(e.expires_at) INTO used, first_end
+    FROM "S".leases AS e WHERE e.key = k;
+    DELETE FROM "S".waiters AS q WHERE q.key = k AND q.claim_until <= now_ts;
+    SELECT * INTO head FROM "S".waiters AS q
+    WHERE q.key = k AND q.role = 'l' ORDER BY q.arrival LIMIT 1;
+    IF used + n <= cap AND (head.token IS NULL OR head.token = tok) THEN
+        INSERT INTO "S".leases (key, token, role, n, expires_at)
+        VALUES (k, tok, 'p', n, now_ts + ttl_ms * interval '1 millisecond');
+        DELETE FROM "S".waiters AS q WHERE q.key = k AND q.token = tok;
+        IF used + n < cap THEN
+            PERFORM "S".wake_head(k, wake_ms);
+        END IF;
+        RETURN QUERY SELECT true, 0::bigint, 0::bigint;
+        RETURN;
+    END IF;
+    IF used + n <= cap THEN
+        w := least(ttl_ms, "S".ms_until(head.claim_until, now_ts));
+    ELSIF first_end IS NOT NULL THEN
+        w := "S".ms_until(first_end, now_ts);
+    ELSE
+        w := -1;
+    END IF;
+    IF queue THEN
+        PERFORM "S".wait_in_line(k, tok, 'l', n, chan, NULL,
+            now_ts + ((CASE WHEN w < 0 THEN 1000 ELSE w END) + grace_ms)
+                     * interval '1 millisecond');
+    END IF;
+    RETURN QUERY SELECT false, 0::bigint, w;
+END
+$fn$;
+
+-- Give back tok's permits ('own'), every live permit ('force'), or tok's place in line
+-- ('leave'); then wake the next in line. Returns whether anything was given back (or tok
+-- was queued).
+CREATE OR REPLACE FUNCTION "S".sem_release(k text, tok text, mode text, wake_ms bigint)
+RETURNS boolean
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    done boolean;
+BEGIN
+    PERFORM 1 FROM "S".locks AS l WHERE l.key = k FOR UPDATE;
+    IF mode = 'own' THEN
+        DELETE FROM "S".leases AS e
+        WHERE e.key = k AND e.token = tok AND e.expires_at > clock_timestamp();
+    ELSIF mode = 'force' THEN
+        DELETE FROM "S".leases AS e WHERE e.key = k AND e.expires_at > clock_timestamp();
+    ELSE
+        DELETE FROM "S".waiters AS q WHERE q.key = k AND q.token = tok;
+    END IF;
+    done := FOUND;
+    IF done THEN
+        PERFORM "S".wake_head(k, wake_ms);
+    END IF;
+    RETURN done;
+END
+$fn$;
+
+-- Change semaphore k's permit count: set it to `target`, or (with target null) add delta
+-- to it (`start` if none is stored) if the result stays within 1..=max. Wakes the next
+-- in line. Returns the new count, or null if nothing changed.
+CREATE OR REPLACE FUNCTION "S".sem_resize(k text, target int, delta bigint, start int,
+                                          max_permits int, wake_ms bigint)
+RETURNS int
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    r    "S".locks%ROWTYPE;
+    new_count bigint;
+BEGIN
+    INSERT INTO "S".locks AS l (key, permits) VALUES (k, start) ON CONFLICT (key) DO NOTHING;
+    SELECT * INTO r FROM "S".locks AS l WHERE l.key = k FOR UPDATE;
+    new_count := coalesce(target, coalesce(r.permits, start) + delta);
+    IF target IS NULL AND (new_count < 1 OR new_count > max_permits) THEN
+        RETURN NULL;
+    END IF;
+    UPDATE "S".locks AS l SET permits = new_count WHERE l.key = k;
+    PERFORM "S".wake_head(k, wake_ms);
+    RETURN new_count;
+END
+$fn$;
+
+-- Take a hold of reentrant lock k for owner under request token tok. Returns (1, fence, 0)
+-- a hold (a new tenure: a new fence; a re-entry: the tenure's), (0, fence, wait_ms)
+-- another owner holds it or it is the queue head's, (2, holds, 0) owner is at the limit.
+CREATE OR REPLACE FUNCTION "S".re_acquire(k text, owner text, tok text, ttl_ms bigint,
+                                          lim int, queue boolean, chan text, grace_ms bigint)
+RETURNS TABLE (status int, fence bigint, wait_ms bigint)
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    r      "S".locks%ROWTYPE;
+    head   "S".waiters%ROWTYPE;
+    now_ts timestamptz;
+    until  timestamptz;
+    holds  bigint;
+    w      bigint;
+BEGIN
+    INSERT INTO "S".locks AS l (key) VALUES (k) ON CONFLICT (key) DO NOTHING;
+    SELECT * INTO r FROM "S".locks AS l WHERE l.key = k FOR UPDATE;
+    now_ts := clock_timestamp();
+    until := now_ts + ttl_ms * interval '1 millisecond';
+    IF r.holder IS NOT NULL AND r.expires_at <= now_ts THEN
+        -- The tenure lapsed: its holds with it.
+        DELETE FROM "S".leases AS e WHERE e.key = k AND e.role = 'h';
+        UPDATE "S".locks AS l SET holder = NULL, expires_at = NULL WHERE l.key = k;
+        r.holder := NULL;
+    END IF;
+    IF r.holder = owner THEN
+        PERFORM 1 FROM "S".leases AS e WHERE e.key = k AND e.token = tok AND e.role = 'h';
+        IF NOT FOUND THEN
+            SELECT count(*) INTO holds FROM "S".leases AS e WHERE e.key = k AND e.role = 'h';
+            IF holds >= lim THEN
+                RETURN QUERY SELECT 2, holds, 0::bigint;
+                RETURN;
+            END IF;
+            INSERT INTO "S".leases (key, token, role, n, expires_at)
+            VALUES (k, tok, 'h', 1, until);
+        END IF;
+        UPDATE "S".locks AS l SET expires_at = until WHERE l.key = k;
+        RETURN QUERY SELECT 1, r.fence, 0::bigint;
+        RETURN;
+    END IF;
+    DELETE FROM "S".waiters AS q WHERE q.key = k AND q.claim_until <= now_ts;
+    SELECT * INTO head FROM "S".waiters AS q
+    WHERE q.key = k AND q.role = 'l' ORDER BY q.arrival LIMIT 1;
+    IF r.holder IS NULL AND (head.token IS NULL OR head.token = tok) THEN
+        UPDATE "S".locks AS l SET holder = owner, expires_at = until, fence = l.fence + 1
+        WHERE l.key = k
+        RETURNING l.fence INTO r.fence;
+        INSERT INTO "S".leases (key, token, role, n, expires_at) VALUES (k, tok, 'h', 1, until);
+        DELETE FROM "S".waiters AS q WHERE q.key = k AND q.token = tok;
+        RETURN QUERY SELECT 1, r.fence, 0::bigint;
+        RETURN;
+    END IF;
+    IF r.holder IS NOT NULL THEN
+        w := "S".ms_until(r.expires_at, now_ts);
+    ELSE
+        w := least(ttl_ms, "S".ms_until(head.claim_until, now_ts));
+    END IF;
+    IF queue THEN
+        PERFORM "S".wait_in_line(k, tok, 'l', 1, chan, NULL,
+                                 now_ts + (w + grace_ms) * interval '1 millisecond');
+    END IF;
+    RETURN QUERY SELECT 0, r.fence, w;
+END
+$fn$;
+
+-- Give back owner's hold under tok ('own'; the last hold frees the lock), or every hold
+-- ('force'). A freed lock wakes the next in line. Returns whether a live hold went.
+CREATE OR REPLACE FUNCTION "S".re_release(k text, owner text, tok text, mode text,
+                                          wake_ms bigint)
+RETURNS boolean
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    r "S".locks%ROWTYPE;
+BEGIN
+    SELECT * INTO r FROM "S".locks AS l WHERE l.key = k FOR UPDATE;
+    IF r.holder IS NULL OR r.expires_at <= clock_timestamp()
+       OR (mode = 'own' AND r.holder <> owner) THEN
+        RETURN false;
+    END IF;
+    IF mode = 'own' THEN
+        DELETE FROM "S".leases AS e WHERE e.key = k AND e.token = tok AND e.role = 'h';
+        IF NOT FOUND THEN
+            RETURN false;
+        END IF;
+        PERFORM 1 FROM "S".leases AS e WHERE e.key = k AND e.role = 'h';
+        IF FOUND THEN
+            RETURN true;
+        END IF;
+    ELSE
+        DELETE FROM "S".leases AS e WHERE e.key = k AND e.role = 'h';
+    END IF;
+    UPDATE "S".locks AS l SET holder = NULL, expires_at = NULL WHERE l.key = k;
+    PERFORM "S".wake_head(k, wake_ms);
+    RETURN true;
+END
+$fn$;
+
+-- Wakes every client with a reader of k blocked (its row of role 'r'), once each.
+CREATE OR REPLACE FUNCTION "S".wake_readers(k text) RETURNS void
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    x record;
+BEGIN
+    FOR x IN DELETE FROM "S".waiters AS q WHERE q.key = k AND q.role = 'r'
+             RETURNING q.channel, q.wake
+    LOOP
+        IF x.channel IS NOT NULL THEN
+            PERFORM pg_notify(x.channel, x.wake);
+        END IF;
+    END LOOP;
+END
+$fn$;
+
+-- Take read-write lock k for reading or writing (writers first: a live waiting writer
+-- holds new readers back; writers do not queue behind each other). A blocked writer
+-- claims its wait until its next attempt plus grace_ms; a blocked reader leaves a row
+-- (role 'r', woken on chan with wk_r) that blocks nobody. Returns (granted, fence,
+-- wait_ms); readers' fence is 0.
+CREATE OR REPLACE FUNCTION "S".rw_acquire(k text, tok text, write boolean, ttl_ms bigint,
+                                          grace_ms bigint, chan text, wk_r text)
+RETURNS TABLE (granted boolean, fence bigint, wait_ms bigint)
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    r       "S".locks%ROWTYPE;
+    now_ts  timestamptz;
+    until   timestamptz;
+    writing boolean;
+    first   timestamptz;
+    w       bigint;
+BEGIN
+    INSERT INTO "S".locks AS l (key) VALUES (k) ON CONFLICT (key) DO NOTHING;
+    SELECT * INTO r FROM "S".locks AS l WHERE l.key = k FOR UPDATE;
+    now_ts := clock_timestamp();
+    until := now_ts + ttl_ms * interval '1 millisecond';
+    DELETE FROM "S".leases AS e WHERE e.key = k AND e.role = 'r' AND e.expires_at <= now_ts;
+    DELETE FROM "S".waiters AS q WHERE q.key = k AND q.claim_until <= now_ts;
+    writing := r.holder IS NOT NULL AND r.expires_at > now_ts;
+    IF NOT write THEN
+        UPDATE "S".leases AS e SET expires_at = until
+        WHERE e.key = k AND e.token = tok AND e.role = 'r';
+        IF FOUND THEN
+            RETURN QUERY SELECT true, 0::bigint, 0::bigint;
+            RETURN;
+        END IF;
+        IF writing THEN
+            w := "S".ms_until(r.expires_at, now_ts);
+        ELSE
+            SELECT min(q.claim_until) INTO first FROM "S".waiters AS q
+            WHERE q.key = k AND q.role = 'l';
+            IF first IS NULL THEN
+                INSERT INTO "S".leases (key, token, role, n, expires_at)
+                VALUES (k, tok, 'r', 1, until);
+                RETURN QUERY SELECT true, 0::bigint, 0::bigint;
+                RETURN;
+            END IF;
+            w := "S".ms_until(first, now_ts);
+        END IF;
+        IF chan IS NOT NULL THEN
+            PERFORM "S".wait_in_line(k, tok, 'r', 1, chan, wk_r,
+                                     now_ts + (w + grace_ms) * interval '1 millisecond');
+        END IF;
+        RETURN QUERY SELECT false, 0::bigint, w;
+        RETURN;
+    END IF;
+    IF writing AND r.holder = tok THEN
+        UPDATE "S".locks AS l SET expires_at = until WHERE l.key = k;
+        DELETE FROM "S".waiters AS q WHERE q.key = k AND q.token = tok;
+        RETURN QUERY SELECT true, r.fence, 0::bigint;
+        RETURN;
+    END IF;
+    IF writing THEN
+        w := "S".ms_until(r.expires_at, now_ts);
+    ELSE
+        SELECT min(e.expires_at) INTO first FROM "S".leases AS e
+        WHERE e.key = k AND e.role = 'r';
+        w := CASE WHEN first IS NULL THEN NULL ELSE "S".ms_until(first, now_ts) END;
+    END IF;
+    IF w IS NOT NULL THEN
+        PERFORM "S".wait_in_line(k, tok, 'l', 1, chan, NULL,
+                                 now_ts + (w + grace_ms) * interval '1 millisecond');
+        RETURN QUERY SELECT false, r.fence, w;
+        RETURN;
+    END IF;
+    UPDATE "S".locks AS l SET holder = tok, expires_at = until, fence = l.fence + 1
+    WHERE l.key = k
+    RETURNING l.fence INTO r.fence;
+    DELETE FROM "S".waiters AS q WHERE q.key = k AND q.token = tok;
+    RETURN QUERY SELECT true, r.fence, 0::bigint;
+END
+$fn$;
+
+-- Release the writer's or a reader's hold under tok ('own'), turn the write hold into a
+-- read hold ('downgrade', reader lease ttl_ms), withdraw a waiting writer ('leave'), or
+-- clear every hold and waiting writer ('force'). When nobody holds the lock afterwards,
+-- one waiting writer is woken, or else every blocked reader. Returns whether it acted.
+CREATE OR REPLACE FUNCTION "S".rw_release(k text, tok text, mode text, ttl_ms bigint,
+                                          wake_ms bigint)
+RETURNS boolean
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    r      "S".locks%ROWTYPE;
+    now_ts timestamptz;
+    done   boolean := false;
+BEGIN
+    SELECT * INTO r FROM "S".locks AS l WHERE l.key = k FOR UPDATE;
+    now_ts := clock_timestamp();
+    IF mode = 'own' OR mode = 'downgrade' THEN
+        IF r.holder = tok AND r.expires_at > now_ts THEN
+            UPDATE "S".locks AS l SET holder = NULL, expires_at = NULL WHERE l.key = k;
+            done := true;
+            IF mode = 'downgrade' THEN
+                INSERT INTO "S".leases (key, token, role, n, expires_at)
+                VALUES (k, tok, 'r', 1, now_ts + ttl_ms * interval '1 millisecond')
+                ON CONFLICT (key, token) DO UPDATE SET expires_at = excluded.expires_at;
+                PERFORM "S".wake_readers(k);
+                RETURN true;
+            END IF;
+        ELSIF mode = 'own' THEN
+            DELETE FROM "S".leases AS e
+            WHERE e.key = k AND e.token = tok AND e.role = 'r' AND e.expires_at > now_ts;
+            done := FOUND;
+        END IF;
+    ELSIF mode = 'leave' THEN
+        DELETE FROM "S".waiters AS q WHERE q.key = k AND q.token = tok;
+        done := FOUND;
+    ELSE
+        done := r.holder IS NOT NULL AND r.expires_at > now_ts;
+        UPDATE "S".locks AS l SET holder = NULL, expires_at = NULL WHERE l.key = k;
+        DELETE FROM "S".leases AS e WHERE e.key = k AND e.role = 'r' AND e.expires_at > now_ts;
+        done := done OR FOUND;
+        DELETE FROM "S".waiters AS q WHERE q.key = k AND q.role = 'l';
+    END IF;
     IF NOT done THEN
         RETURN false;
     END IF;
-    now_ts := clock_timestamp();
-    DELETE FROM "S".waiters AS q WHERE q.key = k AND q.claim_until <= now_ts;
-    SELECT * INTO head FROM "S".waiters AS q WHERE q.key = k ORDER BY q.arrival LIMIT 1;
-    IF head.token IS NOT NULL THEN
-        UPDATE "S".waiters AS q
-        SET claim_until = least(q.claim_until, now_ts + wake_ms * interval '1 millisecond')
-        WHERE q.key = k AND q.token = head.token;
-        PERFORM pg_notify(head.channel, head.token);
+    PERFORM 1 FROM "S".locks AS l
+    WHERE l.key = k AND l.holder IS NOT NULL AND l.expires_at > now_ts;
+    IF FOUND THEN
+        RETURN true;
     END IF;
-    RETURN done;
+    -- No writer: the last reader out lets one waiting writer in; with no writer waiting,
+    -- the blocked readers may come.
+    PERFORM 1 FROM "S".leases AS e WHERE e.key = k AND e.role = 'r' AND e.expires_at > now_ts;
+    IF NOT FOUND AND "S".wake_head(k, wake_ms) THEN
+        RETURN true;
+    END IF;
+    PERFORM 1 FROM "S".waiters AS q
+    WHERE q.key = k AND q.role = 'l' AND q.claim_until > now_ts;
+    IF NOT FOUND THEN
+        PERFORM "S".wake_readers(k);
+    END IF;
+    RETURN true;
 END
 $fn$;
