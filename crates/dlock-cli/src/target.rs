@@ -15,7 +15,7 @@ pub(crate) enum Target {
     Memcached(Memcached),
     /// etcd: the plain lock (fenced) only.
     Etcd(Etcd),
-    /// PostgreSQL: the plain lock (fenced) only, so far.
+    /// PostgreSQL: every primitive.
     Postgres(Postgres),
 }
 
@@ -25,16 +25,17 @@ macro_rules! with_backend {
         match $target {
             $crate::target::Target::Redis($b) => $body,
             $crate::target::Target::Memory($b) => $body,
+            $crate::target::Target::Postgres($b) => $body,
             $crate::target::Target::Quorum(_) => Err($crate::exit::Failure::usage(
                 "redlock:// (a quorum of independent masters) works with `dlock run` only: \
                  it has no fencing token and no single store to inspect",
             )),
-            $crate::target::Target::Memcached(_)
-            | $crate::target::Target::Etcd(_)
-            | $crate::target::Target::Postgres(_) => Err($crate::exit::Failure::usage(
-                "memcache://, etcd:// and postgres:// have the plain lock only: `dlock run` \
-                 (without --semaphore/--shared/--exclusive/--fair), status, list, force-unlock",
-            )),
+            $crate::target::Target::Memcached(_) | $crate::target::Target::Etcd(_) => {
+                Err($crate::exit::Failure::usage(
+                    "memcache:// and etcd:// have the plain lock only: `dlock run` (without \
+                     --semaphore/--shared/--exclusive/--fair), status, list, force-unlock",
+                ))
+            }
         }
     };
 }

@@ -937,9 +937,38 @@ fn postgres_urls_run_list_inspect_and_force_unlock() {
         wait_exit(&mut holder, Duration::from_secs(20)).code(),
         Some(76)
     );
-    // Not built on PostgreSQL yet: a usage error, not a wrong answer.
-    let out = output(dlock(&url).args(["status", "--kind", "semaphore", "x"]));
-    assert_eq!(out.status.code(), Some(64), "{}", stderr(&out));
+    // The family too: two of two permits taken by two runs at once, a third refused.
+    let mut runs: Vec<Child> = (0..2)
+        .map(|_| {
+            dlock(&url)
+                .args(["run", "--semaphore", "2", "pool", "--", "sleep", "3"])
+                .spawn()
+                .expect("spawn")
+        })
+        .collect();
+    let mut in_use = serde_json::Value::Null;
+    for _ in 0..100 {
+        let out = output(dlock(&url).args(["status", "--json", "--kind", "semaphore", "pool"]));
+        assert!(out.status.success(), "{}", stderr(&out));
+        in_use = serde_json::from_slice(&out.stdout).expect("json");
+        if in_use["holders"] == 2 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(in_use["holders"], 2, "{in_use}");
+    let out =
+        output(dlock(&url).args(["run", "--semaphore", "2", "--no-wait", "pool", "--", "true"]));
+    assert!(
+        !out.status.success(),
+        "a third permit of two: {}",
+        stderr(&out)
+    );
+    for run in &mut runs {
+        assert!(wait_exit(run, Duration::from_secs(20)).success());
+    }
+    let out = output(dlock(&url).args(["run", "--fair", "in-line", "--", "true"]));
+    assert!(out.status.success(), "{}", stderr(&out));
     // A wrong password: refused, and not printed.
     let out = output(dlock(&pg.url_as("dlock", "wrong-pw")).args(["status", "x"]));
     assert!(!out.status.success());
