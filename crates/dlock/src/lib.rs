@@ -73,7 +73,9 @@
 //! `appendonly yes`, `appendfsync always` where fences must survive restarts).
 //! [`Quorum`](backend::Quorum) (RedLock) survives a minority of failed nodes but has no
 //! fencing token. Memcached forgets everything on restart or eviction; etcd persists
-//! through raft and its create revision is a fence that never repeats. The memory backend
+//! through raft and its create revision is a fence that never repeats. PostgreSQL (feature
+//! `postgres`) keeps holds and fences in committed rows, so they survive a crash of its
+//! one primary (an asynchronous standby promoted on failover can repeat fences). The memory backend
 //! is exact within one process and nothing outside it. `SAFETY.md` in the repository has
 //! the whole table, fault by fault.
 
