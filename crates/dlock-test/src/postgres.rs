@@ -359,13 +359,20 @@ impl PostgresServer {
     /// # Panics
     /// If the server does not answer.
     pub async fn admin(&self) -> tokio_postgres::Client {
-        let (client, connection) = tokio_postgres::connect(&self.url(), tokio_postgres::NoTls)
-            .await
-            .expect("admin connection");
+        self.try_admin().await.expect("admin connection")
+    }
+
+    /// An admin connection (superuser), driven on the current runtime.
+    ///
+    /// # Errors
+    /// The server does not answer.
+    pub async fn try_admin(&self) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
+        let (client, connection) =
+            tokio_postgres::connect(&self.url(), tokio_postgres::NoTls).await?;
         tokio::spawn(async move {
             let _ = connection.await;
         });
-        client
+        Ok(client)
     }
 }
 

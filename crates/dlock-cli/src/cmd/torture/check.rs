@@ -399,6 +399,7 @@ pub(super) fn check(input: &Input<'_>) -> (Findings, Holds) {
                     | Fault::DelayedRestart
                     | Fault::LeaderRestart
                     | Fault::MemberRestart
+                    | Fault::CrashRestart
             ) && w.start <= bound
                 && w.end >= kill.t
         });
@@ -528,6 +529,7 @@ fn verdict(f: &mut Findings) {
             | Kind::Redlock
             | Kind::MemcachedFenced
             | Kind::EtcdFenced
+            | Kind::PostgresFenced
             | Kind::Memory => {
                 let fenced = f.kind.is_fenced();
                 if fenced && (f.stale_accepted > 0 || f.fenced_lost > 0) {
@@ -987,6 +989,35 @@ mod tests {
         let f = run(Kind::MemcachedFenced, &history, &restart, &[], &none);
         assert_eq!((f.fence_regressions, f.fence_reuse), (1, 1));
         assert!(!f.verdict_ok);
+    }
+
+    #[test]
+    fn a_postgres_crash_restart_resets_no_fence() {
+        // The same history as above, whose fences start over after the restart: on
+        // PostgreSQL a crash keeps the counter, so going back is a failure.
+        let history = vec![
+            (0, acq(50, 7)),
+            (0, Step::Releasing { t: 60 }),
+            (1, acq(250, 1)),
+            (1, Step::Releasing { t: 260 }),
+            (0, acq(300, 2)),
+            (0, Step::Releasing { t: 310 }),
+        ];
+        let crash = [window(Fault::CrashRestart, None, 100, 200)];
+        let none = Resources::default();
+        let f = run(Kind::PostgresFenced, &history, &crash, &[], &none);
+        assert_eq!(f.fence_regressions, 2);
+        assert!(!f.verdict_ok, "{}", f.verdict);
+        // Fences that keep rising through the crash pass.
+        let rising = vec![
+            (0, acq(50, 7)),
+            (0, Step::Releasing { t: 60 }),
+            (1, acq(250, 8)),
+            (1, Step::Releasing { t: 260 }),
+        ];
+        let f = run(Kind::PostgresFenced, &rising, &crash, &[], &none);
+        assert_eq!((f.fence_regressions, f.fence_reuse), (0, 0));
+        assert!(f.verdict_ok, "{}", f.verdict);
     }
 
     #[test]

@@ -18,6 +18,7 @@
 //! | `rwlock-fenced` | [`RwLock`](dlock::RwLock) (`dlock-rw:` keys): two of every three holds on the write side, fenced; the third a read hold that reads the resource | as `dlock-fenced` for the writers; no read hold overlaps a write hold outside excused windows; no writer, reader lease or writer claim left |
 //! | `reentrant-fenced` | [`ReentrantLock`](dlock::ReentrantLock) (`dlock-re:` keys, a hash), an owner per worker, entered again inside every hold, then the fenced write, inner hold released first | as `dlock-fenced`; every re-entry made while the outer hold was valid gets the outer hold's fence (a mismatch or refusal fails the run) |
 //! | `redlock` | [`Lock`] over [`Quorum`](dlock::backend::Quorum)`<Redis>`: 5 redis-servers of its own (whatever `--url` says), each worker reaching each node through its own proxy; unfenced counter (a quorum has no fence) | as `dlock`: no overlap outside pause windows and windows where nodes restarted empty at once (the known RedLock hazard, seed 002: a node that forgot a key can let a second majority form; such overlaps are counted apart); lock free within ttl + ε after a holder's crash; no lock key left on any node |
+//! | `postgres-fenced` | [`Lock`] over [`Postgres`](dlock::backend::Postgres): a PostgreSQL of its own, fenced; `restart` is a crash (every process SIGKILLed, started again on its data at once) | 0 stale writes accepted, 0 fenced increments lost, fences strictly increasing in grant order and never reused — a restart excuses no reset (the fence is a committed row); liveness and orphans as `dlock` |
 //! | `memcached-fenced` | [`Lock`] over [`Memcached`](dlock::backend::Memcached): a memcached of its own, ttl at least 2 s (its expiry clock ticks in seconds), fenced | 0 stale writes accepted, 0 fenced increments lost, fences strictly increasing in grant order between restarts; overlaps only in pause/restart windows. A restart forgets the fence counter: fences start over at 1, and the resource refuses them (counted as refused) until the counter passes the highest fence it saw — the fenced resource's liveness suffers, its safety does not |
 //! | `etcd-fenced` | [`Lock`] over [`Etcd`](dlock::backend::Etcd): a 3-member etcd cluster of its own, each worker reaching each member through its own proxy, ttl at least 2 s (leases count whole seconds), fenced (each acquirer queues a key `<lock key>/<token>` on a lease of its own; the fence is the holder's queue key's create revision) | 0 stale writes accepted, 0 fenced increments lost, fences strictly increasing in grant order and never reused, across member and leader restarts too (a revision never repeats); overlaps only in pause windows — a member's or the leader's restart excuses none (raft keeps the lock); lock free within ttl + ε after a holder's crash; no key left at the lock key or under `<lock key>/` — no holder's or waiter's queue key (an etcd prefix read) |
 //! | `memory` | [`Lock`] on the memory backend, threads, stalls only | as `dlock-fenced` |
@@ -48,6 +49,7 @@ use std::time::Duration;
 use dlock::Lock;
 use dlock::backend::Memory;
 use dlock::keys::LockKeys;
+use dlock_test::postgres::PostgresServer;
 use dlock_test::proxy::{Fault as ProxyFault, Proxy};
 use dlock_test::server::{EtcdCluster, MemcachedServer, RedisServer};
 use nix::sys::signal::{Signal, kill};
@@ -90,6 +92,7 @@ pub(super) enum Kind {
     Redlock,
     MemcachedFenced,
     EtcdFenced,
+    PostgresFenced,
 }
 
 /// How many independent masters the `redlock` kind runs over.
@@ -106,7 +109,7 @@ const ETCD_MEMBERS: usize = 3;
 const ETCD_MIN_TTL: Duration = Duration::from_secs(2);
 
 impl Kind {
-    const ALL: [Kind; 13] = [
+    const ALL: [Kind; 14] = [
         Kind::Dlock,
         Kind::DlockFenced,
         Kind::FairFenced,
@@ -115,6 +118,7 @@ impl Kind {
         Kind::Redlock,
         Kind::MemcachedFenced,
         Kind::EtcdFenced,
+        Kind::PostgresFenced,
         Kind::Memory,
         Kind::SetnxExpire,
         Kind::SetnxGetset,
@@ -132,6 +136,7 @@ impl Kind {
             Kind::Redlock => "redlock",
             Kind::MemcachedFenced => "memcached-fenced",
             Kind::EtcdFenced => "etcd-fenced",
+            Kind::PostgresFenced => "postgres-fenced",
             Kind::Memory => "memory",
             Kind::SetnxExpire => "setnx-expire",
             Kind::SetnxGetset => "setnx-getset",
@@ -158,6 +163,7 @@ impl Kind {
                 | Kind::ReentrantFenced
                 | Kind::MemcachedFenced
                 | Kind::EtcdFenced
+                | Kind::PostgresFenced
         )
     }
 
@@ -166,7 +172,7 @@ impl Kind {
     fn owns_servers(self) -> bool {
         matches!(
             self,
-            Kind::Redlock | Kind::MemcachedFenced | Kind::EtcdFenced
+            Kind::Redlock | Kind::MemcachedFenced | Kind::EtcdFenced | Kind::PostgresFenced
         )
     }
 
@@ -202,6 +208,7 @@ impl Kind {
                 fault,
                 Fault::Freeze | Fault::ClientPause | Fault::ScriptFlush
             ),
+            Kind::PostgresFenced => !matches!(fault, Fault::ClientPause | Fault::ScriptFlush),
             _ => true,
         }
     }
@@ -319,6 +326,10 @@ pub(super) enum Fault {
     /// Kill an etcd follower (or a member when no leader could be found) and start it
     /// again from its data after 2 × ttl. The form of every other `restart` on etcd.
     MemberRestart,
+    /// Kill PostgreSQL (every process, SIGKILL) and start it again on its data at once:
+    /// a crash of a durable store, which must keep every hold and fence. The form
+    /// `restart` takes on postgres-fenced (not a fault of its own in `--faults`).
+    CrashRestart,
 }
 
 impl Fault {
@@ -348,6 +359,7 @@ impl Fault {
             Fault::DelayedRestart => "delayed-restart",
             Fault::LeaderRestart => "leader-restart",
             Fault::MemberRestart => "member-restart",
+            Fault::CrashRestart => "crash-restart",
         }
     }
 
@@ -602,6 +614,9 @@ async fn run_kinds(
                 "  (a memcached of its own, ttl {})",
                 humantime::format_duration(kind.ttl(config.ttl))
             ),
+            Kind::PostgresFenced => {
+                "  (a PostgreSQL of its own; restarts keep its data)".to_owned()
+            }
             Kind::EtcdFenced => format!(
                 "  (an etcd cluster of {ETCD_MEMBERS} of its own, ttl {})",
                 humantime::format_duration(kind.ttl(config.ttl))
@@ -662,6 +677,25 @@ async fn run_kinds(
                 };
                 println!("{line}");
                 let store = Store::etcd(cluster).await?;
+                run_workers(config, kind, &kind_faults, duration, store, resource_server).await?
+            }
+            Kind::PostgresFenced => {
+                let server = match PostgresServer::start() {
+                    Ok(server) => server,
+                    // A user's `dlock torture` need not have PostgreSQL installed.
+                    Err(e) if config.all_kinds => {
+                        println!("  {:<16} skipped: {e}", kind.id());
+                        continue;
+                    }
+                    Err(e) => {
+                        return Err(Failure::new(
+                            exit::UNAVAILABLE,
+                            format!("the postgres-fenced kind needs PostgreSQL installed: {e}"),
+                        ));
+                    }
+                };
+                println!("{line}");
+                let store = Store::postgres(server).await?;
                 run_workers(config, kind, &kind_faults, duration, store, resource_server).await?
             }
             _ => {
@@ -764,6 +798,11 @@ enum Store<'a> {
     },
     /// A memcached of our own.
     Memcached(MemcachedServer),
+    /// A PostgreSQL of our own, with an admin connection for the audit.
+    Postgres {
+        server: PostgresServer,
+        admin: tokio_postgres::Client,
+    },
     /// An etcd cluster of our own, with an admin client per member (straight to it, not
     /// through a proxy) to find the leader and audit the keys.
     Etcd {
@@ -822,6 +861,43 @@ async fn etcd_victim(
         .filter(|&i| cluster.members[i].is_running() && Some(i) != leader)
         .collect();
     (!others.is_empty()).then(|| (others[rng.below(others.len())], false))
+}
+
+/// How many of `keys` PostgreSQL still holds anything for: a live holder, a live lease or
+/// a waiter's live place (each named on stderr). A key it could not be asked about counts
+/// as present: an audit that could not look must not pass.
+async fn postgres_count(admin: &tokio_postgres::Client, keys: &[String]) -> usize {
+    let mut n = 0;
+    for key in keys {
+        let row = admin
+            .query_one(
+                "SELECT
+                   (SELECT count(*) FROM dlock.locks
+                    WHERE key = $1 AND expires_at > clock_timestamp()),
+                   (SELECT count(*) FROM dlock.leases
+                    WHERE key = $1 AND expires_at > clock_timestamp()),
+                   (SELECT count(*) FROM dlock.waiters
+                    WHERE key = $1 AND claim_until > clock_timestamp())",
+                &[key],
+            )
+            .await;
+        match row {
+            Ok(row) => {
+                let (held, leases, waiting): (i64, i64, i64) = (row.get(0), row.get(1), row.get(2));
+                if held + leases + waiting > 0 {
+                    eprintln!(
+                        "dlock: torture: postgres still holds {key} after the run: holder {held}, leases {leases}, waiters {waiting}"
+                    );
+                    n += 1;
+                }
+            }
+            Err(e) => {
+                eprintln!("dlock: torture: postgres could not be asked about {key}: {e}");
+                n += 1;
+            }
+        }
+    }
+    n
 }
 
 /// How many keys etcd holds at each of `keys` or under `<key>/`, asked of the first running
@@ -904,6 +980,16 @@ async fn admin_connection(url: &str) -> Result<redis::aio::ConnectionManager, Fa
 }
 
 impl<'a> Store<'a> {
+    async fn postgres(server: PostgresServer) -> Result<Store<'a>, Failure> {
+        let admin = server.try_admin().await.map_err(|e| {
+            Failure::new(
+                exit::UNAVAILABLE,
+                format!("torture: the PostgreSQL admin connection: {e}"),
+            )
+        })?;
+        Ok(Store::Postgres { server, admin })
+    }
+
     async fn redis(server: &'a mut LockServer) -> Result<Store<'a>, Failure> {
         let admin = admin_connection(&server.url()).await?;
         Ok(Store::Redis { server, admin })
@@ -960,6 +1046,7 @@ impl<'a> Store<'a> {
             Store::Redis { server, .. } => upstream(&server.url()).into_iter().collect(),
             Store::Quorum { nodes, .. } => nodes.iter().map(|n| loopback(n.port())).collect(),
             Store::Memcached(server) => vec![loopback(server.port())],
+            Store::Postgres { server, .. } => vec![loopback(server.port())],
             Store::Etcd { cluster, .. } => cluster
                 .members
                 .iter()
@@ -988,6 +1075,17 @@ impl<'a> Store<'a> {
                 .first()
                 .map(|p| format!("memcache://{}", p.addr()))
                 .unwrap_or_default(),
+            Store::Postgres { server, .. } => proxies
+                .first()
+                .map(|p| {
+                    format!(
+                        "postgres://{}:{}@{}/postgres",
+                        dlock_test::postgres::SUPERUSER,
+                        dlock_test::postgres::PASSWORD,
+                        p.addr()
+                    )
+                })
+                .unwrap_or_else(|| server.url()),
             Store::Etcd { .. } => format!(
                 "etcd://{}",
                 proxies
@@ -1070,6 +1168,15 @@ impl<'a> Store<'a> {
                 })
                 .count(),
             Store::Etcd { cluster, admins } => etcd_count(cluster, admins, keys).await,
+            Store::Postgres { server, admin } => {
+                // A crash restart closed the first admin connection: open another.
+                if admin.is_closed()
+                    && let Ok(fresh) = server.try_admin().await
+                {
+                    *admin = fresh;
+                }
+                postgres_count(admin, keys).await
+            }
         }
     }
 
@@ -1317,6 +1424,10 @@ impl Nemesis<'_> {
                         server: LockServer::Own(s),
                         ..
                     } => s.freeze().is_ok(),
+                    Store::Postgres { server, .. } => {
+                        server.freeze();
+                        true
+                    }
                     // Every node chosen, whether or not another failed.
                     Store::Quorum { nodes: servers, .. } => {
                         nodes
@@ -1349,7 +1460,7 @@ impl Nemesis<'_> {
                         }
                         any
                     }
-                    Store::Memcached(_) | Store::Etcd { .. } => false,
+                    Store::Memcached(_) | Store::Etcd { .. } | Store::Postgres { .. } => false,
                 };
                 if paused {
                     (true, None, Some((half_ttls(4), Undo::Unpause(nodes))))
@@ -1360,7 +1471,8 @@ impl Nemesis<'_> {
             Fault::Restart
             | Fault::DelayedRestart
             | Fault::LeaderRestart
-            | Fault::MemberRestart => match &mut self.store {
+            | Fault::MemberRestart
+            | Fault::CrashRestart => match &mut self.store {
                 Store::Redis { server, .. } => match server {
                     LockServer::Own(s) => (s.restart().is_ok(), None, None),
                     LockServer::Given(_) => (false, None, None),
@@ -1385,6 +1497,11 @@ impl Nemesis<'_> {
                     }
                 }
                 Store::Memcached(s) => (s.restart().is_ok(), None, None),
+                // A crash: every process killed, then started again on its data at once.
+                Store::Postgres { server, .. } => {
+                    happened = Fault::CrashRestart;
+                    (server.restart().is_ok(), None, None)
+                }
                 Store::Etcd { cluster, admins } => {
                     self.node_restarts += 1;
                     let leader_turn = self.node_restarts % 2 == 1;
@@ -1414,7 +1531,7 @@ impl Nemesis<'_> {
                         }
                         any
                     }
-                    Store::Memcached(_) | Store::Etcd { .. } => false,
+                    Store::Memcached(_) | Store::Etcd { .. } | Store::Postgres { .. } => false,
                 };
                 (flushed, None, None)
             }
@@ -1837,6 +1954,7 @@ impl Undo {
             ) => {
                 let _ = s.thaw();
             }
+            (Undo::Thaw(_), Store::Postgres { server, .. }) => server.thaw(),
             (Undo::Thaw(nodes), Store::Quorum { nodes: servers, .. }) => {
                 for i in nodes.iter() {
                     let _ = servers[i].thaw();
@@ -1849,7 +1967,7 @@ impl Undo {
                         .iter()
                         .filter_map(|i| admins.get(i).cloned())
                         .collect(),
-                    Store::Memcached(_) | Store::Etcd { .. } => Vec::new(),
+                    Store::Memcached(_) | Store::Etcd { .. } | Store::Postgres { .. } => Vec::new(),
                 };
                 // Pipelined after the pause's own expiry at the latest; no need to wait.
                 for mut admin in admins {

@@ -10,7 +10,7 @@
 use std::io::Write as _;
 use std::time::Duration;
 
-use dlock::backend::{Etcd, Memcached, Quorum, Redis};
+use dlock::backend::{Etcd, Memcached, Postgres, Quorum, Redis};
 use dlock::raw::{RawFencing, RawLock};
 use dlock::{FairLock, Lock, LockGuard, Owner, ReentrantLock, RwLock, RwSide, Token};
 use serde::Serialize;
@@ -171,6 +171,12 @@ pub(crate) async fn run(args: TortureWorkerArgs) -> Result<u8, Failure> {
             worker.run_dlock(&lock, None, false, fence_of).await;
             return Ok(exit::SUCCESS);
         }
+        Kind::PostgresFenced => {
+            let postgres = connect_postgres(&args.lock_url).await?;
+            let lock = Lock::builder(postgres, name).ttl(ttl).build()?;
+            worker.run_dlock(&lock, None, false, fence_of).await;
+            return Ok(exit::SUCCESS);
+        }
         // One endpoint per member, comma-separated.
         Kind::EtcdFenced => {
             let etcd = connect_etcd(&args.lock_url).await?;
@@ -226,6 +232,21 @@ pub(crate) async fn run(args: TortureWorkerArgs) -> Result<u8, Failure> {
         }
     }
     Ok(exit::SUCCESS)
+}
+
+/// Connects to PostgreSQL, again and again for up to [`ETCD_CONNECT_FOR`]: a replacement
+/// worker may start while the server restarts after a crash.
+async fn connect_postgres(url: &str) -> Result<Postgres, Failure> {
+    let deadline = tokio::time::Instant::now() + ETCD_CONNECT_FOR;
+    loop {
+        match Postgres::connect(url).await {
+            Ok(postgres) => return Ok(postgres),
+            Err(e) if e.is_retryable() && tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
 }
 
 /// How long a worker tries to reach etcd before it gives up.
