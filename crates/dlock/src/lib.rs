@@ -86,6 +86,7 @@ pub mod backend;
 pub mod engine;
 mod error;
 mod fair;
+pub mod fenced;
 pub mod keys;
 mod lock;
 mod multi;

@@ -17,6 +17,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use dlock::backend::{Memory, Redis};
+use dlock::fenced::RedisFenced;
 use dlock::{Lock, LockGuard};
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -120,18 +121,6 @@ enum Kv {
     Local(Arc<Mutex<HashMap<String, String>>>),
     Redis(redis::aio::MultiplexedConnection),
 }
-
-/// Fenced access to the stock: refuse a fence below the highest seen, else record it.
-/// KEYS[1] stock, KEYS[2] highest fence seen; ARGV[1] fence, ARGV[2] new stock or "".
-/// Returns the stock (read) or "OK" (write), or false when refused.
-const FENCED_ACCESS: &str = r"
-local highest = tonumber(redis.call('GET', KEYS[2]) or '0')
-local fence = tonumber(ARGV[1])
-if fence < highest then return false end
-redis.call('SET', KEYS[2], fence)
-if ARGV[2] ~= '' then redis.call('SET', KEYS[1], ARGV[2]) return 'OK' end
-return redis.call('GET', KEYS[1])
-";
 
 impl Kv {
     fn local(&self) -> Option<std::sync::MutexGuard<'_, HashMap<String, String>>> {
@@ -246,14 +235,23 @@ impl Kv {
                     None => Ok(m.get(stock).cloned()),
                 }
             }
-            Kv::Redis(c) => redis::Script::new(FENCED_ACCESS)
-                .key(stock)
-                .key(highest)
-                .arg(fence)
-                .arg(new_value.map(|v| v.to_string()).unwrap_or_default())
-                .invoke_async(&mut c.clone())
-                .await
-                .map_err(store_err),
+            // The library's fenced resource (dlock::fenced).
+            Kv::Redis(c) => {
+                let resource = RedisFenced::new(stock).fence_key(highest);
+                let fence = dlock::FencingToken::new(fence);
+                let mut conn = c.clone();
+                Ok(match new_value {
+                    Some(v) => resource
+                        .write(&mut conn, fence, &v.to_string())
+                        .await?
+                        .ok()
+                        .map(|()| "OK".to_owned()),
+                    None => match resource.read(&mut conn, fence).await? {
+                        Ok(value) => Some(value.unwrap_or_default()),
+                        Err(_stale) => None,
+                    },
+                })
+            }
         }
     }
 }

@@ -3,6 +3,7 @@
 mod cluster;
 mod engine;
 mod etcd;
+mod fenced;
 mod memcached;
 mod memory;
 mod postgres;

@@ -3,6 +3,7 @@
 mod memory;
 mod quorum;
 pub use memory::Memory;
+#[cfg(any(feature = "etcd", feature = "postgres"))]
 pub(crate) use memory::glob_match;
 pub use quorum::{DEFAULT_NODE_TIMEOUT_FRACTION, Quorum, QuorumBuilder};
 

@@ -11,31 +11,14 @@ use std::io::Write as _;
 use std::time::Duration;
 
 use dlock::backend::{Etcd, Memcached, Postgres, Quorum, Redis};
+use dlock::fenced::RedisFenced;
 use dlock::raw::{RawFencing, RawLock};
-use dlock::{FairLock, Lock, LockGuard, Owner, ReentrantLock, RwLock, RwSide, Token};
+use dlock::{FairLock, FencingToken, Lock, LockGuard, Owner, ReentrantLock, RwLock, RwSide, Token};
 use serde::Serialize;
 
 use super::{Kind, ResourceKeys, monotonic_ns};
 use crate::args::TortureWorkerArgs;
 use crate::exit::{self, Failure};
-
-/// The fenced resource's one operation, read or write: refuse a fence below the highest
-/// seen, else record it.
-/// KEYS[1] value, KEYS[2] highest fence seen, KEYS[3] log of accepted write fences
-/// ARGV[1] fence, ARGV[2] the new value, or '' to read
-/// returns {1, value} accepted (the value read or written); {0, highest} refused
-pub(super) const FENCED_ACCESS: &str = r"
-local highest = tonumber(redis.call('GET', KEYS[2]) or '0')
-local fence = tonumber(ARGV[1])
-if fence < highest then return {0, highest} end
-redis.call('SET', KEYS[2], fence)
-if ARGV[2] ~= '' then
-  redis.call('SET', KEYS[1], ARGV[2])
-  redis.call('RPUSH', KEYS[3], fence)
-  return {1, tonumber(ARGV[2])}
-end
-return {1, tonumber(redis.call('GET', KEYS[1]) or '0')}
-";
 
 /// One line of a worker's history.
 #[derive(Debug, Serialize, serde::Deserialize, Clone, PartialEq)]
@@ -102,7 +85,7 @@ struct Worker {
     ttl: Duration,
     until: u64,
     resource: redis::aio::MultiplexedConnection,
-    fenced: redis::Script,
+    fenced: RedisFenced,
 }
 
 /// How the loop learns a grant's fence: its fencing token, or none (RedLock's quorum
@@ -128,13 +111,16 @@ pub(crate) async fn run(args: TortureWorkerArgs) -> Result<u8, Failure> {
         .get_multiplexed_async_connection()
         .await
         .map_err(store_err)?;
+    let fenced = RedisFenced::new(keys.fenced.clone())
+        .fence_key(keys.highest.clone())
+        .journal(keys.log.clone());
     let mut worker = Worker {
         kind,
         keys,
         ttl,
         until: args.until_ns,
         resource,
-        fenced: redis::Script::new(FENCED_ACCESS),
+        fenced,
     };
     if kind.is_control() {
         // Reconnects by itself after a closed connection or a server restart.
@@ -540,39 +526,29 @@ impl Worker {
     async fn critical_section(&mut self, fence: u64) -> Result<(), Failure> {
         let r = &mut self.resource;
         if self.kind.is_fenced() {
-            let (ok, value): (i64, i64) = self
-                .fenced
-                .key(&self.keys.fenced)
-                .key(&self.keys.highest)
-                .key(&self.keys.log)
-                .arg(fence)
-                .arg("")
-                .invoke_async(r)
-                .await
-                .map_err(store_err)?;
-            if ok == 0 {
-                emit(&Step::Fenced {
-                    t: monotonic_ns(),
-                    ok: false,
-                    value: 0,
-                });
-                return Ok(());
-            }
+            // The library's fenced resource (dlock::fenced), journaling accepted fences for
+            // the checker.
+            let fence = FencingToken::new(fence);
+            let value = match self.fenced.read(r, fence).await? {
+                Ok(value) => value.and_then(|v| v.parse::<i64>().ok()).unwrap_or(0),
+                Err(_stale) => {
+                    emit(&Step::Fenced {
+                        t: monotonic_ns(),
+                        ok: false,
+                        value: 0,
+                    });
+                    return Ok(());
+                }
+            };
             emit(&Step::Read { t: monotonic_ns() });
             tokio::time::sleep(CRITICAL).await;
-            let (ok, _): (i64, i64) = self
+            let written = self
                 .fenced
-                .key(&self.keys.fenced)
-                .key(&self.keys.highest)
-                .key(&self.keys.log)
-                .arg(fence)
-                .arg(value + 1)
-                .invoke_async(r)
-                .await
-                .map_err(store_err)?;
+                .write(r, fence, &(value + 1).to_string())
+                .await?;
             emit(&Step::Fenced {
                 t: monotonic_ns(),
-                ok: ok == 1,
+                ok: written.is_ok(),
                 value: value + 1,
             });
         } else {

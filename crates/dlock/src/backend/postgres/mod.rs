@@ -363,7 +363,7 @@ pub fn redact(url: &str) -> String {
 /// Maps a driver error to dlock's kinds: connection failures are `Unavailable` (retryable),
 /// a cancelled statement `TimedOut`, refusals (privileges, a read-only server, a wrong
 /// password) `Backend`.
-fn map_err(err: &tokio_postgres::Error, doing: &str) -> Error {
+pub(crate) fn map_err(err: &tokio_postgres::Error, doing: &str) -> Error {
     let detail = err.to_string();
     let Some(code) = err.code() else {
         // No SQLSTATE: the connection (I/O, closed, TLS), or the client itself (a value
