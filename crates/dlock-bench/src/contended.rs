@@ -136,6 +136,10 @@ pub(crate) enum Waiter {
     },
     /// dlock's lock on memcached (no notification: waiters back off).
     Memcached(Memcached),
+    /// dlock's lock on PostgreSQL, a client of its own.
+    Postgres(dlock::backend::Postgres),
+    /// distributed-lock-postgres, a provider (and pool) of its own.
+    PgPeer(std::sync::Arc<distributed_lock_postgres::PostgresLockProvider>),
     /// dlock's lock on etcd (waiters watch the key).
     Etcd(Etcd),
     /// etcd's own lock service (`Lock` RPC, which waits on the server), with a lease
@@ -211,6 +215,8 @@ enum Held {
     Memcached(LockGuard<Memcached>),
     Etcd(LockGuard<Etcd>),
     EtcdNative { key: Vec<u8>, lease: i64 },
+    Postgres(LockGuard<dlock::backend::Postgres>),
+    PgPeer(distributed_lock_postgres::handle::PostgresLockHandle),
 }
 
 impl Waiter {
@@ -267,6 +273,20 @@ impl Waiter {
                 let lock = Lock::builder(etcd.clone(), name).ttl(TTL).build()?;
                 Ok(Held::Etcd(lock.lock().await?))
             }
+            Waiter::Postgres(pg) => {
+                let lock = Lock::builder(pg.clone(), name).ttl(TTL).build()?;
+                Ok(Held::Postgres(lock.lock().await?))
+            }
+            Waiter::PgPeer(provider) => {
+                use distributed_lock_core::traits::{DistributedLock, LockProvider};
+                Ok(Held::PgPeer(
+                    provider
+                        .create_lock(name)
+                        .acquire(None)
+                        .await
+                        .map_err(|e| format!("distributed-lock-postgres acquire: {e}"))?,
+                ))
+            }
             Waiter::EtcdNative(waiter) => {
                 let (key, lease) = waiter.lock(name).await?;
                 Ok(Held::EtcdNative { key, lease })
@@ -309,6 +329,14 @@ impl Waiter {
             (Held::Rslock(guard), _) => guard.release().await,
             (Held::Memcached(guard), _) => guard.release().await?,
             (Held::Etcd(guard), _) => guard.release().await?,
+            (Held::Postgres(guard), _) => guard.release().await?,
+            (Held::PgPeer(handle), _) => {
+                use distributed_lock_core::traits::LockHandle;
+                handle
+                    .release()
+                    .await
+                    .map_err(|e| format!("distributed-lock-postgres release: {e}"))?;
+            }
             (Held::EtcdNative { key, lease }, Waiter::EtcdNative(waiter)) => {
                 waiter.client.unlock(key).await?;
                 revoke_later(&waiter.client, lease);

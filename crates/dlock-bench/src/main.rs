@@ -29,6 +29,7 @@ mod contended;
 mod etcd;
 mod measure;
 mod memcached;
+mod postgres;
 mod primitives;
 mod redlock;
 mod replicas;
@@ -170,7 +171,7 @@ impl Profile {
 const SHORT_TTL: Duration = Duration::from_secs(3);
 
 /// The benchmark sections, in the order they run.
-const SECTIONS: [&str; 10] = [
+const SECTIONS: [&str; 11] = [
     "uncontended",
     "contended",
     "redlock",
@@ -178,6 +179,7 @@ const SECTIONS: [&str; 10] = [
     "memory",
     "memcached",
     "etcd",
+    "postgres",
     "primitives",
     "replicas",
     "cluster",
@@ -191,7 +193,7 @@ struct Args {
 }
 
 const USAGE: &str = "usage: dlock-bench [--quick] [--out DIR] \
-     [--only uncontended,contended,redlock,watchdog,memory,memcached,etcd,primitives,\
+     [--only uncontended,contended,redlock,watchdog,memory,memcached,etcd,postgres,primitives,\
      replicas,cluster]";
 
 fn parse_args() -> std::result::Result<Args, String> {
@@ -306,6 +308,9 @@ async fn run(args: &Args) -> Result<bool> {
     if wants("etcd") {
         steps += etcd::steps(profile);
     }
+    if wants("postgres") {
+        steps += postgres::steps(profile);
+    }
     if wants("primitives") {
         steps += primitives::steps(profile);
     }
@@ -361,6 +366,10 @@ async fn run(args: &Args) -> Result<bool> {
     if wants("etcd") {
         let section = etcd::bench(profile, &bar).await?;
         section.targets(&mut targets);
+        md.push_str(&section.markdown());
+    }
+    if wants("postgres") {
+        let section = postgres::bench(profile, &bar).await?;
         md.push_str(&section.markdown());
     }
     if wants("primitives") {

@@ -350,6 +350,131 @@ pub(crate) async fn memcached_round_trip(addr: &str, samples: usize) -> Result<L
     Ok(lat)
 }
 
+/// PostgreSQL `SELECT 1` round trips on `client` (the first tenth discarded).
+pub(crate) async fn pg_round_trip(
+    client: &tokio_postgres::Client,
+    samples: usize,
+) -> Result<Latencies> {
+    let statement = client.prepare("SELECT 1").await?;
+    let mut lat = Latencies::new();
+    for i in 0..samples + samples / 10 {
+        let start = Instant::now();
+        client.query_one(&statement, &[]).await?;
+        if i >= samples / 10 {
+            lat.record(start.elapsed());
+        }
+    }
+    Ok(lat)
+}
+
+/// The bare PostgreSQL limit: the two calls dlock's `Lock<Postgres>` makes, as prepared
+/// statements on one shared connection (`dlock.acquire`, then `dlock.release`).
+pub(crate) struct PgLimit {
+    client: Arc<tokio_postgres::Client>,
+    acquire: tokio_postgres::Statement,
+    release: tokio_postgres::Statement,
+    key: String,
+    token: String,
+}
+
+impl PgLimit {
+    /// `key` on `client` (dlock's schema must exist: a dlock client connected before).
+    pub(crate) async fn boxed(
+        client: Arc<tokio_postgres::Client>,
+        key: String,
+        token: String,
+    ) -> Result<BoxCycle> {
+        let acquire = client
+            .prepare(
+                "SELECT granted, fence, wait_ms FROM \"dlock\".acquire($1::text, $2::text,
+                   $3::bigint, $4::boolean, $5::text, $6::text, $7::bigint)",
+            )
+            .await?;
+        let release = client
+            .prepare("SELECT \"dlock\".release($1::text, $2::text, $3::text, $4::bigint)")
+            .await?;
+        Ok(Box::new(PgLimit {
+            client,
+            acquire,
+            release,
+            key: format!("dlock:{key}"),
+            token,
+        }))
+    }
+}
+
+impl Cycle for PgLimit {
+    fn cycle(&mut self) -> CycleFuture<'_> {
+        Box::pin(async move {
+            let start = Instant::now();
+            let ttl = i64::try_from(TTL.as_millis()).unwrap_or(i64::MAX);
+            let row = self
+                .client
+                .query_one(
+                    &self.acquire,
+                    &[
+                        &self.key,
+                        &self.token,
+                        &ttl,
+                        &false,
+                        &None::<&str>,
+                        &None::<&str>,
+                        &1000i64,
+                    ],
+                )
+                .await?;
+            if !row.get::<_, bool>(0) {
+                return Err(
+                    format!("postgres limit: the private key {} was taken", self.key).into(),
+                );
+            }
+            let acquired = start.elapsed();
+            self.client
+                .query_one(&self.release, &[&self.key, &self.token, &"own", &1000i64])
+                .await?;
+            Ok(acquired)
+        })
+    }
+}
+
+/// The peer on PostgreSQL: distributed-lock-postgres's `create_lock(name).acquire(None)`
+/// and `release()` (a session advisory lock held on a pooled connection).
+pub(crate) struct PgPeer {
+    provider: Arc<distributed_lock_postgres::PostgresLockProvider>,
+    name: String,
+}
+
+impl PgPeer {
+    /// The lock `name` from `provider`.
+    pub(crate) fn boxed(
+        provider: Arc<distributed_lock_postgres::PostgresLockProvider>,
+        name: String,
+    ) -> BoxCycle {
+        Box::new(PgPeer { provider, name })
+    }
+}
+
+impl Cycle for PgPeer {
+    fn cycle(&mut self) -> CycleFuture<'_> {
+        Box::pin(async move {
+            use distributed_lock_core::traits::{DistributedLock, LockHandle, LockProvider};
+            let start = Instant::now();
+            let handle = self
+                .provider
+                .create_lock(&self.name)
+                .acquire(None)
+                .await
+                .map_err(|e| format!("distributed-lock-postgres acquire: {e}"))?;
+            let acquired = start.elapsed();
+            handle
+                .release()
+                .await
+                .map_err(|e| format!("distributed-lock-postgres release: {e}"))?;
+            Ok(acquired)
+        })
+    }
+}
+
 /// Lease seconds of [`TTL`] for etcd.
 fn lease_secs(ttl: Duration) -> i64 {
     i64::try_from(ttl.as_secs().max(1)).unwrap_or(i64::MAX)

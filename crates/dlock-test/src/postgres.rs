@@ -60,6 +60,18 @@ fn bin_dir() -> io::Result<PathBuf> {
     Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
 }
 
+/// `PostgreSQL 15.18`, from the kit's `postgres --version`.
+pub fn version() -> Option<String> {
+    let out = Command::new(bin_dir().ok()?.join("postgres"))
+        .arg("--version")
+        .output()
+        .ok()?;
+    let text = String::from_utf8(out.stdout).ok()?;
+    // "postgres (PostgreSQL) 15.18 (Debian 15.18-0+deb12u1)"
+    let number = text.split_whitespace().nth(2)?;
+    Some(format!("PostgreSQL {number}"))
+}
+
 /// Whether this process runs as root (PostgreSQL then runs as `postgres`).
 fn is_root() -> bool {
     std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
@@ -233,7 +245,7 @@ impl PostgresServer {
                 "-c",
                 "shared_buffers=16MB",
                 "-c",
-                "max_connections=100",
+                "max_connections=400",
             ])
             .process_group(0)
             .stdin(Stdio::null())
@@ -299,6 +311,11 @@ impl PostgresServer {
     /// The port.
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// The postmaster's process id.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
     }
 
     /// A URL for the `postgres` database as the superuser.

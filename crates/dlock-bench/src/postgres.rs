@@ -1,0 +1,343 @@
+//! Section 6.3, PostgreSQL: dlock's `Lock<Postgres>` on a private PostgreSQL, beside
+//!
+//! * **limit**: the two function calls dlock makes, bare, as prepared statements on one
+//!   tokio-postgres connection (`SELECT … FROM dlock.acquire(…)`, `SELECT
+//!   dlock.release(…)`: two round trips a cycle);
+//! * **peer**: the `distributed-lock-postgres` crate (session advisory locks over a sqlx
+//!   pool: a connection held per lock, no lease and no fence), as its docs show it;
+//! * **reference**: dlock's `Lock<Redis>` on a private `redis-server` in the same run.
+//!
+//! Contended, dlock's waiters queue in the waiters table and a release wakes the head
+//! with `NOTIFY`; the peer's waiters each block in `pg_advisory_lock` on a connection of
+//! their own (PostgreSQL's lock manager queues them).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use distributed_lock_postgres::PostgresLockProvider;
+use dlock::backend::{Postgres, Redis};
+use dlock_test::postgres::PostgresServer;
+use dlock_test::server::RedisServer;
+use indicatif::ProgressBar;
+use redis::aio::ConnectionManager;
+
+use crate::contended::{self, Waiter};
+use crate::measure;
+use crate::report::fmt_dur;
+use crate::stores::{
+    self, BoxCycle, Cell, Cells, HandoffRow, HandoffRun, LockCycle, PgLimit, PgPeer, Plan,
+    RedisLimit, Row, Run, Setup,
+};
+use crate::{Profile, Result};
+
+/// Uncontended rows, in run order within a round.
+const ROWS: [&str; 5] = ["limit", "dlock", "peer", "redis-limit", "redis"];
+
+/// Contended rows, in run order within a round.
+const HANDOFF_ROWS: [&str; 3] = ["dlock", "peer", "redis"];
+
+struct Clients {
+    server: PostgresServer,
+    redis_server: RedisServer,
+    url: String,
+    redis_url: String,
+    bare: Arc<tokio_postgres::Client>,
+    pg: Postgres,
+    peer: Arc<PostgresLockProvider>,
+    redis_limit: ConnectionManager,
+    release_sha: String,
+    redis: Redis,
+}
+
+impl Clients {
+    async fn start() -> Result<Clients> {
+        let server = PostgresServer::start()?;
+        let url = server.url();
+        // dlock creates its schema on first use; the limit then calls its functions.
+        let pg = Postgres::connect(&url).await?;
+        let bare = Arc::new(server.try_admin().await?);
+        let peer = Arc::new(
+            PostgresLockProvider::new(url.clone())
+                .await
+                .map_err(|e| format!("distributed-lock-postgres: {e}"))?,
+        );
+        let redis_server = RedisServer::start()?;
+        let redis_url = redis_server.url();
+        let mut redis_limit = measure::connection_manager(&redis_url).await?;
+        let release_sha: String = redis::cmd("SCRIPT")
+            .arg("LOAD")
+            .arg(stores::RELEASE)
+            .query_async(&mut redis_limit)
+            .await?;
+        let redis = Redis::connect(redis_url.as_str()).await?;
+        Ok(Clients {
+            server,
+            redis_server,
+            url,
+            redis_url,
+            bare,
+            pg,
+            peer,
+            redis_limit,
+            release_sha,
+            redis,
+        })
+    }
+}
+
+impl Setup for Clients {
+    async fn tasks(&self, id: &'static str, n: usize, tag: &str) -> Result<Vec<BoxCycle>> {
+        let mut tasks = Vec::with_capacity(n);
+        for t in 0..n {
+            let name = format!("bench:p:{id}:{tag}:{n}:{t}");
+            let token = format!("{:032x}", 0x9a5d_0000_0000_u128 + t as u128);
+            tasks.push(match id {
+                "limit" => PgLimit::boxed(Arc::clone(&self.bare), name, token).await?,
+                "dlock" => LockCycle::boxed(self.pg.clone(), name, stores::TTL)?,
+                "peer" => PgPeer::boxed(Arc::clone(&self.peer), name),
+                "redis-limit" => RedisLimit::boxed(
+                    vec![self.redis_limit.clone()],
+                    &self.release_sha,
+                    name,
+                    token,
+                    None,
+                ),
+                _ => LockCycle::boxed(self.redis.clone(), name, stores::TTL)?,
+            });
+        }
+        Ok(tasks)
+    }
+
+    async fn waiters(&self, id: &'static str, n: usize) -> Result<Vec<Waiter>> {
+        let mut waiters = Vec::with_capacity(n);
+        match id {
+            "redis" => {
+                return contended::make_waiters(
+                    contended::Client::DlockPerWaiter,
+                    n,
+                    &self.redis_url,
+                    "",
+                )
+                .await;
+            }
+            "peer" => {
+                for _ in 0..n {
+                    waiters.push(Waiter::PgPeer(Arc::new(
+                        PostgresLockProvider::new(self.url.clone())
+                            .await
+                            .map_err(|e| format!("distributed-lock-postgres: {e}"))?,
+                    )));
+                }
+            }
+            _ => {
+                for _ in 0..n {
+                    waiters.push(Waiter::Postgres(Postgres::connect(&self.url).await?));
+                }
+            }
+        }
+        Ok(waiters)
+    }
+
+    async fn round_trips(&self) -> Result<Vec<Duration>> {
+        Ok(vec![
+            stores::pg_round_trip(&self.bare, 1_000)
+                .await?
+                .quantile(0.5),
+            measure::round_trip(&self.redis_url, 1_000)
+                .await?
+                .quantile(0.5),
+        ])
+    }
+
+    /// The postmaster only: its backends are processes of their own, not counted.
+    fn servers(&self) -> Vec<u32> {
+        self.server
+            .pid()
+            .into_iter()
+            .chain(self.redis_server.pid())
+            .collect()
+    }
+}
+
+/// The section's results.
+pub(crate) struct Section {
+    rounds: usize,
+    run: Duration,
+    contended_run: Duration,
+    rtts: Vec<Duration>,
+    cells: Vec<Cell<Run>>,
+    handoffs: Vec<Cell<HandoffRun>>,
+}
+
+fn plan(profile: &Profile) -> (Cells, Cells) {
+    let mut cells = Vec::new();
+    for &n in &profile.store_tasks {
+        for id in ROWS {
+            cells.push((id, n));
+        }
+    }
+    let mut handoffs = Vec::new();
+    for &n in &profile.store_waiters {
+        for id in HANDOFF_ROWS {
+            handoffs.push((id, n));
+        }
+    }
+    (cells, handoffs)
+}
+
+/// Progress steps.
+pub(crate) fn steps(profile: &Profile) -> u64 {
+    let (a, b) = plan(profile);
+    stores::steps(profile, a.len() + b.len())
+}
+
+/// Runs the section.
+pub(crate) async fn bench(profile: &Profile, bar: &ProgressBar) -> Result<Section> {
+    bar.set_message("postgres: starting a server");
+    let clients = Clients::start().await?;
+    let (cells, handoffs) = plan(profile);
+    let measured = stores::measure(
+        &clients,
+        &Plan {
+            section: "postgres",
+            uncontended: &cells,
+            contended: &handoffs,
+        },
+        profile,
+        bar,
+    )
+    .await?;
+    drop(clients);
+    Ok(Section {
+        rounds: profile.rounds,
+        run: profile.store_run,
+        contended_run: profile.store_contended_run,
+        rtts: measured.rtts,
+        cells: measured.uncontended,
+        handoffs: measured.contended,
+    })
+}
+
+fn rows() -> Vec<Row> {
+    vec![
+        Row {
+            id: "limit",
+            label: "limit: bare `dlock.acquire` + `dlock.release` calls, one connection".to_owned(),
+            round_trips: "2".to_owned(),
+            limit: Some("limit"),
+            reference: None,
+            peer: None,
+        },
+        Row {
+            id: "dlock",
+            label: "**dlock** `Lock<Postgres>`, one shared client (pool of 8)".to_owned(),
+            round_trips: "2".to_owned(),
+            limit: Some("limit"),
+            reference: Some("redis"),
+            peer: Some("peer"),
+        },
+        Row {
+            id: "peer",
+            label: "distributed-lock-postgres 0.2 (advisory lock on a pooled connection)"
+                .to_owned(),
+            round_trips: "6 (BEGIN, SAVEPOINT, SET LOCAL, lock, COMMIT; unlock)".to_owned(),
+            limit: Some("limit"),
+            reference: None,
+            peer: None,
+        },
+        Row {
+            id: "redis-limit",
+            label: "Redis limit: bare `SET NX PX` + `EVALSHA`".to_owned(),
+            round_trips: "2".to_owned(),
+            limit: Some("redis-limit"),
+            reference: None,
+            peer: None,
+        },
+        Row {
+            id: "redis",
+            label: "dlock `Lock<Redis>`, one shared client (reference)".to_owned(),
+            round_trips: "2".to_owned(),
+            limit: Some("redis-limit"),
+            reference: None,
+            peer: None,
+        },
+    ]
+}
+
+impl Section {
+    fn handoff_rows(&self) -> Vec<HandoffRow> {
+        let pg = self.rtts.first().copied().unwrap_or_default();
+        let redis = self.rtts.get(1).copied().unwrap_or(pg);
+        vec![
+            HandoffRow {
+                id: "dlock",
+                label: "**dlock** `Lock<Postgres>`, a client per waiter (queue + `NOTIFY`)"
+                    .to_owned(),
+                rtt: pg,
+                reference: Some("redis"),
+                peer: Some("peer"),
+            },
+            HandoffRow {
+                id: "peer",
+                label:
+                    "distributed-lock-postgres, a provider per waiter (`pg_advisory_lock` blocks)"
+                        .to_owned(),
+                rtt: pg,
+                reference: Some("redis"),
+                peer: None,
+            },
+            HandoffRow {
+                id: "redis",
+                label: "dlock `Lock<Redis>`, a client per waiter (reference)".to_owned(),
+                rtt: redis,
+                reference: None,
+                peer: None,
+            },
+        ]
+    }
+
+    /// The section's Markdown.
+    pub(crate) fn markdown(&self) -> String {
+        let pg = self.rtts.first().copied().unwrap_or_default();
+        let redis = self.rtts.get(1).copied().unwrap_or(pg);
+        let mut md = format!(
+            "\n## 6.3 PostgreSQL\n\n\
+             A private PostgreSQL ({}; `fsync=off`, `synchronous_commit` on) and a private \
+             `redis-server`, on loopback. **dlock** = `Lock::builder(Postgres::connect(url)?, \
+             name).ttl(30 s)` (watchdog on, lease mode: a row per name, a fence per grant). \
+             **limit** = the two function calls it makes, bare, as prepared statements on \
+             one tokio-postgres connection. **peer** = distributed-lock-postgres 0.2 \
+             (`PostgresLockProvider::new(url)`, `create_lock(name).acquire(None)`, \
+             `release()`): a session advisory lock held on a pooled sqlx connection (pool of \
+             10), no lease, no fence. **reference** = dlock's `Lock<Redis>` in the same run. \
+             Median of {} rounds: uncontended runs of {:.2} s, contended runs of {:.2} s \
+             (step-aside mode as in section 2, a client per waiter, ttl 10 s). Server CPU = \
+             the postmaster + redis-server (PostgreSQL's backends are processes of their \
+             own and are not counted). Round trip: PostgreSQL `SELECT 1` p50 {}, Redis PING \
+             p50 {}.\n\n### Uncontended\n\n",
+            pg_version(),
+            self.rounds,
+            self.run.as_secs_f64(),
+            self.contended_run.as_secs_f64(),
+            fmt_dur(pg),
+            fmt_dur(redis),
+        );
+        md.push_str(&stores::uncontended_table(&rows(), &self.cells));
+        md.push_str(
+            "\n### Contended hand-off on one hot name\n\n\
+             dlock's waiters take a place in the waiters table and sleep; a release that \
+             frees the lock wakes the head of the queue with `pg_notify` on its client's \
+             channel, and the head takes the lock with one call. The peer's waiters each \
+             block inside `pg_advisory_lock` on a connection of their own, so PostgreSQL's \
+             lock manager hands the lock on without a round trip from the client. `p50 × \
+             peer` = dlock's hand-off p50 over the peer's in the same run.\n\n",
+        );
+        md.push_str(&stores::handoff_table(&self.handoff_rows(), &self.handoffs));
+        md
+    }
+}
+
+/// `PostgreSQL 15.x`, from `postgres --version` in the kit's bin directory.
+fn pg_version() -> String {
+    dlock_test::postgres::version().unwrap_or_else(|| "PostgreSQL".to_owned())
+}
