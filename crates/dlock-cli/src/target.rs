@@ -1,6 +1,6 @@
 //! From `--url` to a connected store.
 
-use dlock::backend::{Etcd, Memcached, Memory, Postgres, Quorum, Redis};
+use dlock::backend::{Etcd, Memcached, Memory, PgAdvisory, Postgres, Quorum, Redis};
 
 use crate::args::Store;
 use crate::exit::Failure;
@@ -17,6 +17,9 @@ pub(crate) enum Target {
     Etcd(Etcd),
     /// PostgreSQL: every primitive.
     Postgres(Postgres),
+    /// PostgreSQL's session advisory locks (`postgres://…?mode=advisory`): `dlock run`,
+    /// status and force-unlock, no fence.
+    PgAdvisory(PgAdvisory),
 }
 
 /// Runs `$body` with `$b` bound to the concrete backend of `$target`.
@@ -36,6 +39,10 @@ macro_rules! with_backend {
                      --semaphore/--shared/--exclusive/--fair), status, list, force-unlock",
                 ))
             }
+            $crate::target::Target::PgAdvisory(_) => Err($crate::exit::Failure::usage(
+                "postgres://…?mode=advisory (session advisory locks) works with `dlock run` \
+                 (no DLOCK_FENCE), status and force-unlock only",
+            )),
         }
     };
 }
@@ -62,7 +69,10 @@ pub(crate) async fn connect(store: &Store, allow_memory: bool) -> Result<Target,
         Some("redlock") => Ok(Target::Quorum(redlock(url).await?)),
         Some("memcache" | "memcached") => Ok(Target::Memcached(Memcached::connect(url).await?)),
         Some("etcd") => Ok(Target::Etcd(Etcd::connect(url).await?)),
-        Some("postgres" | "postgresql") => Ok(Target::Postgres(Postgres::connect(url).await?)),
+        Some("postgres" | "postgresql") => match advisory_url(url) {
+            Some(url) => Ok(Target::PgAdvisory(PgAdvisory::connect(&url).await?)),
+            None => Ok(Target::Postgres(Postgres::connect(url).await?)),
+        },
         Some("memory") if allow_memory => Ok(Target::Memory(Memory::new())),
         Some("memory") => Err(Failure::usage(
             "memory:// is in-process only and would exclude no other process; use redis://",
@@ -74,6 +84,28 @@ pub(crate) async fn connect(store: &Store, allow_memory: bool) -> Result<Target,
             "--url {url:?} is not a URL (expected {SCHEMES})"
         ))),
     }
+}
+
+/// A `postgres://` URL that asks for advisory-lock mode (`mode=advisory` among its query
+/// parameters), without that parameter; `None` for lease mode (the default).
+fn advisory_url(url: &str) -> Option<String> {
+    let (base, query) = url.split_once('?')?;
+    let mut advisory = false;
+    let rest: Vec<&str> = query
+        .split('&')
+        .filter(|p| {
+            let mode = p.strip_prefix("mode=");
+            advisory |= mode == Some("advisory");
+            mode.is_none()
+        })
+        .collect();
+    advisory.then(|| {
+        if rest.is_empty() {
+            base.to_owned()
+        } else {
+            format!("{base}?{}", rest.join("&"))
+        }
+    })
 }
 
 /// `redlock://[user:pass@]host:port,host:port,…[/db]`: one independent master per host.

@@ -969,6 +969,19 @@ fn postgres_urls_run_list_inspect_and_force_unlock() {
     }
     let out = output(dlock(&url).args(["run", "--fair", "in-line", "--", "true"]));
     assert!(out.status.success(), "{}", stderr(&out));
+    // Advisory-lock mode: a session lock, no fence.
+    let advisory = format!("{url}?mode=advisory");
+    let out = output(dlock(&advisory).args([
+        "run",
+        "in-a-session",
+        "--",
+        "sh",
+        "-c",
+        "test -z \"$DLOCK_FENCE\"",
+    ]));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = output(dlock(&advisory).args(["run", "--semaphore", "2", "x", "--", "true"]));
+    assert_eq!(out.status.code(), Some(64), "{}", stderr(&out));
     // A wrong password: refused, and not printed.
     let out = output(dlock(&pg.url_as("dlock", "wrong-pw")).args(["status", "x"]));
     assert!(!out.status.success());

@@ -375,3 +375,147 @@ async fn a_partitioned_holder_loses_its_lease_and_closed_connections_recover() {
     };
     guard.release().await.expect("release");
 }
+
+/// Advisory-lock mode: PostgreSQL's session locks behind dlock's API.
+mod advisory {
+    use std::time::Duration;
+
+    use dlock::backend::PgAdvisory;
+    use dlock::{ErrorKind, Lock};
+    use dlock_test::conformance::unique;
+    use dlock_test::targets::PostgresTarget;
+    use tokio::time::{sleep, timeout};
+
+    async fn client(t: &PostgresTarget) -> PgAdvisory {
+        PgAdvisory::connect(&t.server.url()).await.expect("connect")
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn excludes_across_clients_and_shares_when_shared() {
+        let t = PostgresTarget::start();
+        let name = unique("adv");
+        let ttl = Duration::from_secs(3);
+        let a = Lock::builder(client(&t).await, &name)
+            .ttl(ttl)
+            .build()
+            .expect("valid");
+        let b = Lock::builder(client(&t).await, &name)
+            .ttl(ttl)
+            .build()
+            .expect("valid");
+        let held = a.try_lock().await.expect("store").expect("free");
+        assert!(b.try_lock().await.expect("store").is_none(), "exclusive");
+        let state = b.state().await.expect("store");
+        assert!(
+            state
+                .holder
+                .as_deref()
+                .is_some_and(|h| h.starts_with("pid ")),
+            "{state:?}"
+        );
+        // A waiter gets in once the holder lets go.
+        let waiting = tokio::spawn(async move { b.lock().await.expect("lock") });
+        sleep(Duration::from_millis(100)).await;
+        held.release().await.expect("release");
+        let got = timeout(Duration::from_secs(5), waiting)
+            .await
+            .expect("the waiter gets in")
+            .expect("task");
+        got.release().await.expect("release");
+
+        // Shared: two at once; an exclusive one waits for both.
+        let r1 = Lock::builder(client(&t).await.shared(), &name)
+            .ttl(ttl)
+            .build()
+            .expect("valid");
+        let r2 = Lock::builder(client(&t).await.shared(), &name)
+            .ttl(ttl)
+            .build()
+            .expect("valid");
+        let g1 = r1.try_lock().await.expect("store").expect("shared");
+        let g2 = r2.try_lock().await.expect("store").expect("shared too");
+        assert!(
+            a.try_lock().await.expect("store").is_none(),
+            "readers exclude a writer"
+        );
+        assert_eq!(a.state().await.expect("store").holders, Some(2));
+        g1.release().await.expect("release");
+        g2.release().await.expect("release");
+        a.try_lock()
+            .await
+            .expect("store")
+            .expect("free again")
+            .release()
+            .await
+            .expect("release");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_terminated_session_fires_lost_and_frees_the_lock() {
+        let t = PostgresTarget::start();
+        let name = unique("adv-lost");
+        let ttl = Duration::from_millis(900);
+        let a = Lock::builder(client(&t).await, &name)
+            .ttl(ttl)
+            .build()
+            .expect("valid");
+        let guard = a.try_lock().await.expect("store").expect("free");
+        // force_unlock terminates the holding session.
+        let other = Lock::builder(client(&t).await, &name)
+            .ttl(ttl)
+            .build()
+            .expect("valid");
+        assert!(
+            other.force_unlock().await.expect("store"),
+            "a holder was there"
+        );
+        timeout(ttl * 3, guard.lost())
+            .await
+            .expect("lost() fires at the next check");
+        let g = other
+            .try_lock_for(Duration::from_secs(5))
+            .await
+            .expect("store")
+            .expect("free once the session is gone");
+        let err = guard.release().await.expect_err("gone");
+        assert_eq!(err.kind(), ErrorKind::LockLost, "{err}");
+        g.release().await.expect("release");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn other_code_shares_the_key_and_names_cannot_be_listed() {
+        let t = PostgresTarget::start();
+        let name = unique("adv-interop");
+        let lock = Lock::new(client(&t).await, &name).expect("valid");
+        // Another program holds the same lock by its documented key.
+        let admin = t.server.admin().await;
+        let key = format!("dlock:{name}");
+        let got: bool = admin
+            .query_one(
+                "SELECT pg_try_advisory_lock(hashtextextended($1, 0))",
+                &[&key],
+            )
+            .await
+            .expect("lock")
+            .get(0);
+        assert!(got);
+        assert!(
+            lock.try_lock().await.expect("store").is_none(),
+            "excluded by the other program"
+        );
+        let _: bool = admin
+            .query_one(
+                "SELECT pg_advisory_unlock(hashtextextended($1, 0))",
+                &[&key],
+            )
+            .await
+            .expect("unlock")
+            .get(0);
+        let guard = lock.try_lock().await.expect("store").expect("free");
+        guard.release().await.expect("release");
+        let err = dlock::backend::PgAdvisory::connect("postgres://h/db?max_connections=0")
+            .await
+            .expect_err("bad URL");
+        assert_eq!(err.kind(), ErrorKind::InvalidArgument);
+    }
+}

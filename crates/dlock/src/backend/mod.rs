@@ -25,4 +25,4 @@ pub use self::etcd::Etcd;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 #[cfg(feature = "postgres")]
-pub use self::postgres::Postgres;
+pub use self::postgres::{PgAdvisory, Postgres};

@@ -74,8 +74,11 @@ use crate::keys::LockKeys;
 use crate::raw::{Acquire, LockState, RawFencing, RawInspect, RawLock, ReleaseWatch, Renewal};
 use crate::token::Token;
 
+mod advisory;
 mod family;
 mod listen;
+
+pub use advisory::PgAdvisory;
 
 /// How long a queued waiter's place outlives its next expected attempt: ttl / 3, within
 /// 200 ms ..= 5 s. A crashed waiter leaves the queue by itself after that.
@@ -360,6 +363,25 @@ pub fn redact(url: &str) -> String {
     out
 }
 
+/// Refuses a server that does not take writes (a standby, or a role or database with
+/// `default_transaction_read_only`): locks need the primary.
+async fn check_read_write(client: &tokio_postgres::Client, doing: &str) -> Result<()> {
+    let row = client
+        .query_one(
+            "SELECT current_setting('transaction_read_only') = 'on'",
+            &[],
+        )
+        .await
+        .map_err(|e| map_err(&e, doing))?;
+    if row.get::<_, bool>(0) {
+        return Err(Error::new(ErrorKind::Backend, READ_ONLY));
+    }
+    Ok(())
+}
+
+const READ_ONLY: &str =
+    "the server is read-only (a standby, or default_transaction_read_only): locks need the primary";
+
 /// Maps a driver error to dlock's kinds: connection failures are `Unavailable` (retryable),
 /// a cancelled statement `TimedOut`, refusals (privileges, a read-only server, a wrong
 /// password) `Backend`.
@@ -545,10 +567,7 @@ impl Postgres {
                 .await
                 .map_err(|e| map_err(&e, doing))?;
             if row.get::<_, bool>(0) {
-                return Err(Error::new(
-                    ErrorKind::Backend,
-                    "the server is read-only (a standby, or default_transaction_read_only): locks need the primary",
-                ));
+                return Err(Error::new(ErrorKind::Backend, READ_ONLY));
             }
             if row.get::<_, bool>(1) {
                 return Ok(());
