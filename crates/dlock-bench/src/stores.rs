@@ -387,7 +387,8 @@ impl PgLimit {
         let acquire = client
             .prepare(
                 "SELECT granted, fence, wait_ms FROM \"dlock\".acquire($1::text, $2::text,
-                   $3::bigint, $4::boolean, $5::text, $6::text, $7::bigint)",
+                   $3::bigint, $4::boolean, $5::text, $6::text, $7::bigint, $8::boolean,
+                   $9::int)",
             )
             .await?;
         let release = client
@@ -420,6 +421,8 @@ impl Cycle for PgLimit {
                         &None::<&str>,
                         &None::<&str>,
                         &1000i64,
+                        &false,
+                        &None::<i32>,
                     ],
                 )
                 .await?;

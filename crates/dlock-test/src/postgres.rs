@@ -245,7 +245,7 @@ impl PostgresServer {
                 "-c",
                 "shared_buffers=16MB",
                 "-c",
-                "max_connections=400",
+                "max_connections=1000",
             ])
             .process_group(0)
             .stdin(Stdio::null())

@@ -519,3 +519,65 @@ mod advisory {
         assert_eq!(err.kind(), ErrorKind::InvalidArgument);
     }
 }
+
+/// A release hands the lock over to the queue's head in its own call: the head gets it
+/// without calling `acquire` again — proven by taking that right away from it once it
+/// queued (a woken head would then fail to get in).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_waiter_is_handed_the_lock_without_asking() {
+    let t = PostgresTarget::start();
+    let name = unique("hand");
+    let ttl = Duration::from_secs(20);
+    let holder = Lock::builder(t.client().await, &name)
+        .ttl(ttl)
+        .build()
+        .expect("valid");
+    let guard = holder.try_lock().await.expect("store").expect("free");
+    let admin = t.server.admin().await;
+    admin
+        .batch_execute(
+            "CREATE ROLE waiter LOGIN PASSWORD 'w';
+             GRANT USAGE ON SCHEMA dlock TO waiter;
+             GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA dlock TO waiter;",
+        )
+        .await
+        .expect("role");
+    let waiter = Lock::builder(
+        Postgres::connect(&t.server.url_as("waiter", "w"))
+            .await
+            .expect("connect as waiter"),
+        &name,
+    )
+    .ttl(ttl)
+    .build()
+    .expect("valid");
+    let waiting = tokio::spawn(async move { waiter.lock().await });
+    let queued = async {
+        while holder.state().await.expect("store").queued != Some(1) {
+            sleep(Duration::from_millis(10)).await;
+        }
+    };
+    timeout(Duration::from_secs(10), queued)
+        .await
+        .expect("the waiter queues");
+    admin
+        .batch_execute(
+            "REVOKE EXECUTE ON FUNCTION dlock.acquire(text, text, bigint, boolean, text, text,
+                 bigint, boolean, integer) FROM PUBLIC",
+        )
+        .await
+        .expect("revoke");
+    let fence = guard.fencing_token().get();
+    guard.release().await.expect("release");
+    let got = timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("the head gets the lock at once")
+        .expect("task")
+        .expect("handed over, not attempted");
+    assert_eq!(got.fencing_token().get(), fence + 1, "the next fence");
+    assert_eq!(
+        holder.state().await.expect("store").holder.as_deref(),
+        Some(got.token().as_str())
+    );
+    got.release().await.expect("release");
+}

@@ -431,8 +431,13 @@ impl RawFair for Postgres {
         ttl: Duration,
         grace: Duration,
     ) -> Result<Acquire> {
-        let channel = self.wake_channel().await;
         let side = keys.side(token.as_str());
+        let listener = &self.inner.listener;
+        // Told on its side name, once it listens for it (`Queued` watches the side key).
+        let channel = self
+            .wake_channel()
+            .await
+            .filter(|_| listener.is_registered(side.lock()));
         let rows = self
             .query(
                 &self.inner.sql.acquire,
@@ -444,11 +449,17 @@ impl RawFair for Postgres {
                     &channel,
                     &side.lock(),
                     &ttl_ms(grace)?,
+                    &channel.is_some(),
+                    &listener.pid(),
                 ],
                 "acquiring a fair lock",
             )
             .await?;
-        granted(&rows, "acquiring a fair lock")
+        let reply = granted(&rows, "acquiring a fair lock")?;
+        if channel.is_some() {
+            self.raise_floor(&rows, side.lock(), &reply);
+        }
+        Ok(reply)
     }
 
     async fn release_fair(&self, keys: &LockKeys, token: &Token) -> Result<bool> {

@@ -1,9 +1,13 @@
 //! One `LISTEN` connection per client, on one channel of its own.
 //!
-//! A release wakes the head of the lock's waiter queue with `pg_notify(<its client's
-//! channel>, <its token>)`; this connection receives it and wakes that waiter only. The
-//! connection opens on the first wait and stays open. When it drops, every waiter is woken
-//! to try again (a notification may have been missed while it was down); the next queueing
+//! A release tells the head of the lock's waiter queue on its client's channel: either
+//! that it holds the lock now (`!<fence>:<name>`, a hand-over: the fence goes to the
+//! waiter's [`GrantSlot`]) or that it may try (`<name>`, a wake-up). The name is the
+//! waiter's token, or a name several local waiters share (a read-write lock's readers'
+//! side, a fair lock waiter's side key). This connection receives it and wakes that waiter
+//! only. It opens on the first wait and stays open. When it drops, hand-overs not yet
+//! taken are forgotten (the server may have lost them), and every waiter is woken to try
+//! again (a notification may have been missed while it was down); the next queueing
 //! attempt opens it again before it queues, so no waiter queues on a channel nobody hears.
 
 use std::collections::HashMap;
@@ -13,6 +17,7 @@ use tokio::sync::Notify;
 use tokio_postgres::{AsyncMessage, NoTls};
 
 use super::map_err;
+use crate::engine::wait::GrantSlot;
 use crate::error::Result;
 use crate::raw::ReleaseWatch;
 
@@ -31,12 +36,21 @@ struct Shared {
 
 #[derive(Default)]
 struct State {
-    /// The open connection's client (dropping it closes the connection), if any.
-    up: Option<tokio_postgres::Client>,
-    /// What this client's waiters wait for (a waiter's token, or a name several local
-    /// waiters share: a read-write lock's readers), how to wake one of them, and how many
-    /// registrations share it.
-    waiters: HashMap<String, (Arc<Notify>, usize)>,
+    /// The open connection's client (dropping it closes the connection) and its backend
+    /// pid, if any.
+    up: Option<(tokio_postgres::Client, i32)>,
+    /// What this client's waiters wait for, by name.
+    waiters: HashMap<String, Waiting>,
+}
+
+/// The local waiters registered under one name.
+struct Waiting {
+    /// Wakes one of them.
+    notify: Arc<Notify>,
+    /// Where a hand-over to the name is left.
+    grants: Arc<GrantSlot>,
+    /// How many registrations share the name.
+    count: usize,
 }
 
 impl Shared {
@@ -44,12 +58,32 @@ impl Shared {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The connection ended: wake every waiter to try again.
+    /// The connection ended: forget hand-overs, wake every waiter to try again.
     fn down(&self) {
         let mut state = self.state();
         state.up = None;
-        for (notify, _) in state.waiters.values() {
-            notify.notify_one();
+        for w in state.waiters.values() {
+            w.grants.clear();
+            w.notify.notify_one();
+        }
+    }
+
+    /// A notification's payload: `!<fence>:<name>` hands the lock over, `<name>` wakes.
+    fn deliver(&self, payload: &str) {
+        let state = self.state();
+        let (fence, name) = match payload
+            .strip_prefix('!')
+            .and_then(|rest| rest.split_once(':'))
+            .and_then(|(fence, name)| Some((fence.parse::<u64>().ok()?, name)))
+        {
+            Some((fence, name)) => (Some(fence), name),
+            None => (None, payload),
+        };
+        if let Some(w) = state.waiters.get(name) {
+            if let Some(fence) = fence {
+                w.grants.offer(fence);
+            }
+            w.notify.notify_one();
         }
     }
 }
@@ -57,17 +91,17 @@ impl Shared {
 /// Keeps a waiter registered; dropping it (with its [`ReleaseWatch`]) removes it.
 struct Registration {
     shared: Weak<Shared>,
-    token: String,
+    name: String,
 }
 
 impl Drop for Registration {
     fn drop(&mut self) {
         if let Some(shared) = self.shared.upgrade() {
             let mut state = shared.state();
-            if let Some((_, n)) = state.waiters.get_mut(&self.token) {
-                *n -= 1;
-                if *n == 0 {
-                    state.waiters.remove(&self.token);
+            if let Some(w) = state.waiters.get_mut(&self.name) {
+                w.count -= 1;
+                if w.count == 0 {
+                    state.waiters.remove(&self.name);
                 }
             }
         }
@@ -93,9 +127,27 @@ impl Listener {
         &self.shared.channel
     }
 
+    /// The backend pid of the open connection, if it is open.
+    pub(super) fn pid(&self) -> Option<i32> {
+        self.shared.state().up.as_ref().map(|(_, pid)| *pid)
+    }
+
     /// Whether the connection is open and listening.
     pub(super) fn is_up(&self) -> bool {
         self.shared.state().up.is_some()
+    }
+
+    /// Whether a waiter is registered under `name`.
+    pub(super) fn is_registered(&self, name: &str) -> bool {
+        self.shared.state().waiters.contains_key(name)
+    }
+
+    /// An attempt by the waiter(s) under `name` found the lock held when its fence counter
+    /// stood at `counter`: hand-overs up to it are void ([`GrantSlot::raise_floor`]).
+    pub(super) fn raise_floor(&self, name: &str, counter: u64) {
+        if let Some(w) = self.shared.state().waiters.get(name) {
+            w.grants.raise_floor(counter);
+        }
     }
 
     /// Opens the connection and `LISTEN`s, unless it is open already.
@@ -120,11 +172,7 @@ impl Listener {
                 let message = std::future::poll_fn(|cx| connection.poll_message(cx)).await;
                 let Some(shared) = weak.upgrade() else { return };
                 match message {
-                    Some(Ok(AsyncMessage::Notification(n))) => {
-                        if let Some((notify, _)) = shared.state().waiters.get(n.payload()) {
-                            notify.notify_one();
-                        }
-                    }
+                    Some(Ok(AsyncMessage::Notification(n))) => shared.deliver(n.payload()),
                     Some(Ok(_)) => {}
                     Some(Err(_)) | None => {
                         shared.down();
@@ -137,34 +185,44 @@ impl Listener {
             .batch_execute(&format!("LISTEN \"{}\"", self.shared.channel))
             .await
             .map_err(|e| map_err(&e, doing))?;
-        self.shared.state().up = Some(client);
+        let row = client
+            .query_one("SELECT pg_backend_pid()", &[])
+            .await
+            .map_err(|e| map_err(&e, doing))?;
+        self.shared.state().up = Some((client, row.get(0)));
         Ok(())
     }
 
-    /// Registers a waiter for `token`: a notification naming it wakes one of the local
-    /// waiters registered for it (the others are passed the wake-up by the one woken).
-    pub(super) fn register(&self, token: &str) -> ReleaseWatch {
-        let notify = {
+    /// Registers a waiter for `name`: a notification naming it wakes one of the local
+    /// waiters registered for it (the others are passed the wake-up by the one woken),
+    /// and a hand-over naming it leaves its fence in their grant slot.
+    pub(super) fn register(&self, name: &str) -> ReleaseWatch {
+        let (notify, grants) = {
             let mut state = self.shared.state();
-            let (notify, n) = state
+            let w = state
                 .waiters
-                .entry(token.to_owned())
-                .or_insert_with(|| (Arc::new(Notify::new()), 0));
-            *n += 1;
-            Arc::clone(notify)
+                .entry(name.to_owned())
+                .or_insert_with(|| Waiting {
+                    notify: Arc::new(Notify::new()),
+                    grants: Arc::new(GrantSlot::default()),
+                    count: 0,
+                });
+            w.count += 1;
+            (Arc::clone(&w.notify), Arc::clone(&w.grants))
         };
         ReleaseWatch::new(
             notify,
             Some(Box::new(Registration {
                 shared: Arc::downgrade(&self.shared),
-                token: token.to_owned(),
+                name: name.to_owned(),
             })),
         )
+        .with_grants(grants)
     }
 
-    /// Opens the connection if needed, then registers `token`'s waiter.
-    pub(super) async fn watch(&self, token: &str) -> Result<ReleaseWatch> {
+    /// Opens the connection if needed, then registers a waiter for `name`.
+    pub(super) async fn watch(&self, name: &str) -> Result<ReleaseWatch> {
         self.ensure_up().await?;
-        Ok(self.register(token))
+        Ok(self.register(name))
     }
 }

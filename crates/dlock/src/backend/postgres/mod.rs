@@ -17,13 +17,19 @@
 //!   one `UPDATE … FROM unnest(…)` for the whole batch, one round trip.
 //! * **Waiting without polling**: a waiter that found the lock held takes a place in
 //!   `<schema>.waiters` (in arrival order, claimed until its next attempt plus a grace)
-//!   and sleeps; a release that leaves the lock free wakes the head of the queue only,
-//!   with `pg_notify` on its client's channel (sent at commit; nothing is sent when nobody
-//!   waits). Each client `LISTEN`s on one channel of its own, on one extra connection
-//!   opened at its first wait. A free lock goes to the head only (no barging); a woken
-//!   head that does not come within a second loses its claim, and every waiter also
-//!   wakes at the holder's remaining lease, so a lost notification costs time, never
-//!   liveness.
+//!   and sleeps. A release that frees the lock **hands it over** to the head of the queue
+//!   in the same call: the holder set to the head's token with the head's lease, the
+//!   next fence minted, and `pg_notify(<its client's channel>, '!<fence>:<token>')` tells
+//!   it at commit that it holds the lock — the woken waiter sends nothing more (its lease
+//!   counts from its latest attempt that found the lock held, as on Redis: SAFETY.md,
+//!   "Hand-overs"). A head whose client's `LISTEN` session is gone
+//!   (`pg_stat_get_activity`) is skipped. Each client `LISTEN`s on one channel of its
+//!   own, on one extra connection opened at its first wait; nothing is sent when nobody
+//!   waits. A free lock goes to the head only (no barging); the family's primitives wake
+//!   their head instead (it then calls `acquire`), and every waiter also wakes at the
+//!   holder's remaining lease, so a lost notification costs time, never liveness.
+//!   PostgreSQL signals every listening session of the database on each `NOTIFY`, so a
+//!   hand-off costs more as more clients wait (BENCHMARKS.md, section 6.3).
 //!
 //! # Fences survive restarts
 //!
@@ -165,7 +171,8 @@ impl Statements {
         Statements {
             acquire: format!(
                 "SELECT granted, fence, wait_ms FROM {s}.acquire($1::text, $2::text,
-                   $3::bigint, $4::boolean, $5::text, $6::text, $7::bigint)"
+                   $3::bigint, $4::boolean, $5::text, $6::text, $7::bigint, $8::boolean,
+                   $9::int)"
             ),
             release: format!("SELECT {s}.release($1::text, $2::text, $3::text, $4::bigint)"),
             extend: format!("SELECT {s}.extend_one($1::text, $2::text, $3::text, $4::bigint)"),
@@ -424,7 +431,7 @@ pub(crate) fn map_err(err: &tokio_postgres::Error, doing: &str) -> Error {
         Error::new(
             ErrorKind::Backend,
             format!(
-                "{doing}: the role lacks a privilege dlock needs (USAGE on the schema; SELECT, INSERT, UPDATE on its locks table; CREATE for the first use): {db}"
+                "{doing}: the role lacks a privilege dlock needs (USAGE on the schema; SELECT, INSERT, UPDATE, DELETE on its tables; EXECUTE on its functions; CREATE for the first use): {db}"
             ),
         )
     } else if *code == SqlState::READ_ONLY_SQL_TRANSACTION {
@@ -555,13 +562,18 @@ impl Postgres {
                     "SELECT current_setting('transaction_read_only') = 'on',
                             to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL
                             AND to_regclass($3) IS NOT NULL
-                            AND to_regprocedure($4) IS NOT NULL",
+                            AND to_regprocedure($4) IS NOT NULL
+                            AND to_regprocedure($5) IS NOT NULL",
                     &[
                         &format!("\"{schema}\".locks"),
                         &format!("\"{schema}\".waiters"),
                         &format!("\"{schema}\".leases"),
                         // The function the migration creates last.
                         &format!("\"{schema}\".rw_release(text,text,text,bigint,bigint)"),
+                        // The newest signature: an older schema gets the migration.
+                        &format!(
+                            "\"{schema}\".acquire(text,text,bigint,boolean,text,text,bigint,boolean,integer)"
+                        ),
                     ],
                 )
                 .await
@@ -793,11 +805,26 @@ impl Postgres {
                     &channel,
                     &None::<&str>,
                     &grace,
+                    // A queued waiter is handed the lock by the release (it listens).
+                    &channel.is_some(),
+                    &listener.pid(),
                 ],
                 "acquiring a lock",
             )
             .await?;
-        granted(&rows, "acquiring a lock")
+        let reply = granted(&rows, "acquiring a lock")?;
+        if channel.is_some() {
+            self.raise_floor(&rows, token.as_str(), &reply);
+        }
+        Ok(reply)
+    }
+
+    /// After a queueing attempt that found the lock held: hand-overs to `name` minted
+    /// before it (fence up to the reply's counter) are void.
+    fn raise_floor(&self, rows: &[Row], name: &str, reply: &Acquire) {
+        if let (Acquire::Held { .. }, Some(row)) = (reply, rows.first()) {
+            self.inner.listener.raise_floor(name, fence_of(row.get(1)));
+        }
     }
 
     /// `<schema>.release` in `mode` ('own', 'force', 'leave').

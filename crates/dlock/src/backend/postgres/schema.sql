@@ -40,6 +40,10 @@ CREATE TABLE IF NOT EXISTS "S".waiters (
     PRIMARY KEY (key, token)
 );
 CREATE INDEX IF NOT EXISTS waiters_in_order ON "S".waiters (key, arrival);
+-- A waiter a release may hand the lock over to: the lease it asks for, and the backend pid
+-- of its client's LISTEN session (a head whose session is gone is skipped).
+ALTER TABLE "S".waiters ADD COLUMN IF NOT EXISTS ttl_ms bigint;
+ALTER TABLE "S".waiters ADD COLUMN IF NOT EXISTS lpid int;
 
 -- Milliseconds from now_ts until t (never negative).
 CREATE OR REPLACE FUNCTION "S".ms_until(t timestamptz, now_ts timestamptz) RETURNS bigint
@@ -47,16 +51,64 @@ LANGUAGE sql IMMUTABLE AS $fn$
     SELECT greatest(0, ceil(extract(epoch FROM t - now_ts) * 1000))::bigint
 $fn$;
 
--- Takes (or keeps) tok's place in k's queue, claimed until `claim`.
+-- Takes (or keeps) tok's place in k's queue, claimed until `claim`; with hand_ttl, a
+-- release may hand the lock over to it for that long (its client's LISTEN session: lpid).
 CREATE OR REPLACE FUNCTION "S".wait_in_line(k text, tok text, r "char", n int, chan text,
-                                            wk text, claim timestamptz)
+                                            wk text, claim timestamptz,
+                                            hand_ttl bigint DEFAULT NULL,
+                                            listener int DEFAULT NULL)
 RETURNS void
 LANGUAGE sql AS $fn$
-    INSERT INTO "S".waiters AS q (key, token, role, want, channel, wake, claim_until)
-    VALUES (k, tok, r, n, chan, wk, claim)
+    INSERT INTO "S".waiters AS q (key, token, role, want, channel, wake, claim_until,
+                                  ttl_ms, lpid)
+    VALUES (k, tok, r, n, chan, wk, claim, hand_ttl, listener)
     ON CONFLICT (key, token) DO UPDATE
     SET channel = coalesce(excluded.channel, q.channel), wake = excluded.wake,
-        want = excluded.want, claim_until = excluded.claim_until
+        want = excluded.want, claim_until = excluded.claim_until,
+        ttl_ms = excluded.ttl_ms, lpid = coalesce(excluded.lpid, q.lpid)
+$fn$;
+
+-- After a plain or fair lock k was freed: hands it over to the head of its queue (the
+-- holder set to the head's token with the head's lease, the next fence minted, and
+-- pg_notify(<its channel>, '!<fence>:<its wake name>') tells it, at commit, that it holds
+-- the lock: it sends nothing more). A head whose LISTEN session is gone is dropped and
+-- the next one tried; a head of the wake form (no lease given) is woken instead.
+-- Returns whether a head was served.
+CREATE OR REPLACE FUNCTION "S".hand_head(k text, wake_ms bigint) RETURNS boolean
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    head   "S".waiters%ROWTYPE;
+    now_ts timestamptz;
+    f      bigint;
+BEGIN
+    LOOP
+        now_ts := clock_timestamp();
+        DELETE FROM "S".waiters AS q WHERE q.key = k AND q.claim_until <= now_ts;
+        SELECT * INTO head FROM "S".waiters AS q
+        WHERE q.key = k AND q.role = 'l' ORDER BY q.arrival LIMIT 1;
+        IF head.token IS NULL THEN
+            RETURN false;
+        END IF;
+        IF head.ttl_ms IS NULL OR head.channel IS NULL THEN
+            RETURN "S".wake_head(k, wake_ms);
+        END IF;
+        IF head.lpid IS NULL
+           OR EXISTS (SELECT 1 FROM pg_stat_get_activity(head.lpid)) THEN
+            UPDATE "S".locks AS l
+            SET holder = head.token,
+                expires_at = now_ts + head.ttl_ms * interval '1 millisecond',
+                fence = l.fence + 1
+            WHERE l.key = k
+            RETURNING l.fence INTO f;
+            DELETE FROM "S".waiters AS q WHERE q.key = k AND q.token = head.token;
+            PERFORM pg_notify(head.channel,
+                              '!' || f || ':' || coalesce(head.wake, head.token));
+            RETURN true;
+        END IF;
+        -- Its client no longer listens: it would never learn that it holds the lock.
+        DELETE FROM "S".waiters AS q WHERE q.key = k AND q.token = head.token;
+    END LOOP;
+END
 $fn$;
 
 -- Drops k's lapsed waiters, then wakes the head of its queue (role 'l') and gives it
@@ -85,12 +137,14 @@ $fn$;
 
 -- Take lock k (a plain or fair lock) for tok for ttl_ms, or report how long to wait. With
 -- queue, a caller that must wait takes (or keeps) a place in the queue, claimed until its
--- next attempt plus grace_ms, woken on chan with wk (null: its token); a free lock goes
--- to the head of the queue only (no barging). A repeat of a granted request renews it and
+-- next attempt plus grace_ms, told on chan with wk (null: its token) — with hand, by a
+-- hand-over of the lock (see hand_head; listener: its LISTEN session's pid), else by a
+-- wake-up; a free lock goes to the head of the queue only (no barging). A repeat of a granted request renews it and
 -- reports the same fence. Returns (granted, fence, wait_ms): the grant's fence or the
 -- name's latest.
 CREATE OR REPLACE FUNCTION "S".acquire(k text, tok text, ttl_ms bigint, queue boolean,
-                                       chan text, wk text, grace_ms bigint)
+                                       chan text, wk text, grace_ms bigint,
+                                       hand boolean, listener int)
 RETURNS TABLE (granted boolean, fence bigint, wait_ms bigint)
 LANGUAGE plpgsql AS $fn$
 DECLARE
@@ -134,7 +188,8 @@ BEGIN
     END IF;
     IF queue THEN
         PERFORM "S".wait_in_line(k, tok, 'l', 1, chan, wk,
-                                 now_ts + (w + grace_ms) * interval '1 millisecond');
+                                 now_ts + (w + grace_ms) * interval '1 millisecond',
+                                 CASE WHEN hand THEN ttl_ms END, listener);
     END IF;
     RETURN QUERY SELECT false, r.fence, w;
 END
@@ -160,16 +215,25 @@ BEGIN
         WHERE l.key = k AND l.expires_at > clock_timestamp();
         done := FOUND;
     ELSE
-        SELECT l.holder IS NOT NULL AND l.expires_at > clock_timestamp() INTO held
-        FROM "S".locks AS l WHERE l.key = k FOR UPDATE;
+        -- The name's row first, as every function takes it (no waiting in a circle).
+        PERFORM 1 FROM "S".locks AS l WHERE l.key = k FOR UPDATE;
         DELETE FROM "S".waiters AS q WHERE q.key = k AND q.token = tok;
         done := FOUND;
+        -- Handed the lock as it left: it passes it on.
+        UPDATE "S".locks AS l SET holder = NULL, expires_at = NULL
+        WHERE l.key = k AND l.holder = tok AND l.expires_at > clock_timestamp();
+        IF FOUND THEN
+            PERFORM "S".hand_head(k, wake_ms);
+            RETURN true;
+        END IF;
+        SELECT l.holder IS NOT NULL AND l.expires_at > clock_timestamp() INTO held
+        FROM "S".locks AS l WHERE l.key = k;
         IF held IS NOT FALSE OR NOT done THEN
             RETURN done;
         END IF;
     END IF;
     IF done THEN
-        PERFORM "S".wake_head(k, wake_ms);
+        PERFORM "S".hand_head(k, wake_ms);
     END IF;
     RETURN done;
 END
