@@ -190,6 +190,8 @@ pub struct PostgresServer {
     port: u16,
     dir: PathBuf,
     frozen: bool,
+    /// Whether it serves TLS (with a self-signed certificate for 127.0.0.1).
+    tls: bool,
 }
 
 impl PostgresServer {
@@ -198,6 +200,19 @@ impl PostgresServer {
     /// # Errors
     /// PostgreSQL is missing, `initdb` failed, or no server became ready on a few ports.
     pub fn start() -> io::Result<PostgresServer> {
+        PostgresServer::start_with_tls(false)
+    }
+
+    /// As [`start`](PostgresServer::start), also serving TLS with a self-signed
+    /// certificate for `127.0.0.1` (see [`certificate`](PostgresServer::certificate)).
+    ///
+    /// # Errors
+    /// As [`start`](PostgresServer::start), or `openssl` failed.
+    pub fn start_tls() -> io::Result<PostgresServer> {
+        PostgresServer::start_with_tls(true)
+    }
+
+    fn start_with_tls(tls: bool) -> io::Result<PostgresServer> {
         let template = template()?;
         let mut last_err = None;
         for _ in 0..5 {
@@ -220,7 +235,11 @@ impl PostgresServer {
                 port,
                 dir,
                 frozen: false,
+                tls,
             };
+            if tls {
+                server.make_certificate()?;
+            }
             match server.spawn() {
                 Ok(()) => return Ok(server),
                 Err(e) => last_err = Some(e),
@@ -229,9 +248,107 @@ impl PostgresServer {
         Err(last_err.unwrap_or_else(|| io::Error::other("postgres did not start")))
     }
 
+    /// The CA certificate (PEM) that signed a TLS server's certificate: what a client
+    /// passes as `sslrootcert`.
+    pub fn certificate(&self) -> PathBuf {
+        self.dir.join("ca.crt")
+    }
+
+    /// A private CA, and a certificate for 127.0.0.1 it signed, in the data directory; the
+    /// key readable by the server's user only (PostgreSQL refuses it otherwise).
+    fn make_certificate(&self) -> io::Result<()> {
+        let d = |name: &str| self.dir.join(name);
+        std::fs::write(
+            d("server.ext"),
+            "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n",
+        )?;
+        let openssl = |args: &[&std::ffi::OsStr]| -> io::Result<()> {
+            let status = Command::new("openssl")
+                .args(args)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()?;
+            if status.success() {
+                Ok(())
+            } else {
+                Err(io::Error::other(format!(
+                    "openssl {args:?} failed: {status}"
+                )))
+            }
+        };
+        let s = |text: &'static str| std::ffi::OsStr::new(text);
+        let (ca_key, ca_crt, key, csr, crt, ext) = (
+            d("ca.key"),
+            d("ca.crt"),
+            d("server.key"),
+            d("server.csr"),
+            d("server.crt"),
+            d("server.ext"),
+        );
+        openssl(&[
+            s("req"),
+            s("-x509"),
+            s("-newkey"),
+            s("rsa:2048"),
+            s("-nodes"),
+            s("-days"),
+            s("1"),
+            s("-subj"),
+            s("/CN=dlock test CA"),
+            s("-keyout"),
+            ca_key.as_os_str(),
+            s("-out"),
+            ca_crt.as_os_str(),
+        ])?;
+        openssl(&[
+            s("req"),
+            s("-newkey"),
+            s("rsa:2048"),
+            s("-nodes"),
+            s("-subj"),
+            s("/CN=127.0.0.1"),
+            s("-keyout"),
+            key.as_os_str(),
+            s("-out"),
+            csr.as_os_str(),
+        ])?;
+        openssl(&[
+            s("x509"),
+            s("-req"),
+            s("-in"),
+            csr.as_os_str(),
+            s("-CA"),
+            ca_crt.as_os_str(),
+            s("-CAkey"),
+            ca_key.as_os_str(),
+            s("-CAcreateserial"),
+            s("-days"),
+            s("1"),
+            s("-extfile"),
+            ext.as_os_str(),
+            s("-out"),
+            crt.as_os_str(),
+        ])?;
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600))?;
+        hand_over(&self.dir)
+    }
+
     fn spawn(&mut self) -> io::Result<()> {
         use std::os::unix::process::CommandExt;
         let port = self.port.to_string();
+        let tls: &[&str] = if self.tls {
+            &[
+                "-c",
+                "ssl=on",
+                "-c",
+                "ssl_cert_file=server.crt",
+                "-c",
+                "ssl_key_file=server.key",
+            ]
+        } else {
+            &[]
+        };
         let mut child = pg_command("postgres")?
             .arg("-D")
             .arg(&self.dir)
@@ -247,6 +364,7 @@ impl PostgresServer {
                 "-c",
                 "max_connections=1000",
             ])
+            .args(tls)
             .process_group(0)
             .stdin(Stdio::null())
             .stdout(Stdio::null())

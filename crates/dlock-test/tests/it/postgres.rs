@@ -581,3 +581,67 @@ async fn a_queued_waiter_is_handed_the_lock_without_asking() {
     );
     got.release().await.expect("release");
 }
+
+/// `sslmode=require` (or `verify-*`) connects over TLS and verifies the server's
+/// certificate: against `sslrootcert`, or the platform's roots, which do not know this
+/// self-signed one; `sslmode=disable` stays plain on the same server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_verifies_the_server_certificate() {
+    let server = dlock_test::postgres::PostgresServer::start_tls().expect("postgres with TLS");
+    let url = server.url();
+    let ca = server.certificate();
+    for mode in ["require", "verify-full"] {
+        let pg = Postgres::connect(&format!(
+            "{url}?sslmode={mode}&sslrootcert={}",
+            ca.display()
+        ))
+        .await
+        .expect("TLS with the server's CA");
+        let lock = Lock::new(pg.clone(), unique("tls")).expect("valid");
+        let guard = lock.try_lock().await.expect("store").expect("free");
+        // The waiter's LISTEN connection is TLS too: a release reaches it.
+        let waiter = Lock::new(pg, lock.name()).expect("valid");
+        let waiting = tokio::spawn(async move { waiter.lock().await.expect("lock") });
+        sleep(Duration::from_millis(200)).await;
+        guard.release().await.expect("release");
+        timeout(Duration::from_secs(5), waiting)
+            .await
+            .expect("woken over TLS")
+            .expect("task")
+            .release()
+            .await
+            .expect("release");
+    }
+    // Which sessions use TLS, as the server sees them.
+    let admin = server.admin().await;
+    let encrypted: i64 = admin
+        .query_one(
+            "SELECT count(*) FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid)
+             WHERE s.ssl AND a.pid <> pg_backend_pid()",
+            &[],
+        )
+        .await
+        .expect("pg_stat_ssl")
+        .get(0);
+    assert!(encrypted > 0, "no TLS session seen by the server");
+    let err = Postgres::connect(&format!("{url}?sslmode=require"))
+        .await
+        .expect_err("a self-signed certificate the platform does not trust");
+    assert_eq!(err.kind(), ErrorKind::Backend, "{err}");
+    assert!(err.to_string().contains("TLS"), "{err}");
+    Postgres::connect(&format!("{url}?sslmode=disable"))
+        .await
+        .expect("plain on the same server");
+    let err = Postgres::connect(&format!("{url}?sslmode=sometimes"))
+        .await
+        .expect_err("unknown sslmode");
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+    let err = dlock::backend::PgAdvisory::connect(&format!(
+        "{url}?sslmode=require&sslrootcert={}",
+        ca.display()
+    ))
+    .await
+    .map(|_| ())
+    .map_err(|e| e.kind());
+    assert_eq!(err, Ok(()), "advisory mode over TLS");
+}

@@ -29,9 +29,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use tokio_postgres::NoTls;
-
-use super::{CALL_TIMEOUT, check_read_write, map_err, parse_url, redact};
+use super::{CALL_TIMEOUT, Connector, check_read_write, map_err, parse_url, redact};
 use crate::engine::Engine;
 use crate::error::{Error, ErrorKind, Result};
 use crate::keys::LockKeys;
@@ -64,6 +62,7 @@ pub struct PgAdvisory {
 
 struct Inner {
     config: tokio_postgres::Config,
+    connector: Connector,
     /// Sessions holding a lock, by the holder's token.
     held: Mutex<HashMap<String, Arc<Session>>>,
     /// Sessions that hold nothing, kept for the next acquire.
@@ -108,10 +107,12 @@ impl PgAdvisory {
         let parsed = parse_url(url)?;
         let config = tokio_postgres::Config::from_str(&parsed.libpq)
             .map_err(|e| Error::invalid(format!("invalid postgres URL {}: {e}", redact(url))))?;
+        let connector = Connector::for_url(&parsed)?;
         let pg = PgAdvisory {
             inner: Arc::new(Inner {
                 store_id: format!("postgres-advisory:{}", redact(&parsed.libpq)),
                 config,
+                connector,
                 held: Mutex::new(HashMap::new()),
                 idle: Mutex::new(Vec::new()),
                 engine: Engine::new(),
@@ -159,17 +160,17 @@ impl PgAdvisory {
     /// Opens a dedicated connection, driven by a task of its own.
     async fn open(&self) -> Result<Session> {
         let doing = "opening an advisory-lock session";
-        let (client, connection) =
-            tokio::time::timeout(CALL_TIMEOUT, self.inner.config.connect(NoTls))
-                .await
-                .map_err(|_| Error::new(ErrorKind::TimedOut, format!("{doing}: no reply in time")))?
-                .map_err(|e| map_err(&e, doing))?;
         let closed = Arc::new(AtomicBool::new(false));
         let flag = Arc::clone(&closed);
-        tokio::spawn(async move {
-            let _ = connection.await;
-            flag.store(true, Ordering::SeqCst);
-        });
+        let connect = self.inner.connector.connect(
+            &self.inner.config,
+            |_| {},
+            move || flag.store(true, Ordering::SeqCst),
+        );
+        let client = tokio::time::timeout(CALL_TIMEOUT, connect)
+            .await
+            .map_err(|_| Error::new(ErrorKind::TimedOut, format!("{doing}: no reply in time")))?
+            .map_err(|e| map_err(&e, doing))?;
         Ok(Session { client, closed })
     }
 

@@ -14,9 +14,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 
 use tokio::sync::Notify;
-use tokio_postgres::{AsyncMessage, NoTls};
+use tokio_postgres::AsyncMessage;
 
-use super::map_err;
+use super::{Connector, map_err};
 use crate::engine::wait::GrantSlot;
 use crate::error::Result;
 use crate::raw::ReleaseWatch;
@@ -27,6 +27,7 @@ pub(super) struct Listener {
 
 struct Shared {
     config: tokio_postgres::Config,
+    connector: Connector,
     /// This client's channel (`dlk_` and 16 random hex digits).
     channel: String,
     state: Mutex<State>,
@@ -109,12 +110,13 @@ impl Drop for Registration {
 }
 
 impl Listener {
-    pub(super) fn new(config: tokio_postgres::Config) -> Result<Listener> {
+    pub(super) fn new(config: tokio_postgres::Config, connector: Connector) -> Result<Listener> {
         let token = crate::token::Token::random()?;
         let channel = format!("dlk_{}", &token.as_str()[..16]);
         Ok(Listener {
             shared: Arc::new(Shared {
                 config,
+                connector,
                 channel,
                 state: Mutex::new(State::default()),
                 opening: tokio::sync::Mutex::new(()),
@@ -160,27 +162,27 @@ impl Listener {
             return Ok(());
         }
         let doing = "opening the LISTEN connection";
-        let (client, mut connection) = self
+        let (on_message, on_end) = (Arc::downgrade(&self.shared), Arc::downgrade(&self.shared));
+        let client = self
             .shared
-            .config
-            .connect(NoTls)
+            .connector
+            .connect(
+                &self.shared.config,
+                move |message| {
+                    if let (AsyncMessage::Notification(n), Some(shared)) =
+                        (message, on_message.upgrade())
+                    {
+                        shared.deliver(n.payload());
+                    }
+                },
+                move || {
+                    if let Some(shared) = on_end.upgrade() {
+                        shared.down();
+                    }
+                },
+            )
             .await
             .map_err(|e| map_err(&e, doing))?;
-        let weak = Arc::downgrade(&self.shared);
-        tokio::spawn(async move {
-            loop {
-                let message = std::future::poll_fn(|cx| connection.poll_message(cx)).await;
-                let Some(shared) = weak.upgrade() else { return };
-                match message {
-                    Some(Ok(AsyncMessage::Notification(n))) => shared.deliver(n.payload()),
-                    Some(Ok(_)) => {}
-                    Some(Err(_)) | None => {
-                        shared.down();
-                        return;
-                    }
-                }
-            }
-        });
         client
             .batch_execute(&format!("LISTEN \"{}\"", self.shared.channel))
             .await

@@ -60,8 +60,17 @@
 //! `?max_connections=N`): each call takes one for its one statement. A broken connection
 //! is dropped and replaced on the next call; every call is bounded by 5 s (`TimedOut`).
 //! Everything else in the URL is libpq's (`postgres://user:pass@host:port/db`,
-//! `postgresql://…`, `?host=/run/postgresql` for a unix socket, `application_name`, …);
-//! TLS is not supported yet (`sslmode=require` fails to connect).
+//! `postgresql://…`, `?host=/run/postgresql` for a unix socket, `application_name`, …).
+//!
+//! # TLS (feature `postgres-tls`)
+//!
+//! `sslmode=require`, `verify-ca` or `verify-full` connects over TLS (rustls) — every
+//! connection: the pool's, the `LISTEN` session's, advisory sessions — and **always
+//! verifies** the server's certificate and name (as libpq's `verify-full`), against the
+//! CA certificates in `sslrootcert=<PEM file>` or else the platform's roots. A certificate
+//! that does not verify is [`ErrorKind::Backend`]. `disable`, `allow` and `prefer` (and no
+//! `sslmode`) connect in plain text: dlock does not try TLS opportunistically. Without the
+//! feature, asking for TLS is [`ErrorKind::InvalidArgument`].
 
 use std::fmt::Write as _;
 use std::str::FromStr;
@@ -288,6 +297,12 @@ struct Url {
     libpq: String,
     schema: String,
     max_connections: usize,
+    /// `sslmode` is `require`, `verify-ca` or `verify-full`: TLS, the server's certificate
+    /// verified.
+    tls: bool,
+    /// `sslrootcert`: the CA certificates (PEM) to verify the server with, instead of the
+    /// platform's.
+    root_cert: Option<String>,
 }
 
 /// Splits dlock's own query parameters (`schema`, `max_connections`) off a
@@ -300,6 +315,8 @@ fn parse_url(url: &str) -> Result<Url> {
     let (base, query) = url.split_once('?').unwrap_or((url, ""));
     let mut schema = DEFAULT_SCHEMA.to_owned();
     let mut max_connections = DEFAULT_MAX_CONNECTIONS;
+    let mut tls = false;
+    let mut root_cert = None;
     let mut rest = Vec::new();
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         match pair.split_once('=') {
@@ -315,8 +332,25 @@ fn parse_url(url: &str) -> Result<Url> {
                         ))
                     })?;
             }
+            // libpq's modes; tokio-postgres knows disable, prefer and require.
+            Some(("sslmode", "disable" | "allow" | "prefer")) => rest.push("sslmode=disable"),
+            Some(("sslmode", "require" | "verify-ca" | "verify-full")) => {
+                tls = true;
+                rest.push("sslmode=require");
+            }
+            Some(("sslmode", other)) => {
+                return Err(bad(&format!(
+                    "unknown sslmode {other:?} (disable, allow, prefer, require, verify-ca, verify-full)"
+                )));
+            }
+            Some(("sslrootcert", path)) => root_cert = Some(path.to_owned()),
             _ => rest.push(pair),
         }
+    }
+    if tls && !cfg!(feature = "postgres-tls") {
+        return Err(bad(
+            "TLS (sslmode=require or verify-*) needs dlock's feature postgres-tls",
+        ));
     }
     check_schema(&schema)?;
     let mut libpq = base.to_owned();
@@ -328,6 +362,8 @@ fn parse_url(url: &str) -> Result<Url> {
         libpq,
         schema,
         max_connections,
+        tls,
+        root_cert,
     })
 }
 
@@ -370,6 +406,103 @@ pub fn redact(url: &str) -> String {
     out
 }
 
+/// How a client's connections are made: plain, or TLS with the server's certificate
+/// verified (feature `postgres-tls`, when the URL's `sslmode` asks for it).
+#[derive(Clone)]
+pub(crate) enum Connector {
+    Plain,
+    #[cfg(feature = "postgres-tls")]
+    Tls(tokio_postgres_rustls::MakeRustlsConnect),
+}
+
+impl Connector {
+    /// The connector a URL asks for.
+    fn for_url(url: &Url) -> Result<Connector> {
+        if !url.tls {
+            return Ok(Connector::Plain);
+        }
+        #[cfg(feature = "postgres-tls")]
+        {
+            tls_connector(url.root_cert.as_deref())
+        }
+        #[cfg(not(feature = "postgres-tls"))]
+        {
+            Err(Error::invalid("TLS needs dlock's feature postgres-tls"))
+        }
+    }
+
+    /// Opens a connection and spawns the task that drives it: `on_message` sees its
+    /// notices and notifications, `on_end` runs once it ends.
+    async fn connect(
+        &self,
+        config: &tokio_postgres::Config,
+        on_message: impl FnMut(tokio_postgres::AsyncMessage) + Send + 'static,
+        on_end: impl FnOnce() + Send + 'static,
+    ) -> std::result::Result<tokio_postgres::Client, tokio_postgres::Error> {
+        match self {
+            Connector::Plain => {
+                let (client, connection) = config.connect(NoTls).await?;
+                tokio::spawn(drive(connection, on_message, on_end));
+                Ok(client)
+            }
+            #[cfg(feature = "postgres-tls")]
+            Connector::Tls(tls) => {
+                let (client, connection) = config.connect(tls.clone()).await?;
+                tokio::spawn(drive(connection, on_message, on_end));
+                Ok(client)
+            }
+        }
+    }
+}
+
+/// Drives `connection` until it ends.
+async fn drive<S, T>(
+    mut connection: tokio_postgres::Connection<S, T>,
+    mut on_message: impl FnMut(tokio_postgres::AsyncMessage),
+    on_end: impl FnOnce(),
+) where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    while let Some(Ok(message)) = std::future::poll_fn(|cx| connection.poll_message(cx)).await {
+        on_message(message);
+    }
+    on_end();
+}
+
+/// TLS that verifies the server's certificate against `root_cert` (PEM), or the
+/// platform's roots.
+#[cfg(feature = "postgres-tls")]
+fn tls_connector(root_cert: Option<&str>) -> Result<Connector> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    match root_cert {
+        Some(path) => {
+            let bad =
+                |e: &dyn std::fmt::Display| Error::invalid(format!("sslrootcert {path:?}: {e}"));
+            for cert in CertificateDer::pem_file_iter(path).map_err(|e| bad(&e))? {
+                roots.add(cert.map_err(|e| bad(&e))?).map_err(|e| bad(&e))?;
+            }
+        }
+        None => {
+            for cert in rustls_native_certs::load_native_certs().certs {
+                let _ = roots.add(cert);
+            }
+        }
+    }
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|e| Error::invalid(format!("TLS: {e}")))?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    Ok(Connector::Tls(
+        tokio_postgres_rustls::MakeRustlsConnect::new(config),
+    ))
+}
+
 /// Refuses a server that does not take writes (a standby, or a role or database with
 /// `default_transaction_read_only`): locks need the primary.
 async fn check_read_write(client: &tokio_postgres::Client, doing: &str) -> Result<()> {
@@ -398,7 +531,9 @@ pub(crate) fn map_err(err: &tokio_postgres::Error, doing: &str) -> Error {
         // No SQLSTATE: the connection (I/O, closed, TLS), or the client itself (a value
         // it could not encode or decode: dlock's bug, not the network's).
         let io = std::error::Error::source(err).is_some_and(|s| s.is::<std::io::Error>());
-        let kind = if err.is_closed() || io {
+        // A failed TLS handshake (an untrusted certificate): configuration, not the network.
+        let tls = detail.contains("TLS");
+        let kind = if !tls && (err.is_closed() || io) {
             ErrorKind::Unavailable
         } else {
             ErrorKind::Backend
@@ -494,13 +629,17 @@ impl Postgres {
         let parsed = parse_url(url)?;
         let config = tokio_postgres::Config::from_str(&parsed.libpq)
             .map_err(|e| Error::invalid(format!("invalid postgres URL {}: {e}", redact(url))))?;
-        let manager = Manager::from_config(
-            config.clone(),
-            NoTls,
-            ManagerConfig {
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
+        let connector = Connector::for_url(&parsed)?;
+        let manager_config = ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        };
+        let manager = match &connector {
+            Connector::Plain => Manager::from_config(config.clone(), NoTls, manager_config),
+            #[cfg(feature = "postgres-tls")]
+            Connector::Tls(tls) => {
+                Manager::from_config(config.clone(), tls.clone(), manager_config)
+            }
+        };
         let pool = Pool::builder(manager)
             .max_size(parsed.max_connections)
             .runtime(deadpool_postgres::Runtime::Tokio1)
@@ -533,7 +672,7 @@ impl Postgres {
         let pg = Postgres {
             inner: Arc::new(Inner {
                 pool,
-                listener: listen::Listener::new(config.clone())?,
+                listener: listen::Listener::new(config.clone(), connector)?,
                 sql: Statements::new(&parsed.schema),
                 store_id,
                 engine: Engine::new(),
