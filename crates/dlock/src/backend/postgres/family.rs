@@ -124,10 +124,9 @@ impl Postgres {
     }
 }
 
-/// Permits are leases of their own (`leases`, role `p`), the count on the name's row; a
-/// grant takes the queue's head only, and a grant that leaves permits free wakes the next.
-impl RawSemaphore for Postgres {
-    async fn acquire_permits(
+/// The family's acquires as they run, to completion, inside [`Postgres::detached`].
+impl Postgres {
+    async fn acquire_permits_now(
         &self,
         keys: &LockKeys,
         token: &Token,
@@ -162,6 +161,152 @@ impl RawSemaphore for Postgres {
         granted(&rows, "acquiring permits")
     }
 
+    async fn acquire_reentrant_now(
+        &self,
+        keys: &LockKeys,
+        owner: &str,
+        token: &Token,
+        ttl: Duration,
+        limit: u32,
+        queue: bool,
+    ) -> Result<Acquire> {
+        let channel = if queue {
+            self.wake_channel().await
+        } else {
+            None
+        };
+        let rows = self
+            .query(
+                &self.inner.sql.re_acquire,
+                &[
+                    &keys.lock(),
+                    &owner,
+                    &token.as_str(),
+                    &ttl_ms(ttl)?,
+                    &i32::try_from(limit).unwrap_or(i32::MAX),
+                    &(queue && channel.is_some()),
+                    &channel,
+                    &ttl_ms(waiter_grace(ttl))?,
+                ],
+                "acquiring a reentrant lock",
+            )
+            .await?;
+        let row = rows.first().ok_or_else(|| {
+            Error::new(
+                ErrorKind::Backend,
+                "acquiring a reentrant lock: no reply row",
+            )
+        })?;
+        match row.get::<_, i32>(0) {
+            2 => Err(Error::new(
+                ErrorKind::LimitReached,
+                format!(
+                    "reentrant lock {:?}: {owner} already holds it {} times, its reentrancy limit",
+                    keys.name(),
+                    row.get::<_, i64>(1)
+                ),
+            )),
+            1 => Ok(Acquire::Acquired {
+                fence: fence_of(row.get(1)),
+            }),
+            _ => Ok(Acquire::Held {
+                remaining: millis(row, 2),
+            }),
+        }
+    }
+
+    async fn acquire_rw_now(
+        &self,
+        keys: &LockKeys,
+        token: &Token,
+        write: bool,
+        ttl: Duration,
+        grace: Duration,
+    ) -> Result<Acquire> {
+        let channel = self.wake_channel().await;
+        // What blocked readers of this lock wait for (`RwSide` watches the "r" side).
+        let readers = keys.side("r");
+        let rows = self
+            .query(
+                &self.inner.sql.rw_acquire,
+                &[
+                    &keys.lock(),
+                    &token.as_str(),
+                    &write,
+                    &ttl_ms(ttl)?,
+                    &ttl_ms(grace)?,
+                    &channel,
+                    &readers.lock(),
+                ],
+                "acquiring a read-write lock",
+            )
+            .await?;
+        granted(&rows, "acquiring a read-write lock")
+    }
+
+    async fn acquire_fair_now(
+        &self,
+        keys: &LockKeys,
+        token: &Token,
+        ttl: Duration,
+        grace: Duration,
+    ) -> Result<Acquire> {
+        let side = keys.side(token.as_str());
+        let listener = &self.inner.listener;
+        // Told on its side name, once it listens for it (`Queued` watches the side key).
+        let channel = self
+            .wake_channel()
+            .await
+            .filter(|_| listener.is_registered(side.lock()));
+        let rows = self
+            .query(
+                &self.inner.sql.acquire,
+                &[
+                    &keys.lock(),
+                    &token.as_str(),
+                    &ttl_ms(ttl)?,
+                    &true,
+                    &channel,
+                    &side.lock(),
+                    &ttl_ms(grace)?,
+                    &channel.is_some(),
+                    &listener.pid(),
+                ],
+                "acquiring a fair lock",
+            )
+            .await?;
+        let reply = granted(&rows, "acquiring a fair lock")?;
+        if channel.is_some() {
+            self.raise_floor(&rows, side.lock(), &reply);
+        }
+        Ok(reply)
+    }
+}
+
+/// Permits are leases of their own (`leases`, role `p`), the count on the name's row; a
+/// grant takes the queue's head only, and a grant that leaves permits free wakes the next.
+impl RawSemaphore for Postgres {
+    async fn acquire_permits(
+        &self,
+        keys: &LockKeys,
+        token: &Token,
+        n: u32,
+        permits: u32,
+        ttl: Duration,
+        queue: bool,
+    ) -> Result<Acquire> {
+        let (k, t) = (keys.clone(), token.clone());
+        let (gk, gt) = (keys.clone(), token.clone());
+        self.detached(
+            token,
+            move |pg| async move { pg.acquire_permits_now(&k, &t, n, permits, ttl, queue).await },
+            move |pg| async move {
+                let _ = pg.sem_release(&gk, gt.as_str(), "own").await;
+            },
+        )
+        .await
+    }
+
     async fn abandon_permits(
         &self,
         keys: &LockKeys,
@@ -169,12 +314,14 @@ impl RawSemaphore for Postgres {
         _n: u32,
         _ttl: Duration,
     ) -> Result<()> {
+        self.settled(token).await;
         self.sem_release(keys, token.as_str(), "leave")
             .await
             .map(|_| ())
     }
 
     async fn release_permits(&self, keys: &LockKeys, token: &Token) -> Result<bool> {
+        self.settled(token).await;
         self.sem_release(keys, token.as_str(), "own").await
     }
 
@@ -250,52 +397,23 @@ impl RawReentrant for Postgres {
         limit: u32,
         queue: bool,
     ) -> Result<Acquire> {
-        let channel = if queue {
-            self.wake_channel().await
-        } else {
-            None
-        };
-        let rows = self
-            .query(
-                &self.inner.sql.re_acquire,
-                &[
-                    &keys.lock(),
-                    &owner,
-                    &token.as_str(),
-                    &ttl_ms(ttl)?,
-                    &i32::try_from(limit).unwrap_or(i32::MAX),
-                    &(queue && channel.is_some()),
-                    &channel,
-                    &ttl_ms(waiter_grace(ttl))?,
-                ],
-                "acquiring a reentrant lock",
-            )
-            .await?;
-        let row = rows.first().ok_or_else(|| {
-            Error::new(
-                ErrorKind::Backend,
-                "acquiring a reentrant lock: no reply row",
-            )
-        })?;
-        match row.get::<_, i32>(0) {
-            2 => Err(Error::new(
-                ErrorKind::LimitReached,
-                format!(
-                    "reentrant lock {:?}: {owner} already holds it {} times, its reentrancy limit",
-                    keys.name(),
-                    row.get::<_, i64>(1)
-                ),
-            )),
-            1 => Ok(Acquire::Acquired {
-                fence: fence_of(row.get(1)),
-            }),
-            _ => Ok(Acquire::Held {
-                remaining: millis(row, 2),
-            }),
-        }
+        let (k, t, o) = (keys.clone(), token.clone(), owner.to_owned());
+        let (gk, gt, go) = (keys.clone(), token.clone(), owner.to_owned());
+        self.detached(
+            token,
+            move |pg| async move {
+                pg.acquire_reentrant_now(&k, &o, &t, ttl, limit, queue)
+                    .await
+            },
+            move |pg| async move {
+                let _ = pg.re_release(&gk, &go, gt.as_str(), "own").await;
+            },
+        )
+        .await
     }
 
     async fn release_reentrant(&self, keys: &LockKeys, owner: &str, token: &Token) -> Result<bool> {
+        self.settled(token).await;
         self.re_release(keys, owner, token.as_str(), "own").await
     }
 
@@ -349,28 +467,20 @@ impl RawRwLock for Postgres {
         ttl: Duration,
         grace: Duration,
     ) -> Result<Acquire> {
-        let channel = self.wake_channel().await;
-        // What blocked readers of this lock wait for (`RwSide` watches the "r" side).
-        let readers = keys.side("r");
-        let rows = self
-            .query(
-                &self.inner.sql.rw_acquire,
-                &[
-                    &keys.lock(),
-                    &token.as_str(),
-                    &write,
-                    &ttl_ms(ttl)?,
-                    &ttl_ms(grace)?,
-                    &channel,
-                    &readers.lock(),
-                ],
-                "acquiring a read-write lock",
-            )
-            .await?;
-        granted(&rows, "acquiring a read-write lock")
+        let (k, t) = (keys.clone(), token.clone());
+        let (gk, gt) = (keys.clone(), token.clone());
+        self.detached(
+            token,
+            move |pg| async move { pg.acquire_rw_now(&k, &t, write, ttl, grace).await },
+            move |pg| async move {
+                let _ = pg.rw_release(&gk, gt.as_str(), "own", WAKE_GRACE).await;
+            },
+        )
+        .await
     }
 
     async fn release_rw(&self, keys: &LockKeys, token: &Token) -> Result<bool> {
+        self.settled(token).await;
         self.rw_release(keys, token.as_str(), "own", WAKE_GRACE)
             .await
     }
@@ -386,6 +496,7 @@ impl RawRwLock for Postgres {
     }
 
     async fn abandon_rw(&self, keys: &LockKeys, token: &Token) -> Result<()> {
+        self.settled(token).await;
         self.rw_release(keys, token.as_str(), "leave", WAKE_GRACE)
             .await
             .map(|_| ())
@@ -431,35 +542,16 @@ impl RawFair for Postgres {
         ttl: Duration,
         grace: Duration,
     ) -> Result<Acquire> {
-        let side = keys.side(token.as_str());
-        let listener = &self.inner.listener;
-        // Told on its side name, once it listens for it (`Queued` watches the side key).
-        let channel = self
-            .wake_channel()
-            .await
-            .filter(|_| listener.is_registered(side.lock()));
-        let rows = self
-            .query(
-                &self.inner.sql.acquire,
-                &[
-                    &keys.lock(),
-                    &token.as_str(),
-                    &ttl_ms(ttl)?,
-                    &true,
-                    &channel,
-                    &side.lock(),
-                    &ttl_ms(grace)?,
-                    &channel.is_some(),
-                    &listener.pid(),
-                ],
-                "acquiring a fair lock",
-            )
-            .await?;
-        let reply = granted(&rows, "acquiring a fair lock")?;
-        if channel.is_some() {
-            self.raise_floor(&rows, side.lock(), &reply);
-        }
-        Ok(reply)
+        let (k, t) = (keys.clone(), token.clone());
+        let (gk, gt) = (keys.clone(), token.clone());
+        self.detached(
+            token,
+            move |pg| async move { pg.acquire_fair_now(&k, &t, ttl, grace).await },
+            move |pg| async move {
+                let _ = pg.release_lock(&gk, gt.as_str(), "own").await;
+            },
+        )
+        .await
     }
 
     async fn release_fair(&self, keys: &LockKeys, token: &Token) -> Result<bool> {

@@ -138,6 +138,8 @@ pub struct Postgres {
 struct Inner {
     pool: Pool,
     listener: listen::Listener,
+    /// A gate per token with an acquire in flight (see [`Postgres::detached`]).
+    inflight: std::sync::Mutex<std::collections::HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     sql: Statements,
     store_id: String,
     engine: Engine,
@@ -673,6 +675,7 @@ impl Postgres {
             inner: Arc::new(Inner {
                 pool,
                 listener: listen::Listener::new(config.clone(), connector)?,
+                inflight: std::sync::Mutex::default(),
                 sql: Statements::new(&parsed.schema),
                 store_id,
                 engine: Engine::new(),
@@ -787,10 +790,12 @@ impl RawLock for Postgres {
     }
 
     async fn release(&self, keys: &LockKeys, token: &Token) -> Result<bool> {
+        self.settled(token).await;
         self.release_lock(keys, token.as_str(), "own").await
     }
 
     async fn abandon(&self, keys: &LockKeys, token: &Token, _ttl: Duration) -> Result<()> {
+        self.settled(token).await;
         self.release_lock(keys, token.as_str(), "leave")
             .await
             .map(|_| ())
@@ -915,9 +920,99 @@ impl Postgres {
         Ok(rows.first().is_some_and(|row| row.get::<_, bool>(0)))
     }
 
+    fn inflight(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, Arc<tokio::sync::Mutex<()>>>>
+    {
+        self.inner
+            .inflight
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Runs an acquire under `token` to completion even if its caller stops waiting
+    /// (cancelled): a grant that comes back after the caller left is given back by
+    /// `give_back`, in the same task and so after the grant. Until it is done, the
+    /// token's release and withdrawal wait ([`settled`](Postgres::settled)): sent on
+    /// another pooled connection at the moment of cancellation, they could otherwise run
+    /// before the grant or the queueing and miss it — leaving the lock held, or a queue
+    /// place that a release would hand the lock to, for a whole ttl.
+    async fn detached<F, Fut, G, GFut>(
+        &self,
+        token: &Token,
+        call: F,
+        give_back: G,
+    ) -> Result<Acquire>
+    where
+        F: FnOnce(Postgres) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = Result<Acquire>> + Send + 'static,
+        G: FnOnce(Postgres) -> GFut + Send + 'static,
+        GFut: std::future::Future<Output = ()> + Send + 'static,
+    {
+        let name = token.as_str().to_owned();
+        let gate = Arc::clone(self.inflight().entry(name.clone()).or_default());
+        // Taken before the task starts, so that a release spawned when this call is
+        // cancelled queues behind it.
+        let turn = Arc::clone(&gate).lock_owned().await;
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let pg = self.clone();
+        tokio::spawn(async move {
+            let result = call(pg.clone()).await;
+            if let Err(Ok(Acquire::Acquired { .. })) = tx.send(result) {
+                give_back(pg.clone()).await;
+            }
+            drop(turn);
+            let mut inflight = pg.inflight();
+            // Ours and the map's: nobody else waits on it.
+            if inflight
+                .get(&name)
+                .is_some_and(|g| Arc::strong_count(g) <= 2)
+            {
+                inflight.remove(&name);
+            }
+            drop(inflight);
+            drop(gate);
+        });
+        rx.await.unwrap_or_else(|_| {
+            Err(Error::new(
+                ErrorKind::Unavailable,
+                "acquiring: the task running the call ended",
+            ))
+        })
+    }
+
+    /// Waits until no acquire under `token` is in flight.
+    async fn settled(&self, token: &Token) {
+        let gate = self.inflight().get(token.as_str()).cloned();
+        if let Some(gate) = gate {
+            let _turn = gate.lock().await;
+        }
+    }
+
+    /// One attempt, run to completion even if the caller is cancelled (see
+    /// [`detached`](Postgres::detached)).
+    async fn acquire_lock(
+        &self,
+        keys: &LockKeys,
+        token: &Token,
+        ttl: Duration,
+        queue: bool,
+    ) -> Result<Acquire> {
+        let (k, t) = (keys.clone(), token.clone());
+        let (gk, gt) = (keys.clone(), token.clone());
+        self.detached(
+            token,
+            move |pg| async move { pg.acquire_lock_now(&k, &t, ttl, queue).await },
+            move |pg| async move {
+                let _ = pg.release_lock(&gk, gt.as_str(), "own").await;
+            },
+        )
+        .await
+    }
+
     /// One attempt; with `queue`, a caller that must wait takes a place in the queue
     /// (only while this client listens, so that its wake-up can be heard).
-    async fn acquire_lock(
+    async fn acquire_lock_now(
         &self,
         keys: &LockKeys,
         token: &Token,
