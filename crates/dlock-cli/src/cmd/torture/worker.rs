@@ -158,14 +158,14 @@ pub(crate) async fn run(args: TortureWorkerArgs) -> Result<u8, Failure> {
             return Ok(exit::SUCCESS);
         }
         Kind::PostgresFenced => {
-            let postgres = connect_postgres(&args.lock_url).await?;
+            let postgres = connect_retrying(|| Postgres::connect(&args.lock_url)).await?;
             let lock = Lock::builder(postgres, name).ttl(ttl).build()?;
             worker.run_dlock(&lock, None, false, fence_of).await;
             return Ok(exit::SUCCESS);
         }
         // One endpoint per member, comma-separated.
         Kind::EtcdFenced => {
-            let etcd = connect_etcd(&args.lock_url).await?;
+            let etcd = connect_retrying(|| Etcd::connect(&args.lock_url)).await?;
             let lock = Lock::builder(etcd, name).ttl(ttl).build()?;
             worker.run_dlock(&lock, None, false, fence_of).await;
             return Ok(exit::SUCCESS);
@@ -220,32 +220,20 @@ pub(crate) async fn run(args: TortureWorkerArgs) -> Result<u8, Failure> {
     Ok(exit::SUCCESS)
 }
 
-/// Connects to PostgreSQL, again and again for up to [`ETCD_CONNECT_FOR`]: a replacement
-/// worker may start while the server restarts after a crash.
-async fn connect_postgres(url: &str) -> Result<Postgres, Failure> {
-    let deadline = tokio::time::Instant::now() + ETCD_CONNECT_FOR;
-    loop {
-        match Postgres::connect(url).await {
-            Ok(postgres) => return Ok(postgres),
-            Err(e) if e.is_retryable() && tokio::time::Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            Err(e) => return Err(e.into()),
-        }
-    }
-}
+/// How long a worker tries to reach its store before it gives up.
+const CONNECT_FOR: Duration = Duration::from_secs(10);
 
-/// How long a worker tries to reach etcd before it gives up.
-const ETCD_CONNECT_FOR: Duration = Duration::from_secs(10);
-
-/// Connects to etcd, again and again for up to [`ETCD_CONNECT_FOR`]: a worker may start
-/// while the members elect a leader (a replacement after a kill, just after a member
-/// restarted), when the first read fails.
-async fn connect_etcd(url: &str) -> Result<Etcd, Failure> {
-    let deadline = tokio::time::Instant::now() + ETCD_CONNECT_FOR;
+/// Calls `connect` again and again for up to [`CONNECT_FOR`], unless the input is bad: a
+/// worker may start while etcd's members elect a leader, or while PostgreSQL restarts
+/// after a crash (a replacement after a kill).
+async fn connect_retrying<T, Fut>(connect: impl Fn() -> Fut) -> Result<T, Failure>
+where
+    Fut: std::future::Future<Output = dlock::Result<T>>,
+{
+    let deadline = tokio::time::Instant::now() + CONNECT_FOR;
     loop {
-        match Etcd::connect(url).await {
-            Ok(etcd) => return Ok(etcd),
+        match connect().await {
+            Ok(client) => return Ok(client),
             Err(e)
                 if e.kind() != dlock::ErrorKind::InvalidArgument
                     && tokio::time::Instant::now() < deadline =>

@@ -33,16 +33,6 @@ fn first_bool(rows: &[Row]) -> bool {
 }
 
 impl Postgres {
-    /// The channel a waiting attempt leaves for its wake-up: this client's, once it
-    /// listens (opened here if it dropped since).
-    async fn wake_channel(&self) -> Option<&str> {
-        let listener = &self.inner.listener;
-        if !listener.is_up() {
-            let _ = listener.ensure_up().await;
-        }
-        listener.is_up().then(|| listener.channel())
-    }
-
     async fn sem_release(&self, keys: &LockKeys, token: &str, mode: &str) -> Result<bool> {
         let rows = self
             .query(
@@ -243,44 +233,6 @@ impl Postgres {
             .await?;
         granted(&rows, "acquiring a read-write lock")
     }
-
-    async fn acquire_fair_now(
-        &self,
-        keys: &LockKeys,
-        token: &Token,
-        ttl: Duration,
-        grace: Duration,
-    ) -> Result<Acquire> {
-        let side = keys.side(token.as_str());
-        let listener = &self.inner.listener;
-        // Told on its side name, once it listens for it (`Queued` watches the side key).
-        let channel = self
-            .wake_channel()
-            .await
-            .filter(|_| listener.is_registered(side.lock()));
-        let rows = self
-            .query(
-                &self.inner.sql.acquire,
-                &[
-                    &keys.lock(),
-                    &token.as_str(),
-                    &ttl_ms(ttl)?,
-                    &true,
-                    &channel,
-                    &side.lock(),
-                    &ttl_ms(grace)?,
-                    &channel.is_some(),
-                    &listener.pid(),
-                ],
-                "acquiring a fair lock",
-            )
-            .await?;
-        let reply = granted(&rows, "acquiring a fair lock")?;
-        if channel.is_some() {
-            self.raise_floor(&rows, side.lock(), &reply);
-        }
-        Ok(reply)
-    }
 }
 
 /// Permits are leases of their own (`leases`, role `p`), the count on the name's row; a
@@ -295,12 +247,11 @@ impl RawSemaphore for Postgres {
         ttl: Duration,
         queue: bool,
     ) -> Result<Acquire> {
-        let (k, t) = (keys.clone(), token.clone());
-        let (gk, gt) = (keys.clone(), token.clone());
         self.detached(
+            keys,
             token,
-            move |pg| async move { pg.acquire_permits_now(&k, &t, n, permits, ttl, queue).await },
-            move |pg| async move {
+            move |pg, k, t| async move { pg.acquire_permits_now(&k, &t, n, permits, ttl, queue).await },
+            move |pg, gk, gt| async move {
                 let _ = pg.sem_release(&gk, gt.as_str(), "own").await;
             },
         )
@@ -397,15 +348,15 @@ impl RawReentrant for Postgres {
         limit: u32,
         queue: bool,
     ) -> Result<Acquire> {
-        let (k, t, o) = (keys.clone(), token.clone(), owner.to_owned());
-        let (gk, gt, go) = (keys.clone(), token.clone(), owner.to_owned());
+        let (o, go) = (owner.to_owned(), owner.to_owned());
         self.detached(
+            keys,
             token,
-            move |pg| async move {
+            move |pg, k, t| async move {
                 pg.acquire_reentrant_now(&k, &o, &t, ttl, limit, queue)
                     .await
             },
-            move |pg| async move {
+            move |pg, gk, gt| async move {
                 let _ = pg.re_release(&gk, &go, gt.as_str(), "own").await;
             },
         )
@@ -467,12 +418,11 @@ impl RawRwLock for Postgres {
         ttl: Duration,
         grace: Duration,
     ) -> Result<Acquire> {
-        let (k, t) = (keys.clone(), token.clone());
-        let (gk, gt) = (keys.clone(), token.clone());
         self.detached(
+            keys,
             token,
-            move |pg| async move { pg.acquire_rw_now(&k, &t, write, ttl, grace).await },
-            move |pg| async move {
+            move |pg, k, t| async move { pg.acquire_rw_now(&k, &t, write, ttl, grace).await },
+            move |pg, gk, gt| async move {
                 let _ = pg.rw_release(&gk, gt.as_str(), "own", WAKE_GRACE).await;
             },
         )
@@ -542,12 +492,15 @@ impl RawFair for Postgres {
         ttl: Duration,
         grace: Duration,
     ) -> Result<Acquire> {
-        let (k, t) = (keys.clone(), token.clone());
-        let (gk, gt) = (keys.clone(), token.clone());
         self.detached(
+            keys,
             token,
-            move |pg| async move { pg.acquire_fair_now(&k, &t, ttl, grace).await },
-            move |pg| async move {
+            move |pg, k, t| async move {
+                let side = k.side(t.as_str());
+                pg.attempt(&k, &t, ttl, grace, true, Some(side.lock()))
+                    .await
+            },
+            move |pg, gk, gt| async move {
                 let _ = pg.release_lock(&gk, gt.as_str(), "own").await;
             },
         )

@@ -705,13 +705,15 @@ impl Postgres {
                             to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL
                             AND to_regclass($3) IS NOT NULL
                             AND to_regprocedure($4) IS NOT NULL
-                            AND to_regprocedure($5) IS NOT NULL",
+                            AND to_regprocedure($5) IS NOT NULL
+                            AND to_regprocedure($6) IS NOT NULL",
                     &[
                         &format!("\"{schema}\".locks"),
                         &format!("\"{schema}\".waiters"),
                         &format!("\"{schema}\".leases"),
                         // The function the migration creates last.
                         &format!("\"{schema}\".rw_release(text,text,text,bigint,bigint)"),
+                        &format!("\"{schema}\".queue_head(text,timestamptz)"),
                         // The newest signature: an older schema gets the migration.
                         &format!(
                             "\"{schema}\".acquire(text,text,bigint,boolean,text,text,bigint,boolean,integer)"
@@ -937,16 +939,19 @@ impl Postgres {
     /// another pooled connection at the moment of cancellation, they could otherwise run
     /// before the grant or the queueing and miss it — leaving the lock held, or a queue
     /// place that a release would hand the lock to, for a whole ttl.
+    ///
+    /// `call` and `give_back` get the client, the keys and the token, owned.
     async fn detached<F, Fut, G, GFut>(
         &self,
+        keys: &LockKeys,
         token: &Token,
         call: F,
         give_back: G,
     ) -> Result<Acquire>
     where
-        F: FnOnce(Postgres) -> Fut + Send + 'static,
+        F: FnOnce(Postgres, LockKeys, Token) -> Fut + Send + 'static,
         Fut: std::future::Future<Output = Result<Acquire>> + Send + 'static,
-        G: FnOnce(Postgres) -> GFut + Send + 'static,
+        G: FnOnce(Postgres, LockKeys, Token) -> GFut + Send + 'static,
         GFut: std::future::Future<Output = ()> + Send + 'static,
     {
         let name = token.as_str().to_owned();
@@ -955,11 +960,11 @@ impl Postgres {
         // cancelled queues behind it.
         let turn = Arc::clone(&gate).lock_owned().await;
         let (tx, rx) = tokio::sync::oneshot::channel();
-        let pg = self.clone();
+        let (pg, keys, token) = (self.clone(), keys.clone(), token.clone());
         tokio::spawn(async move {
-            let result = call(pg.clone()).await;
+            let result = call(pg.clone(), keys.clone(), token.clone()).await;
             if let Err(Ok(Acquire::Acquired { .. })) = tx.send(result) {
-                give_back(pg.clone()).await;
+                give_back(pg.clone(), keys, token).await;
             }
             drop(turn);
             let mut inflight = pg.inflight();
@@ -998,57 +1003,78 @@ impl Postgres {
         ttl: Duration,
         queue: bool,
     ) -> Result<Acquire> {
-        let (k, t) = (keys.clone(), token.clone());
-        let (gk, gt) = (keys.clone(), token.clone());
         self.detached(
+            keys,
             token,
-            move |pg| async move { pg.acquire_lock_now(&k, &t, ttl, queue).await },
-            move |pg| async move {
-                let _ = pg.release_lock(&gk, gt.as_str(), "own").await;
+            move |pg, k, t| async move {
+                pg.attempt(&k, &t, ttl, waiter_grace(ttl), queue, None)
+                    .await
+            },
+            |pg, k, t| async move {
+                let _ = pg.release_lock(&k, t.as_str(), "own").await;
             },
         )
         .await
     }
 
-    /// One attempt; with `queue`, a caller that must wait takes a place in the queue
-    /// (only while this client listens, so that its wake-up can be heard).
-    async fn acquire_lock_now(
+    /// The channel a waiting attempt leaves for its wake-up: this client's, once it
+    /// listens (the connection is opened again here if it dropped since the waiter
+    /// registered; if that fails, the attempt leaves none and its timer covers it).
+    async fn wake_channel(&self) -> Option<&str> {
+        let listener = &self.inner.listener;
+        if !listener.is_up() {
+            let _ = listener.ensure_up().await;
+        }
+        listener.is_up().then(|| listener.channel())
+    }
+
+    /// One attempt at a plain or fair lock. With `queue`, a caller that must wait takes a
+    /// place in the queue, to be handed the lock by a release: a plain lock's waiter is
+    /// told under its token, a fair lock's under its own `side` name (and only once it
+    /// listens for it).
+    async fn attempt(
         &self,
         keys: &LockKeys,
         token: &Token,
         ttl: Duration,
+        grace: Duration,
         queue: bool,
+        side: Option<&str>,
     ) -> Result<Acquire> {
-        let ms = ttl_ms(ttl)?;
         let listener = &self.inner.listener;
-        if queue && !listener.is_up() {
-            // The connection dropped since the waiter registered: listen again before
-            // queueing (if that fails, the attempt does not queue; the timer covers it).
-            let _ = listener.ensure_up().await;
-        }
-        let channel = (queue && listener.is_up()).then(|| listener.channel());
-        let grace = ttl_ms(waiter_grace(ttl))?;
+        let channel = if queue {
+            self.wake_channel()
+                .await
+                .filter(|_| side.is_none_or(|name| listener.is_registered(name)))
+        } else {
+            None
+        };
+        let doing = if side.is_some() {
+            "acquiring a fair lock"
+        } else {
+            "acquiring a lock"
+        };
         let rows = self
             .query(
                 &self.inner.sql.acquire,
                 &[
                     &keys.lock(),
                     &token.as_str(),
-                    &ms,
+                    &ttl_ms(ttl)?,
                     &queue,
                     &channel,
-                    &None::<&str>,
-                    &grace,
+                    &side,
+                    &ttl_ms(grace)?,
                     // A queued waiter is handed the lock by the release (it listens).
                     &channel.is_some(),
                     &listener.pid(),
                 ],
-                "acquiring a lock",
+                doing,
             )
             .await?;
-        let reply = granted(&rows, "acquiring a lock")?;
+        let reply = granted(&rows, doing)?;
         if channel.is_some() {
-            self.raise_floor(&rows, token.as_str(), &reply);
+            self.raise_floor(&rows, side.unwrap_or(token.as_str()), &reply);
         }
         Ok(reply)
     }

@@ -51,6 +51,20 @@ LANGUAGE sql IMMUTABLE AS $fn$
     SELECT greatest(0, ceil(extract(epoch FROM t - now_ts) * 1000))::bigint
 $fn$;
 
+-- Drops k's lapsed waiters (claims ended by now_ts) and returns the head of its queue
+-- (role 'l'; a row of nulls when nobody waits).
+CREATE OR REPLACE FUNCTION "S".queue_head(k text, now_ts timestamptz) RETURNS "S".waiters
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    head "S".waiters%ROWTYPE;
+BEGIN
+    DELETE FROM "S".waiters AS q WHERE q.key = k AND q.claim_until <= now_ts;
+    SELECT * INTO head FROM "S".waiters AS q
+    WHERE q.key = k AND q.role = 'l' ORDER BY q.arrival LIMIT 1;
+    RETURN head;
+END
+$fn$;
+
 -- Takes (or keeps) tok's place in k's queue, claimed until `claim`; with hand_ttl, a
 -- release may hand the lock over to it for that long (its client's LISTEN session: lpid).
 CREATE OR REPLACE FUNCTION "S".wait_in_line(k text, tok text, r "char", n int, chan text,
@@ -83,9 +97,7 @@ DECLARE
 BEGIN
     LOOP
         now_ts := clock_timestamp();
-        DELETE FROM "S".waiters AS q WHERE q.key = k AND q.claim_until <= now_ts;
-        SELECT * INTO head FROM "S".waiters AS q
-        WHERE q.key = k AND q.role = 'l' ORDER BY q.arrival LIMIT 1;
+        head := "S".queue_head(k, now_ts);
         IF head.token IS NULL THEN
             RETURN false;
         END IF;
@@ -119,9 +131,7 @@ DECLARE
     head   "S".waiters%ROWTYPE;
     now_ts timestamptz := clock_timestamp();
 BEGIN
-    DELETE FROM "S".waiters AS q WHERE q.key = k AND q.claim_until <= now_ts;
-    SELECT * INTO head FROM "S".waiters AS q
-    WHERE q.key = k AND q.role = 'l' ORDER BY q.arrival LIMIT 1;
+    head := "S".queue_head(k, now_ts);
     IF head.token IS NULL THEN
         RETURN false;
     END IF;
@@ -163,9 +173,7 @@ BEGIN
         RETURN QUERY SELECT true, r.fence, 0::bigint;
         RETURN;
     END IF;
-    DELETE FROM "S".waiters AS q WHERE q.key = k AND q.claim_until <= now_ts;
-    SELECT * INTO head FROM "S".waiters AS q
-    WHERE q.key = k AND q.role = 'l' ORDER BY q.arrival LIMIT 1;
+    head := "S".queue_head(k, now_ts);
     IF (r.holder IS NULL OR r.expires_at <= now_ts)
        AND (head.token IS NULL OR head.token = tok) THEN
         UPDATE "S".locks AS l
@@ -322,9 +330,7 @@ BEGIN
     END IF;
     SELECT coalesce(sum(e.n), 0), min(e.expires_at) INTO used, first_end
     FROM "S".leases AS e WHERE e.key = k;
-    DELETE FROM "S".waiters AS q WHERE q.key = k AND q.claim_until <= now_ts;
-    SELECT * INTO head FROM "S".waiters AS q
-    WHERE q.key = k AND q.role = 'l' ORDER BY q.arrival LIMIT 1;
+    head := "S".queue_head(k, now_ts);
     IF used + n <= cap AND (head.token IS NULL OR head.token = tok) THEN
         INSERT INTO "S".leases (key, token, role, n, expires_at)
         VALUES (k, tok, 'p', n, now_ts + ttl_ms * interval '1 millisecond');
@@ -440,9 +446,7 @@ BEGIN
         RETURN QUERY SELECT 1, r.fence, 0::bigint;
         RETURN;
     END IF;
-    DELETE FROM "S".waiters AS q WHERE q.key = k AND q.claim_until <= now_ts;
-    SELECT * INTO head FROM "S".waiters AS q
-    WHERE q.key = k AND q.role = 'l' ORDER BY q.arrival LIMIT 1;
+    head := "S".queue_head(k, now_ts);
     IF r.holder IS NULL AND (head.token IS NULL OR head.token = tok) THEN
         UPDATE "S".locks AS l SET holder = owner, expires_at = until, fence = l.fence + 1
         WHERE l.key = k
