@@ -16,8 +16,8 @@ use std::io::Write as _;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use dlock::backend::{Memory, Redis};
-use dlock::fenced::RedisFenced;
+use dlock::backend::{Memory, Postgres, Redis};
+use dlock::fenced::{PgFencedTable, RedisFenced};
 use dlock::{Lock, LockGuard};
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -115,24 +115,70 @@ fn store_err(e: redis::RedisError) -> Failure {
     Failure::new(exit::UNAVAILABLE, format!("demo store: {e}"))
 }
 
-/// The stock and the seed lock's key: in this process, or in Redis.
+fn pg_err(e: tokio_postgres::Error) -> Failure {
+    Failure::new(exit::UNAVAILABLE, format!("demo store: {e}"))
+}
+
+/// The stock and the seed lock's key: in this process, in Redis, or in a PostgreSQL table
+/// (`<schema>.demo_stock` beside dlock's own tables, its fence in a `dlock_fence` column).
 #[derive(Clone)]
 enum Kv {
     Local(Arc<Mutex<HashMap<String, String>>>),
     Redis(redis::aio::MultiplexedConnection),
+    Postgres(Postgres, PgFencedTable),
+}
+
+impl Kv {
+    /// The PostgreSQL store on the lock's own client (its pool): creates the table.
+    async fn postgres(pg: Postgres) -> Result<Kv, Failure> {
+        let table = format!("{}.demo_stock", pg.schema());
+        let fenced = PgFencedTable::new(&table, "key")?;
+        pg.client()
+            .await?
+            .batch_execute(&format!(
+                "CREATE TABLE IF NOT EXISTS {table} (key text PRIMARY KEY, value text NOT NULL);
+                 {}",
+                fenced.migration_sql()
+            ))
+            .await
+            .map_err(pg_err)?;
+        Ok(Kv::Postgres(pg, fenced))
+    }
+
+    /// A PostgreSQL statement's rows.
+    async fn pg_query(
+        pg: &Postgres,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<Vec<tokio_postgres::Row>, Failure> {
+        let sql = sql.replace("{table}", &format!("{}.demo_stock", pg.schema()));
+        pg.client()
+            .await?
+            .query(sql.as_str(), params)
+            .await
+            .map_err(pg_err)
+    }
+
+    /// The first column of the first row, if any.
+    fn first(rows: &[tokio_postgres::Row]) -> Option<String> {
+        rows.first().and_then(|r| r.get::<_, Option<String>>(0))
+    }
 }
 
 impl Kv {
     fn local(&self) -> Option<std::sync::MutexGuard<'_, HashMap<String, String>>> {
         match self {
             Kv::Local(m) => Some(m.lock().unwrap_or_else(PoisonError::into_inner)),
-            Kv::Redis(_) => None,
+            Kv::Redis(_) | Kv::Postgres(..) => None,
         }
     }
 
     async fn get(&self, key: &str) -> Result<Option<String>, Failure> {
         match self {
             Kv::Local(_) => Ok(self.local().and_then(|m| m.get(key).cloned())),
+            Kv::Postgres(pg, _) => Ok(Kv::first(
+                &Kv::pg_query(pg, "SELECT value FROM {table} WHERE key = $1", &[&key]).await?,
+            )),
             Kv::Redis(c) => redis::cmd("GET")
                 .arg(key)
                 .query_async(&mut c.clone())
@@ -149,6 +195,14 @@ impl Kv {
                 }
                 Ok(())
             }
+            Kv::Postgres(pg, _) => Kv::pg_query(
+                pg,
+                "INSERT INTO {table} (key, value) VALUES ($1, $2)
+                 ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                &[&key, &value],
+            )
+            .await
+            .map(drop),
             Kv::Redis(c) => redis::cmd("SET")
                 .arg(key)
                 .arg(value)
@@ -168,6 +222,14 @@ impl Kv {
                     true
                 }
             })),
+            Kv::Postgres(pg, _) => Ok(!Kv::pg_query(
+                pg,
+                "INSERT INTO {table} (key, value) VALUES ($1, $2)
+                 ON CONFLICT (key) DO NOTHING RETURNING key",
+                &[&key, &value],
+            )
+            .await?
+            .is_empty()),
             Kv::Redis(c) => redis::cmd("SETNX")
                 .arg(key)
                 .arg(value)
@@ -182,6 +244,18 @@ impl Kv {
             Kv::Local(_) => Ok(self
                 .local()
                 .and_then(|mut m| m.insert(key.to_owned(), value.to_owned()))),
+            // The old value under the row lock, then the new one (a missing row stays
+            // missing: the seed's lock only GETSETs a key it has just read).
+            Kv::Postgres(pg, _) => Ok(Kv::first(
+                &Kv::pg_query(
+                    pg,
+                    "UPDATE {table} AS t SET value = $2
+                     FROM (SELECT value FROM {table} WHERE key = $1 FOR UPDATE) AS old
+                     WHERE t.key = $1 RETURNING old.value",
+                    &[&key, &value],
+                )
+                .await?,
+            )),
             Kv::Redis(c) => redis::cmd("GETSET")
                 .arg(key)
                 .arg(value)
@@ -200,6 +274,11 @@ impl Kv {
                     }
                 }
                 Ok(())
+            }
+            Kv::Postgres(pg, _) => {
+                Kv::pg_query(pg, "DELETE FROM {table} WHERE key = ANY($1)", &[&keys])
+                    .await
+                    .map(drop)
             }
             Kv::Redis(c) => redis::cmd("DEL")
                 .arg(keys)
@@ -235,7 +314,23 @@ impl Kv {
                     None => Ok(m.get(stock).cloned()),
                 }
             }
-            // The library's fenced resource (dlock::fenced).
+            // The library's fenced resources (dlock::fenced): the row keeps its own fence.
+            Kv::Postgres(pg, table) => {
+                let fence = dlock::FencingToken::new(fence);
+                let client = pg.client().await?;
+                Ok(match new_value {
+                    Some(v) => table
+                        .update(&*client, "value = $1", "", &[&v.to_string()], &stock, fence)
+                        .await?
+                        .ok()
+                        .filter(|&n| n > 0)
+                        .map(|_| "OK".to_owned()),
+                    None => match table.read(&*client, "value", &stock, fence).await? {
+                        Ok(row) => Some(row.map(|r| r.get::<_, String>(0)).unwrap_or_default()),
+                        Err(_stale) => None,
+                    },
+                })
+            }
             Kv::Redis(c) => {
                 let resource = RedisFenced::new(stock).fence_key(highest);
                 let fence = dlock::FencingToken::new(fence);
@@ -284,11 +379,13 @@ async fn seed_lock(kv: &Kv, key: &str) -> Result<(), Failure> {
 enum AnyLock {
     Memory(Lock<Memory>),
     Redis(Lock<Redis>),
+    Postgres(Lock<Postgres>),
 }
 
 enum AnyGuard {
     Memory(LockGuard<Memory>),
     Redis(LockGuard<Redis>),
+    Postgres(LockGuard<Postgres>),
 }
 
 impl AnyLock {
@@ -296,6 +393,7 @@ impl AnyLock {
         Ok(match self {
             AnyLock::Memory(l) => AnyGuard::Memory(l.lock().await?),
             AnyLock::Redis(l) => AnyGuard::Redis(l.lock().await?),
+            AnyLock::Postgres(l) => AnyGuard::Postgres(l.lock().await?),
         })
     }
 }
@@ -305,6 +403,7 @@ impl AnyGuard {
         match self {
             AnyGuard::Memory(g) => g.fencing_token().get(),
             AnyGuard::Redis(g) => g.fencing_token().get(),
+            AnyGuard::Postgres(g) => g.fencing_token().get(),
         }
     }
 
@@ -312,6 +411,7 @@ impl AnyGuard {
         match self {
             AnyGuard::Memory(g) => g.is_lost(),
             AnyGuard::Redis(g) => g.is_lost(),
+            AnyGuard::Postgres(g) => g.is_lost(),
         }
     }
 
@@ -320,6 +420,7 @@ impl AnyGuard {
         let _ = match self {
             AnyGuard::Memory(g) => g.release().await,
             AnyGuard::Redis(g) => g.release().await,
+            AnyGuard::Postgres(g) => g.release().await,
         };
     }
 }
@@ -416,19 +517,24 @@ async fn place_orders(
 pub(crate) async fn worker(args: DemoWorkerArgs) -> Result<u8, Failure> {
     let scenario = Scenario::parse(&args.scenario)?;
     let keys = Keys::new(&args.run_id, scenario);
-    let conn = redis::Client::open(args.url.as_str())
-        .map_err(|e| Failure::usage(format!("demo worker URL: {e}")))?
-        .get_multiplexed_async_connection()
-        .await
-        .map_err(store_err)?;
-    let kv = Kv::Redis(conn);
-    let lock = match scenario {
-        Scenario::Dlock | Scenario::Fenced => Some(AnyLock::Redis(
-            Lock::builder(Redis::connect(args.url.clone()).await?, &keys.lock)
-                .ttl(LEASE)
-                .build()?,
-        )),
-        _ => None,
+    let locking = matches!(scenario, Scenario::Dlock | Scenario::Fenced);
+    let (kv, lock) = if is_postgres(&args.url) {
+        let pg = Postgres::connect(&args.url).await?;
+        let lock = locking
+            .then(|| Lock::builder(pg.clone(), &keys.lock).ttl(LEASE).build())
+            .transpose()?
+            .map(AnyLock::Postgres);
+        (Kv::postgres(pg).await?, lock)
+    } else {
+        let lock = if locking {
+            let redis = Redis::connect(args.url.clone()).await?;
+            Some(AnyLock::Redis(
+                Lock::builder(redis, &keys.lock).ttl(LEASE).build()?,
+            ))
+        } else {
+            None
+        };
+        (redis_kv(&args.url).await?, lock)
     };
     let report = |e: Event| {
         let mut out = std::io::stdout().lock();
@@ -487,6 +593,15 @@ pub(crate) async fn demo(args: DemoArgs) -> Result<u8, Failure> {
             Kv::Local(Arc::default()),
             "the in-process memory backend (worker threads)".to_owned(),
         ),
+        Some(url) if is_postgres(url) => {
+            let pg = Postgres::connect(url).await?;
+            let described = format!(
+                "PostgreSQL at {} (worker processes; the stock in table {}.demo_stock)",
+                dlock::backend::postgres::redact(url),
+                pg.schema()
+            );
+            (Mode::Processes(url.to_owned()), Kv::postgres(pg).await?, described)
+        }
         Some(url) => {
             crate::target::connect(&args.store, false).await?;
             let kv = redis_kv(url).await?;
@@ -571,6 +686,10 @@ pub(crate) async fn demo(args: DemoArgs) -> Result<u8, Failure> {
     );
     drop(private);
     Ok(exit::SUCCESS)
+}
+
+fn is_postgres(url: &str) -> bool {
+    url.starts_with("postgres://") || url.starts_with("postgresql://")
 }
 
 async fn redis_kv(url: &str) -> Result<Kv, Failure> {

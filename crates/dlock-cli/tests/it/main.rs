@@ -355,10 +355,10 @@ fn bad_input_gives_one_line_and_the_right_code() {
     }
 }
 
-#[test]
-fn demo_shows_that_only_fencing_prevents_overselling() {
-    let server = RedisServer::start().expect("redis-server");
-    let out = output(dlock(&server.url()).args(["demo", "--plain"]));
+/// Runs `dlock demo` against `url` and checks its table: the fenced row sold every unit
+/// exactly once, the no-lock control oversold. Returns the demo's output.
+fn demo_on(url: &str) -> String {
+    let out = output(dlock(url).args(["demo", "--plain"]));
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(out.status.success(), "{text}{}", stderr(&out));
     assert!(text.contains("worker processes"), "{text}");
@@ -382,6 +382,51 @@ fn demo_shows_that_only_fencing_prevents_overselling() {
     assert_eq!(fenced[0], 24, "every unit sold exactly once:\n{text}");
     let none = row("no lock");
     assert!(none[3] > 0, "the no-lock control must oversell:\n{text}");
+    text
+}
+
+#[test]
+fn demo_shows_that_only_fencing_prevents_overselling() {
+    let server = RedisServer::start().expect("redis-server");
+    let text = demo_on(&server.url());
+    assert!(text.contains("Store: Redis at"), "{text}");
+}
+
+/// `dlock demo --url postgres://…`: the locks and the fenced stock both in PostgreSQL
+/// (the stock table is the demo's; its rows are gone afterwards).
+#[test]
+fn demo_keeps_its_fenced_stock_in_postgres() {
+    let pg = dlock_test::postgres::PostgresServer::start().expect("postgres");
+    let text = demo_on(&pg.url());
+    assert!(
+        text.contains("Store: PostgreSQL at") && text.contains("dlock.demo_stock"),
+        "{text}"
+    );
+    assert!(!text.contains(dlock_test::postgres::PASSWORD), "{text}");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let (rows, fence_column) = rt.block_on(async {
+        let admin = pg.admin().await;
+        let rows: i64 = admin
+            .query_one("SELECT count(*) FROM dlock.demo_stock", &[])
+            .await
+            .expect("the demo's table")
+            .get(0);
+        let column: i64 = admin
+            .query_one(
+                "SELECT count(*) FROM information_schema.columns
+                 WHERE table_schema = 'dlock' AND table_name = 'demo_stock'
+                   AND column_name = 'dlock_fence'",
+                &[],
+            )
+            .await
+            .expect("columns")
+            .get(0);
+        (rows, column)
+    });
+    assert_eq!((rows, fence_column), (0, 1), "{text}");
 }
 
 #[test]

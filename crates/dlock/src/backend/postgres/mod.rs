@@ -141,6 +141,7 @@ struct Inner {
     /// A gate per token with an acquire in flight (see [`Postgres::detached`]).
     inflight: std::sync::Mutex<std::collections::HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     sql: Statements,
+    schema: String,
     store_id: String,
     engine: Engine,
 }
@@ -609,6 +610,24 @@ fn fence_of(v: i64) -> u64 {
     u64::try_from(v).unwrap_or(0)
 }
 
+/// A connection of a [`Postgres`] client's pool, lent by [`Postgres::client`]: a
+/// `tokio_postgres::Client` (through `Deref`), back in the pool when dropped.
+pub struct PooledClient(deadpool_postgres::Object);
+
+impl std::ops::Deref for PooledClient {
+    type Target = tokio_postgres::Client;
+
+    fn deref(&self) -> &tokio_postgres::Client {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for PooledClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PooledClient").finish_non_exhaustive()
+    }
+}
+
 impl std::fmt::Debug for Postgres {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Postgres")
@@ -677,6 +696,7 @@ impl Postgres {
                 listener: listen::Listener::new(config.clone(), connector)?,
                 inflight: std::sync::Mutex::default(),
                 sql: Statements::new(&parsed.schema),
+                schema: parsed.schema.clone(),
                 store_id,
                 engine: Engine::new(),
             }),
@@ -686,6 +706,27 @@ impl Postgres {
             Error::new(e.kind(), message).retryable(e.is_retryable())
         })?;
         Ok(pg)
+    }
+
+    /// The schema dlock's tables live in (`dlock` unless the URL says `?schema=`).
+    pub fn schema(&self) -> &str {
+        &self.inner.schema
+    }
+
+    /// A connection from this client's pool (returned to it on drop), for the
+    /// application's own statements — e.g. a [`PgFencedTable`](crate::fenced::PgFencedTable)
+    /// write under a guard's fence — without a second pool or a second set of credentials.
+    ///
+    /// # Errors
+    /// As the lock operations: [`ErrorKind::Unavailable`] if no connection could be had
+    /// within the call timeout, [`ErrorKind::Backend`] for a refused login.
+    pub async fn client(&self) -> Result<PooledClient> {
+        self.inner
+            .pool
+            .get()
+            .await
+            .map(PooledClient)
+            .map_err(|e| map_pool_err(e, "taking a pooled connection"))
     }
 
     /// Refuses a read-only server, then creates the schema and table unless the table is
