@@ -273,7 +273,15 @@ impl<B: RawLock> Lock<B> {
             // wait that ends without a grant withdraws it, even if no reply came back.
             waiting.queued |= queue || !B::QUEUES_ONLY_LISTENERS;
             let sent = Instant::now();
-            let attempt = match self.attempt(&token, queue).await {
+            let attempt = match deadline.filter(|_| queue && B::WAITS_IN_STORE) {
+                // A wait inside the store ends at the caller's deadline: the lock was
+                // held all along.
+                Some(d) => tokio::time::timeout_at(d, self.attempt(&token, queue))
+                    .await
+                    .unwrap_or(Ok(Attempt::Held(None))),
+                None => self.attempt(&token, queue).await,
+            };
+            let attempt = match attempt {
                 Ok(attempt) => {
                     outage = None;
                     waiting.unsettled = false;

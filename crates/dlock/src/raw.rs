@@ -73,6 +73,12 @@ pub trait RawLock: Clone + Send + Sync + 'static {
     /// found the lock held has nothing to withdraw.
     const QUEUES_ONLY_LISTENERS: bool = false;
 
+    /// Whether [`acquire_or_queue`](RawLock::acquire_or_queue) may wait inside the store
+    /// until the lock is free (PostgreSQL's waiters queue in its lock manager) rather than
+    /// answer at once: a caller with a deadline then bounds the call by it (cancelling
+    /// it, which the implementation must make safe).
+    const WAITS_IN_STORE: bool = false;
+
     /// Which renewal the store applies to this primitive's leases (see
     /// [`extend_many`](RawLock::extend_many)). Adapters over the capability traits set
     /// their own.

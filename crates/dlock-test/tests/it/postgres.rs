@@ -29,30 +29,53 @@ async fn claims(admin: &tokio_postgres::Client, key: &str) -> Vec<(String, Strin
         .collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn one_release_wakes_the_head_only_across_clients_in_arrival_order() {
-    let t = PostgresTarget::start();
-    let name = unique("herd");
+/// Waiters on the name's gate inside the server (advisory lock waits not yet granted) and
+/// sessions holding it.
+async fn gate(admin: &tokio_postgres::Client, key: &str) -> (i64, i64) {
+    let row = admin
+        .query_one(
+            "SELECT count(*) FILTER (WHERE NOT granted), count(*) FILTER (WHERE granted)
+             FROM pg_locks p
+             WHERE p.locktype = 'advisory' AND p.objsubid = 1
+               AND ((p.classid::bigint << 32) | p.objid::bigint) = dlock.gate_key($1)",
+            &[&key],
+        )
+        .await
+        .expect("pg_locks");
+    (row.get(0), row.get(1))
+}
+
+/// Eight waiters in eight clients (`url_params` appended to each client's URL) behind one
+/// holder; returns the holder's lock, its guard, the waiters' grants in the order they
+/// come, and the lock's key. Each waiter starts once the one before it waits.
+async fn eight_waiters(
+    t: &PostgresTarget,
+    name: &str,
+    url_params: &str,
+) -> (
+    Lock<Postgres>,
+    dlock::LockGuard<Postgres>,
+    tokio::sync::mpsc::UnboundedReceiver<(u32, dlock::LockGuard<Postgres>)>,
+    String,
+) {
     let ttl = Duration::from_secs(30);
-    let holder = Lock::builder(t.client().await, &name)
+    let holder = Lock::builder(t.client().await, name)
         .ttl(ttl)
         .build()
         .expect("valid");
     let key = format!("{}{name}", dlock::keys::DEFAULT_PREFIX);
     let guard = holder.try_lock().await.expect("store").expect("free");
-    // Eight waiters, each its own client (as eight processes would be).
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     for i in 0..8 {
-        let lock = Lock::builder(t.client().await, &name)
-            .ttl(ttl)
-            .build()
-            .expect("valid");
+        let client = Postgres::connect(&format!("{}{url_params}", t.server.url()))
+            .await
+            .expect("connect");
+        let lock = Lock::builder(client, name).ttl(ttl).build().expect("valid");
         let tx = tx.clone();
         tokio::spawn(async move {
             let g = lock.lock().await.expect("lock");
             let _ = tx.send((i, g));
         });
-        // Each queued before the next starts, so arrival order is known.
         let queued = async {
             while holder.state().await.expect("store").queued != Some(i + 1) {
                 sleep(Duration::from_millis(10)).await;
@@ -60,13 +83,93 @@ async fn one_release_wakes_the_head_only_across_clients_in_arrival_order() {
         };
         timeout(Duration::from_secs(10), queued)
             .await
-            .expect("the waiter takes a place in the queue");
+            .expect("the waiter waits (state() counts it)");
     }
+    (holder, guard, rx, key)
+}
+
+/// Releases `g` and each grant after it; the order in which the waiters got the lock.
+async fn pass_it_round(
+    first: u32,
+    mut g: dlock::LockGuard<Postgres>,
+    rx: &mut tokio::sync::mpsc::UnboundedReceiver<(u32, dlock::LockGuard<Postgres>)>,
+) -> Vec<u32> {
+    let mut order = vec![first];
+    for _ in 1..8 {
+        g.release().await.expect("release");
+        let (next, ng) = timeout(Duration::from_secs(5), rx.recv())
+            .await
+            .expect("the next waiter woke")
+            .expect("channel");
+        order.push(next);
+        g = ng;
+    }
+    g.release().await.expect("release");
+    order
+}
+
+/// The default: waiters wait inside the server, on the name's gate (PostgreSQL's lock
+/// manager queues them and wakes one per release); only the head is in the waiters table.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_wait_in_the_server_and_one_release_wakes_one_in_arrival_order() {
+    let t = PostgresTarget::start();
+    let name = unique("gate");
+    let (_holder, guard, mut rx, key) = eight_waiters(&t, &name, "").await;
+    let admin = t.server.admin().await;
+    assert_eq!(
+        claims(&admin, &key).await.len(),
+        1,
+        "only the head is in the table"
+    );
+    assert_eq!(
+        gate(&admin, &key).await,
+        (7, 1),
+        "seven wait for the head's gate"
+    );
+    guard.release().await.expect("release");
+    let (first, g) = timeout(Duration::from_secs(5), rx.recv())
+        .await
+        .expect("the head got the lock on the release")
+        .expect("channel");
+    assert_eq!(first, 0, "the first waiter in line gets it");
+    sleep(Duration::from_millis(300)).await;
+    assert!(rx.try_recv().is_err(), "nobody else got in");
+    // Nobody behind it woke: all seven still wait for the gate, which the head keeps.
+    assert_eq!(
+        gate(&admin, &key).await,
+        (7, 1),
+        "a release wakes one waiter"
+    );
+    assert!(
+        claims(&admin, &key).await.is_empty(),
+        "the head left the table"
+    );
+    let order = pass_it_round(first, g, &mut rx).await;
+    assert_eq!(order, (0..8).collect::<Vec<_>>(), "FIFO across clients");
+    assert!(
+        claims(&admin, &key).await.is_empty(),
+        "no place left behind"
+    );
+    assert_eq!(gate(&admin, &key).await, (0, 0), "no gate left held");
+}
+
+/// `?wait_connections=0`: every waiter queues in the waiters table and sleeps; a release
+/// hands the lock to the head with NOTIFY and the others send nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_wait_sessions_one_release_wakes_the_head_only_in_arrival_order() {
+    let t = PostgresTarget::start();
+    let name = unique("herd");
+    let (_holder, guard, mut rx, key) = eight_waiters(&t, &name, "?wait_connections=0").await;
     let admin = t.server.admin().await;
     let before = claims(&admin, &key).await;
     assert_eq!(before.len(), 8);
+    assert_eq!(
+        gate(&admin, &key).await,
+        (0, 0),
+        "nobody waits in the server"
+    );
     guard.release().await.expect("release");
-    let (first, mut g) = timeout(Duration::from_secs(5), rx.recv())
+    let (first, g) = timeout(Duration::from_secs(5), rx.recv())
         .await
         .expect("the head woke on the release")
         .expect("channel");
@@ -79,22 +182,97 @@ async fn one_release_wakes_the_head_only_across_clients_in_arrival_order() {
         before[1..].to_vec(),
         "a release must wake the head only, not the herd"
     );
-    let mut order = vec![first];
-    for _ in 1..8 {
-        g.release().await.expect("release");
-        let (next, ng) = timeout(Duration::from_secs(5), rx.recv())
-            .await
-            .expect("the next waiter woke")
-            .expect("channel");
-        order.push(next);
-        g = ng;
-    }
-    g.release().await.expect("release");
+    let order = pass_it_round(first, g, &mut rx).await;
     assert_eq!(order, (0..8).collect::<Vec<_>>(), "FIFO across clients");
     assert!(
         claims(&admin, &key).await.is_empty(),
         "no place left behind"
     );
+}
+
+/// A waiter inside the server honours its deadline and its cancellation: nothing stays
+/// waiting for the gate, and the lock goes on to the next waiter at the release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_in_the_server_ends_at_its_deadline_or_cancellation_and_leaves_nothing() {
+    let t = PostgresTarget::start();
+    let name = unique("gate-cancel");
+    let ttl = Duration::from_secs(60);
+    let lock = |client| {
+        Lock::builder(client, &name)
+            .ttl(ttl)
+            .build()
+            .expect("valid")
+    };
+    let holder = lock(t.client().await);
+    let key = format!("{}{name}", dlock::keys::DEFAULT_PREFIX);
+    let admin = t.server.admin().await;
+    let guard = holder.try_lock().await.expect("store").expect("free");
+    // The head takes the gate and queues; the second waits for the gate in the server.
+    let head = lock(t.client().await);
+    let head_wait = tokio::spawn(async move { head.lock().await });
+    let second = lock(t.client().await);
+    let waiting = async {
+        while gate(&admin, &key).await != (0, 1) {
+            sleep(Duration::from_millis(10)).await;
+        }
+    };
+    timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("the head has the gate");
+    // A deadline well inside the holder's lease (the gate wait's own bound is past it).
+    let started = Instant::now();
+    let got = timeout(
+        Duration::from_secs(20),
+        second.try_lock_for(Duration::from_millis(500)),
+    )
+    .await
+    .expect("the deadline ends the wait in the server")
+    .expect("store");
+    assert!(got.is_none(), "the lock stayed held");
+    assert!(started.elapsed() >= Duration::from_millis(500));
+    // Cancelled while waiting in the server: dropped mid-wait.
+    let third = lock(t.client().await);
+    let cancelled = tokio::spawn(async move { third.lock().await });
+    let blocked = async {
+        while gate(&admin, &key).await != (1, 1) {
+            sleep(Duration::from_millis(10)).await;
+        }
+    };
+    timeout(Duration::from_secs(10), blocked)
+        .await
+        .expect("the third waits in the server");
+    cancelled.abort();
+    let gone = async {
+        while gate(&admin, &key).await != (0, 1) {
+            sleep(Duration::from_millis(10)).await;
+        }
+    };
+    timeout(Duration::from_secs(10), gone)
+        .await
+        .expect("the cancelled wait leaves the server's queue");
+    assert_eq!(
+        holder.state().await.expect("store").queued,
+        Some(1),
+        "the head alone"
+    );
+    guard.release().await.expect("release");
+    let g = timeout(Duration::from_secs(5), head_wait)
+        .await
+        .expect("the head got it")
+        .expect("task")
+        .expect("lock");
+    g.release().await.expect("release");
+    let idle = async {
+        while gate(&admin, &key).await != (0, 0)
+            || !claims(&admin, &key).await.is_empty()
+            || holder.state().await.expect("store").holder.is_some()
+        {
+            sleep(Duration::from_millis(10)).await;
+        }
+    };
+    timeout(Duration::from_secs(10), idle)
+        .await
+        .expect("nothing left: no gate, no place, no holder");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

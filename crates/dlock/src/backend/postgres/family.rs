@@ -250,7 +250,9 @@ impl RawSemaphore for Postgres {
         self.detached(
             keys,
             token,
-            move |pg, k, t| async move { pg.acquire_permits_now(&k, &t, n, permits, ttl, queue).await },
+            move |pg, k, t, _| async move {
+                pg.acquire_permits_now(&k, &t, n, permits, ttl, queue).await
+            },
             move |pg, gk, gt| async move {
                 let _ = pg.sem_release(&gk, gt.as_str(), "own").await;
             },
@@ -352,7 +354,7 @@ impl RawReentrant for Postgres {
         self.detached(
             keys,
             token,
-            move |pg, k, t| async move {
+            move |pg, k, t, _| async move {
                 pg.acquire_reentrant_now(&k, &o, &t, ttl, limit, queue)
                     .await
             },
@@ -421,7 +423,7 @@ impl RawRwLock for Postgres {
         self.detached(
             keys,
             token,
-            move |pg, k, t| async move { pg.acquire_rw_now(&k, &t, write, ttl, grace).await },
+            move |pg, k, t, _| async move { pg.acquire_rw_now(&k, &t, write, ttl, grace).await },
             move |pg, gk, gt| async move {
                 let _ = pg.rw_release(&gk, gt.as_str(), "own", WAKE_GRACE).await;
             },
@@ -495,7 +497,7 @@ impl RawFair for Postgres {
         self.detached(
             keys,
             token,
-            move |pg, k, t| async move {
+            move |pg, k, t, _| async move {
                 let side = k.side(t.as_str());
                 pg.attempt(&k, &t, ttl, grace, true, Some(side.lock()))
                     .await

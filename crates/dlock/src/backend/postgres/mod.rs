@@ -110,6 +110,10 @@ pub const DEFAULT_SCHEMA: &str = "dlock";
 /// How many connections one client opens at most unless its URL says otherwise
 /// (`?max_connections=N`).
 pub const DEFAULT_MAX_CONNECTIONS: usize = 8;
+/// How many plain-lock waiters of one client wait inside the server at once, each on a
+/// session of its own, unless the URL says otherwise (`?wait_connections=N`, 0 for none);
+/// further waiters queue in the waiters table (see the module docs).
+pub const DEFAULT_WAIT_CONNECTIONS: usize = 16;
 /// The largest `max_connections` a URL may ask for.
 pub const MAX_CONNECTIONS_LIMIT: usize = 1024;
 /// The bound on one call: taking a connection (or opening one) plus its statement.
@@ -137,6 +141,13 @@ pub struct Postgres {
 
 struct Inner {
     pool: Pool,
+    /// Sessions that plain-lock waiters wait on inside the server (see the module docs).
+    wait_sessions: Pool,
+    /// Whether plain-lock waiters wait inside the server (`wait_connections` > 0).
+    serve_waits: bool,
+    /// Per token waiting or holding: its wait session (holding the gate), or none.
+    gates: std::sync::Mutex<std::collections::HashMap<String, Gate>>,
+    connector: Connector,
     listener: listen::Listener,
     /// A gate per token with an acquire in flight (see [`Postgres::detached`]).
     inflight: std::sync::Mutex<std::collections::HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
@@ -146,9 +157,23 @@ struct Inner {
     engine: Engine,
 }
 
+/// Ends (with an error) when the caller of a detached call stops waiting for it.
+type Gone = tokio::sync::oneshot::Receiver<()>;
+
+/// A token's standing in server-side waiting (see the module docs).
+enum Gate {
+    /// Its wait session, holding the name's gate: the token waits at the head of the
+    /// queue, or holds the lock.
+    Held(Box<deadpool_postgres::Object>),
+    /// It waits in the waiters table (no session was free, or its gate wait timed out).
+    Queued,
+}
+
 /// dlock's statements, with the schema's name filled in.
 struct Statements {
     acquire: String,
+    gate_acquire: String,
+    gate_release: String,
     release: String,
     extend: String,
     extend_many: String,
@@ -180,11 +205,27 @@ impl Statements {
             "(SELECT count(*) FROM {s}.waiters q
               WHERE q.key = $1 AND q.role = 'l' AND q.claim_until > {live})"
         );
+        // A plain lock's waiters: the table's, and those waiting in the server for its
+        // gate (a bigint advisory lock: classid is its high half, objid its low half).
+        let gate_waiting = format!(
+            "(SELECT count(*) FROM pg_locks p
+              WHERE p.locktype = 'advisory' AND NOT p.granted AND p.objsubid = 1
+                AND p.database = (SELECT oid FROM pg_database
+                                  WHERE datname = current_database())
+                AND ((p.classid::bigint << 32) | p.objid::bigint) = {s}.gate_key($1))"
+        );
         Statements {
             acquire: format!(
                 "SELECT granted, fence, wait_ms FROM {s}.acquire($1::text, $2::text,
                    $3::bigint, $4::boolean, $5::text, $6::text, $7::bigint, $8::boolean,
                    $9::int)"
+            ),
+            gate_acquire: format!(
+                "SELECT granted, fence, wait_ms, gated FROM {s}.gate_acquire($1::text, $2::text,
+                   $3::bigint, $4::text, $5::bigint, $6::boolean, $7::int, $8::boolean)"
+            ),
+            gate_release: format!(
+                "SELECT {s}.gate_release($1::text, $2::text, $3::text, $4::bigint)"
             ),
             release: format!("SELECT {s}.release($1::text, $2::text, $3::text, $4::bigint)"),
             extend: format!("SELECT {s}.extend_one($1::text, $2::text, $3::text, $4::bigint)"),
@@ -194,7 +235,7 @@ impl Statements {
             inspect: format!(
                 "SELECT CASE WHEN l.expires_at > {live} THEN l.holder END,
                         CASE WHEN l.expires_at > {live} THEN {} END,
-                        l.fence, {queued}
+                        l.fence, {queued} + {gate_waiting}
                  FROM {s}.locks l WHERE l.key = $1",
                 left("l.expires_at")
             ),
@@ -300,6 +341,8 @@ struct Url {
     libpq: String,
     schema: String,
     max_connections: usize,
+    /// `wait_connections`: sessions for waiting in the server (0: none).
+    wait_connections: usize,
     /// `sslmode` is `require`, `verify-ca` or `verify-full`: TLS, the server's certificate
     /// verified.
     tls: bool,
@@ -308,7 +351,8 @@ struct Url {
     root_cert: Option<String>,
 }
 
-/// Splits dlock's own query parameters (`schema`, `max_connections`) off a
+/// Splits dlock's own query parameters (`schema`, `max_connections`, `wait_connections`,
+/// `sslrootcert`) off a
 /// `postgres://` or `postgresql://` URL.
 fn parse_url(url: &str) -> Result<Url> {
     let bad = |why: &str| Error::invalid(format!("invalid postgres URL {}: {why}", redact(url)));
@@ -318,6 +362,7 @@ fn parse_url(url: &str) -> Result<Url> {
     let (base, query) = url.split_once('?').unwrap_or((url, ""));
     let mut schema = DEFAULT_SCHEMA.to_owned();
     let mut max_connections = DEFAULT_MAX_CONNECTIONS;
+    let mut wait_connections = DEFAULT_WAIT_CONNECTIONS;
     let mut tls = false;
     let mut root_cert = None;
     let mut rest = Vec::new();
@@ -332,6 +377,17 @@ fn parse_url(url: &str) -> Result<Url> {
                     .ok_or_else(|| {
                         bad(&format!(
                             "max_connections must be 1 to {MAX_CONNECTIONS_LIMIT}"
+                        ))
+                    })?;
+            }
+            Some(("wait_connections", v)) => {
+                wait_connections = v
+                    .parse()
+                    .ok()
+                    .filter(|n| *n <= MAX_CONNECTIONS_LIMIT)
+                    .ok_or_else(|| {
+                        bad(&format!(
+                            "wait_connections must be 0 to {MAX_CONNECTIONS_LIMIT}"
                         ))
                     })?;
             }
@@ -365,6 +421,7 @@ fn parse_url(url: &str) -> Result<Url> {
         libpq,
         schema,
         max_connections,
+        wait_connections,
         tls,
         root_cert,
     })
@@ -419,6 +476,41 @@ pub(crate) enum Connector {
 }
 
 impl Connector {
+    /// A pool of at most `size` connections made by this connector.
+    fn pool(&self, config: &tokio_postgres::Config, size: usize) -> Result<Pool> {
+        let manager_config = ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        };
+        let manager = match self {
+            Connector::Plain => Manager::from_config(config.clone(), NoTls, manager_config),
+            #[cfg(feature = "postgres-tls")]
+            Connector::Tls(tls) => {
+                Manager::from_config(config.clone(), tls.clone(), manager_config)
+            }
+        };
+        Pool::builder(manager)
+            .max_size(size)
+            .runtime(deadpool_postgres::Runtime::Tokio1)
+            .create_timeout(Some(CALL_TIMEOUT))
+            .wait_timeout(Some(CALL_TIMEOUT))
+            .recycle_timeout(Some(CALL_TIMEOUT))
+            .build()
+            .map_err(|e| Error::invalid(format!("postgres pool: {e}")))
+    }
+
+    /// Asks the server to cancel the statement running on `client`'s session.
+    async fn cancel(&self, client: &tokio_postgres::Client) {
+        let token = client.cancel_token();
+        let sent = match self {
+            Connector::Plain => token.cancel_query(NoTls).await,
+            #[cfg(feature = "postgres-tls")]
+            Connector::Tls(tls) => token.cancel_query(tls.clone()).await,
+        };
+        if let Err(e) = sent {
+            tracing::debug!(error = %e, "cancelling a wait in the server failed");
+        }
+    }
+
     /// The connector a URL asks for.
     fn for_url(url: &Url) -> Result<Connector> {
         if !url.tls {
@@ -651,24 +743,8 @@ impl Postgres {
         let config = tokio_postgres::Config::from_str(&parsed.libpq)
             .map_err(|e| Error::invalid(format!("invalid postgres URL {}: {e}", redact(url))))?;
         let connector = Connector::for_url(&parsed)?;
-        let manager_config = ManagerConfig {
-            recycling_method: RecyclingMethod::Fast,
-        };
-        let manager = match &connector {
-            Connector::Plain => Manager::from_config(config.clone(), NoTls, manager_config),
-            #[cfg(feature = "postgres-tls")]
-            Connector::Tls(tls) => {
-                Manager::from_config(config.clone(), tls.clone(), manager_config)
-            }
-        };
-        let pool = Pool::builder(manager)
-            .max_size(parsed.max_connections)
-            .runtime(deadpool_postgres::Runtime::Tokio1)
-            .create_timeout(Some(CALL_TIMEOUT))
-            .wait_timeout(Some(CALL_TIMEOUT))
-            .recycle_timeout(Some(CALL_TIMEOUT))
-            .build()
-            .map_err(|e| Error::invalid(format!("postgres pool: {e}")))?;
+        let pool = connector.pool(&config, parsed.max_connections)?;
+        let wait_sessions = connector.pool(&config, parsed.wait_connections.max(1))?;
         let hosts = config
             .get_hosts()
             .iter()
@@ -693,7 +769,11 @@ impl Postgres {
         let pg = Postgres {
             inner: Arc::new(Inner {
                 pool,
-                listener: listen::Listener::new(config.clone(), connector)?,
+                wait_sessions,
+                serve_waits: parsed.wait_connections > 0,
+                gates: std::sync::Mutex::default(),
+                listener: listen::Listener::new(config.clone(), connector.clone())?,
+                connector,
                 inflight: std::sync::Mutex::default(),
                 sql: Statements::new(&parsed.schema),
                 schema: parsed.schema.clone(),
@@ -754,7 +834,7 @@ impl Postgres {
                         &format!("\"{schema}\".leases"),
                         // The function the migration creates last.
                         &format!("\"{schema}\".rw_release(text,text,text,bigint,bigint)"),
-                        &format!("\"{schema}\".queue_head(text,timestamptz)"),
+                        &format!("\"{schema}\".gate_busy(text)"),
                         // The newest signature: an older schema gets the migration.
                         &format!(
                             "\"{schema}\".acquire(text,text,bigint,boolean,text,text,bigint,boolean,integer)"
@@ -818,6 +898,7 @@ impl Postgres {
 impl RawLock for Postgres {
     const QUEUES_WAITERS: bool = true;
     const QUEUES_ONLY_LISTENERS: bool = true;
+    const WAITS_IN_STORE: bool = true;
 
     async fn acquire(&self, keys: &LockKeys, token: &Token, ttl: Duration) -> Result<Acquire> {
         self.acquire_lock(keys, token, ttl, false).await
@@ -981,7 +1062,9 @@ impl Postgres {
     /// before the grant or the queueing and miss it — leaving the lock held, or a queue
     /// place that a release would hand the lock to, for a whole ttl.
     ///
-    /// `call` and `give_back` get the client, the keys and the token, owned.
+    /// `call` and `give_back` get the client, the keys and the token, owned; `call` also
+    /// gets a receiver that ends when the caller stops waiting (to cancel a wait in the
+    /// server).
     async fn detached<F, Fut, G, GFut>(
         &self,
         keys: &LockKeys,
@@ -990,7 +1073,7 @@ impl Postgres {
         give_back: G,
     ) -> Result<Acquire>
     where
-        F: FnOnce(Postgres, LockKeys, Token) -> Fut + Send + 'static,
+        F: FnOnce(Postgres, LockKeys, Token, Gone) -> Fut + Send + 'static,
         Fut: std::future::Future<Output = Result<Acquire>> + Send + 'static,
         G: FnOnce(Postgres, LockKeys, Token) -> GFut + Send + 'static,
         GFut: std::future::Future<Output = ()> + Send + 'static,
@@ -1001,9 +1084,10 @@ impl Postgres {
         // cancelled queues behind it.
         let turn = Arc::clone(&gate).lock_owned().await;
         let (tx, rx) = tokio::sync::oneshot::channel();
+        let (present, gone) = tokio::sync::oneshot::channel();
         let (pg, keys, token) = (self.clone(), keys.clone(), token.clone());
         tokio::spawn(async move {
-            let result = call(pg.clone(), keys.clone(), token.clone()).await;
+            let result = call(pg.clone(), keys.clone(), token.clone(), gone).await;
             if let Err(Ok(Acquire::Acquired { .. })) = tx.send(result) {
                 give_back(pg.clone(), keys, token).await;
             }
@@ -1019,12 +1103,14 @@ impl Postgres {
             drop(inflight);
             drop(gate);
         });
-        rx.await.unwrap_or_else(|_| {
+        let result = rx.await.unwrap_or_else(|_| {
             Err(Error::new(
                 ErrorKind::Unavailable,
                 "acquiring: the task running the call ended",
             ))
-        })
+        });
+        drop(present);
+        result
     }
 
     /// Waits until no acquire under `token` is in flight.
@@ -1047,9 +1133,13 @@ impl Postgres {
         self.detached(
             keys,
             token,
-            move |pg, k, t| async move {
-                pg.attempt(&k, &t, ttl, waiter_grace(ttl), queue, None)
-                    .await
+            move |pg, k, t, gone| async move {
+                if queue && pg.inner.serve_waits {
+                    pg.gated_attempt(&k, &t, ttl, gone).await
+                } else {
+                    pg.attempt(&k, &t, ttl, waiter_grace(ttl), queue, None)
+                        .await
+                }
             },
             |pg, k, t| async move {
                 let _ = pg.release_lock(&k, t.as_str(), "own").await;
@@ -1120,6 +1210,128 @@ impl Postgres {
         Ok(reply)
     }
 
+    fn gates(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, Gate>> {
+        self.inner
+            .gates
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// A plain lock's queueing attempt, waiting inside the server where it can (see the
+    /// module docs): on a wait session, a free lock is taken at once; a held one is waited
+    /// for on the name's gate, in arrival order, and attempted once the gate is ours; the
+    /// session keeps the gate while the token heads the queue or holds the lock. Without a
+    /// free wait session, or once a gate wait timed out, the token queues in the waiters
+    /// table as [`attempt`](Postgres::attempt) does. When `gone` ends (the caller left), a
+    /// wait in the server is cancelled.
+    async fn gated_attempt(
+        &self,
+        keys: &LockKeys,
+        token: &Token,
+        ttl: Duration,
+        mut gone: Gone,
+    ) -> Result<Acquire> {
+        let grace = waiter_grace(ttl);
+        let standing = self.gates().remove(token.as_str());
+        let (session, first) = match standing {
+            Some(Gate::Held(session)) => (*session, false),
+            Some(Gate::Queued) => return self.queued_attempt(keys, token, ttl).await,
+            None => {
+                let no_wait = deadpool_postgres::Timeouts {
+                    wait: Some(Duration::ZERO),
+                    create: Some(CALL_TIMEOUT),
+                    recycle: Some(CALL_TIMEOUT),
+                };
+                match self.inner.wait_sessions.timeout_get(&no_wait).await {
+                    Ok(session) => (session, true),
+                    Err(_) => return self.queued_attempt(keys, token, ttl).await,
+                }
+            }
+        };
+        if first
+            && !matches!(
+                gone.try_recv(),
+                Err(tokio::sync::oneshot::error::TryRecvError::Empty)
+            )
+        {
+            // The caller left before the attempt began (the session holds no gate yet).
+            return Err(Error::new(ErrorKind::Unavailable, "the waiter left"));
+        }
+        let doing = "waiting for a lock";
+        let channel = self.wake_channel().await;
+        let params: [&(dyn ToSql + Sync); 8] = [
+            &keys.lock(),
+            &token.as_str(),
+            &ttl_ms(ttl)?,
+            &channel,
+            &ttl_ms(grace)?,
+            &channel.is_some(),
+            &self.inner.listener.pid(),
+            &first,
+        ];
+        let call = async {
+            let statement = session.prepare_cached(&self.inner.sql.gate_acquire).await?;
+            let wait = session.query(&statement, &params);
+            tokio::pin!(wait);
+            // The statement is sent on its first poll, before a cancellation can be.
+            tokio::select! {
+                biased;
+                rows = &mut wait => rows,
+                _ = &mut gone => {
+                    self.inner.connector.cancel(&session).await;
+                    wait.await
+                }
+            }
+        };
+        // The server bounds a gate wait by ttl + grace; one that stops answering must not
+        // hold the waiter forever.
+        let bound = if first { ttl + grace } else { Duration::ZERO } + CALL_TIMEOUT;
+        let rows = match tokio::time::timeout(bound, call).await {
+            Ok(Ok(rows)) => rows,
+            Ok(Err(e)) if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
+                // The gate's holder kept it past the lock's lease: queue in the table.
+                drop(deadpool_postgres::Object::take(session));
+                return self.queued_attempt(keys, token, ttl).await;
+            }
+            // The session may hold the gate (advisory locks outlive a failed statement):
+            // it is closed, which frees it.
+            Ok(Err(e)) => {
+                drop(deadpool_postgres::Object::take(session));
+                return Err(map_err(&e, doing));
+            }
+            Err(_) => {
+                drop(deadpool_postgres::Object::take(session));
+                return Err(
+                    Error::new(ErrorKind::TimedOut, format!("{doing}: no reply in time"))
+                        .retryable(true),
+                );
+            }
+        };
+        let reply = granted(&rows, doing)?;
+        if channel.is_some() {
+            self.raise_floor(&rows, token.as_str(), &reply);
+        }
+        // Whether the session keeps the gate (else it goes back to the pool).
+        if rows.first().is_some_and(|row| row.get::<_, bool>(3)) {
+            self.gates()
+                .insert(token.as_str().to_owned(), Gate::Held(Box::new(session)));
+        }
+        Ok(reply)
+    }
+
+    /// A queueing attempt in the waiters table, remembered for the token's next attempts
+    /// (until its release or withdrawal).
+    async fn queued_attempt(
+        &self,
+        keys: &LockKeys,
+        token: &Token,
+        ttl: Duration,
+    ) -> Result<Acquire> {
+        self.gates().insert(token.as_str().to_owned(), Gate::Queued);
+        self.attempt(keys, token, ttl, waiter_grace(ttl), true, None)
+            .await
+    }
+
     /// After a queueing attempt that found the lock held: hand-overs to `name` minted
     /// before it (fence up to the reply's counter) are void.
     fn raise_floor(&self, rows: &[Row], name: &str, reply: &Acquire) {
@@ -1128,9 +1340,34 @@ impl Postgres {
         }
     }
 
-    /// `<schema>.release` in `mode` ('own', 'force', 'leave').
+    /// `<schema>.release` in `mode` ('own', 'force', 'leave'); a token that has its
+    /// name's gate frees it in the same statement, on its wait session.
     async fn release_lock(&self, keys: &LockKeys, token: &str, mode: &str) -> Result<bool> {
         let wake = ttl_ms(WAKE_GRACE)?;
+        let standing = if mode == "force" {
+            None
+        } else {
+            self.gates().remove(token)
+        };
+        if let Some(Gate::Held(session)) = standing {
+            let session = *session;
+            let doing = "releasing a lock";
+            let call = async {
+                let statement = session.prepare_cached(&self.inner.sql.gate_release).await?;
+                session
+                    .query_one(&statement, &[&keys.lock(), &token, &mode, &wake])
+                    .await
+            };
+            match tokio::time::timeout(CALL_TIMEOUT, call).await {
+                Ok(Ok(row)) => return Ok(row.get::<_, bool>(0)),
+                // The session is gone, and its gate with it: release through the pool.
+                Ok(Err(e)) => {
+                    tracing::debug!(error = %map_err(&e, doing), "releasing on the wait session failed");
+                    drop(deadpool_postgres::Object::take(session));
+                }
+                Err(_) => drop(deadpool_postgres::Object::take(session)),
+            }
+        }
         let rows = self
             .query(
                 &self.inner.sql.release,

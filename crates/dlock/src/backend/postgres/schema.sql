@@ -145,11 +145,35 @@ BEGIN
 END
 $fn$;
 
+-- The key of lock k's gate: a session advisory lock that a plain lock's waiters queue
+-- for inside the server, so that PostgreSQL's lock manager, not NOTIFY, wakes the next.
+CREATE OR REPLACE FUNCTION "S".gate_key(k text) RETURNS bigint
+LANGUAGE sql IMMUTABLE AS $fn$
+    SELECT hashtextextended('dlock-gate:"S":' || k, 0)
+$fn$;
+
+-- The key of the mark a waiter woken at k's gate holds (for its transaction) while it
+-- takes the lock.
+CREATE OR REPLACE FUNCTION "S".taking_key(k text) RETURNS bigint
+LANGUAGE sql IMMUTABLE AS $fn$
+    SELECT hashtextextended('dlock-taking:"S":' || k, 0)
+$fn$;
+
+-- Whether a waiter woken at k's gate is taking the lock right now (it holds the mark; a
+-- caller's own mark does not count). A session that keeps the gate while idle — a holder
+-- whose lease lapsed while it stalled — holds no mark.
+CREATE OR REPLACE FUNCTION "S".gate_busy(k text) RETURNS boolean
+LANGUAGE sql AS $fn$
+    SELECT NOT pg_try_advisory_xact_lock_shared("S".taking_key(k))
+$fn$;
+
 -- Take lock k (a plain or fair lock) for tok for ttl_ms, or report how long to wait. With
 -- queue, a caller that must wait takes (or keeps) a place in the queue, claimed until its
 -- next attempt plus grace_ms, told on chan with wk (null: its token) — with hand, by a
 -- hand-over of the lock (see hand_head; listener: its LISTEN session's pid), else by a
--- wake-up; a free lock goes to the head of the queue only (no barging). A repeat of a granted request renews it and
+-- wake-up; a free lock goes to the head of the queue only (no barging), and while a
+-- waiter woken at its gate is taking it, to that waiter (see gate_busy). A repeat of a
+-- granted request renews it and
 -- reports the same fence. Returns (granted, fence, wait_ms): the grant's fence or the
 -- name's latest.
 CREATE OR REPLACE FUNCTION "S".acquire(k text, tok text, ttl_ms bigint, queue boolean,
@@ -175,7 +199,7 @@ BEGIN
     END IF;
     head := "S".queue_head(k, now_ts);
     IF (r.holder IS NULL OR r.expires_at <= now_ts)
-       AND (head.token IS NULL OR head.token = tok) THEN
+       AND (head.token = tok OR (head.token IS NULL AND NOT "S".gate_busy(k))) THEN
         UPDATE "S".locks AS l
         SET holder = tok, expires_at = now_ts + ttl_ms * interval '1 millisecond',
             fence = l.fence + 1
@@ -200,6 +224,70 @@ BEGIN
                                  CASE WHEN hand THEN ttl_ms END, listener);
     END IF;
     RETURN QUERY SELECT false, r.fence, w;
+END
+$fn$;
+
+-- A plain lock's attempt to take or wait, on a wait session of its own. With first (the
+-- session does not have k's gate): if the gate is free, it attempts with the gate in hand
+-- and keeps it only if it must wait (as the head of the queue, told on chan); if the gate
+-- is taken, it waits for it — in PostgreSQL's lock manager, in arrival order, at most the
+-- holder's remaining lease (capped at ttl_ms) plus grace_ms — then attempts, and keeps
+-- the gate while it waits at the head of the queue and while it holds the lock;
+-- gate_release frees it, and the lock manager wakes exactly the next waiter, whose
+-- statement goes on to take the lock: no NOTIFY, no round trip. Without first (the session
+-- has the gate) it attempts at once. A gate wait that times out fails with
+-- lock_not_available. Returns acquire's row and whether the session keeps the gate.
+-- The gate only orders waiters: who holds the lock is the locks row's alone.
+CREATE OR REPLACE FUNCTION "S".gate_acquire(k text, tok text, ttl_ms bigint, chan text,
+                                            grace_ms bigint, hand boolean, listener int,
+                                            first boolean)
+RETURNS TABLE (granted boolean, fence bigint, wait_ms bigint, gated boolean)
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    was   text := current_setting('lock_timeout');
+    free  boolean := false;
+    rest  bigint;
+    a     record;
+BEGIN
+    IF first THEN
+        free := pg_try_advisory_lock("S".gate_key(k));
+    END IF;
+    IF first AND NOT free THEN
+        -- The holder's lease left, looked at without locking (a free lock: a waiter woken
+        -- at the gate is taking it, for up to a lease).
+        SELECT CASE WHEN l.holder IS NOT NULL AND l.expires_at > clock_timestamp()
+                    THEN "S".ms_until(l.expires_at, clock_timestamp()) END
+        INTO rest FROM "S".locks AS l WHERE l.key = k;
+        PERFORM set_config('lock_timeout',
+                           least(coalesce(rest, ttl_ms), ttl_ms) + grace_ms || 'ms', true);
+        PERFORM pg_advisory_lock("S".gate_key(k));
+        PERFORM set_config('lock_timeout', was, true);
+    END IF;
+    PERFORM pg_advisory_xact_lock("S".taking_key(k));
+    SELECT * INTO a FROM "S".acquire(k, tok, ttl_ms, true, chan, NULL, grace_ms, hand,
+                                     listener);
+    IF a.granted AND free THEN
+        -- Nobody was waiting: the holder needs no gate (nor its session).
+        PERFORM pg_advisory_unlock("S".gate_key(k));
+        RETURN QUERY SELECT a.granted, a.fence, a.wait_ms, false;
+        RETURN;
+    END IF;
+    RETURN QUERY SELECT a.granted, a.fence, a.wait_ms, true;
+END
+$fn$;
+
+-- Release (or leave) lock k as release does, then free the session's gate.
+CREATE OR REPLACE FUNCTION "S".gate_release(k text, tok text, mode text, wake_ms bigint)
+RETURNS boolean
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    done boolean;
+BEGIN
+    -- The name's row first: the waiter the gate wakes takes the lock once we commit.
+    PERFORM 1 FROM "S".locks AS l WHERE l.key = k FOR UPDATE;
+    PERFORM pg_advisory_unlock_all();
+    done := "S".release(k, tok, mode, wake_ms);
+    RETURN done;
 END
 $fn$;
 
