@@ -7,9 +7,10 @@
 //!   pool: a connection held per lock, no lease and no fence), as its docs show it;
 //! * **reference**: dlock's `Lock<Redis>` on a private `redis-server` in the same run.
 //!
-//! Contended, dlock's waiters queue in the waiters table and a release wakes the head
-//! with `NOTIFY`; the peer's waiters each block in `pg_advisory_lock` on a connection of
-//! their own (PostgreSQL's lock manager queues them).
+//! Contended, dlock's waiters wait inside the server on the name's gate (a session
+//! advisory lock on a wait session of their own) and the release frees the gate in its
+//! own statement; the peer's waiters each block in `pg_advisory_lock` on a connection of
+//! their own. In both, PostgreSQL's lock manager queues them and wakes one per release.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -271,7 +272,7 @@ impl Section {
         vec![
             HandoffRow {
                 id: "dlock",
-                label: "**dlock** `Lock<Postgres>`, a client per waiter (queue + `NOTIFY`)"
+                label: "**dlock** `Lock<Postgres>`, a client per waiter (waits in the server at the name's gate)"
                     .to_owned(),
                 rtt: pg,
                 reference: Some("redis"),
@@ -325,12 +326,14 @@ impl Section {
         md.push_str(&stores::uncontended_table(&rows(), &self.cells));
         md.push_str(
             "\n### Contended hand-off on one hot name\n\n\
-             dlock's waiters take a place in the waiters table and sleep; a release that \
-             frees the lock wakes the head of the queue with `pg_notify` on its client's \
-             channel, and the head takes the lock with one call. The peer's waiters each \
-             block inside `pg_advisory_lock` on a connection of their own, so PostgreSQL's \
-             lock manager hands the lock on without a round trip from the client. `p50 × \
-             peer` = dlock's hand-off p50 over the peer's in the same run.\n\n",
+             dlock's waiters each wait inside the server, on a wait session of their own, \
+             for the name's gate (a session advisory lock); the holder's release frees the \
+             gate in the same statement, and PostgreSQL's lock manager wakes the next \
+             waiter, whose statement then takes the lock (lease, fence) and replies: no \
+             `NOTIFY`, no round trip from the client. The peer's waiters each block inside \
+             `pg_advisory_lock` on a connection of their own, so the lock manager hands \
+             the lock itself on (no lease, no fence). `p50 × peer` = dlock's hand-off p50 \
+             over the peer's in the same run.\n\n",
         );
         md.push_str(&stores::handoff_table(&self.handoff_rows(), &self.handoffs));
         md

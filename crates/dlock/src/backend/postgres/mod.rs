@@ -29,7 +29,32 @@
 //!   their head instead (it then calls `acquire`), and every waiter also wakes at the
 //!   holder's remaining lease, so a lost notification costs time, never liveness.
 //!   PostgreSQL signals every listening session of the database on each `NOTIFY`, so a
-//!   hand-off costs more as more clients wait (BENCHMARKS.md, section 6.3).
+//!   hand-off this way costs more as more clients wait — which is why a plain lock's
+//!   waiters normally wait inside the server instead:
+//! * **Waiting in the server** (plain [`Lock`](crate::Lock)): a waiter's attempt runs on
+//!   a *wait session* of its own (a second pool, `?wait_connections=N`, 16 by default) as
+//!   `<schema>.gate_acquire`. A free lock is taken at once and the session goes back to the
+//!   pool. A held lock is waited for on the name's **gate**, a session advisory lock
+//!   (`<schema>.gate_key(name)`): PostgreSQL's lock manager queues the waiters in arrival
+//!   order and wakes one at a time. The waiter that has the gate attempts; if the lock is
+//!   still held (by a holder that came without the gate) it heads the queue above and is
+//!   handed the lock with `NOTIFY` — one listener. It keeps the gate while it holds the
+//!   lock, and its release (`<schema>.gate_release`: the row locked, the gate freed, the
+//!   lock released, one statement) wakes exactly the next waiter, whose blocked
+//!   statement goes on to take the lock once the release commits: no `NOTIFY`, no round
+//!   trip. While that woken waiter takes it, it holds a transaction-scoped mark
+//!   (`taking_key`) that stops a plain attempt from barging in between. The gate only
+//!   orders waiters — who holds the lock is the row's alone, so fences, leases, expiry and
+//!   `force_unlock` are as above. A gate wait lasts at most half the waiter's ttl (its
+//!   lease counts from its attempt's sending, so a grant must come while most of it is
+//!   left); then the waiter queues in the table — ahead of those still at the gate, which
+//!   keeps the order roughly by arrival — and a gate kept by a process that stalled past
+//!   its lease is passed by (the table's waiter takes the row once its lease lapsed). A caller that stops waiting cancels its statement in the server (a cancel
+//!   request; a session whose statement failed is closed, which frees any gate it had);
+//!   `try_lock_for`'s deadline ends the wait. Costs: one connection per waiting task (up
+//!   to `wait_connections` per client; further waiters queue in the table) and per holder
+//!   that came through the gate. The fair lock and the family's primitives wait in the
+//!   table.
 //!
 //! # Fences survive restarts
 //!
@@ -57,7 +82,9 @@
 //! # Connections
 //!
 //! A pool (deadpool-postgres) of at most `max_connections` connections (8 by default, or
-//! `?max_connections=N`): each call takes one for its one statement. A broken connection
+//! `?max_connections=N`): each call takes one for its one statement. Wait sessions are a
+//! second pool of at most `wait_connections` (16; 0 turns waiting in the server off), and
+//! the `LISTEN` session is one more connection. A broken connection
 //! is dropped and replaced on the next call; every call is bounded by 5 s (`TimedOut`).
 //! Everything else in the URL is libpq's (`postgres://user:pass@host:port/db`,
 //! `postgresql://…`, `?host=/run/postgresql` for a unix socket, `application_name`, …).
@@ -1283,13 +1310,14 @@ impl Postgres {
                 }
             }
         };
-        // The server bounds a gate wait by ttl + grace; one that stops answering must not
-        // hold the waiter forever.
-        let bound = if first { ttl + grace } else { Duration::ZERO } + CALL_TIMEOUT;
+        // The server bounds a gate wait by ttl / 2; one that stops answering must not hold
+        // the waiter forever.
+        let bound = if first { ttl / 2 } else { Duration::ZERO } + CALL_TIMEOUT;
         let rows = match tokio::time::timeout(bound, call).await {
             Ok(Ok(rows)) => rows,
             Ok(Err(e)) if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
-                // The gate's holder kept it past the lock's lease: queue in the table.
+                // Half a lease went by at the gate (long holds, or a gate kept by a holder
+                // that stalled): queue in the table, ahead of those still at the gate.
                 drop(deadpool_postgres::Object::take(session));
                 return self.queued_attempt(keys, token, ttl).await;
             }

@@ -230,8 +230,8 @@ $fn$;
 -- A plain lock's attempt to take or wait, on a wait session of its own. With first (the
 -- session does not have k's gate): if the gate is free, it attempts with the gate in hand
 -- and keeps it only if it must wait (as the head of the queue, told on chan); if the gate
--- is taken, it waits for it — in PostgreSQL's lock manager, in arrival order, at most the
--- holder's remaining lease (capped at ttl_ms) plus grace_ms — then attempts, and keeps
+-- is taken, it waits for it — in PostgreSQL's lock manager, in arrival order, at most
+-- half of ttl_ms — then attempts, and keeps
 -- the gate while it waits at the head of the queue and while it holds the lock;
 -- gate_release frees it, and the lock manager wakes exactly the next waiter, whose
 -- statement goes on to take the lock: no NOTIFY, no round trip. Without first (the session
@@ -246,20 +246,15 @@ LANGUAGE plpgsql AS $fn$
 DECLARE
     was   text := current_setting('lock_timeout');
     free  boolean := false;
-    rest  bigint;
     a     record;
 BEGIN
     IF first THEN
         free := pg_try_advisory_lock("S".gate_key(k));
     END IF;
     IF first AND NOT free THEN
-        -- The holder's lease left, looked at without locking (a free lock: a waiter woken
-        -- at the gate is taking it, for up to a lease).
-        SELECT CASE WHEN l.holder IS NOT NULL AND l.expires_at > clock_timestamp()
-                    THEN "S".ms_until(l.expires_at, clock_timestamp()) END
-        INTO rest FROM "S".locks AS l WHERE l.key = k;
-        PERFORM set_config('lock_timeout',
-                           least(coalesce(rest, ttl_ms), ttl_ms) + grace_ms || 'ms', true);
+        -- Half a lease at most: the caller counts its lease from before the wait, so a
+        -- grant must come while most of it is left.
+        PERFORM set_config('lock_timeout', greatest(ttl_ms / 2, 1) || 'ms', true);
         PERFORM pg_advisory_lock("S".gate_key(k));
         PERFORM set_config('lock_timeout', was, true);
     END IF;
