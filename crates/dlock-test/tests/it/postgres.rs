@@ -815,3 +815,44 @@ async fn tls_verifies_the_server_certificate() {
     .map_err(|e| e.kind());
     assert_eq!(err, Ok(()), "advisory mode over TLS");
 }
+
+/// A schema an older dlock made (its version function missing, a function body of its
+/// own) is brought up to date by the next client that connects; the current one is left
+/// alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_older_schema_is_brought_up_to_date_on_connect() {
+    let t = PostgresTarget::start();
+    let _first = t.client().await;
+    let admin = t.server.admin().await;
+    admin
+        .batch_execute(
+            "DROP FUNCTION dlock.schema_version_2();
+             CREATE OR REPLACE FUNCTION dlock.gate_busy(k text) RETURNS boolean
+             LANGUAGE sql AS 'SELECT true';",
+        )
+        .await
+        .expect("an older schema");
+    let _second = t.client().await;
+    let row = admin
+        .query_one(
+            "SELECT dlock.schema_version_2(), dlock.gate_busy('nobody-waits')",
+            &[],
+        )
+        .await
+        .expect("the current schema");
+    assert_eq!((row.get::<_, i32>(0), row.get::<_, bool>(1)), (2, false));
+    // Up to date: the next client creates nothing (a body changed by hand stays).
+    admin
+        .batch_execute(
+            "CREATE OR REPLACE FUNCTION dlock.gate_busy(k text) RETURNS boolean
+             LANGUAGE sql AS 'SELECT true';",
+        )
+        .await
+        .expect("a hand-made change");
+    let _third = t.client().await;
+    let row = admin
+        .query_one("SELECT dlock.gate_busy('nobody-waits')", &[])
+        .await
+        .expect("gate_busy");
+    assert!(row.get::<_, bool>(0), "a current schema is not re-created");
+}

@@ -852,20 +852,14 @@ impl Postgres {
                     "SELECT current_setting('transaction_read_only') = 'on',
                             to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL
                             AND to_regclass($3) IS NOT NULL
-                            AND to_regprocedure($4) IS NOT NULL
-                            AND to_regprocedure($5) IS NOT NULL
-                            AND to_regprocedure($6) IS NOT NULL",
+                            AND to_regprocedure($4) IS NOT NULL",
                     &[
                         &format!("\"{schema}\".locks"),
                         &format!("\"{schema}\".waiters"),
                         &format!("\"{schema}\".leases"),
-                        // The function the migration creates last.
-                        &format!("\"{schema}\".rw_release(text,text,text,bigint,bigint)"),
-                        &format!("\"{schema}\".gate_busy(text)"),
-                        // The newest signature: an older schema gets the migration.
-                        &format!(
-                            "\"{schema}\".acquire(text,text,bigint,boolean,text,text,bigint,boolean,integer)"
-                        ),
+                        // Created last, and named for this version: an older schema (or
+                        // one whose creation stopped half-way) gets the whole file again.
+                        &format!("\"{schema}\".schema_version_2()"),
                     ],
                 )
                 .await

@@ -187,9 +187,12 @@ DECLARE
     now_ts timestamptz;
     w      bigint;
 BEGIN
-    INSERT INTO "S".locks AS l (key) VALUES (k) ON CONFLICT (key) DO NOTHING;
     -- The row lock serialises every operation on k; the clock is read after it.
     SELECT * INTO r FROM "S".locks AS l WHERE l.key = k FOR UPDATE;
+    IF NOT FOUND THEN
+        INSERT INTO "S".locks AS l (key) VALUES (k) ON CONFLICT (key) DO NOTHING;
+        SELECT * INTO r FROM "S".locks AS l WHERE l.key = k FOR UPDATE;
+    END IF;
     now_ts := clock_timestamp();
     IF r.holder = tok AND r.expires_at > now_ts THEN
         UPDATE "S".locks AS l SET expires_at = now_ts + ttl_ms * interval '1 millisecond'
@@ -740,4 +743,11 @@ BEGIN
     END IF;
     RETURN true;
 END
+$fn$;
+
+-- The schema's version, created last: a client that does not find it (a newer dlock
+-- names a newer one) runs this whole file again, every statement of which is idempotent.
+CREATE OR REPLACE FUNCTION "S".schema_version_2() RETURNS int
+LANGUAGE sql IMMUTABLE AS $fn$
+    SELECT 2
 $fn$;
