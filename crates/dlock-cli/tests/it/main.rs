@@ -447,10 +447,12 @@ fn torture_catches_a_control_and_keeps_the_fenced_resource_intact() {
     let dir = scratch("torture");
     let out = output(Command::new(env!("CARGO_BIN_EXE_dlock")).args([
         "torture",
+        // Long enough, with enough workers, that the control's stale release lands
+        // outside a pause window at least once (6 s with 3 workers missed it once in CI).
         "--duration",
-        "6s",
+        "10s",
         "--workers",
-        "3",
+        "4",
         "--kinds",
         "dlock-fenced,plain-del",
         "--faults",
