@@ -625,9 +625,25 @@ impl EtcdCluster {
     /// Starts `n` members and waits until every client port accepts connections (the
     /// caller waits for a leader with its first request).
     ///
+    /// A member that exits before it listens (another process took one of its free
+    /// ports between the kit's choice and etcd's bind, which happens when many tests
+    /// start servers at once) makes the kit try again on fresh ports, up to three times.
+    ///
     /// # Errors
     /// etcd could not be started.
     pub fn start(n: usize) -> io::Result<EtcdCluster> {
+        let mut last = None;
+        for _ in 0..3 {
+            match Self::start_once(n) {
+                Ok(cluster) => return Ok(cluster),
+                Err(err) if err.kind() == io::ErrorKind::NotFound => return Err(err),
+                Err(err) => last = Some(err),
+            }
+        }
+        Err(last.unwrap_or_else(|| io::Error::other("etcd not started")))
+    }
+
+    fn start_once(n: usize) -> io::Result<EtcdCluster> {
         let mut members = Vec::with_capacity(n);
         let mut cluster = Vec::with_capacity(n);
         for i in 0..n {
@@ -652,9 +668,20 @@ impl EtcdCluster {
             m.cluster.clone_from(&cluster);
             m.spawn()?;
         }
-        let deadline = Instant::now() + READY_TIMEOUT;
-        for m in &members {
+        // etcd (a Go binary writing its WAL) starts slower than the other servers on a
+        // loaded machine: three times the usual deadline.
+        let deadline = Instant::now() + 3 * READY_TIMEOUT;
+        for m in &mut members {
             while TcpStream::connect(("127.0.0.1", m.client_port)).is_err() {
+                if let Some(child) = m.child.as_mut() {
+                    if let Some(status) = child.try_wait()? {
+                        m.child = None;
+                        return Err(io::Error::other(format!(
+                            "etcd member {} exited early: {status}",
+                            m.name
+                        )));
+                    }
+                }
                 if Instant::now() > deadline {
                     return Err(io::Error::new(io::ErrorKind::TimedOut, "etcd not ready"));
                 }
