@@ -19,3 +19,4 @@ pub mod postgres;
 pub mod proxy;
 pub mod server;
 pub mod targets;
+pub mod zookeeper;

@@ -60,6 +60,10 @@ impl<B: RawFair> RawLock for Queued<B> {
         self.backend.drift()
     }
 
+    fn lease_validity(&self, ttl: Duration) -> Duration {
+        self.backend.lease_validity(ttl)
+    }
+
     fn engine(&self) -> &Engine {
         self.backend.engine()
     }

@@ -380,7 +380,7 @@ impl<B: RawLock> Lock<B> {
             // was processed: we hold it from no earlier than that attempt's sending. (If
             // that was long ago, the next attempt finds our token and renews it instead.)
             if let Some(fence) = watch.take_grant()
-                && held_sent.elapsed() < self.ttl / 2
+                && held_sent.elapsed() < self.backend.lease_validity(self.ttl) / 2
             {
                 if let Some(mut w) = woken.take() {
                     w.consumed();
@@ -472,7 +472,7 @@ impl<B: RawLock> Lock<B> {
             self.keys.clone(),
             token,
             sent,
-            self.ttl,
+            self.backend.lease_validity(self.ttl),
             self.backend.drift(),
             B::LEASE_KIND,
         ));
@@ -755,6 +755,7 @@ impl<B: RawLock> LockGuard<B> {
     /// for at least what [`remaining`](LockGuard::remaining) said before.
     pub async fn extend(&self, ttl: Duration) -> Result<()> {
         let ttl = validate_ttl(ttl)?;
+        let ttl = self.backend.lease_validity(ttl);
         if self.is_lost() {
             // A lapsed lease cannot be revived: someone may have held the lock meanwhile.
             return Err(Error::lost(format!(

@@ -221,6 +221,14 @@ pub trait RawLock: Clone + Send + Sync + 'static {
         crate::validity::Drift::DEFAULT
     }
 
+    /// How long a grant or renewal that asked for `ttl` may count on (before the drift
+    /// allowance). A store whose holds do not end per lock but with the client's session
+    /// (ZooKeeper's ephemeral nodes) caps it at what the session guarantees; the default
+    /// is `ttl`.
+    fn lease_validity(&self, ttl: Duration) -> Duration {
+        ttl
+    }
+
     /// Names the store (not the client): clients of one store should return the same
     /// string. [`MultiLock`](crate::MultiLock) orders locks by key, then by this.
     fn store_id(&self) -> String {

@@ -165,6 +165,10 @@ impl<B: RawReentrant> RawLock for Holds<B> {
         self.backend.drift()
     }
 
+    fn lease_validity(&self, ttl: Duration) -> Duration {
+        self.backend.lease_validity(ttl)
+    }
+
     fn engine(&self) -> &Engine {
         self.backend.engine()
     }

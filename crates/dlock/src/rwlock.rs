@@ -87,6 +87,10 @@ impl<B: RawRwLock, const WRITE: bool> RawLock for RwSide<B, WRITE> {
         self.backend.drift()
     }
 
+    fn lease_validity(&self, ttl: Duration) -> Duration {
+        self.backend.lease_validity(ttl)
+    }
+
     fn engine(&self) -> &Engine {
         self.backend.engine()
     }

@@ -85,6 +85,10 @@ impl<B: RawSemaphore> RawLock for Permits<B> {
         self.backend.drift()
     }
 
+    fn lease_validity(&self, ttl: Duration) -> Duration {
+        self.backend.lease_validity(ttl)
+    }
+
     fn engine(&self) -> &Engine {
         self.backend.engine()
     }

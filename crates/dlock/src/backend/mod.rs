@@ -3,7 +3,7 @@
 mod memory;
 mod quorum;
 pub use memory::Memory;
-#[cfg(any(feature = "etcd", feature = "postgres"))]
+#[cfg(any(feature = "etcd", feature = "postgres", feature = "zookeeper"))]
 pub(crate) use memory::glob_match;
 pub use quorum::{DEFAULT_NODE_TIMEOUT_FRACTION, Quorum, QuorumBuilder};
 
@@ -26,3 +26,8 @@ pub use self::etcd::Etcd;
 pub mod postgres;
 #[cfg(feature = "postgres")]
 pub use self::postgres::{PgAdvisory, Postgres};
+
+#[cfg(feature = "zookeeper")]
+pub mod zookeeper;
+#[cfg(feature = "zookeeper")]
+pub use self::zookeeper::ZooKeeper;

@@ -345,6 +345,16 @@ impl<B: RawLock> RawLock for Quorum<B> {
         self.inner.drift
     }
 
+    /// The shortest a member can count on.
+    fn lease_validity(&self, ttl: Duration) -> Duration {
+        self.inner
+            .nodes
+            .iter()
+            .map(|n| n.lease_validity(ttl))
+            .min()
+            .unwrap_or(ttl)
+    }
+
     fn store_id(&self) -> String {
         let ids: Vec<String> = self.inner.nodes.iter().map(RawLock::store_id).collect();
         format!("quorum[{}]", ids.join(","))
