@@ -30,6 +30,13 @@ pub trait Target: Send + Sync + 'static {
     fn ttl(&self, wanted: Duration) -> Duration {
         wanted
     }
+
+    /// Whether a hold belongs to the client's session (ZooKeeper's ephemeral nodes): the
+    /// store then keeps no remaining ttl to inspect, and only the holding client can
+    /// extend a hold (another client's `extend_token` is refused as `InvalidArgument`).
+    fn session_bound(&self) -> bool {
+        false
+    }
 }
 
 /// A lock name no other test uses.
@@ -758,10 +765,14 @@ where
     let guard = lock.try_lock().await.expect("store").expect("free");
     let held = lock.state().await.expect("store");
     assert_eq!(held.holder.as_deref(), Some(guard.token().as_str()));
-    assert!(
-        held.remaining
-            .is_some_and(|r| r <= ttl && r > Duration::ZERO)
-    );
+    if target.session_bound() {
+        assert_eq!(held.remaining, None, "a session's hold has no stored ttl");
+    } else {
+        assert!(
+            held.remaining
+                .is_some_and(|r| r <= ttl && r > Duration::ZERO)
+        );
+    }
     assert_eq!(held.last_fence, Some(guard.fencing_token().get()));
     assert!(lock.is_locked().await.expect("store"));
 
@@ -787,10 +798,18 @@ where
         .await
         .expect_err("wrong token");
     assert_eq!(err.kind(), ErrorKind::LockLost);
-    elsewhere
-        .extend_token(guard.token(), Duration::from_secs(5))
-        .await
-        .expect("right token extends");
+    if target.session_bound() {
+        let err = elsewhere
+            .extend_token(guard.token(), Duration::from_secs(5))
+            .await
+            .expect_err("another session's hold");
+        assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+    } else {
+        elsewhere
+            .extend_token(guard.token(), Duration::from_secs(5))
+            .await
+            .expect("right token extends");
+    }
     elsewhere
         .release_token(guard.token())
         .await

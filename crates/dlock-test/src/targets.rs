@@ -277,3 +277,57 @@ impl Target for PostgresTarget {
             .expect("DELETE");
     }
 }
+
+/// A chroot of its own on the ZooKeeper server this test binary shares; each client is
+/// its own session (20 s timeout: leases are `min(ttl, session)`, and the suite extends to
+/// 10 s), as separate processes would have.
+#[derive(Debug)]
+pub struct ZooKeeperTarget {
+    /// The server.
+    pub zk: &'static crate::zookeeper::ZooKeeper,
+    /// This target's chroot.
+    pub chroot: String,
+}
+
+impl ZooKeeperTarget {
+    /// A fresh chroot on the shared server (started at the first call).
+    ///
+    /// # Panics
+    /// If ZooKeeper cannot be started.
+    pub fn start() -> ZooKeeperTarget {
+        ZooKeeperTarget {
+            zk: crate::zookeeper::ZooKeeper::shared(),
+            chroot: format!("/{}", crate::conformance::unique("t")),
+        }
+    }
+
+    /// The URL of this target's clients.
+    pub fn url(&self) -> String {
+        self.zk.url(&self.chroot, "?session_timeout=20s")
+    }
+}
+
+impl Target for ZooKeeperTarget {
+    type Backend = dlock::backend::ZooKeeper;
+
+    async fn client(&self) -> dlock::backend::ZooKeeper {
+        dlock::backend::ZooKeeper::connect(&self.url())
+            .await
+            .expect("connect to the test zookeeper")
+    }
+
+    /// Deletes every node in the lock's directory (`/<escaped key>`): its holder's and its
+    /// waiters'.
+    async fn delete_key(&self, key: &str) {
+        let admin = self.client().await.client();
+        let dir = format!("/{}", dlock::backend::zookeeper::escape(key));
+        let children = admin.list_children(&dir).await.unwrap_or_default();
+        for c in children {
+            let _ = admin.delete(&format!("{dir}/{c}"), None).await;
+        }
+    }
+
+    fn session_bound(&self) -> bool {
+        true
+    }
+}

@@ -28,6 +28,11 @@ const DEBIAN_JAR: &str = "/usr/share/java/zookeeper.jar";
 #[derive(Debug)]
 pub struct ZkMember {
     child: Option<Child>,
+    /// The JVM's process id.
+    java: Option<u32>,
+    /// Whether the shell removes the data directory when the JVM ends (a shared server,
+    /// never dropped).
+    remove_on_exit: bool,
     id: usize,
     client_port: u16,
     dir: PathBuf,
@@ -44,13 +49,25 @@ impl ZkMember {
             ));
         }
         let log = std::fs::File::create(self.dir.join("server.log"))?;
-        let child = Command::new("java")
-            .args([
-                "-Xms64m",
-                "-Xmx256m",
-                "-XX:+UseSerialGC",
-                "-XX:TieredStopAtLevel=1",
-            ])
+        // The JVM runs under a small shell that kills it when our end of its stdin closes:
+        // when this process exits in any way, even without dropping the member (a server
+        // shared by a whole test binary lives in a static).
+        let mut child = Command::new("sh")
+            .arg("-c")
+            .arg(
+                "java \"$@\" </dev/null & echo $!; read _; kill -9 $! 2>/dev/null; \
+                 [ -n \"$DLOCK_ZK_REMOVE\" ] && wait && rm -rf \"$DLOCK_ZK_REMOVE\"",
+            )
+            .env(
+                "DLOCK_ZK_REMOVE",
+                if self.remove_on_exit {
+                    self.dir.as_os_str()
+                } else {
+                    std::ffi::OsStr::new("")
+                },
+            )
+            .arg("sh")
+            .args(["-Xms32m", "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1"])
             .arg("-Dzookeeper.admin.enableServer=false")
             .arg("-Dznode.container.checkIntervalMs=1000")
             .arg("-Dzookeeper.jmx.log4j.disable=true")
@@ -58,11 +75,21 @@ impl ZkMember {
             .arg(&jar)
             .arg("org.apache.zookeeper.server.quorum.QuorumPeerMain")
             .arg(self.dir.join("zoo.cfg"))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
             .stderr(log)
             .spawn()
-            .map_err(|e| io::Error::new(e.kind(), format!("cannot run java: {e}")))?;
+            .map_err(|e| io::Error::new(e.kind(), format!("cannot run sh: {e}")))?;
+        let mut line = String::new();
+        if let Some(out) = child.stdout.take() {
+            io::BufRead::read_line(&mut io::BufReader::new(out), &mut line)?;
+        }
+        let Ok(pid) = line.trim().parse::<u32>() else {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(io::Error::other("cannot start java"));
+        };
+        self.java = Some(pid);
         self.child = Some(child);
         self.frozen = false;
         Ok(())
@@ -107,11 +134,15 @@ impl ZkMember {
 
     /// Kills the member with SIGKILL (its data stays; [`restart`](Self::restart) rejoins).
     pub fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
+        if let Some(pid) = self.java.take() {
             if self.frozen {
-                let _ = signal(child.id(), "CONT");
+                let _ = signal(pid, "CONT");
             }
-            let _ = child.kill();
+            let _ = signal(pid, "KILL");
+        }
+        if let Some(mut child) = self.child.take() {
+            // Closing its stdin ends the shell.
+            drop(child.stdin.take());
             let _ = child.wait();
         }
         self.frozen = false;
@@ -131,7 +162,7 @@ impl ZkMember {
     /// # Errors
     /// Not running, or `kill` failed.
     pub fn freeze(&mut self) -> io::Result<()> {
-        let pid = self.child.as_ref().map(Child::id).ok_or_else(not_running)?;
+        let pid = self.java.ok_or_else(not_running)?;
         signal(pid, "STOP")?;
         self.frozen = true;
         Ok(())
@@ -142,7 +173,7 @@ impl ZkMember {
     /// # Errors
     /// Not running, or `kill` failed.
     pub fn thaw(&mut self) -> io::Result<()> {
-        let pid = self.child.as_ref().map(Child::id).ok_or_else(not_running)?;
+        let pid = self.java.ok_or_else(not_running)?;
         signal(pid, "CONT")?;
         self.frozen = false;
         Ok(())
@@ -182,6 +213,18 @@ pub struct ZooKeeper {
 }
 
 impl ZooKeeper {
+    /// One standalone server shared by every caller in this process (started at the first
+    /// call; it ends with the process). Tests that share it keep apart by chroot.
+    ///
+    /// # Panics
+    /// If it cannot be started (the tests cannot run without it).
+    pub fn shared() -> &'static ZooKeeper {
+        static SHARED: std::sync::OnceLock<ZooKeeper> = std::sync::OnceLock::new();
+        SHARED.get_or_init(|| {
+            ZooKeeper::start_with(1, true).expect("start zookeeper (apt-get install zookeeper)")
+        })
+    }
+
     /// A standalone server.
     ///
     /// # Errors
@@ -198,9 +241,13 @@ impl ZooKeeper {
     /// # Errors
     /// ZooKeeper could not be started.
     pub fn start(n: usize) -> io::Result<ZooKeeper> {
+        Self::start_with(n, false)
+    }
+
+    fn start_with(n: usize, remove_on_exit: bool) -> io::Result<ZooKeeper> {
         let mut last = None;
         for _ in 0..3 {
-            match Self::start_once(n) {
+            match Self::start_once(n, remove_on_exit) {
                 Ok(zk) => return Ok(zk),
                 Err(err) if err.kind() == io::ErrorKind::NotFound => return Err(err),
                 Err(err) => last = Some(err),
@@ -209,7 +256,7 @@ impl ZooKeeper {
         Err(last.unwrap_or_else(|| io::Error::other("zookeeper not started")))
     }
 
-    fn start_once(n: usize) -> io::Result<ZooKeeper> {
+    fn start_once(n: usize, remove_on_exit: bool) -> io::Result<ZooKeeper> {
         let n = n.max(1);
         let mut ports = Vec::with_capacity(n);
         for _ in 0..n {
@@ -241,6 +288,8 @@ impl ZooKeeper {
             }
             members.push(ZkMember {
                 child: None,
+                java: None,
+                remove_on_exit,
                 id: i + 1,
                 client_port: *client_port,
                 dir,

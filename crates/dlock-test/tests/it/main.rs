@@ -10,6 +10,7 @@ mod postgres;
 mod quorum;
 mod redis;
 mod sentinel;
+mod zookeeper;
 
 /// One `#[tokio::test]` per conformance behaviour, against a fresh target each.
 #[macro_export]

@@ -208,14 +208,21 @@ fn map_err(e: zk::Error, doing: &str) -> Error {
         .with_source(e)
 }
 
+/// Whether `e` came from ZooKeeper's `code`.
+fn is(e: &Error, code: &zk::Error) -> bool {
+    std::error::Error::source(e)
+        .and_then(|s| s.downcast_ref::<zk::Error>())
+        .is_some_and(|z| z == code)
+}
+
 /// Whether `b` may stand for itself in a node name.
 fn plain(b: u8) -> bool {
     b.is_ascii_alphanumeric() || b".:_~@+=,".contains(&b)
 }
 
-/// `s` as one path component: other bytes as `%XX`; a leading `.` too, so that `.` and
+/// `s` as one ZooKeeper path component (how lock keys and tokens are named in nodes): other bytes as `%XX`; a leading `.` too, so that `.` and
 /// `..` cannot come out.
-pub(crate) fn escape(s: &str) -> String {
+pub fn escape(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for (i, b) in s.bytes().enumerate() {
         if plain(b) && !(i == 0 && b == b'.') {
@@ -228,7 +235,7 @@ pub(crate) fn escape(s: &str) -> String {
 }
 
 /// The inverse of [`escape`]; `None` for a name it cannot have made.
-pub(crate) fn unescape(s: &str) -> Option<String> {
+pub fn unescape(s: &str) -> Option<String> {
     let mut out = Vec::with_capacity(s.len());
     let bytes = s.as_bytes();
     let mut i = 0;
@@ -546,7 +553,7 @@ impl ZooKeeper {
             .call("reading a lock's queue", s.client.list_children(dir))
             .await
         {
-            Err(e) if e.to_string().contains("node does not exist") => return Ok(None),
+            Err(e) if is(&e, &zk::Error::NoNode) => return Ok(None),
             other => other?,
         };
         let want = escape(token.as_str());
@@ -593,7 +600,7 @@ impl ZooKeeper {
                     self.unsure().remove(&prefix);
                     return Ok((format!("{prefix}{seq}"), seq.into_i64(), stat.czxid));
                 }
-                Err(e) if e.to_string().contains("node does not exist") => {
+                Err(e) if is(&e, &zk::Error::NoNode) => {
                     self.unsure().remove(&prefix);
                     match self
                         .call(
@@ -603,7 +610,7 @@ impl ZooKeeper {
                         .await
                     {
                         Ok(_) => {}
-                        Err(e) if e.to_string().contains("node already exists") => {}
+                        Err(e) if is(&e, &zk::Error::NodeExists) => {}
                         Err(e) => return Err(e),
                     }
                 }
@@ -856,7 +863,7 @@ async fn reap(inner: Weak<Inner>) {
                 .await
             {
                 Ok(()) => {}
-                Err(e) if e.to_string().contains("node does not exist") => {}
+                Err(e) if is(&e, &zk::Error::NoNode) => {}
                 // Try again soon (the session may be cut off; then it expires anyway).
                 Err(_) => reaper.set(&node, session, Instant::now() + FOLLOW_RETRY),
             }
@@ -947,7 +954,7 @@ impl RawLock for ZooKeeper {
             .await
         {
             Ok(()) => Ok(true),
-            Err(e) if e.to_string().contains("node does not exist") => Ok(false),
+            Err(e) if is(&e, &zk::Error::NoNode) => Ok(false),
             Err(e) => Err(e),
         }
     }
@@ -957,6 +964,15 @@ impl RawLock for ZooKeeper {
         let Some(place) = self.our_node(&s, keys, token).await? else {
             return Ok(false);
         };
+        if place.session != s.id {
+            // Held, by another client's session: its lease is that session, which only
+            // that client keeps alive.
+            return Err(Error::invalid(format!(
+                "lock {:?} is held by another ZooKeeper session; on ZooKeeper only the \
+                 client that holds a lock can extend it (its session is the lease)",
+                keys.name()
+            )));
+        }
         renew(self, &s, &place.node, ttl).await
     }
 
@@ -1118,7 +1134,7 @@ impl RawInspect for ZooKeeper {
             .call("reading a lock's queue", s.client.list_children(&dir))
             .await
         {
-            Err(e) if e.to_string().contains("node does not exist") => Vec::new(),
+            Err(e) if is(&e, &zk::Error::NoNode) => Vec::new(),
             other => other?,
         };
         let line = in_line(&children);
@@ -1149,7 +1165,7 @@ impl RawInspect for ZooKeeper {
                 .call("reading a lock's queue", s.client.list_children(&dir))
                 .await
             {
-                Err(e) if e.to_string().contains("node does not exist") => return Ok(false),
+                Err(e) if is(&e, &zk::Error::NoNode) => return Ok(false),
                 other => other?,
             };
             let Some((_, head)) = in_line(&children).first().copied() else {
@@ -1164,7 +1180,7 @@ impl RawInspect for ZooKeeper {
             {
                 Ok(()) => return Ok(true),
                 // Released meanwhile: look again.
-                Err(e) if e.to_string().contains("node does not exist") => {}
+                Err(e) if is(&e, &zk::Error::NoNode) => {}
                 Err(e) => return Err(e),
             }
         }
