@@ -67,7 +67,12 @@ impl ZkMember {
                 },
             )
             .arg("sh")
-            .args(["-Xms32m", "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1"])
+            .args([
+                "-Xms32m",
+                "-Xmx256m",
+                "-XX:+UseSerialGC",
+                "-XX:TieredStopAtLevel=1",
+            ])
             .arg("-Dzookeeper.admin.enableServer=false")
             .arg("-Dznode.container.checkIntervalMs=1000")
             .arg("-Dzookeeper.jmx.log4j.disable=true")
