@@ -1,6 +1,6 @@
 //! From `--url` to a connected store.
 
-use dlock::backend::{Etcd, Memcached, Memory, PgAdvisory, Postgres, Quorum, Redis};
+use dlock::backend::{Etcd, Memcached, Memory, PgAdvisory, Postgres, Quorum, Redis, ZooKeeper};
 
 use crate::args::Store;
 use crate::exit::Failure;
@@ -20,6 +20,9 @@ pub(crate) enum Target {
     /// PostgreSQL's session advisory locks (`postgres://…?mode=advisory`): `dlock run`,
     /// status and force-unlock, no fence.
     PgAdvisory(PgAdvisory),
+    /// ZooKeeper: the plain (first come, first served) lock, fenced; holds live in the
+    /// client's session, so only commands that hold while they run.
+    ZooKeeper(ZooKeeper),
 }
 
 /// Runs `$body` with `$b` bound to the concrete backend of `$target`.
@@ -39,6 +42,11 @@ macro_rules! with_backend {
                      --semaphore/--shared/--exclusive/--fair), status, list, force-unlock",
                 ))
             }
+            $crate::target::Target::ZooKeeper(_) => Err($crate::exit::Failure::usage(
+                "zk:// holds the lock in the client's session (an ephemeral node), so a lock \
+                 cannot outlive the process that took it: use `dlock run` (without \
+                 --semaphore/--shared/--exclusive/--fair), status, list, force-unlock",
+            )),
             $crate::target::Target::PgAdvisory(_) => Err($crate::exit::Failure::usage(
                 "postgres://…?mode=advisory (session advisory locks) works with `dlock run` \
                  (no DLOCK_FENCE), status and force-unlock only",
@@ -50,7 +58,7 @@ pub(crate) use with_backend;
 
 /// The URL schemes `--url` accepts.
 const SCHEMES: &str = "redis://, rediss://, redis+unix://, redis+sentinel://, \
-                       redis+cluster://, redlock://, memcache://, etcd://, postgres://";
+                       redis+cluster://, redlock://, memcache://, etcd://, postgres://, zk://";
 
 /// Connects to the store named by `--url` / `DLOCK_URL`. `memory://` (in-process) is
 /// accepted only where `allow_memory` says so: a lock in one process's memory excludes
@@ -73,6 +81,7 @@ pub(crate) async fn connect(store: &Store, allow_memory: bool) -> Result<Target,
             Some(url) => Ok(Target::PgAdvisory(PgAdvisory::connect(&url).await?)),
             None => Ok(Target::Postgres(Postgres::connect(url).await?)),
         },
+        Some("zk") => Ok(Target::ZooKeeper(ZooKeeper::connect(url).await?)),
         Some("memory") if allow_memory => Ok(Target::Memory(Memory::new())),
         Some("memory") => Err(Failure::usage(
             "memory:// is in-process only and would exclude no other process; use redis://",

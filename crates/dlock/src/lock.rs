@@ -713,6 +713,13 @@ impl<B: RawLock> LockGuard<B> {
         self.lease.is_lost_at(Instant::now())
     }
 
+    /// The lease each renewal buys: the ttl, or less where the store's holds end sooner
+    /// (on ZooKeeper, the session timeout caps it; see
+    /// [`RawLock::lease_validity`](crate::raw::RawLock::lease_validity)).
+    pub fn lease(&self) -> Duration {
+        self.lease.snapshot().ttl
+    }
+
     /// How much validity is left (zero once lost). Counted on the monotonic clock from
     /// the last successful acquire or renewal request, minus drift.
     pub fn remaining(&self) -> Duration {

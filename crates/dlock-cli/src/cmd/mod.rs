@@ -170,6 +170,9 @@ pub(crate) enum Layout {
     /// In a queue under `<lock key>/`, one key `<lock key>/<token>` per holder or waiter,
     /// nothing at the lock key (etcd): shown as the prefix `<lock key>/`.
     QueueUnder,
+    /// Ephemeral sequential nodes in the directory `/<lock key, escaped>/` under the
+    /// chroot (ZooKeeper).
+    Znodes,
 }
 
 impl Layout {
@@ -177,6 +180,7 @@ impl Layout {
         match self {
             Layout::AtKey => keys.lock().to_owned(),
             Layout::QueueUnder => format!("{}/", keys.lock()),
+            Layout::Znodes => format!("/{}/", dlock::backend::zookeeper::escape(keys.lock())),
         }
     }
 }

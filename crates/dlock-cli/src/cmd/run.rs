@@ -197,7 +197,8 @@ async fn supervise<X: RawLock>(
     // Terminate early enough that the command is gone before the lease can run out and
     // be granted to someone else: once the remaining validity is down to the kill grace
     // (at most a third of the ttl, which renewals every third of it never let it reach).
-    let threshold = args.kill_grace.min(args.ttl / 3);
+    // (The lease, not --ttl: a store may cap it, as ZooKeeper's session timeout does.)
+    let threshold = args.kill_grace.min(guard.lease() / 3);
     let mut tick = tokio::time::interval(Duration::from_millis(100));
     let mut forwarded = 0;
     let status = loop {
