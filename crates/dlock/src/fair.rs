@@ -45,7 +45,7 @@ impl<B: RawFair> RawLock for Queued<B> {
     /// Each waiter listens on a channel of its own: a release wakes exactly the next in
     /// line, not every waiter.
     async fn watch_for(&self, keys: &LockKeys, token: &Token) -> Result<ReleaseWatch> {
-        self.backend.watch(&keys.side(token.as_str())).await
+        self.backend.watch_fair(keys, token).await
     }
 
     async fn abandon(&self, keys: &LockKeys, token: &Token, _ttl: Duration) -> Result<()> {

@@ -496,6 +496,19 @@ pub trait RawFair: RawLock {
 
     /// Deletes the holder whoever it is (the queue stays) and wakes the next in line.
     fn force_unlock_fair(&self, keys: &LockKeys) -> impl Future<Output = Result<bool>> + Send;
+
+    /// Starts listening for `token`'s turn. The default listens on the waiter's own
+    /// channel ([`LockKeys::side`](crate::keys::LockKeys::side)), where
+    /// [`release_fair`](RawFair::release_fair) announces the next in line; a store whose
+    /// plain lock is already first come, first served listens as its plain waiters do.
+    fn watch_fair(
+        &self,
+        keys: &LockKeys,
+        token: &Token,
+    ) -> impl Future<Output = Result<ReleaseWatch>> + Send {
+        let side = keys.side(token.as_str());
+        async move { self.watch(&side).await }
+    }
 }
 
 /// What the store says about one lock right now.

@@ -8,6 +8,10 @@ mod conformance {
         waiter_wakes_on_release,
         inspection_and_administration,
     );
+    crate::family_tests!(dlock_test::targets::ZooKeeperTarget::start();
+        fair_lock_grants_in_arrival_order,
+        fair_lock_cancelled_and_crashed_waiters,
+    );
 }
 
 use std::sync::Arc;
@@ -84,17 +88,19 @@ async fn a_partitioned_holder_is_lost_before_the_next_is_granted() {
     proxy.set_fault(Fault::Pass);
 }
 
-/// The holder's session is closed on the server (by a second connection that takes the
-/// session over and closes it): its node goes at once, the next client is granted the
-/// lock, the old holder's `lost()` fires and its release reports `LockLost` — and the
-/// client goes on with a new session.
+/// The holder's session is closed on the server (while the holder's own connection is
+/// held up in the kit's proxy, a second connection takes the session over and closes it):
+/// its node goes at once, the next client is granted the lock, the old holder's `lost()`
+/// fires and its release reports `LockLost` — and the client goes on with a new session.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_closed_on_the_server_ends_its_holds_and_the_client_goes_on() {
     let server = Server::shared();
     let chroot = format!("/{}", unique("closed"));
-    let url = server.url(&chroot, "?session_timeout=2s");
-    let holder = connect(&url).await;
-    let other = connect(&url).await;
+    let proxy = Proxy::start(server.members[0].addr().parse().expect("addr"))
+        .await
+        .expect("proxy");
+    let holder = connect(&format!("zk://{}{chroot}?session_timeout=3s", proxy.addr())).await;
+    let other = connect(&server.url(&chroot, "?session_timeout=3s")).await;
     let name = unique("closed");
     let lock = Lock::new(holder.clone(), &name).expect("valid");
     let guard = lock.try_lock().await.expect("store").expect("free");
@@ -102,18 +108,21 @@ async fn a_session_closed_on_the_server_ends_its_holds_and_the_client_goes_on() 
     let contender = Lock::new(other.clone(), &name).expect("valid");
     assert!(contender.try_lock().await.expect("store").is_none());
 
+    proxy.set_fault(Fault::Blackhole);
+    proxy.close_all();
     let session = holder.client().session().clone();
     let thief = zookeeper_client::Client::connector()
         .with_session(session)
         .connect(&server.hosts())
         .await
         .expect("take the session over");
-    drop(thief); // closes the session
+    drop(thief); // closes the session on the server
     let next = contender
         .try_lock_for(Duration::from_secs(10))
         .await
         .expect("store")
         .expect("the closed session's node is gone");
+    proxy.set_fault(Fault::Pass);
     timeout(Duration::from_secs(10), guard.lost())
         .await
         .expect("the old holder learns it");
@@ -122,7 +131,7 @@ async fn a_session_closed_on_the_server_ends_its_holds_and_the_client_goes_on() 
         ErrorKind::LockLost
     );
     next.release().await.expect("release");
-    let again = timeout(Duration::from_secs(10), lock.lock())
+    let again = timeout(Duration::from_secs(20), lock.lock())
         .await
         .expect("a new session serves the client")
         .expect("lock");

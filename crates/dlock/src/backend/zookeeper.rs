@@ -670,6 +670,12 @@ impl ZooKeeper {
         let mut ready = Some(ready);
         // The node at whose turn our waiter was already woken.
         let mut told = String::new();
+        let period = self
+            .place(&prefix)
+            .map_or(Duration::from_secs(1), |p| self.lease(p.ttl, p.session) / 3)
+            .max(Duration::from_millis(10));
+        let mut keep = tokio::time::interval_at(Instant::now() + period, period);
+        keep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let Some(place) = self.place(&prefix) else {
                 wake.notify_one();
@@ -730,36 +736,47 @@ impl ZooKeeper {
             if let Some(r) = ready.take() {
                 let _ = r.send(());
             }
-            tokio::select! {
-                event = async {
-                    match watcher {
-                        Some(w) => Some(w.changed().await),
-                        None => std::future::pending().await,
-                    }
-                } => {
-                    let Some(event) = event else { continue };
-                    if event.event_type == zk::EventType::NodeDeleted {
-                        self.inner.watches_fired.fetch_add(1, Ordering::Relaxed);
-                        if only && told != place.node && self.place(&prefix).is_some_and(|p| p.node == place.node) {
-                            // The last node in front is gone: our turn, told at once.
-                            told.clone_from(&place.node);
-                            self.grant_turn(&prefix, &place);
-                            wake.notify_one();
+            let mut watcher = watcher.map(|w| Box::pin(w.changed()));
+            loop {
+                tokio::select! {
+                    event = async {
+                        match watcher.as_mut() {
+                            Some(w) => w.await,
+                            None => std::future::pending().await,
                         }
-                    } else if event.event_type == zk::EventType::Session {
-                        // Session expired or closed: the waiter's next attempt tells.
-                        wake.notify_one();
-                        tokio::time::sleep(FOLLOW_RETRY).await;
+                    } => {
+                        if event.event_type == zk::EventType::NodeDeleted {
+                            self.inner.watches_fired.fetch_add(1, Ordering::Relaxed);
+                            if only
+                                && told != place.node
+                                && self.place(&prefix).is_some_and(|p| p.node == place.node)
+                            {
+                                // The last node in front is gone: our turn, told at once.
+                                told.clone_from(&place.node);
+                                self.grant_turn(&prefix, &place);
+                                wake.notify_one();
+                            }
+                        } else if event.event_type == zk::EventType::Session {
+                            // Session expired or closed: the waiter's next attempt tells.
+                            wake.notify_one();
+                            tokio::time::sleep(FOLLOW_RETRY).await;
+                        }
+                        break;
                     }
+                    () = place.moved.notified() => break,
+                    _ = keep.tick() => {
+                        // Still waiting: our node stays (see `acquire`).
+                        let until = Instant::now() + self.lease(place.ttl, place.session);
+                        self.inner.reaper.push(&place.node, until);
+                    }
+                    () = async {
+                        if failed {
+                            tokio::time::sleep(FOLLOW_RETRY).await;
+                        } else {
+                            std::future::pending::<()>().await;
+                        }
+                    } => break,
                 }
-                () = place.moved.notified() => {}
-                () = async {
-                    if failed {
-                        tokio::time::sleep(FOLLOW_RETRY).await;
-                    } else {
-                        std::future::pending::<()>().await;
-                    }
-                } => {}
             }
         }
     }
@@ -931,10 +948,19 @@ impl RawLock for ZooKeeper {
                 )
                 .retryable(true))
             }
-            _ => Ok(Acquire::Held {
-                // The holder's lease is not stored: its session's end is the fallback.
-                remaining: Some(s.timeout),
-            }),
+            _ => {
+                // A waiter's node lasts one lease past its latest attempt unless its
+                // waiting task keeps it (every third of the lease): a waiter that stopped
+                // waiting without withdrawing holds the queue up for one lease at most.
+                self.inner
+                    .reaper
+                    .set(&place.node, s.id, started + self.lease(ttl, s.id));
+                Ok(Acquire::Held {
+                    // The holder's lease is not stored: its session's end is the
+                    // fallback.
+                    remaining: Some(s.timeout),
+                })
+            }
         }
     }
 
@@ -1123,6 +1149,10 @@ impl RawFair for ZooKeeper {
 
     async fn force_unlock_fair(&self, keys: &LockKeys) -> Result<bool> {
         self.force_unlock(keys).await
+    }
+
+    async fn watch_fair(&self, keys: &LockKeys, token: &Token) -> Result<ReleaseWatch> {
+        self.watch_for(keys, token).await
     }
 }
 
