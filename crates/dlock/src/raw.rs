@@ -408,6 +408,30 @@ pub trait RawReentrant: RawLock {
 ///
 /// Repeats of a granted request (same token) are granted again, not twice.
 pub trait RawRwLock: RawLock {
+    /// Whether a reader's attempt that finds the lock held leaves an entry in the store
+    /// (ZooKeeper: the reader's node in the queue) that
+    /// [`abandon_rw`](RawRwLock::abandon_rw) must withdraw. Writers always may.
+    const READERS_QUEUE: bool = false;
+
+    /// Starts listening for the moment `token`'s reader (`write == false`) or writer may
+    /// try again. The default listens on the side channels a release announces on
+    /// (writers one at a time, readers all together).
+    fn watch_rw(
+        &self,
+        keys: &LockKeys,
+        token: &Token,
+        write: bool,
+    ) -> impl Future<Output = Result<ReleaseWatch>> + Send {
+        let side = keys.side(if write { "w" } else { "r" });
+        async move {
+            if write {
+                self.watch_for(&side, token).await
+            } else {
+                self.watch(&side).await
+            }
+        }
+    }
+
     /// Tries once to take the lock for reading (`write == false`) or writing.
     fn acquire_rw(
         &self,

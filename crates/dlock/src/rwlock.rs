@@ -28,7 +28,7 @@ pub struct RwSide<B, const WRITE: bool> {
 }
 
 impl<B: RawRwLock, const WRITE: bool> RawLock for RwSide<B, WRITE> {
-    const QUEUES_WAITERS: bool = WRITE;
+    const QUEUES_WAITERS: bool = WRITE || B::READERS_QUEUE;
     const LEASE_KIND: LeaseKind = LeaseKind::ReadWrite;
 
     async fn acquire(&self, keys: &LockKeys, token: &Token, ttl: Duration) -> Result<Acquire> {
@@ -56,11 +56,7 @@ impl<B: RawRwLock, const WRITE: bool> RawLock for RwSide<B, WRITE> {
     /// A waiting writer listens for its own wake-up where the store wakes one writer per
     /// release; readers share one channel (a release lets them all in).
     async fn watch_for(&self, keys: &LockKeys, token: &Token) -> Result<ReleaseWatch> {
-        if WRITE {
-            self.backend.watch_for(&keys.side("w"), token).await
-        } else {
-            self.watch(keys).await
-        }
+        self.backend.watch_rw(keys, token, WRITE).await
     }
 
     fn watch_ready(&self, keys: &LockKeys, token: &Token) -> Option<ReleaseWatch> {

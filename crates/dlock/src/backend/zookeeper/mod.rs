@@ -74,6 +74,8 @@ use crate::keys::LockKeys;
 use crate::raw::{Acquire, LockState, RawFair, RawFencing, RawInspect, RawLock, ReleaseWatch};
 use crate::token::Token;
 
+mod family;
+
 /// The session timeout asked for when the URL names none.
 pub const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(10);
 /// Longest wait for one request's reply.
@@ -136,6 +138,8 @@ struct Session {
 struct Place {
     /// Its full path.
     node: String,
+    /// What it stands for.
+    kind: NodeKind,
     seq: i64,
     czxid: i64,
     /// The session that created it.
@@ -217,7 +221,7 @@ fn is(e: &Error, code: &zk::Error) -> bool {
 
 /// Whether `b` may stand for itself in a node name.
 fn plain(b: u8) -> bool {
-    b.is_ascii_alphanumeric() || b".:_~@+=,".contains(&b)
+    b.is_ascii_alphanumeric() || b".:_~@=,".contains(&b)
 }
 
 /// `s` as one ZooKeeper path component (how lock keys and tokens are named in nodes): other bytes as `%XX`; a leading `.` too, so that `.` and
@@ -262,6 +266,54 @@ fn node_prefix(dir: &str, token: &Token) -> String {
     format!("{dir}/{}-", escape(token.as_str()))
 }
 
+/// What a lock node stands for, by the start of its name (`<kind>+`; none for the plain
+/// and fair lock's `<token>-<seq>`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum NodeKind {
+    /// A plain (or fair) lock's holder or waiter: `<token>-<seq>`.
+    Plain,
+    /// A reentrant lock owner's node: `h+<owner>-<seq>`, its data the owner's holds.
+    Holds,
+    /// A read-write lock's reader: `r+<token>-<seq>`.
+    Read,
+    /// A read-write lock's writer: `w+<token>-<seq>` (its data `r` once downgraded).
+    Write,
+    /// A semaphore holder or waiter of N permits: `<N>+<token>-<seq>`.
+    Permits(u32),
+}
+
+impl NodeKind {
+    fn is_permits(self) -> bool {
+        matches!(self, NodeKind::Permits(_))
+    }
+
+    /// The name prefix of a node of this kind for `who` (a token, or an owner).
+    fn name(self, who: &str) -> String {
+        let who = escape(who);
+        match self {
+            NodeKind::Plain => format!("{who}-"),
+            NodeKind::Holds => format!("h+{who}-"),
+            NodeKind::Read => format!("r+{who}-"),
+            NodeKind::Write => format!("w+{who}-"),
+            NodeKind::Permits(n) => format!("{n}+{who}-"),
+        }
+    }
+
+    /// The kind and the escaped token (or owner) of a node name's first part.
+    fn of(part: &str) -> (NodeKind, &str) {
+        match part.split_once('+') {
+            None => (NodeKind::Plain, part),
+            Some(("h", rest)) => (NodeKind::Holds, rest),
+            Some(("r", rest)) => (NodeKind::Read, rest),
+            Some(("w", rest)) => (NodeKind::Write, rest),
+            Some((n, rest)) => match n.parse() {
+                Ok(n) => (NodeKind::Permits(n), rest),
+                Err(_) => (NodeKind::Plain, part),
+            },
+        }
+    }
+}
+
 /// A lock node's escaped token and sequence, from its name.
 fn parse_child(name: &str) -> Option<(&str, i64)> {
     let (token, seq) = name.rsplit_once('-')?;
@@ -269,6 +321,13 @@ fn parse_child(name: &str) -> Option<(&str, i64)> {
         return None;
     }
     Some((token, seq.parse().ok()?))
+}
+
+/// A lock node's kind, escaped token (or owner) and sequence.
+fn parse_node(name: &str) -> Option<(NodeKind, &str, i64)> {
+    let (part, seq) = parse_child(name)?;
+    let (kind, who) = NodeKind::of(part);
+    Some((kind, who, seq))
 }
 
 /// The lock nodes of a directory listing, lowest sequence (the holder) first.
@@ -557,12 +616,12 @@ impl ZooKeeper {
             other => other?,
         };
         let want = escape(token.as_str());
-        let Some((seq, name)) = in_line(&children)
-            .into_iter()
-            .find(|(_, name)| parse_child(name).is_some_and(|(t, _)| t == want))
-        else {
+        let Some((seq, name)) = in_line(&children).into_iter().find(|(_, name)| {
+            parse_node(name).is_some_and(|(k, t, _)| t == want && k != NodeKind::Holds)
+        }) else {
             return Ok(None);
         };
+        let kind = parse_node(name).map_or(NodeKind::Plain, |(k, _, _)| k);
         let node = format!("{dir}/{name}");
         let Some(stat) = self
             .call("reading a lock node", s.client.check_stat(&node))
@@ -572,6 +631,7 @@ impl ZooKeeper {
         };
         Ok(Some(Place {
             node,
+            kind,
             seq,
             czxid: stat.czxid,
             session: stat.ephemeral_owner,
@@ -580,9 +640,16 @@ impl ZooKeeper {
         }))
     }
 
-    /// Creates our node for `token` in `dir` (and `dir` first if it is missing).
-    async fn create(&self, s: &Session, dir: &str, token: &Token) -> Result<(String, i64, i64)> {
-        let prefix = node_prefix(dir, token);
+    /// Creates a node `<dir>/<name><seq>` holding `data` (and `dir` first if it is
+    /// missing).
+    async fn create(
+        &self,
+        s: &Session,
+        dir: &str,
+        name: &str,
+        data: &str,
+    ) -> Result<(String, i64, i64)> {
+        let prefix = format!("{dir}/{name}");
         let acls = self.acls();
         let node_options = zk::CreateMode::EphemeralSequential.with_acls(acls);
         let dir_options = zk::CreateMode::Container.with_acls(acls);
@@ -591,8 +658,7 @@ impl ZooKeeper {
             let created = self
                 .call(
                     "creating a lock node",
-                    s.client
-                        .create(&prefix, token.as_str().as_bytes(), &node_options),
+                    s.client.create(&prefix, data.as_bytes(), &node_options),
                 )
                 .await;
             match created {
@@ -675,6 +741,8 @@ impl ZooKeeper {
             .map_or(Duration::from_secs(1), |p| self.lease(p.ttl, p.session) / 3)
             .max(Duration::from_millis(10));
         let mut keep = tokio::time::interval_at(Instant::now() + period, period);
+        // A semaphore waiter's last look at its directory: (children version, data version).
+        let mut seen: Option<Option<(i32, i32)>> = None;
         keep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let Some(place) = self.place(&prefix) else {
@@ -682,7 +750,7 @@ impl ZooKeeper {
                 return;
             };
             let s = self.current();
-            let mut watcher = None;
+            let mut watcher: Option<Watching> = None;
             let mut failed = false;
             let mut only = false;
             if place.session != s.id {
@@ -695,22 +763,20 @@ impl ZooKeeper {
                 {
                     Ok(children) => {
                         let line = in_line(&children);
-                        let ahead: Vec<&(i64, &str)> =
-                            line.iter().filter(|(seq, _)| *seq < place.seq).collect();
                         let ours = line.iter().any(|(seq, _)| *seq == place.seq);
-                        match ahead.last() {
+                        match blocker(&line, &place) {
                             _ if !ours => {
                                 // Our node is gone (deleted by an operator): requeue.
                                 wake.notify_one();
                             }
-                            None => {
+                            Blocker::Turn => {
                                 if told != place.node {
                                     told.clone_from(&place.node);
                                     self.grant_turn(&prefix, &place);
                                     wake.notify_one();
                                 }
                             }
-                            Some((_, name)) => {
+                            Blocker::Node { name, only: alone } => {
                                 let node = format!("{dir}/{name}");
                                 match self
                                     .call(
@@ -720,12 +786,42 @@ impl ZooKeeper {
                                     .await
                                 {
                                     Ok((Some(_), w)) => {
-                                        watcher = Some(w);
-                                        only = ahead.len() == 1;
+                                        watcher = Some(Box::pin(w.changed()) as Watching);
+                                        only = alone;
                                     }
                                     // Gone already: look again.
                                     Ok((None, _)) => continue,
                                     Err(_) => failed = true,
+                                }
+                            }
+                            Blocker::Any => {
+                                // A semaphore waiter: any release below, or a new permit
+                                // count, may let it in — it watches the directory's
+                                // children and data and attempts when either changes.
+                                let kids = s.client.list_and_watch_children(&dir);
+                                let data = s.client.check_and_watch_stat(&dir);
+                                match (
+                                    self.call("watching a semaphore", kids).await,
+                                    self.call("watching a semaphore", data).await,
+                                ) {
+                                    (Ok((_, a)), Ok((stat, b))) => {
+                                        watcher = Some(Box::pin(async move {
+                                            tokio::select! {
+                                                e = a.changed() => e,
+                                                e = b.changed() => e,
+                                            }
+                                        })
+                                            as Watching);
+                                        // A change since the last watches fired (between
+                                        // the event and these watches) wakes the waiter
+                                        // again: its attempt may have come before it.
+                                        let now = Some(stat.map(|st| (st.cversion, st.version)));
+                                        if seen.is_some() && seen != now {
+                                            wake.notify_one();
+                                        }
+                                        seen = now;
+                                    }
+                                    _ => failed = true,
                                 }
                             }
                         }
@@ -736,7 +832,6 @@ impl ZooKeeper {
             if let Some(r) = ready.take() {
                 let _ = r.send(());
             }
-            let mut watcher = watcher.map(|w| Box::pin(w.changed()));
             loop {
                 tokio::select! {
                     event = async {
@@ -745,7 +840,12 @@ impl ZooKeeper {
                             None => std::future::pending().await,
                         }
                     } => {
-                        if event.event_type == zk::EventType::NodeDeleted {
+                        if place.kind.is_permits() {
+                            if event.event_type != zk::EventType::Session {
+                                self.inner.watches_fired.fetch_add(1, Ordering::Relaxed);
+                            }
+                            wake.notify_one();
+                        } else if event.event_type == zk::EventType::NodeDeleted {
                             self.inner.watches_fired.fetch_add(1, Ordering::Relaxed);
                             if only
                                 && told != place.node
@@ -756,6 +856,11 @@ impl ZooKeeper {
                                 self.grant_turn(&prefix, &place);
                                 wake.notify_one();
                             }
+                        } else if event.event_type == zk::EventType::NodeDataChanged
+                            && place.kind == NodeKind::Read
+                        {
+                            // The writer in front downgraded to a reader: try again.
+                            wake.notify_one();
                         } else if event.event_type == zk::EventType::Session {
                             // Session expired or closed: the waiter's next attempt tells.
                             wake.notify_one();
@@ -779,6 +884,44 @@ impl ZooKeeper {
                 }
             }
         }
+    }
+}
+
+/// A waiter's watch: resolves with the event that fired it.
+type Watching = std::pin::Pin<Box<dyn Future<Output = zk::WatchedEvent> + Send>>;
+
+/// What a waiting node waits for.
+enum Blocker<'a> {
+    /// Nothing: its turn came.
+    Turn,
+    /// The deletion of this node (the one just before it, or a reader's nearest writer
+    /// before it); `only`: no other node before it blocks it.
+    Node { name: &'a str, only: bool },
+    /// Any change below it (a semaphore's waiter).
+    Any,
+}
+
+/// What `place` waits for in `line`: a plain lock's, a reentrant owner's or a writer's
+/// node the node just before it; a reader's the nearest writer's node before it; a
+/// semaphore's waiter any change.
+fn blocker<'a>(line: &[(i64, &'a str)], place: &Place) -> Blocker<'a> {
+    let lower = line.iter().filter(|(seq, _)| *seq < place.seq);
+    let ahead: Vec<&'a str> = match place.kind {
+        NodeKind::Permits(_) => return Blocker::Any,
+        NodeKind::Read => lower
+            .filter(|(_, name)| parse_node(name).is_some_and(|(k, _, _)| k == NodeKind::Write))
+            .map(|(_, name)| *name)
+            .collect(),
+        NodeKind::Plain | NodeKind::Holds | NodeKind::Write => {
+            lower.map(|(_, name)| *name).collect()
+        }
+    };
+    match ahead.last() {
+        None => Blocker::Turn,
+        Some(name) => Blocker::Node {
+            name,
+            only: ahead.len() == 1,
+        },
     }
 }
 
@@ -910,9 +1053,12 @@ impl RawLock for ZooKeeper {
                 match found {
                     Some(p) => p,
                     None => {
-                        let (node, seq, czxid) = self.create(&s, &dir, token).await?;
+                        let name = NodeKind::Plain.name(token.as_str());
+                        let (node, seq, czxid) =
+                            self.create(&s, &dir, &name, token.as_str()).await?;
                         Place {
                             node,
+                            kind: NodeKind::Plain,
                             seq,
                             czxid,
                             session: s.id,
@@ -974,6 +1120,10 @@ impl RawLock for ZooKeeper {
         let Some(node) = node else {
             return Ok(false);
         };
+        if node.kind == NodeKind::Holds {
+            // A reentrant owner's node: this token's hold only.
+            return self.release_hold(&s, &node, token).await;
+        }
         self.inner.reaper.remove(&node.node);
         match self
             .call("releasing", s.client.delete(&node.node, None))
