@@ -73,9 +73,7 @@ async fn dispatch(command: Command) -> Result<u8, Failure> {
                 cmd::run_plain(m, args, |g| Some(g.fencing_token().get())).await
             }
             Target::Etcd(e) => cmd::run_plain(e, args, |g| Some(g.fencing_token().get())).await,
-            Target::ZooKeeper(z) => {
-                cmd::run_plain(z, args, |g| Some(g.fencing_token().get())).await
-            }
+            Target::ZooKeeper(z) => cmd::run(z, args).await,
             Target::PgAdvisory(p) => cmd::run_plain(p, args, |_| None).await,
             target => with_backend!(target, |b| cmd::run(b, args).await),
         },
@@ -99,7 +97,7 @@ async fn dispatch(command: Command) -> Result<u8, Failure> {
         Command::Status(args) => match connect(&args.store, false).await? {
             Target::Memcached(m) => cmd::lock_status_cmd(m, Layout::AtKey, args).await,
             Target::Etcd(e) => cmd::lock_status_cmd(e, Layout::QueueUnder, args).await,
-            Target::ZooKeeper(z) => cmd::lock_status_cmd(z, Layout::Znodes, args).await,
+            Target::ZooKeeper(z) => cmd::status_cmd(z, args).await,
             Target::PgAdvisory(p) => cmd::lock_status_cmd(p, Layout::AtKey, args).await,
             target => with_backend!(target, |b| cmd::status_cmd(b, args).await),
         },
@@ -113,7 +111,7 @@ async fn dispatch(command: Command) -> Result<u8, Failure> {
         Command::ForceUnlock(args) => match connect(&args.store, false).await? {
             Target::Memcached(m) => cmd::lock_force_unlock_cmd(m, Layout::AtKey, args).await,
             Target::Etcd(e) => cmd::lock_force_unlock_cmd(e, Layout::QueueUnder, args).await,
-            Target::ZooKeeper(z) => cmd::lock_force_unlock_cmd(z, Layout::Znodes, args).await,
+            Target::ZooKeeper(z) => cmd::force_unlock_cmd(z, args).await,
             Target::PgAdvisory(p) => cmd::lock_force_unlock_cmd(p, Layout::AtKey, args).await,
             target => with_backend!(target, |b| cmd::force_unlock_cmd(b, args).await),
         },

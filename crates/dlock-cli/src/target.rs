@@ -20,8 +20,8 @@ pub(crate) enum Target {
     /// PostgreSQL's session advisory locks (`postgres://…?mode=advisory`): `dlock run`,
     /// status and force-unlock, no fence.
     PgAdvisory(PgAdvisory),
-    /// ZooKeeper: the plain (first come, first served) lock, fenced; holds live in the
-    /// client's session, so only commands that hold while they run.
+    /// ZooKeeper: every primitive, fenced; holds live in the client's session, so only
+    /// commands that hold while they run (not acquire/release/extend).
     ZooKeeper(ZooKeeper),
 }
 
@@ -44,8 +44,8 @@ macro_rules! with_backend {
             }
             $crate::target::Target::ZooKeeper(_) => Err($crate::exit::Failure::usage(
                 "zk:// holds the lock in the client's session (an ephemeral node), so a lock \
-                 cannot outlive the process that took it: use `dlock run` (without \
-                 --semaphore/--shared/--exclusive/--fair), status, list, force-unlock",
+                 cannot outlive the process that took it: use `dlock run` (any primitive), \
+                 status, list, force-unlock",
             )),
             $crate::target::Target::PgAdvisory(_) => Err($crate::exit::Failure::usage(
                 "postgres://…?mode=advisory (session advisory locks) works with `dlock run` \
