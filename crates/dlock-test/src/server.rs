@@ -673,14 +673,14 @@ impl EtcdCluster {
         let deadline = Instant::now() + 3 * READY_TIMEOUT;
         for m in &mut members {
             while TcpStream::connect(("127.0.0.1", m.client_port)).is_err() {
-                if let Some(child) = m.child.as_mut() {
-                    if let Some(status) = child.try_wait()? {
-                        m.child = None;
-                        return Err(io::Error::other(format!(
-                            "etcd member {} exited early: {status}",
-                            m.name
-                        )));
-                    }
+                if let Some(child) = m.child.as_mut()
+                    && let Some(status) = child.try_wait()?
+                {
+                    m.child = None;
+                    return Err(io::Error::other(format!(
+                        "etcd member {} exited early: {status}",
+                        m.name
+                    )));
                 }
                 if Instant::now() > deadline {
                     return Err(io::Error::new(io::ErrorKind::TimedOut, "etcd not ready"));

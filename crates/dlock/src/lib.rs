@@ -75,7 +75,10 @@
 //! fencing token. Memcached forgets everything on restart or eviction; etcd persists
 //! through raft and its create revision is a fence that never repeats. PostgreSQL (feature
 //! `postgres`) keeps holds and fences in committed rows, so they survive a crash of its
-//! one primary (an asynchronous standby promoted on failover can repeat fences). The memory backend
+//! one primary (an asynchronous standby promoted on failover can repeat fences). ZooKeeper
+//! (feature `zookeeper`) holds a lock in an ephemeral node for as long as the client's
+//! session lives, so a hold's validity is capped at the session timeout, and fences with the
+//! node's creation zxid, which survives restarts and elections. The memory backend
 //! is exact within one process and nothing outside it. `SAFETY.md` in the repository has
 //! the whole table, fault by fault.
 

@@ -105,14 +105,13 @@ impl ZooKeeper {
         Ok((s, place, children))
     }
 
-    /// The outcome of an attempt whose node is `place`: granted or waiting (both keep the
-    /// node for one lease from `started`, see the plain lock), or an error if the node
-    /// vanished from `children`.
+    /// The outcome of an attempt whose node is `place` (known by `prefix`): granted or
+    /// waiting (both keep the node for one lease from `started`, see the plain lock), or an
+    /// error if the node vanished from `children`.
     fn settle(
         &self,
         s: &Session,
-        keys: &LockKeys,
-        token: &Token,
+        prefix: &str,
         place: &Place,
         children: &[String],
         granted: bool,
@@ -120,7 +119,7 @@ impl ZooKeeper {
     ) -> Result<Acquire> {
         let line = in_line(children);
         if !line.iter().any(|(seq, _)| *seq == place.seq) {
-            self.places().remove(&node_prefix(&dir_path(keys), token));
+            self.places().remove(prefix);
             return Err(Error::new(
                 ErrorKind::Unavailable,
                 "acquiring: our lock node vanished as it was made",
@@ -417,7 +416,7 @@ impl RawReentrant for ZooKeeper {
             let granted = in_line(&children)
                 .first()
                 .is_some_and(|(seq, _)| *seq == place.seq);
-            return self.settle(&s, keys, token, &place, &children, granted, started);
+            return self.settle(&s, &prefix, &place, &children, granted, started);
         }
         Err(Error::new(ErrorKind::Unavailable, "re-entering a lock: contended").retryable(true))
     }
@@ -535,7 +534,8 @@ impl RawRwLock for ZooKeeper {
             }
             clear
         };
-        self.settle(&s, keys, token, &place, &children, granted, started)
+        let prefix = node_prefix(&dir_path(keys), token);
+        self.settle(&s, &prefix, &place, &children, granted, started)
     }
 
     async fn release_rw(&self, keys: &LockKeys, token: &Token) -> Result<bool> {
@@ -672,7 +672,8 @@ impl RawSemaphore for ZooKeeper {
         let granted = Self::permit_line(&children, count)
             .iter()
             .any(|(seq, _, _, fits)| *seq == place.seq && *fits);
-        self.settle(&s, keys, token, &place, &children, granted, started)
+        let prefix = node_prefix(&dir_path(keys), token);
+        self.settle(&s, &prefix, &place, &children, granted, started)
     }
 
     async fn abandon_permits(

@@ -54,8 +54,16 @@
 //!   which wakes the next in line and makes its holder's next renewal fail;
 //!   [`list`](RawInspect::list) names every directory with a lock node in it.
 //!
+//! The fair lock is this recipe (it is first come, first served already); the reentrant
+//! lock, the read-write lock and the semaphore follow Curator's recipes for them in the
+//! same directory layout (see `family.rs`), with these rules for sessions, fences, waiting
+//! and cleanup.
+//!
 //! The server must be ZooKeeper 3.5.3 or later (container nodes); it checks for empty
-//! containers every `znode.container.checkIntervalMs` (60 s by default).
+//! containers every `znode.container.checkIntervalMs` (60 s by default). A semaphore's
+//! permit count lives in its directory's data: a count set by `set_permits` or
+//! `add_permits` is forgotten with the directory once the semaphore has had no holder or
+//! waiter for that long (the next client's count applies then).
 
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
