@@ -274,3 +274,63 @@ async fn the_ensemble_s_leader_killed_mid_run_breaks_nothing() {
         "fences strictly increase in grant order, none twice: {grants:?}"
     );
 }
+
+/// `zk://user:password@…` adds a digest identity: the chroot and the lock nodes it creates
+/// are that identity's alone, so an anonymous client can neither take the lock there nor
+/// force it open (a typed `Backend` error that says why) — and no error, `Debug` or
+/// message shows the password. A malformed URL and an unreachable server are typed errors.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn digest_identities_own_their_nodes_and_passwords_are_never_printed() {
+    let server = Server::shared();
+    let chroot = format!("/{}", unique("digest"));
+    let alice = connect(&format!(
+        "zk://alice:s3cret-pw@{}{chroot}?session_timeout=5s",
+        server.hosts()
+    ))
+    .await;
+    assert!(!format!("{alice:?}").contains("s3cret-pw"), "{alice:?}");
+    let name = unique("owned");
+    let lock = Lock::new(alice.clone(), &name).expect("valid");
+    let guard = lock.try_lock().await.expect("store").expect("free");
+
+    let anonymous = connect(&server.url(&chroot, "?session_timeout=5s")).await;
+    let theirs = Lock::new(anonymous.clone(), &name).expect("valid");
+    let err = theirs.try_lock().await.expect_err("no right to the chroot");
+    assert_eq!(err.kind(), ErrorKind::Backend, "{err}");
+    assert!(err.to_string().contains("permission"), "{err}");
+    let err = anonymous
+        .force_unlock(lock.keys())
+        .await
+        .expect_err("no right to alice's nodes");
+    assert_eq!(err.kind(), ErrorKind::Backend, "{err}");
+    assert!(!guard.is_lost());
+    guard.release().await.expect("alice releases");
+
+    let wrong = connect(&format!(
+        "zk://alice:not-it@{}{chroot}?session_timeout=5s",
+        server.hosts()
+    ))
+    .await;
+    let err = Lock::new(wrong, &name)
+        .expect("valid")
+        .try_lock()
+        .await
+        .expect_err("another identity");
+    assert!(!err.to_string().contains("not-it"), "{err}");
+
+    for bad in [
+        "zk://alice:pw@nohostport",
+        "zk://h:1/a//b",
+        "zk://h:1?ttl=3",
+    ] {
+        let err = ZooKeeper::connect(bad).await.expect_err(bad);
+        assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{bad}: {err}");
+        assert!(!err.to_string().contains(":pw@"), "{err}");
+    }
+    let port = dlock_test::server::free_port().expect("port");
+    let err = ZooKeeper::connect(&format!("zk://u:hidden@127.0.0.1:{port}/x"))
+        .await
+        .expect_err("nobody listens");
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    assert!(!err.to_string().contains("hidden"), "{err}");
+}
