@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use dlock::backend::{Etcd, Memcached, Redis};
+use dlock::backend::{Etcd, Memcached, Redis, ZooKeeper};
 use dlock::{FairGuard, FairLock, Lock, LockGuard, Semaphore, SemaphorePermit};
 use dlock_test::server::RedisServer;
 use indicatif::ProgressBar;
@@ -145,6 +145,11 @@ pub(crate) enum Waiter {
     /// etcd's own lock service (`Lock` RPC, which waits on the server), with a lease
     /// granted per acquisition as etcd-client's example does.
     EtcdNative(Box<EtcdNativeWaiter>),
+    /// dlock's lock on ZooKeeper, a session of its own (waiters watch the node before
+    /// theirs).
+    ZooKeeper(ZooKeeper),
+    /// The ZooKeeper lock recipe by hand with zookeeper-client, a session of its own.
+    ZkBare(Box<crate::zookeeper::BareWaiter>),
 }
 
 /// Revokes an etcd lease in the background, as dlock's etcd backend does after a release.
@@ -217,6 +222,8 @@ enum Held {
     EtcdNative { key: Vec<u8>, lease: i64 },
     Postgres(LockGuard<dlock::backend::Postgres>),
     PgPeer(distributed_lock_postgres::handle::PostgresLockHandle),
+    ZooKeeper(LockGuard<ZooKeeper>),
+    ZkBare(String),
 }
 
 impl Waiter {
@@ -277,6 +284,11 @@ impl Waiter {
                 let lock = Lock::builder(pg.clone(), name).ttl(TTL).build()?;
                 Ok(Held::Postgres(lock.lock().await?))
             }
+            Waiter::ZooKeeper(zk) => {
+                let lock = Lock::builder(zk.clone(), name).ttl(TTL).build()?;
+                Ok(Held::ZooKeeper(lock.lock().await?))
+            }
+            Waiter::ZkBare(waiter) => Ok(Held::ZkBare(waiter.lock(name).await?)),
             Waiter::PgPeer(provider) => {
                 use distributed_lock_core::traits::{DistributedLock, LockProvider};
                 Ok(Held::PgPeer(
@@ -330,6 +342,11 @@ impl Waiter {
             (Held::Memcached(guard), _) => guard.release().await?,
             (Held::Etcd(guard), _) => guard.release().await?,
             (Held::Postgres(guard), _) => guard.release().await?,
+            (Held::ZooKeeper(guard), _) => guard.release().await?,
+            (Held::ZkBare(node), Waiter::ZkBare(waiter)) => waiter.release(&node).await?,
+            (Held::ZkBare(_), _) => {
+                return Err("bare ZooKeeper node on another kind of waiter".into());
+            }
             (Held::PgPeer(handle), _) => {
                 use distributed_lock_core::traits::LockHandle;
                 handle

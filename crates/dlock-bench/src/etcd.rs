@@ -292,6 +292,7 @@ impl Section {
                 label: "**dlock** `Lock<Etcd>`, a client per waiter (create-revision queue)"
                     .to_owned(),
                 rtt: etcd,
+                limit: None,
                 reference: Some("redis"),
                 peer: Some("native"),
             },
@@ -299,6 +300,7 @@ impl Section {
                 id: "native",
                 label: "etcd's lock service, a client per waiter (server-side queue)".to_owned(),
                 rtt: etcd,
+                limit: None,
                 reference: Some("redis"),
                 peer: None,
             },
@@ -306,6 +308,7 @@ impl Section {
                 id: "redis",
                 label: "dlock `Lock<Redis>`, a client per waiter (reference)".to_owned(),
                 rtt: redis,
+                limit: None,
                 reference: None,
                 peer: None,
             },

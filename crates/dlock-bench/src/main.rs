@@ -16,10 +16,11 @@
 //!
 //! Sections (`--only` takes a comma-separated subset): `uncontended`, `contended`,
 //! `redlock` (RedLock over 3 and 5 servers), `watchdog`, `memory`, `memcached`, `etcd`,
-//! `primitives` (Semaphore, ReentrantLock, RwLock, FairLock, MultiLock), `replicas`
-//! (`WAIT` on a master with a replica), `cluster` (a 3-master Redis Cluster). The store
-//! sections also start `memcached`, `etcd` and `redis-cli --cluster create`. The last
-//! table judges issue 13's targets on the figures of this run (see `targets`).
+//! `postgres`, `zookeeper`, `primitives` (Semaphore, ReentrantLock, RwLock, FairLock,
+//! MultiLock), `replicas` (`WAIT` on a master with a replica), `cluster` (a 3-master Redis
+//! Cluster). The store sections also start `memcached`, `etcd`, PostgreSQL, a standalone
+//! ZooKeeper (a JVM) and `redis-cli --cluster create`. The last table judges issue 13's
+//! targets on the figures of this run (see `targets`).
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -39,6 +40,7 @@ mod stores;
 mod svg;
 mod targets;
 mod uncontended;
+mod zookeeper;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -171,7 +173,7 @@ impl Profile {
 const SHORT_TTL: Duration = Duration::from_secs(3);
 
 /// The benchmark sections, in the order they run.
-const SECTIONS: [&str; 11] = [
+const SECTIONS: [&str; 12] = [
     "uncontended",
     "contended",
     "redlock",
@@ -180,6 +182,7 @@ const SECTIONS: [&str; 11] = [
     "memcached",
     "etcd",
     "postgres",
+    "zookeeper",
     "primitives",
     "replicas",
     "cluster",
@@ -193,8 +196,8 @@ struct Args {
 }
 
 const USAGE: &str = "usage: dlock-bench [--quick] [--out DIR] \
-     [--only uncontended,contended,redlock,watchdog,memory,memcached,etcd,postgres,primitives,\
-     replicas,cluster]";
+     [--only uncontended,contended,redlock,watchdog,memory,memcached,etcd,postgres,zookeeper,\
+     primitives,replicas,cluster]";
 
 fn parse_args() -> std::result::Result<Args, String> {
     let mut quick = false;
@@ -311,6 +314,9 @@ async fn run(args: &Args) -> Result<bool> {
     if wants("postgres") {
         steps += postgres::steps(profile);
     }
+    if wants("zookeeper") {
+        steps += zookeeper::steps(profile);
+    }
     if wants("primitives") {
         steps += primitives::steps(profile);
     }
@@ -370,6 +376,10 @@ async fn run(args: &Args) -> Result<bool> {
     }
     if wants("postgres") {
         let section = postgres::bench(profile, &bar).await?;
+        md.push_str(&section.markdown());
+    }
+    if wants("zookeeper") {
+        let section = zookeeper::bench(profile, &bar).await?;
         md.push_str(&section.markdown());
     }
     if wants("primitives") {

@@ -275,6 +275,7 @@ impl Section {
                 label: "**dlock** `Lock<Postgres>`, a client per waiter (waits in the server at the name's gate)"
                     .to_owned(),
                 rtt: pg,
+                limit: None,
                 reference: Some("redis"),
                 peer: Some("peer"),
             },
@@ -284,6 +285,7 @@ impl Section {
                     "distributed-lock-postgres, a provider per waiter (`pg_advisory_lock` blocks)"
                         .to_owned(),
                 rtt: pg,
+                limit: None,
                 reference: Some("redis"),
                 peer: None,
             },
@@ -291,6 +293,7 @@ impl Section {
                 id: "redis",
                 label: "dlock `Lock<Redis>`, a client per waiter (reference)".to_owned(),
                 rtt: redis,
+                limit: None,
                 reference: None,
                 peer: None,
             },

@@ -1,8 +1,9 @@
 //! The harness of the sections on other deployments and stores (RedLock, replica
-//! acknowledgement, Redis Cluster, Memcached, etcd): every client's acquire + release is
-//! one boxed [`Cycle`], timed by the same loop whatever the store; contended runs reuse
-//! the contended section's waiters and add the servers' CPU; the Markdown tables put
-//! every row beside its limit, its reference and its peer, all measured in the same run.
+//! acknowledgement, Redis Cluster, Memcached, etcd, PostgreSQL, ZooKeeper): every
+//! client's acquire + release is one boxed [`Cycle`], timed by the same loop whatever the
+//! store; contended runs reuse the contended section's waiters and add the servers' CPU;
+//! the Markdown tables put every row beside its limit, its reference and its peer, all
+//! measured in the same run.
 //!
 //! The boxing costs every client (limits included) one allocation per cycle alike.
 
@@ -919,6 +920,9 @@ pub(crate) struct HandoffRow {
     pub(crate) label: String,
     /// The round trip of this row's store, for "p50 in round trips".
     pub(crate) rtt: Duration,
+    /// The row whose hand-off p50 `p50 × limit` divides by (the column is shown only when
+    /// some row has a limit).
+    pub(crate) limit: Option<&'static str>,
     /// The row whose hand-off p50 `p50 × reference` divides by.
     pub(crate) reference: Option<&'static str>,
     /// The row whose hand-off p50 `p50 × peer` divides by (the column is shown only when
@@ -928,12 +932,15 @@ pub(crate) struct HandoffRow {
 
 /// The contended table of `rows` over `cells`.
 pub(crate) fn handoff_table(rows: &[HandoffRow], cells: &[Cell<HandoffRun>]) -> String {
+    let limits = rows.iter().any(|r| r.limit.is_some());
     let peers = rows.iter().any(|r| r.peer.is_some());
     let mut md = format!(
         "| waiters | client | acquisitions/s | hand-off p50 | p50 in round trips | hand-off p99 \
-         | p50 × reference |{} wait p50 | wait p99 | fairness max/min | server CPU/acquisition |\n\
-         |---:|---|---:|---:|---:|---:|---:|{}---:|---:|---:|---:|\n",
+         |{} p50 × reference |{} wait p50 | wait p99 | fairness max/min | server CPU/acquisition |\n\
+         |---:|---|---:|---:|---:|---:|{}---:|{}---:|---:|---:|---:|\n",
+        if limits { " p50 × limit |" } else { "" },
         if peers { " p50 × peer |" } else { "" },
+        if limits { "---:|" } else { "" },
         if peers { "---:|" } else { "" },
     );
     for n in counts(cells) {
@@ -948,12 +955,17 @@ pub(crate) fn handoff_table(rows: &[HandoffRow], cells: &[Cell<HandoffRun>]) -> 
             };
             let fairness = cell.median(|r| r.run.fairness);
             md.push_str(&format!(
-                "| {n} | {} | {} | {} | {:.1} | {} | {} |{} {} | {} | {} | {} |\n",
+                "| {n} | {} | {} | {} | {:.1} | {} |{} {} |{} {} | {} | {} | {} |\n",
                 row.label,
                 fmt_rate(cell.median(|r| r.run.rate)),
                 fmt_dur(p50),
                 p50.as_secs_f64() / row.rtt.as_secs_f64().max(1e-9),
                 fmt_dur(cell.median_dur(|r| r.run.p99)),
+                if limits {
+                    format!(" {} |", p50_ratio(row.limit))
+                } else {
+                    String::new()
+                },
                 p50_ratio(row.reference),
                 if peers {
                     format!(" {} |", p50_ratio(row.peer))
