@@ -170,6 +170,8 @@ impl std::fmt::Debug for ZooKeeper {
 #[derive(Default)]
 struct Reaper {
     due: Mutex<HashMap<String, (i64, Instant)>>,
+    /// When the reaping task means to look next (`None`: no deadline known to it).
+    planned: Mutex<Option<Instant>>,
     changed: Notify,
 }
 
@@ -179,8 +181,15 @@ impl Reaper {
     }
 
     fn set(&self, node: &str, session: i64, until: Instant) {
-        self.due().insert(node.to_owned(), (session, until));
-        self.changed.notify_one();
+        let mut due = self.due();
+        due.insert(node.to_owned(), (session, until));
+        // Wake the task only if this deadline comes before the one it sleeps until (read
+        // under the same lock the task plans under).
+        let planned = *self.planned.lock().unwrap_or_else(PoisonError::into_inner);
+        drop(due);
+        if planned.is_none_or(|p| until < p) {
+            self.changed.notify_one();
+        }
     }
 
     /// Pushes the deadline of a node still under watch; `false` if it was reaped (or never
@@ -754,8 +763,15 @@ impl ZooKeeper {
         keep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let Some(place) = self.place(&prefix) else {
+                // No node yet, or not any more (its session expired; withdrawn): the
+                // waiter's next attempt makes one. Look again soon; the task ends with
+                // the wait.
+                if let Some(r) = ready.take() {
+                    let _ = r.send(());
+                }
                 wake.notify_one();
-                return;
+                tokio::time::sleep(FOLLOW_RETRY).await;
+                continue;
             };
             let s = self.current();
             let mut watcher: Option<Watching> = None;
@@ -984,7 +1000,13 @@ async fn reap(inner: Weak<Inner>) {
         let (reaper, next) = {
             let Some(inner) = inner.upgrade() else { return };
             let reaper = Arc::clone(&inner.reaper);
-            let next = reaper.due().values().map(|(_, at)| *at).min();
+            let due = reaper.due();
+            let next = due.values().map(|(_, at)| *at).min();
+            *reaper
+                .planned
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner) = next;
+            drop(due);
             (reaper, next)
         };
         let wait = async {
@@ -1026,6 +1048,7 @@ async fn reap(inner: Weak<Inner>) {
                 node,
                 "lease ran out without a renewal; deleting the lock node"
             );
+            zk.places().retain(|_, p| p.node != node);
             match zk
                 .call("deleting a lapsed lock node", s.client.delete(&node, None))
                 .await
