@@ -334,3 +334,43 @@ async fn digest_identities_own_their_nodes_and_passwords_are_never_printed() {
     assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
     assert!(!err.to_string().contains("hidden"), "{err}");
 }
+
+/// A lock's directory is a container node: once its last lock node is gone, the server
+/// deletes it (the kit's server looks every second), so directories of unused locks do
+/// not pile up; the lock works again afterwards (the directory is made anew).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unused_lock_directories_are_removed_by_the_server() {
+    let server = Server::shared();
+    let url = server.url(&format!("/{}", unique("containers")), "?session_timeout=5s");
+    let zk = connect(&url).await;
+    let names: Vec<String> = (0..5).map(|i| unique(&format!("gone{i}"))).collect();
+    for name in &names {
+        let guard = Lock::new(zk.clone(), name)
+            .expect("valid")
+            .try_lock()
+            .await
+            .expect("store")
+            .expect("free");
+        guard.release().await.expect("release");
+    }
+    let client = zk.client();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let left = client.list_children("/").await.expect("list the chroot");
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "directories of released locks still there: {left:?}"
+        );
+        sleep(Duration::from_millis(200)).await;
+    }
+    let again = Lock::new(zk.clone(), &names[0])
+        .expect("valid")
+        .try_lock()
+        .await
+        .expect("store")
+        .expect("free");
+    again.release().await.expect("release");
+}
