@@ -1034,3 +1034,215 @@ fn postgres_urls_run_list_inspect_and_force_unlock() {
     assert!(!out.status.success());
     assert!(!stderr(&out).contains("wrong-pw"), "{}", stderr(&out));
 }
+
+#[test]
+fn torture_holds_zookeeper_to_its_fences_and_its_lock_across_a_leader_restart() {
+    let dir = scratch("torture-zookeeper");
+    let out = output(Command::new(env!("CARGO_BIN_EXE_dlock")).args([
+        "torture",
+        "--duration",
+        "18s",
+        "--workers",
+        "3",
+        "--kinds",
+        "zookeeper-fenced",
+        "--faults",
+        "kill,restart,delay,blackhole",
+        "--out",
+        dir.to_str().expect("utf-8 path"),
+    ]));
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{text}{}", stderr(&out));
+    let report: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.join("report.json")).expect("report.json"),
+    )
+    .expect("json");
+    let zk = &report["kinds"][0];
+    let f = &zk["findings"];
+    assert_eq!(f["kind"], "zookeeper-fenced");
+    assert!(
+        f["fenced_acknowledged"].as_u64().is_some_and(|n| n > 0),
+        "holders wrote: {f}"
+    );
+    for zero in [
+        "stale_accepted",
+        "fenced_lost",
+        "fence_regressions",
+        "fence_reuse",
+        // No pause here, and a leader's restart excuses no overlap: the quorum keeps the
+        // lock's nodes.
+        "overlaps",
+        "liveness_violations",
+        "orphans",
+        "worker_failures",
+    ] {
+        assert_eq!(f[zero], 0, "{zero}: {f}");
+    }
+    // A crashed holder's node goes when its session expires: the lock was free again
+    // within the session timeout (= ttl, 2 s here) + 1.5 s.
+    let reacquire = f["reacquire_ms"].as_array().expect("reacquire_ms");
+    assert!(!reacquire.is_empty(), "a holder was killed: {f}");
+    assert!(
+        reacquire
+            .iter()
+            .all(|ms| ms.as_u64().is_some_and(|ms| ms <= 3500)),
+        "{f}"
+    );
+    // The first restart kills the leader. Grants after it carry higher fences than every
+    // grant before it (a zxid never repeats), and those made once the restart was over
+    // carry a new leader's epoch (a zxid's high 32 bits).
+    let windows = zk["fault_windows"].as_array().expect("windows");
+    let restart = windows
+        .iter()
+        .find(|w| w["fault"] == "leader-restart")
+        .unwrap_or_else(|| panic!("no leader restart: {windows:?}"));
+    let killed = restart["start"].as_u64().expect("start");
+    let revived = restart["end"].as_u64().expect("end");
+    let holds = zk["holds"].as_array().expect("holds");
+    let fences = |from: u64, to: u64| {
+        holds
+            .iter()
+            .filter(|h| h["start"].as_u64().is_some_and(|t| t > from && t <= to))
+            .filter_map(|h| h["fence"].as_u64())
+            .collect::<Vec<_>>()
+    };
+    let (before, after, later) = (
+        fences(0, killed),
+        fences(killed, u64::MAX),
+        fences(revived, u64::MAX),
+    );
+    assert!(
+        !before.is_empty() && !later.is_empty(),
+        "grants before and after the restart: {holds:?}"
+    );
+    assert!(
+        after.iter().min() > before.iter().max(),
+        "{before:?} then {after:?}"
+    );
+    let epoch = |fence: &u64| fence >> 32;
+    assert!(
+        later.iter().map(epoch).min() > before.iter().map(epoch).max(),
+        "a new leader, a new epoch: {before:?} then {later:?}"
+    );
+    assert!(text.contains("member restarts: 1 of the leader"), "{text}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn zookeeper_urls_run_list_inspect_and_force_unlock() {
+    let zk = dlock_test::zookeeper::ZooKeeper::standalone().expect("zookeeper");
+    // A chroot as users' URLs have them; a session of 2 s (the lease of each hold).
+    let url = zk.url("/dlock-cli", "?session_timeout=2s");
+    let fence_of_a_run = || {
+        let out = output(dlock(&url).args([
+            "run",
+            "--ttl",
+            "3s",
+            "on-zookeeper",
+            "--",
+            "sh",
+            "-c",
+            "echo \"$DLOCK_FENCE\"",
+        ]));
+        assert!(out.status.success(), "{}", stderr(&out));
+        String::from_utf8_lossy(&out.stdout)
+            .trim()
+            .parse::<u64>()
+            .unwrap_or_else(|e| panic!("DLOCK_FENCE {:?}: {e}", out.stdout))
+    };
+    // The fence is the lock node's creation zxid: a new node, a higher one.
+    let (first, second) = (fence_of_a_run(), fence_of_a_run());
+    assert!(first > 0 && second > first, "{first} then {second}");
+    let out = output(dlock(&url).args(["status", "--json", "on-zookeeper"]));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(status["held"], false, "{status}");
+    let mut holder = dlock(&url)
+        .args([
+            "run",
+            "--ttl",
+            "3s",
+            "held-on-zookeeper",
+            "--",
+            "sleep",
+            "20",
+        ])
+        .spawn()
+        .expect("spawn");
+    let mut listed = Vec::new();
+    for _ in 0..100 {
+        let out = output(dlock(&url).args(["list", "--json"]));
+        assert!(out.status.success(), "{}", stderr(&out));
+        let rows: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+        listed = rows
+            .as_array()
+            .expect("rows")
+            .iter()
+            .filter_map(|r| r["name"].as_str().map(str::to_owned))
+            .collect();
+        if !listed.is_empty() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // The lock the runs above released is not listed: its directory has no node left.
+    assert_eq!(listed, ["held-on-zookeeper"]);
+    let out = output(dlock(&url).args(["status", "--json", "held-on-zookeeper"]));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(status["held"], true, "{status}");
+    assert!(
+        status["holder"].as_str().is_some_and(|t| !t.is_empty()),
+        "{status}"
+    );
+    assert!(
+        status["last_fence"].as_u64().is_some_and(|f| f > second),
+        "the holder's node is newer than the runs before: {status}"
+    );
+    let out = output(dlock(&url).args(["force-unlock", "--yes", "held-on-zookeeper"]));
+    assert!(out.status.success(), "{}", stderr(&out));
+    // The holder's next renewal finds its node gone: it terminates its command, exit 76.
+    assert_eq!(
+        wait_exit(&mut holder, Duration::from_secs(20)).code(),
+        Some(LOST)
+    );
+    let out = output(dlock(&url).args(["status", "--json", "held-on-zookeeper"]));
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(status["held"], false, "{status}");
+    // A hold that outlives its command cannot live in a session that ends with it.
+    let out = output(dlock(&url).args(["acquire", "--ttl", "30s", "for-later"]));
+    assert_eq!(out.status.code(), Some(USAGE), "{}", stderr(&out));
+    assert!(stderr(&out).contains("session"), "{}", stderr(&out));
+    // The family too: two of two permits taken by two runs at once, a third refused.
+    let mut runs: Vec<Child> = (0..2)
+        .map(|_| {
+            dlock(&url)
+                .args(["run", "--semaphore", "2", "pool", "--", "sleep", "3"])
+                .spawn()
+                .expect("spawn")
+        })
+        .collect();
+    let mut in_use = serde_json::Value::Null;
+    for _ in 0..100 {
+        let out = output(dlock(&url).args(["status", "--json", "--kind", "semaphore", "pool"]));
+        assert!(out.status.success(), "{}", stderr(&out));
+        in_use = serde_json::from_slice(&out.stdout).expect("json");
+        if in_use["holders"] == 2 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(in_use["holders"], 2, "{in_use}");
+    let out =
+        output(dlock(&url).args(["run", "--semaphore", "2", "--no-wait", "pool", "--", "true"]));
+    assert!(
+        !out.status.success(),
+        "a third permit of two: {}",
+        stderr(&out)
+    );
+    for run in &mut runs {
+        assert!(wait_exit(run, Duration::from_secs(20)).success());
+    }
+    let out = output(dlock(&url).args(["run", "--fair", "in-line", "--", "true"]));
+    assert!(out.status.success(), "{}", stderr(&out));
+}

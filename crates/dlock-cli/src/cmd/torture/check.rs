@@ -86,6 +86,10 @@ pub(super) struct Findings {
     pub(super) fence_regressions: usize,
     pub(super) reacquire_ms: Vec<u64>,
     pub(super) liveness_violations: usize,
+    /// Stretches without a grant to anyone (from one grant to the next, or to the
+    /// workers' deadline) longer than the liveness bound that no fault or crash explains,
+    /// in milliseconds: the lock stuck though every worker was asking for it.
+    pub(super) stall_ms: Vec<u64>,
     pub(super) orphans: usize,
     pub(super) worker_failures: usize,
     pub(super) verdict_ok: bool,
@@ -101,6 +105,8 @@ pub(super) struct Input<'a> {
     pub(super) ttl_ns: u64,
     /// What the kind may add to ttl + ε before the next holder after a crash.
     pub(super) reacquire_slack_ns: u64,
+    /// The workers' deadline: they stop asking for the lock here.
+    pub(super) until: u64,
     pub(super) end: u64,
 }
 
@@ -424,6 +430,9 @@ pub(super) fn check(input: &Input<'_>) -> (Findings, Holds) {
         }
     }
 
+    // Twice the reacquire bound: a loaded machine's hiccup is not a stuck lock.
+    let stall_ms = stalls(input, 2 * allowed);
+
     // The faults that actually took effect.
     let mut faults: Vec<Fault> = Vec::new();
     for w in input.windows {
@@ -457,6 +466,7 @@ pub(super) fn check(input: &Input<'_>) -> (Findings, Holds) {
         fence_regressions,
         reacquire_ms,
         liveness_violations,
+        stall_ms,
         orphans: r.orphans,
         worker_failures: r.worker_failures,
         verdict_ok: true,
@@ -470,6 +480,55 @@ pub(super) fn check(input: &Input<'_>) -> (Findings, Holds) {
             reads: read_holds,
         },
     )
+}
+
+/// The stretches without any grant (write or read side) in which the lock was stuck, each
+/// as the length in milliseconds of the whole gap between two grants (or from the last
+/// grant to the workers' deadline). Every worker asks for the lock all the time, so after
+/// a grant the next one is due within `allowed` (ttl + ε, as after a holder's crash) —
+/// unless a fault or a crash was under way, or had ended less than `allowed` before: a
+/// gap is a stall when some moment past its first `allowed` is covered by no
+/// `[start, end + allowed]` of a fault window or a kill.
+fn stalls(input: &Input<'_>, allowed: u64) -> Vec<u64> {
+    let mut grants: Vec<u64> = input
+        .history
+        .iter()
+        .filter(|(_, s)| matches!(s, Step::Acquired { .. } | Step::ReadAcquired { .. }))
+        .map(|(_, s)| step_time(s))
+        .collect();
+    grants.sort_unstable();
+    let mut excuses: Vec<(u64, u64)> = input
+        .windows
+        .iter()
+        .map(|w| (w.start, w.end.max(w.start).saturating_add(allowed)))
+        .chain(
+            input
+                .kills
+                .iter()
+                .map(|k| (k.t, k.t.saturating_add(allowed))),
+        )
+        .collect();
+    excuses.sort_unstable();
+    let ends = grants.iter().skip(1).copied().chain([input.until]);
+    let mut out = Vec::new();
+    for (&from, to) in grants.iter().zip(ends) {
+        let (due, to) = (from.saturating_add(allowed), to.min(input.until));
+        if due >= to {
+            continue;
+        }
+        // How far from `due` the excuses cover without a hole.
+        let mut covered = due;
+        for &(start, end) in &excuses {
+            if start > covered {
+                break;
+            }
+            covered = covered.max(end);
+        }
+        if covered < to {
+            out.push((to - from) / 1_000_000);
+        }
+    }
+    out
 }
 
 /// Re-entries: (made, answered after the outer hold lapsed, mismatched). A re-entry made
@@ -530,6 +589,7 @@ fn verdict(f: &mut Findings) {
             | Kind::MemcachedFenced
             | Kind::EtcdFenced
             | Kind::PostgresFenced
+            | Kind::ZookeeperFenced
             | Kind::Memory => {
                 let fenced = f.kind.is_fenced();
                 if fenced && (f.stale_accepted > 0 || f.fenced_lost > 0) {
@@ -542,6 +602,8 @@ fn verdict(f: &mut Findings) {
                     fail("a re-entry into a valid hold did not get that hold's fence")
                 } else if dead {
                     fail("lock not free within ttl + ε after a crash, or orphan keys")
+                } else if !f.stall_ms.is_empty() {
+                    fail("nobody got the lock for longer than ttl + ε, no fault or crash explaining it")
                 } else if (f.fence_reuse > 0 || f.fence_regressions > 0) && fenced {
                     fail("fences did not strictly increase in grant order")
                 } else if f.overlaps > 0 || f.read_overlaps > 0 || f.lost_increments > 0 {
@@ -621,6 +683,8 @@ mod tests {
             resources,
             ttl_ns: 1_000_000_000,
             reacquire_slack_ns: 0,
+            // No stall check: these histories are a few grants each, far apart.
+            until: 0,
             end: 10_000_000_000,
         })
         .0
@@ -812,6 +876,7 @@ mod tests {
             resources: &none,
             ttl_ns: 1_000_000_000,
             reacquire_slack_ns: 0,
+            until: 100,
             end: 100,
         });
         assert_eq!((f.read_holds, f.read_overlaps), (2, 1));
@@ -916,6 +981,7 @@ mod tests {
                 resources: &none,
                 ttl_ns: 1_000_000_000,
                 reacquire_slack_ns: slack,
+                until: 0,
                 end: 10_000_000_000,
             })
             .0
@@ -1063,6 +1129,198 @@ mod tests {
         );
         assert_eq!(f.fence_regressions, 1);
         assert!(!f.verdict_ok, "{}", f.verdict);
+    }
+
+    #[test]
+    fn a_zookeeper_leader_s_restart_excuses_no_overlap_and_its_new_epoch_keeps_fences_rising() {
+        // Fences are creation zxids: the leader's epoch in the high 32 bits, a counter that
+        // starts over with each epoch below.
+        let zxid = |epoch: u64, counter: u64| (epoch << 32) | counter;
+        let fenced = |t, value| Step::Fenced { t, ok: true, value };
+        let mut overlapping = vec![
+            (0, acq(10, zxid(1, 11))),
+            (0, fenced(12, 1)),
+            (0, Step::Releasing { t: 20 }),
+            (1, acq(21, zxid(1, 12))),
+            (1, fenced(22, 2)),
+            (1, Step::Releasing { t: 30 }),
+            (2, acq(25, zxid(2, 1))),
+            (2, fenced(27, 3)),
+            (2, Step::Releasing { t: 40 }),
+        ];
+        overlapping.sort_by_key(|(_, s)| step_time(s));
+        let resources = Resources {
+            fenced: 3,
+            fence_log: vec![zxid(1, 11), zxid(1, 12), zxid(2, 1)],
+            ..Resources::default()
+        };
+        // The quorum keeps the nodes through a server's or the leader's restart.
+        for fault in [Fault::LeaderRestart, Fault::MemberRestart] {
+            let restart = [window(fault, None, 24, 26)];
+            let f = run(
+                Kind::ZookeeperFenced,
+                &overlapping,
+                &restart,
+                &[],
+                &resources,
+            );
+            assert_eq!((f.overlaps, f.unexcused_overlaps), (1, 1), "{}", fault.id());
+            assert_eq!(
+                f.fence_regressions, 0,
+                "a new epoch's counter restarts below"
+            );
+            assert!(!f.verdict_ok, "{}", f.verdict);
+        }
+        // A new leader's epoch lifts every later fence over the old epoch's; a grant under
+        // the old epoch after one under the new is a regression, restart or not.
+        let rising = vec![
+            (0, acq(10, zxid(1, 900))),
+            (0, Step::Releasing { t: 20 }),
+            (1, acq(50, zxid(2, 3))),
+            (1, Step::Releasing { t: 60 }),
+        ];
+        let restart = [window(Fault::LeaderRestart, None, 30, 40)];
+        let none = Resources::default();
+        let f = run(Kind::ZookeeperFenced, &rising, &restart, &[], &none);
+        assert_eq!((f.fence_regressions, f.fence_reuse), (0, 0));
+        assert!(f.verdict_ok, "{}", f.verdict);
+        let mut stale = rising.clone();
+        stale.extend([
+            (0, acq(70, zxid(1, 901))),
+            (0, Step::Releasing { t: 80 }),
+            (1, acq(90, zxid(2, 3))),
+            (1, Step::Releasing { t: 95 }),
+        ]);
+        let f = run(Kind::ZookeeperFenced, &stale, &restart, &[], &none);
+        assert_eq!((f.fence_regressions, f.fence_reuse), (2, 1));
+        assert!(!f.verdict_ok, "{}", f.verdict);
+    }
+
+    #[test]
+    fn a_crashed_zookeeper_holder_s_node_must_go_within_a_session_timeout_and_epsilon() {
+        // ttl = session timeout = 1 s here; the holder dies at 0.5 s, its session expires
+        // about 1 s after its last ping, and the next waiter's watch fires.
+        let kills = [Kill {
+            worker: 0,
+            t: 500_000_000,
+            was_holding: true,
+        }];
+        let next_at = |t: u64| vec![(0, acq(10, 1)), (1, acq(t, 2))];
+        let none = Resources::default();
+        let f = run(
+            Kind::ZookeeperFenced,
+            &next_at(1_700_000_000),
+            &[],
+            &kills,
+            &none,
+        );
+        assert_eq!(
+            (f.reacquire_ms.clone(), f.liveness_violations),
+            (vec![1200], 0)
+        );
+        // 2.6 s after the crash: past 1 s + 1.5 s.
+        let f = run(
+            Kind::ZookeeperFenced,
+            &next_at(3_100_000_000),
+            &[],
+            &kills,
+            &none,
+        );
+        assert_eq!(f.liveness_violations, 1);
+        assert!(!f.verdict_ok, "{}", f.verdict);
+        // Unless a restart held everyone up: a new leader gives every session (the dead
+        // holder's too) a whole timeout again.
+        let restart = [window(
+            Fault::LeaderRestart,
+            None,
+            1_000_000_000,
+            2_000_000_000,
+        )];
+        let f = run(
+            Kind::ZookeeperFenced,
+            &next_at(3_100_000_000),
+            &restart,
+            &kills,
+            &none,
+        );
+        assert_eq!(f.liveness_violations, 0);
+    }
+
+    #[test]
+    fn a_lock_nobody_gets_long_after_every_fault_ended_is_a_stall() {
+        const S: u64 = 1_000_000_000;
+        let grants = |times: &[u64]| -> Vec<(usize, Step)> {
+            times
+                .iter()
+                .enumerate()
+                .flat_map(|(i, &t)| {
+                    [
+                        (i % 3, acq(t, i as u64 + 1)),
+                        (i % 3, Step::Releasing { t: t + 1 }),
+                    ]
+                })
+                .collect()
+        };
+        let none = Resources::default();
+        // ttl 1 s + ε 1.5 s, twice: after a grant at 0.1 s the next is due by 5.1 s.
+        let check_with = |history: &[(usize, Step)], windows: &[FaultWindow], until: u64| {
+            check(&Input {
+                kind: Kind::ZookeeperFenced,
+                history,
+                kills: &[],
+                windows,
+                resources: &none,
+                ttl_ns: S,
+                reacquire_slack_ns: 0,
+                until,
+                end: until + S,
+            })
+            .0
+        };
+        let stuck = grants(&[0, S / 10, 10 * S]);
+        let f = check_with(&stuck, &[], 12 * S);
+        assert_eq!(f.stall_ms, vec![9_900]);
+        assert!(!f.verdict_ok, "{}", f.verdict);
+        // A fault that ended 5 s or more before the next grant does not explain it (the
+        // first seed-7 run of zookeeper-fenced: stuck for 47 s after a delay's 4 s).
+        let delay = [window(Fault::Delay, Some(0), S / 5, 4 * S / 5)];
+        assert_eq!(check_with(&stuck, &delay, 12 * S).stall_ms, vec![9_900]);
+        // Faults that keep the whole gap covered do, one after another too.
+        let long = [window(Fault::Blackhole, Some(0), S / 5, 8 * S)];
+        let f = check_with(&stuck, &long, 12 * S);
+        assert!(f.stall_ms.is_empty() && f.verdict_ok, "{}", f.verdict);
+        let chained = [
+            window(Fault::Delay, Some(0), S / 5, 4 * S),
+            window(Fault::LeaderRestart, None, 6 * S, 8 * S),
+        ];
+        assert!(check_with(&stuck, &chained, 12 * S).stall_ms.is_empty());
+        // A kill excuses twice ttl + ε after it.
+        let kills = [Kill {
+            worker: 0,
+            t: 8 * S,
+            was_holding: false,
+        }];
+        let f = check(&Input {
+            kind: Kind::ZookeeperFenced,
+            history: &stuck,
+            kills: &kills,
+            windows: &delay,
+            resources: &none,
+            ttl_ns: S,
+            reacquire_slack_ns: 0,
+            until: 12 * S,
+            end: 13 * S,
+        })
+        .0;
+        assert_eq!(
+            f.stall_ms,
+            vec![9_900],
+            "5.8 s to 8 s is covered by nothing"
+        );
+        // From the last grant to the workers' deadline counts too; past it, nothing.
+        assert_eq!(check_with(&stuck, &[], 16 * S).stall_ms, vec![9_900, 6_000]);
+        let f = check_with(&grants(&[0, S, 2 * S, 3 * S]), &[], 5 * S);
+        assert!(f.stall_ms.is_empty() && f.verdict_ok, "{}", f.verdict);
     }
 
     #[test]

@@ -8,7 +8,11 @@
 //! What each kind must show, under every fault (an overlap is *excused* only when one of
 //! the two holders was paused while holding, or a restart without persistence — a server,
 //! or RedLock nodes started empty at once — fell inside the pair; fences may start over
-//! only after a restart):
+//! only after a restart). Every kind but the controls must also keep the lock moving:
+//! every worker asks for it all the time, so after each grant the next one comes within
+//! ttl + ε; a stretch without a grant longer than twice that, with no fault or crash
+//! under way or ended less than twice that before, is a *stall*, and fails the run (twice:
+//! so that a loaded machine's scheduling hiccup is not taken for a stuck lock).
 //!
 //! | kind | what the workers do | expected |
 //! |---|---|---|
@@ -21,6 +25,7 @@
 //! | `postgres-fenced` | [`Lock`] over [`Postgres`](dlock::backend::Postgres): a PostgreSQL of its own, fenced; `restart` is a crash (every process SIGKILLed, started again on its data at once) | 0 stale writes accepted, 0 fenced increments lost, fences strictly increasing in grant order and never reused — a restart excuses no reset (the fence is a committed row); liveness and orphans as `dlock` |
 //! | `memcached-fenced` | [`Lock`] over [`Memcached`](dlock::backend::Memcached): a memcached of its own, ttl at least 2 s (its expiry clock ticks in seconds), fenced | 0 stale writes accepted, 0 fenced increments lost, fences strictly increasing in grant order between restarts; overlaps only in pause/restart windows. A restart forgets the fence counter: fences start over at 1, and the resource refuses them (counted as refused) until the counter passes the highest fence it saw — the fenced resource's liveness suffers, its safety does not |
 //! | `etcd-fenced` | [`Lock`] over [`Etcd`](dlock::backend::Etcd): a 3-member etcd cluster of its own, each worker reaching each member through its own proxy, ttl at least 2 s (leases count whole seconds), fenced (each acquirer queues a key `<lock key>/<token>` on a lease of its own; the fence is the holder's queue key's create revision) | 0 stale writes accepted, 0 fenced increments lost, fences strictly increasing in grant order and never reused, across member and leader restarts too (a revision never repeats); overlaps only in pause windows — a member's or the leader's restart excuses none (raft keeps the lock); lock free within ttl + ε after a holder's crash; no key left at the lock key or under `<lock key>/` — no holder's or waiter's queue key (an etcd prefix read) |
+//! | `zookeeper-fenced` | [`Lock`] over [`ZooKeeper`](dlock::backend::ZooKeeper): a 3-server ensemble of its own (chroot `/dlock-torture`), each worker reaching each server through its own proxy, the session timeout equal to the ttl (at least 2 s), fenced (each acquirer queues an ephemeral sequential node `/<lock key>/<token>-<seq>`; the fence is the holder's node's creation zxid) | 0 stale writes accepted, 0 fenced increments lost, fences strictly increasing in grant order and never reused, across member and leader restarts too (a zxid never repeats: a new leader starts a new epoch in its high 32 bits); overlaps only in pause windows — a server's or the leader's restart excuses none (the quorum keeps the nodes); lock free within ttl + ε after a holder's crash (its node goes when its session expires, a session timeout = ttl after its last ping); no lock node left in `/<lock key>` |
 //! | `memory` | [`Lock`] on the memory backend, threads, stalls only | as `dlock-fenced` |
 //! | `setnx-expire` … `plain-del` | the seeds' broken locks (controls) | must be caught by their own bug, or the run fails |
 //!
@@ -34,7 +39,11 @@
 //! its restarts kill one member and start it again from its data after 2 × ttl — the
 //! leader (the member whose `status` names itself leader) at the first, third, …, a
 //! follower otherwise — and its network faults hit one worker's links to 1, 2 or all 3
-//! members (the test kit gives no member's pid to freeze).
+//! members (the test kit gives no member's pid to freeze). `zookeeper-fenced` takes the
+//! same faults in the same forms: its restarts kill the leader (the server whose `srvr`
+//! says `Mode: leader`) at the first, third, …, a follower otherwise, and start it again
+//! from its data directory after 2 × ttl; its network faults hit one worker's links to 1,
+//! 2 or all 3 servers.
 
 mod check;
 mod svg;
@@ -52,6 +61,7 @@ use dlock::keys::LockKeys;
 use dlock_test::postgres::PostgresServer;
 use dlock_test::proxy::{Fault as ProxyFault, Proxy};
 use dlock_test::server::{EtcdCluster, MemcachedServer, RedisServer};
+use dlock_test::zookeeper::ZooKeeper as ZkEnsemble;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde::Serialize;
@@ -93,6 +103,7 @@ pub(super) enum Kind {
     MemcachedFenced,
     EtcdFenced,
     PostgresFenced,
+    ZookeeperFenced,
 }
 
 /// How many independent masters the `redlock` kind runs over.
@@ -102,6 +113,23 @@ const REDLOCK_NODES: usize = 5;
 /// has a majority.
 const ETCD_MEMBERS: usize = 3;
 
+/// How many servers the `zookeeper-fenced` kind's ensemble has: one may be down, and the
+/// other two are still a quorum.
+const ZOOKEEPER_MEMBERS: usize = 3;
+
+/// The `zookeeper-fenced` kind's least ttl, which is also its workers' session timeout
+/// (their lease). A worker's client gives up on a silent server after 2/5 of the session
+/// timeout and must reach another one within the rest, and an election after the
+/// leader's death takes the kit's JVMs up to about a second on a loaded machine: with a
+/// shorter session, every restart of a server would end the sessions behind it — safe,
+/// but the run would test session expiry instead of a hold carried through a fail-over.
+/// It also spaces faults as etcd's 2 s does, so the `--quick` run fits four.
+const ZOOKEEPER_MIN_TTL: Duration = Duration::from_secs(2);
+
+/// Where the `zookeeper-fenced` kind's locks live in its ensemble (a chroot exercised as
+/// users' URLs have them).
+const ZOOKEEPER_CHROOT: &str = "/dlock-torture";
+
 /// The `etcd-fenced` kind's least ttl, as memcached's: etcd leases count whole seconds,
 /// are raised to at least 1.5 election timeouts (to 2 s at etcd's default settings), and
 /// are revoked on the leader's 500 ms tick, so a 1 s lease may last half as long again
@@ -109,7 +137,7 @@ const ETCD_MEMBERS: usize = 3;
 const ETCD_MIN_TTL: Duration = Duration::from_secs(2);
 
 impl Kind {
-    const ALL: [Kind; 14] = [
+    const ALL: [Kind; 15] = [
         Kind::Dlock,
         Kind::DlockFenced,
         Kind::FairFenced,
@@ -119,6 +147,7 @@ impl Kind {
         Kind::MemcachedFenced,
         Kind::EtcdFenced,
         Kind::PostgresFenced,
+        Kind::ZookeeperFenced,
         Kind::Memory,
         Kind::SetnxExpire,
         Kind::SetnxGetset,
@@ -137,6 +166,7 @@ impl Kind {
             Kind::MemcachedFenced => "memcached-fenced",
             Kind::EtcdFenced => "etcd-fenced",
             Kind::PostgresFenced => "postgres-fenced",
+            Kind::ZookeeperFenced => "zookeeper-fenced",
             Kind::Memory => "memory",
             Kind::SetnxExpire => "setnx-expire",
             Kind::SetnxGetset => "setnx-getset",
@@ -164,25 +194,32 @@ impl Kind {
                 | Kind::MemcachedFenced
                 | Kind::EtcdFenced
                 | Kind::PostgresFenced
+                | Kind::ZookeeperFenced
         )
     }
 
     /// Whether the kind runs on lock servers of its own, whatever `--url` says: RedLock
-    /// needs several independent masters, and memcached and etcd are not Redis.
+    /// needs several independent masters, and memcached, etcd, PostgreSQL and ZooKeeper
+    /// are not Redis.
     fn owns_servers(self) -> bool {
         matches!(
             self,
-            Kind::Redlock | Kind::MemcachedFenced | Kind::EtcdFenced | Kind::PostgresFenced
+            Kind::Redlock
+                | Kind::MemcachedFenced
+                | Kind::EtcdFenced
+                | Kind::PostgresFenced
+                | Kind::ZookeeperFenced
         )
     }
 
     /// The kind's lease: memcached's one-second expiry clock needs at least
     /// [`MIN_TTL`](dlock::backend::memcached::MIN_TTL), etcd's whole-second leases
-    /// [`ETCD_MIN_TTL`].
+    /// [`ETCD_MIN_TTL`], ZooKeeper's sessions [`ZOOKEEPER_MIN_TTL`].
     fn ttl(self, ttl: Duration) -> Duration {
         match self {
             Kind::MemcachedFenced => ttl.max(dlock::backend::memcached::MIN_TTL),
             Kind::EtcdFenced => ttl.max(ETCD_MIN_TTL),
+            Kind::ZookeeperFenced => ttl.max(ZOOKEEPER_MIN_TTL),
             _ => ttl,
         }
     }
@@ -190,21 +227,26 @@ impl Kind {
     /// How much longer than its ttl a lease may outlive its last renewal on the server:
     /// memcached counts expiry on a clock that ticks once a second; etcd's leader revokes
     /// expired leases on a 500 ms tick, and a new leader extends every lease by an
-    /// election timeout (500 ms in the test kit's clusters).
+    /// election timeout (500 ms in the test kit's clusters); ZooKeeper's leader expires
+    /// sessions on its tick (100 ms in the kit's ensembles), and a new leader gives every
+    /// session a whole timeout again.
     fn expiry_slack(self) -> Duration {
         match self {
-            Kind::MemcachedFenced | Kind::EtcdFenced => Duration::from_secs(1),
+            Kind::MemcachedFenced | Kind::EtcdFenced | Kind::ZookeeperFenced => {
+                Duration::from_secs(1)
+            }
             _ => Duration::ZERO,
         }
     }
 
     /// Whether `fault` means anything for the kind. The memory kind can only stall a
-    /// holder; memcached and etcd have no `CLIENT PAUSE` and no scripts, and the test kit
-    /// cannot freeze either (it gives no process id of theirs).
+    /// holder; memcached, etcd and ZooKeeper have no `CLIENT PAUSE` and no scripts, and the
+    /// test kit cannot freeze memcached or etcd (it gives no process id of theirs).
+    /// ZooKeeper takes etcd's faults (its kit could freeze a server; not done here yet).
     fn applies(self, fault: Fault) -> bool {
         match self {
             Kind::Memory => fault == Fault::Pause,
-            Kind::MemcachedFenced | Kind::EtcdFenced => !matches!(
+            Kind::MemcachedFenced | Kind::EtcdFenced | Kind::ZookeeperFenced => !matches!(
                 fault,
                 Fault::Freeze | Fault::ClientPause | Fault::ScriptFlush
             ),
@@ -215,13 +257,13 @@ impl Kind {
 
     /// Under `--quick`, the faults a kind's short run still has room for: the controls
     /// only need the faults that break them; RedLock skips the two that are no different
-    /// on a quorum; memcached's and etcd's 2 s ttl spaces faults 6 s apart, so four fit in
-    /// their runs (on etcd, the one restart is the leader's).
+    /// on a quorum; memcached's, etcd's and ZooKeeper's 2 s ttl spaces faults 6 s apart, so
+    /// four fit in their runs (on etcd and ZooKeeper, the one restart is the leader's).
     fn in_quick_run(self, fault: Fault) -> bool {
         match self {
             k if k.is_control() => matches!(fault, Fault::Pause | Fault::Kill),
             Kind::Redlock => !matches!(fault, Fault::ClientPause | Fault::ScriptFlush),
-            Kind::MemcachedFenced | Kind::EtcdFenced => matches!(
+            Kind::MemcachedFenced | Kind::EtcdFenced | Kind::ZookeeperFenced => matches!(
                 fault,
                 Fault::Pause | Fault::Kill | Fault::Restart | Fault::Blackhole
             ),
@@ -304,8 +346,9 @@ pub(super) enum Fault {
     ClientPause,
     /// Kill the lock server and start it empty (no persistence). On RedLock's nodes,
     /// every other restart is a [`DelayedRestart`](Fault::DelayedRestart); on etcd's
-    /// members, a restart is a [`LeaderRestart`](Fault::LeaderRestart) or a
-    /// [`MemberRestart`](Fault::MemberRestart) (they keep their data).
+    /// members and ZooKeeper's servers, a restart is a
+    /// [`LeaderRestart`](Fault::LeaderRestart) or a [`MemberRestart`](Fault::MemberRestart)
+    /// (they keep their data).
     Restart,
     /// `SCRIPT FLUSH` on the lock server.
     ScriptFlush,
@@ -319,12 +362,14 @@ pub(super) enum Fault {
     /// held has run out (RedLock's delayed restart). Not a fault of its own in `--faults`:
     /// the form every other `restart` of RedLock's nodes takes.
     DelayedRestart,
-    /// Kill etcd's leader (as its members' `status` name it) and start it again from its
-    /// data after 2 × ttl: the other two elect a new leader meanwhile. The form of the
-    /// first, third, … `restart` on etcd (not a fault of its own in `--faults`).
+    /// Kill etcd's or ZooKeeper's leader (as its members' `status`, or its servers'
+    /// `srvr`, name it) and start it again from its data after 2 × ttl: the other two
+    /// elect a new leader meanwhile. The form of the first, third, … `restart` on etcd and
+    /// ZooKeeper (not a fault of its own in `--faults`).
     LeaderRestart,
-    /// Kill an etcd follower (or a member when no leader could be found) and start it
-    /// again from its data after 2 × ttl. The form of every other `restart` on etcd.
+    /// Kill a follower (or a member when no leader could be found) and start it again
+    /// from its data after 2 × ttl. The form of every other `restart` on etcd and
+    /// ZooKeeper.
     MemberRestart,
     /// Kill PostgreSQL (every process, SIGKILL) and start it again on its data at once:
     /// a crash of a durable store, which must keep every hold and fence. The form
@@ -384,7 +429,8 @@ impl Fault {
     }
 
     /// Whether the fault acts on lock servers (on RedLock: a minority of its nodes; on
-    /// etcd: one member) or on the links to them, rather than on a worker process.
+    /// etcd and ZooKeeper: one member) or on the links to them, rather than on a worker
+    /// process.
     fn hits_nodes(self) -> bool {
         !matches!(self, Fault::Pause | Fault::Kill)
     }
@@ -397,8 +443,8 @@ pub(super) struct FaultWindow {
     pub(super) start: u64,
     pub(super) end: u64,
     pub(super) worker: Option<usize>,
-    /// The RedLock nodes or etcd members hit (by index), for the faults that hit nodes or
-    /// links to them.
+    /// The RedLock nodes, etcd members or ZooKeeper servers hit (by index), for the faults
+    /// that hit nodes or links to them.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub(super) nodes: Vec<usize>,
 }
@@ -621,6 +667,10 @@ async fn run_kinds(
                 "  (an etcd cluster of {ETCD_MEMBERS} of its own, ttl {})",
                 humantime::format_duration(kind.ttl(config.ttl))
             ),
+            Kind::ZookeeperFenced => format!(
+                "  (a ZooKeeper ensemble of {ZOOKEEPER_MEMBERS} of its own, ttl = session timeout {})",
+                humantime::format_duration(kind.ttl(config.ttl))
+            ),
             _ => String::new(),
         };
         let line = format!(
@@ -679,6 +729,31 @@ async fn run_kinds(
                 let store = Store::etcd(cluster).await?;
                 run_workers(config, kind, &kind_faults, duration, store, resource_server).await?
             }
+            Kind::ZookeeperFenced => {
+                let ensemble = match start_zookeeper().await {
+                    Ok(ensemble) => ensemble,
+                    // A user's `dlock torture` need not have ZooKeeper installed.
+                    Err(e) if config.all_kinds => {
+                        println!("  {:<16} skipped: {e}", kind.id());
+                        continue;
+                    }
+                    Err(e) => {
+                        return Err(Failure::new(
+                            exit::UNAVAILABLE,
+                            format!(
+                                "the zookeeper-fenced kind needs ZooKeeper installed (java on \
+                                 PATH and Debian's zookeeper package, or $DLOCK_ZOOKEEPER_JAR): {e}"
+                            ),
+                        ));
+                    }
+                };
+                println!("{line}");
+                let store = Store::ZooKeeper {
+                    ensemble,
+                    session_timeout: kind.ttl(config.ttl),
+                };
+                run_workers(config, kind, &kind_faults, duration, store, resource_server).await?
+            }
             Kind::PostgresFenced => {
                 let server = match PostgresServer::start() {
                     Ok(server) => server,
@@ -720,6 +795,21 @@ fn write(path: &Path, text: &str) -> Result<(), Failure> {
     })
 }
 
+/// Starts the `zookeeper-fenced` kind's ensemble (JVMs: seconds, so on a blocking thread),
+/// once `java` is known to be there: the kit would otherwise wait a minute, three times,
+/// for servers that never started.
+async fn start_zookeeper() -> Result<ZkEnsemble, String> {
+    let on_path = std::env::var_os("PATH")
+        .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join("java").is_file()));
+    if !on_path {
+        return Err("java not found on PATH".to_owned());
+    }
+    tokio::task::spawn_blocking(|| ZkEnsemble::start(ZOOKEEPER_MEMBERS))
+        .await
+        .map_err(|e| format!("starting ZooKeeper: {e}"))?
+        .map_err(|e| e.to_string())
+}
+
 fn start_server() -> Result<RedisServer, Failure> {
     RedisServer::start().map_err(|e| {
         Failure::new(
@@ -746,7 +836,7 @@ fn plan(config: &Config, kind: Kind) -> (Vec<Fault>, Duration) {
         // Room for its seven quick faults, three ttls apart (see `schedule`).
         Kind::Redlock => Duration::from_secs(24),
         // Room for their four quick faults, three of their 2 s ttls apart.
-        Kind::MemcachedFenced | Kind::EtcdFenced => Duration::from_secs(30),
+        Kind::MemcachedFenced | Kind::EtcdFenced | Kind::ZookeeperFenced => Duration::from_secs(30),
         _ => Duration::from_secs(30),
     };
     (faults, duration)
@@ -808,6 +898,12 @@ enum Store<'a> {
     Etcd {
         cluster: EtcdCluster,
         admins: Vec<etcd_client::Client>,
+    },
+    /// A ZooKeeper ensemble of our own; the workers' sessions time out after
+    /// `session_timeout` (the kind's ttl).
+    ZooKeeper {
+        ensemble: ZkEnsemble,
+        session_timeout: Duration,
     },
 }
 
@@ -967,6 +1063,109 @@ async fn etcd_count(
     n
 }
 
+/// The ZooKeeper server that leads now, as the servers' `srvr` answers say (the kit's
+/// four-letter words are blocking loopback calls, each bounded by a 2 s read timeout; the
+/// torture command runs on the multi-threaded runtime, where a worker thread may block).
+fn zookeeper_leader(ensemble: &ZkEnsemble) -> Option<usize> {
+    tokio::task::block_in_place(|| ensemble.leader())
+}
+
+/// The ZooKeeper server a restart kills, and whether it leads: the leader on its turn
+/// (waiting up to a second for one, as the last restart may have left an election under
+/// way), else a running follower at random — as [`etcd_victim`].
+async fn zookeeper_victim(
+    ensemble: &ZkEnsemble,
+    leader_turn: bool,
+    rng: &mut Rng,
+) -> Option<(usize, bool)> {
+    let mut leader = zookeeper_leader(ensemble);
+    for _ in 0..20 {
+        if leader.is_some() || !leader_turn {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        leader = zookeeper_leader(ensemble);
+    }
+    if let Some(l) = leader
+        && leader_turn
+    {
+        return Some((l, true));
+    }
+    let others: Vec<usize> = (0..ensemble.members.len())
+        .filter(|&i| ensemble.members[i].is_running() && Some(i) != leader)
+        .collect();
+    (!others.is_empty()).then(|| (others[rng.below(others.len())], false))
+}
+
+/// How long the ZooKeeper audit may take to open its session and read.
+const ZOOKEEPER_AUDIT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How many lock nodes ZooKeeper still holds in the directories of `keys`, read by a new
+/// client connected straight to every server (not through a proxy) under the kind's
+/// chroot. The backend queues every holder and waiter as an ephemeral sequential node
+/// `/<escaped lock key>/<token>-<seq>`; once every worker has ended and every session of
+/// theirs has expired, any such node is an orphan (named on stderr, with the holder's
+/// token). A key that could not be looked at counts as present: an audit that could not
+/// look must not pass.
+async fn zookeeper_count(ensemble: &ZkEnsemble, keys: &[String]) -> usize {
+    use dlock::raw::RawInspect as _;
+    let url = ensemble.url(ZOOKEEPER_CHROOT, "");
+    let admin = match tokio::time::timeout(
+        ZOOKEEPER_AUDIT_TIMEOUT,
+        dlock::backend::ZooKeeper::connect(&url),
+    )
+    .await
+    {
+        Ok(Ok(admin)) => admin,
+        Ok(Err(e)) => {
+            eprintln!(
+                "dlock: torture: the ZooKeeper audit could not connect: {e}; every key counted as left"
+            );
+            return keys.len();
+        }
+        Err(_) => {
+            eprintln!(
+                "dlock: torture: the ZooKeeper audit could not connect in time; every key counted as left"
+            );
+            return keys.len();
+        }
+    };
+    let mut n = 0;
+    for key in keys {
+        let dir = format!(
+            "{ZOOKEEPER_CHROOT}/{}",
+            dlock::backend::zookeeper::escape(key)
+        );
+        let Ok(lock_keys) = LockKeys::new("", key) else {
+            eprintln!("dlock: torture: {key:?} is no lock key; counted as left");
+            n += 1;
+            continue;
+        };
+        match tokio::time::timeout(ZOOKEEPER_AUDIT_TIMEOUT, admin.inspect(&lock_keys)).await {
+            Ok(Ok(state)) => {
+                let nodes =
+                    usize::from(state.holder.is_some()) + state.queued.map_or(0, |q| q as usize);
+                if nodes > 0 {
+                    eprintln!(
+                        "dlock: torture: ZooKeeper still holds {nodes} lock node(s) in {dir} after the run (holder {:?})",
+                        state.holder
+                    );
+                }
+                n += nodes;
+            }
+            Ok(Err(e)) => {
+                eprintln!("dlock: torture: ZooKeeper could not be asked about {dir}: {e}");
+                n += 1;
+            }
+            Err(_) => {
+                eprintln!("dlock: torture: ZooKeeper did not answer about {dir} in time");
+                n += 1;
+            }
+        }
+    }
+    n
+}
+
 fn store_err(e: redis::RedisError) -> Failure {
     Failure::new(exit::UNAVAILABLE, format!("torture: {e}"))
 }
@@ -1035,7 +1234,10 @@ impl<'a> Store<'a> {
     /// Whether the store has several servers that faults hit one by one (RedLock's nodes,
     /// etcd's members), whose indexes a fault window records.
     fn has_nodes(&self) -> bool {
-        matches!(self, Store::Quorum { .. } | Store::Etcd { .. })
+        matches!(
+            self,
+            Store::Quorum { .. } | Store::Etcd { .. } | Store::ZooKeeper { .. }
+        )
     }
 
     /// Where each lock server listens, for the proxies (none for a server given by a URL
@@ -1052,11 +1254,16 @@ impl<'a> Store<'a> {
                 .iter()
                 .filter_map(|m| m.addr().parse().ok())
                 .collect(),
+            Store::ZooKeeper { ensemble, .. } => ensemble
+                .members
+                .iter()
+                .filter_map(|m| m.addr().parse().ok())
+                .collect(),
         }
     }
 
     /// The `--lock-url` of a worker whose links to the servers are `proxies` (one per
-    /// server; RedLock's nodes and etcd's members comma-separated).
+    /// server; RedLock's nodes, etcd's members and ZooKeeper's servers comma-separated).
     fn worker_url(&self, proxies: &[Proxy]) -> String {
         match self {
             Store::Redis { server, .. } => {
@@ -1093,6 +1300,17 @@ impl<'a> Store<'a> {
                     .map(|p| p.addr().to_string())
                     .collect::<Vec<_>>()
                     .join(",")
+            ),
+            Store::ZooKeeper {
+                session_timeout, ..
+            } => format!(
+                "zk://{}{ZOOKEEPER_CHROOT}?session_timeout={}ms",
+                proxies
+                    .iter()
+                    .map(|p| p.addr().to_string())
+                    .collect::<Vec<_>>()
+                    .join(","),
+                session_timeout.as_millis()
             ),
         }
     }
@@ -1168,6 +1386,7 @@ impl<'a> Store<'a> {
                 })
                 .count(),
             Store::Etcd { cluster, admins } => etcd_count(cluster, admins, keys).await,
+            Store::ZooKeeper { ensemble, .. } => zookeeper_count(ensemble, keys).await,
             Store::Postgres { server, admin } => {
                 // A crash restart closed the first admin connection: open another.
                 if admin.is_closed()
@@ -1340,11 +1559,12 @@ struct Nemesis<'a> {
     /// A paused worker due to resume at the next acquire by another (or the deadline).
     resume: Option<(u64, Undo, usize)>,
     ttl: Duration,
-    /// Chooses the RedLock nodes or etcd members a fault hits (used by no other kind, so
-    /// theirs keep their choices per seed).
+    /// Chooses the RedLock nodes, etcd members or ZooKeeper servers a fault hits (used by
+    /// no other kind, so theirs keep their choices per seed).
     node_rng: Rng,
-    /// RedLock or etcd restarts so far: on RedLock the first, third, … are delayed, the
-    /// others at once; on etcd the first, third, … hit the leader, the others a follower.
+    /// RedLock, etcd or ZooKeeper restarts so far: on RedLock the first, third, … are
+    /// delayed, the others at once; on etcd and ZooKeeper the first, third, … hit the
+    /// leader, the others a follower.
     node_restarts: usize,
 }
 
@@ -1354,13 +1574,17 @@ impl Nemesis<'_> {
     }
 
     /// The servers a fault hits: some of RedLock's nodes, the links to some of etcd's
-    /// members, or the one server. (Which etcd member restarts depends on who leads when
-    /// it happens: [`inject`](Self::inject) chooses it.)
+    /// members or ZooKeeper's servers, or the one server. (Which etcd member or ZooKeeper
+    /// server restarts depends on who leads when it happens: [`inject`](Self::inject)
+    /// chooses it.)
     fn choose_nodes(&mut self, fault: Fault) -> Nodes {
         match &self.store {
             Store::Quorum { nodes, .. } => Nodes::minority(nodes.len(), &mut self.node_rng),
             Store::Etcd { cluster, .. } if fault != Fault::Restart => {
                 Nodes::some(cluster.members.len(), &mut self.node_rng)
+            }
+            Store::ZooKeeper { ensemble, .. } if fault != Fault::Restart => {
+                Nodes::some(ensemble.members.len(), &mut self.node_rng)
             }
             _ => Nodes::FIRST,
         }
@@ -1460,7 +1684,10 @@ impl Nemesis<'_> {
                         }
                         any
                     }
-                    Store::Memcached(_) | Store::Etcd { .. } | Store::Postgres { .. } => false,
+                    Store::Memcached(_)
+                    | Store::Etcd { .. }
+                    | Store::Postgres { .. }
+                    | Store::ZooKeeper { .. } => false,
                 };
                 if paused {
                     (true, None, Some((half_ttls(4), Undo::Unpause(nodes))))
@@ -1519,6 +1746,23 @@ impl Nemesis<'_> {
                         None => (false, None, None),
                     }
                 }
+                Store::ZooKeeper { ensemble, .. } => {
+                    self.node_restarts += 1;
+                    let leader_turn = self.node_restarts % 2 == 1;
+                    match zookeeper_victim(ensemble, leader_turn, &mut self.node_rng).await {
+                        Some((i, leads)) => {
+                            happened = if leads {
+                                Fault::LeaderRestart
+                            } else {
+                                Fault::MemberRestart
+                            };
+                            ensemble.members[i].kill();
+                            nodes = Nodes::one(i);
+                            (true, None, Some((half_ttls(4), Undo::Revive(nodes))))
+                        }
+                        None => (false, None, None),
+                    }
+                }
             },
             Fault::ScriptFlush => {
                 let flush = redis::cmd("SCRIPT").arg("FLUSH").to_owned();
@@ -1531,7 +1775,10 @@ impl Nemesis<'_> {
                         }
                         any
                     }
-                    Store::Memcached(_) | Store::Etcd { .. } | Store::Postgres { .. } => false,
+                    Store::Memcached(_)
+                    | Store::Etcd { .. }
+                    | Store::Postgres { .. }
+                    | Store::ZooKeeper { .. } => false,
                 };
                 (flushed, None, None)
             }
@@ -1884,6 +2131,7 @@ async fn run_workers(
         resources: &resources_state,
         ttl_ns,
         reacquire_slack_ns: u64::try_from(kind.reacquire_slack(ttl).as_nanos()).unwrap_or(u64::MAX),
+        until,
         end,
     });
     Ok(KindReport {
@@ -1935,7 +2183,8 @@ enum Undo {
     Unpause(Nodes),
     /// Let traffic through a worker slot's links to these servers again.
     Pass(usize, Nodes),
-    /// Start killed RedLock nodes again, empty, or killed etcd members from their data.
+    /// Start killed RedLock nodes again, empty, or killed etcd members and ZooKeeper
+    /// servers from their data.
     Revive(Nodes),
 }
 
@@ -1967,7 +2216,10 @@ impl Undo {
                         .iter()
                         .filter_map(|i| admins.get(i).cloned())
                         .collect(),
-                    Store::Memcached(_) | Store::Etcd { .. } | Store::Postgres { .. } => Vec::new(),
+                    Store::Memcached(_)
+                    | Store::Etcd { .. }
+                    | Store::Postgres { .. }
+                    | Store::ZooKeeper { .. } => Vec::new(),
                 };
                 // Pipelined after the pause's own expiry at the latest; no need to wait.
                 for mut admin in admins {
@@ -1997,6 +2249,13 @@ impl Undo {
                 for i in nodes.iter() {
                     if let Some(Err(e)) = cluster.members.get_mut(i).map(|m| m.restart()) {
                         eprintln!("dlock: torture: etcd member {i} did not start again: {e}");
+                    }
+                }
+            }
+            (Undo::Revive(nodes), Store::ZooKeeper { ensemble, .. }) => {
+                for i in nodes.iter() {
+                    if let Some(Err(e)) = ensemble.members.get_mut(i).map(|m| m.restart()) {
+                        eprintln!("dlock: torture: ZooKeeper server {i} did not start again: {e}");
                     }
                 }
             }
@@ -2170,6 +2429,7 @@ fn run_memory(
         resources: &resources,
         ttl_ns: u64::try_from(ttl.as_nanos()).unwrap_or(u64::MAX),
         reacquire_slack_ns: 0,
+        until,
         end: monotonic_ns(),
     });
     Ok(KindReport {
@@ -2222,6 +2482,14 @@ fn print_summary(reports: &[KindReport]) {
             f.orphans,
             f.verdict
         );
+        if !f.stall_ms.is_empty() && !f.kind.is_control() {
+            println!(
+                "{:<16} STALLED {} time(s): nobody got the lock for {:?} ms, no fault or crash explaining it",
+                "",
+                f.stall_ms.len(),
+                f.stall_ms
+            );
+        }
         // The checks of one primitive only, on a line of their own.
         if f.kind == Kind::RwlockFenced {
             println!(
@@ -2254,7 +2522,7 @@ fn print_summary(reports: &[KindReport]) {
                 f.restart_overlaps
             );
         }
-        if f.kind == Kind::EtcdFenced {
+        if matches!(f.kind, Kind::EtcdFenced | Kind::ZookeeperFenced) {
             println!(
                 "{:<16} member restarts: {} of the leader, {} of a follower (down 2 × ttl, data kept); fences never start over: {} out of grant order, {} reused",
                 "",
@@ -2262,6 +2530,17 @@ fn print_summary(reports: &[KindReport]) {
                 windows(Fault::MemberRestart),
                 f.fence_regressions,
                 f.fence_reuse
+            );
+        }
+        if f.kind == Kind::ZookeeperFenced {
+            // A zxid's high 32 bits are the epoch of the leader that made it.
+            let mut epochs: Vec<u64> = r.holds.iter().map(|h| h.fence >> 32).collect();
+            epochs.sort_unstable();
+            epochs.dedup();
+            println!(
+                "{:<16} grants under {} leader epoch(s) (a fence is its node's creation zxid: epoch << 32 | counter)",
+                "",
+                epochs.len()
             );
         }
     }
@@ -2312,6 +2591,8 @@ mod tests {
         let (faults, _) = plan(&config, Kind::MemcachedFenced);
         assert!(!faults.contains(&Fault::Freeze) && faults.contains(&Fault::Restart));
         let (faults, _) = plan(&config, Kind::EtcdFenced);
+        assert!(!faults.contains(&Fault::Freeze) && faults.contains(&Fault::Restart));
+        let (faults, _) = plan(&config, Kind::ZookeeperFenced);
         assert!(!faults.contains(&Fault::Freeze) && faults.contains(&Fault::Restart));
     }
 

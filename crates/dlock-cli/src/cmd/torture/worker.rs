@@ -3,14 +3,14 @@
 //! killed worker loses at most the step it was in).
 //!
 //! dlock's primitives all run through one loop over a [`Lock`] (a plain lock on Redis,
-//! memcached or etcd, a fair lock, a read-write lock's write side, a reentrant lock's
-//! holds for one owner, all fenced; a RedLock quorum, which has no fence); the controls
-//! have loops of their own.
+//! memcached, etcd, PostgreSQL or ZooKeeper, a fair lock, a read-write lock's write side,
+//! a reentrant lock's holds for one owner, all fenced; a RedLock quorum, which has no
+//! fence); the controls have loops of their own.
 
 use std::io::Write as _;
 use std::time::Duration;
 
-use dlock::backend::{Etcd, Memcached, Postgres, Quorum, Redis};
+use dlock::backend::{Etcd, Memcached, Postgres, Quorum, Redis, ZooKeeper};
 use dlock::fenced::RedisFenced;
 use dlock::raw::{RawFencing, RawLock};
 use dlock::{FairLock, FencingToken, Lock, LockGuard, Owner, ReentrantLock, RwLock, RwSide, Token};
@@ -139,6 +139,9 @@ pub(crate) async fn run(args: TortureWorkerArgs) -> Result<u8, Failure> {
         return Ok(exit::SUCCESS);
     }
     let name = worker.keys.lock.clone();
+    // The kind's prefix (none for a plain lock), on every store: the orphan audit looks
+    // for the lock's key where `Kind::lock_keys` says it is.
+    let prefix = kind.lock_prefix();
     match kind {
         // One URL per node, comma-separated.
         Kind::Redlock => {
@@ -147,26 +150,43 @@ pub(crate) async fn run(args: TortureWorkerArgs) -> Result<u8, Failure> {
                 nodes.push(Redis::builder(url).response_timeout(ttl).connect().await?);
             }
             let quorum = Quorum::new(nodes)?;
-            let lock = Lock::builder(quorum, name).ttl(ttl).build()?;
+            let lock = Lock::builder(quorum, name)
+                .prefix(prefix)
+                .ttl(ttl)
+                .build()?;
             worker.run_dlock(&lock, None, false, no_fence).await;
             return Ok(exit::SUCCESS);
         }
         Kind::MemcachedFenced => {
             let memcached = Memcached::connect(&args.lock_url).await?;
-            let lock = Lock::builder(memcached, name).ttl(ttl).build()?;
+            let lock = Lock::builder(memcached, name)
+                .prefix(prefix)
+                .ttl(ttl)
+                .build()?;
             worker.run_dlock(&lock, None, false, fence_of).await;
             return Ok(exit::SUCCESS);
         }
         Kind::PostgresFenced => {
             let postgres = connect_retrying(|| Postgres::connect(&args.lock_url)).await?;
-            let lock = Lock::builder(postgres, name).ttl(ttl).build()?;
+            let lock = Lock::builder(postgres, name)
+                .prefix(prefix)
+                .ttl(ttl)
+                .build()?;
             worker.run_dlock(&lock, None, false, fence_of).await;
             return Ok(exit::SUCCESS);
         }
         // One endpoint per member, comma-separated.
         Kind::EtcdFenced => {
             let etcd = connect_retrying(|| Etcd::connect(&args.lock_url)).await?;
-            let lock = Lock::builder(etcd, name).ttl(ttl).build()?;
+            let lock = Lock::builder(etcd, name).prefix(prefix).ttl(ttl).build()?;
+            worker.run_dlock(&lock, None, false, fence_of).await;
+            return Ok(exit::SUCCESS);
+        }
+        // One proxy per server, comma-separated, a chroot, and the session timeout (the
+        // lease: the kind's ttl) in the URL.
+        Kind::ZookeeperFenced => {
+            let zk = connect_retrying(|| ZooKeeper::connect(&args.lock_url)).await?;
+            let lock = Lock::builder(zk, name).prefix(prefix).ttl(ttl).build()?;
             worker.run_dlock(&lock, None, false, fence_of).await;
             return Ok(exit::SUCCESS);
         }
@@ -176,7 +196,6 @@ pub(crate) async fn run(args: TortureWorkerArgs) -> Result<u8, Failure> {
         .response_timeout(ttl)
         .connect()
         .await?;
-    let prefix = kind.lock_prefix();
     // Some for the kinds that use it.
     let grace = kind
         .waiter_grace(ttl)
@@ -224,8 +243,8 @@ pub(crate) async fn run(args: TortureWorkerArgs) -> Result<u8, Failure> {
 const CONNECT_FOR: Duration = Duration::from_secs(10);
 
 /// Calls `connect` again and again for up to [`CONNECT_FOR`], unless the input is bad: a
-/// worker may start while etcd's members elect a leader, or while PostgreSQL restarts
-/// after a crash (a replacement after a kill).
+/// worker may start while etcd's members or ZooKeeper's servers elect a leader, or while
+/// PostgreSQL restarts after a crash (a replacement after a kill).
 async fn connect_retrying<T, Fut>(connect: impl Fn() -> Fut) -> Result<T, Failure>
 where
     Fut: std::future::Future<Output = dlock::Result<T>>,

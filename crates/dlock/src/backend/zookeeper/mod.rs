@@ -216,6 +216,9 @@ fn map_err(e: zk::Error, doing: &str) -> Error {
             (ErrorKind::Unavailable, true)
         }
         E::SessionExpired | E::ClientClosed => (ErrorKind::Unavailable, true),
+        // The client's own connection-level failures ("no response from connection in
+        // …"): the outcome is unknown.
+        E::Custom(_) | E::UnexpectedError(_) => (ErrorKind::Unavailable, true),
         E::BadArguments(_) | E::InvalidAcl => (ErrorKind::InvalidArgument, false),
         _ => (ErrorKind::Backend, false),
     };
@@ -508,6 +511,57 @@ impl ZooKeeper {
     /// The client of the current session (for tests and tools: reads, faults).
     pub fn client(&self) -> zk::Client {
         self.current().client
+    }
+
+    /// One release attempt (see [`RawLock::release`]).
+    async fn release_once(&self, keys: &LockKeys, token: &Token) -> Result<bool> {
+        let s = self.live().await?;
+        let prefix = node_prefix(&dir_path(keys), token);
+        let node = self.our_node(&s, keys, token).await?;
+        if let Some(p) = self.places().remove(&prefix) {
+            p.moved.notify_one();
+        }
+        let Some(node) = node else {
+            return Ok(false);
+        };
+        if node.kind == NodeKind::Holds {
+            // A reentrant owner's node: this token's hold only.
+            return self.release_hold(&s, &node, token).await;
+        }
+        match self
+            .call("releasing", s.client.delete(&node.node, None))
+            .await
+        {
+            Ok(()) => {
+                self.inner.reaper.remove(&node.node);
+                Ok(true)
+            }
+            Err(e) if is(&e, &zk::Error::NoNode) => {
+                self.inner.reaper.remove(&node.node);
+                Ok(false)
+            }
+            // Outcome unknown: the node stays due for deletion by this client at its
+            // lease's end at the latest (and the release is tried again meanwhile).
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Tries a failed release again in the background, every 200 ms for two session
+    /// timeouts (the node is found by its token), until ZooKeeper answers.
+    fn release_later(&self, keys: &LockKeys, token: &Token) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (zk, keys, token) = (self.clone(), keys.clone(), token.clone());
+        runtime.spawn(async move {
+            let until = Instant::now() + zk.current().timeout * 2;
+            while Instant::now() < until {
+                tokio::time::sleep(FOLLOW_RETRY).await;
+                if zk.release_once(&keys, &token).await.is_ok() {
+                    return;
+                }
+            }
+        });
     }
 
     fn current(&self) -> Session {
@@ -1141,28 +1195,16 @@ impl RawLock for ZooKeeper {
         }
     }
 
+    /// Deletes our node for `token` (or takes its hold out of a reentrant owner's node).
+    /// A failed release is tried again in the background: a node left behind would hold
+    /// the lock for as long as our session lives.
     async fn release(&self, keys: &LockKeys, token: &Token) -> Result<bool> {
-        let s = self.live().await?;
-        let prefix = node_prefix(&dir_path(keys), token);
-        let node = self.our_node(&s, keys, token).await?;
-        if let Some(p) = self.places().remove(&prefix) {
-            p.moved.notify_one();
-        }
-        let Some(node) = node else {
-            return Ok(false);
-        };
-        if node.kind == NodeKind::Holds {
-            // A reentrant owner's node: this token's hold only.
-            return self.release_hold(&s, &node, token).await;
-        }
-        self.inner.reaper.remove(&node.node);
-        match self
-            .call("releasing", s.client.delete(&node.node, None))
-            .await
-        {
-            Ok(()) => Ok(true),
-            Err(e) if is(&e, &zk::Error::NoNode) => Ok(false),
-            Err(e) => Err(e),
+        match self.release_once(keys, token).await {
+            Ok(released) => Ok(released),
+            Err(err) => {
+                self.release_later(keys, token);
+                Err(err)
+            }
         }
     }
 
