@@ -73,10 +73,14 @@ impl ZooKeeper {
             Some(p) => p,
             None => {
                 let name = kind.name(token.as_str());
-                let found = if self.unsure().contains(&format!("{dir}/{name}")) {
-                    self.find(&s, &dir, token)
+                let unsure = format!("{dir}/{name}");
+                let found = if self.unsure().contains(&unsure) {
+                    let found = self
+                        .find(&s, &dir, token)
                         .await?
-                        .filter(|p| p.session == s.id)
+                        .filter(|p| p.session == s.id);
+                    self.unsure().remove(&unsure);
+                    found
                 } else {
                     None
                 };
@@ -102,6 +106,13 @@ impl ZooKeeper {
         let children = self
             .call("reading a lock's queue", s.client.list_children(&dir))
             .await?;
+        self.drop_ghosts(
+            &s,
+            &dir,
+            &in_line(&children),
+            &escape(token.as_str()),
+            place.seq,
+        );
         Ok((s, place, children))
     }
 
@@ -165,12 +176,16 @@ impl ZooKeeper {
                 return Ok(false);
             }
             let done = if rest.is_empty() {
-                self.inner.reaper.remove(&place.node);
-                self.call(
-                    "releasing a reentrant lock",
-                    s.client.delete(&place.node, Some(stat.version)),
-                )
-                .await
+                let deleted = self
+                    .call(
+                        "releasing a reentrant lock",
+                        s.client.delete(&place.node, Some(stat.version)),
+                    )
+                    .await;
+                if deleted.is_ok() {
+                    self.inner.reaper.remove(&place.node);
+                }
+                deleted
             } else {
                 self.call(
                     "releasing a reentrant hold",
@@ -192,6 +207,47 @@ impl ZooKeeper {
             "releasing a reentrant hold: contended",
         )
         .retryable(true))
+    }
+
+    /// One release of a reentrant hold (see `release_reentrant`).
+    async fn release_reentrant_once(
+        &self,
+        keys: &LockKeys,
+        owner: &str,
+        token: &Token,
+    ) -> Result<bool> {
+        let s = self.live().await?;
+        let dir = dir_path(keys);
+        let prefix = node_prefix(&dir, token);
+        let place = match self.place(&prefix).filter(|p| p.session == s.id) {
+            Some(p) => Some(p),
+            None => {
+                let wanted = escape(&owner_in(owner, s.id));
+                let children = self.children(&s, &dir).await?;
+                in_line(&children)
+                    .into_iter()
+                    .find(|(_, name)| {
+                        parse_node(name)
+                            .is_some_and(|(k, w, _)| k == NodeKind::Holds && w == wanted)
+                    })
+                    .map(|(seq, name)| Place {
+                        node: format!("{dir}/{name}"),
+                        kind: NodeKind::Holds,
+                        seq,
+                        czxid: 0,
+                        session: s.id,
+                        ttl: Duration::ZERO,
+                        moved: std::sync::Arc::default(),
+                    })
+            }
+        };
+        if let Some(p) = self.places().remove(&prefix) {
+            p.moved.notify_one();
+        }
+        match place {
+            Some(place) => self.release_hold(&s, &place, token).await,
+            None => Ok(false),
+        }
     }
 
     /// The directory's permit count, and its data version (`None` if it stores none).
@@ -411,48 +467,50 @@ impl RawReentrant for ZooKeeper {
                     }
                 }
             };
-            let place = self.placed(&prefix, place);
             let children = self.children(&s, &dir).await?;
-            let granted = in_line(&children)
-                .first()
-                .is_some_and(|(seq, _)| *seq == place.seq);
+            let line = in_line(&children);
+            let older_twin = line.iter().any(|(seq, name)| {
+                *seq < place.seq
+                    && parse_node(name).is_some_and(|(k, w, _)| k == NodeKind::Holds && w == wanted)
+            });
+            if older_twin {
+                // Another task of this owner made its node first: join that one (the
+                // next turn of the loop adds our token to it) and drop ours.
+                self.release_hold(&s, &place, token).await?;
+                continue;
+            }
+            let place = self.placed(&prefix, place);
+            let granted = line.first().is_some_and(|(seq, _)| *seq == place.seq);
             return self.settle(&s, &prefix, &place, &children, granted, started);
         }
         Err(Error::new(ErrorKind::Unavailable, "re-entering a lock: contended").retryable(true))
     }
 
+    /// Takes the hold back; a failed release is tried again in the background (see
+    /// [`RawLock::release`] on this backend).
     async fn release_reentrant(&self, keys: &LockKeys, owner: &str, token: &Token) -> Result<bool> {
-        let s = self.live().await?;
-        let dir = dir_path(keys);
-        let prefix = node_prefix(&dir, token);
-        let place = match self.place(&prefix).filter(|p| p.session == s.id) {
-            Some(p) => Some(p),
-            None => {
-                let wanted = escape(&owner_in(owner, s.id));
-                let children = self.children(&s, &dir).await?;
-                in_line(&children)
-                    .into_iter()
-                    .find(|(_, name)| {
-                        parse_node(name)
-                            .is_some_and(|(k, w, _)| k == NodeKind::Holds && w == wanted)
-                    })
-                    .map(|(seq, name)| Place {
-                        node: format!("{dir}/{name}"),
-                        kind: NodeKind::Holds,
-                        seq,
-                        czxid: 0,
-                        session: s.id,
-                        ttl: Duration::ZERO,
-                        moved: std::sync::Arc::default(),
-                    })
+        match self.release_reentrant_once(keys, owner, token).await {
+            Ok(released) => Ok(released),
+            Err(err) => {
+                if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                    let (zk, keys, owner, token) =
+                        (self.clone(), keys.clone(), owner.to_owned(), token.clone());
+                    runtime.spawn(async move {
+                        let until = Instant::now() + zk.current().timeout * 2;
+                        while Instant::now() < until {
+                            tokio::time::sleep(Duration::from_millis(200)).await;
+                            if zk
+                                .release_reentrant_once(&keys, &owner, &token)
+                                .await
+                                .is_ok()
+                            {
+                                return;
+                            }
+                        }
+                    });
+                }
+                Err(err)
             }
-        };
-        if let Some(p) = self.places().remove(&prefix) {
-            p.moved.notify_one();
-        }
-        match place {
-            Some(place) => self.release_hold(&s, &place, token).await,
-            None => Ok(false),
         }
     }
 
@@ -562,9 +620,14 @@ impl RawRwLock for ZooKeeper {
         {
             return Ok(false);
         }
-        self.inner
+        if !self
+            .inner
             .reaper
-            .push(&place.node, Instant::now() + self.lease(ttl, s.id));
+            .push(&place.node, Instant::now() + self.lease(ttl, s.id))
+        {
+            // Its lease ran out: this client is deleting it.
+            return Ok(false);
+        }
         match self
             .call("downgrading", s.client.set_data(&place.node, b"r", None))
             .await
@@ -655,20 +718,31 @@ impl RawSemaphore for ZooKeeper {
         let (count, version, exists) = self.permit_count(&s, &dir).await?;
         let count = match count {
             Some(c) => c,
-            None => {
-                // The first client's count is stored with the semaphore.
-                if exists {
-                    let _ = self
-                        .call(
-                            "setting a semaphore's permits",
-                            s.client
-                                .set_data(&dir, permits.to_string().as_bytes(), Some(version)),
-                        )
-                        .await;
+            None if exists => {
+                // The first client's count is stored with the semaphore; if another client
+                // stored one first, that one counts.
+                match self
+                    .call(
+                        "setting a semaphore's permits",
+                        s.client
+                            .set_data(&dir, permits.to_string().as_bytes(), Some(version)),
+                    )
+                    .await
+                {
+                    Ok(_) => permits,
+                    Err(_) => self.permit_count(&s, &dir).await?.0.unwrap_or(permits),
                 }
-                permits
             }
+            None => permits,
         };
+        if n > count {
+            // It could never be served, and would hold up every waiter behind it.
+            self.release(keys, token).await?;
+            return Err(Error::invalid(format!(
+                "{n} permits asked of semaphore {:?}, which has {count}",
+                keys.name()
+            )));
+        }
         let granted = Self::permit_line(&children, count)
             .iter()
             .any(|(seq, _, _, fits)| *seq == place.seq && *fits);
@@ -748,13 +822,13 @@ impl RawSemaphore for ZooKeeper {
     async fn force_unlock_permits(&self, keys: &LockKeys) -> Result<bool> {
         let s = self.live().await?;
         let dir = dir_path(keys);
-        let count = self.permit_count(&s, &dir).await?.0.unwrap_or(u32::MAX);
+        // Every node, waiters' too (they queue again): which nodes hold cannot be told
+        // from the count alone once it was lowered below what is held.
         let children = self.children(&s, &dir).await?;
-        let holding: Vec<String> = Self::permit_line(&children, count)
+        let all: Vec<String> = Self::permit_line(&children, u32::MAX)
             .into_iter()
-            .filter(|(_, _, _, fits)| *fits)
             .map(|(_, name, _, _)| name)
             .collect();
-        self.delete_all(&s, &dir, &holding).await
+        self.delete_all(&s, &dir, &all).await
     }
 }

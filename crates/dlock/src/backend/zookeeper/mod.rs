@@ -24,10 +24,11 @@
 //! * **Leases are the session.** An ephemeral node lives until it is deleted or its
 //!   session expires; the session lives while the client is heard from within the
 //!   session timeout. Two rules make the lease safe:
-//!   - *Validity*: a grant or renewal counts for `min(ttl, session timeout)` from the
+//!   - *Validity*: a grant or renewal counts for `min(ttl, ⅔ session timeout)` from the
 //!     moment its request was sent ([`RawLock::lease_validity`]), less the drift allowance.
-//!     The server heard from the session after that moment, so the session (and our node)
-//!     lives at least that long. A client cut off from the ensemble can no longer renew,
+//!     The leader heard from the session no earlier than a third of a lease before that
+//!     moment (see `session_lease`), so the session (and our node) lives at least that
+//!     long. A client cut off from the ensemble can no longer renew,
 //!     so its guards report `lost()` once that validity runs out — before the session can
 //!     have expired and another client been granted the lock. (Curator's users ask for
 //!     this rule: a lock is neither kept past a possible expiry, nor dropped at the first
@@ -35,9 +36,11 @@
 //!   - *Expiry of a lease that is not renewed*: a guard that stops renewing (the
 //!     watchdog is off, or it was forgotten) while its process lives would keep the node
 //!     as long as the session. This client deletes such nodes itself when their lease
-//!     ends (`min(ttl, session timeout)` after the last renewal was sent); a crashed or
+//!     ends (`min(ttl, ⅔ session timeout)` after the last renewal was sent); a crashed or
 //!     cut-off client's nodes go with its session.
-//! * **Renewal**: one `exists` read of our node, checked to belong to our session. The
+//! * **Renewal**: a `sync` through the leader and one `exists` read of our node, checked
+//!   to belong to our session (a server cut off from the leader cannot answer the `sync`,
+//!   so it cannot vouch for a node the leader may have deleted). The
 //!   watchdog's batch is pipelined on the session's connection.
 //! * **Waiting**: one task per waiter lists the directory, watches the node just before
 //!   ours (an `exists` watch) and, when it is deleted, looks again: another node still in
@@ -182,6 +185,11 @@ impl Reaper {
 
     fn set(&self, node: &str, session: i64, until: Instant) {
         let mut due = self.due();
+        let until = match due.get(node) {
+            // A node shared by several holds (a reentrant owner's) keeps the latest.
+            Some((same, old)) if *same == session => (*old).max(until),
+            _ => until,
+        };
         due.insert(node.to_owned(), (session, until));
         // Wake the task only if this deadline comes before the one it sleeps until (read
         // under the same lock the task plans under).
@@ -518,6 +526,7 @@ impl ZooKeeper {
         let s = self.live().await?;
         let prefix = node_prefix(&dir_path(keys), token);
         let node = self.our_node(&s, keys, token).await?;
+        self.unsure().remove(&prefix);
         if let Some(p) = self.places().remove(&prefix) {
             p.moved.notify_one();
         }
@@ -779,8 +788,47 @@ impl ZooKeeper {
         }
     }
 
+    /// An attempt found `place` waiting: a turn found for an older node of this waiter
+    /// (one that went with a session, or was deleted by an operator, and was replaced by
+    /// `place`) is void — its fence is below `place`'s creation zxid.
+    fn void_older_grants(&self, prefix: &str, place: &Place) {
+        if let Some(slot) = self.grants(prefix) {
+            slot.raise_floor(u64::try_from(place.czxid - 1).unwrap_or(0));
+        }
+    }
+
+    /// Deletes, in the background, nodes in `line` (of `dir`) that carry our token `who`
+    /// but are not `keep`: a create whose reply was lost may have been applied after we
+    /// looked for it, leaving a second node of ours that nobody would delete.
+    fn drop_ghosts(&self, s: &Session, dir: &str, line: &[(i64, &str)], who: &str, keep: i64) {
+        let ghosts: Vec<String> = line
+            .iter()
+            .filter(|(seq, name)| {
+                *seq != keep
+                    && parse_node(name).is_some_and(|(k, w, _)| w == who && k != NodeKind::Holds)
+            })
+            .map(|(_, name)| format!("{dir}/{name}"))
+            .collect();
+        if ghosts.is_empty() {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let client = s.client.clone();
+        runtime.spawn(async move {
+            for node in ghosts {
+                tracing::debug!(node, "deleting a second node of one request (a lost reply)");
+                let _ = tokio::time::timeout(CALL_TIMEOUT, client.delete(&node, None)).await;
+            }
+        });
+    }
+
     /// Hands the waiter of `prefix` the grant: its turn came.
     fn grant_turn(&self, prefix: &str, place: &Place) {
+        if place.session != self.current().id {
+            return; // the node went with an old session
+        }
         if let Some(slot) = self.grants(prefix) {
             let ttl = self.lease(place.ttl, place.session);
             self.inner
@@ -792,7 +840,7 @@ impl ZooKeeper {
 
     /// The lease of a hold asked for `ttl` in a session: the shorter of the two.
     fn lease(&self, ttl: Duration, _session: i64) -> Duration {
-        ttl.min(self.current().timeout)
+        ttl.min(session_lease(self.current().timeout))
     }
 
     /// The task behind [`RawLock::watch_for`]: follows the node just before ours, wakes
@@ -852,6 +900,29 @@ impl ZooKeeper {
                                     told.clone_from(&place.node);
                                     self.grant_turn(&prefix, &place);
                                     wake.notify_one();
+                                }
+                            }
+                            Blocker::Node { name, only: alone } if place.kind == NodeKind::Read => {
+                                // A reader waits for a writer's node: its deletion, or its
+                                // writer downgrading (the node's data becomes `r`).
+                                let node = format!("{dir}/{name}");
+                                match self
+                                    .call(
+                                        "watching the writer ahead",
+                                        s.client.get_and_watch_data(&node),
+                                    )
+                                    .await
+                                {
+                                    Ok((data, _, w)) => {
+                                        watcher = Some(Box::pin(w.changed()) as Watching);
+                                        only = alone;
+                                        if data == b"r" {
+                                            // Downgraded already: the reader may come in.
+                                            wake.notify_one();
+                                        }
+                                    }
+                                    Err(e) if is(&e, &zk::Error::NoNode) => continue,
+                                    Err(_) => failed = true,
                                 }
                             }
                             Blocker::Node { name, only: alone } => {
@@ -948,9 +1019,12 @@ impl ZooKeeper {
                     }
                     () = place.moved.notified() => break,
                     _ = keep.tick() => {
-                        // Still waiting: our node stays (see `acquire`).
-                        let until = Instant::now() + self.lease(place.ttl, place.session);
-                        self.inner.reaper.push(&place.node, until);
+                        // Still waiting: our node stays (see `acquire`). Once handed over,
+                        // the hold's own renewals keep it, or its lease ends.
+                        if told != place.node {
+                            let until = Instant::now() + self.lease(place.ttl, place.session);
+                            self.inner.reaper.push(&place.node, until);
+                        }
                     }
                     () = async {
                         if failed {
@@ -1102,7 +1176,13 @@ async fn reap(inner: Weak<Inner>) {
                 node,
                 "lease ran out without a renewal; deleting the lock node"
             );
-            zk.places().retain(|_, p| p.node != node);
+            zk.places().retain(|_, p| {
+                let keep = p.node != node;
+                if !keep {
+                    p.moved.notify_one();
+                }
+                keep
+            });
             match zk
                 .call("deleting a lapsed lock node", s.client.delete(&node, None))
                 .await
@@ -1129,9 +1209,12 @@ impl RawLock for ZooKeeper {
             Some(p) => p,
             None => {
                 let found = if self.unsure().contains(&prefix) {
-                    self.find(&s, &dir, token)
+                    let found = self
+                        .find(&s, &dir, token)
                         .await?
-                        .filter(|p| p.session == s.id)
+                        .filter(|p| p.session == s.id);
+                    self.unsure().remove(&prefix);
+                    found
                 } else {
                     None
                 };
@@ -1160,6 +1243,7 @@ impl RawLock for ZooKeeper {
             .call("reading a lock's queue", s.client.list_children(&dir))
             .await?;
         let line = in_line(&children);
+        self.drop_ghosts(&s, &dir, &line, &escape(token.as_str()), place.seq);
         match line.first() {
             Some((seq, _)) if *seq == place.seq => {
                 self.inner
@@ -1180,6 +1264,7 @@ impl RawLock for ZooKeeper {
                 .retryable(true))
             }
             _ => {
+                self.void_older_grants(&prefix, &place);
                 // A waiter's node lasts one lease past its latest attempt unless its
                 // waiting task keeps it (every third of the lease): a waiter that stopped
                 // waiting without withdrawing holds the queue up for one lease at most.
@@ -1239,7 +1324,9 @@ impl RawLock for ZooKeeper {
                 }
             };
             // Sent one after the other without waiting (the client writes each request
-            // as it is made): one round trip for the batch.
+            // as it is made): one round trip for the batch, behind one `sync` through the
+            // leader (see `session_lease`).
+            let synced = s.client.sync("/");
             let mut pending = Vec::with_capacity(renewals.len());
             for r in &renewals {
                 let prefix = node_prefix(&dir_path(&r.keys), &r.token);
@@ -1251,6 +1338,15 @@ impl RawLock for ZooKeeper {
                     }
                     None => pending.push(None),
                 }
+            }
+            if let Err(e) = zk
+                .call("renewing locks (sync with the leader)", synced)
+                .await
+            {
+                return renewals
+                    .iter()
+                    .map(|_| Err(Error::new(e.kind(), e.to_string()).retryable(true)))
+                    .collect();
             }
             let mut out = Vec::with_capacity(renewals.len());
             for (r, p) in renewals.iter().zip(pending) {
@@ -1297,7 +1393,7 @@ impl RawLock for ZooKeeper {
     }
 
     fn lease_validity(&self, ttl: Duration) -> Duration {
-        ttl.min(self.current().timeout)
+        ttl.min(session_lease(self.current().timeout))
     }
 
     fn store_id(&self) -> String {
@@ -1317,10 +1413,28 @@ async fn renew(zk: &ZooKeeper, s: &Session, node: &str, ttl: Duration) -> Result
         .inner
         .reaper
         .push(node, Instant::now() + zk.lease(ttl, s.id));
-    let stat = zk
-        .call("renewing a lock", s.client.check_stat(node))
+    // Through the leader first (see `session_lease`), then the read, pipelined.
+    let synced = s.client.sync("/");
+    let check = s.client.check_stat(node);
+    zk.call("renewing a lock (sync with the leader)", synced)
         .await?;
+    let stat = zk.call("renewing a lock", check).await?;
     Ok(live && stat.is_some_and(|st| st.ephemeral_owner == s.id))
+}
+
+/// The part of a session timeout a hold may count on from a renewal's send time: two
+/// thirds of it.
+///
+/// A renewal is a `sync` (answered only through the leader, so a server cut off from the
+/// leader cannot vouch for a node the leader may already have deleted) and an `exists`
+/// read. The leader learns that the session is alive from its server's pings, which
+/// carry the session's requests every half tick; if the link between them breaks just
+/// after a renewal's `sync`, the leader may have heard only of the renewal before it,
+/// sent a third of a lease earlier. The session then lives until at least that send time
+/// plus the session timeout, which a lease of two thirds of the timeout leaves room for
+/// (with the watchdog renewing every third of it, and ticks shorter than half a lease).
+fn session_lease(timeout: Duration) -> Duration {
+    timeout * 2 / 3
 }
 
 /// A waiter's task and its grant slot, both ended when the waiter stops watching.
