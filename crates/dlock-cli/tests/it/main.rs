@@ -895,15 +895,10 @@ fn torture_holds_etcd_to_its_fences_and_its_lock_across_a_leader_restart() {
     ] {
         assert_eq!(f[zero], 0, "{zero}: {f}");
     }
-    // The lock was free again within ttl (2 s here) + 1.5 s after each holder's crash.
+    // A holder was killed; that the lock came free within the kind's bound after it is the
+    // checker's `liveness_violations` (0 above), not a time asserted here.
     let reacquire = f["reacquire_ms"].as_array().expect("reacquire_ms");
     assert!(!reacquire.is_empty(), "a holder was killed: {f}");
-    assert!(
-        reacquire
-            .iter()
-            .all(|ms| ms.as_u64().is_some_and(|ms| ms <= 3500)),
-        "{f}"
-    );
     // The first restart kills the leader; grants after it carry higher fences than every
     // grant before it (a revision never repeats, whoever leads).
     let windows = etcd["fault_windows"].as_array().expect("windows");
@@ -1078,16 +1073,10 @@ fn torture_holds_zookeeper_to_its_fences_and_its_lock_across_a_leader_restart() 
     ] {
         assert_eq!(f[zero], 0, "{zero}: {f}");
     }
-    // A crashed holder's node goes when its session expires: the lock was free again
-    // within the session timeout (= ttl, 2 s here) + 1.5 s.
+    // A holder was killed; that the lock came free within the kind's bound after it is the
+    // checker's `liveness_violations` (0 above), not a time asserted here.
     let reacquire = f["reacquire_ms"].as_array().expect("reacquire_ms");
     assert!(!reacquire.is_empty(), "a holder was killed: {f}");
-    assert!(
-        reacquire
-            .iter()
-            .all(|ms| ms.as_u64().is_some_and(|ms| ms <= 3500)),
-        "{f}"
-    );
     // The first restart kills the leader. Grants after it carry higher fences than every
     // grant before it (a zxid never repeats), and those made once the restart was over
     // carry a new leader's epoch (a zxid's high 32 bits).

@@ -31,3 +31,45 @@ pub use self::postgres::{PgAdvisory, Postgres};
 pub mod zookeeper;
 #[cfg(feature = "zookeeper")]
 pub use self::zookeeper::ZooKeeper;
+
+/// `scheme://user:password@host…` with the password (in the user info, or a `password=`
+/// query parameter) replaced by `***`, for messages.
+#[cfg(any(feature = "postgres", feature = "zookeeper"))]
+pub(crate) fn redact_url(url: &str) -> String {
+    use std::fmt::Write as _;
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    // The authority ends at the first '/' or '?'; its user info at the last '@'.
+    let end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(end);
+    let mut out = format!("{scheme}://");
+    match authority.rsplit_once('@') {
+        Some((userinfo, host)) => match userinfo.split_once(':') {
+            Some((user, _)) => {
+                let _ = write!(out, "{user}:***@{host}");
+            }
+            None => {
+                let _ = write!(out, "{userinfo}@{host}");
+            }
+        },
+        None => out.push_str(authority),
+    }
+    // A password can also come as a query parameter.
+    let (path, query) = tail.split_once('?').unwrap_or((tail, ""));
+    out.push_str(path);
+    if !tail.contains('?') {
+        return out;
+    }
+    let query = query
+        .split('&')
+        .map(|p| match p.split_once('=') {
+            Some(("password", _)) => "password=***".to_owned(),
+            _ => p.to_owned(),
+        })
+        .collect::<Vec<_>>()
+        .join("&");
+    out.push('?');
+    out.push_str(&query);
+    out
+}

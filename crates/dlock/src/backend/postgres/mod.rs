@@ -99,7 +99,6 @@
 //! `sslmode`) connect in plain text: dlock does not try TLS opportunistically. Without the
 //! feature, asking for TLS is [`ErrorKind::InvalidArgument`].
 
-use std::fmt::Write as _;
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -456,41 +455,7 @@ fn parse_url(url: &str) -> Result<Url> {
 
 /// The URL with its password replaced by `***`, for messages.
 pub fn redact(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    // The authority ends at the first '/' or '?'; its user info at the last '@'.
-    let end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(end);
-    let mut out = format!("{scheme}://");
-    match authority.rsplit_once('@') {
-        Some((userinfo, host)) => match userinfo.split_once(':') {
-            Some((user, _)) => {
-                let _ = write!(out, "{user}:***@{host}");
-            }
-            None => {
-                let _ = write!(out, "{userinfo}@{host}");
-            }
-        },
-        None => out.push_str(authority),
-    }
-    // A password can also come as a query parameter.
-    let (path, query) = tail.split_once('?').unwrap_or((tail, ""));
-    out.push_str(path);
-    if !tail.contains('?') {
-        return out;
-    }
-    let query = query
-        .split('&')
-        .map(|p| match p.split_once('=') {
-            Some(("password", _)) => "password=***".to_owned(),
-            _ => p.to_owned(),
-        })
-        .collect::<Vec<_>>()
-        .join("&");
-    out.push('?');
-    out.push_str(&query);
-    out
+    crate::backend::redact_url(url)
 }
 
 /// How a client's connections are made: plain, or TLS with the server's certificate

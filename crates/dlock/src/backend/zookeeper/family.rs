@@ -351,17 +351,6 @@ impl ZooKeeper {
         Ok(any)
     }
 
-    /// The directory's children (none if it is missing).
-    async fn children(&self, s: &Session, dir: &str) -> Result<Vec<String>> {
-        match self
-            .call("reading a lock's queue", s.client.list_children(dir))
-            .await
-        {
-            Err(e) if is(&e, &zk::Error::NoNode) => Ok(Vec::new()),
-            other => other,
-        }
-    }
-
     /// The creation zxid of `dir/name`, if it exists.
     async fn created(&self, s: &Session, dir: &str, name: &str) -> Result<Option<u64>> {
         Ok(self
@@ -492,23 +481,11 @@ impl RawReentrant for ZooKeeper {
         match self.release_reentrant_once(keys, owner, token).await {
             Ok(released) => Ok(released),
             Err(err) => {
-                if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-                    let (zk, keys, owner, token) =
-                        (self.clone(), keys.clone(), owner.to_owned(), token.clone());
-                    runtime.spawn(async move {
-                        let until = Instant::now() + zk.current().timeout * 2;
-                        while Instant::now() < until {
-                            tokio::time::sleep(Duration::from_millis(200)).await;
-                            if zk
-                                .release_reentrant_once(&keys, &owner, &token)
-                                .await
-                                .is_ok()
-                            {
-                                return;
-                            }
-                        }
-                    });
-                }
+                let (keys, owner, token) = (keys.clone(), owner.to_owned(), token.clone());
+                self.retry_release(move |zk| {
+                    let (keys, owner, token) = (keys.clone(), owner.clone(), token.clone());
+                    async move { zk.release_reentrant_once(&keys, &owner, &token).await }
+                });
                 Err(err)
             }
         }

@@ -386,17 +386,7 @@ fn parse_duration(s: &str) -> Option<Duration> {
 
 /// `zk://user:password@…` with the password hidden.
 pub fn redact(url: &str) -> String {
-    let Some(rest) = url.strip_prefix("zk://") else {
-        return url.to_owned();
-    };
-    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
-    match rest[..authority_end].rfind('@') {
-        Some(at) => {
-            let user = rest[..at].split(':').next().unwrap_or("");
-            format!("zk://{user}:***@{}", &rest[at + 1..])
-        }
-        None => url.to_owned(),
-    }
+    crate::backend::redact_url(url)
 }
 
 /// What a `zk://` URL says.
@@ -556,17 +546,22 @@ impl ZooKeeper {
     }
 
     /// Tries a failed release again in the background, every 200 ms for two session
-    /// timeouts (the node is found by its token), until ZooKeeper answers.
-    fn release_later(&self, keys: &LockKeys, token: &Token) {
+    /// timeouts, until ZooKeeper answers: `attempt` is one release (its node found by
+    /// token or owner), made anew for each try.
+    fn retry_release<F, Fut>(&self, attempt: F)
+    where
+        F: Fn(ZooKeeper) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<bool>> + Send,
+    {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let (zk, keys, token) = (self.clone(), keys.clone(), token.clone());
+        let zk = self.clone();
         runtime.spawn(async move {
             let until = Instant::now() + zk.current().timeout * 2;
             while Instant::now() < until {
                 tokio::time::sleep(FOLLOW_RETRY).await;
-                if zk.release_once(&keys, &token).await.is_ok() {
+                if attempt(zk.clone()).await.is_ok() {
                     return;
                 }
             }
@@ -684,17 +679,22 @@ impl ZooKeeper {
         place
     }
 
+    /// The directory's children (none if it is missing).
+    async fn children(&self, s: &Session, dir: &str) -> Result<Vec<String>> {
+        match self
+            .call("reading a lock's queue", s.client.list_children(dir))
+            .await
+        {
+            Err(e) if is(&e, &zk::Error::NoNode) => Ok(Vec::new()),
+            other => other,
+        }
+    }
+
     /// Our node for `token` in `dir` as the server has it, looked up by name (a create
     /// whose reply was lost, a holder in another process): its path, sequence, creation
     /// zxid and session.
     async fn find(&self, s: &Session, dir: &str, token: &Token) -> Result<Option<Place>> {
-        let children = match self
-            .call("reading a lock's queue", s.client.list_children(dir))
-            .await
-        {
-            Err(e) if is(&e, &zk::Error::NoNode) => return Ok(None),
-            other => other?,
-        };
+        let children = self.children(s, dir).await?;
         let want = escape(token.as_str());
         let Some((seq, name)) = in_line(&children).into_iter().find(|(_, name)| {
             parse_node(name).is_some_and(|(k, t, _)| t == want && k != NodeKind::Holds)
@@ -1287,7 +1287,11 @@ impl RawLock for ZooKeeper {
         match self.release_once(keys, token).await {
             Ok(released) => Ok(released),
             Err(err) => {
-                self.release_later(keys, token);
+                let (keys, token) = (keys.clone(), token.clone());
+                self.retry_release(move |zk| {
+                    let (keys, token) = (keys.clone(), token.clone());
+                    async move { zk.release_once(&keys, &token).await }
+                });
                 Err(err)
             }
         }
@@ -1497,13 +1501,7 @@ impl RawInspect for ZooKeeper {
     async fn inspect(&self, keys: &LockKeys) -> Result<LockState> {
         let s = self.live().await?;
         let dir = dir_path(keys);
-        let children = match self
-            .call("reading a lock's queue", s.client.list_children(&dir))
-            .await
-        {
-            Err(e) if is(&e, &zk::Error::NoNode) => Vec::new(),
-            other => other?,
-        };
+        let children = self.children(&s, &dir).await?;
         let line = in_line(&children);
         let Some((_, head)) = line.first() else {
             return Ok(LockState::new(None, None, None)
@@ -1528,13 +1526,7 @@ impl RawInspect for ZooKeeper {
         let s = self.live().await?;
         let dir = dir_path(keys);
         for _ in 0..3 {
-            let children = match self
-                .call("reading a lock's queue", s.client.list_children(&dir))
-                .await
-            {
-                Err(e) if is(&e, &zk::Error::NoNode) => return Ok(false),
-                other => other?,
-            };
+            let children = self.children(&s, &dir).await?;
             let Some((_, head)) = in_line(&children).first().copied() else {
                 return Ok(false);
             };
