@@ -14,6 +14,7 @@
 
 pub mod cluster;
 pub mod conformance;
+pub mod election;
 pub mod family;
 pub mod postgres;
 pub mod proxy;

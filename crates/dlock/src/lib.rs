@@ -86,6 +86,7 @@
 #![warn(missing_docs)]
 
 pub mod backend;
+mod election;
 pub mod engine;
 mod error;
 mod fair;
@@ -106,6 +107,9 @@ pub mod validity;
 #[doc = include_str!("../../../README.md")]
 struct ReadmeDoctests;
 
+pub use election::{
+    DEFAULT_ELECTION_PREFIX, Election, ElectionBuilder, Leader, Leadership, MAX_VALUE_LEN, Observer,
+};
 pub use engine::wait::Retry;
 pub use error::{Error, ErrorKind, Result};
 pub use fair::{

@@ -535,6 +535,49 @@ pub trait RawFair: RawLock {
     }
 }
 
+/// The suffix of an election's record: the companion key
+/// ([`LockKeys::companion`](crate::keys::LockKeys::companion)) where it is stored, and the
+/// side channel ([`LockKeys::side`](crate::keys::LockKeys::side)) on which a write of it is
+/// announced.
+pub const RECORD: &str = "leader";
+
+/// The leader's record of an election: who leads, in which term, advertising what.
+///
+/// [`Election`](crate::Election) is the plain lock (its queue of candidates, its lease, its
+/// fence as the term) plus this one record, written by the leader after its grant and on
+/// every [`proclaim`](crate::Leadership::proclaim).
+///
+/// # Correctness
+///
+/// [`publish`](RawElection::publish) stores `(term, data)` only if the stored record's term
+/// is not greater than `term`, checked and written in one atomic step (a deposed leader
+/// that wakes up late can never overwrite its successor's record), and then announces the
+/// write to [`watch_record`](RawElection::watch_record)'s listeners, as a release is
+/// announced. The record has no expiry (like the fence counter): readers compare its
+/// holder with the lock's, so a record left by a crashed leader is never shown as current.
+pub trait RawElection: RawFencing + RawInspect {
+    /// Writes the record if no newer term is stored. Returns whether it was written.
+    fn publish(
+        &self,
+        keys: &LockKeys,
+        term: u64,
+        data: &str,
+    ) -> impl Future<Output = Result<bool>> + Send;
+
+    /// The stored record `(term, data)`, if any.
+    fn record(&self, keys: &LockKeys)
+    -> impl Future<Output = Result<Option<(u64, String)>>> + Send;
+
+    /// Starts listening for writes of the record. The default listens on the record's
+    /// side channel ([`RECORD`]) as a waiter listens for releases; a store that cannot
+    /// notify returns [`ReleaseWatch::none`] (observers then read again at a fallback
+    /// interval).
+    fn watch_record(&self, keys: &LockKeys) -> impl Future<Output = Result<ReleaseWatch>> + Send {
+        let side = keys.side(RECORD);
+        async move { self.watch(&side).await }
+    }
+}
+
 /// What the store says about one lock right now.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]

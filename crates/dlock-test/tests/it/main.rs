@@ -98,3 +98,29 @@ macro_rules! family_tests {
         )*
     };
 }
+
+/// Every leader-election behaviour, against a fresh target each.
+#[macro_export]
+macro_rules! election_tests {
+    ($target:expr) => {
+        $crate::election_tests!($target;
+            election_one_leader_at_a_time,
+            election_leader_reports_term_and_value,
+            election_resign_hands_over,
+            election_killed_leader_is_replaced_within_ttl,
+            election_observe_sees_every_change_in_order,
+            election_cancelled_campaign_leaves_nothing,
+            election_deposed_leader_is_refused,
+            election_candidates_lead_in_arrival_order,
+        );
+    };
+    ($target:expr; $($behaviour:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $behaviour() {
+                let target = $target;
+                dlock_test::election::$behaviour(&target).await;
+            }
+        )*
+    };
+}

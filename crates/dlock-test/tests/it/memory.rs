@@ -10,6 +10,10 @@ mod conformance {
     crate::all_conformance_tests!(dlock_test::targets::MemoryTarget::default());
 }
 
+mod election {
+    crate::election_tests!(dlock_test::targets::MemoryTarget::default());
+}
+
 fn assert_send<T: Send>(_: &T) {}
 fn assert_send_static<T: Send + 'static>(_: &T) {}
 

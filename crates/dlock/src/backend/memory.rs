@@ -13,8 +13,8 @@ use crate::error::Error;
 use crate::error::Result;
 use crate::keys::LockKeys;
 use crate::raw::{
-    Acquire, LockState, RawFair, RawFencing, RawInspect, RawLock, RawReentrant, RawRwLock,
-    RawSemaphore, ReleaseWatch,
+    Acquire, LockState, RawElection, RawFair, RawFencing, RawInspect, RawLock, RawReentrant,
+    RawRwLock, RawSemaphore, ReleaseWatch,
 };
 use crate::reentrant::ReentrantEntry;
 use crate::token::Token;
@@ -56,6 +56,8 @@ struct State {
     reentrant: HashMap<String, ReentrantEntry>,
     rw: HashMap<String, RwEntry>,
     fair: HashMap<String, FairQueue>,
+    /// Elections' leader records: `(term, data)` by record key.
+    records: HashMap<String, (u64, String)>,
     /// Sweep expired entries when the map grows past this.
     sweep_at: usize,
 }
@@ -326,6 +328,29 @@ impl RawLock for Memory {
 /// Fences come from a per-key counter in the same critical section as the grant, and the
 /// counter is never dropped while the store lives.
 impl RawFencing for Memory {}
+
+/// The record is a map entry, written under the store's lock; a write wakes one observer
+/// of the record's side channel.
+impl RawElection for Memory {
+    async fn publish(&self, keys: &LockKeys, term: u64, data: &str) -> Result<bool> {
+        let mut state = self.state();
+        let key = keys.companion(crate::raw::RECORD);
+        if state.records.get(&key).is_some_and(|(t, _)| *t > term) {
+            return Ok(false);
+        }
+        state.records.insert(key, (term, data.to_owned()));
+        state.notify_one(keys.side(crate::raw::RECORD).channel());
+        Ok(true)
+    }
+
+    async fn record(&self, keys: &LockKeys) -> Result<Option<(u64, String)>> {
+        Ok(self
+            .state()
+            .records
+            .get(&keys.companion(crate::raw::RECORD))
+            .cloned())
+    }
+}
 
 impl RawInspect for Memory {
     async fn inspect(&self, keys: &LockKeys) -> Result<LockState> {
