@@ -18,15 +18,17 @@
 //! `redlock` (RedLock over 3 and 5 servers), `watchdog`, `memory`, `memcached`, `etcd`,
 //! `postgres`, `zookeeper`, `primitives` (Semaphore, ReentrantLock, RwLock, FairLock,
 //! MultiLock), `replicas` (`WAIT` on a master with a replica), `cluster` (a 3-master Redis
-//! Cluster). The store sections also start `memcached`, `etcd`, PostgreSQL, a standalone
-//! ZooKeeper (a JVM) and `redis-cli --cluster create`. The last table judges issue 13's
-//! targets on the figures of this run (see `targets`).
+//! Cluster), `election` (leader election's takeover after a resign and after a crash, on
+//! every store, beside the plain lock's). The store sections also start `memcached`,
+//! `etcd`, PostgreSQL, a standalone ZooKeeper (a JVM) and `redis-cli --cluster create`.
+//! The last table judges issue 13's targets on the figures of this run (see `targets`).
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 mod cluster;
 mod contended;
+mod election;
 mod etcd;
 mod measure;
 mod memcached;
@@ -104,6 +106,10 @@ pub(crate) struct Profile {
     pub(crate) store_waiters: Vec<usize>,
     /// Warm-up on another name before each of those contended runs.
     pub(crate) store_warm_up: Duration,
+    /// Takeovers after a resign measured per store (election and plain lock each).
+    pub(crate) election_rounds: usize,
+    /// Takeovers after a crash measured per store (each waits about a ttl).
+    pub(crate) election_crash_rounds: usize,
 }
 
 impl Profile {
@@ -133,6 +139,8 @@ impl Profile {
             store_contended_run: Duration::from_millis(300),
             store_waiters: vec![8],
             store_warm_up: Duration::from_millis(100),
+            election_rounds: 10,
+            election_crash_rounds: 2,
         }
     }
 
@@ -164,6 +172,8 @@ impl Profile {
             store_contended_run: Duration::from_secs(2),
             store_waiters: vec![8, 64],
             store_warm_up: Duration::from_millis(300),
+            election_rounds: 30,
+            election_crash_rounds: 5,
         }
     }
 }
@@ -173,7 +183,7 @@ impl Profile {
 const SHORT_TTL: Duration = Duration::from_secs(3);
 
 /// The benchmark sections, in the order they run.
-const SECTIONS: [&str; 12] = [
+const SECTIONS: [&str; 13] = [
     "uncontended",
     "contended",
     "redlock",
@@ -186,6 +196,7 @@ const SECTIONS: [&str; 12] = [
     "primitives",
     "replicas",
     "cluster",
+    "election",
 ];
 
 /// Parsed command line.
@@ -197,7 +208,7 @@ struct Args {
 
 const USAGE: &str = "usage: dlock-bench [--quick] [--out DIR] \
      [--only uncontended,contended,redlock,watchdog,memory,memcached,etcd,postgres,zookeeper,\
-     primitives,replicas,cluster]";
+     primitives,replicas,cluster,election]";
 
 fn parse_args() -> std::result::Result<Args, String> {
     let mut quick = false;
@@ -326,6 +337,9 @@ async fn run(args: &Args) -> Result<bool> {
     if wants("cluster") {
         steps += cluster::steps(profile);
     }
+    if wants("election") {
+        steps += election::steps(profile);
+    }
     let bar = ProgressBar::new(steps);
     bar.set_style(
         ProgressStyle::with_template("{elapsed:>4} [{bar:30}] {pos}/{len} {msg}")
@@ -398,6 +412,10 @@ async fn run(args: &Args) -> Result<bool> {
     }
     if wants("cluster") {
         let section = cluster::bench(profile, &bar).await?;
+        md.push_str(&section.markdown());
+    }
+    if wants("election") {
+        let section = election::bench(profile, &bar).await?;
         md.push_str(&section.markdown());
     }
     bar.finish_and_clear();

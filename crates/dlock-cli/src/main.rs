@@ -18,7 +18,7 @@ use clap::{CommandFactory, Parser};
 use crate::args::{Cli, Command};
 use crate::cmd::Layout;
 use crate::exit::Failure;
-use crate::target::{Target, connect, with_backend};
+use crate::target::{Target, connect, with_backend, with_election_backend};
 
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
@@ -77,6 +77,16 @@ async fn dispatch(command: Command) -> Result<u8, Failure> {
             Target::PgAdvisory(p) => cmd::run_plain(p, args, |_| None).await,
             target => with_backend!(target, |b| cmd::run(b, args).await),
         },
+        Command::Elect(args) => {
+            with_election_backend!(connect(&args.store, false).await?, |b| {
+                cmd::elect::elect(b, args).await
+            })
+        }
+        Command::Leader(args) => {
+            with_election_backend!(connect(&args.store, false).await?, |b| {
+                cmd::elect::leader(b, args).await
+            })
+        }
         Command::Acquire(args) => {
             with_backend!(connect(&args.store, false).await?, |b| cmd::acquire_cmd(
                 b, args

@@ -56,6 +56,30 @@ macro_rules! with_backend {
 }
 pub(crate) use with_backend;
 
+/// Runs `$body` with `$b` bound to the concrete backend of `$target`, on every store that
+/// has leader election (every one with a fence: not RedLock, not advisory mode).
+macro_rules! with_election_backend {
+    ($target:expr, |$b:ident| $body:expr) => {
+        match $target {
+            $crate::target::Target::Redis($b) => $body,
+            $crate::target::Target::Memory($b) => $body,
+            $crate::target::Target::Postgres($b) => $body,
+            $crate::target::Target::Memcached($b) => $body,
+            $crate::target::Target::Etcd($b) => $body,
+            $crate::target::Target::ZooKeeper($b) => $body,
+            $crate::target::Target::Quorum(_) => Err($crate::exit::Failure::usage(
+                "redlock:// has no fencing token, so it cannot number terms: elect on one \
+                 store (redis://, etcd://, postgres://, zk://, memcache://)",
+            )),
+            $crate::target::Target::PgAdvisory(_) => Err($crate::exit::Failure::usage(
+                "postgres://…?mode=advisory has no fencing token, so it cannot number terms: \
+                 drop mode=advisory to elect in lease mode",
+            )),
+        }
+    };
+}
+pub(crate) use with_election_backend;
+
 /// The URL schemes `--url` accepts.
 const SCHEMES: &str = "redis://, rediss://, redis+unix://, redis+sentinel://, \
                        redis+cluster://, redlock://, memcache://, etcd://, postgres://, zk://";

@@ -202,15 +202,14 @@ impl<B: RawElection> Election<B> {
             return Ok(None);
         };
         let record = self.lock.backend().record(self.lock.keys()).await?;
-        if let Some((term, data)) = record {
-            if let Some((token, value)) = data.split_once('\n') {
-                if token == holder {
-                    return Ok(Some(Leader {
-                        term: FencingToken::new(term),
-                        value: Some(value.to_owned()),
-                    }));
-                }
-            }
+        if let Some((term, data)) = record
+            && let Some((token, value)) = data.split_once('\n')
+            && token == holder
+        {
+            return Ok(Some(Leader {
+                term: FencingToken::new(term),
+                value: Some(value.to_owned()),
+            }));
         }
         // Granted, not announced yet: the term is the lock's latest fence.
         Ok(Some(Leader {
@@ -381,6 +380,13 @@ impl<B: RawElection> Leadership<B> {
     pub fn guard(&self) -> &LockGuard<B> {
         &self.guard
     }
+
+    /// The lock guard underneath, for code that supervises any guard (releasing it
+    /// resigns; dropping it resigns in the background). The advertised value stays
+    /// recorded under this term until a successor announces its own.
+    pub fn into_guard(self) -> LockGuard<B> {
+        self.guard
+    }
 }
 
 /// A stream of leader changes; made by [`Election::observe`].
@@ -443,18 +449,18 @@ impl<B: RawElection> Observing<B> {
                 let keys = self.election.lock.keys();
                 self.watch = Some(self.election.lock.backend().watch_record(keys).await?);
             }
-            if let Some(leader) = self.election.leader().await? {
-                if let Some(value) = &leader.value {
-                    let newer = match &self.last {
-                        None => true,
-                        Some((term, last)) => {
-                            leader.term > *term || (leader.term == *term && value != last)
-                        }
-                    };
-                    if newer {
-                        self.last = Some((leader.term, value.clone()));
-                        return Ok(leader);
+            if let Some(leader) = self.election.leader().await?
+                && let Some(value) = &leader.value
+            {
+                let newer = match &self.last {
+                    None => true,
+                    Some((term, last)) => {
+                        leader.term > *term || (leader.term == *term && value != last)
                     }
+                };
+                if newer {
+                    self.last = Some((leader.term, value.clone()));
+                    return Ok(leader);
                 }
             }
             let watch = self.watch.as_ref().expect("set above");

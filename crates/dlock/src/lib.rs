@@ -35,6 +35,16 @@
 //! `lost()`, waiting, cancel safety and retry safety, on every backend that implements its
 //! [`raw`] trait.
 //!
+//! # Leader election
+//!
+//! [`Election`] picks one leader among candidates on every store with a fence: the lock's
+//! queue, lease and watchdog, plus one record of the leader's advertised value. A
+//! [`Leadership`] carries the **term** (the grant's fence: strictly increasing per
+//! election), `lost()`, [`proclaim`](Leadership::proclaim) and
+//! [`resign`](Leadership::resign) (the next candidate leads at once);
+//! [`Election::leader`] and [`Election::observe`] (a stream of changes) tell everyone else
+//! who leads.
+//!
 //! # Contention is a value, failure is an error
 //!
 //! [`Lock::try_lock`] returns `Ok(None)` when someone else holds the lock; an [`Error`]

@@ -1,6 +1,7 @@
 //! The commands.
 
 pub(crate) mod demo;
+pub(crate) mod elect;
 mod kinds;
 mod run;
 pub(crate) mod torture;

@@ -46,6 +46,32 @@ impl Signals {
     }
 }
 
+/// What `supervise` runs: the command, under which name, with which extra environment.
+pub(crate) struct Job<'a> {
+    /// What is held, for messages: "lock" or "leadership of".
+    pub(crate) what: &'static str,
+    pub(crate) name: &'a str,
+    pub(crate) command: &'a [std::ffi::OsString],
+    pub(crate) kill_grace: Duration,
+    /// Variables beside DLOCK_NAME and DLOCK_TOKEN (DLOCK_FENCE, DLOCK_TERM, …).
+    pub(crate) env: Vec<(&'static str, String)>,
+}
+
+impl<'a> Job<'a> {
+    /// `dlock run`'s job: DLOCK_FENCE where the primitive has a fence.
+    fn of_run(args: &'a RunArgs, fence: Option<u64>) -> Job<'a> {
+        Job {
+            what: "lock",
+            name: &args.name,
+            command: &args.command,
+            kill_grace: args.kill_grace,
+            env: fence
+                .map(|f| vec![("DLOCK_FENCE", f.to_string())])
+                .unwrap_or_default(),
+        }
+    }
+}
+
 /// How waiting for the lock (or permit) ended.
 enum Waited<X: RawLock> {
     Got(LockGuard<X>),
@@ -95,7 +121,7 @@ pub(crate) async fn run<B: RawFencing + RawSemaphore + RawRwLock + RawFair>(
             .prefix(prefix(dlock::DEFAULT_SEMAPHORE_PREFIX))
             .build()?;
         return match wait_for(sem.permit_lock(), &args, &mut signals).await? {
-            Waited::Got(guard) => supervise(guard, None, &args, signals).await,
+            Waited::Got(guard) => supervise(guard, &Job::of_run(&args, None), signals).await,
             Waited::Exit(code) => Ok(code),
         };
     }
@@ -106,14 +132,14 @@ pub(crate) async fn run<B: RawFencing + RawSemaphore + RawRwLock + RawFair>(
             .build()?;
         if args.shared {
             return match wait_for(rw.read_lock(), &args, &mut signals).await? {
-                Waited::Got(guard) => supervise(guard, None, &args, signals).await,
+                Waited::Got(guard) => supervise(guard, &Job::of_run(&args, None), signals).await,
                 Waited::Exit(code) => Ok(code),
             };
         }
         return match wait_for(rw.write_lock(), &args, &mut signals).await? {
             Waited::Got(guard) => {
                 let fence = guard.fencing_token().get();
-                supervise(guard, Some(fence), &args, signals).await
+                supervise(guard, &Job::of_run(&args, Some(fence)), signals).await
             }
             Waited::Exit(code) => Ok(code),
         };
@@ -126,7 +152,7 @@ pub(crate) async fn run<B: RawFencing + RawSemaphore + RawRwLock + RawFair>(
         return match wait_for(fair.as_lock(), &args, &mut signals).await? {
             Waited::Got(guard) => {
                 let fence = guard.fencing_token().get();
-                supervise(guard, Some(fence), &args, signals).await
+                supervise(guard, &Job::of_run(&args, Some(fence)), signals).await
             }
             Waited::Exit(code) => Ok(code),
         };
@@ -138,7 +164,7 @@ pub(crate) async fn run<B: RawFencing + RawSemaphore + RawRwLock + RawFair>(
     match wait_for(&lock, &args, &mut signals).await? {
         Waited::Got(guard) => {
             let fence = guard.fencing_token().get();
-            supervise(guard, Some(fence), &args, signals).await
+            supervise(guard, &Job::of_run(&args, Some(fence)), signals).await
         }
         Waited::Exit(code) => Ok(code),
     }
@@ -164,24 +190,23 @@ pub(crate) async fn run_plain<B: RawLock>(
     match wait_for(&lock, &args, &mut signals).await? {
         Waited::Got(guard) => {
             let fence = fence(&guard);
-            supervise(guard, fence, &args, signals).await
+            supervise(guard, &Job::of_run(&args, fence), signals).await
         }
         Waited::Exit(code) => Ok(code),
     }
 }
 
 /// Runs the command while `guard` is held; see `dlock run --help`.
-async fn supervise<X: RawLock>(
+pub(crate) async fn supervise<X: RawLock>(
     guard: LockGuard<X>,
-    fence: Option<u64>,
-    args: &RunArgs,
+    job: &Job<'_>,
     mut signals: Signals,
 ) -> Result<u8, Failure> {
     // Without a terminal, the command gets a process group of its own, so that signals
     // (and termination on a lost lock) reach everything it started. On a terminal it
     // stays in the foreground group, where Ctrl-C reaches it directly.
     let interactive = std::io::stdin().is_terminal();
-    let mut child = match spawn(args, guard.token(), fence, !interactive) {
+    let mut child = match spawn(job, guard.token(), !interactive) {
         Ok(child) => child,
         Err(failure) => {
             guard.release().await.ok();
@@ -198,7 +223,7 @@ async fn supervise<X: RawLock>(
     // be granted to someone else: once the remaining validity is down to the kill grace
     // (at most a third of the ttl, which renewals every third of it never let it reach).
     // (The lease, not --ttl: a store may cap it, as ZooKeeper's session timeout does.)
-    let threshold = args.kill_grace.min(guard.lease() / 3);
+    let threshold = job.kill_grace.min(guard.lease() / 3);
     let mut tick = tokio::time::interval(Duration::from_millis(100));
     let mut forwarded = 0;
     let status = loop {
@@ -248,24 +273,20 @@ async fn supervise<X: RawLock>(
         }
         None => {
             eprintln!(
-                "dlock: lock {:?} lost while the command ran; terminating it (SIGTERM, SIGKILL after {})",
-                args.name,
-                humantime::format_duration(args.kill_grace)
+                "dlock: {} {:?} lost while the command ran; terminating it (SIGTERM, SIGKILL after {})",
+                job.what,
+                job.name,
+                humantime::format_duration(job.kill_grace)
             );
-            terminate(&mut child, target, args.kill_grace, &mut signals).await;
+            terminate(&mut child, target, job.kill_grace, &mut signals).await;
             drop(guard.release().await);
             Ok(exit::LOST)
         }
     }
 }
 
-fn spawn(
-    args: &RunArgs,
-    token: &dlock::Token,
-    fence: Option<u64>,
-    own_group: bool,
-) -> Result<Child, Failure> {
-    let (program, rest) = args
+fn spawn(job: &Job<'_>, token: &dlock::Token, own_group: bool) -> Result<Child, Failure> {
+    let (program, rest) = job
         .command
         .split_first()
         .ok_or_else(|| Failure::usage("no command given after --"))?;
@@ -275,11 +296,9 @@ fn spawn(
     }
     command
         .args(rest)
-        .env("DLOCK_NAME", &args.name)
-        .env("DLOCK_TOKEN", token.as_str());
-    if let Some(fence) = fence {
-        command.env("DLOCK_FENCE", fence.to_string());
-    }
+        .env("DLOCK_NAME", job.name)
+        .env("DLOCK_TOKEN", token.as_str())
+        .envs(job.env.iter().map(|(k, v)| (k, v)));
     command.stdin(Stdio::inherit()).spawn().map_err(|e| {
         let code = if e.kind() == IoErrorKind::NotFound {
             exit::NOT_FOUND

@@ -4,6 +4,10 @@ mod conformance {
     crate::all_conformance_tests!(dlock_test::targets::ClusterTarget::start());
 }
 
+mod election {
+    crate::election_tests!(dlock_test::targets::ClusterTarget::start());
+}
+
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 

@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use dlock::backend::Etcd;
 use dlock::keys::LockKeys;
-use dlock::raw::{Acquire, RawFencing, RawLock, ReleaseWatch};
-use dlock::{ErrorKind, Lock, Token};
+use dlock::raw::{Acquire, RECORD, RawFencing, RawLock, ReleaseWatch};
+use dlock::{Election, ErrorKind, Lock, Token};
 use dlock_test::conformance::unique;
 use dlock_test::server::EtcdCluster;
 use etcd_client::{GetOptions, LockOptions, SortOrder, SortTarget};
@@ -26,6 +26,10 @@ mod conformance {
     crate::family_tests!(dlock_test::targets::EtcdTarget::start();
         multi_locks_on_overlapping_sets_do_not_deadlock,
     );
+}
+
+mod election {
+    crate::election_tests!(dlock_test::targets::EtcdTarget::start());
 }
 
 async fn admin(cluster: &EtcdCluster) -> etcd_client::Client {
@@ -682,4 +686,81 @@ async fn etcds_lock_service_and_dlock_exclude_each_other_in_one_queue() {
         .expect("its unlock wakes our waiter")
         .expect("task");
     g.release().await.expect("release");
+}
+
+/// An election's record is one key without a lease, outside the lock's queue; observers
+/// sleep on an etcd watch of it, so they hear a proclaim at once (their fallback read is a
+/// whole 30 s lease away) — and still do after etcd restarted under them (the watch is
+/// opened again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn election_observers_hear_the_record_through_a_watch_that_survives_a_restart() {
+    let mut cluster = EtcdCluster::start(1).expect("etcd");
+    let url = cluster.url();
+    let name = unique("elect-watch");
+    let build = |client: Etcd| {
+        Election::builder(client, &name)
+            .ttl(Duration::from_secs(30))
+            .build()
+            .expect("valid")
+    };
+    let candidate = build(connect(&url).await);
+    let watcher = build(connect(&url).await);
+    let mut observer = watcher.observe();
+    let quick = Duration::from_secs(5);
+    let mut leadership = candidate.campaign("v1").await.expect("campaign");
+    let seen = timeout(quick, observer.next())
+        .await
+        .expect("heard")
+        .expect("observe");
+    assert_eq!(seen.value.as_deref(), Some("v1"));
+    leadership.proclaim("v2").await.expect("proclaim");
+    let seen = timeout(quick, observer.next())
+        .await
+        .expect("woken by the watch, not the lease-long fallback")
+        .expect("observe");
+    assert_eq!(
+        (seen.term, seen.value.as_deref()),
+        (leadership.term(), Some("v2"))
+    );
+
+    let queue = queue_of(&cluster, candidate.lock()).await;
+    assert_eq!(queue.len(), 1, "only the leader's key is queued: {queue:?}");
+    let record = format!("{}/", candidate.lock().keys().companion(RECORD));
+    let resp = admin(&cluster)
+        .await
+        .get(record.as_str(), None)
+        .await
+        .expect("read the record");
+    let kv = resp.kvs().first().expect("the record is stored");
+    assert_eq!(kv.lease(), 0, "the record outlives its leader");
+    assert_eq!(
+        kv.value_str().expect("utf-8"),
+        format!("{}\n{}\nv2", leadership.term(), leadership.token().as_str())
+    );
+
+    cluster.members[0].restart().expect("restart etcd");
+    // The same value again (no change to observe) until etcd answers.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while let Err(err) = leadership.proclaim("v2").await {
+        assert!(
+            Instant::now() < deadline,
+            "no proclaim after the restart: {err}"
+        );
+        sleep(Duration::from_millis(100)).await;
+    }
+    // The observer waits from now on (it is polled only after etcd is back, so no failed
+    // read of its own makes it subscribe again); only the watch can wake it in time.
+    let waiting = tokio::spawn(async move { observer.next().await });
+    sleep(Duration::from_millis(500)).await;
+    leadership.proclaim("v3").await.expect("proclaim");
+    let seen = timeout(quick, waiting)
+        .await
+        .expect("the watch works again after the restart")
+        .expect("task")
+        .expect("observe");
+    assert_eq!(
+        (seen.term, seen.value.as_deref()),
+        (leadership.term(), Some("v3"))
+    );
+    leadership.resign().await.expect("resign");
 }

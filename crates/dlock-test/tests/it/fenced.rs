@@ -170,3 +170,90 @@ async fn a_postgres_row_refuses_fences_below_the_highest_it_saw() {
         assert!(PgFencedTable::new(bad, "sku").is_err(), "{bad}");
     }
 }
+
+/// The oversell demo's idea applied to terms: a leader that stalls past its lease (its
+/// runtime blocked, as a GC pause would block it) is replaced, and when it wakes up its
+/// writes under the old term are refused by a resource that checks the term.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deposed_leader_s_writes_are_refused_by_term() {
+    use std::time::Duration;
+
+    let t = RedisTarget::start();
+    let name = unique("elect-fenced");
+    let schedule = RedisFenced::new(unique("schedule"));
+    let ttl = Duration::from_millis(600);
+
+    // The old leader lives on a runtime of its own that we block.
+    let old_client = t.client().await;
+    let (name2, schedule2, url) = (name.clone(), schedule.clone(), t.server.url());
+    let (led_tx, led_rx) = std::sync::mpsc::channel();
+    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+    let old = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async move {
+            let mut conn = redis::Client::open(url)
+                .expect("url")
+                .get_multiplexed_async_connection()
+                .await
+                .expect("connection");
+            let election = dlock::Election::builder(old_client, &name2)
+                .ttl(ttl)
+                .build()
+                .expect("valid");
+            let leadership = election.campaign("old").await.expect("campaign");
+            let term = leadership.term();
+            schedule2
+                .write(&mut conn, term, "run by old")
+                .await
+                .expect("redis")
+                .expect("the leader writes");
+            led_tx.send(term).expect("send");
+            // A stall longer than the lease: nothing on this runtime runs, renewals
+            // included.
+            go_rx.recv().expect("go");
+            let late = schedule2
+                .write(&mut conn, term, "late write by old")
+                .await
+                .expect("redis");
+            (term, late, leadership.is_lost())
+        })
+    });
+    let old_term = led_rx.recv().expect("old leads");
+    let election = dlock::Election::builder(t.client().await, &name)
+        .ttl(ttl)
+        .build()
+        .expect("valid");
+    let new = tokio::time::timeout(Duration::from_secs(10), election.campaign("new"))
+        .await
+        .expect("the stalled leader's lease runs out")
+        .expect("campaign");
+    assert!(new.term() > old_term);
+    let mut conn = t.admin().await;
+    schedule
+        .write(&mut conn, new.term(), "run by new")
+        .await
+        .expect("redis")
+        .expect("the new leader writes");
+    go_tx.send(()).expect("wake the old leader");
+    let (term, late, lost) = old.join().expect("old leader thread");
+    assert_eq!(term, old_term);
+    assert_eq!(
+        late,
+        Err(StaleFence {
+            fence: old_term.get(),
+            highest: new.term().get()
+        }),
+        "the deposed leader's write was accepted"
+    );
+    assert!(lost, "the deposed leader knows it lost");
+    let value: String = redis::cmd("GET")
+        .arg(schedule.key())
+        .query_async(&mut conn)
+        .await
+        .expect("GET");
+    assert_eq!(value, "run by new");
+    new.resign().await.expect("resign");
+}

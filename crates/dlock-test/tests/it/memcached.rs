@@ -11,6 +11,10 @@ mod conformance {
     crate::lock_conformance_tests!(dlock_test::targets::MemcachedTarget::start());
 }
 
+mod election {
+    crate::election_tests!(dlock_test::targets::MemcachedTarget::start());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ttls_memcached_cannot_express_are_refused_and_validity_is_a_second_shorter() {
     let target = MemcachedTarget::start();

@@ -4,6 +4,10 @@ mod conformance {
     crate::all_conformance_tests!(dlock_test::targets::PostgresTarget::start());
 }
 
+mod election {
+    crate::election_tests!(dlock_test::targets::PostgresTarget::start());
+}
+
 use std::time::Duration;
 
 use dlock::backend::Postgres;

@@ -13,6 +13,10 @@ mod conformance {
     crate::all_conformance_tests!(dlock_test::targets::RedisTarget::start());
 }
 
+mod election {
+    crate::election_tests!(dlock_test::targets::RedisTarget::start());
+}
+
 async fn cmd<T: redis::FromRedisValue>(
     conn: &mut redis::aio::MultiplexedConnection,
     args: &[&str],
@@ -429,6 +433,80 @@ async fn a_non_string_at_the_lock_key_is_a_typed_error() {
     assert_eq!(err.kind(), ErrorKind::Backend, "{err}");
     let exists: i64 = cmd(&mut admin, &["EXISTS", lock.keys().lock()]).await;
     assert_eq!(exists, 0, "the lock key must not be left without a fence");
+}
+
+/// The election record: terms compare exactly as u64 (beyond 2^53, where Lua doubles
+/// would call two terms equal), a publish is one `EVALSHA` that announces on the record's
+/// channel and a read is one `HMGET`; a record that dlock did not write is a typed error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_election_record_compares_terms_exactly_in_one_round_trip() {
+    use dlock::raw::{RECORD, RawElection};
+    let t = RedisTarget::start();
+    let client = t.client().await;
+    let keys = dlock::keys::LockKeys::new(dlock::DEFAULT_ELECTION_PREFIX, &unique("record"))
+        .expect("valid");
+    assert_eq!(client.record(&keys).await.expect("read"), None);
+    let mut admin = t.admin().await;
+    let _: () = cmd(&mut admin, &["CONFIG", "RESETSTAT"]).await;
+    let big = (1u64 << 53) + 1;
+    assert!(client.publish(&keys, big, "a\nnew").await.expect("publish"));
+    assert_eq!(
+        client.record(&keys).await.expect("read"),
+        Some((big, "a\nnew".to_owned()))
+    );
+    let calls = all_calls(&mut admin).await;
+    let count = |name: &str| calls.iter().find(|(n, _)| n == name).map_or(0, |(_, c)| *c);
+    assert_eq!(
+        (count("evalsha"), count("hmget"), count("publish")),
+        (1, 1, 1),
+        "{calls:?}"
+    );
+    // 2^53 is the same double as 2^53 + 1: an inexact comparison would let it through.
+    assert!(
+        !client
+            .publish(&keys, big - 1, "stale")
+            .await
+            .expect("publish")
+    );
+    assert!(!client.publish(&keys, 10, "stale").await.expect("publish"));
+    assert!(
+        client
+            .publish(&keys, big, "same term")
+            .await
+            .expect("publish")
+    );
+    assert!(
+        client
+            .publish(&keys, u64::MAX, "last")
+            .await
+            .expect("publish")
+    );
+    assert!(
+        !client
+            .publish(&keys, u64::MAX - 1, "stale")
+            .await
+            .expect("publish")
+    );
+    assert_eq!(
+        client.record(&keys).await.expect("read"),
+        Some((u64::MAX, "last".to_owned()))
+    );
+    let record = keys.companion(RECORD);
+    let ttl: i64 = cmd(&mut admin, &["PTTL", &record]).await;
+    assert_eq!(ttl, -1, "the record never expires");
+
+    // A record someone else wrote: typed errors, nothing overwritten.
+    let _: i64 = cmd(&mut admin, &["HSET", &record, "term", "007"]).await;
+    let err = client.publish(&keys, 8, "x").await.expect_err("tampered");
+    assert_eq!(err.kind(), ErrorKind::Backend, "{err}");
+    let err = client.record(&keys).await.expect_err("tampered");
+    assert_eq!(err.kind(), ErrorKind::Backend, "{err}");
+    let _: i64 = cmd(&mut admin, &["DEL", &record]).await;
+    let _: () = cmd(&mut admin, &["SET", &record, "x"]).await;
+    let err = client.publish(&keys, 8, "x").await.expect_err("a string");
+    assert!(err.to_string().contains("WRONGTYPE"), "{err}");
+    let err = client.record(&keys).await.expect_err("a string");
+    assert!(err.to_string().contains("WRONGTYPE"), "{err}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
-use dlock::Lock;
 use dlock::backend::Redis;
+use dlock::{Election, Lock};
 use dlock_test::conformance::unique;
 use dlock_test::server::{RedisServer, SentinelServer};
 use tokio::time::{Instant, sleep, timeout};
@@ -184,4 +184,84 @@ async fn locks_follow_a_sentinel_failover() {
         .expect("the waiter wakes although its announcement may have been lost")
         .expect("task");
     g.release().await.expect("release");
+}
+
+/// An election over clients configured by sentinel: a candidate leads, `leader()` on
+/// another client reports it, its resign hands over to the queued candidate at once (long
+/// before the 20 s lease), and an observer hears both leaders through the master found by
+/// the sentinel.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_election_over_sentinel_hands_over_on_resign() {
+    let master = RedisServer::start().expect("master");
+    let name = "dlockelect";
+    let sentinel = SentinelServer::start(master.port(), name, 1).expect("sentinel");
+    let url = format!("redis+sentinel://{}/{name}", sentinel.addr());
+    let ttl = Duration::from_secs(20);
+    let election_name = unique("sentinel-elect");
+    let mut candidates = Vec::new();
+    for _ in 0..3 {
+        let client = Redis::connect(&url).await.expect("connect via sentinel");
+        candidates.push(
+            Election::builder(client, &election_name)
+                .ttl(ttl)
+                .build()
+                .expect("valid"),
+        );
+    }
+    let watcher = candidates.pop().expect("three");
+    let b = candidates.pop().expect("two");
+    let a = candidates.pop().expect("one");
+    assert_eq!(watcher.leader().await.expect("read"), None);
+    let mut observer = watcher.observe();
+
+    let first = a.campaign("host-a:8080").await.expect("campaign");
+    let seen = watcher.leader().await.expect("read").expect("a leader");
+    assert_eq!(seen.term, first.term());
+    assert_eq!(seen.value.as_deref(), Some("host-a:8080"));
+    let change = timeout(Duration::from_secs(10), observer.next())
+        .await
+        .expect("the observer sees the first leader")
+        .expect("observe");
+    assert_eq!(
+        (change.term, change.value.as_deref()),
+        (first.term(), Some("host-a:8080"))
+    );
+    assert!(
+        b.try_campaign("host-b:8080").await.expect("try").is_none(),
+        "a second leader while the first leads"
+    );
+
+    let waiting = tokio::spawn(async move {
+        let l = b.campaign("host-b:8080").await.expect("campaign");
+        (Instant::now(), l)
+    });
+    sleep(Duration::from_millis(300)).await; // b queues
+    let first_term = first.term();
+    let resigned = Instant::now();
+    first.resign().await.expect("resign");
+    let (led, second) = timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("the next candidate leads")
+        .expect("task");
+    let took = led.duration_since(resigned);
+    assert!(
+        took < Duration::from_secs(5),
+        "took over {took:?} after a resign: it waited for the lease"
+    );
+    assert!(second.term() > first_term);
+    let seen = watcher.leader().await.expect("read").expect("a leader");
+    assert_eq!(
+        (seen.term, seen.value.as_deref()),
+        (second.term(), Some("host-b:8080"))
+    );
+    let change = timeout(Duration::from_secs(10), observer.next())
+        .await
+        .expect("the observer sees the hand-over")
+        .expect("observe");
+    assert_eq!(
+        (change.term, change.value.as_deref()),
+        (second.term(), Some("host-b:8080"))
+    );
+    second.resign().await.expect("resign");
+    assert_eq!(watcher.leader().await.expect("read"), None);
 }

@@ -6,6 +6,10 @@ mod conformance {
     crate::all_conformance_tests!(dlock_test::targets::ZooKeeperTarget::start());
 }
 
+mod election {
+    crate::election_tests!(dlock_test::targets::ZooKeeperTarget::start());
+}
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;

@@ -77,6 +77,11 @@
 //!   [`force_unlock`](RawInspect::force_unlock) deletes the first key (compared on its create
 //!   revision), which wakes the next in line; [`list`](RawInspect::list) names every lock
 //!   whose queue has a key.
+//! * **Elections** ([`RawElection`]): the leader's record is one key, `{K}:leader/` (its
+//!   companion key plus `/`), with no lease: it outlives its leader, as the term does, and
+//!   readers compare its holder with the queue's first key. The trailing `/` keeps it out
+//!   of every lock's queue. A publish is a compare-and-swap on the key's mod revision that
+//!   reads the stored term back when it loses; observers watch the key's puts.
 //!
 //! Costs: an attempt is a lease call and a transaction (plus a lease read when the lock is
 //! held); a waiter keeps one watch stream open and sends a keep-alive every third of its
@@ -98,7 +103,9 @@ use crate::engine::Engine;
 use crate::engine::wait::GrantSlot;
 use crate::error::{Error, ErrorKind, Result};
 use crate::keys::LockKeys;
-use crate::raw::{Acquire, LockState, RawFencing, RawInspect, RawLock, ReleaseWatch};
+use crate::raw::{
+    Acquire, LockState, RECORD, RawElection, RawFencing, RawInspect, RawLock, ReleaseWatch,
+};
 use crate::token::Token;
 
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -547,21 +554,77 @@ impl Etcd {
         let options = WatchOptions::new()
             .with_start_revision(from)
             .with_filters([WatchFilterType::NoPut]);
+        self.open_watch(&key, options, "watching the waiter ahead")
+            .await?
+            .ok_or_else(|| Error::new(ErrorKind::Backend, "etcd refused a watch"))
+    }
+
+    /// Opens a watch of `key` and waits for etcd to confirm it (its first response), so
+    /// that every event from then on is delivered; `None` if etcd refused it.
+    async fn open_watch(
+        &self,
+        key: &[u8],
+        options: WatchOptions,
+        doing: &'static str,
+    ) -> Result<Option<WatchStream>> {
+        let key = key.to_vec();
         let mut stream = self
-            .call("watching the waiter ahead", |mut c| async move {
-                c.watch(key, Some(options)).await
-            })
+            .call(
+                doing,
+                |mut c| async move { c.watch(key, Some(options)).await },
+            )
             .await?;
         let created = tokio::time::timeout(self.inner.timeout, stream.message())
             .await
             .map_err(|_| Error::new(ErrorKind::TimedOut, "etcd did not confirm a watch"))?
-            .map_err(|e| map_err(e, "watching the waiter ahead"))?
+            .map_err(|e| map_err(e, doing))?
             .is_some_and(|r| r.created());
-        if created {
-            Ok(stream)
-        } else {
-            Err(Error::new(ErrorKind::Backend, "etcd refused a watch"))
-        }
+        Ok(created.then_some(stream))
+    }
+
+    /// A watch woken at every event of `kind` on `key` (watched with `options`), in effect
+    /// when this returns ([`ReleaseWatch::none`] if etcd refused it). When etcd ends the
+    /// stream (connection lost, member restarted) the task wakes its listener at once and
+    /// opens a new watch, waking it again once that one is in effect: a listener that reads
+    /// after each wake-up misses no event, and the watch keeps working for as long as it
+    /// is held.
+    async fn wake_on(
+        &self,
+        key: String,
+        options: WatchOptions,
+        kind: EventType,
+        doing: &'static str,
+    ) -> Result<ReleaseWatch> {
+        let Some(mut stream) = self
+            .open_watch(key.as_bytes(), options.clone(), doing)
+            .await?
+        else {
+            return Ok(ReleaseWatch::none());
+        };
+        let notify = Arc::new(Notify::new());
+        let wake = Arc::clone(&notify);
+        let etcd = self.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                while heard(Some(&mut stream), kind).await {
+                    wake.notify_one();
+                }
+                // The watch ended: let the listener look now (a waiter retries), and again
+                // once a new watch is in effect, in case something happened in between.
+                wake.notify_one();
+                stream = loop {
+                    tokio::time::sleep(FOLLOW_RETRY).await;
+                    if let Ok(Some(s)) = etcd
+                        .open_watch(key.as_bytes(), options.clone(), doing)
+                        .await
+                    {
+                        break s;
+                    }
+                };
+                wake.notify_one();
+            }
+        });
+        Ok(ReleaseWatch::new(notify, Some(Box::new(AbortOnDrop(task)))))
     }
 
     /// Renews the lease of our queue key `key`: `Some(false)` if it is gone (and with it our
@@ -647,7 +710,7 @@ impl Etcd {
             }
             loop {
                 tokio::select! {
-                    clean = deleted(stream.as_mut()) => {
+                    clean = heard(stream.as_mut(), EventType::Delete) => {
                         if !clean {
                             tokio::time::sleep(FOLLOW_RETRY).await;
                         } else if only && told != place.rev {
@@ -696,20 +759,16 @@ struct Ahead {
     ours: bool,
 }
 
-/// Resolves when the watched key is deleted (`true`) or the watch ends (`false`:
-/// cancelled, compacted, connection lost); never without a watch.
-async fn deleted(stream: Option<&mut WatchStream>) -> bool {
+/// Resolves when an event of `kind` (a deletion, a put) is heard (`true`) or the watch
+/// ends (`false`: cancelled, compacted, connection lost); never without a watch.
+async fn heard(stream: Option<&mut WatchStream>, kind: EventType) -> bool {
     let Some(stream) = stream else {
         return std::future::pending().await;
     };
     loop {
         match stream.message().await {
             Ok(Some(resp)) => {
-                if resp
-                    .events()
-                    .iter()
-                    .any(|e| e.event_type() == EventType::Delete)
-                {
+                if resp.events().iter().any(|e| e.event_type() == kind) {
                     return true;
                 }
                 if resp.canceled() {
@@ -885,39 +944,16 @@ impl RawLock for Etcd {
 
     /// Any release of the lock (a deletion in its queue): for callers without a token.
     async fn watch(&self, keys: &LockKeys) -> Result<ReleaseWatch> {
-        let prefix = queue_prefix(keys);
-        let mut stream = self
-            .call("watching a lock", |mut c| async move {
-                c.watch(
-                    prefix,
-                    Some(
-                        WatchOptions::new()
-                            .with_prefix()
-                            .with_filters([WatchFilterType::NoPut]),
-                    ),
-                )
-                .await
-            })
-            .await?;
-        // The first response confirms the watch: releases from here on are heard.
-        let created = tokio::time::timeout(self.inner.timeout, stream.message())
-            .await
-            .map_err(|_| Error::new(ErrorKind::TimedOut, "etcd did not confirm a watch"))?
-            .map_err(|e| map_err(e, "watching a lock"))?
-            .is_some_and(|r| r.created());
-        if !created {
-            return Ok(ReleaseWatch::none());
-        }
-        let notify = Arc::new(Notify::new());
-        let wake = Arc::clone(&notify);
-        let task = tokio::spawn(async move {
-            while deleted(Some(&mut stream)).await {
-                wake.notify_one();
-            }
-            // The watch ended (connection lost): let the waiter retry now.
-            wake.notify_one();
-        });
-        Ok(ReleaseWatch::new(notify, Some(Box::new(AbortOnDrop(task)))))
+        let options = WatchOptions::new()
+            .with_prefix()
+            .with_filters([WatchFilterType::NoPut]);
+        self.wake_on(
+            queue_prefix(keys),
+            options,
+            EventType::Delete,
+            "watching a lock",
+        )
+        .await
     }
 
     /// Wakes `token`'s waiter when no key is left before its own; keeps its lease alive
@@ -994,6 +1030,91 @@ impl Drop for AbortOnDrop {
 /// cluster-wide, strictly increasing and persisted (raft log and snapshots), so it survives
 /// restarts and leader changes, and the queue grants in create-revision order.
 impl RawFencing for Etcd {}
+
+/// The record is one key without a lease (`{K}:leader/`), so it outlives its leader as
+/// revisions do. [`publish`](RawElection::publish) is a compare-and-swap on the key's mod
+/// revision: one transaction writes if the key is as last seen (first guess: absent) and
+/// otherwise reads it back, and a write is refused once a read finds a newer term. The
+/// write itself is the announcement: [`watch_record`](RawElection::watch_record) is an etcd
+/// watch of puts on the key.
+impl RawElection for Etcd {
+    async fn publish(&self, keys: &LockKeys, term: u64, data: &str) -> Result<bool> {
+        let key = record_key(keys);
+        let value = super::record_text(term, data);
+        // The record's mod revision as last seen; 0 matches an absent key.
+        let mut seen = 0;
+        // Only a leader writes, so a lost race is rare and the next read shows a newer
+        // term (refused) or the same leader's repeat.
+        for _ in 0..5 {
+            let txn = Txn::new()
+                .when([Compare::mod_revision(key.as_str(), CompareOp::Equal, seen)])
+                .and_then([TxnOp::put(key.as_str(), value.as_str(), None)])
+                .or_else([TxnOp::get(key.as_str(), None)]);
+            let resp = self
+                .call("publishing an election record", |mut c| async move {
+                    c.txn(txn).await
+                })
+                .await?;
+            if resp.succeeded() {
+                return Ok(true);
+            }
+            let stored = resp.op_responses().into_iter().find_map(|op| match op {
+                TxnOpResponse::Get(get) => get
+                    .kvs()
+                    .first()
+                    .map(|kv| (kv.value().to_vec(), kv.mod_revision())),
+                _ => None,
+            });
+            seen = match stored {
+                Some((value, revision)) => {
+                    if super::parse_record(&value, "in etcd")?.0 > term {
+                        return Ok(false);
+                    }
+                    revision
+                }
+                None => 0,
+            };
+        }
+        Err(Error::new(
+            ErrorKind::Backend,
+            "the election record kept changing while publishing",
+        )
+        .retryable(true))
+    }
+
+    async fn record(&self, keys: &LockKeys) -> Result<Option<(u64, String)>> {
+        let key = record_key(keys);
+        let resp = self
+            .call("reading an election record", |mut c| async move {
+                c.get(key, None).await
+            })
+            .await?;
+        resp.kvs()
+            .first()
+            .map(|kv| super::parse_record(kv.value(), "in etcd"))
+            .transpose()
+    }
+
+    /// Wakes at every write of the record (an etcd watch of puts on its key).
+    async fn watch_record(&self, keys: &LockKeys) -> Result<ReleaseWatch> {
+        let options = WatchOptions::new().with_filters([WatchFilterType::NoDelete]);
+        self.wake_on(
+            record_key(keys),
+            options,
+            EventType::Put,
+            "watching an election record",
+        )
+        .await
+    }
+}
+
+/// The key of an election's record: the companion key [`RECORD`] plus a `/`
+/// (`{K}:leader/`). A key that ends in `/` is in no lock's queue (a queue key has a
+/// non-empty rest after `K/`, without `/`), so no lock's waiters, holder or
+/// [`list`](RawInspect::list) can take it for theirs.
+fn record_key(keys: &LockKeys) -> String {
+    format!("{}/", keys.companion(RECORD))
+}
 
 impl RawInspect for Etcd {
     async fn inspect(&self, keys: &LockKeys) -> Result<LockState> {
@@ -1078,8 +1199,28 @@ impl RawInspect for Etcd {
 
 #[cfg(test)]
 mod tests {
-    use super::{in_queue, lease_seconds};
+    use super::{in_queue, lease_seconds, record_key};
+    use crate::backend::parse_record;
+    use crate::keys::LockKeys;
     use std::time::Duration;
+
+    #[test]
+    fn an_election_record_is_in_no_queue_and_reads_back() {
+        for (prefix, name) in [("dlock-election:", "a"), ("p:", "{o}x"), ("", "a/b")] {
+            let keys = LockKeys::new(prefix, name).expect("valid");
+            let key = record_key(&keys);
+            for cut in 0..key.len() {
+                assert!(!in_queue(&key.as_bytes()[..cut], key.as_bytes()), "{key}");
+            }
+        }
+        let data = "token\nline one\nünïcödé\n";
+        assert_eq!(
+            parse_record(format!("42\n{data}").as_bytes(), "").ok(),
+            Some((42, data.to_owned()))
+        );
+        assert!(parse_record(b"x\ny", "").is_err());
+        assert!(parse_record(b"42", "").is_err());
+    }
 
     #[test]
     fn lease_seconds_round_up() {

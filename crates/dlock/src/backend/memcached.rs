@@ -50,7 +50,8 @@
 //! Memcached keys are at most 250 bytes, without spaces or control characters. A lock key
 //! that fits is used as is; any other (long, spaces, control characters, non-ASCII) is
 //! mapped to `<first 32 safe bytes>~<SHA-1 of the whole key in hex>`, so any lock name
-//! works. The fence counter is the mapped key plus `~fence`.
+//! works. The fence counter is the mapped key plus `~fence`, an election's record the
+//! mapped key plus `~elect`.
 //!
 //! # Fences
 //!
@@ -65,6 +66,13 @@
 //! early under memory pressure: the holder learns it at its next renewal (`lost()`
 //! fires). Give memcached memory to spare, or use Redis with persistence where fencing
 //! must survive.
+//!
+//! # Elections
+//!
+//! An election's record ([`RawElection`]) is one item without expiry, written by a
+//! gets/cas loop that refuses once it reads a newer term. Observers cannot be notified:
+//! they read again at a short interval. Like the fence counter, the record is lost to a
+//! restart, `flush_all` or an eviction (see the impl's docs for what readers see then).
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -78,7 +86,9 @@ use tokio::time::Instant;
 use crate::engine::Engine;
 use crate::error::{Error, ErrorKind, Result};
 use crate::keys::LockKeys;
-use crate::raw::{Acquire, LockState, RawFencing, RawInspect, RawLock, Renewal};
+use crate::raw::{
+    Acquire, LockState, RawElection, RawFencing, RawInspect, RawLock, ReleaseWatch, Renewal,
+};
 use crate::token::Token;
 use crate::validity::Drift;
 
@@ -475,6 +485,12 @@ fn fence_key(key: &str) -> String {
     format!("{}~fence", memcached_key(key))
 }
 
+/// The key of an election's record: the mapped lock key plus `~elect` (no longer than
+/// `~fence`, so it fits wherever the fence key does).
+fn record_key(key: &str) -> String {
+    format!("{}~elect", memcached_key(key))
+}
+
 /// Memcached's expiry for `ttl`: whole seconds, rounded up.
 ///
 /// # Errors
@@ -693,6 +709,63 @@ impl RawLock for Memcached {
 /// our token afterwards; see the module docs for what resets the counter.
 impl RawFencing for Memcached {}
 
+/// The record is one item without expiry (the mapped lock key plus `~elect`); a publish
+/// is a gets/cas loop (`mg` for value and CAS, then `ms … C<cas>`, or an add where there
+/// is none) that refuses once it reads a newer term. Memcached cannot notify, so
+/// observers read again at a short interval.
+///
+/// # Durability
+///
+/// Like the fence counter, the record lives in memcached's memory only: a restart,
+/// `flush_all` or an LRU eviction loses it. The leader is then reported without a value
+/// until its next [`proclaim`](crate::Leadership::proclaim) (or the next leader) writes it
+/// again, and the term check starts over from the next write: a deposed leader's late
+/// write can land then, but readers compare its holder with the lock's and ignore it.
+impl RawElection for Memcached {
+    async fn publish(&self, keys: &LockKeys, term: u64, data: &str) -> Result<bool> {
+        let key = record_key(keys.lock());
+        let value = super::record_text(term, data);
+        // Only a leader writes, so a lost race is rare and the next read shows a newer
+        // term (refused) or the same leader's repeat.
+        for _ in 0..5 {
+            // T0: no expiry. ME: add (only if absent).
+            let write = match self.get(&key).await? {
+                Some((stored, cas, _)) => {
+                    if super::parse_record(&stored, "in memcached")?.0 > term {
+                        return Ok(false);
+                    }
+                    format!("ms {key} {} T0 C{cas}\r\n{value}\r\n", value.len())
+                }
+                None => format!("ms {key} {} T0 ME\r\n{value}\r\n", value.len()),
+            };
+            let reply = self.one(write.into_bytes()).await?;
+            match reply.code.as_str() {
+                "HD" => return Ok(true),
+                // Written (EX, NS) or deleted (NF) since our read: read again.
+                "EX" | "NS" | "NF" => {}
+                other => return Err(unexpected("ms (publish)", other)),
+            }
+        }
+        Err(Error::new(
+            ErrorKind::Backend,
+            "the election record kept changing while publishing",
+        )
+        .retryable(true))
+    }
+
+    async fn record(&self, keys: &LockKeys) -> Result<Option<(u64, String)>> {
+        self.get(&record_key(keys.lock()))
+            .await?
+            .map(|(stored, _, _)| super::parse_record(&stored, "in memcached"))
+            .transpose()
+    }
+
+    /// Memcached has no notification: [`ReleaseWatch::none`].
+    async fn watch_record(&self, _keys: &LockKeys) -> Result<ReleaseWatch> {
+        Ok(ReleaseWatch::none())
+    }
+}
+
 impl RawInspect for Memcached {
     async fn inspect(&self, keys: &LockKeys) -> Result<LockState> {
         let key = memcached_key(keys.lock());
@@ -747,6 +820,27 @@ mod tests {
             );
         }
         assert_eq!(memcached_key("a b"), memcached_key("a b"));
+    }
+
+    #[test]
+    fn election_records_fit_and_read_back() {
+        for key in [
+            "dlock-election:a",
+            &"x".repeat(MAX_KEY_LEN - 6),
+            &"y".repeat(400),
+        ] {
+            let k = record_key(key);
+            assert!(k.len() <= MAX_KEY_LEN, "{k}");
+            assert_ne!(k, fence_key(key));
+            assert_ne!(k, memcached_key(key));
+        }
+        let data = "token\nline one\nünïcödé\r\n";
+        assert_eq!(
+            crate::backend::parse_record(format!("7\n{data}").as_bytes(), "").ok(),
+            Some((7, data.to_owned()))
+        );
+        assert!(crate::backend::parse_record(b"7", "").is_err());
+        assert!(crate::backend::parse_record(b"-1\nx", "").is_err());
     }
 
     #[test]

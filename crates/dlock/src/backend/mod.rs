@@ -34,6 +34,29 @@ pub use self::zookeeper::ZooKeeper;
 
 /// `scheme://user:password@host…` with the password (in the user info, or a `password=`
 /// query parameter) replaced by `***`, for messages.
+/// An election record as one string, `<term>\n<data>`, for stores that keep it in one
+/// value (etcd, memcached, ZooKeeper).
+#[cfg(any(feature = "etcd", feature = "memcached", feature = "zookeeper"))]
+pub(crate) fn record_text(term: u64, data: &str) -> String {
+    format!("{term}\n{data}")
+}
+
+/// The `(term, data)` of a stored [`record_text`]; `where_` names the record in the error
+/// when it is not one (a `Backend` error: something else wrote the key).
+#[cfg(any(feature = "etcd", feature = "memcached", feature = "zookeeper"))]
+pub(crate) fn parse_record(stored: &[u8], where_: &str) -> crate::Result<(u64, String)> {
+    std::str::from_utf8(stored)
+        .ok()
+        .and_then(|text| text.split_once('\n'))
+        .and_then(|(term, data)| Some((term.parse().ok()?, data.to_owned())))
+        .ok_or_else(|| {
+            crate::Error::new(
+                crate::ErrorKind::Backend,
+                format!("the election record {where_} is not `<term>\\n<data>`"),
+            )
+        })
+}
+
 #[cfg(any(feature = "postgres", feature = "zookeeper"))]
 pub(crate) fn redact_url(url: &str) -> String {
     use std::fmt::Write as _;

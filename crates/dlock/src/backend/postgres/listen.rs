@@ -9,6 +9,12 @@
 //! taken are forgotten (the server may have lost them), and every waiter is woken to try
 //! again (a notification may have been missed while it was down); the next queueing
 //! attempt opens it again before it queues, so no waiter queues on a channel nobody hears.
+//!
+//! Elections' records are announced differently: every observer of an election, on any
+//! client, wants to hear a write of its record, so a write is broadcast on one channel that
+//! every client shares ([`RECORDS_CHANNEL`], the payload the lock key). This connection
+//! `LISTEN`s on it too once an observer registers (and again after it reopens, while one
+//! is registered); such a notification only ever wakes (it never hands anything over).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
@@ -37,12 +43,20 @@ struct Shared {
 
 #[derive(Default)]
 struct State {
-    /// The open connection's client (dropping it closes the connection) and its backend
-    /// pid, if any.
-    up: Option<(tokio_postgres::Client, i32)>,
+    /// The open connection's client (dropping the last handle closes the connection) and
+    /// its backend pid, if any.
+    up: Option<(Arc<tokio_postgres::Client>, i32)>,
     /// What this client's waiters wait for, by name.
     waiters: HashMap<String, Waiting>,
+    /// This client's observers of elections' records, by lock key.
+    records: HashMap<String, Waiting>,
+    /// Whether the open connection listens on [`RECORDS_CHANNEL`].
+    records_heard: bool,
 }
+
+/// The channel every client's writes of an election's record are announced on, with the
+/// election's lock key as the payload (see the module docs).
+pub(super) const RECORDS_CHANNEL: &str = "dlk_records";
 
 /// The local waiters registered under one name.
 struct Waiting {
@@ -63,8 +77,20 @@ impl Shared {
     fn down(&self) {
         let mut state = self.state();
         state.up = None;
+        state.records_heard = false;
         for w in state.waiters.values() {
             w.grants.clear();
+            w.notify.notify_one();
+        }
+        for w in state.records.values() {
+            w.notify.notify_one();
+        }
+    }
+
+    /// A write of the record of the election whose lock key is `key`: wakes one of its
+    /// local observers (who passes it on).
+    fn deliver_record(&self, key: &str) {
+        if let Some(w) = self.state().records.get(key) {
             w.notify.notify_one();
         }
     }
@@ -89,20 +115,28 @@ impl Shared {
     }
 }
 
-/// Keeps a waiter registered; dropping it (with its [`ReleaseWatch`]) removes it.
+/// Keeps a waiter (or a record's observer) registered; dropping it (with its
+/// [`ReleaseWatch`]) removes it.
 struct Registration {
     shared: Weak<Shared>,
     name: String,
+    /// An observer of an election's record (else a waiter).
+    record: bool,
 }
 
 impl Drop for Registration {
     fn drop(&mut self) {
         if let Some(shared) = self.shared.upgrade() {
             let mut state = shared.state();
-            if let Some(w) = state.waiters.get_mut(&self.name) {
+            let map = if self.record {
+                &mut state.records
+            } else {
+                &mut state.waiters
+            };
+            if let Some(w) = map.get_mut(&self.name) {
                 w.count -= 1;
                 if w.count == 0 {
-                    state.waiters.remove(&self.name);
+                    map.remove(&self.name);
                 }
             }
         }
@@ -161,6 +195,13 @@ impl Listener {
         if self.is_up() {
             return Ok(());
         }
+        self.open().await
+    }
+
+    /// Opens the connection and `LISTEN`s on this client's channel, and on
+    /// [`RECORDS_CHANNEL`] if a record's observer is registered. The caller holds
+    /// `opening`.
+    async fn open(&self) -> Result<()> {
         let doing = "opening the LISTEN connection";
         let (on_message, on_end) = (Arc::downgrade(&self.shared), Arc::downgrade(&self.shared));
         let client = self
@@ -172,12 +213,20 @@ impl Listener {
                     if let (AsyncMessage::Notification(n), Some(shared)) =
                         (message, on_message.upgrade())
                     {
-                        shared.deliver(n.payload());
+                        if n.channel() == RECORDS_CHANNEL {
+                            shared.deliver_record(n.payload());
+                        } else {
+                            shared.deliver(n.payload());
+                        }
                     }
                 },
                 move || {
                     if let Some(shared) = on_end.upgrade() {
                         shared.down();
+                        if !shared.state().records.is_empty() {
+                            // Observers do not subscribe again by themselves.
+                            spawn_relisten(on_end);
+                        }
                     }
                 },
             )
@@ -187,11 +236,67 @@ impl Listener {
             .batch_execute(&format!("LISTEN \"{}\"", self.shared.channel))
             .await
             .map_err(|e| map_err(&e, doing))?;
+        // Observers registered before the connection opened (or while it was down) are
+        // heard from now on; one registered later LISTENs itself (`watch_record`, which
+        // waits for `opening`).
+        let records = !self.shared.state().records.is_empty();
+        if records {
+            client
+                .batch_execute(&format!("LISTEN {RECORDS_CHANNEL}"))
+                .await
+                .map_err(|e| map_err(&e, doing))?;
+        }
         let row = client
             .query_one("SELECT pg_backend_pid()", &[])
             .await
             .map_err(|e| map_err(&e, doing))?;
-        self.shared.state().up = Some((client, row.get(0)));
+        let mut state = self.shared.state();
+        state.up = Some((Arc::new(client), row.get(0)));
+        state.records_heard = records;
+        if records {
+            // Opened again while observers were registered: a write announced while it
+            // was down went unheard, so they read again.
+            for w in state.records.values() {
+                w.notify.notify_one();
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether an observer of a record is registered while the connection does not
+    /// listen for records (it dropped since).
+    fn records_unheard(&self) -> bool {
+        let state = self.shared.state();
+        !state.records.is_empty() && !state.records_heard
+    }
+
+    /// Makes sure the connection is open and `LISTEN`s on [`RECORDS_CHANNEL`] (for the
+    /// registered observers of records).
+    async fn listen_records(&self) -> Result<()> {
+        let _opening = self.shared.opening.lock().await;
+        let client = {
+            let state = self.shared.state();
+            if state.records_heard && state.up.is_some() {
+                return Ok(());
+            }
+            state.up.as_ref().map(|(client, _)| Arc::clone(client))
+        };
+        let Some(client) = client else {
+            return self.open().await;
+        };
+        client
+            .batch_execute(&format!("LISTEN {RECORDS_CHANNEL}"))
+            .await
+            .map_err(|e| map_err(&e, "listening for elections' records"))?;
+        let mut state = self.shared.state();
+        // Unless the connection dropped meanwhile (then `down` cleared it).
+        if state
+            .up
+            .as_ref()
+            .is_some_and(|(up, _)| Arc::ptr_eq(up, &client))
+        {
+            state.records_heard = true;
+        }
         Ok(())
     }
 
@@ -199,32 +304,87 @@ impl Listener {
     /// waiters registered for it (the others are passed the wake-up by the one woken),
     /// and a hand-over naming it leaves its fence in their grant slot.
     pub(super) fn register(&self, name: &str) -> ReleaseWatch {
+        self.register_in(name, false)
+    }
+
+    /// Registers a waiter for `name` among the waiters, or among the observers of records
+    /// (`record`).
+    fn register_in(&self, name: &str, record: bool) -> ReleaseWatch {
         let (notify, grants) = {
             let mut state = self.shared.state();
-            let w = state
-                .waiters
-                .entry(name.to_owned())
-                .or_insert_with(|| Waiting {
-                    notify: Arc::new(Notify::new()),
-                    grants: Arc::new(GrantSlot::default()),
-                    count: 0,
-                });
+            let map = if record {
+                &mut state.records
+            } else {
+                &mut state.waiters
+            };
+            let w = map.entry(name.to_owned()).or_insert_with(|| Waiting {
+                notify: Arc::new(Notify::new()),
+                grants: Arc::new(GrantSlot::default()),
+                count: 0,
+            });
             w.count += 1;
             (Arc::clone(&w.notify), Arc::clone(&w.grants))
         };
-        ReleaseWatch::new(
+        let watch = ReleaseWatch::new(
             notify,
             Some(Box::new(Registration {
                 shared: Arc::downgrade(&self.shared),
                 name: name.to_owned(),
+                record,
             })),
-        )
-        .with_grants(grants)
+        );
+        // Nothing is ever handed over to an observer.
+        if record {
+            watch
+        } else {
+            watch.with_grants(grants)
+        }
     }
 
     /// Opens the connection if needed, then registers a waiter for `name`.
     pub(super) async fn watch(&self, name: &str) -> Result<ReleaseWatch> {
         self.ensure_up().await?;
         Ok(self.register(name))
+    }
+
+    /// Registers an observer of the record of the election whose lock key is `key`, then
+    /// makes sure the connection listens for records: a write announced after this
+    /// returns wakes it.
+    pub(super) async fn watch_record(&self, key: &str) -> Result<ReleaseWatch> {
+        let watch = self.register_in(key, true);
+        self.listen_records().await?;
+        Ok(watch)
+    }
+}
+
+/// How often a dropped connection is opened again for observers of records.
+const RELISTEN_PAUSE: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Starts [`relisten`] (a function of its own: spawned from inside `open`, whose future
+/// it awaits, the compiler could not tell that it is `Send`).
+fn spawn_relisten(shared: Weak<Shared>) {
+    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        runtime.spawn(relisten(shared));
+    }
+}
+
+/// After the connection dropped while observers of records were registered: opens it
+/// again (every [`RELISTEN_PAUSE`], while any is registered and nobody else has), which
+/// wakes them to read again.
+async fn relisten(shared: Weak<Shared>) {
+    loop {
+        tokio::time::sleep(RELISTEN_PAUSE).await;
+        let Some(shared) = shared.upgrade() else {
+            return;
+        };
+        let listener = Listener { shared };
+        if !listener.records_unheard() {
+            return;
+        }
+        match tokio::time::timeout(RELISTEN_PAUSE * 5, listener.listen_records()).await {
+            Ok(Ok(())) => return,
+            Ok(Err(e)) => tracing::debug!(error = %e, "listening for records again failed"),
+            Err(_) => tracing::debug!("listening for records again: no answer in time"),
+        }
     }
 }

@@ -56,6 +56,21 @@
 //!   that came through the gate. The fair lock and the family's primitives wait in the
 //!   table.
 //!
+//! # Elections
+//!
+//! An [`Election`](crate::Election)'s record is one row of `<schema>.records` (`key`: the
+//! election's lock key, `term`, `data`). [`publish`](crate::raw::RawElection::publish) is
+//! one statement: `INSERT … ON CONFLICT (key) DO UPDATE … WHERE records.term <=
+//! excluded.term`, which also sends `pg_notify('dlk_records', <key>)` when it wrote the
+//! row (delivered at commit). Releases are told to one waiter on its own client's channel,
+//! but a record's write is for every observer on every client, so it goes out on this one
+//! channel that all clients of the database share; a client `LISTEN`s on it (on its
+//! `LISTEN` connection) from its first observer on, and wakes only the observers of that
+//! key. If that connection drops, it is opened again (every second, while observers are
+//! registered), and they read again once it listens, for a write they missed. Terms are
+//! fences, so they fit the `bigint`; a value cannot contain NUL (PostgreSQL's `text`
+//! cannot hold it: `InvalidArgument`). Like the fence, the row is never deleted.
+//!
 //! # Fences survive restarts
 //!
 //! A release clears the holder but keeps the row, so its `fence` only ever grows; the
@@ -68,16 +83,19 @@
 //! # Schema
 //!
 //! On connect, the client creates what it needs if anything is missing: the schema, the
-//! tables `locks` (one row per name: `key`, `holder`, `expires_at`, `fence`) and
-//! `waiters`, and the functions `acquire` and `release` (idempotent; concurrent first
-//! connects are serialised by a transaction-scoped advisory lock). [`schema_sql`] returns
-//! the statements, for a DBA who prefers to run them by hand.
+//! tables `locks` (one row per name: `key`, `holder`, `expires_at`, `fence`), `leases`,
+//! `waiters` and `records` (one row per election: `key`, `term`, `data`), and the
+//! functions `acquire`, `release` and the others (idempotent; concurrent first connects
+//! are serialised by a transaction-scoped advisory lock). [`schema_sql`] returns the
+//! statements, for a DBA who prefers to run them by hand (a schema made by an earlier
+//! version without `records` is completed on connect, which needs `CREATE` once).
 //!
 //! The schema name is `dlock` unless the URL says `?schema=<name>` (lowercase letters,
 //! digits and `_`, at most 63 bytes). If everything exists already, nothing is created, so
 //! a role without `CREATE` can use a schema a DBA made. At run time the role needs
-//! `USAGE` on the schema, `SELECT`, `INSERT`, `UPDATE`, `DELETE` on its tables and
-//! `EXECUTE` on its functions (granted to `PUBLIC` by default).
+//! `USAGE` on the schema, `SELECT`, `INSERT`, `UPDATE`, `DELETE` on its tables (elections
+//! use `SELECT`, `INSERT`, `UPDATE` on `records`) and `EXECUTE` on its functions (granted
+//! to `PUBLIC` by default).
 //!
 //! # Connections
 //!
@@ -116,6 +134,7 @@ use crate::raw::{Acquire, LockState, RawFencing, RawInspect, RawLock, ReleaseWat
 use crate::token::Token;
 
 mod advisory;
+mod election;
 mod family;
 mod listen;
 
@@ -215,6 +234,8 @@ struct Statements {
     rw_acquire: String,
     rw_release: String,
     rw_inspect: String,
+    publish: String,
+    record: String,
 }
 
 impl Statements {
@@ -330,6 +351,19 @@ impl Statements {
                 left("l.expires_at"),
                 left("e.expires_at")
             ),
+            // An election's record, written unless a newer term is stored, and announced
+            // (at commit) only when written: whether it was.
+            publish: format!(
+                "WITH written AS (
+                     INSERT INTO {s}.records AS r (key, term, data) VALUES ($1, $2, $3)
+                     ON CONFLICT (key) DO UPDATE SET term = excluded.term, data = excluded.data
+                     WHERE r.term <= excluded.term
+                     RETURNING r.key
+                 )
+                 SELECT count(pg_notify('{}', w.key)::text) > 0 FROM written w",
+                listen::RECORDS_CHANNEL
+            ),
+            record: format!("SELECT term, data FROM {s}.records WHERE key = $1"),
         }
     }
 }
@@ -816,7 +850,7 @@ impl Postgres {
                 .query_one(
                     "SELECT current_setting('transaction_read_only') = 'on',
                             to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL
-                            AND to_regclass($3) IS NOT NULL
+                            AND to_regclass($3) IS NOT NULL AND to_regclass($5) IS NOT NULL
                             AND to_regprocedure($4) IS NOT NULL",
                     &[
                         &format!("\"{schema}\".locks"),
@@ -825,6 +859,8 @@ impl Postgres {
                         // Created last, and named for this version: an older schema (or
                         // one whose creation stopped half-way) gets the whole file again.
                         &format!("\"{schema}\".schema_version_2()"),
+                        // Added after version 2: a schema without it gets the file again.
+                        &format!("\"{schema}\".records"),
                     ],
                 )
                 .await

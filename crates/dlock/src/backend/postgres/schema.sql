@@ -45,6 +45,15 @@ CREATE INDEX IF NOT EXISTS waiters_in_order ON "S".waiters (key, arrival);
 ALTER TABLE "S".waiters ADD COLUMN IF NOT EXISTS ttl_ms bigint;
 ALTER TABLE "S".waiters ADD COLUMN IF NOT EXISTS lpid int;
 
+-- One row per election (key: its lock's key): the leader's record, written only under a
+-- term not below the stored one, and announced on the channel dlk_records (payload: the
+-- key). Kept for good, like the fence: readers compare its holder with the lock's.
+CREATE TABLE IF NOT EXISTS "S".records (
+    key  text COLLATE "C" PRIMARY KEY,
+    term bigint NOT NULL,
+    data text NOT NULL
+);
+
 -- Milliseconds from now_ts until t (never negative).
 CREATE OR REPLACE FUNCTION "S".ms_until(t timestamptz, now_ts timestamptz) RETURNS bigint
 LANGUAGE sql IMMUTABLE AS $fn$

@@ -24,6 +24,9 @@
 //!   if it was handed over).
 //! * Extend is compare-and-`PEXPIRE`; the client's engine pipelines every renewal due
 //!   (locks, permits, reentrant and read-write holds alike) in one round trip.
+//! * Leader election is the plain lock plus the leader's record (a hash, `term` and
+//!   `data`, no expiry) under the lock's hash tag: one script writes it unless a greater
+//!   term is stored and announces the write on the record's channel; one `HMGET` reads it.
 //! * Scripts are sent by SHA (`EVALSHA`), loaded once at connect and again on `NOSCRIPT`.
 //! * One multiplexed, self-reconnecting connection carries every command of a client;
 //!   a second one, opened on first need, carries the client's pub/sub subscriptions.
@@ -37,6 +40,7 @@
 //! (replication is asynchronous); see the crate docs' safety section.
 
 mod conn;
+mod election;
 mod fair;
 mod pubsub;
 mod reentrant;
@@ -1288,6 +1292,7 @@ mod tests {
             "semaphore" => all.extend([keys.companion("holders"), keys.companion("permits")]),
             "rwlock" => all.extend([super::rwlock::readers(keys), super::rwlock::writers(keys)]),
             "fair" => all.extend([super::fair::queue(keys), super::fair::claims(keys)]),
+            "election" => all.push(super::election::record(keys)),
             _ => {}
         }
         all
@@ -1301,6 +1306,7 @@ mod tests {
             ("reentrant", crate::DEFAULT_REENTRANT_PREFIX),
             ("rwlock", crate::DEFAULT_RWLOCK_PREFIX),
             ("fair", crate::DEFAULT_FAIR_PREFIX),
+            ("election", crate::DEFAULT_ELECTION_PREFIX),
         ] {
             for name in [
                 "orders",
@@ -1318,6 +1324,14 @@ mod tests {
                         slot,
                         "{primitive} {name:?}: {key} is not in the slot of {}",
                         all[0]
+                    );
+                }
+                // The scripts announce on shard channels, which must share the slot too.
+                for channel in [keys.channel(), keys.side(crate::raw::RECORD).channel()] {
+                    assert_eq!(
+                        cluster_slot(channel.as_bytes()),
+                        slot,
+                        "{primitive} {name:?}: channel {channel} is not in the slot"
                     );
                 }
                 assert_eq!(

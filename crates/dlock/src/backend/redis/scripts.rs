@@ -49,4 +49,5 @@ scripts! {
     rw_abandon => "rw_abandon.lua",
     fair_acquire => "fair_acquire.lua",
     fair_release => "fair_release.lua",
+    elect_publish => "elect_publish.lua",
 }

@@ -57,6 +57,21 @@
 //!   which wakes the next in line and makes its holder's next renewal fail;
 //!   [`list`](RawInspect::list) names every directory with a lock node in it.
 //!
+//! # Elections
+//!
+//! An [`Election`](crate::Election)'s record lives in a persistent node *beside* its
+//! lock's directory, `/<K>-leader`, not in it: a persistent child would keep the
+//! container directory from ever being removed. `escape` never writes `-`, so no lock
+//! directory can have that name, the queue listings never see the node, and
+//! [`list`](RawInspect::list) passes over it. Its data is `<term>\n<data>`.
+//! [`publish`](crate::raw::RawElection::publish) reads the node and its version, refuses
+//! if the stored term is greater, and writes at that version (`setData`; `create` when
+//! it is missing); a write that lost a race (`BadVersion`, `NodeExists`) reads again.
+//! Observers hold an `exists` watch on the node (fired by its creation, a write, its
+//! deletion), armed before [`watch_record`](crate::raw::RawElection::watch_record)
+//! returns and armed again by a task after each event, before it wakes the observer.
+//! Like the fence, the record is never deleted: one small node per election name.
+//!
 //! The fair lock is this recipe (it is first come, first served already); the reentrant
 //! lock, the read-write lock and the semaphore follow Curator's recipes for them in the
 //! same directory layout (see `family.rs`), with these rules for sessions, fences, waiting
@@ -85,6 +100,7 @@ use crate::keys::LockKeys;
 use crate::raw::{Acquire, LockState, RawFair, RawFencing, RawInspect, RawLock, ReleaseWatch};
 use crate::token::Token;
 
+mod election;
 mod family;
 
 /// The session timeout asked for when the URL names none.
@@ -128,13 +144,16 @@ struct Inner {
     /// Node prefixes whose create may have happened without our seeing the reply.
     unsure: Mutex<HashSet<String>>,
     /// Where each waiting node's task leaves the grant (the fence), by node prefix.
-    grants: Arc<Mutex<HashMap<String, Arc<GrantSlot>>>>,
+    grants: GrantSlots,
     /// Granted nodes and when their lease ends unless renewed.
     reaper: Arc<Reaper>,
     /// Node watches that fired for waiters (deletions of the node in front).
     watches_fired: AtomicU64,
     engine: Engine,
 }
+
+/// Waiting nodes' grant slots, by node prefix.
+type GrantSlots = Arc<Mutex<HashMap<String, Arc<GrantSlot>>>>;
 
 /// One session of this client.
 #[derive(Clone)]
@@ -1385,8 +1404,7 @@ impl RawLock for ZooKeeper {
                 Arc::clone(&notify),
                 ready,
             )),
-            grants: Arc::clone(&self.inner.grants),
-            prefix,
+            slot: Some((Arc::clone(&self.inner.grants), prefix)),
         };
         let _ = tokio::time::timeout(CALL_TIMEOUT, first_look).await;
         Ok(ReleaseWatch::new(notify, Some(Box::new(task))).with_grants(slot))
@@ -1441,20 +1459,22 @@ fn session_lease(timeout: Duration) -> Duration {
     timeout * 2 / 3
 }
 
-/// A waiter's task and its grant slot, both ended when the waiter stops watching.
+/// The task behind a watch — a waiter's, with the grant slot it fills (the map it is kept
+/// in and its node prefix), or a record observer's, with none — ended with the watch.
 struct Following {
     task: tokio::task::JoinHandle<()>,
-    grants: Arc<Mutex<HashMap<String, Arc<GrantSlot>>>>,
-    prefix: String,
+    slot: Option<(GrantSlots, String)>,
 }
 
 impl Drop for Following {
     fn drop(&mut self) {
         self.task.abort();
-        self.grants
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(&self.prefix);
+        if let Some((grants, prefix)) = &self.slot {
+            grants
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .remove(prefix);
+        }
     }
 }
 
@@ -1556,6 +1576,9 @@ impl RawInspect for ZooKeeper {
             .await?;
         let candidates: Vec<(String, String)> = dirs
             .into_iter()
+            // A name with a `-` is no lock's directory (`escape` never writes one): an
+            // election's record, beside its lock's directory.
+            .filter(|d| !d.contains('-'))
             .filter_map(|d| {
                 let key = unescape(&d)?;
                 let name = key.strip_prefix(prefix)?.to_owned();

@@ -1,0 +1,129 @@
+//! `dlock elect NAME -- COMMAND` (a command that runs only while leading) and
+//! `dlock leader NAME` (who leads, once or as it changes).
+
+use dlock::raw::RawElection;
+use dlock::{Election, Leader, Leadership};
+use serde::Serialize;
+
+use crate::args::{ElectArgs, LeaderArgs, Store};
+use crate::cmd::print_json;
+use crate::cmd::run::{Job, Signals, supervise};
+use crate::exit::{self, Failure};
+
+/// The election's key prefix: [`dlock::DEFAULT_ELECTION_PREFIX`] unless `--prefix` was
+/// given (the store's default prefix is the plain lock's).
+fn prefix(store: &Store) -> &str {
+    if store.prefix == dlock::keys::DEFAULT_PREFIX {
+        dlock::DEFAULT_ELECTION_PREFIX
+    } else {
+        &store.prefix
+    }
+}
+
+/// The value a candidate advertises when `--value` is not given: `host:pid`.
+fn default_value() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_else(|_| "localhost".to_owned());
+    format!("{host}:{}", std::process::id())
+}
+
+pub(crate) async fn elect<B: RawElection>(backend: B, args: ElectArgs) -> Result<u8, Failure> {
+    let election = Election::builder(backend, &args.name)
+        .prefix(prefix(&args.store))
+        .ttl(args.ttl)
+        .build()?;
+    let value = args.value.clone().unwrap_or_else(default_value);
+    // Installed before campaigning, so that a signal while waiting ends the campaign
+    // cleanly (a cancelled campaign leaves no place in the queue).
+    let mut signals = Signals::install()?;
+    let campaign = async {
+        if args.wait.no_wait {
+            election.try_campaign(value).await
+        } else if let Some(d) = args.wait.wait {
+            election.campaign_for(d, value).await
+        } else {
+            election.campaign(value).await.map(Some)
+        }
+    };
+    let led: Option<Leadership<B>> = tokio::select! {
+        led = campaign => led?,
+        sig = signals.recv() => return Ok(128 + sig as u8),
+    };
+    let Some(leadership) = led else {
+        if !args.quiet {
+            eprintln!("dlock: another candidate leads {:?}", args.name);
+        }
+        return Ok(args.wait.conflict_exit_code);
+    };
+    let term = leadership.term().get();
+    let job = Job {
+        what: "leadership of",
+        name: &args.name,
+        command: &args.command,
+        kill_grace: args.kill_grace,
+        env: vec![
+            ("DLOCK_TERM", term.to_string()),
+            ("DLOCK_FENCE", term.to_string()),
+            ("DLOCK_VALUE", leadership.value().to_owned()),
+        ],
+    };
+    // Releasing the lease is resigning: the next candidate is woken at once.
+    supervise(leadership.into_guard(), &job, signals).await
+}
+
+#[derive(Serialize)]
+struct LeaderJson<'a> {
+    name: &'a str,
+    leader: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    term: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    value: Option<&'a str>,
+}
+
+fn print_leader(args: &LeaderArgs, leader: Option<&Leader>) -> Result<(), Failure> {
+    if args.json {
+        return print_json(&LeaderJson {
+            name: &args.name,
+            leader: leader.is_some(),
+            term: leader.map(|l| l.term.get()),
+            value: leader.and_then(|l| l.value.as_deref()),
+        });
+    }
+    match leader {
+        None => println!("no leader"),
+        Some(l) => match &l.value {
+            Some(v) => println!("term {}: {v}", l.term),
+            None => println!("term {}: (elected; value not announced yet)", l.term),
+        },
+    }
+    Ok(())
+}
+
+pub(crate) async fn leader<B: RawElection>(backend: B, args: LeaderArgs) -> Result<u8, Failure> {
+    let election = Election::builder(backend, &args.name)
+        .prefix(prefix(&args.store))
+        .build()?;
+    if !args.watch {
+        let leader = election.leader().await?;
+        print_leader(&args, leader.as_ref())?;
+        return Ok(exit::SUCCESS);
+    }
+    let mut signals = Signals::install()?;
+    if election.leader().await?.is_none() {
+        print_leader(&args, None)?;
+    }
+    let mut observer = election.observe();
+    loop {
+        let change = tokio::select! {
+            change = observer.next() => change,
+            sig = signals.recv() => return Ok(128 + sig as u8),
+        };
+        match change {
+            Ok(leader) => print_leader(&args, Some(&leader))?,
+            // The observer reads again on the next call; say why the view may lag.
+            Err(err) => eprintln!("dlock: reading the leader failed ({err}); retrying"),
+        }
+    }
+}

@@ -1,0 +1,63 @@
+//! Elections' records: one row of `<schema>.records` per election, keyed by its lock key.
+
+use super::Postgres;
+use crate::error::{Error, ErrorKind, Result};
+use crate::keys::LockKeys;
+use crate::raw::{RawElection, ReleaseWatch};
+
+/// The record is a row written by one statement — `INSERT … ON CONFLICT DO UPDATE … WHERE
+/// stored term <= term` — that also announces the write (`pg_notify` on
+/// `dlk_records`, sent at commit, only when the row was written). Observers of every
+/// client hear it on their client's `LISTEN` connection.
+impl RawElection for Postgres {
+    async fn publish(&self, keys: &LockKeys, term: u64, data: &str) -> Result<bool> {
+        let term = i64::try_from(term).map_err(|_| {
+            Error::invalid(format!(
+                "election {:?}: term {term} does not fit PostgreSQL's bigint",
+                keys.name()
+            ))
+        })?;
+        if data.contains('\0') {
+            // PostgreSQL's text cannot hold it (the server would refuse the statement).
+            return Err(Error::invalid(format!(
+                "election {:?}: a value stored in PostgreSQL cannot contain NUL characters",
+                keys.name()
+            )));
+        }
+        let rows = self
+            .query(
+                &self.inner.sql.publish,
+                &[&keys.lock(), &term, &data],
+                "publishing an election's record",
+            )
+            .await?;
+        Ok(rows.first().is_some_and(|row| row.get::<_, bool>(0)))
+    }
+
+    async fn record(&self, keys: &LockKeys) -> Result<Option<(u64, String)>> {
+        let doing = "reading an election's record";
+        let rows = self
+            .query(&self.inner.sql.record, &[&keys.lock()], doing)
+            .await?;
+        let Some(row) = rows.first() else {
+            return Ok(None);
+        };
+        let term = u64::try_from(row.get::<_, i64>(0)).map_err(|_| {
+            Error::new(
+                ErrorKind::Backend,
+                format!(
+                    "{doing}: election {:?} has a negative term stored",
+                    keys.name()
+                ),
+            )
+        })?;
+        Ok(Some((term, row.get(1))))
+    }
+
+    /// Every client's writes of records are announced on one shared channel
+    /// (`dlk_records`, the lock key as payload), which this client's `LISTEN` connection
+    /// listens on from the first observer on.
+    async fn watch_record(&self, keys: &LockKeys) -> Result<ReleaseWatch> {
+        self.inner.listener.watch_record(keys.lock()).await
+    }
+}
