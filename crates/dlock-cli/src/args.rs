@@ -34,12 +34,19 @@ const AFTER_HELP: &str = "Examples:
   # see what is held
   dlock list 'deploy-*' --json
 
+  # one scheduler fleet-wide; the others stand by and take over when it stops
+  dlock elect --value \"$(hostname)\" scheduler -- ./scheduler
+  dlock leader scheduler --watch
+
 Exit codes:
-  0      success (dlock run: the command's own status; 128+N if signal N killed it)
+  0      success (dlock run, dlock elect: the command's own status; 128+N if signal N
+         killed it)
   64     usage error: bad flag, duration, URL or backend
   69     backend unavailable or failed
-  75     conflict: the lock is held (--no-wait, or --wait ran out); see --conflict-exit-code
-  76     lock lost while held (the command was terminated), or not ours at release
+  75     conflict: the lock is held, or another candidate leads (--no-wait, or --wait ran
+         out); see --conflict-exit-code
+  76     lock or leadership lost while held (the command was terminated), or not ours at
+         release
   1      dlock torture: an unexpected result (see its report)
   126    the command could not be executed
   127    the command was not found
@@ -93,6 +100,24 @@ pub(crate) enum Command {
     /// sees DLOCK_NAME, DLOCK_TOKEN and DLOCK_FENCE (the fencing token: pass it to the
     /// resource, which must reject writes with a smaller one).
     Run(RunArgs),
+    /// Campaign in the election NAME and run a command only while leading.
+    ///
+    /// Candidates wait in arrival order where the store queues waiters (Redis, etcd,
+    /// PostgreSQL, ZooKeeper). Once this one leads, it advertises --value and runs the
+    /// command with DLOCK_NAME, DLOCK_TOKEN, DLOCK_TERM (the term: a fencing token that
+    /// strictly increases with every leader; DLOCK_FENCE has the same number) and
+    /// DLOCK_VALUE. When the command exits, dlock resigns at once (the next candidate
+    /// leads without waiting for the lease) and exits with the command's status. If
+    /// leadership is lost meanwhile, the command gets SIGTERM, SIGKILL after --kill-grace,
+    /// and dlock exits 76. SIGTERM, SIGHUP (and SIGINT off a terminal) sent to dlock are
+    /// forwarded to the command; dlock resigns once it has exited, so a standby takes
+    /// over well before the lease could run out.
+    Elect(ElectArgs),
+    /// Show who leads the election NAME: its term and value (`no leader` if nobody).
+    ///
+    /// With --watch, keep printing every change of leader or advertised value, as it
+    /// happens, until interrupted.
+    Leader(LeaderArgs),
     /// Acquire NAME and print its token and fence; the lease lasts --ttl (no renewal).
     Acquire(AcquireArgs),
     /// Release NAME held under --token.
@@ -179,6 +204,47 @@ pub(crate) struct RunArgs {
     /// The command and its arguments.
     #[arg(last = true, required = true, value_name = "COMMAND")]
     pub(crate) command: Vec<OsString>,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct ElectArgs {
+    /// The election's name (its key prefix defaults to `dlock-election:`).
+    pub(crate) name: String,
+    #[command(flatten)]
+    pub(crate) store: Store,
+    #[command(flatten)]
+    pub(crate) wait: Wait,
+    /// What this candidate advertises while it leads (`dlock leader` shows it); default
+    /// HOST:PID. At most 4096 bytes.
+    #[arg(long)]
+    pub(crate) value: Option<String>,
+    /// Lease length, renewed every third of it while leading: a crashed leader is
+    /// replaced within it.
+    #[arg(long, value_parser = parse_duration, default_value = "30s")]
+    pub(crate) ttl: Duration,
+    /// After SIGTERM on lost leadership, how long before SIGKILL.
+    #[arg(long, value_parser = parse_duration, default_value = "10s")]
+    pub(crate) kill_grace: Duration,
+    /// Print nothing when another candidate leads (--no-wait, --wait).
+    #[arg(long, short)]
+    pub(crate) quiet: bool,
+    /// The command and its arguments.
+    #[arg(last = true, required = true, value_name = "COMMAND")]
+    pub(crate) command: Vec<OsString>,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct LeaderArgs {
+    /// The election's name.
+    pub(crate) name: String,
+    #[command(flatten)]
+    pub(crate) store: Store,
+    /// Print JSON (one object per line with --watch).
+    #[arg(long)]
+    pub(crate) json: bool,
+    /// Keep printing every change as it happens, until interrupted.
+    #[arg(long)]
+    pub(crate) watch: bool,
 }
 
 #[derive(Debug, Args)]
@@ -319,8 +385,10 @@ pub(crate) struct TortureArgs {
     #[arg(long, default_value = "all")]
     pub(crate) faults: String,
     /// Lock kinds, comma-separated, or `all`: dlock, dlock-fenced, fair-fenced,
-    /// rwlock-fenced, reentrant-fenced, redlock (a RedLock quorum over 5 redis-servers of
-    /// its own, unfenced; 24 s under --quick), memcached-fenced (a memcached of its own,
+    /// rwlock-fenced, reentrant-fenced, election-fenced (leader election: each worker
+    /// campaigns, writes as leader with its term as the fence, then resigns), redlock (a
+    /// RedLock quorum over 5 redis-servers of its own, unfenced; 24 s under --quick),
+    /// memcached-fenced (a memcached of its own,
     /// ttl at least 2 s; 30 s under --quick; skipped by `all` if memcached is missing),
     /// etcd-fenced (a 3-member etcd cluster of its own whose leader is killed and
     /// restarted, ttl at least 2 s; 30 s under --quick; skipped by `all` if etcd is

@@ -7,6 +7,8 @@ use std::time::{Duration, Instant};
 
 use dlock_test::server::{RedisServer, free_port};
 
+mod elect;
+
 const LOST: i32 = 76;
 const CONFLICT: i32 = 75;
 const USAGE: i32 = 64;
@@ -1234,4 +1236,51 @@ fn zookeeper_urls_run_list_inspect_and_force_unlock() {
     }
     let out = output(dlock(&url).args(["run", "--fair", "in-line", "--", "true"]));
     assert!(out.status.success(), "{}", stderr(&out));
+}
+
+#[test]
+fn torture_holds_elections_to_their_terms() {
+    let dir = scratch("torture-election");
+    let out = output(Command::new(env!("CARGO_BIN_EXE_dlock")).args([
+        "torture",
+        "--kinds",
+        "election-fenced",
+        "--quick",
+        "--out",
+        dir.to_str().expect("utf-8 path"),
+    ]));
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(out.status.code(), Some(0), "{text}{}", stderr(&out));
+    let report: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.join("report.json")).expect("report.json"),
+    )
+    .expect("json");
+    let kinds = report["kinds"].as_array().expect("kinds");
+    assert_eq!(kinds.len(), 1, "{kinds:?}");
+    let f = &kinds[0]["findings"];
+    assert_eq!(f["kind"], "election-fenced");
+    assert!(f["verdict_ok"].as_bool().unwrap_or(false), "{f}");
+    // Leaders were elected, and wrote under their terms.
+    assert!(
+        f["holds"].as_u64().is_some_and(|n| n > 0),
+        "leaderships: {f}"
+    );
+    assert!(
+        f["fenced_acknowledged"].as_u64().is_some_and(|n| n > 0),
+        "leaders wrote: {f}"
+    );
+    assert!(f["faults"].as_array().is_some_and(|a| !a.is_empty()), "{f}");
+    for zero in [
+        "stale_accepted",
+        "fenced_lost",
+        "fence_reuse",
+        "fence_regressions",
+        "liveness_violations",
+        "orphans",
+        "worker_failures",
+    ] {
+        assert_eq!(f[zero], 0, "{zero}: {f}");
+    }
+    assert!(text.contains("leaderships"), "{text}");
+    let _ = std::fs::remove_dir_all(dir);
 }

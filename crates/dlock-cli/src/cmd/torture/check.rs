@@ -585,6 +585,7 @@ fn verdict(f: &mut Findings) {
             | Kind::FairFenced
             | Kind::RwlockFenced
             | Kind::ReentrantFenced
+            | Kind::ElectionFenced
             | Kind::Redlock
             | Kind::MemcachedFenced
             | Kind::EtcdFenced

@@ -21,6 +21,7 @@
 //! | `fair-fenced` | [`FairLock`](dlock::FairLock) (`dlock-fair:` keys), fenced | as `dlock-fenced`, with one waiter grace (half a ttl here) added to the reacquire bound after a crash; no hold, queue entry or claim left |
 //! | `rwlock-fenced` | [`RwLock`](dlock::RwLock) (`dlock-rw:` keys): two of every three holds on the write side, fenced; the third a read hold that reads the resource | as `dlock-fenced` for the writers; no read hold overlaps a write hold outside excused windows; no writer, reader lease or writer claim left |
 //! | `reentrant-fenced` | [`ReentrantLock`](dlock::ReentrantLock) (`dlock-re:` keys, a hash), an owner per worker, entered again inside every hold, then the fenced write, inner hold released first | as `dlock-fenced`; every re-entry made while the outer hold was valid gets the outer hold's fence (a mismatch or refusal fails the run) |
+//! | `election-fenced` | [`Election`](dlock::Election) (`dlock-election:` keys): each worker campaigns with its id, writes as leader with its **term** as the fence, then resigns | as `dlock-fenced`: 0 stale terms accepted, 0 fenced increments lost, terms strictly increasing in grant order and never reused; liveness and orphans as `dlock` (the leader's record never expires, as the fence counter: it is no orphan) |
 //! | `redlock` | [`Lock`] over [`Quorum`](dlock::backend::Quorum)`<Redis>`: 5 redis-servers of its own (whatever `--url` says), each worker reaching each node through its own proxy; unfenced counter (a quorum has no fence) | as `dlock`: no overlap outside pause windows and windows where nodes restarted empty at once (the known RedLock hazard, seed 002: a node that forgot a key can let a second majority form; such overlaps are counted apart); lock free within ttl + ε after a holder's crash; no lock key left on any node |
 //! | `postgres-fenced` | [`Lock`] over [`Postgres`](dlock::backend::Postgres): a PostgreSQL of its own, fenced; `restart` is a crash (every process SIGKILLed, started again on its data at once) | 0 stale writes accepted, 0 fenced increments lost, fences strictly increasing in grant order and never reused — a restart excuses no reset (the fence is a committed row); liveness and orphans as `dlock` |
 //! | `memcached-fenced` | [`Lock`] over [`Memcached`](dlock::backend::Memcached): a memcached of its own, ttl at least 2 s (its expiry clock ticks in seconds), fenced | 0 stale writes accepted, 0 fenced increments lost, fences strictly increasing in grant order between restarts; overlaps only in pause/restart windows. A restart forgets the fence counter: fences start over at 1, and the resource refuses them (counted as refused) until the counter passes the highest fence it saw — the fenced resource's liveness suffers, its safety does not |
@@ -104,6 +105,7 @@ pub(super) enum Kind {
     EtcdFenced,
     PostgresFenced,
     ZookeeperFenced,
+    ElectionFenced,
 }
 
 /// How many independent masters the `redlock` kind runs over.
@@ -137,12 +139,13 @@ const ZOOKEEPER_CHROOT: &str = "/dlock-torture";
 const ETCD_MIN_TTL: Duration = Duration::from_secs(2);
 
 impl Kind {
-    const ALL: [Kind; 15] = [
+    const ALL: [Kind; 16] = [
         Kind::Dlock,
         Kind::DlockFenced,
         Kind::FairFenced,
         Kind::RwlockFenced,
         Kind::ReentrantFenced,
+        Kind::ElectionFenced,
         Kind::Redlock,
         Kind::MemcachedFenced,
         Kind::EtcdFenced,
@@ -162,6 +165,7 @@ impl Kind {
             Kind::FairFenced => "fair-fenced",
             Kind::RwlockFenced => "rwlock-fenced",
             Kind::ReentrantFenced => "reentrant-fenced",
+            Kind::ElectionFenced => "election-fenced",
             Kind::Redlock => "redlock",
             Kind::MemcachedFenced => "memcached-fenced",
             Kind::EtcdFenced => "etcd-fenced",
@@ -191,6 +195,7 @@ impl Kind {
                 | Kind::FairFenced
                 | Kind::RwlockFenced
                 | Kind::ReentrantFenced
+                | Kind::ElectionFenced
                 | Kind::MemcachedFenced
                 | Kind::EtcdFenced
                 | Kind::PostgresFenced
@@ -278,6 +283,7 @@ impl Kind {
             Kind::FairFenced => dlock::DEFAULT_FAIR_PREFIX,
             Kind::RwlockFenced => dlock::DEFAULT_RWLOCK_PREFIX,
             Kind::ReentrantFenced => dlock::DEFAULT_REENTRANT_PREFIX,
+            Kind::ElectionFenced => dlock::DEFAULT_ELECTION_PREFIX,
             _ => "",
         }
     }
@@ -298,6 +304,17 @@ impl Kind {
                 keys.extend([lock.companion("readers"), lock.companion("writers")]);
             }
             _ => {}
+        }
+        keys
+    }
+
+    /// The keys that outlive every hold by design, deleted after the run: the fence
+    /// counter, and an election's leader record (neither expires: terms must never go
+    /// back).
+    fn lasting_keys(self, lock: &LockKeys) -> Vec<String> {
+        let mut keys = vec![lock.fence().to_owned()];
+        if self == Kind::ElectionFenced {
+            keys.push(lock.companion(dlock::raw::RECORD));
         }
         keys
     }
@@ -2112,10 +2129,11 @@ async fn run_workers(
         worker_failures,
     };
     // Clean up what the run left (the lock's keys too, if a control orphaned them).
-    let fence_key = lock_keys.as_ref().map(|k| k.fence().to_owned());
-    n.store
-        .remove(&[live_keys, fence_key.into_iter().collect()].concat())
-        .await;
+    let lasting = lock_keys
+        .as_ref()
+        .map(|k| kind.lasting_keys(k))
+        .unwrap_or_default();
+    n.store.remove(&[live_keys, lasting].concat()).await;
     let _: Result<(), _> = redis::cmd("DEL")
         .arg(&keys.counter)
         .arg(&keys.fenced)
@@ -2504,6 +2522,12 @@ fn print_summary(reports: &[KindReport]) {
             );
         }
         let windows = |fault: Fault| r.fault_windows.iter().filter(|w| w.fault == fault).count();
+        if f.kind == Kind::ElectionFenced {
+            println!(
+                "{:<16} leaderships {} (each a campaign won, a term-fenced write, a resignation); terms {} out of grant order, {} reused",
+                "", f.holds, f.fence_regressions, f.fence_reuse
+            );
+        }
         if f.kind == Kind::Redlock {
             println!(
                 "{:<16} node restarts: {} empty at once (overlaps only they explain: {}), {} empty after 2 × ttl; no fences",

@@ -5,7 +5,8 @@
 //! dlock's primitives all run through one loop over a [`Lock`] (a plain lock on Redis,
 //! memcached, etcd, PostgreSQL or ZooKeeper, a fair lock, a read-write lock's write side,
 //! a reentrant lock's holds for one owner, all fenced; a RedLock quorum, which has no
-//! fence); the controls have loops of their own.
+//! fence); an election's leaderships (campaign → write under the term → resign) and the
+//! controls have loops of their own.
 
 use std::io::Write as _;
 use std::time::Duration;
@@ -13,7 +14,9 @@ use std::time::Duration;
 use dlock::backend::{Etcd, Memcached, Postgres, Quorum, Redis, ZooKeeper};
 use dlock::fenced::RedisFenced;
 use dlock::raw::{RawFencing, RawLock};
-use dlock::{FairLock, FencingToken, Lock, LockGuard, Owner, ReentrantLock, RwLock, RwSide, Token};
+use dlock::{
+    Election, FairLock, FencingToken, Lock, LockGuard, Owner, ReentrantLock, RwLock, RwSide, Token,
+};
 use serde::Serialize;
 
 use super::{Kind, ResourceKeys, monotonic_ns};
@@ -231,6 +234,15 @@ pub(crate) async fn run(args: TortureWorkerArgs) -> Result<u8, Failure> {
                 .run_dlock(&lock.holds_of(&me)?, None, true, fence_of)
                 .await;
         }
+        Kind::ElectionFenced => {
+            let election = Election::builder(redis, name)
+                .prefix(prefix)
+                .ttl(ttl)
+                .build()?;
+            // What a candidate advertises: who it is.
+            let me = format!("worker-{}", std::process::id());
+            worker.run_election(&election, &me).await;
+        }
         _ => {
             let lock = Lock::builder(redis, name).prefix(prefix).ttl(ttl).build()?;
             worker.run_dlock(&lock, None, false, fence_of).await;
@@ -353,6 +365,40 @@ impl Worker {
             error("releasing the inner hold: outcome unknown");
         }
         let ok = released(guard.release().await);
+        emit(&Step::Released {
+            t: monotonic_ns(),
+            ok,
+        });
+    }
+
+    /// An election's loop: campaign as `me`, write as leader, resign, until the deadline.
+    async fn run_election(&mut self, election: &Election<Redis>, me: &str) {
+        while monotonic_ns() < self.until {
+            self.lead(election, me).await;
+        }
+    }
+
+    /// One leadership: campaign → fenced read-modify-write under the term → resign. A
+    /// campaign that wins the lock but cannot announce its value (deposed, lapsed, or the
+    /// store failing) returns an error and resigns in the background: no leadership, no
+    /// write, and no grant recorded (its term stays unused, which the fence checks allow).
+    async fn lead(&mut self, election: &Election<Redis>, me: &str) {
+        let leadership = match election.campaign_for(self.remaining(), me).await {
+            Ok(Some(l)) => l,
+            Ok(None) => return,
+            Err(e) => {
+                error(format!("campaign: {e}"));
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                return;
+            }
+        };
+        let term = leadership.term().get();
+        self.acquired(leadership.token().as_str(), term);
+        if let Err(failure) = self.critical_section(term).await {
+            error(failure.message);
+        }
+        emit(&Step::Releasing { t: monotonic_ns() });
+        let ok = released(leadership.resign().await);
         emit(&Step::Released {
             t: monotonic_ns(),
             ok,
