@@ -368,3 +368,62 @@ where
     }
     assert_eq!(*order.lock().expect("order"), vec![0, 1, 2, 3]);
 }
+
+/// A record left with a term higher than any the store mints now (its fence counter was
+/// reset, as by a restart without persistence, while the record survived) does not stop
+/// the election: the next candidate leads and is reported, by `leader()` and observers.
+/// And an announcement by a token that does not hold the lock writes nothing.
+pub async fn election_goes_on_after_a_fence_counter_reset<T: Target>(target: &T)
+where
+    T::Backend: RawElection,
+{
+    let name = unique("elect-reset");
+    let ttl = target.ttl(Duration::from_secs(10));
+    let a = election(target, &name, ttl).await;
+    let b = election(target, &name, ttl).await;
+    let mut observer = b.observe();
+    let first = a.campaign("a").await.expect("campaign");
+    let ghost_term = first.term().get() + 1_000_000;
+    let backend = a.lock().backend();
+    let keys = a.lock().keys();
+    let stranger = dlock::Token::random().expect("rng");
+    assert!(
+        !backend
+            .publish(
+                keys,
+                &stranger,
+                ghost_term,
+                &format!("{}\nforged", stranger.as_str())
+            )
+            .await
+            .expect("publish"),
+        "a token that does not hold the lock wrote the record"
+    );
+    let ghost = format!("{}\nghost", first.token().as_str());
+    assert!(
+        backend
+            .publish(keys, first.token(), ghost_term, &ghost)
+            .await
+            .expect("publish"),
+        "the holder's write was refused"
+    );
+    let seen = b.leader().await.expect("read").expect("leader");
+    assert_eq!(seen.term.get(), ghost_term);
+    assert_eq!(seen.value.as_deref(), Some("ghost"));
+    let c = next_change(&mut observer).await;
+    assert_eq!(c.term.get(), ghost_term);
+    first.resign().await.expect("resign");
+    let second = timeout(Duration::from_secs(10), b.campaign("b"))
+        .await
+        .expect("leads")
+        .expect("a smaller term than the recorded one still leads");
+    assert!(second.term().get() < ghost_term);
+    let seen = a.leader().await.expect("read").expect("leader");
+    assert_eq!(
+        (seen.term, seen.value.as_deref()),
+        (second.term(), Some("b"))
+    );
+    let c = next_change(&mut observer).await;
+    assert_eq!((c.term, c.value.as_deref()), (second.term(), Some("b")));
+    second.resign().await.expect("resign");
+}

@@ -2,7 +2,7 @@
 //!
 //! An [`Election`] is a plain [`Lock`] (its queue of candidates, its lease and watchdog,
 //! its fence as the **term**) plus one record in the store, the leader's advertised value,
-//! written by the leader under its term ([`RawElection`]). Everything else — waiting
+//! written only while the leader holds the lock ([`RawElection`]). Everything else — waiting
 //! without polling, handing over at release, a crashed leader's lease running out,
 //! cancel safety — is the lock's, on every store that implements the trait.
 
@@ -220,7 +220,7 @@ impl<B: RawElection> Election<B> {
 
     /// Follows the leader: a [`Stream`](futures_core::Stream) (and
     /// [`Observer::next`]) of every change of leader or advertised value, each reported
-    /// once and in order (terms never go back). It sleeps until the store announces a
+    /// once and in order (terms increase, unless the store's fence counter was reset). It sleeps until the store announces a
     /// change where the store can (every store but memcached, which is read again at a
     /// short interval), and reads again at the lease's length in case an announcement was
     /// lost. A leader that led and left between two reads of a slow observer may be
@@ -319,7 +319,7 @@ impl<B: RawElection> Leadership<B> {
     ///
     /// # Errors
     /// `InvalidArgument` for a value over [`MAX_VALUE_LEN`] bytes; `LockLost` if this
-    /// candidate no longer leads (a newer term is recorded, or the lease lapsed); store
+    /// candidate no longer leads (the lock is not ours any more, or the lease lapsed); store
     /// failures.
     pub async fn proclaim(&mut self, value: impl Into<String>) -> Result<()> {
         let value = check_value(value.into())?;
@@ -344,13 +344,13 @@ impl<B: RawElection> Leadership<B> {
                 .election
                 .lock
                 .backend()
-                .publish(keys, term, &data)
+                .publish(keys, self.guard.token(), term, &data)
                 .await
             {
                 Ok(true) => break,
                 Ok(false) => {
                     return Err(Error::lost(format!(
-                        "election {:?}: a newer term than {term} is recorded (deposed)",
+                        "election {:?}: the lock of term {term} is no longer ours (deposed)",
                         self.name()
                     )));
                 }
@@ -452,13 +452,14 @@ impl<B: RawElection> Observing<B> {
             if let Some(leader) = self.election.leader().await?
                 && let Some(value) = &leader.value
             {
-                let newer = match &self.last {
-                    None => true,
-                    Some((term, last)) => {
-                        leader.term > *term || (leader.term == *term && value != last)
-                    }
-                };
-                if newer {
+                // Any difference is a change: reads are in order, so this is the latest
+                // state (a term lower than the last one reported means the store's fence
+                // counter was reset, and the new leader must still be reported).
+                let changed = self
+                    .last
+                    .as_ref()
+                    .is_none_or(|(term, last)| leader.term != *term || value != last);
+                if changed {
                     self.last = Some((leader.term, value.clone()));
                     return Ok(leader);
                 }

@@ -549,17 +549,24 @@ pub const RECORD: &str = "leader";
 ///
 /// # Correctness
 ///
-/// [`publish`](RawElection::publish) stores `(term, data)` only if the stored record's term
-/// is not greater than `term`, checked and written in one atomic step (a deposed leader
-/// that wakes up late can never overwrite its successor's record), and then announces the
-/// write to [`watch_record`](RawElection::watch_record)'s listeners, as a release is
-/// announced. The record has no expiry (like the fence counter): readers compare its
-/// holder with the lock's, so a record left by a crashed leader is never shown as current.
+/// [`publish`](RawElection::publish) writes `(term, data)` only while `token` holds the
+/// election's lock (the plain lock at `keys`), checked and written in one atomic step
+/// where the store can (every store but memcached, which checks the holder just before a
+/// compare-and-swap of the record), and then announces the write to
+/// [`watch_record`](RawElection::watch_record)'s listeners, as a release is announced. So
+/// a deposed leader that wakes up late cannot overwrite its successor's record, and an
+/// announcement repeated after a store lost the lock (a restart) writes nothing. Terms are
+/// **not** compared: a store whose fence counter was reset (a restart without persistence)
+/// mints smaller terms again, and its elections must go on. The record has no expiry (like
+/// the fence counter): readers compare its token with the lock's holder, so a record left
+/// by a crashed leader is never shown as current.
 pub trait RawElection: RawFencing + RawInspect {
-    /// Writes the record if no newer term is stored. Returns whether it was written.
+    /// Writes the record if `token` holds the lock now. Returns whether it did (`false`:
+    /// the lock is not `token`'s, the leadership is lost).
     fn publish(
         &self,
         keys: &LockKeys,
+        token: &Token,
         term: u64,
         data: &str,
     ) -> impl Future<Output = Result<bool>> + Send;

@@ -280,3 +280,65 @@ fn elect_and_leader_on_memcached_etcd_postgres_and_zookeeper() {
     }
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// A leader whose `dlock elect` process is SIGKILLed (no resign, no renewal) is replaced
+/// by a standby within its lease plus a margin, with a higher term.
+#[test]
+fn a_sigkilled_leader_is_replaced_within_its_lease() {
+    let server = RedisServer::start().expect("redis-server");
+    let url = server.url();
+    let dir = scratch("elect-kill");
+    let log = dir.join("log");
+    // Each command logs its term and its dlock's pid, then runs until killed.
+    let script = format!(
+        "echo \"$PPID $DLOCK_TERM $$\" >> {}; exec sleep 60",
+        log.display()
+    );
+    let spawn = || {
+        dlock(&url)
+            .args(["elect", "--ttl", "2s", "crashy", "--", "sh", "-c", &script])
+            .spawn()
+            .expect("spawn dlock elect")
+    };
+    let mut electors = vec![spawn(), spawn()];
+    let first = wait_for_file(&log, Duration::from_secs(10));
+    let fields: Vec<&str> = first.split_whitespace().collect();
+    let (pid, term): (u32, u64) = (
+        fields[0].parse().expect("pid"),
+        fields[1].parse().expect("term"),
+    );
+    let orphan = fields[2].to_owned();
+    signal("-KILL", pid);
+    let killed = Instant::now();
+    let idx = electors.iter().position(|c| c.id() == pid).expect("ours");
+    let mut dead = electors.swap_remove(idx);
+    let _ = dead.wait();
+    // Its command (orphaned, as with `dlock run`) must not outlive the test.
+    let _ = Command::new("kill").args([orphan.as_str()]).status();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let second = loop {
+        let text = std::fs::read_to_string(&log).expect("log");
+        if let Some(line) = text.lines().nth(1) {
+            break line.to_owned();
+        }
+        assert!(Instant::now() < deadline, "no standby took over: {text}");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let took = killed.elapsed();
+    assert!(
+        took <= Duration::from_secs(2) + Duration::from_secs(2),
+        "replaced only after {took:?} (lease 2 s)"
+    );
+    let next: u64 = second
+        .split_whitespace()
+        .nth(1)
+        .expect("term")
+        .parse()
+        .expect("term");
+    assert!(next > term);
+    for mut e in electors {
+        signal("-TERM", e.id());
+        let _ = wait_exit(&mut e, Duration::from_secs(10));
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use dlock::backend::Etcd;
 use dlock::keys::LockKeys;
-use dlock::raw::{Acquire, RECORD, RawFencing, RawLock, ReleaseWatch};
+use dlock::raw::{Acquire, RECORD, RawElection, RawFencing, RawLock, ReleaseWatch};
 use dlock::{Election, ErrorKind, Lock, Token};
 use dlock_test::conformance::unique;
 use dlock_test::server::EtcdCluster;
@@ -762,5 +762,66 @@ async fn election_observers_hear_the_record_through_a_watch_that_survives_a_rest
         (seen.term, seen.value.as_deref()),
         (leadership.term(), Some("v3"))
     );
+    leadership.resign().await.expect("resign");
+}
+
+/// A publish checks in its one transaction that the publisher's queue key is the first of
+/// the queue: a leader's announcement is that one transaction; a waiter's key, with its own
+/// create revision as the term, writes nothing; and a key of a lock named below the
+/// election's (`K/x/…`, older than the leader's) costs a read of the queue, not the write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn election_publish_checks_the_first_of_the_queue_in_its_transaction() {
+    let cluster = EtcdCluster::start(1).expect("etcd");
+    let addr = cluster.members[0].addr();
+    let election = Election::builder(connect(&cluster.url()).await, unique("elect-first"))
+        .ttl(Duration::from_secs(30))
+        .build()
+        .expect("valid");
+    let keys = election.lock().keys().clone();
+    let mut admin = admin(&cluster).await;
+    let below = format!("{}/x/0123abcd", keys.lock());
+    admin
+        .put(below.as_str(), "a lock named below", None)
+        .await
+        .expect("put");
+    let mut leadership = election.campaign("v1").await.expect("campaign");
+    leadership
+        .proclaim("v2")
+        .await
+        .expect("proclaim past the older key");
+    let seen = election.leader().await.expect("read").expect("leader");
+    assert_eq!(seen.value.as_deref(), Some("v2"));
+    admin.delete(below.as_str(), None).await.expect("delete");
+
+    let before = txns_handled(&addr);
+    leadership.proclaim("v3").await.expect("proclaim");
+    assert_eq!(txns_handled(&addr) - before, 1, "one transaction");
+
+    let waiter = Token::random().expect("rng");
+    let queued = format!("{}/{}", keys.lock(), waiter.as_str());
+    let put = admin
+        .put(queued.as_str(), waiter.as_str(), None)
+        .await
+        .expect("queue a waiter");
+    let created = put.header().expect("header").revision();
+    let forged = format!("{}\nforged", waiter.as_str());
+    let wrote = election
+        .lock()
+        .backend()
+        .publish(
+            &keys,
+            &waiter,
+            u64::try_from(created).expect("revision"),
+            &forged,
+        )
+        .await
+        .expect("publish");
+    assert!(!wrote, "a waiter wrote the record");
+    let seen = election.leader().await.expect("read").expect("leader");
+    assert_eq!(
+        (seen.term, seen.value.as_deref()),
+        (leadership.term(), Some("v3"))
+    );
+    admin.delete(queued.as_str(), None).await.expect("delete");
     leadership.resign().await.expect("resign");
 }

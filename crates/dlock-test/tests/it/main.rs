@@ -112,6 +112,7 @@ macro_rules! election_tests {
             election_cancelled_campaign_leaves_nothing,
             election_deposed_leader_is_refused,
             election_candidates_lead_in_arrival_order,
+            election_goes_on_after_a_fence_counter_reset,
         );
     };
     ($target:expr; $($behaviour:ident),* $(,)?) => {

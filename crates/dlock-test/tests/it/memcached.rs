@@ -2,10 +2,11 @@
 
 use std::time::Duration;
 
-use dlock::{ErrorKind, Lock};
+use dlock::raw::RawElection;
+use dlock::{Election, ErrorKind, Lock};
 use dlock_test::conformance::{Target, unique};
 use dlock_test::targets::MemcachedTarget;
-use tokio::time::timeout;
+use tokio::time::{Instant, sleep, timeout};
 
 mod conformance {
     crate::lock_conformance_tests!(dlock_test::targets::MemcachedTarget::start());
@@ -680,4 +681,75 @@ async fn extend_many_renews_exactly_the_leases_still_ours() {
     let state = mc.inspect(&foreign).await.expect("store");
     assert_eq!(state.holder.as_deref(), Some(holder.as_str()));
     assert!(state.remaining <= Some(short), "not renewed: {state:?}");
+}
+
+/// A restart forgets the lock, the fence counter and the record: an announcement the old
+/// leader repeats afterwards writes nothing (it would have left a record of a term the
+/// fresh counter is far below), and the next leader leads with a term counted from 1 again
+/// and is reported with its value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_restart_the_old_leader_writes_nothing_and_the_next_leads() {
+    let mut target = MemcachedTarget::start();
+    let name = unique("elect-restart");
+    let ttl = Duration::from_secs(3);
+    let a = Election::builder(target.client().await, &name)
+        .ttl(ttl)
+        .build()
+        .expect("valid");
+    a.campaign("first")
+        .await
+        .expect("campaign")
+        .resign()
+        .await
+        .expect("resign");
+    let old = a.campaign("old").await.expect("campaign");
+    assert_eq!(old.term().get(), 2);
+    target.server.restart().expect("restart");
+    let stale = format!("{}\nstale", old.token().as_str());
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let wrote = loop {
+        match a
+            .lock()
+            .backend()
+            .publish(a.lock().keys(), old.token(), old.term().get(), &stale)
+            .await
+        {
+            Ok(wrote) => break wrote,
+            Err(err) => assert!(
+                Instant::now() < deadline,
+                "no answer after the restart: {err}"
+            ),
+        }
+        sleep(Duration::from_millis(100)).await;
+    };
+    assert!(!wrote, "the lock is gone, yet the old leader wrote");
+    assert_eq!(
+        a.lock()
+            .backend()
+            .record(a.lock().keys())
+            .await
+            .expect("read"),
+        None
+    );
+    drop(old);
+
+    let b = Election::builder(target.client().await, &name)
+        .ttl(ttl)
+        .build()
+        .expect("valid");
+    let new = timeout(Duration::from_secs(5), b.campaign("new"))
+        .await
+        .expect("leads")
+        .expect("campaign");
+    assert_eq!(
+        new.term().get(),
+        1,
+        "the counter restarted at 1 (documented)"
+    );
+    let seen = a.leader().await.expect("read").expect("leader");
+    assert_eq!(
+        (seen.term, seen.value.as_deref()),
+        (new.term(), Some("new"))
+    );
+    new.resign().await.expect("resign");
 }

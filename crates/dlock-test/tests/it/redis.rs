@@ -435,24 +435,37 @@ async fn a_non_string_at_the_lock_key_is_a_typed_error() {
     assert_eq!(exists, 0, "the lock key must not be left without a fence");
 }
 
-/// The election record: terms compare exactly as u64 (beyond 2^53, where Lua doubles
-/// would call two terms equal), a publish is one `EVALSHA` that announces on the record's
-/// channel and a read is one `HMGET`; a record that dlock did not write is a typed error.
+/// The election record: only the lock's holder writes it (any term: a reset fence counter
+/// must not lock elections out), a publish is one `EVALSHA` that announces on the record's
+/// channel and a refused one announces nothing, a read is one `HMGET`, u64 terms are kept
+/// exactly; a record that dlock did not write is a typed error.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_election_record_compares_terms_exactly_in_one_round_trip() {
+async fn the_election_record_is_written_by_the_holder_only_in_one_round_trip() {
     use dlock::raw::{RECORD, RawElection};
     let t = RedisTarget::start();
     let client = t.client().await;
-    let keys = dlock::keys::LockKeys::new(dlock::DEFAULT_ELECTION_PREFIX, &unique("record"))
-        .expect("valid");
+    let name = unique("record");
+    let keys = dlock::keys::LockKeys::new(dlock::DEFAULT_ELECTION_PREFIX, &name).expect("valid");
     assert_eq!(client.record(&keys).await.expect("read"), None);
+    let lock = dlock::Lock::builder(client.clone(), &name)
+        .prefix(dlock::DEFAULT_ELECTION_PREFIX)
+        .build()
+        .expect("valid");
+    let guard = lock.try_lock().await.expect("store").expect("free");
+    let token = guard.token().clone();
     let mut admin = t.admin().await;
     let _: () = cmd(&mut admin, &["CONFIG", "RESETSTAT"]).await;
-    let big = (1u64 << 53) + 1;
-    assert!(client.publish(&keys, big, "a\nnew").await.expect("publish"));
+    let big = u64::MAX;
+    assert!(
+        client
+            .publish(&keys, &token, big, "a\nnew")
+            .await
+            .expect("publish")
+    );
     assert_eq!(
         client.record(&keys).await.expect("read"),
-        Some((big, "a\nnew".to_owned()))
+        Some((big, "a\nnew".to_owned())),
+        "u64 terms are stored exactly"
     );
     let calls = all_calls(&mut admin).await;
     let count = |name: &str| calls.iter().find(|(n, _)| n == name).map_or(0, |(_, c)| *c);
@@ -461,52 +474,60 @@ async fn the_election_record_compares_terms_exactly_in_one_round_trip() {
         (1, 1, 1),
         "{calls:?}"
     );
-    // 2^53 is the same double as 2^53 + 1: an inexact comparison would let it through.
-    assert!(
-        !client
-            .publish(&keys, big - 1, "stale")
-            .await
-            .expect("publish")
-    );
-    assert!(!client.publish(&keys, 10, "stale").await.expect("publish"));
+    // A smaller term by the holder is written (a reset fence counter); another token's
+    // write is refused and announces nothing.
     assert!(
         client
-            .publish(&keys, big, "same term")
+            .publish(&keys, &token, 3, "reset")
             .await
             .expect("publish")
     );
-    assert!(
-        client
-            .publish(&keys, u64::MAX, "last")
-            .await
-            .expect("publish")
-    );
+    let other = dlock::Token::random().expect("rng");
+    let _: () = cmd(&mut admin, &["CONFIG", "RESETSTAT"]).await;
     assert!(
         !client
-            .publish(&keys, u64::MAX - 1, "stale")
+            .publish(&keys, &other, 4, "forged")
             .await
             .expect("publish")
     );
     assert_eq!(
+        count_of(&mut admin, "publish").await,
+        0,
+        "a refused write announced"
+    );
+    assert_eq!(
         client.record(&keys).await.expect("read"),
-        Some((u64::MAX, "last".to_owned()))
+        Some((3, "reset".to_owned()))
     );
     let record = keys.companion(RECORD);
     let ttl: i64 = cmd(&mut admin, &["PTTL", &record]).await;
     assert_eq!(ttl, -1, "the record never expires");
+    guard.release().await.expect("release");
+    assert!(
+        !client
+            .publish(&keys, &token, 5, "late")
+            .await
+            .expect("publish"),
+        "a released holder wrote"
+    );
 
-    // A record someone else wrote: typed errors, nothing overwritten.
+    // A record someone else wrote: a typed error.
     let _: i64 = cmd(&mut admin, &["HSET", &record, "term", "007"]).await;
-    let err = client.publish(&keys, 8, "x").await.expect_err("tampered");
-    assert_eq!(err.kind(), ErrorKind::Backend, "{err}");
     let err = client.record(&keys).await.expect_err("tampered");
     assert_eq!(err.kind(), ErrorKind::Backend, "{err}");
     let _: i64 = cmd(&mut admin, &["DEL", &record]).await;
     let _: () = cmd(&mut admin, &["SET", &record, "x"]).await;
-    let err = client.publish(&keys, 8, "x").await.expect_err("a string");
-    assert!(err.to_string().contains("WRONGTYPE"), "{err}");
     let err = client.record(&keys).await.expect_err("a string");
     assert!(err.to_string().contains("WRONGTYPE"), "{err}");
+}
+
+/// Calls of one command since the last `CONFIG RESETSTAT`.
+async fn count_of(admin: &mut redis::aio::MultiplexedConnection, name: &str) -> u64 {
+    all_calls(admin)
+        .await
+        .iter()
+        .find(|(n, _)| n == name)
+        .map_or(0, |(_, c)| *c)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -80,8 +80,10 @@
 //! * **Elections** ([`RawElection`]): the leader's record is one key, `{K}:leader/` (its
 //!   companion key plus `/`), with no lease: it outlives its leader, as the term does, and
 //!   readers compare its holder with the queue's first key. The trailing `/` keeps it out
-//!   of every lock's queue. A publish is a compare-and-swap on the key's mod revision that
-//!   reads the stored term back when it loses; observers watch the key's puts.
+//!   of every lock's queue. A publish is one transaction that puts the record only if the
+//!   publisher's queue key is the first of the queue (it has the create revision it was
+//!   granted with, and no key under `K/` is older); terms are not compared. Observers
+//!   watch the key's puts.
 //!
 //! Costs: an attempt is a lease call and a transaction (plus a lease read when the lock is
 //! held); a waiter keeps one watch stream open and sends a keep-alive every third of its
@@ -434,6 +436,20 @@ impl Etcd {
             .await?;
         let queue = queued(resp.kvs(), &prefix);
         Ok((prefix, queue))
+    }
+
+    /// Puts `value` at `record` in one transaction if every compare holds. Returns
+    /// whether it did.
+    async fn put_if(&self, compares: Vec<Compare>, record: &str, value: &str) -> Result<bool> {
+        let txn = Txn::new()
+            .when(compares)
+            .and_then([TxnOp::put(record, value, None)]);
+        let resp = self
+            .call("publishing an election record", |mut c| async move {
+                c.txn(txn).await
+            })
+            .await?;
+        Ok(resp.succeeded())
     }
 
     /// The remaining ttl of `lease`, if it is alive (`None` for 0: a key without lease).
@@ -1032,54 +1048,46 @@ impl Drop for AbortOnDrop {
 impl RawFencing for Etcd {}
 
 /// The record is one key without a lease (`{K}:leader/`), so it outlives its leader as
-/// revisions do. [`publish`](RawElection::publish) is a compare-and-swap on the key's mod
-/// revision: one transaction writes if the key is as last seen (first guess: absent) and
-/// otherwise reads it back, and a write is refused once a read finds a newer term. The
-/// write itself is the announcement: [`watch_record`](RawElection::watch_record) is an etcd
-/// watch of puts on the key.
+/// revisions do. [`publish`](RawElection::publish) is one transaction that puts the record
+/// if the publisher's queue key `K/<token>` has the create revision `term` and no key
+/// under `K/` was created before it: then that key is the first of the queue, the
+/// holder. The term is normally the holder's fence, that key's create revision, so this
+/// is one round trip. Otherwise (the key is gone, the caller passed a term of its own, or
+/// a key of a lock named below this one, `K/x/…`, is older) the publish reads the queue
+/// and, if the token's key is its first, puts the record if that key still has the create
+/// revision it was first with: no key created later can come before it, so it is still
+/// the holder. The stored record's term is not compared (etcd's revisions never go back,
+/// but the contract lets a reset store's elections go on). The write itself is the
+/// announcement: [`watch_record`](RawElection::watch_record) is an etcd watch of puts on
+/// the key.
 impl RawElection for Etcd {
-    async fn publish(&self, keys: &LockKeys, term: u64, data: &str) -> Result<bool> {
-        let key = record_key(keys);
+    async fn publish(&self, keys: &LockKeys, token: &Token, term: u64, data: &str) -> Result<bool> {
+        let holder = queue_key(keys, token);
+        let record = record_key(keys);
         let value = super::record_text(term, data);
-        // The record's mod revision as last seen; 0 matches an absent key.
-        let mut seen = 0;
-        // Only a leader writes, so a lost race is rare and the next read shows a newer
-        // term (refused) or the same leader's repeat.
-        for _ in 0..5 {
-            let txn = Txn::new()
-                .when([Compare::mod_revision(key.as_str(), CompareOp::Equal, seen)])
-                .and_then([TxnOp::put(key.as_str(), value.as_str(), None)])
-                .or_else([TxnOp::get(key.as_str(), None)]);
-            let resp = self
-                .call("publishing an election record", |mut c| async move {
-                    c.txn(txn).await
-                })
-                .await?;
-            if resp.succeeded() {
+        // Revision 0 would match an absent key; no key is created at it.
+        if let Some(rev) = i64::try_from(term).ok().filter(|rev| *rev > 0) {
+            let first = vec![
+                Compare::create_revision(holder.as_str(), CompareOp::Equal, rev),
+                Compare::create_revision(queue_prefix(keys), CompareOp::Greater, rev - 1)
+                    .with_prefix(),
+            ];
+            if self.put_if(first, &record, &value).await? {
                 return Ok(true);
             }
-            let stored = resp.op_responses().into_iter().find_map(|op| match op {
-                TxnOpResponse::Get(get) => get
-                    .kvs()
-                    .first()
-                    .map(|kv| (kv.value().to_vec(), kv.mod_revision())),
-                _ => None,
-            });
-            seen = match stored {
-                Some((value, revision)) => {
-                    if super::parse_record(&value, "in etcd")?.0 > term {
-                        return Ok(false);
-                    }
-                    revision
-                }
-                None => 0,
-            };
         }
-        Err(Error::new(
-            ErrorKind::Backend,
-            "the election record kept changing while publishing",
-        )
-        .retryable(true))
+        let (_, queue) = self.queue(keys).await?;
+        match queue.first() {
+            Some(head) if head.key == holder.as_bytes() => {
+                let still = vec![Compare::create_revision(
+                    holder.as_str(),
+                    CompareOp::Equal,
+                    head.created,
+                )];
+                self.put_if(still, &record, &value).await
+            }
+            _ => Ok(false),
+        }
     }
 
     async fn record(&self, keys: &LockKeys) -> Result<Option<(u64, String)>> {

@@ -70,9 +70,11 @@
 //! # Elections
 //!
 //! An election's record ([`RawElection`]) is one item without expiry, written by a
-//! gets/cas loop that refuses once it reads a newer term. Observers cannot be notified:
-//! they read again at a short interval. Like the fence counter, the record is lost to a
-//! restart, `flush_all` or an eviction (see the impl's docs for what readers see then).
+//! gets/cas loop that first checks the lock key still holds the publisher's token (two
+//! items cannot be checked and written atomically; the impl's docs say what remains).
+//! Terms are not compared. Observers cannot be notified: they read again at a short
+//! interval. Like the fence counter, the record is lost to a restart, `flush_all` or an
+//! eviction (see the impl's docs for what readers see then).
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -710,32 +712,52 @@ impl RawLock for Memcached {
 impl RawFencing for Memcached {}
 
 /// The record is one item without expiry (the mapped lock key plus `~elect`); a publish
-/// is a gets/cas loop (`mg` for value and CAS, then `ms … C<cas>`, or an add where there
-/// is none) that refuses once it reads a newer term. Memcached cannot notify, so
-/// observers read again at a short interval.
+/// is a gets/cas loop: `mg` of the record (value and CAS) and `mg` of the lock key,
+/// pipelined in that order, then, if the lock key holds our token, `ms … C<cas>` of the
+/// record (an add where there was none). Terms are not compared. Memcached cannot
+/// notify, so observers read again at a short interval.
+///
+/// # The check and the write
+///
+/// Memcached cannot check one item and write another in one step, so a leader deposed
+/// between the check and the write (its lease ran out, an operator force-unlocked it) can
+/// still write. The CAS keeps that write from overwriting its successor's record: the
+/// successor was granted after our check, so its first write comes after our read of the
+/// record and changes the CAS our write names. A late write can land only before the
+/// successor's first write (which then replaces it), or, across a restart between our
+/// read and our write, on a fresh item whose CAS happens to equal the old one (the
+/// server's CAS counter starts over). Either way readers see a record whose token is not
+/// the holder's and report the leader without a value until its next announcement: never
+/// a wrong leader.
 ///
 /// # Durability
 ///
 /// Like the fence counter, the record lives in memcached's memory only: a restart,
 /// `flush_all` or an LRU eviction loses it. The leader is then reported without a value
 /// until its next [`proclaim`](crate::Leadership::proclaim) (or the next leader) writes it
-/// again, and the term check starts over from the next write: a deposed leader's late
-/// write can land then, but readers compare its holder with the lock's and ignore it.
+/// again; a restart also loses the lock, so a leader's announcement repeated after one
+/// writes nothing.
 impl RawElection for Memcached {
-    async fn publish(&self, keys: &LockKeys, term: u64, data: &str) -> Result<bool> {
+    async fn publish(&self, keys: &LockKeys, token: &Token, term: u64, data: &str) -> Result<bool> {
         let key = record_key(keys.lock());
+        let lock = memcached_key(keys.lock());
         let value = super::record_text(term, data);
-        // Only a leader writes, so a lost race is rare and the next read shows a newer
-        // term (refused) or the same leader's repeat.
+        // Only the holder writes, so a lost race is rare: the holder's own repeat, or a
+        // deposed leader's late write (the next check then finds we no longer hold).
         for _ in 0..5 {
+            // The record first: a successor's write after our check changes its CAS.
+            let request = format!("mg {key} v c\r\nmg {lock} v\r\n").into_bytes();
+            let mut replies = self.call(request, 2).await?.into_iter();
+            let (Some(record), Some(holder)) = (replies.next(), replies.next()) else {
+                return Err(unexpected("mg (publish)", "too few replies"));
+            };
+            let record = get_reply(record)?;
+            if get_reply(holder)?.is_none_or(|(held, _, _)| held != token.as_str().as_bytes()) {
+                return Ok(false);
+            }
             // T0: no expiry. ME: add (only if absent).
-            let write = match self.get(&key).await? {
-                Some((stored, cas, _)) => {
-                    if super::parse_record(&stored, "in memcached")?.0 > term {
-                        return Ok(false);
-                    }
-                    format!("ms {key} {} T0 C{cas}\r\n{value}\r\n", value.len())
-                }
+            let write = match record {
+                Some((_, cas, _)) => format!("ms {key} {} T0 C{cas}\r\n{value}\r\n", value.len()),
                 None => format!("ms {key} {} T0 ME\r\n{value}\r\n", value.len()),
             };
             let reply = self.one(write.into_bytes()).await?;

@@ -329,15 +329,18 @@ impl RawLock for Memory {
 /// counter is never dropped while the store lives.
 impl RawFencing for Memory {}
 
-/// The record is a map entry, written under the store's lock; a write wakes one observer
-/// of the record's side channel.
+/// The record is a map entry, written under the store's lock if the lock is the
+/// caller's; a write wakes one observer of the record's side channel.
 impl RawElection for Memory {
-    async fn publish(&self, keys: &LockKeys, term: u64, data: &str) -> Result<bool> {
+    async fn publish(&self, keys: &LockKeys, token: &Token, term: u64, data: &str) -> Result<bool> {
         let mut state = self.state();
-        let key = keys.companion(crate::raw::RECORD);
-        if state.records.get(&key).is_some_and(|(t, _)| *t > term) {
+        if state
+            .live(keys.lock(), Instant::now())
+            .is_none_or(|h| h.token != *token)
+        {
             return Ok(false);
         }
+        let key = keys.companion(crate::raw::RECORD);
         state.records.insert(key, (term, data.to_owned()));
         state.notify_one(keys.side(crate::raw::RECORD).channel());
         Ok(true)

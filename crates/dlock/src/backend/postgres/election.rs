@@ -4,13 +4,16 @@ use super::Postgres;
 use crate::error::{Error, ErrorKind, Result};
 use crate::keys::LockKeys;
 use crate::raw::{RawElection, ReleaseWatch};
+use crate::token::Token;
 
-/// The record is a row written by one statement — `INSERT … ON CONFLICT DO UPDATE … WHERE
-/// stored term <= term` — that also announces the write (`pg_notify` on
-/// `dlk_records`, sent at commit, only when the row was written). Observers of every
-/// client hear it on their client's `LISTEN` connection.
+/// The record is a row written by one statement — `INSERT … SELECT … WHERE EXISTS (the
+/// lock's row holds the token, its lease not run out by the server's clock) ON CONFLICT
+/// DO UPDATE`, the lock's row kept `FOR SHARE` until the write commits — that also
+/// announces the write (`pg_notify` on `dlk_records`, sent at commit, only when the row
+/// was written). Terms are not compared. Observers of every client hear it on their
+/// client's `LISTEN` connection.
 impl RawElection for Postgres {
-    async fn publish(&self, keys: &LockKeys, term: u64, data: &str) -> Result<bool> {
+    async fn publish(&self, keys: &LockKeys, token: &Token, term: u64, data: &str) -> Result<bool> {
         let term = i64::try_from(term).map_err(|_| {
             Error::invalid(format!(
                 "election {:?}: term {term} does not fit PostgreSQL's bigint",
@@ -27,7 +30,7 @@ impl RawElection for Postgres {
         let rows = self
             .query(
                 &self.inner.sql.publish,
-                &[&keys.lock(), &term, &data],
+                &[&keys.lock(), &term, &data, &token.as_str()],
                 "publishing an election's record",
             )
             .await?;

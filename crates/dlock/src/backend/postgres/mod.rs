@@ -60,9 +60,13 @@
 //!
 //! An [`Election`](crate::Election)'s record is one row of `<schema>.records` (`key`: the
 //! election's lock key, `term`, `data`). [`publish`](crate::raw::RawElection::publish) is
-//! one statement: `INSERT … ON CONFLICT (key) DO UPDATE … WHERE records.term <=
-//! excluded.term`, which also sends `pg_notify('dlk_records', <key>)` when it wrote the
-//! row (delivered at commit). Releases are told to one waiter on its own client's channel,
+//! one statement, `INSERT … SELECT … WHERE EXISTS (<the lock's row holds the token, its
+//! lease not run out>) … ON CONFLICT (key) DO UPDATE` — the holder and expiry condition of
+//! release and extend, the row kept `FOR SHARE` until the write commits, so no release or
+//! grant comes between the check and the write — which also sends
+//! `pg_notify('dlk_records', <key>)` when it wrote the row (delivered at commit). Terms
+//! are not compared: the lock decides who may write (a leader whose lease ran out writes
+//! nothing, whatever its term). Releases are told to one waiter on its own client's channel,
 //! but a record's write is for every observer on every client, so it goes out on this one
 //! channel that all clients of the database share; a client `LISTEN`s on it (on its
 //! `LISTEN` connection) from its first observer on, and wakes only the observers of that
@@ -94,8 +98,8 @@
 //! digits and `_`, at most 63 bytes). If everything exists already, nothing is created, so
 //! a role without `CREATE` can use a schema a DBA made. At run time the role needs
 //! `USAGE` on the schema, `SELECT`, `INSERT`, `UPDATE`, `DELETE` on its tables (elections
-//! use `SELECT`, `INSERT`, `UPDATE` on `records`) and `EXECUTE` on its functions (granted
-//! to `PUBLIC` by default).
+//! use `SELECT`, `INSERT`, `UPDATE` on `records`, and `SELECT … FOR SHARE` on `locks`) and
+//! `EXECUTE` on its functions (granted to `PUBLIC` by default).
 //!
 //! # Connections
 //!
@@ -351,13 +355,23 @@ impl Statements {
                 left("l.expires_at"),
                 left("e.expires_at")
             ),
-            // An election's record, written unless a newer term is stored, and announced
-            // (at commit) only when written: whether it was.
+            // An election's record, written only while $4 holds the election's lock (the
+            // condition of release and extend), and announced (at commit) only when
+            // written: whether it was. The terms are not compared (a fence counter that
+            // went back must not stop the election). `FOR SHARE` keeps the lock's row as
+            // it was checked until the write commits: a release, an expiry's grant or a
+            // hand-over waits for it, and a publish that waited for one of them checks
+            // the row as they left it (READ COMMITTED rechecks a locked row's newest
+            // version).
             publish: format!(
                 "WITH written AS (
-                     INSERT INTO {s}.records AS r (key, term, data) VALUES ($1, $2, $3)
+                     INSERT INTO {s}.records AS r (key, term, data)
+                     SELECT $1::text, $2::bigint, $3::text
+                     WHERE EXISTS (SELECT 1 FROM {s}.locks l
+                                   WHERE l.key = $1 AND l.holder = $4::text
+                                     AND l.expires_at > {live}
+                                   FOR SHARE)
                      ON CONFLICT (key) DO UPDATE SET term = excluded.term, data = excluded.data
-                     WHERE r.term <= excluded.term
                      RETURNING r.key
                  )
                  SELECT count(pg_notify('{}', w.key)::text) > 0 FROM written w",

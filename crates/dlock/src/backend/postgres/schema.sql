@@ -45,9 +45,10 @@ CREATE INDEX IF NOT EXISTS waiters_in_order ON "S".waiters (key, arrival);
 ALTER TABLE "S".waiters ADD COLUMN IF NOT EXISTS ttl_ms bigint;
 ALTER TABLE "S".waiters ADD COLUMN IF NOT EXISTS lpid int;
 
--- One row per election (key: its lock's key): the leader's record, written only under a
--- term not below the stored one, and announced on the channel dlk_records (payload: the
--- key). Kept for good, like the fence: readers compare its holder with the lock's.
+-- One row per election (key: its lock's key): the leader's record, written only while the
+-- writer holds the lock (terms are not compared), and announced on the channel dlk_records
+-- (payload: the key). Kept for good, like the fence: readers compare its holder with the
+-- lock's.
 CREATE TABLE IF NOT EXISTS "S".records (
     key  text COLLATE "C" PRIMARY KEY,
     term bigint NOT NULL,

@@ -1,11 +1,13 @@
 //! Leader election on Redis: the plain lock, plus the leader's record in a hash under the
 //! lock's hash tag (`<base>:leader`, fields `term` and `data`, no expiry), written by one
-//! script that refuses an older term and announces the write on the record's channel.
+//! script that checks the caller holds the lock and announces the write on the record's
+//! channel.
 
 use super::{Redis, map_err};
 use crate::error::{Error, ErrorKind, Result};
 use crate::keys::LockKeys;
 use crate::raw::{RECORD, RawElection};
+use crate::token::Token;
 
 /// The key of an election's record.
 pub(super) fn record(keys: &LockKeys) -> String {
@@ -13,8 +15,8 @@ pub(super) fn record(keys: &LockKeys) -> String {
 }
 
 /// The record is a hash (`term`, `data`) that never expires. [`publish`] is one script
-/// (`lua/elect_publish.lua`): it compares the terms exactly (as decimal strings, not Lua
-/// doubles), writes, and announces the write on the record's channel as a release is
+/// (`lua/elect_publish.lua`): it checks that the lock key holds the caller's token, writes,
+/// and announces the write on the record's channel as a release is
 /// announced (`PUBLISH`, or `SPUBLISH` on a Redis Cluster), so that the default
 /// [`watch_record`](RawElection::watch_record) wakes. [`record`] is one `HMGET`.
 ///
@@ -27,13 +29,19 @@ pub(super) fn record(keys: &LockKeys) -> String {
 /// [`publish`]: RawElection::publish
 /// [`record`]: RawElection::record
 impl RawElection for Redis {
-    async fn publish(&self, keys: &LockKeys, term: u64, data: &str) -> Result<bool> {
+    async fn publish(&self, keys: &LockKeys, token: &Token, term: u64, data: &str) -> Result<bool> {
         let side = keys.side(RECORD);
         let written: i64 = self
             .eval(
                 &self.inner.scripts.elect_publish,
-                &[&record(keys)],
-                &[&term, &data, &side.channel(), &self.publish_cmd()],
+                &[keys.lock(), &record(keys)],
+                &[
+                    &token.as_str(),
+                    &term,
+                    &data,
+                    &side.channel(),
+                    &self.publish_cmd(),
+                ],
                 "publishing the election record",
             )
             .await?;
@@ -60,8 +68,7 @@ impl RawElection for Redis {
     }
 }
 
-/// A term as the script writes it: a u64 in decimal without sign or leading zeros (what
-/// the script accepts as a stored term too, so that it compares as the digits say).
+/// A term as the script writes it: a u64 in decimal without sign or leading zeros.
 fn parse_term(term: &str) -> Option<u64> {
     let canonical = term == "0" || !term.starts_with(['0', '+']);
     term.parse().ok().filter(|_| canonical)

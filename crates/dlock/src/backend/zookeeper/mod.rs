@@ -64,9 +64,11 @@
 //! container directory from ever being removed. `escape` never writes `-`, so no lock
 //! directory can have that name, the queue listings never see the node, and
 //! [`list`](RawInspect::list) passes over it. Its data is `<term>\n<data>`.
-//! [`publish`](crate::raw::RawElection::publish) reads the node and its version, refuses
-//! if the stored term is greater, and writes at that version (`setData`; `create` when
-//! it is missing); a write that lost a race (`BadVersion`, `NodeExists`) reads again.
+//! [`publish`](crate::raw::RawElection::publish) lists the lock's directory for the
+//! token's node at the head of the line (none: the token does not hold the lock, nothing
+//! is written), then writes the record in one multi-op with a check that this node still
+//! exists (`check` + `setData`, or `create` when the record is missing): the hold and the
+//! write are one atomic step. Terms are not compared.
 //! Observers hold an `exists` watch on the node (fired by its creation, a write, its
 //! deletion), armed before [`watch_record`](crate::raw::RawElection::watch_record)
 //! returns and armed again by a task after each event, before it wakes the observer.
