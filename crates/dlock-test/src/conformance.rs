@@ -50,6 +50,26 @@ pub fn unique(what: &str) -> String {
     )
 }
 
+/// Runs `work` as a process that dies right after it: on a runtime of its own thread,
+/// which is then shut down without running anything more (no release, no renewal: its
+/// watchdog task dies with it), as a SIGKILL would end it. Returns what `work` returned.
+///
+/// # Panics
+/// If `work` panics.
+pub fn dies_after<T: Send + 'static>(work: impl Future<Output = T> + Send + 'static) -> T {
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let out = rt.block_on(work);
+        rt.shutdown_background();
+        out
+    })
+    .join()
+    .expect("the dying process's thread panicked")
+}
+
 /// What a read-sleep-write run of workers under some exclusion produced.
 #[derive(Debug, Default)]
 pub struct RmwOutcome {
@@ -248,21 +268,10 @@ pub async fn killed_holder_frees_within_ttl<T: Target>(target: &T) {
         .ttl(ttl)
         .build()
         .expect("valid");
-    // The holder lives in its own runtime, which we then shut down: the watchdog task dies
-    // with it, as it would with the process.
-    let held = std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime");
-        rt.block_on(async {
-            let guard = lock.try_lock().await.expect("store").expect("free");
-            std::mem::forget(guard); // never dropped: no release is sent
-        });
-        rt.shutdown_background();
-    })
-    .join();
-    assert!(held.is_ok(), "holder thread panicked");
+    dies_after(async move {
+        let guard = lock.try_lock().await.expect("store").expect("free");
+        std::mem::forget(guard); // never dropped: no release is sent
+    });
     let died = Instant::now();
     let other = Lock::new(target.client().await, &name).expect("valid");
     let guard = other

@@ -9,7 +9,7 @@ use dlock::raw::{RawElection, RawLock};
 use dlock::{Election, ErrorKind, Leader, MAX_VALUE_LEN};
 use tokio::time::{Instant, sleep, timeout};
 
-use crate::conformance::{Target, unique};
+use crate::conformance::{Target, dies_after, unique};
 
 /// An election on a new client of `target`.
 async fn election<T: Target>(target: &T, name: &str, ttl: Duration) -> Election<T::Backend>
@@ -115,27 +115,20 @@ where
     T::Backend: RawElection,
 {
     let name = unique("elect-resign");
-    let ttl = target.ttl(Duration::from_secs(20));
+    // A lease long enough that only a hand-over can let the standby lead within half of
+    // it: the bound tells the mechanism apart (no speed is measured).
+    let ttl = target.ttl(Duration::from_secs(60));
     let a = election(target, &name, ttl).await;
     let b = election(target, &name, ttl).await;
     let first = a.campaign("a").await.expect("campaign");
-    let waiting = tokio::spawn(async move {
-        let l = b.campaign("b").await.expect("campaign");
-        (Instant::now(), l)
-    });
+    let waiting = tokio::spawn(async move { b.campaign("b").await.expect("campaign") });
     sleep(Duration::from_millis(300)).await;
-    let resigned = Instant::now();
     let first_term = first.term();
     first.resign().await.expect("resign");
-    let (led, second) = timeout(ttl, waiting)
+    let second = timeout(ttl / 2, waiting)
         .await
-        .expect("the next candidate leads")
+        .expect("the standby leads long before the resigned lease could run out")
         .expect("task");
-    let took = led.duration_since(resigned);
-    assert!(
-        took < ttl / 4,
-        "took over {took:?} after a resign (lease {ttl:?}): it waited for the lease"
-    );
     assert!(second.term() > first_term);
     second.resign().await.expect("resign");
 }
@@ -149,22 +142,12 @@ where
     let name = unique("elect-killed");
     let ttl = target.ttl(Duration::from_millis(800));
     let a = election(target, &name, ttl).await;
-    let held = std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime");
-        let term = rt.block_on(async {
-            let l = a.campaign("doomed").await.expect("campaign");
-            let term = l.term();
-            std::mem::forget(l); // never resigned
-            term
-        });
-        rt.shutdown_background();
+    let held = dies_after(async move {
+        let l = a.campaign("doomed").await.expect("campaign");
+        let term = l.term();
+        std::mem::forget(l); // never resigned
         term
-    })
-    .join()
-    .expect("leader thread");
+    });
     let died = Instant::now();
     let b = election(target, &name, ttl).await;
     let next = timeout(ttl * 10, b.campaign("heir"))

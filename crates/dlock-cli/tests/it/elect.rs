@@ -20,7 +20,7 @@ fn signal(sig: &str, pid: u32) {
 
 /// Several `dlock elect` processes on one name: only the leader's command runs; each
 /// SIGTERM to the leading dlock stops its command, which exits with its own status, and
-/// a standby leads long before the lease (20 s) could have run out; terms increase.
+/// a standby leads long before the lease (60 s) could have run out; terms increase.
 #[test]
 fn electors_run_one_command_at_a_time_and_standbys_take_over_after_sigterm() {
     let server = RedisServer::start().expect("redis-server");
@@ -44,7 +44,7 @@ fn electors_run_one_command_at_a_time_and_standbys_take_over_after_sigterm() {
                 .args([
                     "elect",
                     "--ttl",
-                    "20s",
+                    "60s",
                     "--value",
                     &format!("node-{i}"),
                     "scheduler",
@@ -68,7 +68,6 @@ fn electors_run_one_command_at_a_time_and_standbys_take_over_after_sigterm() {
         let seen = leader_json(&url, "scheduler");
         assert_eq!(seen["leader"], true);
         std::fs::remove_file(&leader_file).expect("rm leader file");
-        let stopped = Instant::now();
         signal("-TERM", pid);
         let idx = electors
             .iter()
@@ -82,12 +81,9 @@ fn electors_run_one_command_at_a_time_and_standbys_take_over_after_sigterm() {
             "dlock exits with the command's status"
         );
         if !electors.is_empty() {
-            wait_for_file(&leader_file, Duration::from_secs(10));
-            let took = stopped.elapsed();
-            assert!(
-                took < Duration::from_secs(5),
-                "a standby took over only after {took:?} (lease 20 s)"
-            );
+            // Half the 60 s lease: only the resign's hand-over can be that quick (the bound
+            // tells the mechanism apart; no speed is measured).
+            wait_for_file(&leader_file, Duration::from_secs(30));
         }
     }
     let text = std::fs::read_to_string(&log).expect("log");
@@ -185,12 +181,7 @@ fn elect_exit_codes_environment_and_leader_output() {
     assert!(out.status.success(), "{}", stderr(&out));
     let status = wait_exit(&mut leader, Duration::from_secs(10));
     assert_eq!(status.code(), Some(LOST));
-    let mut err = String::new();
-    if let Some(e) = leader.stderr.take() {
-        for line in BufReader::new(e).lines() {
-            err.push_str(&line.expect("stderr"));
-        }
-    }
+    let err = piped_stderr(&mut leader);
     assert!(err.contains("leadership of \"codes\" lost"), "{err}");
 
     // RedLock (here three "masters" on one server, enough to connect) has no term.

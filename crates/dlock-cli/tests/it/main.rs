@@ -69,6 +69,20 @@ fn wait_exit(child: &mut Child, within: Duration) -> std::process::ExitStatus {
     }
 }
 
+/// What an exited child wrote to its piped stderr, its lines joined.
+fn piped_stderr(child: &mut Child) -> String {
+    child
+        .stderr
+        .take()
+        .map(|e| {
+            BufReader::new(e)
+                .lines()
+                .map(|line| line.expect("stderr"))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 fn alive(pid: &str) -> bool {
     Command::new("kill")
         .args(["-0", pid.trim()])
@@ -213,12 +227,7 @@ fn a_lost_lock_terminates_the_child_and_exits_with_the_lost_code() {
         !alive(&grandchild),
         "the command's own child outlived the lock"
     );
-    let mut err = String::new();
-    if let Some(e) = run.stderr.take() {
-        for line in BufReader::new(e).lines() {
-            err.push_str(&line.expect("stderr"));
-        }
-    }
+    let err = piped_stderr(&mut run);
     assert!(err.contains("lost"), "{err}");
     let _ = std::fs::remove_dir_all(dir);
 }

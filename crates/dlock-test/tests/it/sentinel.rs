@@ -231,23 +231,16 @@ async fn an_election_over_sentinel_hands_over_on_resign() {
         "a second leader while the first leads"
     );
 
-    let waiting = tokio::spawn(async move {
-        let l = b.campaign("host-b:8080").await.expect("campaign");
-        (Instant::now(), l)
-    });
+    let waiting = tokio::spawn(async move { b.campaign("host-b:8080").await.expect("campaign") });
     sleep(Duration::from_millis(300)).await; // b queues
     let first_term = first.term();
-    let resigned = Instant::now();
     first.resign().await.expect("resign");
-    let (led, second) = timeout(Duration::from_secs(10), waiting)
+    // Half the lease: only the resign's hand-over can be that quick (the bound tells the
+    // mechanism apart; no speed is measured).
+    let second = timeout(ttl / 2, waiting)
         .await
-        .expect("the next candidate leads")
+        .expect("the standby leads long before the resigned lease could run out")
         .expect("task");
-    let took = led.duration_since(resigned);
-    assert!(
-        took < Duration::from_secs(5),
-        "took over {took:?} after a resign: it waited for the lease"
-    );
     assert!(second.term() > first_term);
     let seen = watcher.leader().await.expect("read").expect("a leader");
     assert_eq!(
