@@ -131,26 +131,18 @@ pub(crate) enum Command {
     /// Delete NAME whoever holds it. Dangerous: the holder keeps working until it notices.
     ForceUnlock(ForceUnlockArgs),
     /// Seed 003's oversell demo: worker processes deduct stock four ways.
-    Demo(DemoArgs),
+    ///
+    /// Runs the dlock-torture binary (see `dlock demo --help`).
+    #[command(disable_help_flag = true)]
+    Demo(HarnessArgs),
     /// Jepsen-style safety check: worker processes, a fault-injecting nemesis, checkers.
     ///
-    /// For each lock kind, W worker processes loop acquire → read-modify-write a
-    /// protected resource (an unfenced counter, and a fenced one that refuses fences
-    /// below the highest it has seen) → release, while a nemesis injects faults on a
-    /// schedule drawn from --seed. Every operation is recorded on CLOCK_MONOTONIC; the
-    /// checkers then count overlapping holders, lost increments, stale writes accepted,
-    /// fence order and reuse, time to reacquire after a crash, and orphan keys. The
-    /// seeds' broken locks run as controls and must be caught. Writes report.json and an
-    /// SVG timeline per kind to --out; exits 1 on any unexpected result.
-    Torture(TortureArgs),
+    /// Runs the dlock-torture binary, which carries the test kit this command does not
+    /// link (see `dlock torture --help`).
+    #[command(disable_help_flag = true)]
+    Torture(HarnessArgs),
     /// Print shell completions.
     Completions(CompletionsArgs),
-    /// One worker process of `dlock demo` (internal).
-    #[command(hide = true)]
-    DemoWorker(DemoWorkerArgs),
-    /// One worker process of `dlock torture` (internal).
-    #[command(hide = true)]
-    TortureWorker(TortureWorkerArgs),
 }
 
 /// The kinds of primitive, for `status` and `force-unlock`.
@@ -329,99 +321,12 @@ pub(crate) struct ForceUnlockArgs {
     pub(crate) yes: bool,
 }
 
+/// The arguments of `dlock torture` and `dlock demo`, passed to the harness as they are.
 #[derive(Debug, Args)]
-pub(crate) struct DemoArgs {
-    #[command(flatten)]
-    pub(crate) store: Store,
-    /// Worker processes per scenario.
-    #[arg(long, default_value_t = 8)]
-    pub(crate) workers: usize,
-    /// Orders each worker places.
-    #[arg(long, default_value_t = 6)]
-    pub(crate) orders: usize,
-    /// Initial stock.
-    #[arg(long, default_value_t = 24)]
-    pub(crate) stock: i64,
-    /// No progress bars (for logs and tests).
-    #[arg(long)]
-    pub(crate) plain: bool,
-}
-
-#[derive(Debug, Clone, Args)]
-pub(crate) struct DemoWorkerArgs {
-    #[arg(long)]
-    pub(crate) url: String,
-    #[arg(long)]
-    pub(crate) scenario: String,
-    #[arg(long)]
-    pub(crate) run_id: String,
-    #[arg(long)]
-    pub(crate) worker: usize,
-    #[arg(long)]
-    pub(crate) orders: usize,
-}
-
-#[derive(Debug, Args)]
-pub(crate) struct TortureArgs {
-    /// The lock server to torture. Default: a private redis-server, which also allows the
-    /// server faults (freeze, restart). Faults that need to own the server are skipped for
-    /// a server given here.
-    #[arg(long, env = "DLOCK_URL", hide_env_values = true)]
-    pub(crate) url: Option<String>,
-    /// How long each lock kind runs.
-    #[arg(long, value_parser = parse_duration, default_value = "20s")]
-    pub(crate) duration: Duration,
-    /// Worker processes per kind.
-    #[arg(long, default_value_t = 4)]
-    pub(crate) workers: usize,
-    /// Lease length of every lock kind.
-    #[arg(long, value_parser = parse_duration, default_value = "1s")]
-    pub(crate) ttl: Duration,
-    /// Seed of the fault schedule (a run is reproducible from it).
-    #[arg(long, default_value_t = 1)]
-    pub(crate) seed: u64,
-    /// Faults, comma-separated, or `all`: pause, kill, freeze, client-pause, restart,
-    /// script-flush, delay, blackhole, close.
-    #[arg(long, default_value = "all")]
-    pub(crate) faults: String,
-    /// Lock kinds, comma-separated, or `all`: dlock, dlock-fenced, fair-fenced,
-    /// rwlock-fenced, reentrant-fenced, election-fenced (leader election: each worker
-    /// campaigns, writes as leader with its term as the fence, then resigns), redlock (a
-    /// RedLock quorum over 5 redis-servers of its own, unfenced; 24 s under --quick),
-    /// memcached-fenced (a memcached of its own,
-    /// ttl at least 2 s; 30 s under --quick; skipped by `all` if memcached is missing),
-    /// etcd-fenced (a 3-member etcd cluster of its own whose leader is killed and
-    /// restarted, ttl at least 2 s; 30 s under --quick; skipped by `all` if etcd is
-    /// missing), postgres-fenced (a PostgreSQL of its own, restarted as a crash; skipped by
-    /// `all` if PostgreSQL is missing), zookeeper-fenced (a 3-server ZooKeeper ensemble of
-    /// its own whose leader is killed and restarted, ttl = session timeout at least 2 s;
-    /// 30 s under --quick; skipped by `all` if java or ZooKeeper is missing), memory, and
-    /// the controls setnx-expire, setnx-getset, get-del, plain-del.
-    #[arg(long, default_value = "all")]
-    pub(crate) kinds: String,
-    /// Where report.json and the timelines go.
-    #[arg(long, default_value = "dlock-torture")]
-    pub(crate) out: std::path::PathBuf,
-    /// The CI profile: about 30 s per dlock kind (the shortest run that injects each
-    /// kind's faults; 24 s for redlock), 12 s per control, 8 s for memory.
-    #[arg(long)]
-    pub(crate) quick: bool,
-}
-
-#[derive(Debug, Clone, Args)]
-pub(crate) struct TortureWorkerArgs {
-    #[arg(long)]
-    pub(crate) kind: String,
-    #[arg(long)]
-    pub(crate) lock_url: String,
-    #[arg(long)]
-    pub(crate) resource_url: String,
-    #[arg(long)]
-    pub(crate) keys: String,
-    #[arg(long)]
-    pub(crate) ttl_ms: u64,
-    #[arg(long)]
-    pub(crate) until_ns: u64,
+pub(crate) struct HarnessArgs {
+    /// Options of the subcommand (see its --help).
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true, num_args = 0..)]
+    pub(crate) args: Vec<OsString>,
 }
 
 #[derive(Debug, Args)]

@@ -9,9 +9,6 @@ use dlock::ErrorKind;
 
 /// Success (or, for `dlock run`, the child's own status).
 pub(crate) const SUCCESS: u8 = 0;
-/// `dlock torture` found an unexpected result (a violation where none is allowed, or a
-/// control that was not caught).
-pub(crate) const TORTURE_FAILED: u8 = 1;
 /// Bad usage: unknown flag, bad duration, malformed URL, unknown backend (`EX_USAGE`).
 pub(crate) const USAGE: u8 = 64;
 /// The store could not be reached or failed (`EX_UNAVAILABLE`).

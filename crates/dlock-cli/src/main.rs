@@ -41,18 +41,15 @@ fn main() -> ExitCode {
             return ExitCode::from(exit::SUCCESS);
         }
     };
-    // A demo worker runs on one thread, so that a stall it simulates also stops its
-    // lease renewal, as a real process pause would.
-    let runtime = if matches!(
-        cli.command,
-        Command::DemoWorker(_) | Command::TortureWorker(_)
-    ) {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-    } else {
-        tokio::runtime::Runtime::new()
+    // The harness replaces this process (no runtime needed).
+    let command = match cli.command {
+        Command::Torture(args) => {
+            return exit::finish(Err(cmd::harness::exec("torture", args.args)));
+        }
+        Command::Demo(args) => return exit::finish(Err(cmd::harness::exec("demo", args.args))),
+        command => command,
     };
+    let runtime = tokio::runtime::Runtime::new();
     let runtime = match runtime {
         Ok(rt) => rt,
         Err(e) => {
@@ -62,7 +59,7 @@ fn main() -> ExitCode {
             )));
         }
     };
-    exit::finish(runtime.block_on(dispatch(cli.command)))
+    exit::finish(runtime.block_on(dispatch(command)))
 }
 
 async fn dispatch(command: Command) -> Result<u8, Failure> {
@@ -125,10 +122,10 @@ async fn dispatch(command: Command) -> Result<u8, Failure> {
             Target::PgAdvisory(p) => cmd::lock_force_unlock_cmd(p, Layout::AtKey, args).await,
             target => with_backend!(target, |b| cmd::force_unlock_cmd(b, args).await),
         },
-        Command::Demo(args) => cmd::demo::demo(args).await,
-        Command::DemoWorker(args) => cmd::demo::worker(args).await,
-        Command::Torture(args) => cmd::torture::torture(args).await,
-        Command::TortureWorker(args) => cmd::torture::worker::run(args).await,
+        Command::Torture(_) | Command::Demo(_) => Err(Failure::new(
+            exit::CANNOT_EXECUTE,
+            "dlock torture and dlock demo run the harness in place of dlock",
+        )),
         Command::Completions(args) => {
             clap_complete::generate(
                 args.shell,

@@ -1,11 +1,9 @@
 //! The commands.
 
-pub(crate) mod demo;
 pub(crate) mod elect;
+pub(crate) mod harness;
 mod kinds;
 mod run;
-pub(crate) mod torture;
-mod workers;
 
 use std::io::{BufRead, IsTerminal, Write};
 use std::time::Duration;
@@ -20,7 +18,7 @@ use crate::args::{
 };
 use crate::exit::{self, Failure};
 
-pub(crate) use run::{Signals, run, run_plain};
+pub(crate) use run::{run, run_plain};
 
 /// Acquires as `--wait` / `--no-wait` say: `None` on conflict.
 pub(crate) async fn acquire<B: RawLock>(

@@ -587,7 +587,7 @@ pub(crate) async fn demo(args: DemoArgs) -> Result<u8, Failure> {
         ));
     }
     let mut private = None;
-    let (mode, kv, described) = match args.store.url.as_deref().filter(|u| !u.is_empty()) {
+    let (mode, kv, described) = match args.url.as_deref().filter(|u| !u.is_empty()) {
         Some(url) if url.starts_with("memory://") => (
             Mode::Threads(Memory::new()),
             Kv::Local(Arc::default()),
@@ -597,15 +597,24 @@ pub(crate) async fn demo(args: DemoArgs) -> Result<u8, Failure> {
             let pg = Postgres::connect(url).await?;
             let described = format!(
                 "PostgreSQL at {} (worker processes; the stock in table {}.demo_stock)",
-                dlock::backend::postgres::redact(url),
+                crate::redact(url),
                 pg.schema()
             );
             (Mode::Processes(url.to_owned()), Kv::postgres(pg).await?, described)
         }
-        Some(url) => {
-            crate::target::connect(&args.store, false).await?;
+        Some(url) if is_redis(url) => {
+            Redis::connect(url).await?;
             let kv = redis_kv(url).await?;
-            (Mode::Processes(url.to_owned()), kv, format!("Redis at {url} (worker processes)"))
+            let described = format!("Redis at {} (worker processes)", crate::redact(url));
+            (Mode::Processes(url.to_owned()), kv, described)
+        }
+        Some(url) => {
+            return Err(Failure::usage(format!(
+                "dlock demo keeps its stock in Redis or PostgreSQL: --url {} is neither \
+                 (redis://, rediss://, redis+unix://, redis+sentinel://, redis+cluster://, \
+                 postgres://, memory://)",
+                crate::redact(url)
+            )));
         }
         // A private server, killed when the demo ends (by the test kit's spawner).
         None => match dlock_test::server::RedisServer::start() {
@@ -688,6 +697,15 @@ pub(crate) async fn demo(args: DemoArgs) -> Result<u8, Failure> {
     Ok(exit::SUCCESS)
 }
 
+fn is_redis(url: &str) -> bool {
+    url.split_once("://").is_some_and(|(scheme, _)| {
+        matches!(
+            scheme,
+            "redis" | "rediss" | "redis+unix" | "unix" | "redis+sentinel" | "redis+cluster"
+        )
+    })
+}
+
 fn is_postgres(url: &str) -> bool {
     url.starts_with("postgres://") || url.starts_with("postgresql://")
 }
@@ -741,7 +759,7 @@ async fn run_processes(
         .iter()
         .map(|a| (*a).to_owned())
         .collect();
-        let (child, _reader) = super::workers::spawn(&args, move |line| {
+        let (child, _reader) = crate::workers::spawn(&args, move |line| {
             if let Some(e) = Event::parse(line) {
                 let _ = tx.send(e);
             }

@@ -1,273 +1,130 @@
-//! The checkers: from a recorded history to counts of what went wrong.
+//! The checkers: from a recorded history to counts of what went wrong, one property per
+//! file — `holds` (the holds and their overlaps), `overlaps` (which a fault explains),
+//! `resource` (lost increments, stale writes), `fences` (order and reuse), `reentry`,
+//! `liveness` (reacquire after a crash, stalls) — and the `verdict` per kind.
 
-use std::collections::{BTreeMap, HashMap};
+mod fences;
+mod holds;
+mod liveness;
+mod overlaps;
+mod reentry;
+mod resource;
+mod verdict;
 
 use serde::Serialize;
 
-use super::worker::Step;
-use super::{Fault, FaultWindow, Kind};
+pub(crate) use self::holds::holds;
+use self::holds::{Side, collect, read_write_pairs};
+use self::overlaps::{excused, explanation};
+use crate::model::{Fault, FaultWindow, Kind};
+use crate::worker::Step;
 
 /// One worker's hold of the lock, as the worker believed it: from its acquire returning
 /// to its release starting (or its death). A write hold, or a read-write lock's read hold.
 #[derive(Debug, Clone, Serialize)]
-pub(super) struct Hold {
-    pub(super) worker: usize,
-    pub(super) start: u64,
-    pub(super) end: u64,
+pub(crate) struct Hold {
+    pub(crate) worker: usize,
+    pub(crate) start: u64,
+    pub(crate) end: u64,
     /// The grant's fence (0 for read holds and the controls).
-    pub(super) fence: u64,
+    pub(crate) fence: u64,
     /// Overlaps another worker's hold (for a read hold: another worker's write hold).
-    pub(super) overlapping: bool,
+    pub(crate) overlapping: bool,
 }
 
 /// Every hold of a run: exclusive holds (a read-write lock's write holds), and read holds.
-pub(super) struct Holds {
-    pub(super) writes: Vec<Hold>,
-    pub(super) reads: Vec<Hold>,
+pub(crate) struct Holds {
+    pub(crate) writes: Vec<Hold>,
+    pub(crate) reads: Vec<Hold>,
 }
 
 /// A killed worker.
 #[derive(Debug, Clone, Serialize)]
-pub(super) struct Kill {
-    pub(super) worker: usize,
-    pub(super) t: u64,
-    pub(super) was_holding: bool,
+pub(crate) struct Kill {
+    pub(crate) worker: usize,
+    pub(crate) t: u64,
+    pub(crate) was_holding: bool,
 }
 
 /// Final state of the protected resources.
 #[derive(Debug, Clone, Default, Serialize)]
-pub(super) struct Resources {
-    pub(super) counter: i64,
-    pub(super) fenced: i64,
+pub(crate) struct Resources {
+    pub(crate) counter: i64,
+    pub(crate) fenced: i64,
     /// Fences of accepted fenced writes, in the order the resource accepted them.
-    pub(super) fence_log: Vec<u64>,
+    pub(crate) fence_log: Vec<u64>,
     /// Lock keys still present on the server after ttl + ε.
-    pub(super) orphans: usize,
+    pub(crate) orphans: usize,
     /// Workers (not killed by the nemesis) that exited with an error or had to be killed.
-    pub(super) worker_failures: usize,
+    pub(crate) worker_failures: usize,
 }
 
 /// What the checkers found for one lock kind.
 #[derive(Debug, Clone, Serialize)]
-pub(super) struct Findings {
-    pub(super) kind: Kind,
-    pub(super) faults: Vec<Fault>,
-    pub(super) holds: usize,
-    pub(super) errors: usize,
+pub(crate) struct Findings {
+    pub(crate) kind: Kind,
+    pub(crate) faults: Vec<Fault>,
+    pub(crate) holds: usize,
+    pub(crate) errors: usize,
     /// A few distinct error messages workers reported.
-    pub(super) error_samples: Vec<String>,
-    pub(super) overlaps: usize,
+    pub(crate) error_samples: Vec<String>,
+    pub(crate) overlaps: usize,
     /// Overlaps no pause or restart window explains.
-    pub(super) unexcused_overlaps: usize,
+    pub(crate) unexcused_overlaps: usize,
     /// Overlaps only a restart without persistence explains (no pause): for RedLock, the
     /// known hazard of a node that came back empty at once.
-    pub(super) restart_overlaps: usize,
+    pub(crate) restart_overlaps: usize,
     /// rwlock-fenced: read holds, those overlapping another worker's write hold, and those
     /// overlaps no pause or restart window explains.
-    pub(super) read_holds: usize,
-    pub(super) read_overlaps: usize,
-    pub(super) unexcused_read_overlaps: usize,
+    pub(crate) read_holds: usize,
+    pub(crate) read_overlaps: usize,
+    pub(crate) unexcused_read_overlaps: usize,
     /// reentrant-fenced: re-entries made inside a hold, those answered after the outer
     /// hold's lease had lapsed, and those that did not get the outer hold's fence (or were
     /// refused) while it was valid, no restart explaining it.
-    pub(super) reentries: usize,
-    pub(super) reentries_lapsed: usize,
-    pub(super) reentry_mismatches: usize,
-    pub(super) unfenced_acknowledged: u64,
-    pub(super) lost_increments: u64,
-    pub(super) fenced_acknowledged: u64,
-    pub(super) fenced_refused: u64,
+    pub(crate) reentries: usize,
+    pub(crate) reentries_lapsed: usize,
+    pub(crate) reentry_mismatches: usize,
+    pub(crate) unfenced_acknowledged: u64,
+    pub(crate) lost_increments: u64,
+    pub(crate) fenced_acknowledged: u64,
+    pub(crate) fenced_refused: u64,
     /// Of those, refused after the first restart (whose fences started over).
-    pub(super) refused_after_restart: u64,
-    pub(super) fenced_lost: u64,
-    pub(super) stale_accepted: u64,
-    pub(super) fence_reuse: usize,
+    pub(crate) refused_after_restart: u64,
+    pub(crate) fenced_lost: u64,
+    pub(crate) stale_accepted: u64,
+    pub(crate) fence_reuse: usize,
     /// Grants whose fence was not above every earlier grant's (since the last restart).
-    pub(super) fence_regressions: usize,
-    pub(super) reacquire_ms: Vec<u64>,
-    pub(super) liveness_violations: usize,
+    pub(crate) fence_regressions: usize,
+    pub(crate) reacquire_ms: Vec<u64>,
+    pub(crate) liveness_violations: usize,
     /// Stretches without a grant to anyone (from one grant to the next, or to the
     /// workers' deadline) longer than the liveness bound that no fault or crash explains,
     /// in milliseconds: the lock stuck though every worker was asking for it.
-    pub(super) stall_ms: Vec<u64>,
-    pub(super) orphans: usize,
-    pub(super) worker_failures: usize,
-    pub(super) verdict_ok: bool,
-    pub(super) verdict: String,
+    pub(crate) stall_ms: Vec<u64>,
+    pub(crate) orphans: usize,
+    pub(crate) worker_failures: usize,
+    pub(crate) verdict_ok: bool,
+    pub(crate) verdict: String,
 }
 
-pub(super) struct Input<'a> {
-    pub(super) kind: Kind,
-    pub(super) history: &'a [(usize, Step)],
-    pub(super) kills: &'a [Kill],
-    pub(super) windows: &'a [FaultWindow],
-    pub(super) resources: &'a Resources,
-    pub(super) ttl_ns: u64,
+pub(crate) struct Input<'a> {
+    pub(crate) kind: Kind,
+    pub(crate) history: &'a [(usize, Step)],
+    pub(crate) kills: &'a [Kill],
+    pub(crate) windows: &'a [FaultWindow],
+    pub(crate) resources: &'a Resources,
+    pub(crate) ttl_ns: u64,
     /// What the kind may add to ttl + ε before the next holder after a crash.
-    pub(super) reacquire_slack_ns: u64,
+    pub(crate) reacquire_slack_ns: u64,
     /// The workers' deadline: they stop asking for the lock here.
-    pub(super) until: u64,
-    pub(super) end: u64,
+    pub(crate) until: u64,
+    pub(crate) end: u64,
 }
 
-/// Slack for liveness: a waiter's retry after the ttl.
-const EPSILON_NS: u64 = 1_500_000_000;
-
-/// Which holds to collect from a history.
-#[derive(Clone, Copy)]
-enum Side {
-    /// `Acquired` … `Releasing`: the lock's exclusive holds.
-    Write,
-    /// `ReadAcquired` … `ReadReleasing`: a read-write lock's read holds.
-    Read,
-}
-
-/// The holds of one side, by start: each from its acquire to its release starting, or to
-/// its holder's death, or to the holder's last step if the run cut it off.
-fn collect(history: &[(usize, Step)], kills: &[Kill], end: u64, side: Side) -> Vec<Hold> {
-    let mut open: HashMap<usize, (u64, u64)> = HashMap::new();
-    let mut holds = Vec::new();
-    let mut last_seen: HashMap<usize, u64> = HashMap::new();
-    for (w, step) in history {
-        match (side, step) {
-            (Side::Write, Step::Acquired { t, fence, .. }) => {
-                open.insert(*w, (*t, *fence));
-            }
-            (Side::Read, Step::ReadAcquired { t }) => {
-                open.insert(*w, (*t, 0));
-            }
-            (Side::Write, Step::Releasing { t }) | (Side::Read, Step::ReadReleasing { t }) => {
-                if let Some((start, fence)) = open.remove(w) {
-                    holds.push(Hold {
-                        worker: *w,
-                        start,
-                        end: *t,
-                        fence,
-                        overlapping: false,
-                    });
-                }
-            }
-            _ => {}
-        }
-        let t = step_time(step);
-        last_seen.insert(*w, t);
-    }
-    for (w, (start, fence)) in open {
-        // A holder that never started releasing: killed (its hold ends at its death) or
-        // cut off by the end of the run.
-        let stop = kills.iter().find(|k| k.worker == w).map_or_else(
-            || last_seen.get(&w).copied().unwrap_or(end).max(start),
-            |k| k.t,
-        );
-        holds.push(Hold {
-            worker: w,
-            start,
-            end: stop,
-            fence,
-            overlapping: false,
-        });
-    }
-    holds.sort_by_key(|h| h.start);
-    holds
-}
-
-/// The holds, and every pair (by index) of overlapping holds of different workers.
-pub(super) fn holds(
-    history: &[(usize, Step)],
-    kills: &[Kill],
-    end: u64,
-) -> (Vec<Hold>, Vec<(usize, usize)>) {
-    let mut holds = collect(history, kills, end, Side::Write);
-    // Sweep: a hold overlaps any other worker's hold that started before it ended.
-    let mut pairs = Vec::new();
-    for i in 0..holds.len() {
-        for j in i + 1..holds.len() {
-            if holds[j].start >= holds[i].end {
-                break;
-            }
-            if holds[j].worker != holds[i].worker {
-                holds[i].overlapping = true;
-                holds[j].overlapping = true;
-                pairs.push((i, j));
-            }
-        }
-    }
-    (holds, pairs)
-}
-
-/// Every pair (read index, write index) of a read hold and another worker's write hold
-/// that overlap; both are marked. `writes` is sorted by start.
-fn read_write_pairs(reads: &mut [Hold], writes: &mut [Hold]) -> Vec<(usize, usize)> {
-    // A write hold that overlaps a read hold started at most the longest write hold's
-    // length before the read hold did: only those are compared.
-    let longest = writes
-        .iter()
-        .map(|w| w.end.saturating_sub(w.start))
-        .max()
-        .unwrap_or(0);
-    let mut pairs = Vec::new();
-    for (i, r) in reads.iter_mut().enumerate() {
-        let from = writes.partition_point(|w| w.start < r.start.saturating_sub(longest));
-        let to = writes.partition_point(|w| w.start < r.end);
-        for (j, w) in writes.iter_mut().enumerate().take(to).skip(from) {
-            if w.end > r.start && w.worker != r.worker {
-                r.overlapping = true;
-                w.overlapping = true;
-                pairs.push((i, j));
-            }
-        }
-    }
-    pairs
-}
-
-pub(super) fn step_time(step: &Step) -> u64 {
-    match step {
-        Step::Acquired { t, .. }
-        | Step::Read { t }
-        | Step::Wrote { t, .. }
-        | Step::Fenced { t, .. }
-        | Step::Releasing { t }
-        | Step::Released { t, .. }
-        | Step::ReadAcquired { t }
-        | Step::ReadReleasing { t }
-        | Step::Reentered { t, .. }
-        | Step::Error { t, .. } => *t,
-    }
-}
-
-/// The fault window that explains an overlap between holds `a` and `b`, if any: one of
-/// them is a worker paused (stalled) while holding, or a restart without persistence fell
-/// inside the pair (the server, or RedLock nodes started empty at once, forgot the lock).
-/// No lease lock survives those unfenced; every other overlap is the lock's fault — a
-/// delayed restart of RedLock nodes included, and an etcd member's or leader's restart
-/// (raft keeps the lock through it). A pause is named first when both apply.
-fn explanation(a: &Hold, b: &Hold, windows: &[FaultWindow]) -> Option<Fault> {
-    let paused = windows.iter().any(|w| {
-        w.fault == Fault::Pause
-            && [a, b]
-                .iter()
-                .any(|h| w.worker == Some(h.worker) && w.start <= h.end && w.end >= h.start)
-    });
-    let restarted = windows.iter().any(|w| {
-        let (lo, hi) = (a.start.min(b.start), a.end.max(b.end));
-        w.fault == Fault::Restart && w.start >= lo && w.start <= hi
-    });
-    if paused {
-        Some(Fault::Pause)
-    } else if restarted {
-        Some(Fault::Restart)
-    } else {
-        None
-    }
-}
-
-fn excused(a: &Hold, b: &Hold, windows: &[FaultWindow]) -> bool {
-    explanation(a, b, windows).is_some()
-}
-
-pub(super) fn check(input: &Input<'_>) -> (Findings, Holds) {
+/// Runs every checker over one kind's run.
+pub(crate) fn check(input: &Input<'_>) -> (Findings, Holds) {
     let (mut holds, pairs) = holds(input.history, input.kills, input.end);
-    let overlaps = pairs.len();
     let explained: Vec<Option<Fault>> = pairs
         .iter()
         .map(|&(i, j)| explanation(&holds[i], &holds[j], input.windows))
@@ -277,12 +134,6 @@ pub(super) fn check(input: &Input<'_>) -> (Findings, Holds) {
         .iter()
         .filter(|e| **e == Some(Fault::Restart))
         .count();
-    let first_restart = input
-        .windows
-        .iter()
-        .filter(|w| w.fault == Fault::Restart)
-        .map(|w| w.start)
-        .min();
     // Read holds against write holds, excused as writers against writers.
     let mut read_holds = collect(input.history, input.kills, input.end, Side::Read);
     let read_pairs = read_write_pairs(&mut read_holds, &mut holds);
@@ -290,149 +141,13 @@ pub(super) fn check(input: &Input<'_>) -> (Findings, Holds) {
         .iter()
         .filter(|&&(i, j)| !excused(&read_holds[i], &holds[j], input.windows))
         .count();
-    let mut unfenced_acknowledged = 0u64;
-    let mut fenced_acknowledged = 0u64;
-    let mut fenced_refused = 0u64;
-    let mut refused_after_restart = 0u64;
-    let mut errors = 0;
-    let mut error_samples: Vec<String> = Vec::new();
-    let mut reads: BTreeMap<i64, u64> = BTreeMap::new();
-    let mut grants: Vec<(u64, u64)> = Vec::new();
-    for (_, step) in input.history {
-        match step {
-            Step::Wrote { read, .. } => {
-                unfenced_acknowledged += 1;
-                *reads.entry(*read).or_default() += 1;
-            }
-            Step::Fenced { ok: true, .. } => fenced_acknowledged += 1,
-            Step::Fenced { ok: false, t, .. } => {
-                fenced_refused += 1;
-                if first_restart.is_some_and(|r| *t >= r) {
-                    refused_after_restart += 1;
-                }
-            }
-            Step::Error { message, .. } => {
-                errors += 1;
-                if error_samples.len() < 5 && !error_samples.contains(message) {
-                    error_samples.push(message.clone());
-                }
-            }
-            Step::Acquired { t, fence, .. } if *fence > 0 => grants.push((*t, *fence)),
-            _ => {}
-        }
-    }
-    let r = input.resources;
-    // Two acknowledged writes from the same read value lost one of them, even where an
-    // unacknowledged write raised the final value.
-    let duplicate_reads: u64 = reads.values().map(|n| n - 1).sum();
-    let lost_increments = unfenced_acknowledged
-        .saturating_sub(u64::try_from(r.counter).unwrap_or(0))
-        .max(duplicate_reads);
-    let fenced_lost = fenced_acknowledged.saturating_sub(u64::try_from(r.fenced).unwrap_or(0));
-    // The resource's own log: an accepted fence below an earlier accepted one is a stale
-    // write that got through.
-    let mut highest = 0;
-    let mut stale_accepted = 0;
-    for &f in &r.fence_log {
-        if f < highest {
-            stale_accepted += 1;
-        }
-        highest = highest.max(f);
-    }
-    // Fences must increase in grant order; a restart without persistence resets them.
-    // The first grant after a restart began may still come from the old server (its
-    // reply was on its way), so the sequence starts over at the first grant after the
-    // restart that does not exceed the highest fence so far — or, failing that, at the
-    // first grant after the restart was over, which the new server made.
-    grants.sort_unstable();
-    let mut restarts: Vec<(u64, u64)> = input
-        .windows
-        .iter()
-        .filter(|w| w.fault == Fault::Restart)
-        .map(|w| (w.start, w.end))
-        .collect();
-    restarts.sort_unstable();
-    let (reentries, reentries_lapsed, reentry_mismatches) = reentry(input.history, input.windows);
-    let mut fence_regressions = 0;
-    let mut fence_reuse = 0;
-    let mut seen: BTreeMap<u64, usize> = BTreeMap::new();
-    let mut max_fence = (0u64, 0u64); // (fence, time)
-    let mut next_restart = 0;
-    // The end of the latest restart whose reset is still due.
-    let mut reset_due: Option<u64> = None;
-    for &(t, fence) in &grants {
-        while restarts
-            .get(next_restart)
-            .is_some_and(|&(start, _)| start < t)
-        {
-            reset_due = Some(restarts[next_restart].1);
-            next_restart += 1;
-        }
-        if let Some(restart_end) = reset_due
-            && (fence <= max_fence.0 || t > restart_end)
-        {
-            reset_due = None;
-            seen.clear();
-            max_fence = (0, t);
-        }
-        if fence <= max_fence.0 {
-            fence_regressions += 1;
-        }
-        let n = seen.entry(fence).or_default();
-        *n += 1;
-        if *n > 1 {
-            fence_reuse += 1;
-        }
-        if fence > max_fence.0 {
-            max_fence = (fence, t);
-        }
-    }
-
-    // Liveness: after a holder was killed, someone else must get the lock within
-    // ttl + ε (unless the run ended first, or a server-side fault held everyone up: on
-    // etcd, a new leader extends every lease by an election timeout).
-    let mut reacquire_ms = Vec::new();
-    let mut liveness_violations = 0;
-    let allowed = input.ttl_ns + input.reacquire_slack_ns + EPSILON_NS;
-    for kill in input.kills.iter().filter(|k| k.was_holding) {
-        let bound = kill.t + allowed;
-        let held_up = input.windows.iter().any(|w| {
-            matches!(
-                w.fault,
-                Fault::Freeze
-                    | Fault::ClientPause
-                    | Fault::Restart
-                    | Fault::DelayedRestart
-                    | Fault::LeaderRestart
-                    | Fault::MemberRestart
-                    | Fault::CrashRestart
-            ) && w.start <= bound
-                && w.end >= kill.t
-        });
-        let next = input
-            .history
-            .iter()
-            .filter(|(w, s)| {
-                *w != kill.worker && matches!(s, Step::Acquired { .. }) && step_time(s) > kill.t
-            })
-            .map(|(_, s)| step_time(s))
-            .min();
-        match next {
-            Some(t) => {
-                let delay = t - kill.t;
-                reacquire_ms.push(delay / 1_000_000);
-                if delay > allowed && !held_up {
-                    liveness_violations += 1;
-                }
-            }
-            None if input.end > bound && !held_up => liveness_violations += 1,
-            None => {}
-        }
-    }
-
+    let writes = resource::check(input);
+    let (fence_regressions, fence_reuse) = fences::check(input);
+    let (reentries, reentries_lapsed, reentry_mismatches) =
+        reentry::reentry(input.history, input.windows);
+    let (reacquire_ms, liveness_violations) = liveness::reacquire(input);
     // Twice the reacquire bound: a loaded machine's hiccup is not a stuck lock.
-    let stall_ms = stalls(input, 2 * allowed);
-
+    let stall_ms = liveness::stalls(input, 2 * liveness::allowed(input));
     // The faults that actually took effect.
     let mut faults: Vec<Fault> = Vec::new();
     for w in input.windows {
@@ -444,9 +159,9 @@ pub(super) fn check(input: &Input<'_>) -> (Findings, Holds) {
         kind: input.kind,
         faults,
         holds: holds.len(),
-        errors,
-        error_samples,
-        overlaps,
+        errors: writes.errors,
+        error_samples: writes.error_samples,
+        overlaps: pairs.len(),
         unexcused_overlaps,
         restart_overlaps,
         read_holds: read_holds.len(),
@@ -455,24 +170,24 @@ pub(super) fn check(input: &Input<'_>) -> (Findings, Holds) {
         reentries,
         reentries_lapsed,
         reentry_mismatches,
-        unfenced_acknowledged,
-        lost_increments,
-        fenced_acknowledged,
-        fenced_refused,
-        refused_after_restart,
-        fenced_lost,
-        stale_accepted,
+        unfenced_acknowledged: writes.unfenced_acknowledged,
+        lost_increments: writes.lost_increments,
+        fenced_acknowledged: writes.fenced_acknowledged,
+        fenced_refused: writes.fenced_refused,
+        refused_after_restart: writes.refused_after_restart,
+        fenced_lost: writes.fenced_lost,
+        stale_accepted: writes.stale_accepted,
         fence_reuse,
         fence_regressions,
         reacquire_ms,
         liveness_violations,
         stall_ms,
-        orphans: r.orphans,
-        worker_failures: r.worker_failures,
+        orphans: input.resources.orphans,
+        worker_failures: input.resources.worker_failures,
         verdict_ok: true,
         verdict: String::new(),
     };
-    verdict(&mut f);
+    verdict::verdict(&mut f);
     (
         f,
         Holds {
@@ -482,173 +197,9 @@ pub(super) fn check(input: &Input<'_>) -> (Findings, Holds) {
     )
 }
 
-/// The stretches without any grant (write or read side) in which the lock was stuck, each
-/// as the length in milliseconds of the whole gap between two grants (or from the last
-/// grant to the workers' deadline). Every worker asks for the lock all the time, so after
-/// a grant the next one is due within `allowed` (ttl + ε, as after a holder's crash) —
-/// unless a fault or a crash was under way, or had ended less than `allowed` before: a
-/// gap is a stall when some moment past its first `allowed` is covered by no
-/// `[start, end + allowed]` of a fault window or a kill.
-fn stalls(input: &Input<'_>, allowed: u64) -> Vec<u64> {
-    let mut grants: Vec<u64> = input
-        .history
-        .iter()
-        .filter(|(_, s)| matches!(s, Step::Acquired { .. } | Step::ReadAcquired { .. }))
-        .map(|(_, s)| step_time(s))
-        .collect();
-    grants.sort_unstable();
-    let mut excuses: Vec<(u64, u64)> = input
-        .windows
-        .iter()
-        .map(|w| (w.start, w.end.max(w.start).saturating_add(allowed)))
-        .chain(
-            input
-                .kills
-                .iter()
-                .map(|k| (k.t, k.t.saturating_add(allowed))),
-        )
-        .collect();
-    excuses.sort_unstable();
-    let ends = grants.iter().skip(1).copied().chain([input.until]);
-    let mut out = Vec::new();
-    for (&from, to) in grants.iter().zip(ends) {
-        let (due, to) = (from.saturating_add(allowed), to.min(input.until));
-        if due >= to {
-            continue;
-        }
-        // How far from `due` the excuses cover without a hole.
-        let mut covered = due;
-        for &(start, end) in &excuses {
-            if start > covered {
-                break;
-            }
-            covered = covered.max(end);
-        }
-        if covered < to {
-            out.push((to - from) / 1_000_000);
-        }
-    }
-    out
-}
-
-/// Re-entries: (made, answered after the outer hold lapsed, mismatched). A re-entry made
-/// while the outer hold was valid must get the outer grant's fence; a refusal or another
-/// fence is a mismatch unless a restart without persistence (which forgets the lock) was
-/// under way between the outer grant and the re-entry. (A window, not its start: the old
-/// server's grant may reach its worker just after the restart began.)
-fn reentry(history: &[(usize, Step)], windows: &[FaultWindow]) -> (usize, usize, usize) {
-    let mut outer: HashMap<usize, (u64, u64)> = HashMap::new(); // worker -> (start, fence)
-    let (mut made, mut lapsed_count, mut mismatches) = (0, 0, 0);
-    for (w, step) in history {
-        match step {
-            Step::Acquired { t, fence, .. } => {
-                outer.insert(*w, (*t, *fence));
-            }
-            Step::Releasing { .. } => {
-                outer.remove(w);
-            }
-            Step::Reentered { t, fence, lapsed } => {
-                made += 1;
-                if *lapsed {
-                    lapsed_count += 1;
-                    continue;
-                }
-                let Some(&(start, granted)) = outer.get(w) else {
-                    mismatches += 1; // a re-entry outside any hold: the worker is broken
-                    continue;
-                };
-                let restarted = windows
-                    .iter()
-                    .any(|w| w.fault == Fault::Restart && w.end >= start && w.start <= *t);
-                if *fence != Some(granted) && !restarted {
-                    mismatches += 1;
-                }
-            }
-            _ => {}
-        }
-    }
-    (made, lapsed_count, mismatches)
-}
-
-fn verdict(f: &mut Findings) {
-    let has = |fault: Fault| f.faults.contains(&fault);
-    let dead = f.liveness_violations > 0 || f.orphans > 0;
-    let fail = |why: &str| (false, format!("FAIL: {why}"));
-    let (ok, text) = if f.holds == 0 {
-        fail("no worker ever held the lock: the run tested nothing")
-    } else if f.worker_failures > 0 {
-        fail("a worker failed (exited with an error or hung past the run)")
-    } else {
-        match f.kind {
-            Kind::Dlock
-            | Kind::DlockFenced
-            | Kind::FairFenced
-            | Kind::RwlockFenced
-            | Kind::ReentrantFenced
-            | Kind::ElectionFenced
-            | Kind::Redlock
-            | Kind::MemcachedFenced
-            | Kind::EtcdFenced
-            | Kind::PostgresFenced
-            | Kind::ZookeeperFenced
-            | Kind::Memory => {
-                let fenced = f.kind.is_fenced();
-                if fenced && (f.stale_accepted > 0 || f.fenced_lost > 0) {
-                    fail("the fenced resource lost or accepted a stale write")
-                } else if f.unexcused_overlaps > 0 {
-                    fail("holders overlapped outside any pause/restart window")
-                } else if f.unexcused_read_overlaps > 0 {
-                    fail("a read hold overlapped a write hold outside any pause/restart window")
-                } else if f.reentry_mismatches > 0 {
-                    fail("a re-entry into a valid hold did not get that hold's fence")
-                } else if dead {
-                    fail("lock not free within ttl + ε after a crash, or orphan keys")
-                } else if !f.stall_ms.is_empty() {
-                    fail("nobody got the lock for longer than ttl + ε, no fault or crash explaining it")
-                } else if (f.fence_reuse > 0 || f.fence_regressions > 0) && fenced {
-                    fail("fences did not strictly increase in grant order")
-                } else if f.overlaps > 0 || f.read_overlaps > 0 || f.lost_increments > 0 {
-                    (
-                        true,
-                        if fenced {
-                            "ok: fenced resource intact; overlaps only in pause/restart windows"
-                        } else {
-                            "ok: violations only in pause/restart windows, which no unfenced lease lock survives"
-                        }
-                        .to_owned(),
-                    )
-                } else {
-                    (true, "ok: no violation".to_owned())
-                }
-            }
-            Kind::SetnxExpire if !has(Fault::Kill) => {
-                (true, "not exercised (no kill took effect)".to_owned())
-            }
-            Kind::SetnxExpire if dead => (
-                true,
-                "ok: control caught (a crash between SETNX and EXPIRE left a lock with no expiry)"
-                    .to_owned(),
-            ),
-            Kind::SetnxExpire => fail("control not caught under kill: the checker or nemesis is broken"),
-            Kind::SetnxGetset | Kind::GetDel | Kind::PlainDel if !has(Fault::Pause) => {
-                (true, "not exercised (no pause took effect)".to_owned())
-            }
-            Kind::SetnxGetset | Kind::GetDel | Kind::PlainDel if f.unexcused_overlaps > 0 => (
-                true,
-                "ok: control caught (holders overlapped outside any pause window: a stale release freed another's lock)"
-                    .to_owned(),
-            ),
-            Kind::SetnxGetset | Kind::GetDel | Kind::PlainDel => {
-                fail("control not caught under pause: the checker or nemesis is broken")
-            }
-        }
-    };
-    f.verdict_ok = ok;
-    f.verdict = text;
-}
-
 #[cfg(test)]
 mod tests {
+    use super::holds::step_time;
     use super::*;
 
     fn acq(t: u64, fence: u64) -> Step {

@@ -19,14 +19,14 @@ use dlock::{
 };
 use serde::Serialize;
 
-use super::{Kind, ResourceKeys, monotonic_ns};
 use crate::args::TortureWorkerArgs;
 use crate::exit::{self, Failure};
+use crate::model::{Kind, ResourceKeys, monotonic_ns};
 
 /// One line of a worker's history.
 #[derive(Debug, Serialize, serde::Deserialize, Clone, PartialEq)]
 #[serde(tag = "ev", rename_all = "snake_case")]
-pub(super) enum Step {
+pub(crate) enum Step {
     /// The lock is ours (as far as the lock kind can tell), from `t`.
     Acquired { t: u64, token: String, fence: u64 },
     /// The protected resource was read (the write follows after a pause).

@@ -4,7 +4,7 @@
 
 use std::fmt::Write as _;
 
-use super::KindReport;
+use crate::report::KindReport;
 
 const WIDTH: f64 = 1100.0;
 const LEFT: f64 = 90.0;
@@ -18,7 +18,7 @@ fn esc(s: &str) -> String {
 }
 
 /// The timeline of one kind's run, with at least `workers` rows.
-pub(super) fn timeline(report: &KindReport, workers: usize) -> String {
+pub(crate) fn timeline(report: &KindReport, workers: usize) -> String {
     let (findings, holds, reads, windows, kills) = (
         &report.findings,
         &report.holds,

@@ -1,0 +1,83 @@
+//! The verdict: from the findings of every checker to pass or fail, per kind (dlock's
+//! primitives must show no violation outside the windows their guarantees exclude; the
+//! controls must be caught).
+
+use super::Findings;
+use crate::model::{Fault, Kind};
+
+pub(crate) fn verdict(f: &mut Findings) {
+    let has = |fault: Fault| f.faults.contains(&fault);
+    let dead = f.liveness_violations > 0 || f.orphans > 0;
+    let fail = |why: &str| (false, format!("FAIL: {why}"));
+    let (ok, text) = if f.holds == 0 {
+        fail("no worker ever held the lock: the run tested nothing")
+    } else if f.worker_failures > 0 {
+        fail("a worker failed (exited with an error or hung past the run)")
+    } else {
+        match f.kind {
+            Kind::Dlock
+            | Kind::DlockFenced
+            | Kind::FairFenced
+            | Kind::RwlockFenced
+            | Kind::ReentrantFenced
+            | Kind::ElectionFenced
+            | Kind::Redlock
+            | Kind::MemcachedFenced
+            | Kind::EtcdFenced
+            | Kind::PostgresFenced
+            | Kind::ZookeeperFenced
+            | Kind::Memory => {
+                let fenced = f.kind.is_fenced();
+                if fenced && (f.stale_accepted > 0 || f.fenced_lost > 0) {
+                    fail("the fenced resource lost or accepted a stale write")
+                } else if f.unexcused_overlaps > 0 {
+                    fail("holders overlapped outside any pause/restart window")
+                } else if f.unexcused_read_overlaps > 0 {
+                    fail("a read hold overlapped a write hold outside any pause/restart window")
+                } else if f.reentry_mismatches > 0 {
+                    fail("a re-entry into a valid hold did not get that hold's fence")
+                } else if dead {
+                    fail("lock not free within ttl + ε after a crash, or orphan keys")
+                } else if !f.stall_ms.is_empty() {
+                    fail("nobody got the lock for longer than ttl + ε, no fault or crash explaining it")
+                } else if (f.fence_reuse > 0 || f.fence_regressions > 0) && fenced {
+                    fail("fences did not strictly increase in grant order")
+                } else if f.overlaps > 0 || f.read_overlaps > 0 || f.lost_increments > 0 {
+                    (
+                        true,
+                        if fenced {
+                            "ok: fenced resource intact; overlaps only in pause/restart windows"
+                        } else {
+                            "ok: violations only in pause/restart windows, which no unfenced lease lock survives"
+                        }
+                        .to_owned(),
+                    )
+                } else {
+                    (true, "ok: no violation".to_owned())
+                }
+            }
+            Kind::SetnxExpire if !has(Fault::Kill) => {
+                (true, "not exercised (no kill took effect)".to_owned())
+            }
+            Kind::SetnxExpire if dead => (
+                true,
+                "ok: control caught (a crash between SETNX and EXPIRE left a lock with no expiry)"
+                    .to_owned(),
+            ),
+            Kind::SetnxExpire => fail("control not caught under kill: the checker or nemesis is broken"),
+            Kind::SetnxGetset | Kind::GetDel | Kind::PlainDel if !has(Fault::Pause) => {
+                (true, "not exercised (no pause took effect)".to_owned())
+            }
+            Kind::SetnxGetset | Kind::GetDel | Kind::PlainDel if f.unexcused_overlaps > 0 => (
+                true,
+                "ok: control caught (holders overlapped outside any pause window: a stale release freed another's lock)"
+                    .to_owned(),
+            ),
+            Kind::SetnxGetset | Kind::GetDel | Kind::PlainDel => {
+                fail("control not caught under pause: the checker or nemesis is broken")
+            }
+        }
+    };
+    f.verdict_ok = ok;
+    f.verdict = text;
+}

@@ -1,0 +1,151 @@
+//! dlock's safety harness: `dlock torture`, a bounded, seeded, Jepsen-style safety check,
+//! and `dlock demo`, seed 003's oversell scenario. Built as the `dlock-torture` binary,
+//! which the `dlock` command runs for `dlock torture` and `dlock demo`: the lock tool users
+//! install links no test kit, no server spawner and no fault proxy.
+//!
+//! Per lock kind: worker processes loop acquire → read-modify-write → release against the
+//! lock server (each through its own fault-injecting TCP proxy), the protected resources
+//! live on a separate, never-faulted redis-server, and a nemesis injects faults on a
+//! schedule drawn from the seed. The history is checked afterwards (`checkers`, one file per property).
+//!
+//! What each kind must show, under every fault (an overlap is *excused* only when one of
+//! the two holders was paused while holding, or a restart without persistence — a server,
+//! or RedLock nodes started empty at once — fell inside the pair; fences may start over
+//! only after a restart). Every kind but the controls must also keep the lock moving:
+//! every worker asks for it all the time, so after each grant the next one comes within
+//! ttl + ε; a stretch without a grant longer than twice that, with no fault or crash
+//! under way or ended less than twice that before, is a *stall*, and fails the run (twice:
+//! so that a loaded machine's scheduling hiccup is not taken for a stuck lock).
+//!
+//! | kind | what the workers do | expected |
+//! |---|---|---|
+//! | `dlock` | [`Lock`], unfenced counter | overlaps and lost increments only in excused windows; lock free within ttl + ε after a holder's crash; no orphan keys |
+//! | `dlock-fenced` | [`Lock`], fenced resource | 0 stale writes accepted, 0 fenced increments lost, fences strictly increasing in grant order, never reused; liveness and orphans as `dlock` |
+//! | `fair-fenced` | [`FairLock`](dlock::FairLock) (`dlock-fair:` keys), fenced | as `dlock-fenced`, with one waiter grace (half a ttl here) added to the reacquire bound after a crash; no hold, queue entry or claim left |
+//! | `rwlock-fenced` | [`RwLock`](dlock::RwLock) (`dlock-rw:` keys): two of every three holds on the write side, fenced; the third a read hold that reads the resource | as `dlock-fenced` for the writers; no read hold overlaps a write hold outside excused windows; no writer, reader lease or writer claim left |
+//! | `reentrant-fenced` | [`ReentrantLock`](dlock::ReentrantLock) (`dlock-re:` keys, a hash), an owner per worker, entered again inside every hold, then the fenced write, inner hold released first | as `dlock-fenced`; every re-entry made while the outer hold was valid gets the outer hold's fence (a mismatch or refusal fails the run) |
+//! | `election-fenced` | [`Election`](dlock::Election) (`dlock-election:` keys): each worker campaigns with its id, writes as leader with its **term** as the fence, then resigns | as `dlock-fenced`: 0 stale terms accepted, 0 fenced increments lost, terms strictly increasing in grant order and never reused; liveness and orphans as `dlock` (the leader's record never expires, as the fence counter: it is no orphan) |
+//! | `redlock` | [`Lock`] over [`Quorum`](dlock::backend::Quorum)`<Redis>`: 5 redis-servers of its own (whatever `--url` says), each worker reaching each node through its own proxy; unfenced counter (a quorum has no fence) | as `dlock`: no overlap outside pause windows and windows where nodes restarted empty at once (the known RedLock hazard, seed 002: a node that forgot a key can let a second majority form; such overlaps are counted apart); lock free within ttl + ε after a holder's crash; no lock key left on any node |
+//! | `postgres-fenced` | [`Lock`] over [`Postgres`](dlock::backend::Postgres): a PostgreSQL of its own, fenced; `restart` is a crash (every process SIGKILLed, started again on its data at once) | 0 stale writes accepted, 0 fenced increments lost, fences strictly increasing in grant order and never reused — a restart excuses no reset (the fence is a committed row); liveness and orphans as `dlock` |
+//! | `memcached-fenced` | [`Lock`] over [`Memcached`](dlock::backend::Memcached): a memcached of its own, ttl at least 2 s (its expiry clock ticks in seconds), fenced | 0 stale writes accepted, 0 fenced increments lost, fences strictly increasing in grant order between restarts; overlaps only in pause/restart windows. A restart forgets the fence counter: fences start over at 1, and the resource refuses them (counted as refused) until the counter passes the highest fence it saw — the fenced resource's liveness suffers, its safety does not |
+//! | `etcd-fenced` | [`Lock`] over [`Etcd`](dlock::backend::Etcd): a 3-member etcd cluster of its own, each worker reaching each member through its own proxy, ttl at least 2 s (leases count whole seconds), fenced (each acquirer queues a key `<lock key>/<token>` on a lease of its own; the fence is the holder's queue key's create revision) | 0 stale writes accepted, 0 fenced increments lost, fences strictly increasing in grant order and never reused, across member and leader restarts too (a revision never repeats); overlaps only in pause windows — a member's or the leader's restart excuses none (raft keeps the lock); lock free within ttl + ε after a holder's crash; no key left at the lock key or under `<lock key>/` — no holder's or waiter's queue key (an etcd prefix read) |
+//! | `zookeeper-fenced` | [`Lock`] over [`ZooKeeper`](dlock::backend::ZooKeeper): a 3-server ensemble of its own (chroot `/dlock-torture`), each worker reaching each server through its own proxy, the session timeout equal to the ttl (at least 2 s), fenced (each acquirer queues an ephemeral sequential node `/<lock key>/<token>-<seq>`; the fence is the holder's node's creation zxid) | 0 stale writes accepted, 0 fenced increments lost, fences strictly increasing in grant order and never reused, across member and leader restarts too (a zxid never repeats: a new leader starts a new epoch in its high 32 bits); overlaps only in pause windows — a server's or the leader's restart excuses none (the quorum keeps the nodes); lock free within ttl + ε after a holder's crash (its node goes when its session expires, a session timeout = ttl after its last ping); no lock node left in `/<lock key>` |
+//! | `memory` | [`Lock`] on the memory backend, threads, stalls only | as `dlock-fenced` |
+//! | `setnx-expire` … `plain-del` | the seeds' broken locks (controls) | must be caught by their own bug, or the run fails |
+//!
+//! The nemesis per kind: every fault for the single-Redis kinds; for `redlock` the node
+//! faults (freeze, client-pause, restart, script-flush) hit 1 or 2 of the 5 nodes, and the
+//! network faults (delay, blackhole, close) one worker's links to 1 or 2 nodes, never more
+//! than 2 nodes at a time; its restarts alternate between starting the nodes empty only
+//! after 2 × ttl (RedLock's delayed restart: must not cause an overlap) and at once (the
+//! hazard: excused). `memcached-fenced` takes pause, kill, restart and the network faults
+//! (memcached has no freeze here, no `CLIENT PAUSE`, no scripts). So does `etcd-fenced`:
+//! its restarts kill one member and start it again from its data after 2 × ttl — the
+//! leader (the member whose `status` names itself leader) at the first, third, …, a
+//! follower otherwise — and its network faults hit one worker's links to 1, 2 or all 3
+//! members (the test kit gives no member's pid to freeze). `zookeeper-fenced` takes the
+//! same faults in the same forms: its restarts kill the leader (the server whose `srvr`
+//! says `Mode: leader`) at the first, third, …, a follower otherwise, and start it again
+//! from its data directory after 2 × ttl; its network faults hit one worker's links to 1,
+//! 2 or all 3 servers.
+//!
+//! The crate, bottom up: `model` (kinds, faults, fault windows, resource keys, the run's
+//! configuration and clock) ← `stores` (the servers a kind runs on, their audit) ←
+//! `nemesis` (the schedule and the fault injection) and `workers` (worker processes)
+//! ← `run` (the orchestrator); `worker` is one worker process's loop, `checkers`
+//! turn a history into findings, `report` and `timelines` present them; `demo` is
+//! the oversell demo.
+
+#![forbid(unsafe_code)]
+
+mod args;
+mod checkers;
+mod demo;
+mod exit;
+mod model;
+mod nemesis;
+mod report;
+mod run;
+mod signals;
+mod stores;
+mod timelines;
+mod worker;
+mod workers;
+
+use std::process::ExitCode;
+
+use clap::{CommandFactory, FromArgMatches};
+
+use crate::args::{Cli, Command};
+use crate::exit::Failure;
+
+/// The environment variable `dlock` sets when it runs this binary for `dlock torture` or
+/// `dlock demo`: usage and help then name the command as the user typed it.
+pub const VIA_DLOCK: &str = "DLOCK_TORTURE_VIA_DLOCK";
+
+/// The `dlock-torture` program: parses `std::env::args`, runs the subcommand, and returns
+/// its exit code (0 passed, 1 an unexpected result, 64 usage, 69 a store unavailable).
+pub fn main() -> ExitCode {
+    let mut command = Cli::command();
+    if std::env::var_os(VIA_DLOCK).is_some() {
+        command = command.bin_name("dlock");
+    }
+    let cli = match command
+        .try_get_matches()
+        .and_then(|m| Cli::from_arg_matches(&m))
+    {
+        Ok(cli) => cli,
+        Err(err) if err.use_stderr() => {
+            // A usage error: one line, and the usage code.
+            let text = err.to_string();
+            let first_paragraph = text.split("\n\n").next().unwrap_or("bad usage");
+            let line = first_paragraph
+                .split_whitespace()
+                .collect::<Vec<_>>()
+                .join(" ");
+            return exit::finish(Err(Failure::usage(format!(
+                "{} (see --help)",
+                line.trim_start_matches("error: ")
+            ))));
+        }
+        Err(help_or_version) => {
+            let _ = help_or_version.print();
+            return ExitCode::from(exit::SUCCESS);
+        }
+    };
+    // A worker runs on one thread, so that a stall it simulates also stops its lease
+    // renewal, as a real process pause would.
+    let runtime = if matches!(
+        cli.command,
+        Command::DemoWorker(_) | Command::TortureWorker(_)
+    ) {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    } else {
+        tokio::runtime::Runtime::new()
+    };
+    let runtime = match runtime {
+        Ok(rt) => rt,
+        Err(e) => {
+            return exit::finish(Err(Failure::new(
+                exit::UNAVAILABLE,
+                format!("cannot start the async runtime: {e}"),
+            )));
+        }
+    };
+    exit::finish(runtime.block_on(async move {
+        match cli.command {
+            Command::Demo(args) => demo::demo(args).await,
+            Command::DemoWorker(args) => demo::worker(args).await,
+            Command::Torture(args) => run::torture(args).await,
+            Command::TortureWorker(args) => worker::run(args).await,
+        }
+    }))
+}
+
+/// `url` with any password replaced by `***`, for everything the harness prints or
+/// writes (its summary, report.json, errors).
+pub(crate) fn redact(url: &str) -> String {
+    dlock::backend::postgres::redact(url)
+}

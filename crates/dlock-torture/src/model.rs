@@ -1,0 +1,542 @@
+//! The vocabulary of a torture run, at the bottom of the crate: the lock kinds under test,
+//! the faults, the windows they leave in the history, the keys of the protected resources,
+//! the run's configuration, the seeded choices, and the one clock every process reads.
+
+use std::time::Duration;
+
+use dlock::keys::LockKeys;
+use serde::Serialize;
+
+use crate::exit::Failure;
+
+/// Now on CLOCK_MONOTONIC, in nanoseconds: one clock for every process on the host.
+pub(crate) fn monotonic_ns() -> u64 {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
+        .map(|ts| {
+            u64::try_from(ts.tv_sec()).unwrap_or(0) * 1_000_000_000
+                + u64::try_from(ts.tv_nsec()).unwrap_or(0)
+        })
+        .unwrap_or(0)
+}
+
+/// A lock kind under test: one of dlock's primitives, or one of the seeds' broken variants
+/// (controls). See the module docs for what each must show.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub(crate) enum Kind {
+    Dlock,
+    DlockFenced,
+    Memory,
+    SetnxExpire,
+    SetnxGetset,
+    GetDel,
+    PlainDel,
+    // Declared last: the discriminant seeds each kind's fault schedule, so the kinds
+    // above keep theirs.
+    FairFenced,
+    RwlockFenced,
+    ReentrantFenced,
+    Redlock,
+    MemcachedFenced,
+    EtcdFenced,
+    PostgresFenced,
+    ZookeeperFenced,
+    ElectionFenced,
+}
+
+/// How many independent masters the `redlock` kind runs over.
+pub(crate) const REDLOCK_NODES: usize = 5;
+
+/// How many members the `etcd-fenced` kind's cluster has: one may be down, and raft still
+/// has a majority.
+pub(crate) const ETCD_MEMBERS: usize = 3;
+
+/// How many servers the `zookeeper-fenced` kind's ensemble has: one may be down, and the
+/// other two are still a quorum.
+pub(crate) const ZOOKEEPER_MEMBERS: usize = 3;
+
+/// The `zookeeper-fenced` kind's least ttl, which is also its workers' session timeout
+/// (their lease). A worker's client gives up on a silent server after 2/5 of the session
+/// timeout and must reach another one within the rest, and an election after the
+/// leader's death takes the kit's JVMs up to about a second on a loaded machine: with a
+/// shorter session, every restart of a server would end the sessions behind it — safe,
+/// but the run would test session expiry instead of a hold carried through a fail-over.
+/// It also spaces faults as etcd's 2 s does, so the `--quick` run fits four.
+pub(crate) const ZOOKEEPER_MIN_TTL: Duration = Duration::from_secs(2);
+
+/// Where the `zookeeper-fenced` kind's locks live in its ensemble (a chroot exercised as
+/// users' URLs have them).
+pub(crate) const ZOOKEEPER_CHROOT: &str = "/dlock-torture";
+
+/// The `etcd-fenced` kind's least ttl, as memcached's: etcd leases count whole seconds,
+/// are raised to at least 1.5 election timeouts (to 2 s at etcd's default settings), and
+/// are revoked on the leader's 500 ms tick, so a 1 s lease may last half as long again
+/// as its ttl, or twice as long.
+pub(crate) const ETCD_MIN_TTL: Duration = Duration::from_secs(2);
+
+impl Kind {
+    pub(crate) const ALL: [Kind; 16] = [
+        Kind::Dlock,
+        Kind::DlockFenced,
+        Kind::FairFenced,
+        Kind::RwlockFenced,
+        Kind::ReentrantFenced,
+        Kind::ElectionFenced,
+        Kind::Redlock,
+        Kind::MemcachedFenced,
+        Kind::EtcdFenced,
+        Kind::PostgresFenced,
+        Kind::ZookeeperFenced,
+        Kind::Memory,
+        Kind::SetnxExpire,
+        Kind::SetnxGetset,
+        Kind::GetDel,
+        Kind::PlainDel,
+    ];
+
+    pub(crate) fn id(self) -> &'static str {
+        match self {
+            Kind::Dlock => "dlock",
+            Kind::DlockFenced => "dlock-fenced",
+            Kind::FairFenced => "fair-fenced",
+            Kind::RwlockFenced => "rwlock-fenced",
+            Kind::ReentrantFenced => "reentrant-fenced",
+            Kind::ElectionFenced => "election-fenced",
+            Kind::Redlock => "redlock",
+            Kind::MemcachedFenced => "memcached-fenced",
+            Kind::EtcdFenced => "etcd-fenced",
+            Kind::PostgresFenced => "postgres-fenced",
+            Kind::ZookeeperFenced => "zookeeper-fenced",
+            Kind::Memory => "memory",
+            Kind::SetnxExpire => "setnx-expire",
+            Kind::SetnxGetset => "setnx-getset",
+            Kind::GetDel => "get-del",
+            Kind::PlainDel => "plain-del",
+        }
+    }
+
+    pub(crate) fn is_control(self) -> bool {
+        matches!(
+            self,
+            Kind::SetnxExpire | Kind::SetnxGetset | Kind::GetDel | Kind::PlainDel
+        )
+    }
+
+    /// Whether the workers write the fenced resource (else the unfenced counter).
+    pub(crate) fn is_fenced(self) -> bool {
+        matches!(
+            self,
+            Kind::DlockFenced
+                | Kind::Memory
+                | Kind::FairFenced
+                | Kind::RwlockFenced
+                | Kind::ReentrantFenced
+                | Kind::ElectionFenced
+                | Kind::MemcachedFenced
+                | Kind::EtcdFenced
+                | Kind::PostgresFenced
+                | Kind::ZookeeperFenced
+        )
+    }
+
+    /// Whether the kind runs on lock servers of its own, whatever `--url` says: RedLock
+    /// needs several independent masters, and memcached, etcd, PostgreSQL and ZooKeeper
+    /// are not Redis.
+    pub(crate) fn owns_servers(self) -> bool {
+        matches!(
+            self,
+            Kind::Redlock
+                | Kind::MemcachedFenced
+                | Kind::EtcdFenced
+                | Kind::PostgresFenced
+                | Kind::ZookeeperFenced
+        )
+    }
+
+    /// The kind's lease: memcached's one-second expiry clock needs at least
+    /// [`MIN_TTL`](dlock::backend::memcached::MIN_TTL), etcd's whole-second leases
+    /// [`ETCD_MIN_TTL`], ZooKeeper's sessions [`ZOOKEEPER_MIN_TTL`].
+    pub(crate) fn ttl(self, ttl: Duration) -> Duration {
+        match self {
+            Kind::MemcachedFenced => ttl.max(dlock::backend::memcached::MIN_TTL),
+            Kind::EtcdFenced => ttl.max(ETCD_MIN_TTL),
+            Kind::ZookeeperFenced => ttl.max(ZOOKEEPER_MIN_TTL),
+            _ => ttl,
+        }
+    }
+
+    /// How much longer than its ttl a lease may outlive its last renewal on the server:
+    /// memcached counts expiry on a clock that ticks once a second; etcd's leader revokes
+    /// expired leases on a 500 ms tick, and a new leader extends every lease by an
+    /// election timeout (500 ms in the test kit's clusters); ZooKeeper's leader expires
+    /// sessions on its tick (100 ms in the kit's ensembles), and a new leader gives every
+    /// session a whole timeout again.
+    pub(crate) fn expiry_slack(self) -> Duration {
+        match self {
+            Kind::MemcachedFenced | Kind::EtcdFenced | Kind::ZookeeperFenced => {
+                Duration::from_secs(1)
+            }
+            _ => Duration::ZERO,
+        }
+    }
+
+    /// Whether `fault` means anything for the kind. The memory kind can only stall a
+    /// holder; memcached, etcd and ZooKeeper have no `CLIENT PAUSE` and no scripts, and the
+    /// test kit cannot freeze memcached or etcd (it gives no process id of theirs).
+    /// ZooKeeper takes etcd's faults (its kit could freeze a server; not done here yet).
+    pub(crate) fn applies(self, fault: Fault) -> bool {
+        match self {
+            Kind::Memory => fault == Fault::Pause,
+            Kind::MemcachedFenced | Kind::EtcdFenced | Kind::ZookeeperFenced => !matches!(
+                fault,
+                Fault::Freeze | Fault::ClientPause | Fault::ScriptFlush
+            ),
+            Kind::PostgresFenced => !matches!(fault, Fault::ClientPause | Fault::ScriptFlush),
+            _ => true,
+        }
+    }
+
+    /// Under `--quick`, the faults a kind's short run still has room for: the controls
+    /// only need the faults that break them; RedLock skips the two that are no different
+    /// on a quorum; memcached's, etcd's and ZooKeeper's 2 s ttl spaces faults 6 s apart, so
+    /// four fit in their runs (on etcd and ZooKeeper, the one restart is the leader's).
+    pub(crate) fn in_quick_run(self, fault: Fault) -> bool {
+        match self {
+            k if k.is_control() => matches!(fault, Fault::Pause | Fault::Kill),
+            Kind::Redlock => !matches!(fault, Fault::ClientPause | Fault::ScriptFlush),
+            Kind::MemcachedFenced | Kind::EtcdFenced | Kind::ZookeeperFenced => matches!(
+                fault,
+                Fault::Pause | Fault::Kill | Fault::Restart | Fault::Blackhole
+            ),
+            _ => true,
+        }
+    }
+
+    /// The key prefix of the kind's lock: the library's default for each primitive, and
+    /// none for plain locks and controls (which share the standard protocol's key).
+    pub(crate) fn lock_prefix(self) -> &'static str {
+        match self {
+            Kind::FairFenced => dlock::DEFAULT_FAIR_PREFIX,
+            Kind::RwlockFenced => dlock::DEFAULT_RWLOCK_PREFIX,
+            Kind::ReentrantFenced => dlock::DEFAULT_REENTRANT_PREFIX,
+            Kind::ElectionFenced => dlock::DEFAULT_ELECTION_PREFIX,
+            _ => "",
+        }
+    }
+
+    /// The kind's lock keys in the store, for the lock named after `keys`.
+    pub(crate) fn lock_keys(self, keys: &ResourceKeys) -> Option<LockKeys> {
+        LockKeys::new(self.lock_prefix(), &keys.lock).ok()
+    }
+
+    /// The keys that hold a hold or a waiter's place; all must be gone once every lease and
+    /// claim has run out. Each primitive's companions are named as its Redis backend names
+    /// them. (A reentrant lock's holds all live in its lock key, a hash.)
+    pub(crate) fn live_keys(self, lock: &LockKeys) -> Vec<String> {
+        let mut keys = vec![lock.lock().to_owned()];
+        match self {
+            Kind::FairFenced => keys.extend([lock.companion("queue"), lock.companion("claims")]),
+            Kind::RwlockFenced => {
+                keys.extend([lock.companion("readers"), lock.companion("writers")]);
+            }
+            _ => {}
+        }
+        keys
+    }
+
+    /// The keys that outlive every hold by design, deleted after the run: the fence
+    /// counter, and an election's leader record (neither expires: terms must never go
+    /// back).
+    pub(crate) fn lasting_keys(self, lock: &LockKeys) -> Vec<String> {
+        let mut keys = vec![lock.fence().to_owned()];
+        if self == Kind::ElectionFenced {
+            keys.push(lock.companion(dlock::raw::RECORD));
+        }
+        keys
+    }
+
+    /// How long a queued waiter's place (fair-fenced) or a waiting writer's claim
+    /// (rwlock-fenced) outlives its next expected attempt. Half a ttl rather than the
+    /// library's default of seconds: a crashed waiter's entry then lapses soon after the
+    /// holder's lease, which keeps the reacquire bound and the orphan audit tight.
+    pub(crate) fn waiter_grace(self, ttl: Duration) -> Option<Duration> {
+        matches!(self, Kind::FairFenced | Kind::RwlockFenced)
+            .then(|| (ttl / 2).clamp(Duration::from_millis(10), Duration::from_secs(60)))
+    }
+
+    /// Extra time, past ttl + ε, the next holder may need after a holder's crash: in a fair
+    /// lock, up to one waiter grace. Nothing announces a crashed holder's expiry, so the
+    /// next in line wakes on its own timer, and a waiter that last tried while the lock was
+    /// passing to the head was told to wait out the head's claim (up to ttl + grace); a
+    /// waiter that crashed at the head of the queue keeps its place as long. (A read-write
+    /// lock's writers do not queue behind each other.)
+    pub(crate) fn reacquire_slack(self, ttl: Duration) -> Duration {
+        match self {
+            Kind::FairFenced => self.waiter_grace(ttl).unwrap_or_default(),
+            _ => Duration::ZERO,
+        }
+    }
+
+    pub(crate) fn parse(s: &str) -> Result<Kind, Failure> {
+        Kind::ALL
+            .into_iter()
+            .find(|k| k.id() == s)
+            .ok_or_else(|| Failure::usage(format!("unknown lock kind {s:?}")))
+    }
+}
+
+/// A fault the nemesis can inject.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub(crate) enum Fault {
+    /// SIGSTOP a holding worker for 2.5 × ttl.
+    Pause,
+    /// SIGKILL a holding worker (a replacement starts).
+    Kill,
+    /// SIGSTOP the lock server for 2 × ttl.
+    Freeze,
+    /// `CLIENT PAUSE` the lock server for 2 × ttl.
+    ClientPause,
+    /// Kill the lock server and start it empty (no persistence). On RedLock's nodes,
+    /// every other restart is a [`DelayedRestart`](Fault::DelayedRestart); on etcd's
+    /// members and ZooKeeper's servers, a restart is a
+    /// [`LeaderRestart`](Fault::LeaderRestart) or a [`MemberRestart`](Fault::MemberRestart)
+    /// (they keep their data).
+    Restart,
+    /// `SCRIPT FLUSH` on the lock server.
+    ScriptFlush,
+    /// Delay a worker's lock traffic by 0.6 × ttl for 2 × ttl.
+    Delay,
+    /// Hold a worker's lock traffic for 2 × ttl.
+    Blackhole,
+    /// Drop a worker's lock connections.
+    Close,
+    /// Kill RedLock nodes and start them empty only after 2 × ttl, once every lease they
+    /// held has run out (RedLock's delayed restart). Not a fault of its own in `--faults`:
+    /// the form every other `restart` of RedLock's nodes takes.
+    DelayedRestart,
+    /// Kill etcd's or ZooKeeper's leader (as its members' `status`, or its servers'
+    /// `srvr`, name it) and start it again from its data after 2 × ttl: the other two
+    /// elect a new leader meanwhile. The form of the first, third, … `restart` on etcd and
+    /// ZooKeeper (not a fault of its own in `--faults`).
+    LeaderRestart,
+    /// Kill a follower (or a member when no leader could be found) and start it again
+    /// from its data after 2 × ttl. The form of every other `restart` on etcd and
+    /// ZooKeeper.
+    MemberRestart,
+    /// Kill PostgreSQL (every process, SIGKILL) and start it again on its data at once:
+    /// a crash of a durable store, which must keep every hold and fence. The form
+    /// `restart` takes on postgres-fenced (not a fault of its own in `--faults`).
+    CrashRestart,
+}
+
+impl Fault {
+    pub(crate) const ALL: [Fault; 9] = [
+        Fault::Pause,
+        Fault::Kill,
+        Fault::Freeze,
+        Fault::ClientPause,
+        Fault::Restart,
+        Fault::ScriptFlush,
+        Fault::Delay,
+        Fault::Blackhole,
+        Fault::Close,
+    ];
+
+    pub(crate) fn id(self) -> &'static str {
+        match self {
+            Fault::Pause => "pause",
+            Fault::Kill => "kill",
+            Fault::Freeze => "freeze",
+            Fault::ClientPause => "client-pause",
+            Fault::Restart => "restart",
+            Fault::ScriptFlush => "script-flush",
+            Fault::Delay => "delay",
+            Fault::Blackhole => "blackhole",
+            Fault::Close => "close",
+            Fault::DelayedRestart => "delayed-restart",
+            Fault::LeaderRestart => "leader-restart",
+            Fault::MemberRestart => "member-restart",
+            Fault::CrashRestart => "crash-restart",
+        }
+    }
+
+    pub(crate) fn parse_list(s: &str) -> Result<Vec<Fault>, Failure> {
+        if s.trim() == "all" {
+            return Ok(Fault::ALL.to_vec());
+        }
+        s.split(',')
+            .map(str::trim)
+            .filter(|f| !f.is_empty())
+            .map(|f| {
+                Fault::ALL
+                    .into_iter()
+                    .find(|x| x.id() == f)
+                    .ok_or_else(|| Failure::usage(format!("unknown fault {f:?}")))
+            })
+            .collect()
+    }
+
+    pub(crate) fn needs_own_server(self) -> bool {
+        matches!(self, Fault::Freeze | Fault::Restart)
+    }
+
+    /// Whether the fault acts on lock servers (on RedLock: a minority of its nodes; on
+    /// etcd and ZooKeeper: one member) or on the links to them, rather than on a worker
+    /// process.
+    pub(crate) fn hits_nodes(self) -> bool {
+        !matches!(self, Fault::Pause | Fault::Kill)
+    }
+}
+
+/// A fault as it happened.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct FaultWindow {
+    pub(crate) fault: Fault,
+    pub(crate) start: u64,
+    pub(crate) end: u64,
+    pub(crate) worker: Option<usize>,
+    /// The RedLock nodes, etcd members or ZooKeeper servers hit (by index), for the faults
+    /// that hit nodes or links to them.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub(crate) nodes: Vec<usize>,
+}
+
+/// The keys of one kind's run: the lock, and the resources it protects.
+pub(crate) struct ResourceKeys {
+    pub(crate) base: String,
+    pub(crate) lock: String,
+    pub(crate) counter: String,
+    pub(crate) fenced: String,
+    pub(crate) highest: String,
+    pub(crate) log: String,
+}
+
+impl ResourceKeys {
+    pub(crate) fn parse(base: &str) -> ResourceKeys {
+        ResourceKeys {
+            base: base.to_owned(),
+            lock: format!("{base}:lock"),
+            counter: format!("{base}:counter"),
+            fenced: format!("{base}:fenced"),
+            highest: format!("{base}:highest-fence"),
+            log: format!("{base}:fence-log"),
+        }
+    }
+}
+
+/// splitmix64: the nemesis' reproducible choices.
+pub(crate) struct Rng(pub(crate) u64);
+
+impl Rng {
+    pub(crate) fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    pub(crate) fn below(&mut self, n: usize) -> usize {
+        if n == 0 {
+            0
+        } else {
+            (self.next() % n as u64) as usize
+        }
+    }
+}
+
+pub(crate) struct Config {
+    pub(crate) workers: usize,
+    pub(crate) ttl: Duration,
+    pub(crate) seed: u64,
+    pub(crate) faults: Vec<Fault>,
+    /// Faults not to inject on a lock server given with `--url` (dlock does not own it);
+    /// they still apply to the kinds that run on servers of their own.
+    pub(crate) not_on_given: Vec<Fault>,
+    /// `--kinds all`: a kind whose server is not installed is skipped, not an error.
+    pub(crate) all_kinds: bool,
+    pub(crate) quick: bool,
+    pub(crate) duration: Duration,
+}
+
+/// A set of lock servers by index (RedLock's nodes; a single server is node 0).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Nodes(pub(crate) u64);
+
+impl Nodes {
+    pub(crate) const FIRST: Nodes = Nodes(1);
+
+    pub(crate) fn one(i: usize) -> Nodes {
+        Nodes(1 << i.min(63))
+    }
+
+    pub(crate) fn iter(self) -> impl Iterator<Item = usize> {
+        (0..64).filter(move |i| self.0 & (1 << i) != 0)
+    }
+
+    pub(crate) fn list(self) -> Vec<usize> {
+        self.iter().collect()
+    }
+
+    /// At least one and at most a minority of `n` nodes, at random (for 5 nodes: 1 or 2,
+    /// so that a majority always stays reachable).
+    pub(crate) fn minority(n: usize, rng: &mut Rng) -> Nodes {
+        let n = n.min(64);
+        let most = (n.saturating_sub(1) / 2).max(1);
+        let k = (1 + rng.below(most)).min(n);
+        let mut left: Vec<usize> = (0..n).collect();
+        let mut chosen = 0u64;
+        for _ in 0..k {
+            chosen |= 1 << left.swap_remove(rng.below(left.len()));
+        }
+        Nodes(chosen)
+    }
+
+    /// At least one and at most all of `n` nodes, at random (for etcd's 3 members: a
+    /// worker's links to one or two of them, after which its client fails over, or to all
+    /// three, which cuts it off).
+    pub(crate) fn some(n: usize, rng: &mut Rng) -> Nodes {
+        let n = n.clamp(1, 64);
+        let k = 1 + rng.below(n);
+        let mut left: Vec<usize> = (0..n).collect();
+        let mut chosen = 0u64;
+        for _ in 0..k {
+            chosen |= 1 << left.swap_remove(rng.below(left.len()));
+        }
+        Nodes(chosen)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn etcd_network_faults_hit_one_two_or_all_three_of_a_worker_s_links() {
+        let mut rng = Rng(7);
+        let mut sizes = [0usize; 4];
+        for _ in 0..300 {
+            let links = Nodes::some(ETCD_MEMBERS, &mut rng).list();
+            assert!(links.iter().all(|&n| n < ETCD_MEMBERS), "{links:?}");
+            sizes[links.len()] += 1;
+        }
+        assert_eq!(sizes[0], 0);
+        assert!(sizes[1..].iter().all(|&n| n > 0), "{sizes:?}");
+        assert_eq!(Nodes::one(2).list(), vec![2]);
+    }
+
+    #[test]
+    fn redlock_faults_hit_a_minority_of_nodes() {
+        let mut rng = Rng(7);
+        let mut sizes = [0usize; 3];
+        for _ in 0..200 {
+            let nodes = Nodes::minority(REDLOCK_NODES, &mut rng).list();
+            assert!((1..=2).contains(&nodes.len()), "{nodes:?}");
+            assert!(nodes.iter().all(|&n| n < REDLOCK_NODES), "{nodes:?}");
+            sizes[nodes.len()] += 1;
+        }
+        assert!(sizes[1] > 0 && sizes[2] > 0, "{sizes:?}");
+        assert_eq!(Nodes::minority(1, &mut rng).list(), vec![0]);
+    }
+}

@@ -1,0 +1,590 @@
+//! The nemesis: which faults a kind's run gets and when ([`plan`], [`schedule`]), and
+//! [`Nemesis`], which injects each one into workers, links or servers and ends its window.
+
+use std::time::Duration;
+
+use dlock_test::proxy::{Fault as ProxyFault, Proxy};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+use crate::checkers::Kill;
+use crate::exit::Failure;
+use crate::model::{Config, Fault, FaultWindow, Kind, Nodes, Rng, monotonic_ns};
+use crate::stores::{LockServer, Store, etcd_victim, zookeeper_victim};
+use crate::workers::{Running, Spawner};
+
+/// The faults and duration of one kind (see [`Kind::applies`], [`Kind::in_quick_run`]).
+pub(crate) fn plan(config: &Config, kind: Kind) -> (Vec<Fault>, Duration) {
+    let faults: Vec<Fault> = config
+        .faults
+        .iter()
+        .copied()
+        .filter(|&f| kind.applies(f))
+        .filter(|&f| !config.quick || kind.in_quick_run(f))
+        .filter(|f| kind.owns_servers() || !config.not_on_given.contains(f))
+        .collect();
+    let duration = match kind {
+        _ if !config.quick => config.duration,
+        Kind::Memory => Duration::from_secs(8),
+        k if k.is_control() => Duration::from_secs(12),
+        // Room for its seven quick faults, three ttls apart (see `schedule`).
+        Kind::Redlock => Duration::from_secs(24),
+        // Room for their four quick faults, three of their 2 s ttls apart.
+        Kind::MemcachedFenced | Kind::EtcdFenced | Kind::ZookeeperFenced => Duration::from_secs(30),
+        _ => Duration::from_secs(30),
+    };
+    (faults, duration)
+}
+
+/// When each fault starts: spread over the run, each fault at least once, in a seeded
+/// order, twice over when there is time.
+pub(crate) fn schedule(
+    config: &Config,
+    kind: Kind,
+    faults: &[Fault],
+    duration: Duration,
+) -> Vec<(Duration, Fault)> {
+    if faults.is_empty() {
+        return Vec::new();
+    }
+    let mut rng = Rng(config.seed ^ (kind as u64).wrapping_mul(0x9e37_79b9));
+    // A fault window lasts up to 2.5 ttl (and the nemesis never starts one while another
+    // is open), so windows start three ttls apart.
+    let slot = kind.ttl(config.ttl) * 3;
+    let room = usize::try_from(duration.as_millis() / slot.as_millis().max(1))
+        .unwrap_or(1)
+        .saturating_sub(1)
+        .max(1);
+    let n = room.min(faults.len() * 2).max(faults.len().min(room));
+    let mut order: Vec<Fault> = faults.iter().copied().cycle().take(n).collect();
+    for i in (1..order.len()).rev() {
+        order.swap(i, rng.below(i + 1));
+    }
+    let step = duration / u32::try_from(n + 1).unwrap_or(1);
+    order
+        .into_iter()
+        .enumerate()
+        .map(|(i, f)| (step * u32::try_from(i + 1).unwrap_or(1), f))
+        .collect()
+}
+
+/// Everything the nemesis acts on during one kind's run.
+pub(crate) struct Nemesis<'a> {
+    pub(crate) store: Store<'a>,
+    /// Each worker slot's links: a proxy per lock server (per RedLock node).
+    pub(crate) proxies: Vec<Vec<Proxy>>,
+    pub(crate) spawner: Spawner,
+    pub(crate) running: Vec<Running>,
+    pub(crate) windows: Vec<FaultWindow>,
+    /// Timed ends of fault windows: (when, what to undo, index into `windows`).
+    pub(crate) undo: Vec<(u64, Undo, usize)>,
+    pub(crate) kills: Vec<Kill>,
+    /// A paused worker due to resume at the next acquire by another (or the deadline).
+    pub(crate) resume: Option<(u64, Undo, usize)>,
+    pub(crate) ttl: Duration,
+    /// Chooses the RedLock nodes, etcd members or ZooKeeper servers a fault hits (used by
+    /// no other kind, so theirs keep their choices per seed).
+    pub(crate) node_rng: Rng,
+    /// RedLock, etcd or ZooKeeper restarts so far: on RedLock the first, third, … are
+    /// delayed, the others at once; on etcd and ZooKeeper the first, third, … hit the
+    /// leader, the others a follower.
+    pub(crate) node_restarts: usize,
+}
+
+impl Nemesis<'_> {
+    pub(crate) fn ttl_ns(&self) -> u64 {
+        u64::try_from(self.ttl.as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// The servers a fault hits: some of RedLock's nodes, the links to some of etcd's
+    /// members or ZooKeeper's servers, or the one server. (Which etcd member or ZooKeeper
+    /// server restarts depends on who leads when it happens: [`inject`](Self::inject)
+    /// chooses it.)
+    pub(crate) fn choose_nodes(&mut self, fault: Fault) -> Nodes {
+        match &self.store {
+            Store::Quorum { nodes, .. } => Nodes::minority(nodes.len(), &mut self.node_rng),
+            Store::Etcd { cluster, .. } if fault != Fault::Restart => {
+                Nodes::some(cluster.members.len(), &mut self.node_rng)
+            }
+            Store::ZooKeeper { ensemble, .. } if fault != Fault::Restart => {
+                Nodes::some(ensemble.members.len(), &mut self.node_rng)
+            }
+            _ => Nodes::FIRST,
+        }
+    }
+
+    /// Injects `fault`, aimed at `running[victim]` where it needs a worker, and records
+    /// its window if it took effect.
+    pub(crate) async fn inject(
+        &mut self,
+        fault: Fault,
+        victim: Option<usize>,
+    ) -> Result<(), Failure> {
+        let t = monotonic_ns();
+        let ttl_ns = self.ttl_ns();
+        let half_ttls = move |k: u64| t + k * ttl_ns / 2;
+        let admin_timeout = self.ttl * 2;
+        let has_nodes = self.store.has_nodes();
+        let mut nodes = if fault.hits_nodes() {
+            self.choose_nodes(fault)
+        } else {
+            Nodes::FIRST
+        };
+        // A RedLock restart may become a delayed one, an etcd restart a leader's or a
+        // follower's.
+        let mut happened = fault;
+        // (took effect, the worker aimed at, how the window ends)
+        let (effect, worker, undo): (bool, Option<usize>, Option<(u64, Undo)>) = match fault {
+            Fault::Pause => match victim.map(|v| &mut self.running[v]) {
+                Some(r) => match r.child.id().and_then(|p| i32::try_from(p).ok()) {
+                    Some(pid) if kill(Pid::from_raw(pid), Signal::SIGSTOP).is_ok() => {
+                        r.faulted = true;
+                        (
+                            true,
+                            Some(r.id),
+                            Some((half_ttls(5), Undo::Continue(r.id, pid))),
+                        )
+                    }
+                    _ => (false, None, None),
+                },
+                None => (false, None, None),
+            },
+            Fault::Kill => match victim {
+                Some(v) => {
+                    let r = &mut self.running[v];
+                    let _ = r.child.start_kill();
+                    let _ = r.child.wait().await;
+                    r.alive = false;
+                    r.killed = true;
+                    self.kills.push(Kill {
+                        worker: r.id,
+                        t: monotonic_ns(),
+                        was_holding: r.holding,
+                    });
+                    let (slot, id) = (r.slot, r.id);
+                    let next = self.running.iter().map(|r| r.id).max().unwrap_or(0) + 1;
+                    let replacement = self.spawner.spawn(next, slot)?;
+                    self.running.push(replacement);
+                    (true, Some(id), None)
+                }
+                None => (false, None, None),
+            },
+            Fault::Freeze => {
+                let frozen = match &mut self.store {
+                    Store::Redis {
+                        server: LockServer::Own(s),
+                        ..
+                    } => s.freeze().is_ok(),
+                    Store::Postgres { server, .. } => {
+                        server.freeze();
+                        true
+                    }
+                    // Every node chosen, whether or not another failed.
+                    Store::Quorum { nodes: servers, .. } => {
+                        nodes
+                            .iter()
+                            .filter(|&i| servers[i].freeze().is_ok())
+                            .count()
+                            > 0
+                    }
+                    _ => false,
+                };
+                if frozen {
+                    (true, None, Some((half_ttls(4), Undo::Thaw(nodes))))
+                } else {
+                    (false, None, None)
+                }
+            }
+            Fault::ClientPause => {
+                let ms = (2 * self.spawner.ttl_ms).to_string();
+                let pause = redis::cmd("CLIENT")
+                    .arg("PAUSE")
+                    .arg(&ms)
+                    .arg("ALL")
+                    .to_owned();
+                let paused = match &mut self.store {
+                    Store::Redis { admin: conn, .. } => admin(conn, &pause, admin_timeout).await,
+                    Store::Quorum { admins, .. } => {
+                        let mut any = false;
+                        for i in nodes.iter() {
+                            any |= admin(&mut admins[i], &pause, admin_timeout).await;
+                        }
+                        any
+                    }
+                    Store::Memcached(_)
+                    | Store::Etcd { .. }
+                    | Store::Postgres { .. }
+                    | Store::ZooKeeper { .. } => false,
+                };
+                if paused {
+                    (true, None, Some((half_ttls(4), Undo::Unpause(nodes))))
+                } else {
+                    (false, None, None)
+                }
+            }
+            Fault::Restart
+            | Fault::DelayedRestart
+            | Fault::LeaderRestart
+            | Fault::MemberRestart
+            | Fault::CrashRestart => match &mut self.store {
+                Store::Redis { server, .. } => match server {
+                    LockServer::Own(s) => (s.restart().is_ok(), None, None),
+                    LockServer::Given(_) => (false, None, None),
+                },
+                Store::Quorum { nodes: servers, .. } => {
+                    self.node_restarts += 1;
+                    if self.node_restarts % 2 == 1 {
+                        // Down until every lease the nodes held has run out elsewhere too.
+                        happened = Fault::DelayedRestart;
+                        for i in nodes.iter() {
+                            servers[i].kill();
+                        }
+                        (true, None, Some((half_ttls(4), Undo::Revive(nodes))))
+                    } else {
+                        happened = Fault::Restart;
+                        let restarted = nodes
+                            .iter()
+                            .filter(|&i| servers[i].restart().is_ok())
+                            .count()
+                            > 0;
+                        (restarted, None, None)
+                    }
+                }
+                Store::Memcached(s) => (s.restart().is_ok(), None, None),
+                // A crash: every process killed, then started again on its data at once.
+                Store::Postgres { server, .. } => {
+                    happened = Fault::CrashRestart;
+                    (server.restart().is_ok(), None, None)
+                }
+                Store::Etcd { cluster, admins } => {
+                    self.node_restarts += 1;
+                    let leader_turn = self.node_restarts % 2 == 1;
+                    match etcd_victim(cluster, admins, leader_turn, &mut self.node_rng).await {
+                        Some((i, leads)) => {
+                            happened = if leads {
+                                Fault::LeaderRestart
+                            } else {
+                                Fault::MemberRestart
+                            };
+                            cluster.members[i].kill();
+                            nodes = Nodes::one(i);
+                            (true, None, Some((half_ttls(4), Undo::Revive(nodes))))
+                        }
+                        None => (false, None, None),
+                    }
+                }
+                Store::ZooKeeper { ensemble, .. } => {
+                    self.node_restarts += 1;
+                    let leader_turn = self.node_restarts % 2 == 1;
+                    match zookeeper_victim(ensemble, leader_turn, &mut self.node_rng).await {
+                        Some((i, leads)) => {
+                            happened = if leads {
+                                Fault::LeaderRestart
+                            } else {
+                                Fault::MemberRestart
+                            };
+                            ensemble.members[i].kill();
+                            nodes = Nodes::one(i);
+                            (true, None, Some((half_ttls(4), Undo::Revive(nodes))))
+                        }
+                        None => (false, None, None),
+                    }
+                }
+            },
+            Fault::ScriptFlush => {
+                let flush = redis::cmd("SCRIPT").arg("FLUSH").to_owned();
+                let flushed = match &mut self.store {
+                    Store::Redis { admin: conn, .. } => admin(conn, &flush, admin_timeout).await,
+                    Store::Quorum { admins, .. } => {
+                        let mut any = false;
+                        for i in nodes.iter() {
+                            any |= admin(&mut admins[i], &flush, admin_timeout).await;
+                        }
+                        any
+                    }
+                    Store::Memcached(_)
+                    | Store::Etcd { .. }
+                    | Store::Postgres { .. }
+                    | Store::ZooKeeper { .. } => false,
+                };
+                (flushed, None, None)
+            }
+            Fault::Delay | Fault::Blackhole | Fault::Close => match victim {
+                Some(v) => {
+                    let slot = self.running[v].slot;
+                    let links: Vec<&Proxy> = self
+                        .proxies
+                        .get(slot)
+                        .map(|links| nodes.iter().filter_map(|i| links.get(i)).collect())
+                        .unwrap_or_default();
+                    if links.is_empty() {
+                        (false, None, None)
+                    } else {
+                        let undo = match fault {
+                            Fault::Delay => {
+                                for proxy in &links {
+                                    proxy.set_fault(ProxyFault::Delay(self.ttl * 3 / 5));
+                                }
+                                Some((half_ttls(4), Undo::Pass(slot, nodes)))
+                            }
+                            Fault::Blackhole => {
+                                for proxy in &links {
+                                    proxy.set_fault(ProxyFault::Blackhole);
+                                }
+                                Some((half_ttls(4), Undo::Pass(slot, nodes)))
+                            }
+                            _ => {
+                                for proxy in &links {
+                                    proxy.close_all();
+                                }
+                                None
+                            }
+                        };
+                        if undo.is_some() {
+                            self.running[v].faulted = true;
+                        }
+                        (true, Some(self.running[v].id), undo)
+                    }
+                }
+                None => (false, None, None),
+            },
+        };
+        if effect {
+            let end = undo.as_ref().map_or_else(monotonic_ns, |(at, _)| *at);
+            self.windows.push(FaultWindow {
+                fault: happened,
+                start: t,
+                end,
+                worker,
+                nodes: if has_nodes && fault.hits_nodes() {
+                    nodes.list()
+                } else {
+                    Vec::new()
+                },
+            });
+            if let Some((at, what)) = undo {
+                self.undo.push((at, what, self.windows.len() - 1));
+            }
+        } else {
+            eprintln!("dlock: torture: fault {} could not be injected", fault.id());
+        }
+        Ok(())
+    }
+
+    /// Resumes a paused worker waiting for its moment (now, or at its deadline).
+    pub(crate) fn resume(&mut self, now: u64, force: bool) {
+        if let Some((deadline, what, w)) = self.resume
+            && (force || deadline <= now)
+        {
+            self.resume = None;
+            self.undo.push((now, what, w));
+            self.heal(now, true);
+        }
+    }
+
+    /// Ends the fault windows that are due (all of them with `all`).
+    pub(crate) fn heal(&mut self, now: u64, all: bool) {
+        let mut i = 0;
+        while i < self.undo.len() {
+            if all || self.undo[i].0 <= now {
+                let (_, what, w) = self.undo.swap_remove(i);
+                if let (Undo::Continue(..), false) = (what, all) {
+                    // Resume the paused holder just after another worker acquired: its
+                    // late write and release then meet a live holder, as they would in
+                    // production under load.
+                    self.resume = Some((now + self.ttl_ns(), what, w));
+                    continue;
+                }
+                what.apply(&mut self.store, &self.proxies);
+                match what {
+                    Undo::Continue(id, _) => {
+                        if let Some(r) = self.running.iter_mut().find(|r| r.id == id) {
+                            r.faulted = false;
+                        }
+                    }
+                    Undo::Pass(slot, _) => {
+                        for r in self.running.iter_mut().filter(|r| r.slot == slot) {
+                            r.faulted = false;
+                        }
+                    }
+                    Undo::Thaw(_) | Undo::Unpause(_) | Undo::Revive(_) => {}
+                }
+                self.windows[w].end = monotonic_ns();
+            } else {
+                i += 1;
+            }
+        }
+    }
+}
+
+/// Runs an admin command on the lock server, once more if the first try meets a
+/// connection a restart broke; bounded in time. Returns whether it succeeded.
+pub(crate) async fn admin(
+    conn: &mut redis::aio::ConnectionManager,
+    cmd: &redis::Cmd,
+    limit: Duration,
+) -> bool {
+    for _ in 0..2 {
+        if let Ok(Ok(())) = tokio::time::timeout(limit, cmd.query_async::<()>(conn)).await {
+            return true;
+        }
+    }
+    false
+}
+
+/// A running worker to aim a fault at: one that holds the lock if any, else any.
+pub(crate) fn pick(running: &[Running], rng: &mut Rng) -> Option<usize> {
+    let alive: Vec<usize> = (0..running.len())
+        .filter(|&i| running[i].alive && !running[i].faulted)
+        .collect();
+    let holding: Vec<usize> = alive
+        .iter()
+        .copied()
+        .filter(|&i| running[i].holding)
+        .collect();
+    let pool = if holding.is_empty() { &alive } else { &holding };
+    (!pool.is_empty()).then(|| pool[rng.below(pool.len())])
+}
+
+/// How a fault window ends.
+#[derive(Clone, Copy)]
+pub(crate) enum Undo {
+    /// SIGCONT worker `id` (process `pid`).
+    Continue(usize, i32),
+    /// SIGCONT frozen servers.
+    Thaw(Nodes),
+    /// `CLIENT UNPAUSE` servers.
+    Unpause(Nodes),
+    /// Let traffic through a worker slot's links to these servers again.
+    Pass(usize, Nodes),
+    /// Start killed RedLock nodes again, empty, or killed etcd members and ZooKeeper
+    /// servers from their data.
+    Revive(Nodes),
+}
+
+impl Undo {
+    pub(crate) fn apply(self, store: &mut Store<'_>, proxies: &[Vec<Proxy>]) {
+        match (self, store) {
+            (Undo::Continue(_, pid), _) => {
+                let _ = kill(Pid::from_raw(pid), Signal::SIGCONT);
+            }
+            (
+                Undo::Thaw(_),
+                Store::Redis {
+                    server: LockServer::Own(s),
+                    ..
+                },
+            ) => {
+                let _ = s.thaw();
+            }
+            (Undo::Thaw(_), Store::Postgres { server, .. }) => server.thaw(),
+            (Undo::Thaw(nodes), Store::Quorum { nodes: servers, .. }) => {
+                for i in nodes.iter() {
+                    let _ = servers[i].thaw();
+                }
+            }
+            (Undo::Unpause(nodes), store) => {
+                let admins: Vec<redis::aio::ConnectionManager> = match store {
+                    Store::Redis { admin, .. } => vec![admin.clone()],
+                    Store::Quorum { admins, .. } => nodes
+                        .iter()
+                        .filter_map(|i| admins.get(i).cloned())
+                        .collect(),
+                    Store::Memcached(_)
+                    | Store::Etcd { .. }
+                    | Store::Postgres { .. }
+                    | Store::ZooKeeper { .. } => Vec::new(),
+                };
+                // Pipelined after the pause's own expiry at the latest; no need to wait.
+                for mut admin in admins {
+                    tokio::spawn(async move {
+                        let _: Result<(), _> = redis::cmd("CLIENT")
+                            .arg("UNPAUSE")
+                            .query_async(&mut admin)
+                            .await;
+                    });
+                }
+            }
+            (Undo::Pass(slot, nodes), _) => {
+                if let Some(links) = proxies.get(slot) {
+                    for proxy in nodes.iter().filter_map(|i| links.get(i)) {
+                        proxy.set_fault(ProxyFault::Pass);
+                    }
+                }
+            }
+            (Undo::Revive(nodes), Store::Quorum { nodes: servers, .. }) => {
+                for i in nodes.iter() {
+                    if let Err(e) = servers[i].restart() {
+                        eprintln!("dlock: torture: RedLock node {i} did not start again: {e}");
+                    }
+                }
+            }
+            (Undo::Revive(nodes), Store::Etcd { cluster, .. }) => {
+                for i in nodes.iter() {
+                    if let Some(Err(e)) = cluster.members.get_mut(i).map(|m| m.restart()) {
+                        eprintln!("dlock: torture: etcd member {i} did not start again: {e}");
+                    }
+                }
+            }
+            (Undo::Revive(nodes), Store::ZooKeeper { ensemble, .. }) => {
+                for i in nodes.iter() {
+                    if let Some(Err(e)) = ensemble.members.get_mut(i).map(|m| m.restart()) {
+                        eprintln!("dlock: torture: ZooKeeper server {i} did not start again: {e}");
+                    }
+                }
+            }
+            (Undo::Thaw(_) | Undo::Revive(_), _) => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(quick: bool) -> Config {
+        Config {
+            workers: 4,
+            ttl: Duration::from_secs(1),
+            seed: 1,
+            faults: Fault::ALL.to_vec(),
+            not_on_given: Vec::new(),
+            all_kinds: true,
+            quick,
+            duration: Duration::from_secs(20),
+        }
+    }
+
+    #[test]
+    fn every_kind_s_quick_run_has_room_for_each_of_its_faults() {
+        let config = config(true);
+        for kind in Kind::ALL.into_iter().filter(|&k| k != Kind::Memory) {
+            let (faults, duration) = plan(&config, kind);
+            let planned = schedule(&config, kind, &faults, duration);
+            for fault in &faults {
+                assert!(
+                    planned.iter().any(|(_, f)| f == fault),
+                    "{}: {} not scheduled in {duration:?}",
+                    kind.id(),
+                    fault.id()
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_given_server_keeps_its_skipped_faults_only_for_the_kinds_on_it() {
+        let mut config = config(false);
+        config.not_on_given = vec![Fault::Freeze, Fault::Restart];
+        let (faults, _) = plan(&config, Kind::Dlock);
+        assert!(!faults.contains(&Fault::Freeze) && !faults.contains(&Fault::Restart));
+        let (faults, _) = plan(&config, Kind::Redlock);
+        assert!(faults.contains(&Fault::Freeze) && faults.contains(&Fault::Restart));
+        let (faults, _) = plan(&config, Kind::MemcachedFenced);
+        assert!(!faults.contains(&Fault::Freeze) && faults.contains(&Fault::Restart));
+        let (faults, _) = plan(&config, Kind::EtcdFenced);
+        assert!(!faults.contains(&Fault::Freeze) && faults.contains(&Fault::Restart));
+        let (faults, _) = plan(&config, Kind::ZookeeperFenced);
+        assert!(!faults.contains(&Fault::Freeze) && faults.contains(&Fault::Restart));
+    }
+}

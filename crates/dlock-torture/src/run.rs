@@ -1,0 +1,702 @@
+//! The orchestrator: `dlock torture` from its arguments to its exit code — the servers of
+//! each kind, its worker processes and proxies, the nemesis loop, the audit, the checkers
+//! and the report.
+
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use dlock::Lock;
+use dlock::backend::Memory;
+use dlock_test::postgres::PostgresServer;
+use dlock_test::proxy::Proxy;
+use dlock_test::server::{EtcdCluster, MemcachedServer, RedisServer};
+
+use crate::args::TortureArgs;
+use crate::checkers::{self, Resources};
+use crate::exit::{self, Failure};
+use crate::model::{
+    Config, ETCD_MEMBERS, Fault, FaultWindow, Kind, REDLOCK_NODES, ResourceKeys, Rng,
+    ZOOKEEPER_MEMBERS, monotonic_ns,
+};
+use crate::nemesis::{Nemesis, Undo, pick, plan, schedule};
+use crate::report::{KindReport, Report, print_summary, write};
+use crate::stores::{LockServer, Store, start_server, start_zookeeper, store_err};
+use crate::timelines;
+use crate::worker::Step;
+use crate::workers::Spawner;
+
+pub(crate) async fn torture(args: TortureArgs) -> Result<u8, Failure> {
+    let kinds: Vec<Kind> = if args.kinds.trim() == "all" {
+        Kind::ALL.to_vec()
+    } else {
+        args.kinds
+            .split(',')
+            .map(|k| Kind::parse(k.trim()))
+            .collect::<Result<_, _>>()?
+    };
+    let faults = Fault::parse_list(&args.faults)?;
+    if args.workers < 2 {
+        return Err(Failure::usage("--workers must be at least 2"));
+    }
+    if args.ttl < dlock::MIN_TTL {
+        return Err(Failure::usage(format!(
+            "--ttl must be at least {:?}",
+            dlock::MIN_TTL
+        )));
+    }
+    let mut not_on_given = Vec::new();
+    let mut lock_server = match args.url.as_deref().filter(|u| !u.is_empty()) {
+        Some(url) => {
+            not_on_given.extend(faults.iter().copied().filter(|f| f.needs_own_server()));
+            if !not_on_given.is_empty() {
+                eprintln!(
+                    "dlock: freeze and restart need a server dlock owns; skipped for {url} \
+                     (the redlock, memcached-fenced and etcd-fenced kinds run on servers of \
+                     their own)"
+                );
+            }
+            if args.faults.trim() == "all" {
+                // They act on every client of a server we do not own: only when named.
+                not_on_given.extend([Fault::ClientPause, Fault::ScriptFlush]);
+            }
+            LockServer::Given(url.to_owned())
+        }
+        None => LockServer::Own(start_server()?),
+    };
+    // The protected resources live apart from the lock server, which the nemesis faults.
+    let resource_server = start_server()?;
+    let config = Config {
+        workers: args.workers,
+        ttl: args.ttl,
+        seed: args.seed,
+        faults,
+        not_on_given,
+        all_kinds: args.kinds.trim() == "all",
+        quick: args.quick,
+        duration: args.duration,
+    };
+    std::fs::create_dir_all(&args.out)
+        .map_err(|e| Failure::usage(format!("cannot create {}: {e}", args.out.display())))?;
+    println!(
+        "dlock torture: seed {}, {} workers, ttl {}, lock server {}, resources on {}",
+        config.seed,
+        config.workers,
+        humantime::format_duration(config.ttl),
+        lock_server.url(),
+        resource_server.url()
+    );
+    // A signal ends the run cleanly: dropping the run's future kills its workers
+    // (kill_on_drop, SIGKILL works on stopped ones too) and returning drops both servers
+    // (a frozen one is continued first), so nothing is left behind.
+    let mut signals = crate::signals::Signals::install()?;
+    let reports = tokio::select! {
+        reports = run_kinds(&config, &kinds, &mut lock_server, &resource_server, &args.out) => reports?,
+        sig = signals.recv() => {
+            eprintln!("dlock: torture interrupted ({sig}); cleaning up");
+            return Ok(128 + sig as u8);
+        }
+    };
+    print_summary(&reports);
+    let json = serde_json::to_string_pretty(&Report {
+        seed: config.seed,
+        ttl_ms: u64::try_from(config.ttl.as_millis()).unwrap_or(u64::MAX),
+        workers: config.workers,
+        duration_ms: u64::try_from(config.duration.as_millis()).unwrap_or(u64::MAX),
+        lock_server: &lock_server.url(),
+        kinds: &reports,
+    })
+    .map_err(|e| Failure::new(exit::UNAVAILABLE, format!("report: {e}")))?;
+    write(&args.out.join("report.json"), &json)?;
+    println!(
+        "\nreport: {}  timelines: {}/timeline-<kind>.svg",
+        args.out.join("report.json").display(),
+        args.out.display()
+    );
+    let failed = reports.iter().filter(|r| !r.findings.verdict_ok).count();
+    if failed > 0 {
+        eprintln!("dlock: torture: {failed} unexpected result(s)");
+        return Ok(exit::TORTURE_FAILED);
+    }
+    Ok(exit::SUCCESS)
+}
+
+/// Runs every kind in turn, writing each one's timeline to `out`.
+pub(crate) async fn run_kinds(
+    config: &Config,
+    kinds: &[Kind],
+    lock_server: &mut LockServer,
+    resource_server: &RedisServer,
+    out: &Path,
+) -> Result<Vec<KindReport>, Failure> {
+    let mut reports = Vec::new();
+    for &kind in kinds {
+        let (kind_faults, duration) = plan(config, kind);
+        let faults = kind_faults
+            .iter()
+            .map(|f| f.id())
+            .collect::<Vec<_>>()
+            .join(",");
+        let own = match kind {
+            Kind::Redlock => format!("  ({REDLOCK_NODES} redis-servers of its own)"),
+            Kind::MemcachedFenced => format!(
+                "  (a memcached of its own, ttl {})",
+                humantime::format_duration(kind.ttl(config.ttl))
+            ),
+            Kind::PostgresFenced => {
+                "  (a PostgreSQL of its own; restarts keep its data)".to_owned()
+            }
+            Kind::EtcdFenced => format!(
+                "  (an etcd cluster of {ETCD_MEMBERS} of its own, ttl {})",
+                humantime::format_duration(kind.ttl(config.ttl))
+            ),
+            Kind::ZookeeperFenced => format!(
+                "  (a ZooKeeper ensemble of {ZOOKEEPER_MEMBERS} of its own, ttl = session timeout {})",
+                humantime::format_duration(kind.ttl(config.ttl))
+            ),
+            _ => String::new(),
+        };
+        let line = format!(
+            "  {:<16} {:>5.1} s  faults: {faults}{own}",
+            kind.id(),
+            duration.as_secs_f64(),
+        );
+        let report = match kind {
+            Kind::Memory => {
+                println!("{line}");
+                run_memory(config, &kind_faults, duration)?
+            }
+            Kind::Redlock => {
+                println!("{line}");
+                let nodes = (0..REDLOCK_NODES)
+                    .map(|_| start_server())
+                    .collect::<Result<Vec<_>, _>>()?;
+                let store = Store::quorum(nodes).await?;
+                run_workers(config, kind, &kind_faults, duration, store, resource_server).await?
+            }
+            Kind::MemcachedFenced => {
+                let server = match MemcachedServer::start() {
+                    Ok(server) => server,
+                    // A user's `dlock torture` need not have memcached installed.
+                    Err(e) if config.all_kinds => {
+                        println!("  {:<16} skipped: {e}", kind.id());
+                        continue;
+                    }
+                    Err(e) => {
+                        return Err(Failure::new(
+                            exit::UNAVAILABLE,
+                            format!("the memcached-fenced kind needs memcached on PATH: {e}"),
+                        ));
+                    }
+                };
+                println!("{line}");
+                let store = Store::Memcached(server);
+                run_workers(config, kind, &kind_faults, duration, store, resource_server).await?
+            }
+            Kind::EtcdFenced => {
+                let cluster = match EtcdCluster::start(ETCD_MEMBERS) {
+                    Ok(cluster) => cluster,
+                    // A user's `dlock torture` need not have etcd installed.
+                    Err(e) if config.all_kinds => {
+                        println!("  {:<16} skipped: {e}", kind.id());
+                        continue;
+                    }
+                    Err(e) => {
+                        return Err(Failure::new(
+                            exit::UNAVAILABLE,
+                            format!("the etcd-fenced kind needs etcd on PATH: {e}"),
+                        ));
+                    }
+                };
+                println!("{line}");
+                let store = Store::etcd(cluster).await?;
+                run_workers(config, kind, &kind_faults, duration, store, resource_server).await?
+            }
+            Kind::ZookeeperFenced => {
+                let ensemble = match start_zookeeper().await {
+                    Ok(ensemble) => ensemble,
+                    // A user's `dlock torture` need not have ZooKeeper installed.
+                    Err(e) if config.all_kinds => {
+                        println!("  {:<16} skipped: {e}", kind.id());
+                        continue;
+                    }
+                    Err(e) => {
+                        return Err(Failure::new(
+                            exit::UNAVAILABLE,
+                            format!(
+                                "the zookeeper-fenced kind needs ZooKeeper installed (java on \
+                                 PATH and Debian's zookeeper package, or $DLOCK_ZOOKEEPER_JAR): {e}"
+                            ),
+                        ));
+                    }
+                };
+                println!("{line}");
+                let store = Store::ZooKeeper {
+                    ensemble,
+                    session_timeout: kind.ttl(config.ttl),
+                };
+                run_workers(config, kind, &kind_faults, duration, store, resource_server).await?
+            }
+            Kind::PostgresFenced => {
+                let server = match PostgresServer::start() {
+                    Ok(server) => server,
+                    // A user's `dlock torture` need not have PostgreSQL installed.
+                    Err(e) if config.all_kinds => {
+                        println!("  {:<16} skipped: {e}", kind.id());
+                        continue;
+                    }
+                    Err(e) => {
+                        return Err(Failure::new(
+                            exit::UNAVAILABLE,
+                            format!("the postgres-fenced kind needs PostgreSQL installed: {e}"),
+                        ));
+                    }
+                };
+                println!("{line}");
+                let store = Store::postgres(server).await?;
+                run_workers(config, kind, &kind_faults, duration, store, resource_server).await?
+            }
+            _ => {
+                println!("{line}");
+                let store = Store::redis(lock_server).await?;
+                run_workers(config, kind, &kind_faults, duration, store, resource_server).await?
+            }
+        };
+        let svg = timelines::timeline(&report, config.workers);
+        write(&out.join(format!("timeline-{}.svg", kind.id())), &svg)?;
+        reports.push(report);
+    }
+    Ok(reports)
+}
+
+/// One kind's run with worker processes: against `store`, which it owns for the run (a
+/// kind's own servers die with it), the resources on `resources`.
+pub(crate) async fn run_workers(
+    config: &Config,
+    kind: Kind,
+    faults: &[Fault],
+    duration: Duration,
+    store: Store<'_>,
+    resources: &RedisServer,
+) -> Result<KindReport, Failure> {
+    let run_id = dlock::Token::random()?.as_str()[..8].to_owned();
+    let keys = ResourceKeys::parse(&format!("torture:{run_id}:{}", kind.id()));
+    let ttl = kind.ttl(config.ttl);
+    let mut res = resources
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .map_err(store_err)?;
+    let _: () = redis::pipe()
+        .set(&keys.counter, 0)
+        .set(&keys.fenced, 0)
+        .del(&keys.highest)
+        .del(&keys.log)
+        .query_async(&mut res)
+        .await
+        .map_err(store_err)?;
+    // Each worker slot reaches each lock server through its own proxy.
+    let mut proxies = Vec::new();
+    let mut urls = Vec::new();
+    let targets = store.upstreams();
+    for _ in 0..config.workers {
+        let mut links = Vec::with_capacity(targets.len());
+        for &addr in &targets {
+            links.push(
+                Proxy::start(addr)
+                    .await
+                    .map_err(|e| Failure::new(exit::UNAVAILABLE, format!("proxy: {e}")))?,
+            );
+        }
+        urls.push(store.worker_url(&links));
+        proxies.push(links);
+    }
+    let start = monotonic_ns();
+    let until = start + u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX);
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(usize, Step)>();
+    let spawner = Spawner {
+        kind,
+        urls,
+        resource_url: resources.url(),
+        keys_base: keys.base.clone(),
+        ttl_ms: u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX),
+        until,
+        tx,
+    };
+    let running = (0..config.workers)
+        .map(|i| spawner.spawn(i, i))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut n = Nemesis {
+        store,
+        proxies,
+        spawner,
+        running,
+        windows: Vec::new(),
+        undo: Vec::new(),
+        kills: Vec::new(),
+        resume: None,
+        ttl,
+        node_rng: Rng(config.seed ^ 0x6e6f_6465 ^ (kind as u64).wrapping_mul(0x9e37_79b9)),
+        node_restarts: 0,
+    };
+    let mut plan = schedule(config, kind, faults, duration)
+        .into_iter()
+        .peekable();
+    let mut history: Vec<(usize, Step)> = Vec::new();
+    let mut rng = Rng(config.seed.wrapping_add(7));
+    let ttl_ns = n.ttl_ns();
+    // Pause waits for the next worker to report a read (so it lands between a holder's
+    // read and its write) and kill for the next acquire (a holder is what they are meant
+    // to hit); either falls back to any worker at a deadline.
+    let mut armed: Option<(Fault, u64)> = None;
+    let mut worker_failures = 0;
+    let hard_stop = until + 3 * ttl_ns + 5_000_000_000;
+    loop {
+        let now = monotonic_ns();
+        let next_fault = plan
+            .peek()
+            .map(|(at, _)| start + u64::try_from(at.as_nanos()).unwrap_or(0));
+        let next_undo = n
+            .undo
+            .iter()
+            .map(|(t, _, _)| *t)
+            .chain(n.resume.map(|r| r.0))
+            .min();
+        let wake = [
+            next_fault,
+            next_undo,
+            armed.map(|a| a.1),
+            Some(now + 50_000_000),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+        .unwrap_or(now);
+        tokio::select! {
+            got = rx.recv() => {
+                let Some((id, step)) = got else { break };
+                // get-del's bug sits between its release's GET and DEL, the others' between
+                // a holder's read and its write.
+                let trigger = match (&step, kind) {
+                    (Step::Acquired { .. }, _) => Some(Fault::Kill),
+                    (Step::Releasing { .. }, Kind::GetDel) => Some(Fault::Pause),
+                    (Step::Read { .. }, k) if k != Kind::GetDel => Some(Fault::Pause),
+                    _ => None,
+                };
+                if let Some(r) = n.running.iter_mut().find(|r| r.id == id) {
+                    match step {
+                        Step::Acquired { .. } => r.holding = true,
+                        Step::Releasing { .. } => r.holding = false,
+                        _ => {}
+                    }
+                }
+                let resume_now = matches!(step, Step::Acquired { .. })
+                    && matches!(n.resume, Some((_, Undo::Continue(paused, _), _)) if paused != id);
+                history.push((id, step));
+                if resume_now {
+                    n.resume(monotonic_ns(), true);
+                }
+                if let Some((fault, _)) = armed
+                    && trigger == Some(fault)
+                {
+                    armed = None;
+                    let victim = n.running.iter().position(|r| r.id == id && r.alive);
+                    n.inject(fault, victim).await?;
+                }
+            }
+            () = tokio::time::sleep(Duration::from_nanos(wake.saturating_sub(now))) => {}
+        }
+        let now = monotonic_ns();
+        n.heal(now, false);
+        n.resume(now, false);
+        if let Some((fault, deadline)) = armed
+            && deadline <= now
+        {
+            armed = None;
+            let victim = pick(&n.running, &mut rng);
+            n.inject(fault, victim).await?;
+        }
+        if let Some(at) = next_fault
+            && at <= now
+            && now < until
+            && armed.is_none()
+            && n.undo.is_empty()
+            && n.resume.is_none()
+            && let Some((_, fault)) = plan.next()
+        {
+            if matches!(fault, Fault::Pause | Fault::Kill) {
+                armed = Some((fault, now + 2 * ttl_ns));
+            } else {
+                let victim = pick(&n.running, &mut rng);
+                n.inject(fault, victim).await?;
+            }
+        }
+        for r in n.running.iter_mut().filter(|r| r.alive) {
+            if let Ok(Some(status)) = r.child.try_wait() {
+                r.alive = false;
+                if !status.success() {
+                    worker_failures += 1;
+                }
+            }
+        }
+        let now = monotonic_ns();
+        let finished = n.running.iter().all(|r| !r.alive)
+            && n.undo.is_empty()
+            && n.resume.is_none()
+            && now >= until;
+        if finished || now > hard_stop {
+            n.resume(now, true);
+            n.heal(now, true);
+            for r in n.running.iter_mut().filter(|r| r.alive) {
+                let _ = r.child.start_kill();
+                let _ = r.child.wait().await;
+                r.alive = false;
+                worker_failures += 1; // still running past the hard stop
+            }
+            // Every line a worker printed, up to its EOF, belongs in the history.
+            for r in &mut n.running {
+                if let Some(reader) = r.reader.take() {
+                    let _ = tokio::time::timeout(Duration::from_secs(5), reader).await;
+                }
+            }
+            while let Ok((id, step)) = rx.try_recv() {
+                history.push((id, step));
+            }
+            break;
+        }
+    }
+    let end = monotonic_ns();
+    // Orphans: after ttl + ε (plus a waiter's grace, for the kinds that queue, and a tick
+    // of memcached's clock) every hold and waiter's place must have expired by itself.
+    // EXISTS, not GET: a reentrant lock is a hash, readers and waiters live in sorted sets.
+    let lock_keys = kind.lock_keys(&keys);
+    let live_keys = lock_keys
+        .as_ref()
+        .map_or_else(|| vec![keys.lock.clone()], |k| kind.live_keys(k));
+    let settle = ttl + kind.waiter_grace(ttl).unwrap_or_default() + kind.expiry_slack();
+    tokio::time::sleep(settle + Duration::from_millis(1500)).await;
+    let orphans = n.store.count_present(&live_keys).await;
+    let (counter, fenced, log): (Option<i64>, Option<i64>, Vec<u64>) = redis::pipe()
+        .get(&keys.counter)
+        .get(&keys.fenced)
+        .lrange(&keys.log, 0, -1)
+        .query_async(&mut res)
+        .await
+        .map_err(store_err)?;
+    let resources_state = Resources {
+        counter: counter.unwrap_or(0),
+        fenced: fenced.unwrap_or(0),
+        fence_log: log,
+        orphans,
+        worker_failures,
+    };
+    // Clean up what the run left (the lock's keys too, if a control orphaned them).
+    let lasting = lock_keys
+        .as_ref()
+        .map(|k| kind.lasting_keys(k))
+        .unwrap_or_default();
+    n.store.remove(&[live_keys, lasting].concat()).await;
+    let _: Result<(), _> = redis::cmd("DEL")
+        .arg(&keys.counter)
+        .arg(&keys.fenced)
+        .arg(&keys.highest)
+        .arg(&keys.log)
+        .query_async(&mut res)
+        .await;
+    let (findings, holds) = checkers::check(&checkers::Input {
+        kind,
+        history: &history,
+        kills: &n.kills,
+        windows: &n.windows,
+        resources: &resources_state,
+        ttl_ns,
+        reacquire_slack_ns: u64::try_from(kind.reacquire_slack(ttl).as_nanos()).unwrap_or(u64::MAX),
+        until,
+        end,
+    });
+    Ok(KindReport {
+        findings,
+        fault_windows: n.windows,
+        kills: n.kills,
+        holds: holds.writes,
+        read_holds: holds.reads,
+    })
+}
+
+/// The memory backend: worker threads in this process, each with its own client of one
+/// store and its own current-thread runtime; "pause" blocks a holder's thread (its
+/// watchdog with it) between its read and its write.
+pub(crate) fn run_memory(
+    config: &Config,
+    faults: &[Fault],
+    duration: Duration,
+) -> Result<KindReport, Failure> {
+    let store = Memory::new();
+    let history: Arc<Mutex<Vec<(usize, Step)>>> = Arc::default();
+    let resource: Arc<Mutex<(i64, u64, Vec<u64>)>> = Arc::default(); // value, highest, log
+    let holding: Arc<Vec<AtomicBool>> = Arc::new(
+        (0..config.workers)
+            .map(|_| AtomicBool::new(false))
+            .collect(),
+    );
+    let stall: Arc<Vec<AtomicBool>> = Arc::new(
+        (0..config.workers)
+            .map(|_| AtomicBool::new(false))
+            .collect(),
+    );
+    let start = monotonic_ns();
+    let until = start + u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX);
+    let ttl = config.ttl;
+    let record = |history: &Mutex<Vec<(usize, Step)>>, w: usize, step: Step| {
+        history
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push((w, step));
+    };
+    let stalls: Arc<Mutex<Vec<FaultWindow>>> = Arc::default();
+    std::thread::scope(|scope| -> Result<(), Failure> {
+        let mut handles = Vec::new();
+        for w in 0..config.workers {
+            let (client, history, resource, holding, stall, stalls) = (
+                store.client(),
+                Arc::clone(&history),
+                Arc::clone(&resource),
+                Arc::clone(&holding),
+                Arc::clone(&stall),
+                Arc::clone(&stalls),
+            );
+            handles.push(scope.spawn(move || -> Result<(), Failure> {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .map_err(|e| Failure::new(exit::UNAVAILABLE, format!("runtime: {e}")))?;
+                rt.block_on(async {
+                    let lock = Lock::builder(client, "torture-memory").ttl(ttl).build()?;
+                    while monotonic_ns() < until {
+                        let left = Duration::from_nanos(until.saturating_sub(monotonic_ns()));
+                        let Some(guard) = lock.try_lock_for(left).await? else {
+                            continue;
+                        };
+                        let fence = guard.fencing_token().get();
+                        record(
+                            &history,
+                            w,
+                            Step::Acquired {
+                                t: monotonic_ns(),
+                                token: guard.token().to_string(),
+                                fence,
+                            },
+                        );
+                        holding[w].store(true, Ordering::SeqCst);
+                        let read = {
+                            let mut r = resource.lock().unwrap_or_else(PoisonError::into_inner);
+                            (fence >= r.1).then(|| {
+                                r.1 = fence;
+                                r.0
+                            })
+                        };
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                        if stall[w].swap(false, Ordering::SeqCst) {
+                            let t = monotonic_ns();
+                            std::thread::sleep(ttl * 5 / 2);
+                            stalls.lock().unwrap_or_else(PoisonError::into_inner).push(
+                                FaultWindow {
+                                    fault: Fault::Pause,
+                                    start: t,
+                                    end: monotonic_ns(),
+                                    worker: Some(w),
+                                    nodes: Vec::new(),
+                                },
+                            );
+                        }
+                        let ok = read.is_some_and(|v| {
+                            let mut r = resource.lock().unwrap_or_else(PoisonError::into_inner);
+                            if fence >= r.1 {
+                                r.1 = fence;
+                                r.0 = v + 1;
+                                r.2.push(fence);
+                                true
+                            } else {
+                                false
+                            }
+                        });
+                        record(
+                            &history,
+                            w,
+                            Step::Fenced {
+                                t: monotonic_ns(),
+                                ok,
+                                value: read.unwrap_or(0) + 1,
+                            },
+                        );
+                        holding[w].store(false, Ordering::SeqCst);
+                        record(&history, w, Step::Releasing { t: monotonic_ns() });
+                        let released = guard.release().await;
+                        record(
+                            &history,
+                            w,
+                            Step::Released {
+                                t: monotonic_ns(),
+                                ok: Some(released.is_ok()),
+                            },
+                        );
+                    }
+                    Ok::<(), Failure>(())
+                })
+            }));
+        }
+        // The nemesis: stall a holder now and then.
+        let mut rng = Rng(config.seed ^ 0x6d65_6d6f);
+        let plan = schedule(config, Kind::Memory, faults, duration);
+        for (at, _) in plan {
+            let due = start + u64::try_from(at.as_nanos()).unwrap_or(0);
+            std::thread::sleep(Duration::from_nanos(due.saturating_sub(monotonic_ns())));
+            let holders: Vec<usize> = (0..config.workers)
+                .filter(|&w| holding[w].load(Ordering::SeqCst))
+                .collect();
+            let w = if holders.is_empty() {
+                rng.below(config.workers)
+            } else {
+                holders[rng.below(holders.len())]
+            };
+            // The worker records the window when it actually stalls (at its next hold).
+            stall[w].store(true, Ordering::SeqCst);
+        }
+        for h in handles {
+            h.join().map_err(|_| {
+                Failure::new(exit::UNAVAILABLE, "a torture worker thread panicked")
+            })??;
+        }
+        Ok(())
+    })?;
+    let history = std::mem::take(&mut *history.lock().unwrap_or_else(PoisonError::into_inner));
+    let windows = std::mem::take(&mut *stalls.lock().unwrap_or_else(PoisonError::into_inner));
+    let (value, _, log) =
+        std::mem::take(&mut *resource.lock().unwrap_or_else(PoisonError::into_inner));
+    let resources = Resources {
+        counter: 0,
+        fenced: value,
+        fence_log: log,
+        orphans: 0,
+        worker_failures: 0,
+    };
+    let (findings, holds) = checkers::check(&checkers::Input {
+        kind: Kind::Memory,
+        history: &history,
+        kills: &[],
+        windows: &windows,
+        resources: &resources,
+        ttl_ns: u64::try_from(ttl.as_nanos()).unwrap_or(u64::MAX),
+        reacquire_slack_ns: 0,
+        until,
+        end: monotonic_ns(),
+    });
+    Ok(KindReport {
+        findings,
+        fault_windows: windows,
+        kills: Vec::new(),
+        holds: holds.writes,
+        read_holds: holds.reads,
+    })
+}

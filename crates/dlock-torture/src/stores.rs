@@ -1,0 +1,618 @@
+//! The lock servers a kind runs on, as the nemesis and the audit reach them: spawned by
+//! the test kit (a redis-server, RedLock's masters, memcached, an etcd cluster, PostgreSQL,
+//! a ZooKeeper ensemble) or named by `--url`, with admin connections that never go through
+//! a worker's proxy, and the audit of what a run left behind.
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::time::Duration;
+
+use dlock::keys::LockKeys;
+use dlock_test::postgres::PostgresServer;
+use dlock_test::proxy::Proxy;
+use dlock_test::server::{EtcdCluster, MemcachedServer, RedisServer};
+use dlock_test::zookeeper::ZooKeeper as ZkEnsemble;
+
+use crate::exit::{self, Failure};
+use crate::model::{Rng, ZOOKEEPER_CHROOT, ZOOKEEPER_MEMBERS};
+
+/// Where the locks live.
+pub(crate) enum LockServer {
+    Own(RedisServer),
+    Given(String),
+}
+
+impl LockServer {
+    pub(crate) fn url(&self) -> String {
+        match self {
+            LockServer::Own(s) => s.url(),
+            LockServer::Given(u) => u.clone(),
+        }
+    }
+}
+
+/// Starts the `zookeeper-fenced` kind's ensemble (JVMs: seconds, so on a blocking thread),
+/// once `java` is known to be there: the kit would otherwise wait a minute, three times,
+/// for servers that never started.
+pub(crate) async fn start_zookeeper() -> Result<ZkEnsemble, String> {
+    let on_path = std::env::var_os("PATH")
+        .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join("java").is_file()));
+    if !on_path {
+        return Err("java not found on PATH".to_owned());
+    }
+    tokio::task::spawn_blocking(|| ZkEnsemble::start(ZOOKEEPER_MEMBERS))
+        .await
+        .map_err(|e| format!("starting ZooKeeper: {e}"))?
+        .map_err(|e| e.to_string())
+}
+
+pub(crate) fn start_server() -> Result<RedisServer, Failure> {
+    RedisServer::start().map_err(|e| {
+        Failure::new(
+            exit::UNAVAILABLE,
+            format!("dlock torture needs redis-server on PATH: {e}"),
+        )
+    })
+}
+
+/// The lock servers of one kind's run, as the nemesis and the audit reach them.
+pub(crate) enum Store<'a> {
+    /// One Redis server (ours or the one `--url` named), shared by the single-Redis kinds.
+    Redis {
+        server: &'a mut LockServer,
+        admin: redis::aio::ConnectionManager,
+    },
+    /// RedLock's independent masters, ours, each with an admin connection.
+    Quorum {
+        nodes: Vec<RedisServer>,
+        admins: Vec<redis::aio::ConnectionManager>,
+    },
+    /// A memcached of our own.
+    Memcached(MemcachedServer),
+    /// A PostgreSQL of our own, with an admin connection for the audit.
+    Postgres {
+        server: PostgresServer,
+        admin: tokio_postgres::Client,
+    },
+    /// An etcd cluster of our own, with an admin client per member (straight to it, not
+    /// through a proxy) to find the leader and audit the keys.
+    Etcd {
+        cluster: EtcdCluster,
+        admins: Vec<etcd_client::Client>,
+    },
+    /// A ZooKeeper ensemble of our own; the workers' sessions time out after
+    /// `session_timeout` (the kind's ttl).
+    ZooKeeper {
+        ensemble: ZkEnsemble,
+        session_timeout: Duration,
+    },
+}
+
+/// How long an admin call to one etcd member may take.
+pub(crate) const ETCD_ADMIN_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How long a new etcd cluster may take to elect its first leader.
+pub(crate) const ETCD_ELECTION_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The member etcd's running members name as their leader, if any: the one whose
+/// `status` says it leads itself.
+pub(crate) async fn etcd_leader(
+    cluster: &EtcdCluster,
+    admins: &[etcd_client::Client],
+) -> Option<usize> {
+    for (i, admin) in admins.iter().enumerate() {
+        if !cluster.members.get(i).is_some_and(|m| m.is_running()) {
+            continue;
+        }
+        let mut admin = admin.clone();
+        if let Ok(Ok(status)) = tokio::time::timeout(ETCD_ADMIN_TIMEOUT, admin.status()).await
+            && status.leader() != 0
+            && status.header().map(|h| h.member_id()) == Some(status.leader())
+        {
+            return Some(i);
+        }
+    }
+    None
+}
+
+/// The etcd member a restart kills, and whether it leads: the leader on its turn (waiting
+/// up to a second for one, as the last restart may have left an election under way), else
+/// a running follower at random.
+pub(crate) async fn etcd_victim(
+    cluster: &EtcdCluster,
+    admins: &[etcd_client::Client],
+    leader_turn: bool,
+    rng: &mut Rng,
+) -> Option<(usize, bool)> {
+    let mut leader = etcd_leader(cluster, admins).await;
+    for _ in 0..20 {
+        if leader.is_some() || !leader_turn {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        leader = etcd_leader(cluster, admins).await;
+    }
+    if let Some(l) = leader
+        && leader_turn
+    {
+        return Some((l, true));
+    }
+    let others: Vec<usize> = (0..cluster.members.len())
+        .filter(|&i| cluster.members[i].is_running() && Some(i) != leader)
+        .collect();
+    (!others.is_empty()).then(|| (others[rng.below(others.len())], false))
+}
+
+/// How many of `keys` PostgreSQL still holds anything for: a live holder, a live lease or
+/// a waiter's live place (each named on stderr). A key it could not be asked about counts
+/// as present: an audit that could not look must not pass.
+pub(crate) async fn postgres_count(admin: &tokio_postgres::Client, keys: &[String]) -> usize {
+    let mut n = 0;
+    for key in keys {
+        let row = admin
+            .query_one(
+                "SELECT
+                   (SELECT count(*) FROM dlock.locks
+                    WHERE key = $1 AND expires_at > clock_timestamp()),
+                   (SELECT count(*) FROM dlock.leases
+                    WHERE key = $1 AND expires_at > clock_timestamp()),
+                   (SELECT count(*) FROM dlock.waiters
+                    WHERE key = $1 AND claim_until > clock_timestamp())",
+                &[key],
+            )
+            .await;
+        match row {
+            Ok(row) => {
+                let (held, leases, waiting): (i64, i64, i64) = (row.get(0), row.get(1), row.get(2));
+                if held + leases + waiting > 0 {
+                    eprintln!(
+                        "dlock: torture: postgres still holds {key} after the run: holder {held}, leases {leases}, waiters {waiting}"
+                    );
+                    n += 1;
+                }
+            }
+            Err(e) => {
+                eprintln!("dlock: torture: postgres could not be asked about {key}: {e}");
+                n += 1;
+            }
+        }
+    }
+    n
+}
+
+/// How many keys etcd holds at each of `keys` or under `<key>/`, asked of the first running
+/// member that answers (one linearizable transaction per key, so both reads see one
+/// revision). The etcd backend queues every holder and waiter at `<lock key>/<token>` and
+/// stores nothing at the lock key itself, so after the run any key at either place is an
+/// orphan; each is named on stderr. A key no member could be asked about counts as
+/// present: an audit that could not look must not pass.
+pub(crate) async fn etcd_count(
+    cluster: &EtcdCluster,
+    admins: &[etcd_client::Client],
+    keys: &[String],
+) -> usize {
+    let mut n = 0;
+    for key in keys {
+        let txn = etcd_client::Txn::new().and_then([
+            etcd_client::TxnOp::get(
+                key.as_str(),
+                Some(etcd_client::GetOptions::new().with_keys_only()),
+            ),
+            etcd_client::TxnOp::get(
+                format!("{key}/"),
+                Some(
+                    etcd_client::GetOptions::new()
+                        .with_prefix()
+                        .with_keys_only(),
+                ),
+            ),
+        ]);
+        let mut answer = None;
+        for (i, admin) in admins.iter().enumerate() {
+            if !cluster.members.get(i).is_some_and(|m| m.is_running()) {
+                continue;
+            }
+            let mut admin = admin.clone();
+            if let Ok(Ok(resp)) =
+                tokio::time::timeout(ETCD_ADMIN_TIMEOUT, admin.txn(txn.clone())).await
+            {
+                let left: Vec<String> = resp
+                    .op_responses()
+                    .into_iter()
+                    .filter_map(|op| match op {
+                        etcd_client::TxnOpResponse::Get(get) => Some(get),
+                        _ => None,
+                    })
+                    .flat_map(|get| {
+                        get.kvs()
+                            .iter()
+                            .map(|kv| String::from_utf8_lossy(kv.key()).into_owned())
+                            .collect::<Vec<_>>()
+                    })
+                    .collect();
+                for orphan in &left {
+                    eprintln!("dlock: torture: etcd still holds {orphan} after the run");
+                }
+                answer = Some(left.len());
+                break;
+            }
+        }
+        n += answer.unwrap_or_else(|| {
+            eprintln!(
+                "dlock: torture: no etcd member answered the audit of {key} and {key}/; counted as left"
+            );
+            1
+        });
+    }
+    n
+}
+
+/// The ZooKeeper server that leads now, as the servers' `srvr` answers say (the kit's
+/// four-letter words are blocking loopback calls, each bounded by a 2 s read timeout; the
+/// torture command runs on the multi-threaded runtime, where a worker thread may block).
+pub(crate) fn zookeeper_leader(ensemble: &ZkEnsemble) -> Option<usize> {
+    tokio::task::block_in_place(|| ensemble.leader())
+}
+
+/// The ZooKeeper server a restart kills, and whether it leads: the leader on its turn
+/// (waiting up to a second for one, as the last restart may have left an election under
+/// way), else a running follower at random — as [`etcd_victim`].
+pub(crate) async fn zookeeper_victim(
+    ensemble: &ZkEnsemble,
+    leader_turn: bool,
+    rng: &mut Rng,
+) -> Option<(usize, bool)> {
+    let mut leader = zookeeper_leader(ensemble);
+    for _ in 0..20 {
+        if leader.is_some() || !leader_turn {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        leader = zookeeper_leader(ensemble);
+    }
+    if let Some(l) = leader
+        && leader_turn
+    {
+        return Some((l, true));
+    }
+    let others: Vec<usize> = (0..ensemble.members.len())
+        .filter(|&i| ensemble.members[i].is_running() && Some(i) != leader)
+        .collect();
+    (!others.is_empty()).then(|| (others[rng.below(others.len())], false))
+}
+
+/// How long the ZooKeeper audit may take to open its session and read.
+pub(crate) const ZOOKEEPER_AUDIT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How many lock nodes ZooKeeper still holds in the directories of `keys`, read by a new
+/// client connected straight to every server (not through a proxy) under the kind's
+/// chroot. The backend queues every holder and waiter as an ephemeral sequential node
+/// `/<escaped lock key>/<token>-<seq>`; once every worker has ended and every session of
+/// theirs has expired, any such node is an orphan (named on stderr, with the holder's
+/// token). A key that could not be looked at counts as present: an audit that could not
+/// look must not pass.
+pub(crate) async fn zookeeper_count(ensemble: &ZkEnsemble, keys: &[String]) -> usize {
+    use dlock::raw::RawInspect as _;
+    let url = ensemble.url(ZOOKEEPER_CHROOT, "");
+    let admin = match tokio::time::timeout(
+        ZOOKEEPER_AUDIT_TIMEOUT,
+        dlock::backend::ZooKeeper::connect(&url),
+    )
+    .await
+    {
+        Ok(Ok(admin)) => admin,
+        Ok(Err(e)) => {
+            eprintln!(
+                "dlock: torture: the ZooKeeper audit could not connect: {e}; every key counted as left"
+            );
+            return keys.len();
+        }
+        Err(_) => {
+            eprintln!(
+                "dlock: torture: the ZooKeeper audit could not connect in time; every key counted as left"
+            );
+            return keys.len();
+        }
+    };
+    let mut n = 0;
+    for key in keys {
+        let dir = format!(
+            "{ZOOKEEPER_CHROOT}/{}",
+            dlock::backend::zookeeper::escape(key)
+        );
+        let Ok(lock_keys) = LockKeys::new("", key) else {
+            eprintln!("dlock: torture: {key:?} is no lock key; counted as left");
+            n += 1;
+            continue;
+        };
+        match tokio::time::timeout(ZOOKEEPER_AUDIT_TIMEOUT, admin.inspect(&lock_keys)).await {
+            Ok(Ok(state)) => {
+                let nodes =
+                    usize::from(state.holder.is_some()) + state.queued.map_or(0, |q| q as usize);
+                if nodes > 0 {
+                    eprintln!(
+                        "dlock: torture: ZooKeeper still holds {nodes} lock node(s) in {dir} after the run (holder {:?})",
+                        state.holder
+                    );
+                }
+                n += nodes;
+            }
+            Ok(Err(e)) => {
+                eprintln!("dlock: torture: ZooKeeper could not be asked about {dir}: {e}");
+                n += 1;
+            }
+            Err(_) => {
+                eprintln!("dlock: torture: ZooKeeper did not answer about {dir} in time");
+                n += 1;
+            }
+        }
+    }
+    n
+}
+
+pub(crate) fn store_err(e: redis::RedisError) -> Failure {
+    Failure::new(exit::UNAVAILABLE, format!("torture: {e}"))
+}
+
+pub(crate) async fn admin_connection(url: &str) -> Result<redis::aio::ConnectionManager, Failure> {
+    redis::Client::open(url)
+        .map_err(|e| Failure::usage(e.to_string()))?
+        .get_connection_manager()
+        .await
+        .map_err(store_err)
+}
+
+impl<'a> Store<'a> {
+    pub(crate) async fn postgres(server: PostgresServer) -> Result<Store<'a>, Failure> {
+        let admin = server.try_admin().await.map_err(|e| {
+            Failure::new(
+                exit::UNAVAILABLE,
+                format!("torture: the PostgreSQL admin connection: {e}"),
+            )
+        })?;
+        Ok(Store::Postgres { server, admin })
+    }
+
+    pub(crate) async fn redis(server: &'a mut LockServer) -> Result<Store<'a>, Failure> {
+        let admin = admin_connection(&server.url()).await?;
+        Ok(Store::Redis { server, admin })
+    }
+
+    pub(crate) async fn quorum(nodes: Vec<RedisServer>) -> Result<Store<'a>, Failure> {
+        let mut admins = Vec::with_capacity(nodes.len());
+        for node in &nodes {
+            admins.push(admin_connection(&node.url()).await?);
+        }
+        Ok(Store::Quorum { nodes, admins })
+    }
+
+    /// The cluster with an admin client per member, once its members have elected a
+    /// leader (the workers' first calls would fail before).
+    pub(crate) async fn etcd(cluster: EtcdCluster) -> Result<Store<'a>, Failure> {
+        let mut admins = Vec::with_capacity(cluster.members.len());
+        for member in &cluster.members {
+            let options = etcd_client::ConnectOptions::new()
+                .with_connect_timeout(ETCD_ADMIN_TIMEOUT)
+                .with_timeout(ETCD_ADMIN_TIMEOUT);
+            let admin =
+                etcd_client::Client::connect([format!("http://{}", member.addr())], Some(options))
+                    .await
+                    .map_err(|e| Failure::new(exit::UNAVAILABLE, format!("torture: etcd: {e}")))?;
+            admins.push(admin);
+        }
+        let deadline = tokio::time::Instant::now() + ETCD_ELECTION_TIMEOUT;
+        while etcd_leader(&cluster, &admins).await.is_none() {
+            if tokio::time::Instant::now() > deadline {
+                return Err(Failure::new(
+                    exit::UNAVAILABLE,
+                    format!(
+                        "torture: the etcd cluster elected no leader within {ETCD_ELECTION_TIMEOUT:?}"
+                    ),
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Ok(Store::Etcd { cluster, admins })
+    }
+
+    /// Whether the store has several servers that faults hit one by one (RedLock's nodes,
+    /// etcd's members), whose indexes a fault window records.
+    pub(crate) fn has_nodes(&self) -> bool {
+        matches!(
+            self,
+            Store::Quorum { .. } | Store::Etcd { .. } | Store::ZooKeeper { .. }
+        )
+    }
+
+    /// Where each lock server listens, for the proxies (none for a server given by a URL
+    /// a proxy cannot stand in for, e.g. a unix socket).
+    pub(crate) fn upstreams(&self) -> Vec<SocketAddr> {
+        let loopback = |port| SocketAddr::from(([127, 0, 0, 1], port));
+        match self {
+            Store::Redis { server, .. } => upstream(&server.url()).into_iter().collect(),
+            Store::Quorum { nodes, .. } => nodes.iter().map(|n| loopback(n.port())).collect(),
+            Store::Memcached(server) => vec![loopback(server.port())],
+            Store::Postgres { server, .. } => vec![loopback(server.port())],
+            Store::Etcd { cluster, .. } => cluster
+                .members
+                .iter()
+                .filter_map(|m| m.addr().parse().ok())
+                .collect(),
+            Store::ZooKeeper { ensemble, .. } => ensemble
+                .members
+                .iter()
+                .filter_map(|m| m.addr().parse().ok())
+                .collect(),
+        }
+    }
+
+    /// The `--lock-url` of a worker whose links to the servers are `proxies` (one per
+    /// server; RedLock's nodes, etcd's members and ZooKeeper's servers comma-separated).
+    pub(crate) fn worker_url(&self, proxies: &[Proxy]) -> String {
+        match self {
+            Store::Redis { server, .. } => {
+                let url = server.url();
+                proxies
+                    .first()
+                    .and_then(|p| via(&url, p.addr()))
+                    .unwrap_or(url)
+            }
+            Store::Quorum { .. } => proxies
+                .iter()
+                .map(|p| format!("redis://{}/", p.addr()))
+                .collect::<Vec<_>>()
+                .join(","),
+            Store::Memcached(_) => proxies
+                .first()
+                .map(|p| format!("memcache://{}", p.addr()))
+                .unwrap_or_default(),
+            Store::Postgres { server, .. } => proxies
+                .first()
+                .map(|p| {
+                    format!(
+                        "postgres://{}:{}@{}/postgres",
+                        dlock_test::postgres::SUPERUSER,
+                        dlock_test::postgres::PASSWORD,
+                        p.addr()
+                    )
+                })
+                .unwrap_or_else(|| server.url()),
+            Store::Etcd { .. } => format!(
+                "etcd://{}",
+                proxies
+                    .iter()
+                    .map(|p| p.addr().to_string())
+                    .collect::<Vec<_>>()
+                    .join(",")
+            ),
+            Store::ZooKeeper {
+                session_timeout, ..
+            } => format!(
+                "zk://{}{ZOOKEEPER_CHROOT}?session_timeout={}ms",
+                proxies
+                    .iter()
+                    .map(|p| p.addr().to_string())
+                    .collect::<Vec<_>>()
+                    .join(","),
+                session_timeout.as_millis()
+            ),
+        }
+    }
+
+    /// How many of `keys` (lock keys, as the kind's Redis backend names them) are still
+    /// present: on the server, on any RedLock node (counted per node), in memcached, or in
+    /// etcd — there every key at a lock key or in its queue under `<lock key>/` counts.
+    pub(crate) async fn count_present(&mut self, keys: &[String]) -> usize {
+        // Each key left is named on stderr with its remaining ttl and (for a sorted set,
+        // a waiter queue) its members and scores, so that a failed audit says what leaked.
+        let exists = |admin: &mut redis::aio::ConnectionManager| {
+            let mut admin = admin.clone();
+            let keys = keys.to_vec();
+            async move {
+                let mut n = 0;
+                for key in &keys {
+                    let (present, pttl, kind): (i64, i64, String) = match redis::pipe()
+                        .exists(key)
+                        .pttl(key)
+                        .cmd("TYPE")
+                        .arg(key)
+                        .query_async(&mut admin)
+                        .await
+                    {
+                        Ok(r) => r,
+                        Err(_) => continue,
+                    };
+                    if present == 0 {
+                        continue;
+                    }
+                    n += 1;
+                    let members: Vec<(String, f64)> = if kind == "zset" {
+                        redis::cmd("ZRANGE")
+                            .arg(key)
+                            .arg(0)
+                            .arg(-1)
+                            .arg("WITHSCORES")
+                            .query_async(&mut admin)
+                            .await
+                            .unwrap_or_default()
+                    } else {
+                        Vec::new()
+                    };
+                    eprintln!(
+                        "dlock: torture: {key} ({kind}) still present after the run, pttl {pttl} ms{}",
+                        if members.is_empty() {
+                            String::new()
+                        } else {
+                            format!(", members {members:?}")
+                        }
+                    );
+                }
+                n
+            }
+        };
+        match self {
+            Store::Redis { admin, .. } => exists(admin).await,
+            Store::Quorum { admins, .. } => {
+                let mut n = 0;
+                for admin in admins {
+                    n += exists(admin).await;
+                }
+                n
+            }
+            // `mg <key>` answers HD for a key it holds, EN for none.
+            Store::Memcached(server) => keys
+                .iter()
+                .filter(|k| {
+                    let key = dlock::backend::memcached::memcached_key(k);
+                    server
+                        .command(&format!("mg {key}\r\n"))
+                        .is_ok_and(|r| r.starts_with("HD"))
+                })
+                .count(),
+            Store::Etcd { cluster, admins } => etcd_count(cluster, admins, keys).await,
+            Store::ZooKeeper { ensemble, .. } => zookeeper_count(ensemble, keys).await,
+            Store::Postgres { server, admin } => {
+                // A crash restart closed the first admin connection: open another.
+                if admin.is_closed()
+                    && let Ok(fresh) = server.try_admin().await
+                {
+                    *admin = fresh;
+                }
+                postgres_count(admin, keys).await
+            }
+        }
+    }
+
+    /// Deletes what the run left on a shared server (the lock's keys too, if a control
+    /// orphaned them). Servers of a kind's own die with its run.
+    pub(crate) async fn remove(&mut self, keys: &[String]) {
+        if let Store::Redis { admin, .. } = self {
+            let _: Result<(), _> = redis::cmd("DEL").arg(keys).query_async(admin).await;
+        }
+    }
+}
+
+/// Replaces host:port of a redis URL with `addr` (the worker's proxy).
+pub(crate) fn via(url: &str, addr: SocketAddr) -> Option<String> {
+    let (scheme, rest) = url.split_once("://")?;
+    if !scheme.starts_with("redis") || scheme.contains("unix") {
+        return None;
+    }
+    let (auth, hostpath) = match rest.rsplit_once('@') {
+        Some((a, h)) => (format!("{a}@"), h),
+        None => (String::new(), rest),
+    };
+    let path = hostpath.find('/').map_or("", |i| &hostpath[i..]);
+    Some(format!("{scheme}://{auth}{addr}{path}"))
+}
+
+pub(crate) fn upstream(url: &str) -> Option<SocketAddr> {
+    let (_, rest) = url.split_once("://")?;
+    let hostpath = rest.rsplit_once('@').map_or(rest, |(_, h)| h);
+    let hostport = hostpath.split('/').next()?;
+    let hostport = if hostport.contains(':') {
+        hostport.to_owned()
+    } else {
+        format!("{hostport}:6379")
+    };
+    hostport.to_socket_addrs().ok()?.next()
+}

@@ -1,0 +1,106 @@
+//! Worker processes of `dlock demo` and `dlock torture`: this same binary, run with a
+//! hidden subcommand, reporting one line per event on its stdout; for the torture, the
+//! [`Spawner`] that starts them and the [`Running`] record the nemesis keeps of each.
+
+use std::process::Stdio;
+
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::Child;
+use tokio::task::JoinHandle;
+
+use crate::exit::{self, Failure};
+use crate::model::Kind;
+use crate::worker::Step;
+
+/// Starts `dlock-torture <args>` and hands each line it prints to `on_line`, from a task that
+/// ends at the worker's EOF. The worker is killed if the `Child` is dropped.
+pub(crate) fn spawn(
+    args: &[String],
+    on_line: impl Fn(&str) + Send + 'static,
+) -> Result<(Child, Option<JoinHandle<()>>), Failure> {
+    let exe = std::env::current_exe().map_err(|e| {
+        Failure::new(
+            exit::CANNOT_EXECUTE,
+            format!("cannot find dlock-torture itself: {e}"),
+        )
+    })?;
+    let mut child = tokio::process::Command::new(exe)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| Failure::new(exit::CANNOT_EXECUTE, format!("cannot start a worker: {e}")))?;
+    let reader = child.stdout.take().map(|out| {
+        tokio::spawn(async move {
+            let mut lines = BufReader::new(out).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                on_line(line.trim());
+            }
+        })
+    });
+    Ok((child, reader))
+}
+
+pub(crate) struct Running {
+    pub(crate) id: usize,
+    pub(crate) slot: usize,
+    pub(crate) child: Child,
+    /// Reads the worker's history lines until EOF.
+    pub(crate) reader: Option<tokio::task::JoinHandle<()>>,
+    pub(crate) holding: bool,
+    pub(crate) alive: bool,
+    /// Under a fault now (paused, or its proxy faulted): not a target for another.
+    pub(crate) faulted: bool,
+    pub(crate) killed: bool,
+}
+
+/// Starts worker processes for one kind.
+pub(crate) struct Spawner {
+    pub(crate) kind: Kind,
+    pub(crate) urls: Vec<String>,
+    pub(crate) resource_url: String,
+    pub(crate) keys_base: String,
+    pub(crate) ttl_ms: u64,
+    pub(crate) until: u64,
+    pub(crate) tx: tokio::sync::mpsc::UnboundedSender<(usize, Step)>,
+}
+
+impl Spawner {
+    pub(crate) fn spawn(&self, id: usize, slot: usize) -> Result<Running, Failure> {
+        let args: Vec<String> = [
+            "torture-worker",
+            "--kind",
+            self.kind.id(),
+            "--lock-url",
+            &self.urls[slot],
+            "--resource-url",
+            &self.resource_url,
+            "--keys",
+            &self.keys_base,
+            "--ttl-ms",
+            &self.ttl_ms.to_string(),
+            "--until-ns",
+            &self.until.to_string(),
+        ]
+        .iter()
+        .map(|a| (*a).to_owned())
+        .collect();
+        let tx = self.tx.clone();
+        let (child, reader) = spawn(&args, move |line| {
+            if let Ok(step) = serde_json::from_str::<Step>(line) {
+                let _ = tx.send((id, step));
+            }
+        })?;
+        Ok(Running {
+            id,
+            slot,
+            child,
+            reader,
+            holding: false,
+            alive: true,
+            faulted: false,
+            killed: false,
+        })
+    }
+}
