@@ -36,6 +36,9 @@ pub(crate) enum Command {
     /// One worker process of `dlock torture` (internal).
     #[command(hide = true)]
     TortureWorker(TortureWorkerArgs),
+    /// The lease-holding client of `dlock torture --soak` (internal).
+    #[command(hide = true)]
+    SoakHolder(SoakHolderArgs),
 }
 
 #[derive(Debug, Args)]
@@ -94,7 +97,8 @@ pub(crate) struct TortureArgs {
     #[arg(long, default_value_t = 1)]
     pub(crate) seed: u64,
     /// Faults, comma-separated, or `all`: pause, kill, freeze, client-pause, restart,
-    /// script-flush, delay, blackhole, close.
+    /// script-flush, delay, blackhole, close, failover (the sentinel and cluster kinds
+    /// only: the replica frozen, a grant to the master alone, the master killed).
     #[arg(long, default_value = "all")]
     pub(crate) faults: String,
     /// Lock kinds, comma-separated, or `all`: dlock, dlock-fenced, fair-fenced,
@@ -108,8 +112,15 @@ pub(crate) struct TortureArgs {
     /// missing), postgres-fenced (a PostgreSQL of its own, restarted as a crash; skipped by
     /// `all` if PostgreSQL is missing), zookeeper-fenced (a 3-server ZooKeeper ensemble of
     /// its own whose leader is killed and restarted, ttl = session timeout at least 2 s;
-    /// 30 s under --quick; skipped by `all` if java or ZooKeeper is missing), memory, and
-    /// the controls setnx-expire, setnx-getset, get-del, plain-del.
+    /// 30 s under --quick; skipped by `all` if java or ZooKeeper is missing),
+    /// sentinel-fenced and sentinel-wait-fenced (a master, a replica and 3 sentinels of
+    /// their own, failed over before replication; the second with min_replicas 1),
+    /// cluster-fenced (a 3-master Redis Cluster of its own; the lock slot's master fails
+    /// over), redlock-delayed-restart (RedLock with the workers split in two halves that
+    /// share one node, which restarts empty only after 2 × ttl; ttl at least 3 s), memory,
+    /// and the controls setnx-expire, setnx-getset, get-del, plain-del and
+    /// redlock-immediate-restart (the same split, the shared node restarting empty at once
+    /// on a grant: seed 002's hazard, which must be caught).
     #[arg(long, default_value = "all")]
     pub(crate) kinds: String,
     /// Where report.json and the timelines go.
@@ -119,6 +130,23 @@ pub(crate) struct TortureArgs {
     /// kind's faults; 24 s for redlock), 12 s per control, 8 s for memory.
     #[arg(long)]
     pub(crate) quick: bool,
+    /// The soak profile: run the kinds round after round for this long (e.g. 30m; each
+    /// kind for its usual --duration, or its --quick one; the kind running at the end
+    /// finishes, none starts after it), while one client process holds --soak-leases
+    /// leases on a redis-server of its own that is never faulted. Reports that client's
+    /// RSS and open file descriptors over time (with the RSS slope over the second half)
+    /// and its lost leases, which must be 0; writes them to report.json (`soak`) and
+    /// soak.svg, each round's timelines to round-<n>/.
+    #[arg(long, value_parser = parse_duration)]
+    pub(crate) soak: Option<Duration>,
+    /// How many leases the soak's client holds.
+    #[arg(
+        long,
+        default_value_t = 10_000,
+        requires = "soak",
+        value_parser = clap::value_parser!(u64).range(1..=1_000_000)
+    )]
+    pub(crate) soak_leases: u64,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -135,6 +163,31 @@ pub(crate) struct TortureWorkerArgs {
     pub(crate) ttl_ms: u64,
     #[arg(long)]
     pub(crate) until_ns: u64,
+}
+
+#[derive(Debug, Clone, Args)]
+pub(crate) struct SoakHolderArgs {
+    /// The holder's redis-server.
+    #[arg(long)]
+    pub(crate) url: String,
+    /// Distinct locks to acquire and hold.
+    #[arg(long)]
+    pub(crate) leases: u64,
+    /// Their ttl (the watchdog renews them).
+    #[arg(long, value_parser = parse_duration)]
+    pub(crate) ttl: Duration,
+    /// Lock names are `soak:<run>:<i>`.
+    #[arg(long)]
+    pub(crate) run: String,
+    /// The soak's start on CLOCK_MONOTONIC: samples' `t_ms` count from it.
+    #[arg(long)]
+    pub(crate) start_ns: u64,
+    /// Release everything at this CLOCK_MONOTONIC time at the latest (SIGTERM: now).
+    #[arg(long)]
+    pub(crate) until_ns: u64,
+    /// Time between samples.
+    #[arg(long, value_parser = parse_duration)]
+    pub(crate) every: Duration,
 }
 
 /// Durations like `30s`, `1m30s`, `500ms`, `2h`.

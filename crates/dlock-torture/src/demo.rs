@@ -597,7 +597,7 @@ pub(crate) async fn demo(args: DemoArgs) -> Result<u8, Failure> {
             let pg = Postgres::connect(url).await?;
             let described = format!(
                 "PostgreSQL at {} (worker processes; the stock in table {}.demo_stock)",
-                crate::redact(url),
+                exit::redact(url),
                 pg.schema()
             );
             (Mode::Processes(url.to_owned()), Kv::postgres(pg).await?, described)
@@ -605,7 +605,7 @@ pub(crate) async fn demo(args: DemoArgs) -> Result<u8, Failure> {
         Some(url) if is_redis(url) => {
             Redis::connect(url).await?;
             let kv = redis_kv(url).await?;
-            let described = format!("Redis at {} (worker processes)", crate::redact(url));
+            let described = format!("Redis at {} (worker processes)", exit::redact(url));
             (Mode::Processes(url.to_owned()), kv, described)
         }
         Some(url) => {
@@ -613,7 +613,7 @@ pub(crate) async fn demo(args: DemoArgs) -> Result<u8, Failure> {
                 "dlock demo keeps its stock in Redis or PostgreSQL: --url {} is neither \
                  (redis://, rediss://, redis+unix://, redis+sentinel://, redis+cluster://, \
                  postgres://, memory://)",
-                crate::redact(url)
+                exit::redact(url)
             )));
         }
         // A private server, killed when the demo ends (by the test kit's spawner).

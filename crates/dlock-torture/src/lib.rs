@@ -50,11 +50,13 @@
 //! 2 or all 3 servers.
 //!
 //! The crate, bottom up: `model` (kinds, faults, fault windows, resource keys, the run's
-//! configuration and clock) ← `stores` (the servers a kind runs on, their audit) ←
-//! `nemesis` (the schedule and the fault injection) and `workers` (worker processes)
-//! ← `run` (the orchestrator); `worker` is one worker process's loop, `checkers`
-//! turn a history into findings, `report` and `timelines` present them; `demo` is
-//! the oversell demo.
+//! configuration and clock) ← `failover` (the Sentinel and Cluster topologies and their
+//! failover) ← `stores` (the servers a kind runs on, their audit) ← `nemesis` (the
+//! schedule and the fault injection) and `workers` (worker processes) ← `run` (the
+//! orchestrator) ← `soak` (`--soak`: rounds of every kind beside one client holding
+//! 10 000 leases, its memory and descriptors over time); `worker` is one worker
+//! process's loop, `checkers` turn a history into findings, `report` and `timelines`
+//! present them; `demo` is the oversell demo.
 
 #![forbid(unsafe_code)]
 
@@ -62,11 +64,13 @@ mod args;
 mod checkers;
 mod demo;
 mod exit;
+mod failover;
 mod model;
 mod nemesis;
 mod report;
 mod run;
 mod signals;
+mod soak;
 mod stores;
 mod timelines;
 mod worker;
@@ -140,12 +144,7 @@ pub fn main() -> ExitCode {
             Command::DemoWorker(args) => demo::worker(args).await,
             Command::Torture(args) => run::torture(args).await,
             Command::TortureWorker(args) => worker::run(args).await,
+            Command::SoakHolder(args) => soak::holder(args).await,
         }
     }))
-}
-
-/// `url` with any password replaced by `***`, for everything the harness prints or
-/// writes (its summary, report.json, errors).
-pub(crate) fn redact(url: &str) -> String {
-    dlock::backend::postgres::redact(url)
 }

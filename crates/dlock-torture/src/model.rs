@@ -42,10 +42,35 @@ pub(crate) enum Kind {
     PostgresFenced,
     ZookeeperFenced,
     ElectionFenced,
+    SentinelFenced,
+    SentinelWaitFenced,
+    ClusterFenced,
+    RedlockImmediateRestart,
+    RedlockDelayedRestart,
 }
 
-/// How many independent masters the `redlock` kind runs over.
+/// How many independent masters the `redlock` kinds run over.
 pub(crate) const REDLOCK_NODES: usize = 5;
+
+/// In the `redlock-*-restart` kinds, the node both halves of the workers reach: the even
+/// worker slots reach nodes 0, 1 and this one, the odd slots this one, 3 and 4, so every
+/// majority either half can form includes it (it is what keeps the halves apart).
+pub(crate) const REDLOCK_BRIDGE: usize = 2;
+
+/// The `redlock-*-restart` kinds' least ttl: the hazard lives between the bridge node's
+/// restart and the holder's next renewal (a third of the ttl later), and the other half's
+/// clients must reconnect to the restarted node within it, as they would in production
+/// with leases of seconds.
+pub(crate) const REDLOCK_RESTART_MIN_TTL: Duration = Duration::from_secs(3);
+
+/// The master name the `sentinel-*` kinds' sentinels monitor.
+pub(crate) const SENTINEL_MASTER: &str = "dlock-torture";
+
+/// How many sentinels the `sentinel-*` kinds run (two must agree the master is down).
+pub(crate) const SENTINELS: usize = 3;
+
+/// The `cluster-fenced` kind's masters (each with one replica).
+pub(crate) const CLUSTER_MASTERS: usize = 3;
 
 /// How many members the `etcd-fenced` kind's cluster has: one may be down, and raft still
 /// has a majority.
@@ -75,7 +100,7 @@ pub(crate) const ZOOKEEPER_CHROOT: &str = "/dlock-torture";
 pub(crate) const ETCD_MIN_TTL: Duration = Duration::from_secs(2);
 
 impl Kind {
-    pub(crate) const ALL: [Kind; 16] = [
+    pub(crate) const ALL: [Kind; 21] = [
         Kind::Dlock,
         Kind::DlockFenced,
         Kind::FairFenced,
@@ -83,6 +108,10 @@ impl Kind {
         Kind::ReentrantFenced,
         Kind::ElectionFenced,
         Kind::Redlock,
+        Kind::RedlockDelayedRestart,
+        Kind::SentinelFenced,
+        Kind::SentinelWaitFenced,
+        Kind::ClusterFenced,
         Kind::MemcachedFenced,
         Kind::EtcdFenced,
         Kind::PostgresFenced,
@@ -92,6 +121,7 @@ impl Kind {
         Kind::SetnxGetset,
         Kind::GetDel,
         Kind::PlainDel,
+        Kind::RedlockImmediateRestart,
     ];
 
     pub(crate) fn id(self) -> &'static str {
@@ -103,6 +133,11 @@ impl Kind {
             Kind::ReentrantFenced => "reentrant-fenced",
             Kind::ElectionFenced => "election-fenced",
             Kind::Redlock => "redlock",
+            Kind::RedlockImmediateRestart => "redlock-immediate-restart",
+            Kind::RedlockDelayedRestart => "redlock-delayed-restart",
+            Kind::SentinelFenced => "sentinel-fenced",
+            Kind::SentinelWaitFenced => "sentinel-wait-fenced",
+            Kind::ClusterFenced => "cluster-fenced",
             Kind::MemcachedFenced => "memcached-fenced",
             Kind::EtcdFenced => "etcd-fenced",
             Kind::PostgresFenced => "postgres-fenced",
@@ -118,7 +153,11 @@ impl Kind {
     pub(crate) fn is_control(self) -> bool {
         matches!(
             self,
-            Kind::SetnxExpire | Kind::SetnxGetset | Kind::GetDel | Kind::PlainDel
+            Kind::SetnxExpire
+                | Kind::SetnxGetset
+                | Kind::GetDel
+                | Kind::PlainDel
+                | Kind::RedlockImmediateRestart
         )
     }
 
@@ -136,6 +175,9 @@ impl Kind {
                 | Kind::EtcdFenced
                 | Kind::PostgresFenced
                 | Kind::ZookeeperFenced
+                | Kind::SentinelFenced
+                | Kind::SentinelWaitFenced
+                | Kind::ClusterFenced
         )
     }
 
@@ -146,6 +188,11 @@ impl Kind {
         matches!(
             self,
             Kind::Redlock
+                | Kind::RedlockImmediateRestart
+                | Kind::RedlockDelayedRestart
+                | Kind::SentinelFenced
+                | Kind::SentinelWaitFenced
+                | Kind::ClusterFenced
                 | Kind::MemcachedFenced
                 | Kind::EtcdFenced
                 | Kind::PostgresFenced
@@ -161,6 +208,9 @@ impl Kind {
             Kind::MemcachedFenced => ttl.max(dlock::backend::memcached::MIN_TTL),
             Kind::EtcdFenced => ttl.max(ETCD_MIN_TTL),
             Kind::ZookeeperFenced => ttl.max(ZOOKEEPER_MIN_TTL),
+            Kind::RedlockImmediateRestart | Kind::RedlockDelayedRestart => {
+                ttl.max(REDLOCK_RESTART_MIN_TTL)
+            }
             _ => ttl,
         }
     }
@@ -192,7 +242,15 @@ impl Kind {
                 Fault::Freeze | Fault::ClientPause | Fault::ScriptFlush
             ),
             Kind::PostgresFenced => !matches!(fault, Fault::ClientPause | Fault::ScriptFlush),
-            _ => true,
+            // Workers reach the servers straight (the sentinels hand out the master's
+            // address, which no proxy stands in for): worker faults and failovers.
+            Kind::SentinelFenced | Kind::SentinelWaitFenced | Kind::ClusterFenced => {
+                matches!(fault, Fault::Pause | Fault::Kill | Fault::Failover)
+            }
+            // The partition between the halves is set for the whole run; the one fault
+            // is the bridge node's restart, on a holder's grant.
+            Kind::RedlockImmediateRestart | Kind::RedlockDelayedRestart => fault == Fault::Restart,
+            _ => fault != Fault::Failover,
         }
     }
 
@@ -202,6 +260,7 @@ impl Kind {
     /// four fit in their runs (on etcd and ZooKeeper, the one restart is the leader's).
     pub(crate) fn in_quick_run(self, fault: Fault) -> bool {
         match self {
+            Kind::RedlockImmediateRestart | Kind::RedlockDelayedRestart => true,
             k if k.is_control() => matches!(fault, Fault::Pause | Fault::Kill),
             Kind::Redlock => !matches!(fault, Fault::ClientPause | Fault::ScriptFlush),
             Kind::MemcachedFenced | Kind::EtcdFenced | Kind::ZookeeperFenced => matches!(
@@ -210,6 +269,25 @@ impl Kind {
             ),
             _ => true,
         }
+    }
+
+    /// Whether a failover before replication excuses an overlap, a fence that repeats or
+    /// goes back, and a stale write the fenced resource accepted: so SAFETY.md says of
+    /// Sentinel and Cluster without `WAIT` (the grant, and the fence counter's `INCR`,
+    /// can die with the master). With `min_replicas` a grant the replica has not
+    /// acknowledged is never returned, so nothing is excused.
+    pub(crate) fn failover_excuses(self) -> bool {
+        matches!(self, Kind::SentinelFenced | Kind::ClusterFenced)
+    }
+
+    /// Whether a holder keeps the lock for half a ttl (or until `lost()` fires) before
+    /// its write: the `redlock-*-restart` kinds, whose hazard needs a hold that lasts
+    /// while the bridge node restarts and the other half forms its majority.
+    pub(crate) fn holds_long(self) -> bool {
+        matches!(
+            self,
+            Kind::RedlockImmediateRestart | Kind::RedlockDelayedRestart
+        )
     }
 
     /// The key prefix of the kind's lock: the library's default for each primitive, and
@@ -324,6 +402,11 @@ pub(crate) enum Fault {
     /// from its data after 2 × ttl. The form of every other `restart` on etcd and
     /// ZooKeeper.
     MemberRestart,
+    /// The `sentinel-*` and `cluster-fenced` kinds' failover before replication: the
+    /// replica (of the lock's slot, in a cluster) is frozen, the next grant goes to the
+    /// master alone (with `min_replicas`, none can), the master is killed and the replica
+    /// thawed, and it is promoted; the old master comes back empty as its replica.
+    Failover,
     /// Kill PostgreSQL (every process, SIGKILL) and start it again on its data at once:
     /// a crash of a durable store, which must keep every hold and fence. The form
     /// `restart` takes on postgres-fenced (not a fault of its own in `--faults`).
@@ -331,7 +414,7 @@ pub(crate) enum Fault {
 }
 
 impl Fault {
-    pub(crate) const ALL: [Fault; 9] = [
+    pub(crate) const ALL: [Fault; 10] = [
         Fault::Pause,
         Fault::Kill,
         Fault::Freeze,
@@ -341,6 +424,7 @@ impl Fault {
         Fault::Delay,
         Fault::Blackhole,
         Fault::Close,
+        Fault::Failover,
     ];
 
     pub(crate) fn id(self) -> &'static str {
@@ -358,6 +442,7 @@ impl Fault {
             Fault::LeaderRestart => "leader-restart",
             Fault::MemberRestart => "member-restart",
             Fault::CrashRestart => "crash-restart",
+            Fault::Failover => "failover",
         }
     }
 
@@ -378,7 +463,7 @@ impl Fault {
     }
 
     pub(crate) fn needs_own_server(self) -> bool {
-        matches!(self, Fault::Freeze | Fault::Restart)
+        matches!(self, Fault::Freeze | Fault::Restart | Fault::Failover)
     }
 
     /// Whether the fault acts on lock servers (on RedLock: a minority of its nodes; on

@@ -9,7 +9,9 @@ use nix::unistd::Pid;
 
 use crate::checkers::Kill;
 use crate::exit::Failure;
-use crate::model::{Config, Fault, FaultWindow, Kind, Nodes, Rng, monotonic_ns};
+use crate::model::{
+    Config, Fault, FaultWindow, Kind, Nodes, REDLOCK_BRIDGE, ResourceKeys, Rng, monotonic_ns,
+};
 use crate::stores::{LockServer, Store, etcd_victim, zookeeper_victim};
 use crate::workers::{Running, Spawner};
 
@@ -26,6 +28,7 @@ pub(crate) fn plan(config: &Config, kind: Kind) -> (Vec<Fault>, Duration) {
     let duration = match kind {
         _ if !config.quick => config.duration,
         Kind::Memory => Duration::from_secs(8),
+        Kind::RedlockImmediateRestart | Kind::RedlockDelayedRestart => Duration::from_secs(30),
         k if k.is_control() => Duration::from_secs(12),
         // Room for its seven quick faults, three ttls apart (see `schedule`).
         Kind::Redlock => Duration::from_secs(24),
@@ -50,12 +53,23 @@ pub(crate) fn schedule(
     let mut rng = Rng(config.seed ^ (kind as u64).wrapping_mul(0x9e37_79b9));
     // A fault window lasts up to 2.5 ttl (and the nemesis never starts one while another
     // is open), so windows start three ttls apart.
-    let slot = kind.ttl(config.ttl) * 3;
+    // The RedLock restart kinds' restarts need less room: one and a half ttls (a delayed
+    // restart's window still ends before the next, as none starts while one is open).
+    let slot = if kind.holds_long() {
+        kind.ttl(config.ttl) * 3 / 2
+    } else {
+        kind.ttl(config.ttl) * 3
+    };
     let room = usize::try_from(duration.as_millis() / slot.as_millis().max(1))
         .unwrap_or(1)
         .saturating_sub(1)
         .max(1);
-    let n = room.min(faults.len() * 2).max(faults.len().min(room));
+    // The RedLock restart kinds repeat their one combined fault as often as there is room.
+    let n = if kind.holds_long() {
+        room
+    } else {
+        room.min(faults.len() * 2).max(faults.len().min(room))
+    };
     let mut order: Vec<Fault> = faults.iter().copied().cycle().take(n).collect();
     for i in (1..order.len()).rev() {
         order.swap(i, rng.below(i + 1));
@@ -102,6 +116,8 @@ impl Nemesis<'_> {
     /// chooses it.)
     pub(crate) fn choose_nodes(&mut self, fault: Fault) -> Nodes {
         match &self.store {
+            // The node every majority of either half includes.
+            Store::Quorum { .. } if self.spawner.kind.holds_long() => Nodes::one(REDLOCK_BRIDGE),
             Store::Quorum { nodes, .. } => Nodes::minority(nodes.len(), &mut self.node_rng),
             Store::Etcd { cluster, .. } if fault != Fault::Restart => {
                 Nodes::some(cluster.members.len(), &mut self.node_rng)
@@ -214,6 +230,8 @@ impl Nemesis<'_> {
                     Store::Memcached(_)
                     | Store::Etcd { .. }
                     | Store::Postgres { .. }
+                    | Store::Sentinel(_)
+                    | Store::Cluster(_)
                     | Store::ZooKeeper { .. } => false,
                 };
                 if paused {
@@ -233,7 +251,12 @@ impl Nemesis<'_> {
                 },
                 Store::Quorum { nodes: servers, .. } => {
                     self.node_restarts += 1;
-                    if self.node_restarts % 2 == 1 {
+                    let delayed = match self.spawner.kind {
+                        Kind::RedlockDelayedRestart => true,
+                        Kind::RedlockImmediateRestart => false,
+                        _ => self.node_restarts % 2 == 1,
+                    };
+                    if delayed {
                         // Down until every lease the nodes held has run out elsewhere too.
                         happened = Fault::DelayedRestart;
                         for i in nodes.iter() {
@@ -251,6 +274,8 @@ impl Nemesis<'_> {
                     }
                 }
                 Store::Memcached(s) => (s.restart().is_ok(), None, None),
+                // Their one server fault is the failover.
+                Store::Sentinel(_) | Store::Cluster(_) => (false, None, None),
                 // A crash: every process killed, then started again on its data at once.
                 Store::Postgres { server, .. } => {
                     happened = Fault::CrashRestart;
@@ -305,10 +330,26 @@ impl Nemesis<'_> {
                     Store::Memcached(_)
                     | Store::Etcd { .. }
                     | Store::Postgres { .. }
+                    | Store::Sentinel(_)
+                    | Store::Cluster(_)
                     | Store::ZooKeeper { .. } => false,
                 };
                 (flushed, None, None)
             }
+            // The replica was frozen by `prepare_failover`; a grant (or its deadline) has
+            // come: the master dies, the replica thaws, and the window lasts until the
+            // replica is promoted and the old master is back as its replica.
+            Fault::Failover => match &mut self.store {
+                Store::Sentinel(sentinel) => {
+                    tokio::task::block_in_place(|| sentinel.kill_master());
+                    (true, None, Some((half_ttls(1), Undo::Promote)))
+                }
+                Store::Cluster(cluster) => {
+                    tokio::task::block_in_place(|| cluster.kill_master());
+                    (true, None, Some((half_ttls(1), Undo::Promote)))
+                }
+                _ => (false, None, None),
+            },
             Fault::Delay | Fault::Blackhole | Fault::Close => match victim {
                 Some(v) => {
                     let slot = self.running[v].slot;
@@ -371,6 +412,44 @@ impl Nemesis<'_> {
         Ok(())
     }
 
+    /// The key of the kind's lock, as the store names it (a cluster's failover hits its
+    /// slot).
+    fn lock_key(&self) -> Option<String> {
+        let keys = ResourceKeys::parse(&self.spawner.keys_base);
+        self.spawner
+            .kind
+            .lock_keys(&keys)
+            .map(|k| k.lock().to_owned())
+    }
+
+    /// The first step of a failover: freezes the replica that will be promoted, so that
+    /// the next grant reaches the master alone. Whether it could be done now (the
+    /// replica in sync).
+    pub(crate) fn prepare_failover(&mut self) -> bool {
+        let key = self.lock_key();
+        match &mut self.store {
+            Store::Sentinel(sentinel) => tokio::task::block_in_place(|| sentinel.freeze_replica()),
+            Store::Cluster(cluster) => key.is_some_and(|key| {
+                tokio::task::block_in_place(|| cluster.freeze_replica(&key)).is_some()
+            }),
+            _ => false,
+        }
+    }
+
+    /// Cuts every worker slot's links to the other half's nodes (the `redlock-*-restart`
+    /// kinds): the even slots reach nodes 0, 1 and the bridge, the odd ones the bridge,
+    /// 3 and 4.
+    pub(crate) fn partition(&self) {
+        for (slot, links) in self.proxies.iter().enumerate() {
+            let cut: &[usize] = if slot % 2 == 0 { &[3, 4] } else { &[0, 1] };
+            for &i in cut {
+                if let Some(proxy) = links.get(i) {
+                    proxy.set_fault(ProxyFault::Blackhole);
+                }
+            }
+        }
+    }
+
     /// Resumes a paused worker waiting for its moment (now, or at its deadline).
     pub(crate) fn resume(&mut self, now: u64, force: bool) {
         if let Some((deadline, what, w)) = self.resume
@@ -407,7 +486,7 @@ impl Nemesis<'_> {
                             r.faulted = false;
                         }
                     }
-                    Undo::Thaw(_) | Undo::Unpause(_) | Undo::Revive(_) => {}
+                    Undo::Thaw(_) | Undo::Unpause(_) | Undo::Revive(_) | Undo::Promote => {}
                 }
                 self.windows[w].end = monotonic_ns();
             } else {
@@ -460,6 +539,8 @@ pub(crate) enum Undo {
     /// Start killed RedLock nodes again, empty, or killed etcd members and ZooKeeper
     /// servers from their data.
     Revive(Nodes),
+    /// Wait for the replica's promotion, then start the old master again as its replica.
+    Promote,
 }
 
 impl Undo {
@@ -493,6 +574,8 @@ impl Undo {
                     Store::Memcached(_)
                     | Store::Etcd { .. }
                     | Store::Postgres { .. }
+                    | Store::Sentinel(_)
+                    | Store::Cluster(_)
                     | Store::ZooKeeper { .. } => Vec::new(),
                 };
                 // Pipelined after the pause's own expiry at the latest; no need to wait.
@@ -533,7 +616,17 @@ impl Undo {
                     }
                 }
             }
-            (Undo::Thaw(_) | Undo::Revive(_), _) => {}
+            (Undo::Promote, Store::Sentinel(sentinel)) => {
+                if !tokio::task::block_in_place(|| sentinel.finish()) {
+                    eprintln!("dlock: torture: the sentinels promoted no replica in time");
+                }
+            }
+            (Undo::Promote, Store::Cluster(cluster)) => {
+                if !tokio::task::block_in_place(|| cluster.finish()) {
+                    eprintln!("dlock: torture: the cluster promoted no replica in time");
+                }
+            }
+            (Undo::Thaw(_) | Undo::Revive(_) | Undo::Promote, _) => {}
         }
     }
 }

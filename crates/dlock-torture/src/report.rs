@@ -117,6 +117,33 @@ pub(crate) fn print_summary(reports: &[KindReport]) {
                 windows(Fault::DelayedRestart)
             );
         }
+        if matches!(
+            f.kind,
+            Kind::RedlockImmediateRestart | Kind::RedlockDelayedRestart
+        ) {
+            println!(
+                "{:<16} bridge restarts: {} at once (overlaps only they explain: {}), {} after 2 × ttl; the halves apart all run",
+                "",
+                windows(Fault::Restart),
+                f.restart_overlaps,
+                windows(Fault::DelayedRestart)
+            );
+        }
+        if matches!(
+            f.kind,
+            Kind::SentinelFenced | Kind::SentinelWaitFenced | Kind::ClusterFenced
+        ) {
+            println!(
+                "{:<16} failovers before replication: {}; overlaps only a failover explains {}, fences repeated {}, out of grant order {}, stale writes accepted {}, fenced increments lost {}",
+                "",
+                f.failovers,
+                f.failover_overlaps,
+                f.fence_reuse,
+                f.fence_regressions,
+                f.stale_accepted,
+                f.fenced_lost
+            );
+        }
         if f.kind == Kind::MemcachedFenced {
             println!(
                 "{:<16} restarts {} (fences start over at 1), fenced writes refused after one {}, overlaps only a restart explains {}",

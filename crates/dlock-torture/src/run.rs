@@ -16,6 +16,7 @@ use dlock_test::server::{EtcdCluster, MemcachedServer, RedisServer};
 use crate::args::TortureArgs;
 use crate::checkers::{self, Resources};
 use crate::exit::{self, Failure};
+use crate::failover::{Cluster, Sentinel};
 use crate::model::{
     Config, ETCD_MEMBERS, Fault, FaultWindow, Kind, REDLOCK_NODES, ResourceKeys, Rng,
     ZOOKEEPER_MEMBERS, monotonic_ns,
@@ -52,9 +53,10 @@ pub(crate) async fn torture(args: TortureArgs) -> Result<u8, Failure> {
             not_on_given.extend(faults.iter().copied().filter(|f| f.needs_own_server()));
             if !not_on_given.is_empty() {
                 eprintln!(
-                    "dlock: freeze and restart need a server dlock owns; skipped for {url} \
+                    "dlock: freeze and restart need a server dlock owns; skipped for {} \
                      (the redlock, memcached-fenced and etcd-fenced kinds run on servers of \
-                     their own)"
+                     their own)",
+                    exit::redact(url)
                 );
             }
             if args.faults.trim() == "all" {
@@ -84,13 +86,26 @@ pub(crate) async fn torture(args: TortureArgs) -> Result<u8, Failure> {
         config.seed,
         config.workers,
         humantime::format_duration(config.ttl),
-        lock_server.url(),
+        exit::redact(&lock_server.url()),
         resource_server.url()
     );
     // A signal ends the run cleanly: dropping the run's future kills its workers
     // (kill_on_drop, SIGKILL works on stopped ones too) and returning drops both servers
     // (a frozen one is continued first), so nothing is left behind.
     let mut signals = crate::signals::Signals::install()?;
+    if let Some(soak) = args.soak {
+        return crate::soak::soak(
+            soak,
+            args.soak_leases,
+            config,
+            &kinds,
+            &mut lock_server,
+            &resource_server,
+            &args.out,
+            &mut signals,
+        )
+        .await;
+    }
     let reports = tokio::select! {
         reports = run_kinds(&config, &kinds, &mut lock_server, &resource_server, &args.out) => reports?,
         sig = signals.recv() => {
@@ -104,7 +119,7 @@ pub(crate) async fn torture(args: TortureArgs) -> Result<u8, Failure> {
         ttl_ms: u64::try_from(config.ttl.as_millis()).unwrap_or(u64::MAX),
         workers: config.workers,
         duration_ms: u64::try_from(config.duration.as_millis()).unwrap_or(u64::MAX),
-        lock_server: &lock_server.url(),
+        lock_server: &exit::redact(&lock_server.url()),
         kinds: &reports,
     })
     .map_err(|e| Failure::new(exit::UNAVAILABLE, format!("report: {e}")))?;
@@ -140,6 +155,26 @@ pub(crate) async fn run_kinds(
             .join(",");
         let own = match kind {
             Kind::Redlock => format!("  ({REDLOCK_NODES} redis-servers of its own)"),
+            Kind::RedlockImmediateRestart | Kind::RedlockDelayedRestart => format!(
+                "  ({REDLOCK_NODES} redis-servers of its own; even workers reach nodes 0, 1, 2, odd ones 2, 3, 4; node 2 restarts {} on a grant)",
+                if kind == Kind::RedlockDelayedRestart {
+                    "after 2 × ttl"
+                } else {
+                    "at once"
+                }
+            ),
+            Kind::SentinelFenced => {
+                "  (master + replica + 3 sentinels of its own; failover before replication)"
+                    .to_owned()
+            }
+            Kind::SentinelWaitFenced => {
+                "  (master + replica + 3 sentinels of its own, min_replicas 1; failover before replication)"
+                    .to_owned()
+            }
+            Kind::ClusterFenced => {
+                "  (a 3-master cluster with a replica each; the lock slot's master fails over)"
+                    .to_owned()
+            }
             Kind::MemcachedFenced => format!(
                 "  (a memcached of its own, ttl {})",
                 humantime::format_duration(kind.ttl(config.ttl))
@@ -167,12 +202,51 @@ pub(crate) async fn run_kinds(
                 println!("{line}");
                 run_memory(config, &kind_faults, duration)?
             }
-            Kind::Redlock => {
+            Kind::Redlock | Kind::RedlockImmediateRestart | Kind::RedlockDelayedRestart => {
                 println!("{line}");
                 let nodes = (0..REDLOCK_NODES)
                     .map(|_| start_server())
                     .collect::<Result<Vec<_>, _>>()?;
                 let store = Store::quorum(nodes).await?;
+                run_workers(config, kind, &kind_faults, duration, store, resource_server).await?
+            }
+            Kind::SentinelFenced | Kind::SentinelWaitFenced => {
+                let store = match tokio::task::spawn_blocking(Sentinel::start).await {
+                    Ok(Ok(sentinel)) => Store::Sentinel(sentinel),
+                    Ok(Err(e)) if config.all_kinds => {
+                        println!("  {:<16} skipped: {e}", kind.id());
+                        continue;
+                    }
+                    Ok(Err(e)) => {
+                        return Err(Failure::new(
+                            exit::UNAVAILABLE,
+                            format!("the {} kind could not start its sentinels: {e}", kind.id()),
+                        ));
+                    }
+                    Err(e) => return Err(Failure::new(exit::UNAVAILABLE, e.to_string())),
+                };
+                println!("{line}");
+                run_workers(config, kind, &kind_faults, duration, store, resource_server).await?
+            }
+            Kind::ClusterFenced => {
+                let store = match tokio::task::spawn_blocking(Cluster::start).await {
+                    Ok(Ok(cluster)) => Store::Cluster(cluster),
+                    // A user's `dlock torture` need not have redis-cli installed.
+                    Ok(Err(e)) if config.all_kinds => {
+                        println!("  {:<16} skipped: {e}", kind.id());
+                        continue;
+                    }
+                    Ok(Err(e)) => {
+                        return Err(Failure::new(
+                            exit::UNAVAILABLE,
+                            format!(
+                                "the cluster-fenced kind needs redis-cli to create its cluster: {e}"
+                            ),
+                        ));
+                    }
+                    Err(e) => return Err(Failure::new(exit::UNAVAILABLE, e.to_string())),
+                };
+                println!("{line}");
                 run_workers(config, kind, &kind_faults, duration, store, resource_server).await?
             }
             Kind::MemcachedFenced => {
@@ -350,6 +424,8 @@ pub(crate) async fn run_workers(
     // read and its write) and kill for the next acquire (a holder is what they are meant
     // to hit); either falls back to any worker at a deadline.
     let mut armed: Option<(Fault, u64)> = None;
+    let mut partition_due = kind.holds_long().then(|| start + 3_000_000_000);
+    let mut started = std::collections::HashSet::new();
     let mut worker_failures = 0;
     let hard_stop = until + 3 * ttl_ns + 5_000_000_000;
     loop {
@@ -378,12 +454,21 @@ pub(crate) async fn run_workers(
                 let Some((id, step)) = got else { break };
                 // get-del's bug sits between its release's GET and DEL, the others' between
                 // a holder's read and its write.
+                // A kill, a failover's second step and the RedLock bridge's restart hit
+                // a holder just granted.
                 let trigger = match (&step, kind) {
-                    (Step::Acquired { .. }, _) => Some(Fault::Kill),
+                    (Step::Acquired { .. }, _) => {
+                        Some(armed.map_or(Fault::Kill, |(f, _)| f)).filter(|f| {
+                            matches!(f, Fault::Kill | Fault::Failover | Fault::Restart)
+                        })
+                    }
                     (Step::Releasing { .. }, Kind::GetDel) => Some(Fault::Pause),
                     (Step::Read { .. }, k) if k != Kind::GetDel => Some(Fault::Pause),
                     _ => None,
                 };
+                if partition_due.is_some() {
+                    started.insert(id);
+                }
                 if let Some(r) = n.running.iter_mut().find(|r| r.id == id) {
                     match step {
                         Step::Acquired { .. } => r.holding = true,
@@ -408,6 +493,14 @@ pub(crate) async fn run_workers(
             () = tokio::time::sleep(Duration::from_nanos(wake.saturating_sub(now))) => {}
         }
         let now = monotonic_ns();
+        // The RedLock restart kinds cut the halves apart once every first worker has
+        // connected to all five nodes (or after a few seconds).
+        if let Some(due) = partition_due
+            && (started.len() >= config.workers || now >= due)
+        {
+            partition_due = None;
+            n.partition();
+        }
         n.heal(now, false);
         n.resume(now, false);
         if let Some((fault, deadline)) = armed
@@ -425,8 +518,19 @@ pub(crate) async fn run_workers(
             && n.resume.is_none()
             && let Some((_, fault)) = plan.next()
         {
-            if matches!(fault, Fault::Pause | Fault::Kill) {
+            if matches!(fault, Fault::Pause | Fault::Kill)
+                || (fault == Fault::Restart && kind.holds_long())
+            {
                 armed = Some((fault, now + 2 * ttl_ns));
+            } else if fault == Fault::Failover {
+                // Freeze the replica now; the master dies at the next grant.
+                if n.prepare_failover() {
+                    armed = Some((fault, now + 2 * ttl_ns));
+                } else {
+                    eprintln!(
+                        "dlock: torture: fault failover could not be injected (the replica not in sync)"
+                    );
+                }
             } else {
                 let victim = pick(&n.running, &mut rng);
                 n.inject(fault, victim).await?;

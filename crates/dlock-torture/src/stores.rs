@@ -13,6 +13,7 @@ use dlock_test::server::{EtcdCluster, MemcachedServer, RedisServer};
 use dlock_test::zookeeper::ZooKeeper as ZkEnsemble;
 
 use crate::exit::{self, Failure};
+use crate::failover::{Cluster, Sentinel};
 use crate::model::{Rng, ZOOKEEPER_CHROOT, ZOOKEEPER_MEMBERS};
 
 /// Where the locks live.
@@ -79,6 +80,10 @@ pub(crate) enum Store<'a> {
         cluster: EtcdCluster,
         admins: Vec<etcd_client::Client>,
     },
+    /// A master, its replica and sentinels of our own (the `sentinel-*` kinds).
+    Sentinel(Sentinel),
+    /// A Redis Cluster of our own (`cluster-fenced`).
+    Cluster(Cluster),
     /// A ZooKeeper ensemble of our own; the workers' sessions time out after
     /// `session_timeout` (the kind's ttl).
     ZooKeeper {
@@ -442,6 +447,9 @@ impl<'a> Store<'a> {
                 .iter()
                 .filter_map(|m| m.addr().parse().ok())
                 .collect(),
+            // Straight to the servers: the sentinels and the cluster hand out addresses
+            // no proxy stands in for.
+            Store::Sentinel(_) | Store::Cluster(_) => Vec::new(),
         }
     }
 
@@ -484,6 +492,8 @@ impl<'a> Store<'a> {
                     .collect::<Vec<_>>()
                     .join(",")
             ),
+            Store::Sentinel(sentinel) => sentinel.url(),
+            Store::Cluster(cluster) => cluster.cluster.url(),
             Store::ZooKeeper {
                 session_timeout, ..
             } => format!(
@@ -570,6 +580,40 @@ impl<'a> Store<'a> {
                 .count(),
             Store::Etcd { cluster, admins } => etcd_count(cluster, admins, keys).await,
             Store::ZooKeeper { ensemble, .. } => zookeeper_count(ensemble, keys).await,
+            Store::Sentinel(sentinel) => match admin_connection(&sentinel.master().url()).await {
+                Ok(mut admin) => exists(&mut admin).await,
+                Err(_) => {
+                    eprintln!(
+                        "dlock: torture: the master could not be audited; every key counted as left"
+                    );
+                    keys.len()
+                }
+            },
+            Store::Cluster(cluster) => {
+                let mut n = 0;
+                for key in keys {
+                    let master = tokio::task::block_in_place(|| cluster.cluster.master_of(key));
+                    let admin = match master {
+                        Ok(m) => admin_connection(&cluster.cluster.nodes[m].url()).await.ok(),
+                        Err(_) => None,
+                    };
+                    let present = match admin {
+                        Some(mut admin) => redis::cmd("EXISTS")
+                            .arg(key)
+                            .query_async::<usize>(&mut admin)
+                            .await
+                            .unwrap_or(1),
+                        None => 1,
+                    };
+                    if present > 0 {
+                        eprintln!(
+                            "dlock: torture: {key} still present in the cluster after the run (or no node could be asked)"
+                        );
+                    }
+                    n += present;
+                }
+                n
+            }
             Store::Postgres { server, admin } => {
                 // A crash restart closed the first admin connection: open another.
                 if admin.is_closed()

@@ -125,7 +125,8 @@ pub(crate) async fn run(args: TortureWorkerArgs) -> Result<u8, Failure> {
         resource,
         fenced,
     };
-    if kind.is_control() {
+    // The seeds' broken locks; the RedLock restart control runs dlock itself.
+    if kind.is_control() && !kind.holds_long() {
         // Reconnects by itself after a closed connection or a server restart.
         // No reply timeout: a paused control worker must finish the very call it was
         // stopped in (a timeout would fire the moment it resumes and hide the bug under
@@ -147,12 +148,28 @@ pub(crate) async fn run(args: TortureWorkerArgs) -> Result<u8, Failure> {
     let prefix = kind.lock_prefix();
     match kind {
         // One URL per node, comma-separated.
-        Kind::Redlock => {
+        Kind::Redlock | Kind::RedlockImmediateRestart | Kind::RedlockDelayedRestart => {
             let mut nodes = Vec::new();
             for url in args.lock_url.split(',') {
-                nodes.push(Redis::builder(url).response_timeout(ttl).connect().await?);
+                // A failed attempt gives its grants back with each node's response
+                // timeout: the restart kinds' clients, two of whose nodes never answer,
+                // keep it short so that they ask again soon.
+                let timeout = if kind.holds_long() { ttl / 20 } else { ttl };
+                nodes.push(
+                    Redis::builder(url)
+                        .response_timeout(timeout)
+                        .connect()
+                        .await?,
+                );
             }
-            let quorum = Quorum::new(nodes)?;
+            // The restart kinds' workers always find two nodes cut off: a short per-node
+            // timeout keeps their attempts quick (the hazard needs the other half to try
+            // again soon after the bridge restarted).
+            let quorum = if kind.holds_long() {
+                Quorum::builder(nodes).node_timeout_fraction(0.02).build()?
+            } else {
+                Quorum::new(nodes)?
+            };
             let lock = Lock::builder(quorum, name)
                 .prefix(prefix)
                 .ttl(ttl)
@@ -195,10 +212,17 @@ pub(crate) async fn run(args: TortureWorkerArgs) -> Result<u8, Failure> {
         }
         _ => {}
     }
-    let redis = Redis::builder(args.lock_url.clone())
-        .response_timeout(ttl)
-        .connect()
-        .await?;
+    // A replacement may start while a failover is under way: it retries until the
+    // sentinels (or the cluster) name a master. With `min_replicas`, a grant counts only
+    // once the replica has it.
+    let min_replicas = u32::from(kind == Kind::SentinelWaitFenced);
+    let redis = connect_retrying(|| {
+        Redis::builder(args.lock_url.clone())
+            .response_timeout(ttl)
+            .min_replicas(min_replicas)
+            .connect()
+    })
+    .await?;
     // Some for the kinds that use it.
     let grace = kind
         .waiter_grace(ttl)
@@ -276,6 +300,9 @@ where
     }
 }
 
+/// How soon a worker of the RedLock restart kinds asks again after a refusal.
+const RETRY: Duration = Duration::from_millis(25);
+
 /// In rwlock-fenced, every this-many-th hold of a worker is a read hold.
 const READ_EVERY: u64 = 3;
 
@@ -325,8 +352,19 @@ impl Worker {
 
     /// One hold: acquire → (re-enter) → fenced or unfenced read-modify-write → release.
     async fn hold<B: RawLock>(&mut self, lock: &Lock<B>, reenter: bool, fence_of: FenceOf<B>) {
-        let guard = match lock.try_lock_for(self.remaining()).await {
+        // The RedLock restart kinds try again and again, as many clients would: the
+        // other half's majority must be able to form while a holder holds.
+        let attempt = if self.kind.holds_long() {
+            lock.try_lock().await
+        } else {
+            lock.try_lock_for(self.remaining()).await
+        };
+        let guard = match attempt {
             Ok(Some(g)) => g,
+            Ok(None) if self.kind.holds_long() => {
+                tokio::time::sleep(RETRY).await;
+                return;
+            }
             Ok(None) => return,
             Err(e) => {
                 error(e.to_string());
@@ -336,6 +374,13 @@ impl Worker {
         };
         let fence = fence_of(&guard);
         self.acquired(guard.token().as_str(), fence);
+        if self.kind.holds_long() {
+            // Hold for half a lease, or until the lease is known lost.
+            tokio::select! {
+                () = tokio::time::sleep(self.ttl / 2) => {}
+                () = guard.lost() => {}
+            }
+        }
         let inner = if reenter {
             match Self::reenter(lock, &guard, fence, fence_of).await {
                 Some(inner) => Some(inner),
@@ -353,7 +398,9 @@ impl Worker {
         } else {
             None
         };
-        if let Err(failure) = self.critical_section(fence).await {
+        // A holder that knows its lease lost stops (the RedLock restart kinds wait on it).
+        let stopped = self.kind.holds_long() && guard.is_lost();
+        if !stopped && let Err(failure) = self.critical_section(fence).await {
             // The resource is never faulted, but a paused worker's own timers may time its
             // calls out when it resumes: record it and go on.
             error(failure.message);

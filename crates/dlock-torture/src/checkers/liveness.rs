@@ -35,6 +35,7 @@ pub(crate) fn reacquire(input: &Input<'_>) -> (Vec<u64>, usize) {
                     | Fault::LeaderRestart
                     | Fault::MemberRestart
                     | Fault::CrashRestart
+                    | Fault::Failover
             ) && w.start <= bound
                 && w.end >= kill.t
         });

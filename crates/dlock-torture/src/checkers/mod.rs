@@ -74,6 +74,12 @@ pub(crate) struct Findings {
     /// Overlaps only a restart without persistence explains (no pause): for RedLock, the
     /// known hazard of a node that came back empty at once.
     pub(crate) restart_overlaps: usize,
+    /// Overlaps only a failover before replication explains (a grant the replica never
+    /// received died with the master): excused on Sentinel and Cluster without `WAIT`,
+    /// a failure with it.
+    pub(crate) failover_overlaps: usize,
+    /// Failovers that took effect.
+    pub(crate) failovers: usize,
     /// rwlock-fenced: read holds, those overlapping another worker's write hold, and those
     /// overlaps no pause or restart window explains.
     pub(crate) read_holds: usize,
@@ -129,7 +135,15 @@ pub(crate) fn check(input: &Input<'_>) -> (Findings, Holds) {
         .iter()
         .map(|&(i, j)| explanation(&holds[i], &holds[j], input.windows))
         .collect();
-    let unexcused_overlaps = explained.iter().filter(|e| e.is_none()).count();
+    let failover_excuses = input.kind.failover_excuses();
+    let unexcused_overlaps = explained
+        .iter()
+        .filter(|e| e.is_none() || (**e == Some(Fault::Failover) && !failover_excuses))
+        .count();
+    let failover_overlaps = explained
+        .iter()
+        .filter(|e| **e == Some(Fault::Failover))
+        .count();
     let restart_overlaps = explained
         .iter()
         .filter(|e| **e == Some(Fault::Restart))
@@ -139,7 +153,7 @@ pub(crate) fn check(input: &Input<'_>) -> (Findings, Holds) {
     let read_pairs = read_write_pairs(&mut read_holds, &mut holds);
     let unexcused_read_overlaps = read_pairs
         .iter()
-        .filter(|&&(i, j)| !excused(&read_holds[i], &holds[j], input.windows))
+        .filter(|&&(i, j)| !excused(&read_holds[i], &holds[j], input.windows, failover_excuses))
         .count();
     let writes = resource::check(input);
     let (fence_regressions, fence_reuse) = fences::check(input);
@@ -164,6 +178,12 @@ pub(crate) fn check(input: &Input<'_>) -> (Findings, Holds) {
         overlaps: pairs.len(),
         unexcused_overlaps,
         restart_overlaps,
+        failover_overlaps,
+        failovers: input
+            .windows
+            .iter()
+            .filter(|w| w.fault == Fault::Failover)
+            .count(),
         read_holds: read_holds.len(),
         read_overlaps: read_pairs.len(),
         unexcused_read_overlaps,
@@ -568,6 +588,88 @@ mod tests {
         ];
         let f = run(Kind::Redlock, &overlapping(), &both, &[], &resources);
         assert_eq!((f.unexcused_overlaps, f.restart_overlaps), (0, 0));
+    }
+
+    #[test]
+    fn the_redlock_restart_control_is_caught_only_by_an_overlap_an_immediate_restart_explains() {
+        let resources = Resources {
+            counter: 3,
+            ..Resources::default()
+        };
+        // The bridge restarted empty inside the pair: the control is caught.
+        let at_once = [window(Fault::Restart, None, 26, 26)];
+        let f = run(
+            Kind::RedlockImmediateRestart,
+            &overlapping(),
+            &at_once,
+            &[],
+            &resources,
+        );
+        assert!(
+            f.verdict_ok && f.verdict.contains("caught"),
+            "{}",
+            f.verdict
+        );
+        // A restart but no overlap: the control was not caught, and the run fails.
+        let apart = vec![
+            (0, acq(10, 0)),
+            (0, Step::Releasing { t: 20 }),
+            (1, acq(21, 0)),
+            (1, Step::Releasing { t: 30 }),
+        ];
+        let f = run(
+            Kind::RedlockImmediateRestart,
+            &apart,
+            &at_once,
+            &[],
+            &resources,
+        );
+        assert!(!f.verdict_ok, "{}", f.verdict);
+        // The delayed configuration excuses nothing: an overlap there fails.
+        let delayed = [window(Fault::DelayedRestart, None, 26, 29)];
+        let f = run(
+            Kind::RedlockDelayedRestart,
+            &overlapping(),
+            &delayed,
+            &[],
+            &resources,
+        );
+        assert!(!f.verdict_ok, "{}", f.verdict);
+    }
+
+    #[test]
+    fn a_failover_excuses_overlaps_and_repeated_fences_only_without_wait() {
+        // Worker 0 holds 10..40 under fence 7 (granted on the master that died); worker 1
+        // is granted fence 7 again by the promoted replica at 25; the failover window
+        // (kill → the old master back as a replica) spans both.
+        let history = vec![
+            (0, acq(10, 7)),
+            (1, acq(25, 7)),
+            (1, Step::Releasing { t: 30 }),
+            (0, Step::Releasing { t: 40 }),
+        ];
+        let failover = [window(Fault::Failover, None, 15, 35)];
+        let resources = Resources {
+            fenced: 2,
+            fence_log: vec![7, 7],
+            ..Resources::default()
+        };
+        let f = run(Kind::SentinelFenced, &history, &failover, &[], &resources);
+        assert_eq!((f.failover_overlaps, f.unexcused_overlaps), (1, 0));
+        assert!(f.verdict_ok, "{}", f.verdict);
+        // With WAIT, the same history is a failure: no grant may die with the master.
+        let f = run(
+            Kind::SentinelWaitFenced,
+            &history,
+            &failover,
+            &[],
+            &resources,
+        );
+        assert_eq!(f.unexcused_overlaps, 1);
+        assert!(!f.verdict_ok, "{}", f.verdict);
+        // And without any failover it fails on Sentinel too.
+        let f = run(Kind::SentinelFenced, &history, &[], &[], &resources);
+        assert!(!f.verdict_ok, "{}", f.verdict);
     }
 
     #[test]

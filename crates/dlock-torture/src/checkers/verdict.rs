@@ -26,9 +26,17 @@ pub(crate) fn verdict(f: &mut Findings) {
             | Kind::EtcdFenced
             | Kind::PostgresFenced
             | Kind::ZookeeperFenced
+            | Kind::SentinelFenced
+            | Kind::SentinelWaitFenced
+            | Kind::ClusterFenced
+            | Kind::RedlockDelayedRestart
             | Kind::Memory => {
                 let fenced = f.kind.is_fenced();
-                if fenced && (f.stale_accepted > 0 || f.fenced_lost > 0) {
+                // Without WAIT, a failover before replication may take the fence
+                // counter's last increments with the master: fences repeat, and the
+                // resource may accept a second write under one (SAFETY.md).
+                let failover_excused = f.kind.failover_excuses() && f.failovers > 0;
+                if fenced && (f.stale_accepted > 0 || f.fenced_lost > 0) && !failover_excused {
                     fail("the fenced resource lost or accepted a stale write")
                 } else if f.unexcused_overlaps > 0 {
                     fail("holders overlapped outside any pause/restart window")
@@ -42,6 +50,17 @@ pub(crate) fn verdict(f: &mut Findings) {
                     fail("nobody got the lock for longer than ttl + ε, no fault or crash explaining it")
                 } else if (f.fence_reuse > 0 || f.fence_regressions > 0) && fenced {
                     fail("fences did not strictly increase in grant order")
+                } else if failover_excused
+                    && (f.failover_overlaps > 0
+                        || f.stale_accepted > 0
+                        || f.fenced_lost > 0
+                        || f.fence_reuse > 0)
+                {
+                    (
+                        true,
+                        "ok: violations only in failover windows (a grant the replica never received died with the master), as SAFETY.md says of failover without WAIT"
+                            .to_owned(),
+                    )
                 } else if f.overlaps > 0 || f.read_overlaps > 0 || f.lost_increments > 0 {
                     (
                         true,
@@ -56,6 +75,17 @@ pub(crate) fn verdict(f: &mut Findings) {
                     (true, "ok: no violation".to_owned())
                 }
             }
+            Kind::RedlockImmediateRestart if !has(Fault::Restart) => {
+                (true, "not exercised (no restart took effect)".to_owned())
+            }
+            Kind::RedlockImmediateRestart if f.restart_overlaps > 0 => (
+                true,
+                "ok: control caught (the bridge node restarted empty within the ttl and the other half formed a second majority: seed 002's hazard)"
+                    .to_owned(),
+            ),
+            Kind::RedlockImmediateRestart => fail(
+                "control not caught: an immediate restart of the bridge node let no second majority form",
+            ),
             Kind::SetnxExpire if !has(Fault::Kill) => {
                 (true, "not exercised (no kill took effect)".to_owned())
             }

@@ -464,3 +464,60 @@ fn torture_holds_elections_to_their_terms() {
     assert!(text.contains("leaderships"), "{text}");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn torture_soak_holds_every_lease_of_one_client_through_the_rounds() {
+    let dir = scratch("torture-soak");
+    let out = output(harness().args([
+        "torture",
+        "--soak",
+        "20s",
+        "--quick",
+        "--kinds",
+        "dlock-fenced",
+        "--soak-leases",
+        "200",
+        "--out",
+        dir.to_str().expect("utf-8 path"),
+    ]));
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(out.status.code(), Some(0), "{text}{}", stderr(&out));
+    let report: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.join("report.json")).expect("report.json"),
+    )
+    .expect("json");
+    // The kind ran (a quick dlock-fenced run outlasts the 20 s soak: one round).
+    let kinds = report["kinds"].as_array().expect("kinds");
+    assert!(!kinds.is_empty(), "{report}");
+    assert_eq!(kinds[0]["round"], 1);
+    assert_eq!(kinds[0]["findings"]["kind"], "dlock-fenced");
+    assert_eq!(kinds[0]["findings"]["stale_accepted"], 0);
+    let soak = &report["soak"];
+    assert_eq!(soak["verdict_ok"], true, "{soak}");
+    assert_eq!(soak["leases"], 200);
+    assert_eq!(soak["lost"], 0, "{soak}");
+    assert_eq!(soak["holder"]["acquired"], 200, "{soak}");
+    assert_eq!(soak["holder"]["released"], 200, "{soak}");
+    assert_eq!(soak["holder"]["keys_left"], 0, "{soak}");
+    assert_eq!(soak["rounds"][0]["kinds"][0], "dlock-fenced");
+    let samples = soak["samples"].as_array().expect("samples");
+    let holding: Vec<&serde_json::Value> =
+        samples.iter().filter(|s| s["phase"] == "holding").collect();
+    assert!(holding.len() >= 2, "{samples:?}");
+    for s in &holding {
+        assert_eq!(s["held"], 200, "{s}");
+        assert_eq!(s["lost"], 0, "{s}");
+        assert!(s["rss_kb"].as_u64().is_some_and(|kb| kb > 0), "{s}");
+        assert!(s["fds"].as_u64().is_some_and(|n| n > 0), "{s}");
+        assert!(
+            s["orchestrator_rss_kb"].as_u64().is_some_and(|kb| kb > 0),
+            "{s}"
+        );
+    }
+    assert!(soak["rss_slope_kib_per_min"].is_number(), "{soak}");
+    assert!(text.contains("client RSS"), "{text}");
+    let svg = std::fs::read_to_string(dir.join("soak.svg")).expect("soak.svg");
+    assert!(svg.starts_with("<svg") && svg.contains("polyline"));
+    assert!(dir.join("round-1/timeline-dlock-fenced.svg").is_file());
+    let _ = std::fs::remove_dir_all(dir);
+}
