@@ -13,6 +13,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+use crate::clock::{FakeClock, Interposer};
 use crate::server::free_port;
 
 /// Environment variable naming PostgreSQL's bin directory.
@@ -84,20 +85,35 @@ fn is_root() -> bool {
 
 /// A command for PostgreSQL binary `name`, as the `postgres` user when we are root.
 fn pg_command(name: &str) -> io::Result<Command> {
+    pg_command_env(name, &[])
+}
+
+/// As [`pg_command`], the binary run through `env` with `env_args` when there are any
+/// (so that a preloaded library is loaded by PostgreSQL alone, as its user, not by
+/// `setpriv`). `env` and `setpriv` exec: the child is still the postmaster itself.
+fn pg_command_env(name: &str, env_args: &[std::ffi::OsString]) -> io::Result<Command> {
     let bin = bin_dir()?.join(name);
-    Ok(if is_root() {
+    let mut c = if is_root() {
         let mut c = Command::new("setpriv");
         c.args([
             "--reuid=postgres",
             "--regid=postgres",
             "--init-groups",
             "--",
-        ])
-        .arg(bin);
+        ]);
+        if !env_args.is_empty() {
+            c.arg("env").args(env_args);
+        }
         c
+    } else if env_args.is_empty() {
+        return Ok(Command::new(bin));
     } else {
-        Command::new(bin)
-    })
+        let mut c = Command::new("env");
+        c.args(env_args);
+        c
+    };
+    c.arg(bin);
+    Ok(c)
 }
 
 /// Gives `path` (recursively) to the `postgres` user when we are root.
@@ -192,6 +208,8 @@ pub struct PostgresServer {
     frozen: bool,
     /// Whether it serves TLS (with a self-signed certificate for 127.0.0.1).
     tls: bool,
+    /// The clock it runs under, for servers from [`PostgresServer::start_with_clock`].
+    clock: Option<FakeClock>,
 }
 
 impl PostgresServer {
@@ -200,7 +218,17 @@ impl PostgresServer {
     /// # Errors
     /// PostgreSQL is missing, `initdb` failed, or no server became ready on a few ports.
     pub fn start() -> io::Result<PostgresServer> {
-        PostgresServer::start_with_tls(false)
+        PostgresServer::start_inner(false, None)
+    }
+
+    /// As [`start`](PostgresServer::start), the server (postmaster and every backend)
+    /// running under `clock` (libfaketime): `clock_timestamp()`, `now()` and so dlock's
+    /// lease expiry follow its wall time. Restarts keep the clock.
+    ///
+    /// # Errors
+    /// As [`start`](PostgresServer::start), or libfaketime is not installed.
+    pub fn start_with_clock(clock: &FakeClock) -> io::Result<PostgresServer> {
+        PostgresServer::start_inner(false, Some(clock.clone()))
     }
 
     /// As [`start`](PostgresServer::start), also serving TLS with a self-signed
@@ -209,10 +237,10 @@ impl PostgresServer {
     /// # Errors
     /// As [`start`](PostgresServer::start), or `openssl` failed.
     pub fn start_tls() -> io::Result<PostgresServer> {
-        PostgresServer::start_with_tls(true)
+        PostgresServer::start_inner(true, None)
     }
 
-    fn start_with_tls(tls: bool) -> io::Result<PostgresServer> {
+    fn start_inner(tls: bool, clock: Option<FakeClock>) -> io::Result<PostgresServer> {
         let template = template()?;
         let mut last_err = None;
         for _ in 0..5 {
@@ -236,6 +264,7 @@ impl PostgresServer {
                 dir,
                 frozen: false,
                 tls,
+                clock: clock.clone(),
             };
             if tls {
                 server.make_certificate()?;
@@ -349,7 +378,11 @@ impl PostgresServer {
         } else {
             &[]
         };
-        let mut child = pg_command("postgres")?
+        let env_args = match &self.clock {
+            Some(clock) => clock.env_command_args(Interposer::Libfaketime)?,
+            None => Vec::new(),
+        };
+        let mut child = pg_command_env("postgres", &env_args)?
             .arg("-D")
             .arg(&self.dir)
             .args(["-p", &port, "-k"])
@@ -423,6 +456,9 @@ impl PostgresServer {
         self.signal("-KILL");
         if let Some(mut child) = self.child.take() {
             let _ = child.wait();
+            if self.clock.is_some() {
+                crate::clock::forget_process(child.id());
+            }
         }
     }
 

@@ -6,6 +6,8 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::clock::{FakeClock, Interposer};
+
 /// Environment variable naming the `redis-server` binary (default: `redis-server` on PATH).
 pub const REDIS_SERVER_ENV: &str = "DLOCK_REDIS_SERVER";
 
@@ -25,6 +27,8 @@ pub struct RedisServer {
     frozen: bool,
     /// TLS port and certificate directory, for servers from [`RedisServer::start_tls`].
     tls: Option<(u16, PathBuf)>,
+    /// The clock it runs under, for servers from [`RedisServer::start_with_clock`].
+    clock: Option<FakeClock>,
 }
 
 impl RedisServer {
@@ -42,6 +46,20 @@ impl RedisServer {
     /// # Errors
     /// As [`start`](RedisServer::start).
     pub fn start_with(extra: &[&str]) -> io::Result<RedisServer> {
+        RedisServer::start_inner(extra, None)
+    }
+
+    /// As [`start_with`](RedisServer::start_with), running under `clock` (through the kit's
+    /// shim: Debian's `redis-server` links jemalloc, which deadlocks with libfaketime; see
+    /// [`crate::clock`]). Key expiry follows the clock's wall time. Restarts keep the clock.
+    ///
+    /// # Errors
+    /// As [`start`](RedisServer::start), or the shim could not be built (no `cc`).
+    pub fn start_with_clock(clock: &FakeClock, extra: &[&str]) -> io::Result<RedisServer> {
+        RedisServer::start_inner(extra, Some(clock.clone()))
+    }
+
+    fn start_inner(extra: &[&str], clock: Option<FakeClock>) -> io::Result<RedisServer> {
         let mut last_err = None;
         for _ in 0..5 {
             let port = free_port()?;
@@ -55,6 +73,7 @@ impl RedisServer {
                 extra: extra.iter().map(|s| (*s).to_owned()).collect(),
                 frozen: false,
                 tls: None,
+                clock: clock.clone(),
             };
             match server.spawn() {
                 Ok(()) => return Ok(server),
@@ -85,6 +104,9 @@ impl RedisServer {
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null());
+        if let Some(clock) = &self.clock {
+            clock.apply(&mut cmd, Interposer::Shim)?;
+        }
         let mut child = cmd.spawn().map_err(|e| {
             io::Error::new(
                 e.kind(),
@@ -410,6 +432,7 @@ pub struct MemcachedServer {
     child: Option<Child>,
     port: u16,
     extra: Vec<String>,
+    clock: Option<FakeClock>,
 }
 
 impl MemcachedServer {
@@ -426,12 +449,28 @@ impl MemcachedServer {
     /// # Errors
     /// As [`start`](MemcachedServer::start).
     pub fn start_with(extra: &[&str]) -> io::Result<MemcachedServer> {
+        MemcachedServer::start_inner(extra, None)
+    }
+
+    /// As [`start_with`](MemcachedServer::start_with), running under `clock`
+    /// (libfaketime). memcached's own clock ticks once a second from `CLOCK_MONOTONIC`, so
+    /// only a [`ClockScope::WallAndMonotonic`](crate::clock::ClockScope) clock moves key
+    /// expiry. Restarts keep the clock.
+    ///
+    /// # Errors
+    /// As [`start`](MemcachedServer::start), or libfaketime is not installed.
+    pub fn start_with_clock(clock: &FakeClock, extra: &[&str]) -> io::Result<MemcachedServer> {
+        MemcachedServer::start_inner(extra, Some(clock.clone()))
+    }
+
+    fn start_inner(extra: &[&str], clock: Option<FakeClock>) -> io::Result<MemcachedServer> {
         let mut last_err = None;
         for _ in 0..5 {
             let mut server = MemcachedServer {
                 child: None,
                 port: free_port()?,
                 extra: extra.iter().map(|s| (*s).to_owned()).collect(),
+                clock: clock.clone(),
             };
             match server.spawn() {
                 Ok(()) => return Ok(server),
@@ -443,23 +482,27 @@ impl MemcachedServer {
 
     fn spawn(&mut self) -> io::Result<()> {
         let port = self.port.to_string();
-        let mut child = Command::new("memcached")
-            .args([
-                "-p",
-                &port,
-                "-l",
-                "127.0.0.1",
-                "-U",
-                "0",
-                "-m",
-                "64",
-                "-u",
-                "root",
-            ])
-            .args(&self.extra)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
+        let mut cmd = Command::new("memcached");
+        cmd.args([
+            "-p",
+            &port,
+            "-l",
+            "127.0.0.1",
+            "-U",
+            "0",
+            "-m",
+            "64",
+            "-u",
+            "root",
+        ])
+        .args(&self.extra)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+        if let Some(clock) = &self.clock {
+            clock.apply(&mut cmd, Interposer::Libfaketime)?;
+        }
+        let mut child = cmd
             .spawn()
             .map_err(|e| io::Error::new(e.kind(), format!("cannot run memcached: {e}")))?;
         let deadline = Instant::now() + READY_TIMEOUT;
@@ -513,20 +556,24 @@ impl MemcachedServer {
     /// # Errors
     /// The new process did not become ready.
     pub fn restart(&mut self) -> io::Result<()> {
+        self.kill();
+        self.spawn()
+    }
+
+    fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();
+            if self.clock.is_some() {
+                crate::clock::forget_process(child.id());
+            }
         }
-        self.spawn()
     }
 }
 
 impl Drop for MemcachedServer {
     fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        self.kill();
     }
 }
 
@@ -541,14 +588,15 @@ pub struct EtcdMember {
     dir: PathBuf,
     cluster: String,
     state: &'static str,
+    clock: Option<FakeClock>,
 }
 
 impl EtcdMember {
     fn spawn(&mut self) -> io::Result<()> {
         let client = format!("http://127.0.0.1:{}", self.client_port);
         let peer = format!("http://127.0.0.1:{}", self.peer_port);
-        let child = Command::new("etcd")
-            .arg("--name")
+        let mut cmd = Command::new("etcd");
+        cmd.arg("--name")
             .arg(&self.name)
             .arg("--data-dir")
             .arg(&self.dir)
@@ -571,7 +619,11 @@ impl EtcdMember {
             .args(["--log-level", "error"])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(Stdio::null());
+        if let Some(clock) = &self.clock {
+            clock.apply(&mut cmd, Interposer::Libfaketime)?;
+        }
+        let child = cmd
             .spawn()
             .map_err(|e| io::Error::new(e.kind(), format!("cannot run etcd: {e}")))?;
         self.child = Some(child);
@@ -588,11 +640,19 @@ impl EtcdMember {
         self.child.is_some()
     }
 
+    /// The process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// Kills the member with SIGKILL (its data stays; [`restart`](Self::restart) rejoins).
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();
+            if self.clock.is_some() {
+                crate::clock::forget_process(child.id());
+            }
         }
     }
 
@@ -632,9 +692,24 @@ impl EtcdCluster {
     /// # Errors
     /// etcd could not be started.
     pub fn start(n: usize) -> io::Result<EtcdCluster> {
+        Self::start_inner(n, None)
+    }
+
+    /// As [`start`](EtcdCluster::start), every member running under `clock` (libfaketime),
+    /// restarts included. It changes nothing in etcd: Go reads the clocks through the
+    /// vDSO, not libc, so leases keep their ttl whatever the clock does (see
+    /// [`crate::clock`]); it is here to show that.
+    ///
+    /// # Errors
+    /// As [`start`](EtcdCluster::start), or libfaketime is not installed.
+    pub fn start_with_clock(n: usize, clock: &FakeClock) -> io::Result<EtcdCluster> {
+        Self::start_inner(n, Some(clock))
+    }
+
+    fn start_inner(n: usize, clock: Option<&FakeClock>) -> io::Result<EtcdCluster> {
         let mut last = None;
         for _ in 0..3 {
-            match Self::start_once(n) {
+            match Self::start_once(n, clock) {
                 Ok(cluster) => return Ok(cluster),
                 Err(err) if err.kind() == io::ErrorKind::NotFound => return Err(err),
                 Err(err) => last = Some(err),
@@ -643,7 +718,7 @@ impl EtcdCluster {
         Err(last.unwrap_or_else(|| io::Error::other("etcd not started")))
     }
 
-    fn start_once(n: usize) -> io::Result<EtcdCluster> {
+    fn start_once(n: usize, clock: Option<&FakeClock>) -> io::Result<EtcdCluster> {
         let mut members = Vec::with_capacity(n);
         let mut cluster = Vec::with_capacity(n);
         for i in 0..n {
@@ -661,6 +736,7 @@ impl EtcdCluster {
                 dir,
                 cluster: String::new(),
                 state: "new",
+                clock: clock.cloned(),
             });
         }
         let cluster = cluster.join(",");

@@ -16,6 +16,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::clock::{FakeClock, Interposer};
 use crate::server::free_port;
 
 /// How long a member may take to start (a JVM on a loaded machine is slow).
@@ -37,6 +38,8 @@ pub struct ZkMember {
     client_port: u16,
     dir: PathBuf,
     frozen: bool,
+    /// The clock the JVM runs under, for members from [`ZooKeeper::start_with_clock`].
+    clock: Option<FakeClock>,
 }
 
 impl ZkMember {
@@ -49,13 +52,23 @@ impl ZkMember {
             ));
         }
         let log = std::fs::File::create(self.dir.join("server.log"))?;
+        // Under a clock, `env` (which execs) preloads the library into the JVM alone.
+        let launcher: Vec<std::ffi::OsString> = match &self.clock {
+            Some(clock) => {
+                let mut args = vec!["env".into()];
+                args.extend(clock.env_command_args(Interposer::Libfaketime)?);
+                args.push("java".into());
+                args
+            }
+            None => vec!["java".into()],
+        };
         // The JVM runs under a small shell that kills it when our end of its stdin closes:
         // when this process exits in any way, even without dropping the member (a server
         // shared by a whole test binary lives in a static).
         let mut child = Command::new("sh")
             .arg("-c")
             .arg(
-                "java \"$@\" </dev/null & echo $!; read _; kill -9 $! 2>/dev/null; \
+                "\"$@\" </dev/null & echo $!; read _; kill -9 $! 2>/dev/null; \
                  [ -n \"$DLOCK_ZK_REMOVE\" ] && wait && rm -rf \"$DLOCK_ZK_REMOVE\"",
             )
             .env(
@@ -67,6 +80,7 @@ impl ZkMember {
                 },
             )
             .arg("sh")
+            .args(&launcher)
             .args([
                 "-Xms32m",
                 "-Xmx256m",
@@ -139,7 +153,8 @@ impl ZkMember {
 
     /// Kills the member with SIGKILL (its data stays; [`restart`](Self::restart) rejoins).
     pub fn kill(&mut self) {
-        if let Some(pid) = self.java.take() {
+        let java = self.java.take();
+        if let Some(pid) = java {
             if self.frozen {
                 let _ = signal(pid, "CONT");
             }
@@ -149,6 +164,9 @@ impl ZkMember {
             // Closing its stdin ends the shell.
             drop(child.stdin.take());
             let _ = child.wait();
+        }
+        if let (Some(pid), Some(_)) = (java, &self.clock) {
+            crate::clock::forget_process(pid);
         }
         self.frozen = false;
     }
@@ -226,7 +244,8 @@ impl ZooKeeper {
     pub fn shared() -> &'static ZooKeeper {
         static SHARED: std::sync::OnceLock<ZooKeeper> = std::sync::OnceLock::new();
         SHARED.get_or_init(|| {
-            ZooKeeper::start_with(1, true).expect("start zookeeper (apt-get install zookeeper)")
+            ZooKeeper::start_with(1, true, None)
+                .expect("start zookeeper (apt-get install zookeeper)")
         })
     }
 
@@ -246,13 +265,28 @@ impl ZooKeeper {
     /// # Errors
     /// ZooKeeper could not be started.
     pub fn start(n: usize) -> io::Result<ZooKeeper> {
-        Self::start_with(n, false)
+        Self::start_with(n, false, None)
     }
 
-    fn start_with(n: usize, remove_on_exit: bool) -> io::Result<ZooKeeper> {
+    /// As [`start`](ZooKeeper::start), every member's JVM running under `clock`
+    /// (libfaketime), restarts included. `System.currentTimeMillis` follows the clock;
+    /// `System.nanoTime`, by which ZooKeeper times sessions, only under a
+    /// [`ClockScope::WallAndMonotonic`](crate::clock::ClockScope) clock.
+    ///
+    /// # Errors
+    /// As [`start`](ZooKeeper::start), or libfaketime is not installed.
+    pub fn start_with_clock(n: usize, clock: &FakeClock) -> io::Result<ZooKeeper> {
+        Self::start_with(n, false, Some(clock))
+    }
+
+    fn start_with(
+        n: usize,
+        remove_on_exit: bool,
+        clock: Option<&FakeClock>,
+    ) -> io::Result<ZooKeeper> {
         let mut last = None;
         for _ in 0..3 {
-            match Self::start_once(n, remove_on_exit) {
+            match Self::start_once(n, remove_on_exit, clock) {
                 Ok(zk) => return Ok(zk),
                 Err(err) if err.kind() == io::ErrorKind::NotFound => return Err(err),
                 Err(err) => last = Some(err),
@@ -261,7 +295,11 @@ impl ZooKeeper {
         Err(last.unwrap_or_else(|| io::Error::other("zookeeper not started")))
     }
 
-    fn start_once(n: usize, remove_on_exit: bool) -> io::Result<ZooKeeper> {
+    fn start_once(
+        n: usize,
+        remove_on_exit: bool,
+        clock: Option<&FakeClock>,
+    ) -> io::Result<ZooKeeper> {
         let n = n.max(1);
         let mut ports = Vec::with_capacity(n);
         for _ in 0..n {
@@ -299,6 +337,7 @@ impl ZooKeeper {
                 client_port: *client_port,
                 dir,
                 frozen: false,
+                clock: clock.cloned(),
             });
         }
         for m in &mut members {
