@@ -93,7 +93,13 @@ pub(crate) async fn connect(store: &Store, allow_memory: bool) -> Result<Target,
             "no store given: pass --url or set DLOCK_URL ({SCHEMES})"
         )));
     };
-    let scheme = url.split_once("://").map(|(s, _)| s);
+    // Only a scheme's characters count as one: text before a later "://" (in a query,
+    // after a password) is no scheme, and is never printed.
+    let scheme = url.split_once("://").map(|(s, _)| s).filter(|s| {
+        !s.is_empty()
+            && s.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
+    });
     match scheme {
         Some("redis" | "rediss" | "redis+unix" | "unix" | "redis+sentinel" | "redis+cluster") => {
             Ok(Target::Redis(Redis::connect(url).await?))
@@ -114,7 +120,8 @@ pub(crate) async fn connect(store: &Store, allow_memory: bool) -> Result<Target,
             "unknown backend {other:?} in --url (supported: {SCHEMES})"
         ))),
         None => Err(Failure::usage(format!(
-            "--url {url:?} is not a URL (expected {SCHEMES})"
+            "--url {:?} is not a URL (expected {SCHEMES})",
+            dlock::backend::redact_url(url)
         ))),
     }
 }

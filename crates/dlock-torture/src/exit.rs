@@ -61,5 +61,5 @@ pub(crate) fn finish(result: Result<u8, Failure>) -> ExitCode {
 /// `url` with any password replaced by `***`, for everything the harness prints or
 /// writes (its summary, report.json, errors).
 pub(crate) fn redact(url: &str) -> String {
-    dlock::backend::postgres::redact(url)
+    dlock::backend::redact_url(url)
 }

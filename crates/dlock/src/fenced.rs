@@ -80,6 +80,31 @@ end
 return {1}
 ";
 
+    /// The script's reply for an access under `fence` to `key`: refused (with the highest
+    /// fence seen), done, or done with the value read; anything else is a `Backend` error.
+    fn decode_access(
+        reply: Vec<Value>,
+        fence: u64,
+        key: &str,
+    ) -> Result<std::result::Result<Option<Value>, StaleFence>> {
+        let int = |v: &Value| match v {
+            Value::Int(n) => u64::try_from(*n).ok(),
+            _ => None,
+        };
+        match reply.as_slice() {
+            [ok, highest] if int(ok) == Some(0) => Ok(Err(StaleFence {
+                fence,
+                highest: int(highest).unwrap_or(0),
+            })),
+            [ok] if int(ok) == Some(1) => Ok(Ok(None)),
+            [ok, value] if int(ok) == Some(1) => Ok(Ok(Some(value.clone()))),
+            other => Err(Error::new(
+                ErrorKind::Backend,
+                format!("fenced access to {key}: unexpected reply {other:?}"),
+            )),
+        }
+    }
+
     static SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(ACCESS));
 
     /// A string value in Redis that only accepts accesses whose fence is at least the
@@ -166,22 +191,7 @@ return {1}
                     format!("fenced access to {}: {e}", self.key),
                 )
             })?;
-            let int = |v: &Value| match v {
-                Value::Int(n) => u64::try_from(*n).ok(),
-                _ => None,
-            };
-            match reply.as_slice() {
-                [ok, highest] if int(ok) == Some(0) => Ok(Err(StaleFence {
-                    fence: fence.get(),
-                    highest: int(highest).unwrap_or(0),
-                })),
-                [ok] if int(ok) == Some(1) => Ok(Ok(None)),
-                [ok, value] if int(ok) == Some(1) => Ok(Ok(Some(value.clone()))),
-                other => Err(Error::new(
-                    ErrorKind::Backend,
-                    format!("fenced access to {}: unexpected reply {other:?}", self.key),
-                )),
-            }
+            decode_access(reply, fence.get(), &self.key)
         }
 
         /// Reads the value under `fence` (recording it as the highest seen, so that older
@@ -216,6 +226,61 @@ return {1}
             value: &str,
         ) -> Result<std::result::Result<(), StaleFence>> {
             Ok(self.access(conn, fence, Some(value)).await?.map(|_| ()))
+        }
+    }
+
+    /// Hostile input: whatever the script's reply holds.
+    #[cfg(test)]
+    mod props {
+        use proptest::prelude::*;
+        use redis::Value;
+
+        use super::{StaleFence, decode_access};
+
+        fn value() -> impl Strategy<Value = Value> {
+            prop_oneof![
+                Just(Value::Nil),
+                (-2i64..3).prop_map(Value::Int),
+                any::<i64>().prop_map(Value::Int),
+                prop::collection::vec(any::<u8>(), 0..16).prop_map(Value::BulkString),
+                "[ -~]{0,8}".prop_map(Value::SimpleString),
+                Just(Value::Array(vec![])),
+            ]
+        }
+
+        proptest! {
+            #![proptest_config(crate::backend::hostile::cases(256))]
+
+            #[test]
+            fn any_reply_decodes_or_is_a_backend_error(
+                reply in prop::collection::vec(value(), 0..4),
+                fence in any::<u64>(),
+            ) {
+                let ok = |v: &Value| matches!(v, Value::Int(n) if *n == 1);
+                let refused = |v: &Value| matches!(v, Value::Int(0));
+                match decode_access(reply.clone(), fence, "k") {
+                    Ok(Err(StaleFence { fence: f, .. })) => {
+                        prop_assert_eq!(f, fence);
+                        prop_assert!(reply.len() == 2 && refused(&reply[0]));
+                    }
+                    Ok(Ok(None)) => prop_assert!(reply.len() == 1 && ok(&reply[0])),
+                    Ok(Ok(Some(v))) => {
+                        prop_assert!(reply.len() == 2 && ok(&reply[0]));
+                        prop_assert_eq!(&v, &reply[1]);
+                    }
+                    Err(e) => prop_assert_eq!(e.kind(), crate::ErrorKind::Backend),
+                }
+            }
+
+            #[test]
+            fn refusals_carry_the_highest_fence(fence in any::<u64>(), highest in 0..i64::MAX) {
+                let decoded = decode_access(vec![Value::Int(0), Value::Int(highest)], fence, "k")
+                    .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                prop_assert_eq!(
+                    decoded,
+                    Err(StaleFence { fence, highest: highest.unsigned_abs() })
+                );
+            }
         }
     }
 }

@@ -304,3 +304,29 @@ mod tests {
         assert_eq!(FencingToken::new(7).to_string(), "7");
     }
 }
+
+/// Hostile input: `--token` and `DLOCK_TOKEN` come from outside.
+#[cfg(test)]
+mod props {
+    use proptest::prelude::*;
+
+    use super::Token;
+
+    proptest! {
+        #![proptest_config(ProptestConfig { failure_persistence: None, ..ProptestConfig::with_cases(256) })]
+
+        #[test]
+        fn any_string_is_a_token_or_invalid(s in prop_oneof![any::<String>(), "[ -~]{250,260}", ".{0,80}"]) {
+            match Token::from_string(s.clone()) {
+                Ok(token) => {
+                    prop_assert_eq!(token.as_str(), s.as_str());
+                    prop_assert!((1..=256).contains(&s.len()));
+                }
+                Err(e) => {
+                    prop_assert_eq!(e.kind(), crate::ErrorKind::InvalidArgument);
+                    prop_assert!(s.is_empty() || s.len() > 256);
+                }
+            }
+        }
+    }
+}

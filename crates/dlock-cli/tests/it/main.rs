@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use dlock_test::server::{RedisServer, free_port};
 
 mod elect;
+mod hostile;
 
 const LOST: i32 = 76;
 const CONFLICT: i32 = 75;

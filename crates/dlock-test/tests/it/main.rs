@@ -1,5 +1,6 @@
 //! dlock's integration tests: one binary, real servers.
 
+mod acl;
 mod clock;
 mod cluster;
 mod engine;

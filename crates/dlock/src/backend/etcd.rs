@@ -258,6 +258,44 @@ fn queued(kvs: &[KeyValue], prefix: &str) -> Vec<Queued> {
         .collect()
 }
 
+/// The endpoints (`http://host:port`) of an `etcd://host:port[,host:port…]` URL. Each
+/// member must be a plain `host:port`: no credentials (messages show the URL redacted),
+/// no path, nothing the gRPC client would take for something else.
+fn parse_url(url: &str) -> Result<Vec<String>> {
+    let bad = |why: &str| {
+        Error::invalid(format!(
+            "bad etcd URL {:?}: {why}; expected etcd://host:port[,host:port…]",
+            super::redact_url(url)
+        ))
+    };
+    let hosts = url
+        .strip_prefix("etcd://")
+        .ok_or_else(|| bad("not etcd://"))?;
+    let hosts = hosts.strip_suffix('/').unwrap_or(hosts);
+    let mut endpoints = Vec::new();
+    for host in hosts.split(',').filter(|h| !h.is_empty()) {
+        let plain = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_');
+        let ok = match host.rsplit_once(':') {
+            Some((name, port)) => {
+                port.parse::<u16>().is_ok()
+                    && match name.strip_prefix('[').and_then(|n| n.strip_suffix(']')) {
+                        Some(v6) => v6.parse::<std::net::Ipv6Addr>().is_ok(),
+                        None => !name.is_empty() && name.chars().all(plain),
+                    }
+            }
+            None => false,
+        };
+        if !ok {
+            return Err(bad("every member is host:port"));
+        }
+        endpoints.push(format!("http://{host}"));
+    }
+    if endpoints.is_empty() {
+        return Err(bad("no member"));
+    }
+    Ok(endpoints)
+}
+
 /// Reads a queue in line order (create revision, lowest first).
 fn queue_read() -> GetOptions {
     GetOptions::new()
@@ -272,22 +310,7 @@ impl Etcd {
     /// `InvalidArgument` for a malformed URL; `Unavailable` if no endpoint answers within
     /// 2 s.
     pub async fn connect(url: &str) -> Result<Etcd> {
-        let hosts = url.strip_prefix("etcd://").ok_or_else(|| {
-            Error::invalid(format!(
-                "unsupported etcd URL {url:?}: expected etcd://host:port[,host:port…]"
-            ))
-        })?;
-        let endpoints: Vec<String> = hosts
-            .trim_end_matches('/')
-            .split(',')
-            .filter(|h| !h.is_empty())
-            .map(|h| format!("http://{h}"))
-            .collect();
-        if endpoints.is_empty() || hosts.contains('@') {
-            return Err(Error::invalid(format!(
-                "bad etcd URL {url:?}: expected etcd://host:port[,host:port…]"
-            )));
-        }
+        let endpoints = parse_url(url)?;
         let options = ConnectOptions::new()
             .with_connect_timeout(DEFAULT_TIMEOUT)
             .with_timeout(DEFAULT_TIMEOUT)
@@ -1244,5 +1267,82 @@ mod tests {
         assert!(!in_queue(b"dlock:a/", b"dlock:a/b/0123abcd"));
         assert!(!in_queue(b"dlock:a/", b"dlock:a/"));
         assert!(!in_queue(b"dlock:a/", b"dlock:ab/0123"));
+    }
+}
+
+/// Hostile input: URLs, and whatever keys and values a queue's prefix holds.
+#[cfg(test)]
+mod props {
+    use proptest::prelude::*;
+
+    use super::{Queued, in_queue, parse_url};
+    use crate::backend::hostile::{any_url, cases, check, url_with_password};
+
+    #[test]
+    fn etcd_urls() {
+        assert_eq!(
+            parse_url("etcd://a:1,b.c:2/").ok(),
+            Some(vec!["http://a:1".to_owned(), "http://b.c:2".to_owned()])
+        );
+        assert_eq!(
+            parse_url("etcd://[::1]:2379").ok(),
+            Some(vec!["http://[::1]:2379".to_owned()])
+        );
+        for bad in [
+            "etcd://",
+            "etcd://h",
+            "etcd://h:x",
+            "etcd://h:1/x",
+            "etcd://h:1?x=1",
+            "etcd://h h:1",
+            "etcd://[zz]:1",
+            "http://h:1",
+        ] {
+            let err = parse_url(bad).expect_err(bad);
+            assert_eq!(err.kind(), crate::ErrorKind::InvalidArgument, "{bad}");
+        }
+        let err = parse_url("etcd://root:s3cret!@h:1").expect_err("credentials");
+        assert!(!format!("{err} {err:?}").contains("s3cret!"), "{err:?}");
+    }
+
+    proptest! {
+        #![proptest_config(cases(256))]
+
+        #[test]
+        fn any_string_parses_or_is_invalid(url in any_url(&["etcd"])) {
+            let parsed = parse_url(&url);
+            check(&parsed, "")?;
+            for endpoint in parsed.unwrap_or_default() {
+                // What reaches the gRPC client is a plain http://host:port.
+                let uri = endpoint.parse::<tonic::transport::Uri>();
+                prop_assert!(uri.is_ok(), "{}", endpoint);
+            }
+        }
+
+        #[test]
+        fn passwords_never_reach_errors((url, secret) in url_with_password(&["etcd"])) {
+            check(&parse_url(&url), &secret)?;
+        }
+
+        #[test]
+        fn any_key_under_a_prefix_is_read_without_panicking(
+            prefix in prop::collection::vec(any::<u8>(), 0..6),
+            key in prop::collection::vec(any::<u8>(), 0..12),
+            value in prop::collection::vec(any::<u8>(), 0..12),
+            joined in any::<bool>(),
+        ) {
+            // Often a key of the queue, sometimes anything.
+            let key = if joined { [&prefix[..], &key[..]].concat() } else { key };
+            let Ok(prefix) = String::from_utf8(prefix) else { return Ok(()) };
+            if in_queue(prefix.as_bytes(), &key) {
+                let rest = &key[prefix.len()..];
+                prop_assert!(!rest.is_empty() && !rest.contains(&b'/'));
+                let queued = Queued { key: key.clone(), value: value.clone(), created: 1, lease: 0 };
+                let _ = queued.owner(&prefix);
+                prop_assert_eq!(queued.is_ours(&prefix), rest == &value[..]);
+            } else {
+                prop_assert!(!key.starts_with(prefix.as_bytes()) || key.len() == prefix.len() || key[prefix.len()..].contains(&b'/'));
+            }
+        }
     }
 }

@@ -100,6 +100,9 @@ pub const MIN_TTL: Duration = Duration::from_secs(2);
 pub const MAX_TTL: Duration = Duration::from_secs(30 * 24 * 3600);
 /// Longest key memcached accepts.
 pub const MAX_KEY_LEN: usize = 250;
+/// The largest value a reply may announce (memcached's own item size limit tops out at
+/// 1 GiB); anything larger is a garbled reply.
+const MAX_VALUE_LEN: usize = 1 << 30;
 /// How many connections one client opens at most unless its URL says otherwise
 /// (`?max_connections=N`).
 pub const DEFAULT_MAX_CONNECTIONS: usize = 8;
@@ -229,25 +232,24 @@ impl Reply {
     }
 }
 
-/// `host:port` and the connection bound of a `memcache://` URL.
+/// `host:port` and the connection bound of a `memcache://` URL. Messages show the URL
+/// redacted (memcached takes no credentials, but a URL may carry some all the same).
 fn parse_url(url: &str) -> Result<(String, usize)> {
-    let bad = || {
-        Error::invalid(format!(
-            "bad memcached URL {url:?}: expected memcache://host:port[?max_connections=N]"
-        ))
-    };
+    let shown = super::redact_url(url);
+    let bad = |why: &str| Error::invalid(format!("bad memcached URL {shown:?}: {why}"));
     let rest = url
         .strip_prefix("memcache://")
         .or_else(|| url.strip_prefix("memcached://"))
         .ok_or_else(|| {
             Error::invalid(format!(
-                "unsupported memcached URL {url:?}: expected memcache://host:port"
+                "unsupported memcached URL {shown:?}: expected memcache://host:port"
             ))
         })?;
     let (addr, query) = rest.split_once('?').unwrap_or((rest, ""));
     let addr = addr.trim_end_matches('/');
-    if addr.is_empty() || addr.contains('/') || addr.contains('@') {
-        return Err(bad());
+    let usage = "expected memcache://host:port[?max_connections=N]";
+    if addr.is_empty() || addr.contains(['/', '@', ',']) || addr.contains(char::is_whitespace) {
+        return Err(bad(usage));
     }
     let mut max_connections = DEFAULT_MAX_CONNECTIONS;
     for pair in query.split('&').filter(|p| !p.is_empty()) {
@@ -258,24 +260,32 @@ fn parse_url(url: &str) -> Result<(String, usize)> {
                     .ok()
                     .filter(|n| (1..=MAX_CONNECTIONS_LIMIT).contains(n))
                     .ok_or_else(|| {
-                        Error::invalid(format!(
-                            "bad memcached URL {url:?}: max_connections must be 1 to \
-                             {MAX_CONNECTIONS_LIMIT}"
+                        bad(&format!(
+                            "max_connections must be 1 to {MAX_CONNECTIONS_LIMIT}"
                         ))
                     })?;
             }
+            // The option's name only: its value could be a secret.
             _ => {
-                return Err(Error::invalid(format!(
-                    "bad memcached URL {url:?}: unknown option {pair:?} (known: \
-                     max_connections)"
+                let name = pair.split_once('=').map_or(pair, |(name, _)| name);
+                return Err(bad(&format!(
+                    "unknown option {name:?} (known: max_connections)"
                 )));
             }
         }
     }
-    let addr = if addr.contains(':') {
-        addr.to_owned()
-    } else {
-        format!("{addr}:11211")
+    // `host`, `host:port`, `[v6]` or `[v6]:port`; a bad port is the URL's fault, not an
+    // unreachable server's.
+    let (host, port) = match addr.rsplit_once(':') {
+        Some((host, port)) if !addr.ends_with(']') => (host, Some(port)),
+        _ => (addr, None),
+    };
+    if host.is_empty() || port.is_some_and(|p| p.parse::<u16>().is_err()) {
+        return Err(bad(usage));
+    }
+    let addr = match port {
+        Some(_) => addr.to_owned(),
+        None => format!("{addr}:11211"),
     };
     Ok((addr, max_connections))
 }
@@ -444,10 +454,28 @@ async fn read_reply<R: AsyncBufRead + Unpin>(conn: &mut R) -> Result<Reply> {
         let len: usize = parts
             .next()
             .and_then(|n| n.parse().ok())
+            .filter(|n| *n <= MAX_VALUE_LEN)
             .ok_or_else(|| unexpected("mg", line.trim_end()))?;
         let flags = parts.map(str::to_owned).collect();
-        let mut data = vec![0; len + 2];
-        conn.read_exact(&mut data).await.map_err(io_err)?;
+        // Read as it arrives rather than allocated from the announced length: a garbled
+        // or hostile reply must not make the client allocate what it claims.
+        let mut data = Vec::new();
+        let expected = len + 2;
+        (&mut *conn)
+            .take(expected as u64)
+            .read_to_end(&mut data)
+            .await
+            .map_err(io_err)?;
+        if data.len() < expected {
+            return Err(Error::new(
+                ErrorKind::Unavailable,
+                "memcached closed the connection in the middle of a value",
+            )
+            .retryable(true));
+        }
+        if !data.ends_with(b"\r\n") {
+            return Err(unexpected("mg", "a value without its line end"));
+        }
         data.truncate(len);
         return Ok(Reply {
             code,
@@ -910,5 +938,158 @@ mod tests {
         assert!(expiry_seconds(Duration::ZERO).is_err());
         assert_eq!(expiry_seconds(MAX_TTL).ok(), Some(30 * 24 * 3600));
         assert!(expiry_seconds(MAX_TTL + Duration::from_secs(1)).is_err());
+    }
+}
+
+/// Hostile input: URLs, and whatever bytes the server (or something posing as it) sends.
+#[cfg(test)]
+mod props {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::backend::hostile::{any_url, cases, check, url_with_password};
+
+    const SCHEMES: &[&str] = &["memcache", "memcached"];
+
+    /// Every reply `bytes` holds, read as a client would (up to the first error).
+    fn read_all(bytes: &[u8]) -> Vec<Result<Reply>> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime");
+        runtime.block_on(async {
+            let mut input = bytes;
+            let mut out = Vec::new();
+            while !input.is_empty() && out.len() < 64 {
+                let reply = read_reply(&mut input).await;
+                let failed = reply.is_err();
+                out.push(reply);
+                if failed {
+                    break;
+                }
+            }
+            out
+        })
+    }
+
+    /// Reply lines as memcached writes them, and mangled ones.
+    fn reply_bytes() -> impl Strategy<Value = Vec<u8>> {
+        prop_oneof![
+            prop::collection::vec(any::<u8>(), 0..64),
+            "(VA [0-9]{1,20}( [a-z][0-9a-z]{0,6}){0,3}|HD|NS|EX|EN|NF|MN|ERROR|CLIENT_ERROR x|SERVER_ERROR y)\r?\n[ -~]{0,12}(\r\n)?"
+                .prop_map(String::into_bytes),
+        ]
+    }
+
+    #[test]
+    fn garbled_replies_are_errors_not_panics_or_huge_allocations() {
+        for bytes in [
+            &b"VA 18446744073709551615\r\n"[..],
+            b"VA 99999999999 c1\r\nab\r\n",
+            b"VA 1073741825\r\n",
+            b"VA 3\r\nab",
+            b"VA 2\r\nabcd",
+            b"VA -1\r\n",
+            b"\xff\xfe\r\n",
+        ] {
+            let replies = read_all(bytes);
+            assert!(
+                replies.last().is_some_and(Result::is_err),
+                "{:?}",
+                String::from_utf8_lossy(bytes)
+            );
+        }
+        let replies = read_all(b"VA 2 c7 t5\r\nok\r\nHD\r\n");
+        let [Ok(va), Ok(hd)] = &replies[..] else {
+            panic!("two replies");
+        };
+        assert_eq!(
+            (va.data.as_deref(), va.flag('c'), hd.code.as_str()),
+            (Some(&b"ok"[..]), Some("7"), "HD")
+        );
+    }
+
+    #[test]
+    fn memcached_urls_keep_secrets_and_check_ports() {
+        for (url, secret) in [
+            ("memcache://u:s3cret!@h:1", "s3cret!"),
+            ("memcache://h:1?password=s3cret!", "s3cret!"),
+            ("memcache://h:1?token=s3cret!", "s3cret!"),
+        ] {
+            let err = parse_url(url).expect_err(url);
+            assert!(!format!("{err} {err:?}").contains(secret), "{err:?}");
+        }
+        for bad in [
+            "memcache://h:x",
+            "memcache://h:",
+            "memcache://:1",
+            "memcache://h:99999",
+            "memcache://a b:1",
+        ] {
+            assert_eq!(
+                parse_url(bad).map_err(|e| e.kind()),
+                Err(ErrorKind::InvalidArgument),
+                "{bad}"
+            );
+        }
+        assert_eq!(
+            parse_url("memcache://[::1]").ok(),
+            Some(("[::1]:11211".to_owned(), DEFAULT_MAX_CONNECTIONS))
+        );
+        assert_eq!(
+            parse_url("memcache://[::1]:7").ok(),
+            Some(("[::1]:7".to_owned(), DEFAULT_MAX_CONNECTIONS))
+        );
+    }
+
+    proptest! {
+        #![proptest_config(cases(256))]
+
+        #[test]
+        fn any_string_parses_or_is_invalid(url in any_url(SCHEMES)) {
+            let parsed = parse_url(&url);
+            check(&parsed, "")?;
+            if let Ok((addr, max)) = parsed {
+                // What connects is a host and a port, and a bound in range.
+                let port = addr.rsplit_once(':').map(|(_, p)| p.parse::<u16>());
+                prop_assert!(matches!(port, Some(Ok(_))), "{}", addr);
+                prop_assert!((1..=MAX_CONNECTIONS_LIMIT).contains(&max));
+            }
+        }
+
+        #[test]
+        fn passwords_never_reach_errors((url, secret) in url_with_password(SCHEMES)) {
+            check(&parse_url(&url), &secret)?;
+        }
+
+        #[test]
+        fn any_reply_bytes_read_or_fail_typed(bytes in reply_bytes()) {
+            for reply in read_all(&bytes) {
+                match reply {
+                    Ok(reply) => {
+                        if let Some(data) = &reply.data {
+                            prop_assert!(data.len() <= bytes.len());
+                        }
+                        // The decoders of a reply take anything.
+                        let _ = get_reply(reply);
+                    }
+                    Err(e) => prop_assert!(
+                        matches!(e.kind(), ErrorKind::Backend | ErrorKind::Unavailable),
+                        "{:?}", e
+                    ),
+                }
+            }
+        }
+
+        #[test]
+        fn values_round_trip(value in prop::collection::vec(any::<u8>(), 0..64), cas in 0..u64::MAX) {
+            let mut wire = format!("VA {} c{cas} t9\r\n", value.len()).into_bytes();
+            wire.extend_from_slice(&value);
+            wire.extend_from_slice(b"\r\n");
+            let mut replies = read_all(&wire);
+            prop_assert_eq!(replies.len(), 1);
+            let reply = replies.pop().expect("one").map_err(|e| TestCaseError::fail(e.to_string()))?;
+            let stored = get_reply(reply).map_err(|e| TestCaseError::fail(e.to_string()))?;
+            prop_assert_eq!(stored, Some((value, cas.to_string(), Some(9))));
+        }
     }
 }

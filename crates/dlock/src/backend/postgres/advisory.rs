@@ -24,12 +24,11 @@
 //! 0))`. Two names can collide on one key (a 64-bit hash): they then exclude each other.
 
 use std::collections::HashMap;
-use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use super::{CALL_TIMEOUT, Connector, check_read_write, map_err, parse_url, redact};
+use super::{CALL_TIMEOUT, Connector, check_read_write, map_err, parse_config, redact};
 use crate::engine::Engine;
 use crate::error::{Error, ErrorKind, Result};
 use crate::keys::LockKeys;
@@ -104,9 +103,7 @@ impl PgAdvisory {
     /// # Errors
     /// As [`Postgres::connect`](super::Postgres::connect).
     pub async fn connect(url: &str) -> Result<PgAdvisory> {
-        let parsed = parse_url(url)?;
-        let config = tokio_postgres::Config::from_str(&parsed.libpq)
-            .map_err(|e| Error::invalid(format!("invalid postgres URL {}: {e}", redact(url))))?;
+        let (parsed, config) = parse_config(url)?;
         let connector = Connector::for_url(&parsed)?;
         let pg = PgAdvisory {
             inner: Arc::new(Inner {

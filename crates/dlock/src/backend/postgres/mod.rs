@@ -410,7 +410,7 @@ fn check_schema(schema: &str) -> Result<()> {
 
 /// What a URL asks of dlock, apart from what it tells libpq.
 #[derive(Debug, PartialEq, Eq)]
-struct Url {
+pub(super) struct Url {
     /// The URL without dlock's own parameters, for `tokio_postgres::Config`.
     libpq: String,
     schema: String,
@@ -499,6 +499,18 @@ fn parse_url(url: &str) -> Result<Url> {
         tls,
         root_cert,
     })
+}
+
+/// A URL's dlock parameters and its libpq configuration (nothing is connected).
+///
+/// # Errors
+/// [`ErrorKind::InvalidArgument`] for anything malformed; messages never show the
+/// password.
+pub(super) fn parse_config(url: &str) -> Result<(Url, tokio_postgres::Config)> {
+    let parsed = parse_url(url)?;
+    let config = tokio_postgres::Config::from_str(&parsed.libpq)
+        .map_err(|e| Error::invalid(format!("invalid postgres URL {}: {e}", redact(url))))?;
+    Ok((parsed, config))
 }
 
 /// The URL with its password replaced by `***`, for messages.
@@ -779,9 +791,7 @@ impl Postgres {
     /// read-only server, or a role that may not create the missing table. Passwords never
     /// appear in messages.
     pub async fn connect(url: &str) -> Result<Postgres> {
-        let parsed = parse_url(url)?;
-        let config = tokio_postgres::Config::from_str(&parsed.libpq)
-            .map_err(|e| Error::invalid(format!("invalid postgres URL {}: {e}", redact(url))))?;
+        let (parsed, config) = parse_config(url)?;
         let connector = Connector::for_url(&parsed)?;
         let pool = connector.pool(&config, parsed.max_connections)?;
         let wait_sessions = connector.pool(&config, parsed.wait_connections.max(1))?;
@@ -1523,5 +1533,46 @@ mod tests {
                 .contains("\"dlock\".locks")
         );
         assert!(schema_sql("x\"; DROP TABLE t; --").is_err());
+    }
+}
+
+/// Hostile input: URLs of both schemes, through dlock's parameters and libpq's parser.
+#[cfg(test)]
+mod props {
+    use proptest::prelude::*;
+
+    use super::parse_config;
+    use crate::backend::hostile::{any_url, cases, check, url_with_password};
+
+    const SCHEMES: &[&str] = &["postgres", "postgresql"];
+
+    #[test]
+    fn odd_passwords_stay_hidden() {
+        for (url, secret) in [
+            ("postgres://u:pa/ss!w@h:x/db", "pa/ss!w"),
+            ("postgres://u:pa?ss!w@h/db?max_connections=0", "pa?ss!w"),
+            ("postgres://u:pa#ss!w@h/db?sslmode=bogus", "pa#ss!w"),
+            ("postgres://u:s3cret!@h/db?bogus=1", "s3cret!"),
+            ("postgres://h/db?sslpassword=s3cret!&schema=X", "s3cret!"),
+            ("postgres://h/db?pass=s3cret!", "s3cret!"),
+        ] {
+            let err = parse_config(url).map(|_| ()).expect_err(url);
+            assert_eq!(err.kind(), crate::ErrorKind::InvalidArgument, "{url}");
+            assert!(!format!("{err} {err:?}").contains(secret), "{err:?}");
+        }
+    }
+
+    proptest! {
+        #![proptest_config(cases(256))]
+
+        #[test]
+        fn any_string_parses_or_is_invalid(url in any_url(SCHEMES)) {
+            check(&parse_config(&url), "")?;
+        }
+
+        #[test]
+        fn passwords_never_reach_errors((url, secret) in url_with_password(SCHEMES)) {
+            check(&parse_config(&url), &secret)?;
+        }
     }
 }

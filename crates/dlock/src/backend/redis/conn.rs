@@ -116,6 +116,19 @@ pub(super) fn cluster_nodes(url: &str) -> crate::Result<Vec<String>> {
     Ok(nodes)
 }
 
+/// The `host:port` of each seed node of [`cluster_nodes`], without the credentials, for
+/// messages and the client's address.
+pub(super) fn cluster_hosts(nodes: &[String]) -> Vec<&str> {
+    nodes
+        .iter()
+        .map(|node| {
+            let rest = node.strip_prefix("redis://").unwrap_or(node);
+            let host = rest.rsplit_once('@').map_or(rest, |(_, host)| host);
+            host.trim_end_matches('/')
+        })
+        .collect()
+}
+
 /// Connections for requests followed by `WAIT` (`min_replicas`). `WAIT` blocks the
 /// connection it is sent on until enough replicas acknowledged (or its timeout), so each
 /// such request takes a connection of its own from this pool: the client's shared

@@ -57,14 +57,24 @@ impl RawElection for Redis {
             .query_async(&mut self.conn())
             .await
             .map_err(|e| map_err(e, "reading the election record"))?;
-        match (term, data) {
-            (None, None) => Ok(None),
-            (Some(term), Some(data)) => match parse_term(&term) {
-                Some(term) => Ok(Some((term, data))),
-                None => Err(malformed(&key, &format!("its term {term:?} is not a u64"))),
-            },
-            _ => Err(malformed(&key, "it lacks its term or its data")),
-        }
+        decode_record(&key, term, data)
+    }
+}
+
+/// The record at `key` from its `HMGET term data`: nothing, or a term and data as
+/// `elect_publish.lua` writes them; anything else is a `Backend` error.
+fn decode_record(
+    key: &str,
+    term: Option<String>,
+    data: Option<String>,
+) -> Result<Option<(u64, String)>> {
+    match (term, data) {
+        (None, None) => Ok(None),
+        (Some(term), Some(data)) => match parse_term(&term) {
+            Some(term) => Ok(Some((term, data))),
+            None => Err(malformed(key, &format!("its term {term:?} is not a u64"))),
+        },
+        _ => Err(malformed(key, "it lacks its term or its data")),
     }
 }
 
@@ -93,6 +103,45 @@ mod tests {
         assert_eq!(parse_term("18446744073709551615"), Some(u64::MAX));
         for bad in ["", "007", "+7", "-1", "7 ", "18446744073709551616", "x"] {
             assert_eq!(parse_term(bad), None, "{bad:?}");
+        }
+    }
+}
+
+/// Hostile input: whatever the record's hash holds.
+#[cfg(test)]
+mod props {
+    use proptest::prelude::*;
+
+    use super::{decode_record, parse_term};
+
+    proptest! {
+        #![proptest_config(crate::backend::hostile::cases(256))]
+
+        #[test]
+        fn terms_round_trip(term in any::<u64>()) {
+            prop_assert_eq!(parse_term(&term.to_string()), Some(term));
+        }
+
+        #[test]
+        fn any_term_text_is_canonical_or_refused(text in prop_oneof![any::<String>(), "[-+0-9 ]{0,22}"]) {
+            if let Some(term) = parse_term(&text) {
+                prop_assert_eq!(term.to_string(), text);
+            }
+        }
+
+        #[test]
+        fn any_hash_content_decodes_or_is_a_backend_error(
+            term in proptest::option::of(prop_oneof![any::<String>(), "[0-9]{1,20}"]),
+            data in proptest::option::of(any::<String>()),
+        ) {
+            match decode_record("k", term.clone(), data.clone()) {
+                Ok(None) => prop_assert!(term.is_none() && data.is_none()),
+                Ok(Some((t, d))) => {
+                    prop_assert_eq!(Some(t.to_string()), term);
+                    prop_assert_eq!(Some(d), data);
+                }
+                Err(e) => prop_assert_eq!(e.kind(), crate::ErrorKind::Backend),
+            }
         }
     }
 }

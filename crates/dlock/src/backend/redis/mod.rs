@@ -190,20 +190,9 @@ impl RedisBuilder {
             replicas: self.min_replicas,
             timeout_ms: ttl_ms(self.replica_timeout),
         });
-        let scheme = self.url.split("://").next().unwrap_or_default();
-        if !matches!(
-            scheme,
-            "redis" | "rediss" | "redis+unix" | "unix" | "redis+sentinel" | "redis+cluster"
-        ) || !self.url.contains("://")
-        {
-            return Err(Error::invalid(format!(
-                "unsupported redis URL {:?}: expected redis://, rediss://, redis+unix://, \
-                 redis+sentinel:// or redis+cluster://",
-                redact(&self.url)
-            )));
-        }
+        let target = parse_url(&self.url)?;
         #[cfg(feature = "redis-tls")]
-        if scheme == "rediss" {
+        if self.url.starts_with("rediss://") {
             // rustls needs a process-wide crypto provider; install ours unless the
             // application already chose one (then this is a no-op).
             let _ = rustls::crypto::ring::default_provider().install_default();
@@ -224,54 +213,57 @@ impl RedisBuilder {
         };
         let mut sentinel = None;
         let mut master_addr = String::new();
-        let (conn, pubsub, addr, wait_pool) = if scheme == "redis+cluster" {
-            let nodes = conn::cluster_nodes(&self.url)?;
-            let addr = format!("cluster:{}", nodes.join(","));
-            let client = redis::cluster::ClusterClient::builder(nodes.clone())
-                .connection_timeout(self.connect_timeout)
-                .response_timeout(self.response_timeout)
-                .build()
-                .map_err(|e| map_err(e, "configuring the cluster client"))?;
-            let conn = tokio::time::timeout(self.connect_timeout, client.get_async_connection())
-                .await
-                .map_err(|_| unavailable(&addr))?
-                .map_err(|e| map_err(e, &format!("connecting to redis at {addr}")))?;
-            let pubsub = PubSub::new_cluster(&nodes, self.connect_timeout, self.response_timeout)?;
-            // On a cluster, WAIT goes to the key's master on the shared connection.
-            (conn::Conn::Cluster(conn), pubsub, addr, None)
-        } else {
-            if scheme == "redis+sentinel" {
-                sentinel = Some(sentinel::SentinelUrl::parse(&self.url)?);
+        let (conn, pubsub, addr, wait_pool) = match target {
+            Target::Cluster(nodes) => {
+                // The seed nodes without their credentials.
+                let addr = format!("cluster:{}", conn::cluster_hosts(&nodes).join(","));
+                let client = redis::cluster::ClusterClient::builder(nodes.clone())
+                    .connection_timeout(self.connect_timeout)
+                    .response_timeout(self.response_timeout)
+                    .build()
+                    .map_err(|e| map_err(e, "configuring the cluster client"))?;
+                let conn =
+                    tokio::time::timeout(self.connect_timeout, client.get_async_connection())
+                        .await
+                        .map_err(|_| unavailable(&addr))?
+                        .map_err(|e| map_err(e, &format!("connecting to redis at {addr}")))?;
+                let pubsub =
+                    PubSub::new_cluster(&nodes, self.connect_timeout, self.response_timeout)?;
+                // On a cluster, WAIT goes to the key's master on the shared connection.
+                (conn::Conn::Cluster(conn), pubsub, addr, None)
             }
-            let client = match &sentinel {
-                Some(s) => s.resolve(self.connect_timeout).await?,
-                None => redis::Client::open(self.url.as_str()).map_err(|e| {
-                    Error::invalid(format!("bad redis URL {:?}: {e}", redact(&self.url)))
-                        .with_source(e)
-                })?,
-            };
-            master_addr = client.get_connection_info().addr().to_string();
-            let addr = match &sentinel {
-                Some(s) => format!("sentinel:{}", s.master()),
-                None => master_addr.clone(),
-            };
-            let conn = tokio::time::timeout(
-                self.connect_timeout,
-                ConnectionManager::new_with_config(client.clone(), config.clone()),
-            )
-            .await
-            .map_err(|_| unavailable(&master_addr))?
-            .map_err(|e| map_err(e, &format!("connecting to redis at {master_addr}")))?;
-            let pubsub = PubSub::new(&client, self.connect_timeout, self.response_timeout);
-            let wait_pool = replication.map(|_| {
-                conn::WaitPool::new(
-                    client.clone(),
-                    redis::AsyncConnectionConfig::new()
-                        .set_connection_timeout(Some(self.connect_timeout))
-                        .set_response_timeout(Some(self.response_timeout)),
+            Target::Node(node) => {
+                let client = match node {
+                    Node::Sentinel(s) => {
+                        let client = s.resolve(self.connect_timeout).await?;
+                        sentinel = Some(s);
+                        client
+                    }
+                    Node::Single(client) => *client,
+                };
+                master_addr = client.get_connection_info().addr().to_string();
+                let addr = match &sentinel {
+                    Some(s) => format!("sentinel:{}", s.master()),
+                    None => master_addr.clone(),
+                };
+                let conn = tokio::time::timeout(
+                    self.connect_timeout,
+                    ConnectionManager::new_with_config(client.clone(), config.clone()),
                 )
-            });
-            (conn::Conn::Single(conn), pubsub, addr, wait_pool)
+                .await
+                .map_err(|_| unavailable(&master_addr))?
+                .map_err(|e| map_err(e, &format!("connecting to redis at {master_addr}")))?;
+                let pubsub = PubSub::new(&client, self.connect_timeout, self.response_timeout);
+                let wait_pool = replication.map(|_| {
+                    conn::WaitPool::new(
+                        client.clone(),
+                        redis::AsyncConnectionConfig::new()
+                            .set_connection_timeout(Some(self.connect_timeout))
+                            .set_response_timeout(Some(self.response_timeout)),
+                    )
+                });
+                (conn::Conn::Single(conn), pubsub, addr, wait_pool)
+            }
         };
         let cluster = matches!(conn, conn::Conn::Cluster(_));
 
@@ -578,11 +570,53 @@ pub(super) fn not_replicated(keys: &LockKeys, what: &str) -> Error {
     .retryable(true)
 }
 
+/// `url` for messages, its password (user info, or redis+unix's `pass=`) hidden.
 fn redact(url: &str) -> String {
-    // Drop credentials from messages: everything between "://" and the last '@'.
-    match (url.find("://"), url.rfind('@')) {
-        (Some(s), Some(at)) if at > s => format!("{}://***@{}", &url[..s], &url[at + 1..]),
-        _ => url.to_owned(),
+    super::redact_url(url)
+}
+
+/// What a URL names, parsed without any network access.
+enum Target {
+    /// A single server, or the master the sentinels name.
+    Node(Node),
+    /// The seed nodes of a Redis Cluster (`redis://` URLs carrying the credentials).
+    Cluster(Vec<String>),
+}
+
+enum Node {
+    Single(Box<redis::Client>),
+    Sentinel(sentinel::SentinelUrl),
+}
+
+/// Parses a `redis://`, `rediss://`, `redis+unix://`, `redis+sentinel://` or
+/// `redis+cluster://` URL. Every malformed URL is `InvalidArgument`, its message without
+/// the password.
+fn parse_url(url: &str) -> Result<Target> {
+    let scheme = url.split_once("://").map(|(scheme, _)| scheme);
+    match scheme {
+        Some("redis+cluster") => {
+            let nodes = conn::cluster_nodes(url)?;
+            // Checks every node's URL (no connection is made).
+            redis::cluster::ClusterClient::new(nodes.clone()).map_err(|e| {
+                Error::invalid(format!("bad cluster URL {:?}: {e}", redact(url))).with_source(e)
+            })?;
+            Ok(Target::Cluster(nodes))
+        }
+        Some("redis+sentinel") => {
+            let sentinel = sentinel::SentinelUrl::parse(url)?;
+            sentinel.check()?;
+            Ok(Target::Node(Node::Sentinel(sentinel)))
+        }
+        Some("redis" | "rediss" | "redis+unix" | "unix") => redis::Client::open(url)
+            .map(|client| Target::Node(Node::Single(Box::new(client))))
+            .map_err(|e| {
+                Error::invalid(format!("bad redis URL {:?}: {e}", redact(url))).with_source(e)
+            }),
+        _ => Err(Error::invalid(format!(
+            "unsupported redis URL {:?}: expected redis://, rediss://, redis+unix://, \
+             redis+sentinel:// or redis+cluster://",
+            redact(url)
+        ))),
     }
 }
 
@@ -607,7 +641,7 @@ fn map_err(err: RedisError, doing: &str) -> Error {
         (
             ErrorKind::Backend,
             format!(
-                "{doing}: the redis user is not permitted to run dlock's commands (dlock needs EVALSHA/EVAL/SCRIPT LOAD, i.e. scripting): {detail}"
+                "{doing}: the redis user may not run a command dlock needs, or touch its keys or channels (scripting: EVALSHA, SCRIPT LOAD and what the scripts run; docs/redis-acl.md lists it all): {detail}"
             ),
             false,
         )
@@ -763,6 +797,36 @@ pub(super) fn parse_acquire(reply: &[i64], script: &str) -> Result<Acquire> {
             format!("unexpected reply from the {script} script: {other:?}"),
         )),
     }
+}
+
+/// Milliseconds of a `TIME` reply (saturating: a garbled reply must not overflow).
+pub(super) fn server_ms(secs: i64, micros: i64) -> i64 {
+    secs.saturating_mul(1000).saturating_add(micros / 1000)
+}
+
+/// A semaphore's state from its leases (`token -> expiry ms` by the server's clock),
+/// permit counts (`token -> permits`) and the server's time `now` (ms). Counts saturate:
+/// the hash may hold anything someone wrote to it.
+fn permit_state(now: i64, leases: &[(String, f64)], counts: &[(String, u32)]) -> LockState {
+    // `as` saturates (NaN becomes 0): a score is whatever the sorted set holds.
+    let live: Vec<(&str, i64)> = leases
+        .iter()
+        .map(|(token, expiry)| (token.as_str(), *expiry as i64))
+        .filter(|(_, expiry)| *expiry > now)
+        .collect();
+    let used = live
+        .iter()
+        .filter_map(|(token, _)| counts.iter().find(|(t, _)| t == token))
+        .fold(0u32, |sum, (_, n)| sum.saturating_add(*n));
+    let last = live
+        .iter()
+        .map(|(_, expiry)| expiry.saturating_sub(now))
+        .max()
+        .and_then(|ms| u64::try_from(ms).ok())
+        .map(Duration::from_millis);
+    LockState::new(None, last, None)
+        .with_hold_count(used)
+        .with_holders(u32::try_from(live.len()).unwrap_or(u32::MAX))
 }
 
 /// The plain lock on Redis: `SET NX PX` + fence while nobody waits; waiters queue in the
@@ -1165,26 +1229,7 @@ impl RawSemaphore for Redis {
             .query_async(&mut self.conn())
             .await
             .map_err(|e| map_err(e, "inspecting a semaphore"))?;
-        let now = secs.saturating_mul(1000).saturating_add(micros / 1000);
-        let live: Vec<(String, i64)> = leases
-            .into_iter()
-            .map(|(token, expiry)| (token, expiry as i64))
-            .filter(|(_, expiry)| *expiry > now)
-            .collect();
-        let used: u32 = live
-            .iter()
-            .filter_map(|(token, _)| counts.iter().find(|(t, _)| t == token))
-            .map(|(_, n)| *n)
-            .sum();
-        let last = live
-            .iter()
-            .map(|(_, expiry)| expiry - now)
-            .max()
-            .and_then(|ms| u64::try_from(ms).ok())
-            .map(Duration::from_millis);
-        Ok(LockState::new(None, last, None)
-            .with_hold_count(used)
-            .with_holders(u32::try_from(live.len()).unwrap_or(u32::MAX)))
+        Ok(permit_state(server_ms(secs, micros), &leases, &counts))
     }
 
     async fn force_unlock_permits(&self, keys: &LockKeys) -> Result<bool> {
@@ -1278,6 +1323,128 @@ impl Redis {
             .invoke_async(&mut self.conn())
             .await
             .map_err(|e| map_err(e, "changing the permit count"))
+    }
+}
+
+/// Hostile input: URLs of every Redis scheme, and the replies the backend decodes.
+#[cfg(test)]
+mod props {
+    use std::time::Duration;
+
+    use proptest::prelude::*;
+
+    use super::{Target, parse_acquire, parse_url, permit_state, server_ms};
+    use crate::backend::hostile::{any_url, check, url_with_password};
+    use crate::raw::Acquire;
+
+    const SCHEMES: &[&str] = &[
+        "redis",
+        "rediss",
+        "redis+unix",
+        "unix",
+        "redis+sentinel",
+        "redis+cluster",
+    ];
+
+    #[test]
+    fn known_urls() {
+        for url in [
+            "redis://127.0.0.1:6379/0",
+            "redis://u:p@h",
+            "redis+unix:///tmp/r.sock?db=1&pass=x",
+            "redis+sentinel://u:p@a:1,b:2/m/3",
+            "redis+cluster://u:p@a:1,b:2",
+        ] {
+            assert!(parse_url(url).is_ok(), "{url}");
+        }
+        for url in [
+            "",
+            "redis:/h",
+            "http://h",
+            "redis://h:x",
+            "redis://h/x",
+            "redis+cluster://",
+            "redis+cluster://h:x",
+            "redis+sentinel://h",
+            "redis+sentinel://h h/m",
+            "redis://0.0.0.0",
+        ] {
+            let err = parse_url(url).map(|_| ()).expect_err(url);
+            assert_eq!(err.kind(), crate::ErrorKind::InvalidArgument, "{url}");
+        }
+        // The cluster's address names its nodes, never their credentials.
+        let Ok(Target::Cluster(nodes)) = parse_url("redis+cluster://u:s3cret@a:1,b:2/") else {
+            panic!("a cluster URL");
+        };
+        assert_eq!(super::conn::cluster_hosts(&nodes), ["a:1", "b:2"]);
+    }
+
+    #[test]
+    fn secrets_in_query_and_odd_places_stay_hidden() {
+        for (url, secret) in [
+            ("redis+unix:///tmp/s?db=x&pass=s3cret!", "s3cret!"),
+            ("redis+unix:///tmp/s?pass=s3cret!&protocol=9", "s3cret!"),
+            ("redis://u:pa/ss!word@h:x", "pa/ss!word"),
+            ("redis://u:pa?ss!word@h", "pa?ss!word"),
+            ("redis:/u:s3cret!@h", "s3cret!"),
+            ("redis+cluster://u:s3cret!@h:1/0", "s3cret!"),
+            ("redis+sentinel://u:s3cret!@h:1", "s3cret!"),
+            ("redis+sentinel://u:s3cret!@h:1/m/x", "s3cret!"),
+        ] {
+            let err = parse_url(url).map(|_| ()).expect_err(url);
+            assert!(!err.to_string().contains(secret), "{err}");
+            assert!(!format!("{err:?}").contains(secret), "{err:?}");
+        }
+    }
+
+    proptest! {
+        #![proptest_config(crate::backend::hostile::cases(256))]
+
+        #[test]
+        fn any_string_parses_or_is_invalid(url in any_url(SCHEMES)) {
+            check(&parse_url(&url), "")?;
+        }
+
+        #[test]
+        fn passwords_never_reach_errors((url, secret) in url_with_password(SCHEMES)) {
+            check(&parse_url(&url), &secret)?;
+        }
+
+        #[test]
+        fn acquire_replies_decode_or_are_a_backend_error(
+            reply in prop::collection::vec(any::<i64>(), 0..5),
+            fence in 0..i64::MAX,
+            wait in any::<i64>(),
+        ) {
+            match parse_acquire(&reply, "test") {
+                Ok(_) => prop_assert!(matches!(reply.as_slice(), [1, _] | [0, _] | [0, _, _])),
+                Err(e) => prop_assert_eq!(e.kind(), crate::ErrorKind::Backend),
+            }
+            let granted = matches!(
+                parse_acquire(&[1, fence], "t"),
+                Ok(Acquire::Acquired { fence: f }) if i64::try_from(f).ok() == Some(fence)
+            );
+            prop_assert!(granted);
+            let remaining = u64::try_from(wait).ok().map(Duration::from_millis);
+            let held = matches!(
+                parse_acquire(&[0, wait, fence], "t"),
+                Ok(Acquire::Held { remaining: r }) if r == remaining
+            );
+            prop_assert!(held);
+        }
+
+        #[test]
+        fn permit_snapshots_of_any_content_decode(
+            secs in any::<i64>(),
+            micros in any::<i64>(),
+            leases in prop::collection::vec(("[a-c]", any::<f64>()), 0..6),
+            counts in prop::collection::vec(("[a-c]", any::<u32>()), 0..6),
+        ) {
+            let now = server_ms(secs, micros);
+            let state = permit_state(now, &leases, &counts);
+            let live = leases.iter().filter(|(_, e)| (*e as i64) > now).count();
+            prop_assert_eq!(state.holders, u32::try_from(live).ok());
+        }
     }
 }
 

@@ -623,3 +623,93 @@ async fn reap(shared: Arc<Shared>, channel: String) {
         return;
     }
 }
+
+/// Hostile input: any push the connection delivers.
+#[cfg(test)]
+mod props {
+    use std::collections::HashMap;
+    use std::sync::{Arc, Mutex, OnceLock};
+
+    use proptest::prelude::*;
+    use redis::{PushInfo, PushKind, Value};
+
+    use super::{Channel, Named, deliver, named_in};
+
+    fn value() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Nil),
+            any::<i64>().prop_map(Value::Int),
+            prop::collection::vec(any::<u8>(), 0..24).prop_map(Value::BulkString),
+            "![0-9]{1,5}:tok|tok|!x:tok|[ -~]{0,12}"
+                .prop_map(|s| Value::BulkString(s.into_bytes())),
+            "[ -~]{0,12}".prop_map(Value::SimpleString),
+        ];
+        leaf.prop_recursive(2, 8, 4, |inner| {
+            prop::collection::vec(inner, 0..4).prop_map(Value::Array)
+        })
+    }
+
+    fn kind() -> impl Strategy<Value = PushKind> {
+        prop::sample::select(vec![
+            PushKind::Message,
+            PushKind::SMessage,
+            PushKind::PMessage,
+            PushKind::Subscribe,
+            PushKind::Disconnection,
+            PushKind::Other("x".to_owned()),
+        ])
+    }
+
+    /// The channels map with one channel `ch` and one named waiter `tok`.
+    fn channels() -> Mutex<HashMap<String, Channel>> {
+        let mut channel = Channel::new();
+        channel.named.insert(
+            "tok".to_owned(),
+            Named {
+                notify: Arc::default(),
+                grants: Arc::default(),
+            },
+        );
+        Mutex::new(HashMap::from([("ch".to_owned(), channel)]))
+    }
+
+    proptest! {
+        #![proptest_config(crate::backend::hostile::cases(256))]
+
+        #[test]
+        fn any_payload_names_a_waiter_or_nobody(payload in prop_oneof![any::<String>(), "!-?[0-9]{0,21}:tok|tok|!:tok"]) {
+            let channels = channels();
+            let map = channels.lock().expect("lock");
+            let channel = map.get("ch").expect("channel");
+            // The model: the waiter's token alone wakes it; `!<fence>:<token>` hands over
+            // (a fence that is no positive number: a plain wake-up).
+            let handed = payload
+                .strip_prefix('!')
+                .and_then(|p| p.split_once(':'))
+                .filter(|(_, token)| *token == "tok")
+                .map(|(fence, _)| fence.parse::<u64>().ok().filter(|f| *f > 0));
+            let expected = if payload == "tok" { Some(None) } else { handed };
+            prop_assert_eq!(named_in(channel, &payload).map(|(_, fence)| fence), expected);
+        }
+
+        #[test]
+        fn hand_overs_round_trip(fence in 1..u64::MAX) {
+            let channels = channels();
+            let map = channels.lock().expect("lock");
+            let channel = map.get("ch").expect("channel");
+            let named = named_in(channel, &format!("!{fence}:tok")).map(|(_, f)| f);
+            prop_assert_eq!(named, Some(Some(fence)));
+        }
+
+        #[test]
+        fn any_push_is_delivered_without_panicking(kind in kind(), data in prop::collection::vec(value(), 0..4)) {
+            let channels = channels();
+            let to_channel = matches!(kind, PushKind::Message | PushKind::SMessage);
+            let mut data = data;
+            if to_channel && !data.is_empty() {
+                data[0] = Value::BulkString(b"ch".to_vec());
+            }
+            deliver(&channels, &OnceLock::new(), PushInfo { kind, data });
+        }
+    }
+}

@@ -144,7 +144,7 @@ impl RawRwLock for Redis {
             .query_async(&mut self.conn())
             .await
             .map_err(|e| map_err(e, "inspecting a read-write lock"))?;
-        let now = (secs * 1000 + micros / 1000) as f64;
+        let now = super::server_ms(secs, micros) as f64;
         let live = |set: &[(String, f64)]| set.iter().filter(|(_, e)| *e > now).count();
         let last_reader = readers.iter().map(|(_, e)| *e).fold(f64::NAN, f64::max);
         let remaining = match (&writer, u64::try_from(pttl)) {

@@ -18,8 +18,8 @@ use crate::error::{Error, Result};
 /// How often the follower asks a sentinel for the master's address.
 pub(super) const POLL: Duration = Duration::from_millis(250);
 
-/// A parsed `redis+sentinel://` URL.
-#[derive(Debug, Clone)]
+/// A parsed `redis+sentinel://` URL. (No `Debug`: it holds the password.)
+#[derive(Clone)]
 pub(super) struct SentinelUrl {
     sentinels: Vec<String>,
     master: String,
@@ -85,6 +85,12 @@ impl SentinelUrl {
     /// The master's name.
     pub(super) fn master(&self) -> &str {
         &self.master
+    }
+
+    /// Checks what `redis::sentinel` would refuse (a sentinel address it cannot parse),
+    /// without connecting.
+    pub(super) fn check(&self) -> Result<()> {
+        self.client().map(|_| ())
     }
 
     fn client(&self) -> Result<SentinelClient> {

@@ -465,7 +465,11 @@ fn parse_url(url: &str) -> Result<Url> {
                     .filter(|d| !d.is_zero() && *d <= Duration::from_secs(600))
                     .ok_or_else(|| bad("session_timeout must be 1ms..10m, e.g. 10s"))?;
             }
-            _ => return Err(bad(&format!("unknown parameter {pair:?}"))),
+            // The parameter's name only: its value could be a secret.
+            _ => {
+                let name = pair.split_once('=').map_or(pair, |(name, _)| name);
+                return Err(bad(&format!("unknown parameter {name:?}")));
+            }
         }
     }
     Ok(Url {
@@ -1671,5 +1675,81 @@ mod tests {
         let err = parse_url("zk://u:secret@h?x=1").expect_err("no port");
         assert!(!err.to_string().contains("secret"), "{err}");
         assert_eq!(redact("zk://u:secret@h:1/x"), "zk://u:***@h:1/x");
+    }
+}
+
+/// Hostile input: URLs, and whatever node names a lock's directory holds.
+#[cfg(test)]
+mod props {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::backend::hostile::{any_url, cases, check, url_with_password};
+
+    #[test]
+    fn odd_passwords_and_parameters_stay_hidden() {
+        for (url, secret) in [
+            ("zk://u:pa/ss!w@h:1", "pa/ss!w"),
+            ("zk://u:pa?ss!w@h", "pa?ss!w"),
+            ("zk://h:1?password=s3cret!", "s3cret!"),
+            ("zk://h:1?digest=u:s3cret!", "s3cret!"),
+        ] {
+            let err = parse_url(url).expect_err(url);
+            assert!(!format!("{err} {err:?}").contains(secret), "{err:?}");
+        }
+    }
+
+    proptest! {
+        #![proptest_config(cases(256))]
+
+        #[test]
+        fn any_string_parses_or_is_invalid(url in any_url(&["zk"])) {
+            let parsed = parse_url(&url);
+            check(&parsed, "")?;
+            if let Ok(u) = parsed {
+                prop_assert!(!u.hosts.is_empty());
+                prop_assert!(u.chroot.is_empty() || u.chroot.starts_with('/'));
+                prop_assert!(!u.session_timeout.is_zero());
+            }
+        }
+
+        #[test]
+        fn passwords_never_reach_errors((url, secret) in url_with_password(&["zk"])) {
+            check(&parse_url(&url), &secret)?;
+        }
+
+        #[test]
+        fn session_timeouts_parse_or_are_refused(text in prop_oneof![any::<String>(), "[0-9]{0,22}(ms|s|m|h|)"]) {
+            // Never panics (overflowing minutes included); a number alone is milliseconds.
+            let parsed = parse_duration(&text);
+            if let Ok(ms) = text.trim().parse::<u64>() {
+                prop_assert_eq!(parsed, Some(Duration::from_millis(ms)));
+            }
+        }
+
+        #[test]
+        fn names_round_trip(s in any::<String>()) {
+            let e = escape(&s);
+            prop_assert!(!e.contains(['/', '-']) && e != "." && e != "..", "{}", e);
+            prop_assert_eq!(unescape(&e), Some(s));
+        }
+
+        #[test]
+        fn any_node_name_parses_or_is_skipped(
+            name in prop_oneof![any::<String>(), "([0-9]{1,12}|h|r|w|x)?\\+?[a-z%0-9]{0,6}-[0-9]{0,20}"],
+        ) {
+            let _ = unescape(&name);
+            if let Some((kind, who, seq)) = parse_node(&name) {
+                prop_assert!(seq >= 0);
+                // A name dlock makes of the same kind and holder comes back the same.
+                let made = format!("{}{:010}", kind.name(&unescape(who).unwrap_or_default()), seq);
+                if unescape(who).is_some_and(|w| escape(&w) == who) {
+                    prop_assert_eq!(parse_node(&made), Some((kind, who, seq)));
+                }
+            }
+            let children = vec![name.clone(), "zookeeper".to_owned()];
+            let line = in_line(&children);
+            prop_assert!(line.len() <= 1);
+        }
     }
 }
