@@ -759,7 +759,7 @@ async fn run_processes(
         .iter()
         .map(|a| (*a).to_owned())
         .collect();
-        let (child, _reader) = crate::workers::spawn(&args, move |line| {
+        let (child, _reader) = crate::workers::spawn(&args, &[], move |line| {
             if let Some(e) = Event::parse(line) {
                 let _ = tx.send(e);
             }

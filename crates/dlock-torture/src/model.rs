@@ -237,11 +237,27 @@ impl Kind {
     pub(crate) fn applies(self, fault: Fault) -> bool {
         match self {
             Kind::Memory => fault == Fault::Pause,
-            Kind::MemcachedFenced | Kind::EtcdFenced | Kind::ZookeeperFenced => !matches!(
+            Kind::MemcachedFenced => !matches!(
                 fault,
-                Fault::Freeze | Fault::ClientPause | Fault::ScriptFlush
+                Fault::Freeze | Fault::ClientPause | Fault::ScriptFlush | Fault::Failover
             ),
-            Kind::PostgresFenced => !matches!(fault, Fault::ClientPause | Fault::ScriptFlush),
+            // No store clock faults (the workers' clock still jumps): etcd's Go runtime
+            // reads its clocks through the vDSO, which no preloaded library reaches, and
+            // the JVM calls the clock so often that libfaketime (which looks at its control
+            // file on every call) slows a ZooKeeper ensemble past its 2 s sessions. The
+            // test kit's clock tests show what each does with a moved clock.
+            Kind::EtcdFenced | Kind::ZookeeperFenced => {
+                !matches!(
+                    fault,
+                    Fault::Freeze | Fault::ClientPause | Fault::ScriptFlush | Fault::Failover
+                ) && !fault.moves_store_clock()
+            }
+            Kind::PostgresFenced => !matches!(
+                fault,
+                Fault::ClientPause | Fault::ScriptFlush | Fault::Failover
+            ),
+            // The one Redis kind whose server's clock moves (the others share the server).
+            Kind::DlockFenced => fault != Fault::Failover,
             // Workers reach the servers straight (the sentinels hand out the master's
             // address, which no proxy stands in for): worker faults and failovers.
             Kind::SentinelFenced | Kind::SentinelWaitFenced | Kind::ClusterFenced => {
@@ -250,7 +266,7 @@ impl Kind {
             // The partition between the halves is set for the whole run; the one fault
             // is the bridge node's restart, on a holder's grant.
             Kind::RedlockImmediateRestart | Kind::RedlockDelayedRestart => fault == Fault::Restart,
-            _ => fault != Fault::Failover,
+            _ => fault != Fault::Failover && !fault.moves_a_clock(),
         }
     }
 
@@ -263,6 +279,12 @@ impl Kind {
             Kind::RedlockImmediateRestart | Kind::RedlockDelayedRestart => true,
             k if k.is_control() => matches!(fault, Fault::Pause | Fault::Kill),
             Kind::Redlock => !matches!(fault, Fault::ClientPause | Fault::ScriptFlush),
+            // Room for the four clock faults: the faults `dlock` runs quick already go.
+            Kind::DlockFenced => !matches!(
+                fault,
+                Fault::ClientPause | Fault::ScriptFlush | Fault::Close | Fault::Delay
+            ),
+            Kind::PostgresFenced => !matches!(fault, Fault::Close | Fault::Delay),
             Kind::MemcachedFenced | Kind::EtcdFenced | Kind::ZookeeperFenced => matches!(
                 fault,
                 Fault::Pause | Fault::Kill | Fault::Restart | Fault::Blackhole
@@ -278,6 +300,27 @@ impl Kind {
     /// acknowledged is never returned, so nothing is excused.
     pub(crate) fn failover_excuses(self) -> bool {
         matches!(self, Kind::SentinelFenced | Kind::ClusterFenced)
+    }
+
+    /// Whether an overlap that `fault` explains is excused for this kind: a pause or a
+    /// restart without persistence always (no lease lock survives them unfenced), a
+    /// failover or a clock fault where SAFETY.md says the store gives way to it.
+    pub(crate) fn excuses(self, fault: Fault) -> bool {
+        match fault {
+            Fault::Pause | Fault::Restart => true,
+            Fault::Failover => self.failover_excuses(),
+            Fault::ClockJump | Fault::ClockBack | Fault::ClockFast => self.clock_excuses(),
+            _ => false,
+        }
+    }
+
+    /// Whether a jump or a fast run of the lock server's wall clock excuses an overlap: on
+    /// the stores that expire leases by it (Redis's key expiry, PostgreSQL's
+    /// `clock_timestamp()`), a forward step ends a lease early (SAFETY.md; fencing keeps
+    /// the resource safe). memcached's and ZooKeeper's expiry follow their monotonic
+    /// clocks, so there it excuses nothing.
+    pub(crate) fn clock_excuses(self) -> bool {
+        matches!(self, Kind::DlockFenced | Kind::PostgresFenced)
     }
 
     /// Whether a holder keeps the lock for half a ttl (or until `lost()` fires) before
@@ -407,6 +450,17 @@ pub(crate) enum Fault {
     /// master alone (with `min_replicas`, none can), the master is killed and the replica
     /// thawed, and it is promoted; the old master comes back empty as its replica.
     Failover,
+    /// The lock server's wall clock steps 2 × ttl forward (an NTP step), and back after
+    /// 2 × ttl. Only on servers of the run's own, started under a fake clock.
+    ClockJump,
+    /// The lock server's wall clock steps 2 × ttl back, and forward again after 2 × ttl.
+    ClockBack,
+    /// The lock server's wall clock runs four times as fast for 2 × ttl (a broken time
+    /// source), then is set right.
+    ClockFast,
+    /// The workers' wall clock steps an hour forward (every other time back) for 2 × ttl:
+    /// dlock reads only the monotonic clock, so nothing may change.
+    ClientClock,
     /// Kill PostgreSQL (every process, SIGKILL) and start it again on its data at once:
     /// a crash of a durable store, which must keep every hold and fence. The form
     /// `restart` takes on postgres-fenced (not a fault of its own in `--faults`).
@@ -414,7 +468,7 @@ pub(crate) enum Fault {
 }
 
 impl Fault {
-    pub(crate) const ALL: [Fault; 10] = [
+    pub(crate) const ALL: [Fault; 14] = [
         Fault::Pause,
         Fault::Kill,
         Fault::Freeze,
@@ -425,6 +479,10 @@ impl Fault {
         Fault::Blackhole,
         Fault::Close,
         Fault::Failover,
+        Fault::ClockJump,
+        Fault::ClockBack,
+        Fault::ClockFast,
+        Fault::ClientClock,
     ];
 
     pub(crate) fn id(self) -> &'static str {
@@ -443,6 +501,10 @@ impl Fault {
             Fault::MemberRestart => "member-restart",
             Fault::CrashRestart => "crash-restart",
             Fault::Failover => "failover",
+            Fault::ClockJump => "clock-jump",
+            Fault::ClockBack => "clock-back",
+            Fault::ClockFast => "clock-fast",
+            Fault::ClientClock => "client-clock",
         }
     }
 
@@ -463,14 +525,24 @@ impl Fault {
     }
 
     pub(crate) fn needs_own_server(self) -> bool {
-        matches!(self, Fault::Freeze | Fault::Restart | Fault::Failover)
+        matches!(self, Fault::Freeze | Fault::Restart | Fault::Failover) || self.moves_store_clock()
+    }
+
+    /// Whether the fault moves the lock server's clock.
+    pub(crate) fn moves_store_clock(self) -> bool {
+        matches!(self, Fault::ClockJump | Fault::ClockBack | Fault::ClockFast)
+    }
+
+    /// Whether the fault moves a clock (the lock server's or the workers').
+    pub(crate) fn moves_a_clock(self) -> bool {
+        self.moves_store_clock() || self == Fault::ClientClock
     }
 
     /// Whether the fault acts on lock servers (on RedLock: a minority of its nodes; on
     /// etcd and ZooKeeper: one member) or on the links to them, rather than on a worker
     /// process.
     pub(crate) fn hits_nodes(self) -> bool {
-        !matches!(self, Fault::Pause | Fault::Kill)
+        !matches!(self, Fault::Pause | Fault::Kill | Fault::ClientClock)
     }
 }
 
@@ -543,6 +615,11 @@ pub(crate) struct Config {
     pub(crate) all_kinds: bool,
     pub(crate) quick: bool,
     pub(crate) duration: Duration,
+    /// The lock servers' clock (their wall clock, under libfaketime or the kit's shim),
+    /// if clock faults can run here.
+    pub(crate) store_clock: Option<dlock_test::clock::FakeClock>,
+    /// The workers' wall clock, likewise.
+    pub(crate) client_clock: Option<dlock_test::clock::FakeClock>,
 }
 
 /// A set of lock servers by index (RedLock's nodes; a single server is node 0).

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use dlock_test::clock::FakeClock;
 use dlock_test::proxy::{Fault as ProxyFault, Proxy};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
@@ -14,6 +15,19 @@ use crate::model::{
 };
 use crate::stores::{LockServer, Store, etcd_victim, zookeeper_victim};
 use crate::workers::{Running, Spawner};
+
+/// How fast the lock server's clock runs under `clock-fast`.
+const CLOCK_RATE: f64 = 4.0;
+
+/// How far the workers' wall clock steps under `client-clock`.
+const CLIENT_JUMP: Duration = Duration::from_secs(3600);
+
+/// Sets a fake clock right; a failure is reported, and the next fault's window shows it.
+fn reset(clock: Option<&FakeClock>) {
+    if let Some(Err(e)) = clock.map(FakeClock::reset) {
+        eprintln!("dlock: torture: setting a fake clock right: {e}");
+    }
+}
 
 /// The faults and duration of one kind (see [`Kind::applies`], [`Kind::in_quick_run`]).
 pub(crate) fn plan(config: &Config, kind: Kind) -> (Vec<Fault>, Duration) {
@@ -99,6 +113,12 @@ pub(crate) struct Nemesis<'a> {
     /// Chooses the RedLock nodes, etcd members or ZooKeeper servers a fault hits (used by
     /// no other kind, so theirs keep their choices per seed).
     pub(crate) node_rng: Rng,
+    /// The lock server's clock, when this kind's faults move it.
+    pub(crate) store_clock: Option<FakeClock>,
+    /// The workers' wall clock, when this kind's faults move it.
+    pub(crate) client_clock: Option<FakeClock>,
+    /// Client clock jumps so far: forward on the first, third, …, back on the others.
+    pub(crate) client_jumps: usize,
     /// RedLock, etcd or ZooKeeper restarts so far: on RedLock the first, third, … are
     /// delayed, the others at once; on etcd and ZooKeeper the first, third, … hit the
     /// leader, the others a follower.
@@ -350,6 +370,41 @@ impl Nemesis<'_> {
                 }
                 _ => (false, None, None),
             },
+            Fault::ClockJump | Fault::ClockBack | Fault::ClockFast => match &self.store_clock {
+                Some(clock) => {
+                    let moved = match fault {
+                        Fault::ClockJump => clock.jump_forward(self.ttl * 2),
+                        Fault::ClockBack => clock.jump_backward(self.ttl * 2),
+                        _ => clock.run_fast(CLOCK_RATE),
+                    };
+                    match moved {
+                        Ok(()) => (true, None, Some((half_ttls(4), Undo::ClockReset))),
+                        Err(e) => {
+                            eprintln!("dlock: torture: the store clock: {e}");
+                            (false, None, None)
+                        }
+                    }
+                }
+                None => (false, None, None),
+            },
+            Fault::ClientClock => match &self.client_clock {
+                Some(clock) => {
+                    self.client_jumps += 1;
+                    let moved = if self.client_jumps % 2 == 1 {
+                        clock.jump_forward(CLIENT_JUMP)
+                    } else {
+                        clock.jump_backward(CLIENT_JUMP)
+                    };
+                    match moved {
+                        Ok(()) => (true, None, Some((half_ttls(4), Undo::ClientClockReset))),
+                        Err(e) => {
+                            eprintln!("dlock: torture: the client clock: {e}");
+                            (false, None, None)
+                        }
+                    }
+                }
+                None => (false, None, None),
+            },
             Fault::Delay | Fault::Blackhole | Fault::Close => match victim {
                 Some(v) => {
                     let slot = self.running[v].slot;
@@ -474,7 +529,11 @@ impl Nemesis<'_> {
                     self.resume = Some((now + self.ttl_ns(), what, w));
                     continue;
                 }
-                what.apply(&mut self.store, &self.proxies);
+                match what {
+                    Undo::ClockReset => reset(self.store_clock.as_ref()),
+                    Undo::ClientClockReset => reset(self.client_clock.as_ref()),
+                    _ => what.apply(&mut self.store, &self.proxies),
+                }
                 match what {
                     Undo::Continue(id, _) => {
                         if let Some(r) = self.running.iter_mut().find(|r| r.id == id) {
@@ -486,7 +545,12 @@ impl Nemesis<'_> {
                             r.faulted = false;
                         }
                     }
-                    Undo::Thaw(_) | Undo::Unpause(_) | Undo::Revive(_) | Undo::Promote => {}
+                    Undo::Thaw(_)
+                    | Undo::Unpause(_)
+                    | Undo::Revive(_)
+                    | Undo::Promote
+                    | Undo::ClockReset
+                    | Undo::ClientClockReset => {}
                 }
                 self.windows[w].end = monotonic_ns();
             } else {
@@ -541,6 +605,10 @@ pub(crate) enum Undo {
     Revive(Nodes),
     /// Wait for the replica's promotion, then start the old master again as its replica.
     Promote,
+    /// Set the lock server's clock right (real time, real rate).
+    ClockReset,
+    /// Set the workers' clock right.
+    ClientClockReset,
 }
 
 impl Undo {
@@ -626,7 +694,14 @@ impl Undo {
                     eprintln!("dlock: torture: the cluster promoted no replica in time");
                 }
             }
-            (Undo::Thaw(_) | Undo::Revive(_) | Undo::Promote, _) => {}
+            (
+                Undo::Thaw(_)
+                | Undo::Revive(_)
+                | Undo::Promote
+                | Undo::ClockReset
+                | Undo::ClientClockReset,
+                _,
+            ) => {}
         }
     }
 }
@@ -645,6 +720,8 @@ mod tests {
             all_kinds: true,
             quick,
             duration: Duration::from_secs(20),
+            store_clock: None,
+            client_clock: None,
         }
     }
 

@@ -117,6 +117,29 @@ pub(crate) fn print_summary(reports: &[KindReport]) {
                 windows(Fault::DelayedRestart)
             );
         }
+        let clock_windows = [
+            Fault::ClockJump,
+            Fault::ClockBack,
+            Fault::ClockFast,
+            Fault::ClientClock,
+        ]
+        .map(windows);
+        if clock_windows.iter().any(|&n| n > 0) {
+            println!(
+                "{:<16} clock faults: the store's wall clock {} × forward, {} × back, {} × fast; the workers' {} × an hour; overlaps only a store clock fault explains {} ({})",
+                "",
+                clock_windows[0],
+                clock_windows[1],
+                clock_windows[2],
+                clock_windows[3],
+                f.clock_overlaps,
+                if f.kind.clock_excuses() {
+                    "excused: leases expire by this store's wall clock"
+                } else {
+                    "none excused: this store's expiry does not follow its wall clock"
+                }
+            );
+        }
         if matches!(
             f.kind,
             Kind::RedlockImmediateRestart | Kind::RedlockDelayedRestart

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use dlock::Lock;
 use dlock::backend::Memory;
+use dlock_test::clock::{FakeClock, Interposer};
 use dlock_test::postgres::PostgresServer;
 use dlock_test::proxy::Proxy;
 use dlock_test::server::{EtcdCluster, MemcachedServer, RedisServer};
@@ -37,7 +38,8 @@ pub(crate) async fn torture(args: TortureArgs) -> Result<u8, Failure> {
             .map(|k| Kind::parse(k.trim()))
             .collect::<Result<_, _>>()?
     };
-    let faults = Fault::parse_list(&args.faults)?;
+    let mut faults = Fault::parse_list(&args.faults)?;
+    let (store_clock, client_clock) = clocks(&mut faults);
     if args.workers < 2 {
         return Err(Failure::usage("--workers must be at least 2"));
     }
@@ -65,10 +67,10 @@ pub(crate) async fn torture(args: TortureArgs) -> Result<u8, Failure> {
             }
             LockServer::Given(url.to_owned())
         }
-        None => LockServer::Own(start_server()?),
+        None => LockServer::Own(start_server(store_clock.as_ref())?),
     };
     // The protected resources live apart from the lock server, which the nemesis faults.
-    let resource_server = start_server()?;
+    let resource_server = start_server(None)?;
     let config = Config {
         workers: args.workers,
         ttl: args.ttl,
@@ -78,6 +80,8 @@ pub(crate) async fn torture(args: TortureArgs) -> Result<u8, Failure> {
         all_kinds: args.kinds.trim() == "all",
         quick: args.quick,
         duration: args.duration,
+        store_clock,
+        client_clock,
     };
     std::fs::create_dir_all(&args.out)
         .map_err(|e| Failure::usage(format!("cannot create {}: {e}", args.out.display())))?;
@@ -137,6 +141,38 @@ pub(crate) async fn torture(args: TortureArgs) -> Result<u8, Failure> {
     Ok(exit::SUCCESS)
 }
 
+/// The fake clocks of the lock servers and of the workers, when the clock faults asked
+/// for can run here (libfaketime installed; for redis-server, the kit's shim built with
+/// the C compiler); the faults that cannot are dropped from `faults`, with a note.
+fn clocks(faults: &mut Vec<Fault>) -> (Option<FakeClock>, Option<FakeClock>) {
+    let wanted = |faults: &[Fault], f: fn(Fault) -> bool| faults.iter().any(|&x| f(x));
+    let store = if wanted(faults, Fault::moves_store_clock) {
+        match FakeClock::wall().and_then(|clock| dlock_test::clock::shim().map(|_| clock)) {
+            Ok(clock) => Some(clock),
+            Err(e) => {
+                eprintln!("dlock: torture: the store clock faults are skipped: {e}");
+                faults.retain(|f| !f.moves_store_clock());
+                None
+            }
+        }
+    } else {
+        None
+    };
+    let client = if faults.contains(&Fault::ClientClock) {
+        match FakeClock::wall().and_then(|clock| dlock_test::clock::libfaketime().map(|_| clock)) {
+            Ok(clock) => Some(clock),
+            Err(e) => {
+                eprintln!("dlock: torture: the client clock fault is skipped: {e}");
+                faults.retain(|&f| f != Fault::ClientClock);
+                None
+            }
+        }
+    } else {
+        None
+    };
+    (store, client)
+}
+
 /// Runs every kind in turn, writing each one's timeline to `out`.
 pub(crate) async fn run_kinds(
     config: &Config,
@@ -148,6 +184,11 @@ pub(crate) async fn run_kinds(
     let mut reports = Vec::new();
     for &kind in kinds {
         let (kind_faults, duration) = plan(config, kind);
+        // A kind's own servers run under the store clock when its clock faults are due.
+        let kind_clock = config
+            .store_clock
+            .clone()
+            .filter(|_| kind_faults.iter().any(|f| f.moves_store_clock()));
         let faults = kind_faults
             .iter()
             .map(|f| f.id())
@@ -205,7 +246,7 @@ pub(crate) async fn run_kinds(
             Kind::Redlock | Kind::RedlockImmediateRestart | Kind::RedlockDelayedRestart => {
                 println!("{line}");
                 let nodes = (0..REDLOCK_NODES)
-                    .map(|_| start_server())
+                    .map(|_| start_server(None))
                     .collect::<Result<Vec<_>, _>>()?;
                 let store = Store::quorum(nodes).await?;
                 run_workers(config, kind, &kind_faults, duration, store, resource_server).await?
@@ -250,7 +291,11 @@ pub(crate) async fn run_kinds(
                 run_workers(config, kind, &kind_faults, duration, store, resource_server).await?
             }
             Kind::MemcachedFenced => {
-                let server = match MemcachedServer::start() {
+                let started = match &kind_clock {
+                    Some(clock) => MemcachedServer::start_with_clock(clock, &[]),
+                    None => MemcachedServer::start(),
+                };
+                let server = match started {
                     Ok(server) => server,
                     // A user's `dlock torture` need not have memcached installed.
                     Err(e) if config.all_kinds => {
@@ -288,7 +333,7 @@ pub(crate) async fn run_kinds(
                 run_workers(config, kind, &kind_faults, duration, store, resource_server).await?
             }
             Kind::ZookeeperFenced => {
-                let ensemble = match start_zookeeper().await {
+                let ensemble = match start_zookeeper(kind_clock.clone()).await {
                     Ok(ensemble) => ensemble,
                     // A user's `dlock torture` need not have ZooKeeper installed.
                     Err(e) if config.all_kinds => {
@@ -313,7 +358,11 @@ pub(crate) async fn run_kinds(
                 run_workers(config, kind, &kind_faults, duration, store, resource_server).await?
             }
             Kind::PostgresFenced => {
-                let server = match PostgresServer::start() {
+                let started = match &kind_clock {
+                    Some(clock) => PostgresServer::start_with_clock(clock),
+                    None => PostgresServer::start(),
+                };
+                let server = match started {
                     Ok(server) => server,
                     // A user's `dlock torture` need not have PostgreSQL installed.
                     Err(e) if config.all_kinds => {
@@ -389,6 +438,18 @@ pub(crate) async fn run_workers(
     let start = monotonic_ns();
     let until = start + u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX);
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(usize, Step)>();
+    // Workers of a kind whose wall clock jumps run under the fake clock (libfaketime: the
+    // worker is a plain glibc program).
+    let client_clock = config
+        .client_clock
+        .clone()
+        .filter(|_| faults.contains(&Fault::ClientClock));
+    let worker_env = match &client_clock {
+        Some(clock) => clock
+            .env(Interposer::Libfaketime)
+            .map_err(|e| Failure::new(exit::UNAVAILABLE, format!("the client clock: {e}")))?,
+        None => Vec::new(),
+    };
     let spawner = Spawner {
         kind,
         urls,
@@ -397,6 +458,7 @@ pub(crate) async fn run_workers(
         ttl_ms: u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX),
         until,
         tx,
+        env: worker_env,
     };
     let running = (0..config.workers)
         .map(|i| spawner.spawn(i, i))
@@ -413,6 +475,12 @@ pub(crate) async fn run_workers(
         ttl,
         node_rng: Rng(config.seed ^ 0x6e6f_6465 ^ (kind as u64).wrapping_mul(0x9e37_79b9)),
         node_restarts: 0,
+        store_clock: config
+            .store_clock
+            .clone()
+            .filter(|_| faults.iter().any(|f| f.moves_store_clock())),
+        client_clock,
+        client_jumps: 0,
     };
     let mut plan = schedule(config, kind, faults, duration)
         .into_iter()

@@ -564,7 +564,7 @@ async fn rounds(
     out: &Path,
 ) -> Result<Outcome, Failure> {
     // The holder's server: never faulted, its own.
-    let holder_server = start_server()?;
+    let holder_server = start_server(None)?;
     let run = dlock::Token::random()?.as_str()[..8].to_owned();
     let start = monotonic_ns();
     let end = start + ns(soak);
@@ -595,7 +595,7 @@ async fn rounds(
         "--every".into(),
         humantime::format_duration(every).to_string(),
     ];
-    let (mut child, reader) = spawn(&args, move |line| {
+    let (mut child, reader) = spawn(&args, &[], move |line| {
         if let Ok(parsed) = serde_json::from_str::<HolderLine>(line) {
             // This process's figures at the moment the holder took its own.
             let _ = tx.send((parsed, proc_self()));

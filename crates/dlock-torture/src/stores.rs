@@ -7,6 +7,7 @@ use std::net::{SocketAddr, ToSocketAddrs};
 use std::time::Duration;
 
 use dlock::keys::LockKeys;
+use dlock_test::clock::FakeClock;
 use dlock_test::postgres::PostgresServer;
 use dlock_test::proxy::Proxy;
 use dlock_test::server::{EtcdCluster, MemcachedServer, RedisServer};
@@ -34,20 +35,29 @@ impl LockServer {
 /// Starts the `zookeeper-fenced` kind's ensemble (JVMs: seconds, so on a blocking thread),
 /// once `java` is known to be there: the kit would otherwise wait a minute, three times,
 /// for servers that never started.
-pub(crate) async fn start_zookeeper() -> Result<ZkEnsemble, String> {
+pub(crate) async fn start_zookeeper(clock: Option<FakeClock>) -> Result<ZkEnsemble, String> {
     let on_path = std::env::var_os("PATH")
         .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join("java").is_file()));
     if !on_path {
         return Err("java not found on PATH".to_owned());
     }
-    tokio::task::spawn_blocking(|| ZkEnsemble::start(ZOOKEEPER_MEMBERS))
-        .await
-        .map_err(|e| format!("starting ZooKeeper: {e}"))?
-        .map_err(|e| e.to_string())
+    tokio::task::spawn_blocking(move || match clock {
+        Some(clock) => ZkEnsemble::start_with_clock(ZOOKEEPER_MEMBERS, &clock),
+        None => ZkEnsemble::start(ZOOKEEPER_MEMBERS),
+    })
+    .await
+    .map_err(|e| format!("starting ZooKeeper: {e}"))?
+    .map_err(|e| e.to_string())
 }
 
-pub(crate) fn start_server() -> Result<RedisServer, Failure> {
-    RedisServer::start().map_err(|e| {
+/// A redis-server of the run's own: a lock server under `clock` when given (the store
+/// clock faults move it), or the resource server (never faulted).
+pub(crate) fn start_server(clock: Option<&FakeClock>) -> Result<RedisServer, Failure> {
+    match clock {
+        Some(clock) => RedisServer::start_with_clock(clock, &[]),
+        None => RedisServer::start(),
+    }
+    .map_err(|e| {
         Failure::new(
             exit::UNAVAILABLE,
             format!("dlock torture needs redis-server on PATH: {e}"),

@@ -16,6 +16,7 @@ use crate::worker::Step;
 /// ends at the worker's EOF. The worker is killed if the `Child` is dropped.
 pub(crate) fn spawn(
     args: &[String],
+    env: &[(String, std::ffi::OsString)],
     on_line: impl Fn(&str) + Send + 'static,
 ) -> Result<(Child, Option<JoinHandle<()>>), Failure> {
     let exe = std::env::current_exe().map_err(|e| {
@@ -26,6 +27,7 @@ pub(crate) fn spawn(
     })?;
     let mut child = tokio::process::Command::new(exe)
         .args(args)
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .kill_on_drop(true)
@@ -64,6 +66,9 @@ pub(crate) struct Spawner {
     pub(crate) ttl_ms: u64,
     pub(crate) until: u64,
     pub(crate) tx: tokio::sync::mpsc::UnboundedSender<(usize, Step)>,
+    /// The workers' environment beyond ours: the fake wall clock's, when the kind's
+    /// workers run under one (the `client-clock` fault).
+    pub(crate) env: Vec<(String, std::ffi::OsString)>,
 }
 
 impl Spawner {
@@ -87,7 +92,7 @@ impl Spawner {
         .map(|a| (*a).to_owned())
         .collect();
         let tx = self.tx.clone();
-        let (child, reader) = spawn(&args, move |line| {
+        let (child, reader) = spawn(&args, &self.env, move |line| {
             if let Ok(step) = serde_json::from_str::<Step>(line) {
                 let _ = tx.send((id, step));
             }

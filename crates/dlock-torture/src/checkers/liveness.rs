@@ -36,6 +36,7 @@ pub(crate) fn reacquire(input: &Input<'_>) -> (Vec<u64>, usize) {
                     | Fault::MemberRestart
                     | Fault::CrashRestart
                     | Fault::Failover
+                    | Fault::ClockBack
             ) && w.start <= bound
                 && w.end >= kill.t
         });

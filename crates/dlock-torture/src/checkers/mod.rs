@@ -78,6 +78,9 @@ pub(crate) struct Findings {
     /// received died with the master): excused on Sentinel and Cluster without `WAIT`,
     /// a failure with it.
     pub(crate) failover_overlaps: usize,
+    /// Overlaps only a jump or fast run of the lock server's wall clock explains:
+    /// excused on the stores whose leases expire by it (Redis, PostgreSQL).
+    pub(crate) clock_overlaps: usize,
     /// Failovers that took effect.
     pub(crate) failovers: usize,
     /// rwlock-fenced: read holds, those overlapping another worker's write hold, and those
@@ -135,10 +138,14 @@ pub(crate) fn check(input: &Input<'_>) -> (Findings, Holds) {
         .iter()
         .map(|&(i, j)| explanation(&holds[i], &holds[j], input.windows))
         .collect();
-    let failover_excuses = input.kind.failover_excuses();
+    let kind = input.kind;
     let unexcused_overlaps = explained
         .iter()
-        .filter(|e| e.is_none() || (**e == Some(Fault::Failover) && !failover_excuses))
+        .filter(|e| !e.is_some_and(|f| kind.excuses(f)))
+        .count();
+    let clock_overlaps = explained
+        .iter()
+        .filter(|e| e.is_some_and(Fault::moves_store_clock))
         .count();
     let failover_overlaps = explained
         .iter()
@@ -153,7 +160,7 @@ pub(crate) fn check(input: &Input<'_>) -> (Findings, Holds) {
     let read_pairs = read_write_pairs(&mut read_holds, &mut holds);
     let unexcused_read_overlaps = read_pairs
         .iter()
-        .filter(|&&(i, j)| !excused(&read_holds[i], &holds[j], input.windows, failover_excuses))
+        .filter(|&&(i, j)| !excused(&read_holds[i], &holds[j], input.windows, kind))
         .count();
     let writes = resource::check(input);
     let (fence_regressions, fence_reuse) = fences::check(input);
@@ -179,6 +186,7 @@ pub(crate) fn check(input: &Input<'_>) -> (Findings, Holds) {
         unexcused_overlaps,
         restart_overlaps,
         failover_overlaps,
+        clock_overlaps,
         failovers: input
             .windows
             .iter()
@@ -634,6 +642,39 @@ mod tests {
             &[],
             &resources,
         );
+        assert!(!f.verdict_ok, "{}", f.verdict);
+    }
+
+    #[test]
+    fn a_store_clock_step_excuses_overlaps_only_where_leases_expire_by_the_wall_clock() {
+        let resources = Resources {
+            fenced: 2,
+            fence_log: vec![1, 2],
+            ..Resources::default()
+        };
+        let fenced = vec![
+            (0, acq(21, 1)),
+            (1, acq(25, 2)),
+            (1, Step::Releasing { t: 30 }),
+            (0, Step::Releasing { t: 40 }),
+        ];
+        // The server's clock stepped forward inside the pair.
+        let jump = [window(Fault::ClockJump, None, 24, 26)];
+        let f = run(Kind::DlockFenced, &fenced, &jump, &[], &resources);
+        assert_eq!((f.clock_overlaps, f.unexcused_overlaps), (1, 0));
+        assert!(f.verdict_ok, "{}", f.verdict);
+        // memcached's expiry follows its monotonic clock: the same overlap is its fault.
+        let f = run(Kind::MemcachedFenced, &fenced, &jump, &[], &resources);
+        assert_eq!(f.unexcused_overlaps, 1);
+        assert!(!f.verdict_ok, "{}", f.verdict);
+        // The step forward that ends `clock-back` (at the window's end) counts too.
+        let back = [window(Fault::ClockBack, None, 5, 22)];
+        let f = run(Kind::PostgresFenced, &fenced, &back, &[], &resources);
+        assert_eq!(f.unexcused_overlaps, 0);
+        // The workers' clock explains nothing: dlock reads only the monotonic clock.
+        let client = [window(Fault::ClientClock, None, 20, 45)];
+        let f = run(Kind::DlockFenced, &fenced, &client, &[], &resources);
+        assert_eq!(f.unexcused_overlaps, 1);
         assert!(!f.verdict_ok, "{}", f.verdict);
     }
 

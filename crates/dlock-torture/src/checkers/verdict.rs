@@ -39,7 +39,7 @@ pub(crate) fn verdict(f: &mut Findings) {
                 if fenced && (f.stale_accepted > 0 || f.fenced_lost > 0) && !failover_excused {
                     fail("the fenced resource lost or accepted a stale write")
                 } else if f.unexcused_overlaps > 0 {
-                    fail("holders overlapped outside any pause/restart window")
+                    fail("holders overlapped outside any window that excuses it (pause, restart without persistence, a clock step on a wall-clock store)")
                 } else if f.unexcused_read_overlaps > 0 {
                     fail("a read hold overlapped a write hold outside any pause/restart window")
                 } else if f.reentry_mismatches > 0 {
@@ -65,7 +65,7 @@ pub(crate) fn verdict(f: &mut Findings) {
                     (
                         true,
                         if fenced {
-                            "ok: fenced resource intact; overlaps only in pause/restart windows"
+                            "ok: fenced resource intact; overlaps only in pause/restart/clock windows"
                         } else {
                             "ok: violations only in pause/restart windows, which no unfenced lease lock survives"
                         }

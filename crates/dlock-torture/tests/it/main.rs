@@ -521,3 +521,49 @@ fn torture_soak_holds_every_lease_of_one_client_through_the_rounds() {
     assert!(dir.join("round-1/timeline-dlock-fenced.svg").is_file());
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// A lock server given with a password: the password appears in nothing the harness
+/// prints or writes (stdout, stderr, report.json), whether it is right or wrong.
+#[test]
+fn torture_never_prints_or_reports_the_lock_server_s_password() {
+    const SECRET: &str = "s3cr3t-torture-pw";
+    let server = RedisServer::start().expect("redis-server");
+    let mut admin = server.client().get_connection().expect("admin connection");
+    let () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("requirepass")
+        .arg(SECRET)
+        .query(&mut admin)
+        .expect("CONFIG SET requirepass");
+    let dir = scratch("torture-secret");
+    let run = |password: &str| {
+        output(harness().args([
+            "torture",
+            "--url",
+            &format!("redis://:{password}@127.0.0.1:{}/", server.port()),
+            "--kinds",
+            "dlock-fenced",
+            "--faults",
+            "pause,kill",
+            "--duration",
+            "4s",
+            "--out",
+            dir.to_str().expect("utf-8 path"),
+        ]))
+    };
+    let out = run(SECRET);
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), stderr(&out));
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("***"), "the URL is shown redacted: {text}");
+    let report = std::fs::read_to_string(dir.join("report.json")).expect("report.json");
+    for (what, body) in [("output", &text), ("report.json", &report)] {
+        assert!(!body.contains(SECRET), "the password is in the {what}");
+    }
+    // A wrong password: a clear failure, and still no password (neither of them).
+    let wrong = "wr0ng-torture-pw";
+    let out = run(wrong);
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), stderr(&out));
+    assert!(!out.status.success(), "{text}");
+    assert!(!text.contains(wrong) && !text.contains(SECRET), "{text}");
+    let _ = std::fs::remove_dir_all(dir);
+}
