@@ -323,9 +323,9 @@ impl Kind {
         matches!(self, Kind::DlockFenced | Kind::PostgresFenced)
     }
 
-    /// Whether a holder keeps the lock for half a ttl (or until `lost()` fires) before
-    /// its write: the `redlock-*-restart` kinds, whose hazard needs a hold that lasts
-    /// while the bridge node restarts and the other half forms its majority.
+    /// Whether a holder keeps the lock for half a ttl, without renewing it, before its
+    /// write: the `redlock-*-restart` kinds, whose hazard needs a hold that lasts while
+    /// the bridge node restarts and the other half forms its majority.
     pub(crate) fn holds_long(self) -> bool {
         matches!(
             self,

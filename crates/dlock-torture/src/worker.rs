@@ -170,9 +170,13 @@ pub(crate) async fn run(args: TortureWorkerArgs) -> Result<u8, Failure> {
             } else {
                 Quorum::new(nodes)?
             };
+            // The restart kinds hold half a lease without renewing (as `dlock acquire`
+            // does): seed 002's scenario, where nothing but the lease's validity speaks for
+            // the holder while the bridge node restarts.
             let lock = Lock::builder(quorum, name)
                 .prefix(prefix)
                 .ttl(ttl)
+                .watchdog(!kind.holds_long())
                 .build()?;
             worker.run_dlock(&lock, None, false, no_fence).await;
             return Ok(exit::SUCCESS);
