@@ -37,6 +37,7 @@ use crate::report::{KindReport, Report, print_summary, write};
 use crate::run::run_kinds;
 use crate::signals::Signals;
 use crate::stores::{LockServer, start_server};
+use crate::timelines::esc;
 use crate::workers::spawn;
 
 /// The holder's leases' ttl: renewed every second by the watchdog.
@@ -1028,12 +1029,6 @@ const WIDTH: f64 = 1100.0;
 const LEFT: f64 = 80.0;
 const RIGHT: f64 = 20.0;
 const PANEL: f64 = 200.0;
-
-fn esc(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-}
 
 /// One panel: lines of `series` (label, color, values) over the samples' times.
 fn panel(

@@ -11,7 +11,8 @@ const LEFT: f64 = 90.0;
 const ROW: f64 = 22.0;
 const TOP: f64 = 56.0;
 
-fn esc(s: &str) -> String {
+/// `s` as SVG text (also the soak chart's).
+pub(crate) fn esc(s: &str) -> String {
     s.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")
