@@ -98,6 +98,16 @@ use clap::{CommandFactory, FromArgMatches};
 use crate::args::{Cli, Command};
 use crate::exit::Failure;
 
+/// `dlock torture`: one run of every kind, or with `--soak` rounds of them beside one
+/// client holding many leases.
+async fn torture(args: args::TortureArgs) -> Result<u8, Failure> {
+    let setup = run::setup(&args).await?;
+    match args.soak {
+        Some(duration) => soak::soak(duration, args.soak_leases, setup, &args.out).await,
+        None => run::once(setup, &args.out).await,
+    }
+}
+
 /// The environment variable `dlock` sets when it runs this binary for `dlock torture` or
 /// `dlock demo`: usage and help then name the command as the user typed it.
 pub const VIA_DLOCK: &str = "DLOCK_TORTURE_VIA_DLOCK";
@@ -157,7 +167,7 @@ pub fn main() -> ExitCode {
         match cli.command {
             Command::Demo(args) => demo::demo(args).await,
             Command::DemoWorker(args) => demo::worker(args).await,
-            Command::Torture(args) => run::torture(args).await,
+            Command::Torture(args) => torture(args).await,
             Command::TortureWorker(args) => worker::run(args).await,
             Command::SoakHolder(args) => soak::holder(args).await,
         }

@@ -29,7 +29,19 @@ use crate::timelines;
 use crate::worker::Step;
 use crate::workers::Spawner;
 
-pub(crate) async fn torture(args: TortureArgs) -> Result<u8, Failure> {
+/// A run's checked arguments and started servers, shared by one run ([`once`]) and a
+/// soak (`soak::soak`).
+pub(crate) struct Setup {
+    pub(crate) config: Config,
+    pub(crate) kinds: Vec<Kind>,
+    pub(crate) lock_server: LockServer,
+    pub(crate) resource_server: RedisServer,
+    pub(crate) signals: crate::signals::Signals,
+}
+
+/// Checks `args`, finds the clocks, starts the lock server (unless `--url` names one) and
+/// the resource server, and installs the signal handlers.
+pub(crate) async fn setup(args: &TortureArgs) -> Result<Setup, Failure> {
     let kinds: Vec<Kind> = if args.kinds.trim() == "all" {
         Kind::ALL.to_vec()
     } else {
@@ -50,7 +62,7 @@ pub(crate) async fn torture(args: TortureArgs) -> Result<u8, Failure> {
         )));
     }
     let mut not_on_given = Vec::new();
-    let mut lock_server = match args.url.as_deref().filter(|u| !u.is_empty()) {
+    let lock_server = match args.url.as_deref().filter(|u| !u.is_empty()) {
         Some(url) => {
             not_on_given.extend(faults.iter().copied().filter(|f| f.needs_own_server()));
             if !not_on_given.is_empty() {
@@ -96,22 +108,28 @@ pub(crate) async fn torture(args: TortureArgs) -> Result<u8, Failure> {
     // A signal ends the run cleanly: dropping the run's future kills its workers
     // (kill_on_drop, SIGKILL works on stopped ones too) and returning drops both servers
     // (a frozen one is continued first), so nothing is left behind.
-    let mut signals = crate::signals::Signals::install()?;
-    if let Some(soak) = args.soak {
-        return crate::soak::soak(
-            soak,
-            args.soak_leases,
-            config,
-            &kinds,
-            &mut lock_server,
-            &resource_server,
-            &args.out,
-            &mut signals,
-        )
-        .await;
-    }
+    let signals = crate::signals::Signals::install()?;
+    Ok(Setup {
+        config,
+        kinds,
+        lock_server,
+        resource_server,
+        signals,
+    })
+}
+
+/// One run of every kind: the summary, `report.json` and the timelines in `out`; exit 1
+/// on any unexpected result.
+pub(crate) async fn once(setup: Setup, out: &Path) -> Result<u8, Failure> {
+    let Setup {
+        config,
+        kinds,
+        mut lock_server,
+        resource_server,
+        mut signals,
+    } = setup;
     let reports = tokio::select! {
-        reports = run_kinds(&config, &kinds, &mut lock_server, &resource_server, &args.out) => reports?,
+        reports = run_kinds(&config, &kinds, &mut lock_server, &resource_server, out) => reports?,
         sig = signals.recv() => {
             eprintln!("dlock: torture interrupted ({sig}); cleaning up");
             return Ok(128 + sig as u8);
@@ -127,11 +145,11 @@ pub(crate) async fn torture(args: TortureArgs) -> Result<u8, Failure> {
         kinds: &reports,
     })
     .map_err(|e| Failure::new(exit::UNAVAILABLE, format!("report: {e}")))?;
-    write(&args.out.join("report.json"), &json)?;
+    write(&out.join("report.json"), &json)?;
     println!(
         "\nreport: {}  timelines: {}/timeline-<kind>.svg",
-        args.out.join("report.json").display(),
-        args.out.display()
+        out.join("report.json").display(),
+        out.display()
     );
     let failed = reports.iter().filter(|r| !r.findings.verdict_ok).count();
     if failed > 0 {

@@ -34,8 +34,7 @@ use crate::exit::{self, Failure};
 use crate::model::{Config, Kind, monotonic_ns};
 use crate::nemesis::plan;
 use crate::report::{KindReport, Report, print_summary, write};
-use crate::run::run_kinds;
-use crate::signals::Signals;
+use crate::run::{Setup, run_kinds};
 use crate::stores::{LockServer, start_server};
 use crate::timelines::esc;
 use crate::workers::spawn;
@@ -469,13 +468,22 @@ fn exited(child: &mut Child) -> Option<ExitStatus> {
 pub(crate) async fn soak(
     soak: Duration,
     leases: u64,
-    config: Config,
-    kinds: &[Kind],
-    lock_server: &mut LockServer,
-    resource_server: &RedisServer,
+    setup: Setup,
     out: &Path,
-    signals: &mut Signals,
 ) -> Result<u8, Failure> {
+    let Setup {
+        config,
+        kinds,
+        mut lock_server,
+        resource_server,
+        mut signals,
+    } = setup;
+    let (kinds, lock_server, resource_server, signals) = (
+        kinds.as_slice(),
+        &mut lock_server,
+        &resource_server,
+        &mut signals,
+    );
     let base_seed = config.seed;
     let (ttl_ms, workers, duration_ms) = (
         u64::try_from(config.ttl.as_millis()).unwrap_or(u64::MAX),
