@@ -370,41 +370,31 @@ impl Nemesis<'_> {
                 }
                 _ => (false, None, None),
             },
-            Fault::ClockJump | Fault::ClockBack | Fault::ClockFast => match &self.store_clock {
-                Some(clock) => {
-                    let moved = match fault {
-                        Fault::ClockJump => clock.jump_forward(self.ttl * 2),
-                        Fault::ClockBack => clock.jump_backward(self.ttl * 2),
-                        _ => clock.run_fast(CLOCK_RATE),
-                    };
-                    match moved {
-                        Ok(()) => (true, None, Some((half_ttls(4), Undo::ClockReset))),
-                        Err(e) => {
-                            eprintln!("dlock: torture: the store clock: {e}");
-                            (false, None, None)
-                        }
-                    }
-                }
-                None => (false, None, None),
-            },
-            Fault::ClientClock => match &self.client_clock {
-                Some(clock) => {
+            // A clock moved until the window's end, when it is set right.
+            Fault::ClockJump | Fault::ClockBack | Fault::ClockFast | Fault::ClientClock => {
+                let (clock, undo) = if fault == Fault::ClientClock {
                     self.client_jumps += 1;
-                    let moved = if self.client_jumps % 2 == 1 {
-                        clock.jump_forward(CLIENT_JUMP)
-                    } else {
-                        clock.jump_backward(CLIENT_JUMP)
-                    };
-                    match moved {
-                        Ok(()) => (true, None, Some((half_ttls(4), Undo::ClientClockReset))),
-                        Err(e) => {
-                            eprintln!("dlock: torture: the client clock: {e}");
-                            (false, None, None)
-                        }
+                    (&self.client_clock, Undo::ClientClockReset)
+                } else {
+                    (&self.store_clock, Undo::ClockReset)
+                };
+                let moved = clock.as_ref().map(|clock| match fault {
+                    Fault::ClockJump => clock.jump_forward(self.ttl * 2),
+                    Fault::ClockBack => clock.jump_backward(self.ttl * 2),
+                    Fault::ClockFast => clock.run_fast(CLOCK_RATE),
+                    // The workers' clock: forward on the first, third, … jump, back on the others.
+                    _ if self.client_jumps % 2 == 1 => clock.jump_forward(CLIENT_JUMP),
+                    _ => clock.jump_backward(CLIENT_JUMP),
+                });
+                match moved {
+                    Some(Ok(())) => (true, None, Some((half_ttls(4), undo))),
+                    Some(Err(e)) => {
+                        eprintln!("dlock: torture: moving a clock ({}): {e}", fault.id());
+                        (false, None, None)
                     }
+                    None => (false, None, None),
                 }
-                None => (false, None, None),
-            },
+            }
             Fault::Delay | Fault::Blackhole | Fault::Close => match victim {
                 Some(v) => {
                     let slot = self.running[v].slot;

@@ -270,42 +270,23 @@ pub(crate) async fn run_kinds(
                 run_workers(config, kind, &kind_faults, duration, store, resource_server).await?
             }
             Kind::SentinelFenced | Kind::SentinelWaitFenced => {
-                let store = match tokio::task::spawn_blocking(Sentinel::start).await {
-                    Ok(Ok(sentinel)) => Store::Sentinel(sentinel),
-                    Ok(Err(e)) if config.all_kinds => {
-                        println!("  {:<16} skipped: {e}", kind.id());
-                        continue;
-                    }
-                    Ok(Err(e)) => {
-                        return Err(Failure::new(
-                            exit::UNAVAILABLE,
-                            format!("the {} kind could not start its sentinels: {e}", kind.id()),
-                        ));
-                    }
-                    Err(e) => return Err(Failure::new(exit::UNAVAILABLE, e.to_string())),
+                let started = blocking(Sentinel::start).await?;
+                let Some(sentinel) = own_servers(config, kind, started, "its sentinels to start")?
+                else {
+                    continue;
                 };
                 println!("{line}");
+                let store = Store::Sentinel(sentinel);
                 run_workers(config, kind, &kind_faults, duration, store, resource_server).await?
             }
             Kind::ClusterFenced => {
-                let store = match tokio::task::spawn_blocking(Cluster::start).await {
-                    Ok(Ok(cluster)) => Store::Cluster(cluster),
-                    // A user's `dlock torture` need not have redis-cli installed.
-                    Ok(Err(e)) if config.all_kinds => {
-                        println!("  {:<16} skipped: {e}", kind.id());
-                        continue;
-                    }
-                    Ok(Err(e)) => {
-                        return Err(Failure::new(
-                            exit::UNAVAILABLE,
-                            format!(
-                                "the cluster-fenced kind needs redis-cli to create its cluster: {e}"
-                            ),
-                        ));
-                    }
-                    Err(e) => return Err(Failure::new(exit::UNAVAILABLE, e.to_string())),
+                let started = blocking(Cluster::start).await?;
+                let needs = "redis-cli to create its cluster";
+                let Some(cluster) = own_servers(config, kind, started, needs)? else {
+                    continue;
                 };
                 println!("{line}");
+                let store = Store::Cluster(cluster);
                 run_workers(config, kind, &kind_faults, duration, store, resource_server).await?
             }
             Kind::MemcachedFenced => {
@@ -313,60 +294,28 @@ pub(crate) async fn run_kinds(
                     Some(clock) => MemcachedServer::start_with_clock(clock, &[]),
                     None => MemcachedServer::start(),
                 };
-                let server = match started {
-                    Ok(server) => server,
-                    // A user's `dlock torture` need not have memcached installed.
-                    Err(e) if config.all_kinds => {
-                        println!("  {:<16} skipped: {e}", kind.id());
-                        continue;
-                    }
-                    Err(e) => {
-                        return Err(Failure::new(
-                            exit::UNAVAILABLE,
-                            format!("the memcached-fenced kind needs memcached on PATH: {e}"),
-                        ));
-                    }
+                let Some(server) = own_servers(config, kind, started, "memcached on PATH")? else {
+                    continue;
                 };
                 println!("{line}");
                 let store = Store::Memcached(server);
                 run_workers(config, kind, &kind_faults, duration, store, resource_server).await?
             }
             Kind::EtcdFenced => {
-                let cluster = match EtcdCluster::start(ETCD_MEMBERS) {
-                    Ok(cluster) => cluster,
-                    // A user's `dlock torture` need not have etcd installed.
-                    Err(e) if config.all_kinds => {
-                        println!("  {:<16} skipped: {e}", kind.id());
-                        continue;
-                    }
-                    Err(e) => {
-                        return Err(Failure::new(
-                            exit::UNAVAILABLE,
-                            format!("the etcd-fenced kind needs etcd on PATH: {e}"),
-                        ));
-                    }
+                let started = EtcdCluster::start(ETCD_MEMBERS);
+                let Some(cluster) = own_servers(config, kind, started, "etcd on PATH")? else {
+                    continue;
                 };
                 println!("{line}");
                 let store = Store::etcd(cluster).await?;
                 run_workers(config, kind, &kind_faults, duration, store, resource_server).await?
             }
             Kind::ZookeeperFenced => {
-                let ensemble = match start_zookeeper(kind_clock.clone()).await {
-                    Ok(ensemble) => ensemble,
-                    // A user's `dlock torture` need not have ZooKeeper installed.
-                    Err(e) if config.all_kinds => {
-                        println!("  {:<16} skipped: {e}", kind.id());
-                        continue;
-                    }
-                    Err(e) => {
-                        return Err(Failure::new(
-                            exit::UNAVAILABLE,
-                            format!(
-                                "the zookeeper-fenced kind needs ZooKeeper installed (java on \
-                                 PATH and Debian's zookeeper package, or $DLOCK_ZOOKEEPER_JAR): {e}"
-                            ),
-                        ));
-                    }
+                let started = start_zookeeper(kind_clock.clone()).await;
+                let needs = "ZooKeeper installed (java on PATH and Debian's zookeeper \
+                             package, or $DLOCK_ZOOKEEPER_JAR)";
+                let Some(ensemble) = own_servers(config, kind, started, needs)? else {
+                    continue;
                 };
                 println!("{line}");
                 let store = Store::ZooKeeper {
@@ -380,19 +329,9 @@ pub(crate) async fn run_kinds(
                     Some(clock) => PostgresServer::start_with_clock(clock),
                     None => PostgresServer::start(),
                 };
-                let server = match started {
-                    Ok(server) => server,
-                    // A user's `dlock torture` need not have PostgreSQL installed.
-                    Err(e) if config.all_kinds => {
-                        println!("  {:<16} skipped: {e}", kind.id());
-                        continue;
-                    }
-                    Err(e) => {
-                        return Err(Failure::new(
-                            exit::UNAVAILABLE,
-                            format!("the postgres-fenced kind needs PostgreSQL installed: {e}"),
-                        ));
-                    }
+                let Some(server) = own_servers(config, kind, started, "PostgreSQL installed")?
+                else {
+                    continue;
                 };
                 println!("{line}");
                 let store = Store::postgres(server).await?;
@@ -409,6 +348,35 @@ pub(crate) async fn run_kinds(
         reports.push(report);
     }
     Ok(reports)
+}
+
+/// A kind's own servers as they started: `Some` to run on; `None` when `--kinds all`
+/// skips a kind whose servers are not installed here (said on stdout: a user's `dlock
+/// torture` need not have every store); otherwise a failure naming what the kind `needs`.
+fn own_servers<T>(
+    config: &Config,
+    kind: Kind,
+    started: Result<T, impl std::fmt::Display>,
+    needs: &str,
+) -> Result<Option<T>, Failure> {
+    match started {
+        Ok(servers) => Ok(Some(servers)),
+        Err(e) if config.all_kinds => {
+            println!("  {:<16} skipped: {e}", kind.id());
+            Ok(None)
+        }
+        Err(e) => Err(Failure::new(
+            exit::UNAVAILABLE,
+            format!("the {} kind needs {needs}: {e}", kind.id()),
+        )),
+    }
+}
+
+/// Runs a blocking start-up (the kit's topologies wait for their servers) off the runtime.
+async fn blocking<T: Send + 'static>(start: fn() -> T) -> Result<T, Failure> {
+    tokio::task::spawn_blocking(start)
+        .await
+        .map_err(|e| Failure::new(exit::UNAVAILABLE, format!("starting servers: {e}")))
 }
 
 /// One kind's run with worker processes: against `store`, which it owns for the run (a
