@@ -96,14 +96,17 @@
 #![warn(missing_docs)]
 
 pub mod backend;
+pub mod blocking;
 mod election;
 pub mod engine;
 mod error;
 mod fair;
 pub mod fenced;
+mod holder;
 pub mod keys;
 mod lock;
 mod multi;
+pub mod observe;
 mod options;
 pub mod raw;
 mod reentrant;
@@ -125,6 +128,7 @@ pub use error::{Error, ErrorKind, Result};
 pub use fair::{
     DEFAULT_FAIR_PREFIX, DEFAULT_WAITER_GRACE, FairGuard, FairLock, FairLockBuilder, Queued,
 };
+pub use holder::HolderInfo;
 pub use lock::{Lock, LockBuilder, LockGuard, MAX_TTL, MIN_TTL};
 pub use multi::{BoxFuture, Held, Lockable, MultiGuard, MultiLock, MultiLockBuilder};
 pub use options::DEFAULT_TTL;

@@ -60,6 +60,7 @@ pub struct Lock<B: RawLock> {
     ttl: Duration,
     watchdog: bool,
     retry: Retry,
+    holder: Option<std::sync::Arc<crate::HolderInfo>>,
 }
 
 impl<B: RawLock> std::fmt::Debug for Lock<B> {
@@ -142,6 +143,7 @@ impl<B: RawLock> Lock<B> {
             ttl: validate_ttl(options.ttl)?,
             watchdog: options.watchdog,
             retry: options.retry.validate()?,
+            holder: options.holder.clone(),
         })
     }
 
@@ -241,7 +243,10 @@ impl<B: RawLock> Lock<B> {
     async fn acquire_until(&self, deadline: Option<Instant>) -> Result<Option<LockGuard<B>>> {
         // One token for the whole wait: a queued waiter keeps its place under it, and an
         // attempt repeated after a lost reply is recognised by the store as the same one.
-        let token = Token::random()?;
+        let token = match &self.holder {
+            Some(info) => info.token()?,
+            None => Token::random()?,
+        };
         // A client that still listens from an earlier wait can queue from the first
         // attempt (not when one attempt is all there is).
         let mut watch: Option<ReleaseWatch> = match deadline {

@@ -20,6 +20,7 @@ pub(crate) struct Options {
     pub(crate) ttl: Duration,
     pub(crate) watchdog: bool,
     pub(crate) retry: Retry,
+    pub(crate) holder: Option<std::sync::Arc<crate::HolderInfo>>,
 }
 
 impl Options {
@@ -31,6 +32,7 @@ impl Options {
             ttl: DEFAULT_TTL,
             watchdog: true,
             retry: Retry::default(),
+            holder: None,
         }
     }
 
@@ -73,6 +75,15 @@ macro_rules! builder_options {
             /// fallback when a holder's remaining ttl is unknown).
             pub fn retry(mut self, retry: crate::Retry) -> Self {
                 self.options.retry = retry;
+                self
+            }
+
+            /// Who the holder is, for operators: carried in every token this primitive
+            /// mints, shown by [`LockState::holder_info`](crate::raw::LockState) (`dlock
+            /// status`, `list`, `top`). No extra round trip; no secrets (anyone who can
+            /// read the key can read it). See [`HolderInfo`](crate::HolderInfo).
+            pub fn holder_info(mut self, info: crate::HolderInfo) -> Self {
+                self.options.holder = Some(std::sync::Arc::new(info));
                 self
             }
 

@@ -606,6 +606,9 @@ pub struct LockState {
     /// Waiters with a place in the store's queue (fair lock; writers of a read-write
     /// lock).
     pub queued: Option<u32>,
+    /// Who the holder said it is (host, pid, command, since), read from its token: `None`
+    /// if it attached nothing (see [`HolderInfo`](crate::HolderInfo)).
+    pub holder_info: Option<crate::HolderInfo>,
 }
 
 impl LockState {
@@ -616,6 +619,7 @@ impl LockState {
         last_fence: Option<u64>,
     ) -> Self {
         LockState {
+            holder_info: holder.as_deref().and_then(crate::HolderInfo::from_token),
             holder,
             remaining,
             last_fence,

@@ -1,6 +1,7 @@
 //! dlock's integration tests: one binary, real servers.
 
 mod acl;
+mod blocking;
 mod clock;
 mod cluster;
 mod engine;
@@ -8,6 +9,7 @@ mod etcd;
 mod fenced;
 mod memcached;
 mod memory;
+mod observe;
 mod postgres;
 mod quorum;
 mod redis;

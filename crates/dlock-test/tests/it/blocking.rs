@@ -1,0 +1,1 @@
+//! The blocking API under the conformance suite's core behaviours.

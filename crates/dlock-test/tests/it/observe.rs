@@ -1,0 +1,1 @@
+//! Spans and metrics captured from real stores.

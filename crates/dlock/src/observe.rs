@@ -1,0 +1,1 @@
+//! What dlock tells an operator: tracing spans and metrics (in progress).
