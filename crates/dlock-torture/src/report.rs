@@ -88,6 +88,9 @@ pub(crate) fn print_summary(reports: &[KindReport]) {
                 f.stall_ms
             );
         }
+        for sample in &f.unexcused_samples {
+            println!("{:<16} UNEXCUSED overlap: {sample}", "");
+        }
         // The checks of one primitive only, on a line of their own.
         if f.kind == Kind::RwlockFenced {
             println!(

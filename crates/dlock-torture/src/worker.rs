@@ -387,10 +387,11 @@ impl Worker {
         }
         let inner = if reenter {
             match Self::reenter(lock, &guard, fence, fence_of).await {
-                Some(inner) => Some(inner),
-                None => {
-                    // Not ours any more, or unknown: no write under it.
-                    emit(&Step::Releasing { t: monotonic_ns() });
+                Ok(inner) => Some(inner),
+                Err(t) => {
+                    // Not ours any more, or unknown: no write under it. The hold ends
+                    // when that became known (before any logging).
+                    emit(&Step::Releasing { t });
                     let ok = released(guard.release().await);
                     emit(&Step::Released {
                         t: monotonic_ns(),
@@ -459,33 +460,36 @@ impl Worker {
     /// Enters `outer`'s hold again (same owner): the inner hold if it carries the outer
     /// grant's fence. The attempt is abandoned when the outer lease lapses first (its
     /// holder must stop there), and a refusal or another fence is recorded for the checker.
+    /// `Err(t)`: no inner hold to write under, known at `t` (the hold ends there).
     async fn reenter<B: RawLock>(
         lock: &Lock<B>,
         outer: &LockGuard<B>,
         fence: u64,
         fence_of: FenceOf<B>,
-    ) -> Option<LockGuard<B>> {
+    ) -> Result<LockGuard<B>, u64> {
         let attempt = tokio::select! {
             got = lock.try_lock() => got,
             () = outer.lost() => {
+                let t = monotonic_ns();
                 error("the hold lapsed while entering it again");
-                return None;
+                return Err(t);
             }
         };
+        let t = monotonic_ns();
         match attempt {
             Ok(inner) => {
                 let got = inner.as_ref().map(fence_of);
                 emit(&Step::Reentered {
-                    t: monotonic_ns(),
+                    t,
                     fence: got,
                     lapsed: outer.is_lost(),
                 });
                 // A hold under another fence is a new tenure, not ours to write under.
-                inner.filter(|_| got == Some(fence))
+                inner.filter(|_| got == Some(fence)).ok_or(t)
             }
             Err(e) => {
                 error(format!("entering the hold again: {e}"));
-                None
+                Err(t)
             }
         }
     }

@@ -71,6 +71,9 @@ pub(crate) struct Findings {
     pub(crate) overlaps: usize,
     /// Overlaps no pause or restart window explains.
     pub(crate) unexcused_overlaps: usize,
+    /// The first few of those, described (workers, holds, fences, the fault windows
+    /// nearest to them), so that a failure can be read from the report alone.
+    pub(crate) unexcused_samples: Vec<String>,
     /// Overlaps only a restart without persistence explains (no pause): for RedLock, the
     /// known hazard of a node that came back empty at once.
     pub(crate) restart_overlaps: usize,
@@ -131,6 +134,86 @@ pub(crate) struct Input<'a> {
     pub(crate) end: u64,
 }
 
+/// How many unexcused overlaps a report describes.
+const UNEXCUSED_SAMPLES: usize = 5;
+
+/// One overlap in words: both holds (ms from the run's first hold), their fences, what
+/// the first explains (if anything the kind does not excuse), and the fault windows
+/// within a ttl of the pair.
+fn describe_overlap(a: &Hold, b: &Hold, explained: Option<Fault>, input: &Input<'_>) -> String {
+    let origin = input
+        .history
+        .iter()
+        .map(|(_, s)| holds::step_time(s))
+        .min()
+        .unwrap_or(0);
+    let ms = |t: u64| t.saturating_sub(origin) as f64 / 1e6;
+    let (lo, hi) = (
+        a.start.min(b.start).saturating_sub(input.ttl_ns),
+        a.end.max(b.end).saturating_add(input.ttl_ns),
+    );
+    let near: Vec<String> = input
+        .windows
+        .iter()
+        .filter(|w| w.start <= hi && w.end >= lo)
+        .map(|w| {
+            let who = w.worker.map_or_else(String::new, |n| format!(" worker {n}"));
+            format!("{}{who} {:.1}–{:.1}", w.fault.id(), ms(w.start), ms(w.end))
+        })
+        .collect();
+    let steps = |h: &Hold| {
+        input
+            .history
+            .iter()
+            .filter(|(w, s)| {
+                *w == h.worker && {
+                    let t = holds::step_time(s);
+                    t >= h.start && t <= h.end.saturating_add(input.ttl_ns)
+                }
+            })
+            .map(|(_, s)| step_word(s, ms))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    format!(
+        "worker {} {:.1}–{:.1} ms (fence {}; {}) and worker {} {:.1}–{:.1} ms (fence {}; {}); explained by {}; windows near: {}",
+        a.worker,
+        ms(a.start),
+        ms(a.end),
+        a.fence,
+        steps(a),
+        b.worker,
+        ms(b.start),
+        ms(b.end),
+        b.fence,
+        steps(b),
+        explained.map_or("nothing", Fault::id),
+        if near.is_empty() { "none".to_owned() } else { near.join(", ") }
+    )
+}
+
+/// A step in a few words, for [`describe_overlap`].
+fn step_word(step: &Step, ms: impl Fn(u64) -> f64) -> String {
+    let t = ms(holds::step_time(step));
+    match step {
+        Step::Acquired { fence, .. } => format!("acquired {fence} at {t:.1}"),
+        Step::Reentered { fence, lapsed, .. } => {
+            format!("re-entered {fence:?} (lapsed {lapsed}) at {t:.1}")
+        }
+        Step::Fenced { ok, .. } => format!("fenced write (accepted {ok}) at {t:.1}"),
+        Step::Wrote { .. } => format!("wrote at {t:.1}"),
+        Step::Read { .. } => format!("read at {t:.1}"),
+        Step::Releasing { .. } => format!("releasing at {t:.1}"),
+        Step::Released { ok, .. } => format!("released {ok:?} at {t:.1}"),
+        Step::ReadAcquired { .. } => format!("read-acquired at {t:.1}"),
+        Step::ReadReleasing { .. } => format!("read-releasing at {t:.1}"),
+        Step::Error { message, .. } => {
+            let short: String = message.chars().take(80).collect();
+            format!("error {short:?} at {t:.1}")
+        }
+    }
+}
+
 /// Runs every checker over one kind's run.
 pub(crate) fn check(input: &Input<'_>) -> (Findings, Holds) {
     let (mut holds, pairs) = holds(input.history, input.kills, input.end);
@@ -143,6 +226,13 @@ pub(crate) fn check(input: &Input<'_>) -> (Findings, Holds) {
         .iter()
         .filter(|e| !e.is_some_and(|f| kind.excuses(f)))
         .count();
+    let unexcused_samples = pairs
+        .iter()
+        .zip(&explained)
+        .filter(|(_, e)| !e.is_some_and(|f| kind.excuses(f)))
+        .take(UNEXCUSED_SAMPLES)
+        .map(|(&(i, j), e)| describe_overlap(&holds[i], &holds[j], *e, input))
+        .collect();
     let clock_overlaps = explained
         .iter()
         .filter(|e| e.is_some_and(Fault::moves_store_clock))
@@ -184,6 +274,7 @@ pub(crate) fn check(input: &Input<'_>) -> (Findings, Holds) {
         error_samples: writes.error_samples,
         overlaps: pairs.len(),
         unexcused_overlaps,
+        unexcused_samples,
         restart_overlaps,
         failover_overlaps,
         clock_overlaps,
@@ -306,6 +397,15 @@ mod tests {
         );
         assert_eq!((f.overlaps, f.unexcused_overlaps), (1, 1));
         assert!(!f.verdict_ok, "{}", f.verdict);
+        // The report describes it: both workers, their steps, what explains it.
+        let [sample] = f.unexcused_samples.as_slice() else {
+            panic!("one sample: {:?}", f.unexcused_samples)
+        };
+        assert!(
+            sample.starts_with("worker 1 ") && sample.contains("and worker 2 "),
+            "{sample}"
+        );
+        assert!(sample.contains("acquired ") && sample.contains("explained by nothing"), "{sample}");
         let paused = [window(Fault::Pause, Some(1), 22, 28)];
         let f = run(Kind::Dlock, &overlapping(), &paused, &[], &resources);
         assert_eq!(f.unexcused_overlaps, 0);
@@ -540,6 +640,26 @@ mod tests {
             &none,
         );
         assert_eq!(f.reentry_mismatches, 1);
+    }
+
+    #[test]
+    fn a_restart_under_way_when_a_grant_was_reported_explains_the_overlap() {
+        // Worker 0's grant came from the server just before it died (reported at 22, the
+        // restart's window 20..24); worker 1's from the server started empty.
+        let history = vec![
+            (0, acq(22, 206)),
+            (1, acq(30, 1)),
+            (1, Step::Releasing { t: 31 }),
+            (0, Step::Releasing { t: 40 }),
+        ];
+        let none = Resources::default();
+        let restart = [window(Fault::Restart, None, 20, 24)];
+        let f = run(Kind::DlockFenced, &history, &restart, &[], &none);
+        assert_eq!((f.overlaps, f.unexcused_overlaps), (1, 0));
+        // Over before either grant was reported: it explains nothing.
+        let before = [window(Fault::Restart, None, 10, 21)];
+        let f = run(Kind::DlockFenced, &history, &before, &[], &none);
+        assert_eq!((f.overlaps, f.unexcused_overlaps), (1, 1));
     }
 
     #[test]

@@ -11,7 +11,8 @@ const CLOCK_STEP_SLACK_NS: u64 = 250_000_000;
 
 /// The fault window that explains an overlap between holds `a` and `b`, if any: one of
 /// them is a worker paused (stalled) while holding, or a restart without persistence fell
-/// inside the pair (the server, or RedLock nodes started empty at once, forgot the lock).
+/// inside the pair or was under way when the earlier grant was reported (the server, or
+/// RedLock nodes started empty at once, forgot the lock).
 /// No lease lock survives those unfenced; every other overlap is the lock's fault — a
 /// delayed restart of RedLock nodes included, and an etcd member's or leader's restart
 /// (raft keeps the lock through it). A pause is named first when both apply; a failover
@@ -24,14 +25,15 @@ pub(crate) fn explanation(a: &Hold, b: &Hold, windows: &[FaultWindow]) -> Option
                 .any(|h| w.worker == Some(h.worker) && w.start <= h.end && w.end >= h.start)
     });
     let (lo, hi) = (a.start.min(b.start), a.end.max(b.end));
-    let began_inside = |fault: Fault| {
-        windows
-            .iter()
-            .any(|w| w.fault == fault && w.start >= lo && w.start <= hi)
-    };
+    // A restart under way when the earlier grant was reported counts too: the server may
+    // have granted it just before it died (the window opens before the kill), and the
+    // later grant then came from the server started empty.
+    let restart = windows
+        .iter()
+        .any(|w| w.fault == Fault::Restart && w.start <= hi && w.end >= lo);
     if paused {
         Some(Fault::Pause)
-    } else if began_inside(Fault::Restart) {
+    } else if restart {
         Some(Fault::Restart)
     } else if windows
         .iter()
