@@ -35,6 +35,13 @@ pub enum ErrorKind {
     /// The store applied a grant or renewal, but fewer replicas than required
     /// acknowledged it in time (`WAIT`); a grant was given back.
     NotReplicated,
+    /// A quorum of independent stores (RedLock) could not decide: too few of its nodes
+    /// answered for a majority either way. One node's failure alone never surfaces (a
+    /// majority decides without it); this does, with every node's own error reachable
+    /// through [`source`](std::error::Error::source) as [`NodeErrors`]. Whether a grant
+    /// or release took effect on the nodes that did not answer is unknown; retrying is
+    /// safe.
+    QuorumNotReached,
 }
 
 impl ErrorKind {
@@ -47,6 +54,7 @@ impl ErrorKind {
             ErrorKind::Backend => "backend error",
             ErrorKind::LimitReached => "limit reached",
             ErrorKind::NotReplicated => "not replicated",
+            ErrorKind::QuorumNotReached => "quorum not reached",
         }
     }
 }
@@ -77,7 +85,10 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 impl Error {
     /// A new error of `kind`. Backends outside this crate use it to report their failures.
     pub fn new(kind: ErrorKind, message: impl Into<Cow<'static, str>>) -> Self {
-        let retryable = matches!(kind, ErrorKind::Unavailable | ErrorKind::TimedOut);
+        let retryable = matches!(
+            kind,
+            ErrorKind::Unavailable | ErrorKind::TimedOut | ErrorKind::QuorumNotReached
+        );
         Error {
             inner: Box::new(Inner {
                 kind,
@@ -160,6 +171,71 @@ impl std::error::Error for Error {
             .map(|s| &**s as &(dyn std::error::Error + 'static))
     }
 }
+
+/// Each node's error behind an [`ErrorKind::QuorumNotReached`] error (its
+/// [`source`](std::error::Error::source)): which node (its position in the quorum and its
+/// [`store_id`](crate::raw::RawLock::store_id), no password) and what it said.
+///
+/// ```
+/// # async fn demo(quorum: dlock::backend::Quorum<dlock::backend::Memory>) -> dlock::Result<()> {
+/// use dlock::{ErrorKind, NodeErrors};
+/// let lock = dlock::Lock::new(quorum, "report")?;
+/// if let Err(e) = lock.try_lock().await {
+///     if e.kind() == ErrorKind::QuorumNotReached {
+///         let nodes = std::error::Error::source(&e)
+///             .and_then(|s| s.downcast_ref::<NodeErrors>());
+///         for (i, store, err) in nodes.into_iter().flat_map(NodeErrors::iter) {
+///             eprintln!("node {i} ({store}): {err}");
+///         }
+///     }
+/// }
+/// # Ok::<(), dlock::Error>(()) }
+/// ```
+#[derive(Debug)]
+pub struct NodeErrors {
+    nodes: usize,
+    errors: Vec<(usize, String, Error)>,
+}
+
+impl NodeErrors {
+    /// The errors of `nodes` nodes: `(position, store id, error)` of each that failed.
+    pub fn new(nodes: usize, errors: Vec<(usize, String, Error)>) -> NodeErrors {
+        NodeErrors { nodes, errors }
+    }
+
+    /// How many nodes the quorum has.
+    pub fn nodes(&self) -> usize {
+        self.nodes
+    }
+
+    /// Each failed node: its position in the quorum, its store id, its error.
+    pub fn iter(&self) -> impl Iterator<Item = (usize, &str, &Error)> {
+        self.errors.iter().map(|(i, s, e)| (*i, s.as_str(), e))
+    }
+
+    /// How many nodes failed.
+    pub fn len(&self) -> usize {
+        self.errors.len()
+    }
+
+    /// Whether no node failed (the quorum was not reached by answers alone: late or split).
+    pub fn is_empty(&self) -> bool {
+        self.errors.is_empty()
+    }
+}
+
+impl fmt::Display for NodeErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} of {} nodes failed", self.errors.len(), self.nodes)?;
+        for (i, (node, store, err)) in self.errors.iter().enumerate() {
+            let sep = if i == 0 { ": " } else { "; " };
+            write!(f, "{sep}node {node} ({store}): {err}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for NodeErrors {}
 
 #[cfg(test)]
 mod tests {

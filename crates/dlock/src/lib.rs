@@ -124,7 +124,7 @@ pub use election::{
     DEFAULT_ELECTION_PREFIX, Election, ElectionBuilder, Leader, Leadership, MAX_VALUE_LEN, Observer,
 };
 pub use engine::wait::Retry;
-pub use error::{Error, ErrorKind, Result};
+pub use error::{Error, ErrorKind, NodeErrors, Result};
 pub use fair::{
     DEFAULT_FAIR_PREFIX, DEFAULT_WAITER_GRACE, FairGuard, FairLock, FairLockBuilder, Queued,
 };

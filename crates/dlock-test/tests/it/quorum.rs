@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use dlock::backend::{Quorum, Redis};
 use dlock::raw::{Acquire, RawLock};
-use dlock::{Lock, Token};
+use dlock::{ErrorKind, Lock, NodeErrors, Token};
 use dlock_test::conformance::unique;
 use dlock_test::proxy::{Fault, Proxy};
 use dlock_test::server::RedisServer;
@@ -118,6 +118,19 @@ async fn quorum_acquires_iff_a_majority_of_nodes_is_reachable() {
         } else {
             let err = outcome.expect_err("a minority cannot grant");
             assert!(err.is_retryable(), "{err}");
+            // Not one node's failure: the quorum's, with each silent node's own error.
+            assert_eq!(err.kind(), ErrorKind::QuorumNotReached, "{err}");
+            let nodes = std::error::Error::source(&err)
+                .and_then(|s| s.downcast_ref::<NodeErrors>())
+                .expect("per-node errors behind source()");
+            assert_eq!(nodes.nodes(), 5);
+            let failed: Vec<usize> = nodes.iter().map(|(i, _, _)| i).collect();
+            let silent: Vec<usize> = (0..5).filter(|i| mask & (1 << i) != 0).collect();
+            assert_eq!(failed, silent, "mask {mask:05b}: {nodes}");
+            for (_, store, e) in nodes.iter() {
+                assert_eq!(e.kind(), ErrorKind::TimedOut, "{e}");
+                assert!(store.starts_with("redis:127.0.0.1:"), "{store}");
+            }
             assert_eq!(ours, 0, "mask {mask:05b}: a reachable node kept our token");
         }
         five.faults(0, Fault::Pass);

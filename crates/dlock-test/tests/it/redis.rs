@@ -89,6 +89,77 @@ async fn acquire_and_release_are_one_round_trip_each() {
     );
 }
 
+/// A `redis::Client` the application already has: dlock connects from it, or shares the
+/// application's own connection for its lock traffic.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn builds_on_the_application_s_own_client_and_connection() {
+    let server = RedisServer::start().expect("redis-server");
+    let client =
+        redis::Client::open(format!("redis://127.0.0.1:{}/3", server.port())).expect("url");
+    let name = unique("app-client");
+
+    // From the client: its database (3) is where the lock lives.
+    let own = Redis::from_client(client.clone())
+        .await
+        .expect("from client");
+    let guard = Lock::new(own, &name)
+        .expect("valid")
+        .try_lock()
+        .await
+        .expect("store")
+        .expect("free");
+    let mut app = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("app connection");
+    let at_key: Option<String> = cmd(&mut app, &["GET", &format!("dlock:{name}")]).await;
+    assert_eq!(at_key.as_deref(), Some(guard.token().as_str()), "in db 3");
+    guard.release().await.expect("release");
+
+    // Sharing the application's connection: the lock's commands arrive on it.
+    let mut shared = client.get_connection_manager().await.expect("app manager");
+    let id: i64 = redis::cmd("CLIENT")
+        .arg("ID")
+        .query_async(&mut shared)
+        .await
+        .expect("CLIENT ID");
+    let redis = Redis::builder_from_client(client.clone())
+        .connection(shared.clone())
+        .connect()
+        .await
+        .expect("from the shared connection");
+    let lock = Lock::new(redis.clone(), &name).expect("valid");
+    let guard = lock.try_lock().await.expect("store").expect("free");
+    let line: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .arg("ID")
+        .arg(id)
+        .query_async(&mut app)
+        .await
+        .expect("CLIENT LIST");
+    assert!(
+        line.contains("cmd=evalsha"),
+        "the grant went over the app's connection: {line}"
+    );
+    // A waiter on another client is woken by the release (dlock's own pub/sub works).
+    let other = Lock::new(Redis::from_client(client).await.expect("other"), &name).expect("valid");
+    let waiter = tokio::spawn(async move { other.try_lock_for(Duration::from_secs(5)).await });
+    sleep(Duration::from_millis(200)).await;
+    guard.release().await.expect("release");
+    let next = waiter
+        .await
+        .expect("join")
+        .expect("store")
+        .expect("woken and granted");
+    next.release().await.expect("release");
+    // The application's connection still serves the application.
+    let pong: String = redis::cmd("PING")
+        .query_async(&mut shared)
+        .await
+        .expect("PING");
+    assert_eq!(pong, "PONG");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn interoperates_with_the_standard_set_nx_px_protocol() {
     let t = RedisTarget::start();

@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::engine::Engine;
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::{Error, ErrorKind, NodeErrors, Result};
 use crate::keys::LockKeys;
 use crate::raw::{Acquire, RawLock, Renewal};
 use crate::token::Token;
@@ -199,23 +199,31 @@ impl<B: RawLock> Quorum<B> {
         if self.inner.nodes.len() - no < q {
             return Ok(false);
         }
-        Err(first_error(results, "no majority answered"))
+        Err(self.no_quorum(results, "no majority answered"))
     }
 }
 
-fn first_error<T>(results: Vec<Result<T>>, what: &str) -> Error {
-    results
-        .into_iter()
-        .find_map(std::result::Result::err)
-        .map_or_else(
-            || Error::new(ErrorKind::Unavailable, what.to_owned()).retryable(true),
-            |e| {
-                let kind = e.kind();
-                Error::new(kind, format!("{what}: {}", e.message()))
-                    .retryable(true)
-                    .with_source(e)
-            },
-        )
+impl<B: RawLock> Quorum<B> {
+    /// The error of a call no majority decided: [`ErrorKind::QuorumNotReached`], with
+    /// every failed node's own error behind `source()` ([`NodeErrors`]).
+    fn no_quorum<T>(&self, results: Vec<Result<T>>, what: &str) -> Error {
+        let errors: Vec<(usize, String, Error)> = results
+            .into_iter()
+            .enumerate()
+            .filter_map(|(i, r)| r.err().map(|e| (i, self.inner.nodes[i].store_id(), e)))
+            .collect();
+        let first = errors
+            .first()
+            .map(|(i, _, e)| format!(" (node {i}: {e})"))
+            .unwrap_or_default();
+        Error::new(ErrorKind::QuorumNotReached, format!("{what}{first}"))
+            .with_source(NodeErrors::new(self.inner.nodes.len(), errors))
+    }
+}
+
+/// A copy of a node's error for one renewal of a batch (errors do not clone).
+fn copy_error(e: &Error) -> Error {
+    Error::new(e.kind(), e.message().to_owned()).retryable(e.is_retryable())
 }
 
 /// Polls every future at once; their outputs in order.
@@ -268,8 +276,8 @@ impl<B: RawLock> RawLock for Quorum<B> {
             let _ = self.release(keys, token).await;
         }
         if granted + refused.len() < self.quorum() {
-            return Err(first_error(
-                results.into_iter().map(|r| r.map(|_| ())).collect(),
+            return Err(self.no_quorum(
+                results,
                 &format!(
                     "only {} of {} quorum nodes answered in time; {} are needed",
                     granted + refused.len(),
@@ -328,12 +336,12 @@ impl<B: RawLock> RawLock for Quorum<B> {
                         .map(|node| match node {
                             Ok(results) => match results.get(i) {
                                 Some(Ok(b)) => Ok(*b),
-                                Some(Err(e)) => Err(Error::new(e.kind(), e.message().to_owned())),
+                                Some(Err(e)) => Err(copy_error(e)),
                                 None => {
                                     Err(Error::new(ErrorKind::Backend, "missing renewal reply"))
                                 }
                             },
-                            Err(e) => Err(Error::new(e.kind(), e.message().to_owned())),
+                            Err(e) => Err(copy_error(e)),
                         })
                         .collect(),
                 )

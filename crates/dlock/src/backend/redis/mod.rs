@@ -116,11 +116,34 @@ impl std::fmt::Debug for Redis {
 #[derive(Debug, Clone)]
 #[must_use = "a builder does nothing until .connect()"]
 pub struct RedisBuilder {
-    url: String,
+    source: Source,
     connect_timeout: Duration,
     response_timeout: Duration,
     min_replicas: u32,
     replica_timeout: Duration,
+}
+
+/// Where a builder's connection comes from.
+#[derive(Clone)]
+enum Source {
+    /// A URL (every topology).
+    Url(String),
+    /// The application's own client, and maybe its own connection to share.
+    Client(Box<redis::Client>, Option<ConnectionManager>),
+}
+
+impl std::fmt::Debug for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            // Never the URL itself: it may carry a password.
+            Source::Url(url) => write!(f, "Url({:?})", crate::backend::redact_url(url)),
+            Source::Client(client, conn) => f
+                .debug_struct("Client")
+                .field("addr", &client.get_connection_info().addr().to_string())
+                .field("shared_connection", &conn.is_some())
+                .finish(),
+        }
+    }
 }
 
 /// How many replicas must acknowledge a grant or renewal, and how long to wait for them.
@@ -162,6 +185,20 @@ impl RedisBuilder {
         self
     }
 
+    /// Sends the lock traffic over `conn`, a connection the application already has
+    /// (made from the same client), instead of opening one: one connection for the
+    /// application's commands and its locks. Only for a builder made by
+    /// [`Redis::builder_from_client`]; the connection keeps its own response timeout and
+    /// reconnection settings (this builder's `response_timeout` then bounds only the
+    /// pub/sub and `WAIT` connections). Release announcements still arrive on a pub/sub
+    /// connection of dlock's own, opened from the client.
+    pub fn connection(mut self, conn: ConnectionManager) -> Self {
+        if let Source::Client(_, shared) = &mut self.source {
+            *shared = Some(conn);
+        }
+        self
+    }
+
     /// How long `WAIT` waits for the replicas (default 100 ms).
     pub fn replica_timeout(mut self, timeout: Duration) -> Self {
         self.replica_timeout = timeout;
@@ -190,9 +227,14 @@ impl RedisBuilder {
             replicas: self.min_replicas,
             timeout_ms: ttl_ms(self.replica_timeout),
         });
-        let target = parse_url(&self.url)?;
+        let (target, shared) = match &self.source {
+            Source::Url(url) => (parse_url(url)?, None),
+            Source::Client(client, shared) => {
+                (Target::Node(Node::Single(client.clone())), shared.clone())
+            }
+        };
         #[cfg(feature = "redis-tls")]
-        if self.url.starts_with("rediss://") {
+        if matches!(&self.source, Source::Url(url) if url.starts_with("rediss://")) {
             // rustls needs a process-wide crypto provider; install ours unless the
             // application already chose one (then this is a no-op).
             let _ = rustls::crypto::ring::default_provider().install_default();
@@ -246,13 +288,16 @@ impl RedisBuilder {
                     Some(s) => format!("sentinel:{}", s.master()),
                     None => master_addr.clone(),
                 };
-                let conn = tokio::time::timeout(
-                    self.connect_timeout,
-                    ConnectionManager::new_with_config(client.clone(), config.clone()),
-                )
-                .await
-                .map_err(|_| unavailable(&master_addr))?
-                .map_err(|e| map_err(e, &format!("connecting to redis at {master_addr}")))?;
+                let conn = match shared {
+                    Some(conn) => conn,
+                    None => tokio::time::timeout(
+                        self.connect_timeout,
+                        ConnectionManager::new_with_config(client.clone(), config.clone()),
+                    )
+                    .await
+                    .map_err(|_| unavailable(&master_addr))?
+                    .map_err(|e| map_err(e, &format!("connecting to redis at {master_addr}")))?,
+                };
                 let pubsub = PubSub::new(&client, self.connect_timeout, self.response_timeout);
                 let wait_pool = replication.map(|_| {
                     conn::WaitPool::new(
@@ -306,15 +351,62 @@ impl Redis {
 
     /// Connection options for `url`.
     pub fn builder(url: impl Into<String>) -> RedisBuilder {
+        RedisBuilder::new(Source::Url(url.into()))
+    }
+
+    /// Locks on the server of a `redis::Client` the application already has (its address,
+    /// database, credentials and TLS settings), with default options: dlock opens its own
+    /// connections from it. To share the application's connection too, use
+    /// [`builder_from_client`](Redis::builder_from_client) and
+    /// [`connection`](RedisBuilder::connection).
+    ///
+    /// ```no_run
+    /// # async fn demo() -> dlock::Result<()> {
+    /// let client = redis::Client::open("redis://127.0.0.1:6379/0").expect("url");
+    /// // … the application uses `client` for its own commands …
+    /// let redis = dlock::backend::Redis::from_client(client.clone()).await?;
+    /// let lock = dlock::Lock::new(redis, "orders")?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`RedisBuilder::connect`].
+    pub async fn from_client(client: redis::Client) -> Result<Redis> {
+        Redis::builder_from_client(client).connect().await
+    }
+
+    /// Connection options for a `redis::Client` the application already has (a single
+    /// server; Sentinel and Cluster deployments are reached by URL).
+    ///
+    /// ```no_run
+    /// # async fn demo() -> dlock::Result<()> {
+    /// let client = redis::Client::open("redis://127.0.0.1:6379/0").expect("url");
+    /// let shared = client.get_connection_manager().await.expect("connect");
+    /// // One connection for the application's commands and its locks:
+    /// let redis = dlock::backend::Redis::builder_from_client(client)
+    ///     .connection(shared.clone())
+    ///     .connect()
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn builder_from_client(client: redis::Client) -> RedisBuilder {
+        RedisBuilder::new(Source::Client(Box::new(client), None))
+    }
+}
+
+impl RedisBuilder {
+    fn new(source: Source) -> RedisBuilder {
         RedisBuilder {
-            url: url.into(),
+            source,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             response_timeout: DEFAULT_RESPONSE_TIMEOUT,
             min_replicas: 0,
             replica_timeout: Duration::from_millis(100),
         }
     }
+}
 
+impl Redis {
     /// The server's address, as connected.
     pub fn addr(&self) -> &str {
         &self.inner.addr
