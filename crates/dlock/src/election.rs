@@ -81,7 +81,8 @@ impl<B: RawElection> ElectionBuilder<B> {
     /// over-long name or prefix, a ttl out of range, or a bad retry policy.
     pub fn build(self) -> Result<Election<B>> {
         Ok(Election {
-            lock: Lock::from_options(self.backend, &self.options)?,
+            lock: Lock::from_options(self.backend, &self.options)?
+                .with_primitive(crate::observe::primitive::ELECTION),
         })
     }
 }

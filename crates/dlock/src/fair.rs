@@ -27,6 +27,7 @@ pub struct Queued<B> {
 impl<B: RawFair> RawLock for Queued<B> {
     const QUEUES_WAITERS: bool = true;
     const LEASE_KIND: LeaseKind = LeaseKind::Lock;
+    const PRIMITIVE: &'static str = crate::observe::primitive::FAIR;
 
     async fn acquire(&self, keys: &LockKeys, token: &Token, ttl: Duration) -> Result<Acquire> {
         self.backend

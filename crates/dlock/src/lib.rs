@@ -50,6 +50,14 @@
 //! [`Lock::try_lock`] returns `Ok(None)` when someone else holds the lock; an [`Error`]
 //! means the store failed or a guarantee broke ([`ErrorKind::LockLost`]).
 //!
+//! # Observability
+//!
+//! Every remote call and every wait is a [`tracing`] span (at `DEBUG`), and acquire
+//! latency, wait time, holds, waiters, renewals, lost leases, hand-offs and retries are
+//! recorded through the [`metrics`] facade, labelled by store and primitive. dlock
+//! installs no subscriber and no exporter; [`observe`] lists every name, and
+//! `docs/observability.md` shows Prometheus and OpenTelemetry set-ups.
+//!
 //! # Safety: what a lease lock can and cannot promise
 //!
 //! A lease lock guarantees that *the store* grants the key to one token at a time. It

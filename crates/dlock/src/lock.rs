@@ -4,11 +4,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use crate::engine::wait::{Backoff, PassOn, Retry};
 use crate::engine::{End, Lease, Renew, Renewal};
 use crate::error::{Error, ErrorKind, Result};
 use crate::keys::{DEFAULT_PREFIX, LockKeys};
+use crate::observe::{self, Call, Extra, Obs, call_span, field, metric, op, outcome, span};
 use crate::options::{Options, builder_options};
 use crate::raw::{Acquire, LockState, RawFencing, RawInspect, RawLock, ReleaseWatch};
 use crate::token::{FencingToken, Token};
@@ -61,6 +63,8 @@ pub struct Lock<B: RawLock> {
     watchdog: bool,
     retry: Retry,
     holder: Option<std::sync::Arc<crate::HolderInfo>>,
+    /// What its spans and metrics are labelled with (store kind, primitive).
+    obs: Obs,
 }
 
 impl<B: RawLock> std::fmt::Debug for Lock<B> {
@@ -137,6 +141,12 @@ impl<B: RawLock> Lock<B> {
         keys: LockKeys,
         options: &Options,
     ) -> Result<Lock<B>> {
+        let obs = Obs::new(
+            &backend.store_id(),
+            B::PRIMITIVE,
+            keys.name(),
+            options.name_label,
+        );
         Ok(Lock {
             backend,
             keys,
@@ -144,7 +154,15 @@ impl<B: RawLock> Lock<B> {
             watchdog: options.watchdog,
             retry: options.retry.validate()?,
             holder: options.holder.clone(),
+            obs,
         })
+    }
+
+    /// The same lock, named `primitive` in spans and metrics (a primitive built on a plain
+    /// lock, such as an election).
+    pub(crate) fn with_primitive(mut self, primitive: &'static str) -> Lock<B> {
+        self.obs = self.obs.with_primitive(primitive);
+        self
     }
 
     /// The lock's name.
@@ -241,6 +259,21 @@ impl<B: RawLock> Lock<B> {
     }
 
     async fn acquire_until(&self, deadline: Option<Instant>) -> Result<Option<LockGuard<B>>> {
+        let mut acquisition = observe::Acquisition::start(&self.obs, self.name(), deadline);
+        let result = self
+            .acquire_loop(deadline, &acquisition)
+            .instrument(acquisition.span())
+            .await;
+        acquisition.finish(&result);
+        result
+    }
+
+    /// The wait loop of one acquisition (`acquisition` counts its attempts and waits).
+    async fn acquire_loop(
+        &self,
+        deadline: Option<Instant>,
+        acquisition: &observe::Acquisition<'_>,
+    ) -> Result<Option<LockGuard<B>>> {
         // One token for the whole wait: a queued waiter keeps its place under it, and an
         // attempt repeated after a lost reply is recognised by the store as the same one.
         let token = match &self.holder {
@@ -261,6 +294,7 @@ impl<B: RawLock> Lock<B> {
             keys: &self.keys,
             token: &token,
             ttl: self.ttl,
+            obs: &self.obs,
             queued: false,
             unsettled: false,
         };
@@ -281,10 +315,10 @@ impl<B: RawLock> Lock<B> {
             let attempt = match deadline.filter(|_| queue && B::WAITS_IN_STORE) {
                 // A wait inside the store ends at the caller's deadline: the lock was
                 // held all along.
-                Some(d) => tokio::time::timeout_at(d, self.attempt(&token, queue))
+                Some(d) => tokio::time::timeout_at(d, self.attempt(&token, queue, acquisition))
                     .await
                     .unwrap_or(Ok(Attempt::Held(None))),
-                None => self.attempt(&token, queue).await,
+                None => self.attempt(&token, queue, acquisition).await,
             };
             let attempt = match attempt {
                 Ok(attempt) => {
@@ -305,11 +339,21 @@ impl<B: RawLock> Lock<B> {
                 {
                     waiting.unsettled |= unsettled;
                     tracing::debug!(lock = self.name(), error = %err, "store unavailable while waiting; retrying");
-                    let pause = backoff.next();
-                    match deadline {
-                        Some(d) => tokio::time::sleep_until(d.min(Instant::now() + pause)).await,
-                        None => tokio::time::sleep(pause).await,
+                    self.obs
+                        .count(metric::RETRIES, Some(Extra::RetryAcquire), 1);
+                    acquisition.waiting();
+                    let mut pause = backoff.next();
+                    let mut woken_by = Extra::WokenOutage;
+                    if let Some(d) = deadline {
+                        let left = d.saturating_duration_since(Instant::now());
+                        if left <= pause {
+                            (pause, woken_by) = (left, Extra::WokenDeadline);
+                        }
                     }
+                    let wait = self.obs.wait_span(self.name(), pause);
+                    let slept = Instant::now();
+                    tokio::time::sleep(pause).await;
+                    self.obs.waited(&wait, woken_by, slept.elapsed());
                     continue;
                 }
                 Err(Failed { err, unsettled }) => {
@@ -342,7 +386,20 @@ impl<B: RawLock> Lock<B> {
                     // Withdraw before returning, so that our entry is gone when the caller
                     // looks (the background withdrawal is for cancellation only).
                     waiting.queued = false;
-                    if let Err(err) = self.backend.abandon(&self.keys, &token, self.ttl).await {
+                    let call = Call::new(call_span!(
+                        span::ABANDON,
+                        op::ABANDON,
+                        self.obs,
+                        self.name(),
+                        1u32
+                    ));
+                    let abandoned = self
+                        .backend
+                        .abandon(&self.keys, &token, self.ttl)
+                        .instrument(call.span())
+                        .await;
+                    call.done(&abandoned, |()| outcome::OK);
+                    if let Err(err) = abandoned {
                         tracing::debug!(lock = self.name(), error = %err, "withdrawing a waiter failed; its entry times out");
                     }
                 }
@@ -351,13 +408,25 @@ impl<B: RawLock> Lock<B> {
             let Some(watch) = &watch else {
                 // Subscribe, then try again at once: a release between our attempt and the
                 // subscription would otherwise go unheard.
-                let subscribe = self.backend.watch_for(&self.keys, &token);
+                acquisition.waiting();
+                let call = Call::new(call_span!(
+                    span::WATCH,
+                    op::WATCH,
+                    self.obs,
+                    self.name(),
+                    1u32
+                ));
+                let subscribe = self
+                    .backend
+                    .watch_for(&self.keys, &token)
+                    .instrument(call.span());
                 let subscribed = match deadline {
                     Some(d) => tokio::time::timeout_at(d, subscribe)
                         .await
                         .unwrap_or_else(|_| Ok(ReleaseWatch::none())),
                     None => subscribe.await,
                 };
+                call.done(&subscribed, |_| outcome::OK);
                 watch = Some(subscribed.unwrap_or_else(|err| {
                     tracing::debug!(lock = self.name(), error = %err, "cannot watch releases; polling");
                     ReleaseWatch::none()
@@ -374,19 +443,39 @@ impl<B: RawLock> Lock<B> {
                 let b = backoff.next();
                 remaining.map_or(b, |r| b.min(r + Duration::from_millis(1)))
             };
+            let mut woken_by = if watch.is_active() {
+                Extra::WokenFallback
+            } else {
+                Extra::WokenBackoff
+            };
             if let Some(d) = deadline {
-                sleep = sleep.min(d.saturating_duration_since(now));
+                let left = d.saturating_duration_since(now);
+                if left <= sleep {
+                    (sleep, woken_by) = (left, Extra::WokenDeadline);
+                }
             }
+            acquisition.waiting();
+            let wait = self.obs.wait_span(self.name(), sleep);
+            let slept = Instant::now();
             tokio::select! {
-                () = watch.released() => woken = Some(PassOn(watch.notifier())),
+                () = watch.released() => {
+                    woken = Some(PassOn::new(watch.notifier(), &self.obs));
+                    woken_by = Extra::WokenRelease;
+                }
                 () = tokio::time::sleep(sleep) => {}
             }
+            self.obs.waited(&wait, woken_by, slept.elapsed());
             // The store handed the lock over to us at a release, after our latest attempt
             // was processed: we hold it from no earlier than that attempt's sending. (If
             // that was long ago, the next attempt finds our token and renews it instead.)
-            if let Some(fence) = watch.take_grant()
-                && held_sent.elapsed() < self.backend.lease_validity(self.ttl) / 2
-            {
+            let grant = watch
+                .take_grant()
+                .filter(|_| held_sent.elapsed() < self.backend.lease_validity(self.ttl) / 2);
+            wait.record(field::HANDOFF, grant.is_some());
+            drop(wait);
+            if let Some(fence) = grant {
+                self.obs
+                    .count(metric::HANDOFFS, Some(Extra::HandoffGrant), 1);
                 if let Some(mut w) = woken.take() {
                     w.consumed();
                 }
@@ -404,7 +493,12 @@ impl<B: RawLock> Lock<B> {
     /// An attempt cancelled mid-flight gives back in the background whatever it may have
     /// been granted; one that fails with its outcome unknown leaves that to the caller
     /// (`Failed::unsettled`).
-    async fn attempt(&self, token: &Token, queue: bool) -> std::result::Result<Attempt<B>, Failed> {
+    async fn attempt(
+        &self,
+        token: &Token,
+        queue: bool,
+        acquisition: &observe::Acquisition<'_>,
+    ) -> std::result::Result<Attempt<B>, Failed> {
         let settled = |err| Failed {
             err,
             unsettled: false,
@@ -419,18 +513,35 @@ impl<B: RawLock> Lock<B> {
         let mut pending = PendingAcquire {
             backend: &self.backend,
             keys: &self.keys,
+            obs: &self.obs,
             token: Some(token),
         };
         let mut tries = 0;
         let (fence, sent) = loop {
+            let call = Call::new(call_span!(
+                span::ACQUIRE,
+                op::ACQUIRE,
+                self.obs,
+                self.name(),
+                acquisition.next_attempt(),
+                queue = queue
+            ));
             let sent = Instant::now();
             let acquire = if queue {
                 self.backend
                     .acquire_or_queue(&self.keys, token, self.ttl)
+                    .instrument(call.span())
                     .await
             } else {
-                self.backend.acquire(&self.keys, token, self.ttl).await
+                self.backend
+                    .acquire(&self.keys, token, self.ttl)
+                    .instrument(call.span())
+                    .await
             };
+            call.done(&acquire, |a| match a {
+                Acquire::Acquired { .. } => outcome::ACQUIRED,
+                Acquire::Held { .. } => outcome::BUSY,
+            });
             match acquire {
                 Ok(Acquire::Acquired { fence }) => break (fence, sent),
                 Ok(Acquire::Held { remaining }) => {
@@ -440,6 +551,8 @@ impl<B: RawLock> Lock<B> {
                 Err(err) if err.is_retryable() && tries < UNKNOWN_OUTCOME_RETRIES => {
                     tries += 1;
                     tracing::debug!(lock = self.name(), error = %err, "acquire outcome unknown; repeating it");
+                    self.obs
+                        .count(metric::RETRIES, Some(Extra::RetryAcquire), 1);
                     tokio::time::sleep(RETRY_PAUSE * tries).await;
                 }
                 // A refusal (bad argument, limit): nothing was granted.
@@ -480,9 +593,10 @@ impl<B: RawLock> Lock<B> {
             self.backend.lease_validity(self.ttl),
             self.backend.drift(),
             B::LEASE_KIND,
+            self.obs.clone(),
         ));
         if lease.is_lost_at(Instant::now()) {
-            spawn_release(&self.backend, &lease.keys, &lease.token);
+            spawn_release_observed(&self.backend, &lease.keys, &lease.token, &self.obs);
             return Err(Error::new(
                 ErrorKind::TimedOut,
                 format!(
@@ -503,13 +617,15 @@ impl<B: RawLock> Lock<B> {
                 // The engine never hands out id 0.
                 Ok(id) => std::num::NonZeroU64::new(id),
                 Err(err) => {
-                    spawn_release(&self.backend, &lease.keys, &lease.token);
+                    spawn_release_observed(&self.backend, &lease.keys, &lease.token, &self.obs);
                     return Err(err);
                 }
             }
         } else {
             None
         };
+        // Counted down when the guard is dropped, however it ends.
+        self.obs.gauge(metric::HOLDS, 1.0);
         Ok(LockGuard {
             backend: self.backend.clone(),
             lease,
@@ -527,6 +643,7 @@ struct Waiting<'a, B: RawLock> {
     keys: &'a LockKeys,
     token: &'a Token,
     ttl: Duration,
+    obs: &'a Obs,
     queued: bool,
     /// An attempt failed with its outcome unknown and no later attempt settled it.
     unsettled: bool,
@@ -535,7 +652,7 @@ struct Waiting<'a, B: RawLock> {
 impl<B: RawLock> Drop for Waiting<'_, B> {
     fn drop(&mut self) {
         if self.unsettled {
-            spawn_release(self.backend, self.keys, self.token);
+            spawn_release_observed(self.backend, self.keys, self.token, self.obs);
         }
         if !self.queued || !B::QUEUES_WAITERS {
             return;
@@ -547,12 +664,26 @@ impl<B: RawLock> Drop for Waiting<'_, B> {
         let keys = self.keys.clone();
         let token = self.token.clone();
         let ttl = self.ttl;
+        let obs = self.obs.clone();
         runtime.spawn(async move {
-            let abandon = backend.abandon(&keys, &token, ttl);
-            if !matches!(
-                tokio::time::timeout(DROP_RELEASE_TIMEOUT, abandon).await,
-                Ok(Ok(()))
-            ) {
+            let call = Call::new(call_span!(
+                span::ABANDON,
+                op::ABANDON,
+                obs,
+                keys.name(),
+                1u32
+            ));
+            let abandon = backend.abandon(&keys, &token, ttl).instrument(call.span());
+            let abandoned = tokio::time::timeout(DROP_RELEASE_TIMEOUT, abandon)
+                .await
+                .unwrap_or_else(|_| {
+                    Err(Error::new(
+                        ErrorKind::TimedOut,
+                        "withdrawing a waiter timed out",
+                    ))
+                });
+            call.done(&abandoned, |()| outcome::OK);
+            if abandoned.is_err() {
                 tracing::debug!(
                     lock = keys.name(),
                     "withdrawing a waiter failed; its entry times out"
@@ -570,7 +701,20 @@ impl<B: RawLock> Lock<B> {
     /// [`ErrorKind::LockLost`] if the lock is not held under `token` any more; store
     /// failures otherwise.
     pub async fn release_token(&self, token: &Token) -> Result<()> {
-        if self.backend.release(&self.keys, token).await? {
+        let call = Call::new(call_span!(
+            span::RELEASE,
+            op::RELEASE,
+            self.obs,
+            self.name(),
+            1u32
+        ));
+        let released = self
+            .backend
+            .release(&self.keys, token)
+            .instrument(call.span())
+            .await;
+        call.done(&released, |&r| released_outcome(r));
+        if released? {
             Ok(())
         } else {
             Err(Error::lost(format!(
@@ -587,7 +731,20 @@ impl<B: RawLock> Lock<B> {
     /// held under `token`; store failures otherwise.
     pub async fn extend_token(&self, token: &Token, ttl: Duration) -> Result<()> {
         let ttl = validate_ttl(ttl)?;
-        if self.backend.extend(&self.keys, token, ttl).await? {
+        let call = Call::new(call_span!(
+            span::EXTEND,
+            op::EXTEND,
+            self.obs,
+            self.name(),
+            1u32
+        ));
+        let extended = self
+            .backend
+            .extend(&self.keys, token, ttl)
+            .instrument(call.span())
+            .await;
+        call.done(&extended, |&e| extended_outcome(e));
+        if extended? {
             Ok(())
         } else {
             Err(Error::lost(format!(
@@ -604,7 +761,20 @@ impl<B: RawInspect> Lock<B> {
     /// # Errors
     /// Store failures.
     pub async fn state(&self) -> Result<LockState> {
-        self.backend.inspect(&self.keys).await
+        let call = Call::new(call_span!(
+            span::INSPECT,
+            op::INSPECT,
+            self.obs,
+            self.name(),
+            1u32
+        ));
+        let state = self
+            .backend
+            .inspect(&self.keys)
+            .instrument(call.span())
+            .await;
+        call.done(&state, |_| outcome::OK);
+        state
     }
 
     /// Whether anyone holds the lock now (a snapshot; it may change at once).
@@ -623,7 +793,20 @@ impl<B: RawInspect> Lock<B> {
     /// # Errors
     /// Store failures.
     pub async fn force_unlock(&self) -> Result<bool> {
-        self.backend.force_unlock(&self.keys).await
+        let call = Call::new(call_span!(
+            span::FORCE_UNLOCK,
+            op::FORCE_UNLOCK,
+            self.obs,
+            self.name(),
+            1u32
+        ));
+        let unlocked = self
+            .backend
+            .force_unlock(&self.keys)
+            .instrument(call.span())
+            .await;
+        call.done(&unlocked, |_| outcome::OK);
+        unlocked
     }
 }
 
@@ -632,28 +815,51 @@ impl<B: RawInspect> Lock<B> {
 struct PendingAcquire<'a, B: RawLock> {
     backend: &'a B,
     keys: &'a LockKeys,
+    obs: &'a Obs,
     token: Option<&'a Token>,
 }
 
 impl<B: RawLock> Drop for PendingAcquire<'_, B> {
     fn drop(&mut self) {
         if let Some(token) = self.token {
-            spawn_release(self.backend, self.keys, token);
+            spawn_release_observed(self.backend, self.keys, token, self.obs);
         }
     }
 }
 
 /// Releases `token` in the background on the current runtime, bounded in time.
 pub(crate) fn spawn_release<B: RawLock>(backend: &B, keys: &LockKeys, token: &Token) {
+    let obs = Obs::new(&backend.store_id(), B::PRIMITIVE, keys.name(), false);
+    spawn_release_observed(backend, keys, token, &obs);
+}
+
+/// [`spawn_release`] with the lock's labels at hand.
+fn spawn_release_observed<B: RawLock>(backend: &B, keys: &LockKeys, token: &Token, obs: &Obs) {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         return; // no runtime: the lease simply expires
     };
     let backend = backend.clone();
     let keys = keys.clone();
     let token = token.clone();
+    let obs = obs.clone();
     runtime.spawn(async move {
-        let release = backend.release(&keys, &token);
-        match tokio::time::timeout(DROP_RELEASE_TIMEOUT, release).await {
+        let call = Call::new(call_span!(
+            span::RELEASE,
+            op::RELEASE,
+            obs,
+            keys.name(),
+            1u32
+        ));
+        let release = backend.release(&keys, &token).instrument(call.span());
+        let released = tokio::time::timeout(DROP_RELEASE_TIMEOUT, release).await;
+        match &released {
+            Ok(result) => call.done(result, |&r| released_outcome(r)),
+            Err(_) => observe::failed(
+                &call.span(),
+                &Error::new(ErrorKind::TimedOut, "background release timed out"),
+            ),
+        }
+        match released {
             Ok(Ok(_)) => {}
             Ok(Err(err)) => {
                 tracing::debug!(lock = keys.name(), error = %err, "background release failed; the lease will expire");
@@ -775,12 +981,21 @@ impl<B: RawLock> LockGuard<B> {
                 self.name()
             )));
         }
+        let call = Call::new(call_span!(
+            span::EXTEND,
+            op::EXTEND,
+            self.lease.obs,
+            self.name(),
+            1u32
+        ));
         let sent = Instant::now();
         let extended = self
             .backend
             .extend(&self.lease.keys, &self.lease.token, ttl)
-            .await?;
-        if !extended {
+            .instrument(call.span())
+            .await;
+        call.done(&extended, |&e| extended_outcome(e));
+        if !extended? {
             self.lease.end(End::Taken);
             return Err(Error::lost(format!(
                 "lock {:?} was no longer ours when extending",
@@ -831,11 +1046,20 @@ impl<B: RawLock> LockGuard<B> {
         let lost_before = self.lease.snapshot().end;
         let mut tries = 0;
         let released = loop {
-            match self
+            let call = Call::new(call_span!(
+                span::RELEASE,
+                op::RELEASE,
+                self.lease.obs,
+                self.name(),
+                tries + 1
+            ));
+            let released = self
                 .backend
                 .release(&self.lease.keys, &self.lease.token)
-                .await
-            {
+                .instrument(call.span())
+                .await;
+            call.done(&released, |&r| released_outcome(r));
+            match released {
                 // A repeat that finds the hold gone, answered while the lease was still
                 // valid: the hold cannot have expired, so our earlier attempt (whose reply
                 // was lost) released it. Only an operator's force-unlock or data loss in
@@ -846,13 +1070,21 @@ impl<B: RawLock> LockGuard<B> {
                 {
                     tries += 1;
                     tracing::debug!(lock = self.name(), error = %err, "release outcome unknown; repeating it");
+                    self.lease
+                        .obs
+                        .count(metric::RETRIES, Some(Extra::RetryRelease), 1);
                     tokio::time::sleep(RETRY_PAUSE * tries).await;
                 }
                 other => break other,
             }
         };
         self.armed = false;
-        self.lease.end(End::Released);
+        // A lease found lost here ends as such (counted once, if nothing ended it before).
+        self.lease.end(match (&released, lapsed) {
+            (Ok(true), false) | (Err(_), _) => End::Released,
+            (Ok(_), true) => End::Expired,
+            (Ok(false), false) => End::Taken,
+        });
         let reason = match (released?, lapsed) {
             (true, false) => return Ok(()),
             (true, true) => "its lease had lapsed before the release (the key was deleted now)",
@@ -893,11 +1125,36 @@ impl<B: RawLock> LockGuard<B> {
 
 impl<B: RawLock> Drop for LockGuard<B> {
     fn drop(&mut self) {
+        // Every guard ends here (released, forgotten, turned into another hold, dropped).
+        self.lease.obs.gauge(metric::HOLDS, -1.0);
         if self.armed {
             self.disarm();
             self.lease.end(End::Released);
-            spawn_release(&self.backend, &self.lease.keys, &self.lease.token);
+            spawn_release_observed(
+                &self.backend,
+                &self.lease.keys,
+                &self.lease.token,
+                &self.lease.obs,
+            );
         }
+    }
+}
+
+/// The `outcome` of a release call that answered `released`.
+fn released_outcome(released: bool) -> &'static str {
+    if released {
+        outcome::RELEASED
+    } else {
+        outcome::NOT_HELD
+    }
+}
+
+/// The `outcome` of an extend call that answered `extended`.
+fn extended_outcome(extended: bool) -> &'static str {
+    if extended {
+        outcome::EXTENDED
+    } else {
+        outcome::NOT_HELD
     }
 }
 

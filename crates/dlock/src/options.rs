@@ -21,6 +21,8 @@ pub(crate) struct Options {
     pub(crate) watchdog: bool,
     pub(crate) retry: Retry,
     pub(crate) holder: Option<std::sync::Arc<crate::HolderInfo>>,
+    /// Whether metrics carry the lock's name as a label ([`crate::observe`]).
+    pub(crate) name_label: bool,
 }
 
 impl Options {
@@ -33,6 +35,7 @@ impl Options {
             watchdog: true,
             retry: Retry::default(),
             holder: None,
+            name_label: false,
         }
     }
 
@@ -84,6 +87,15 @@ macro_rules! builder_options {
             /// read the key can read it). See [`HolderInfo`](crate::HolderInfo).
             pub fn holder_info(mut self, info: crate::HolderInfo) -> Self {
                 self.options.holder = Some(std::sync::Arc::new(info));
+                self
+            }
+
+            /// Whether this lock's metrics carry its name as a `lock` label (default
+            /// `false`). Each name is a series of its own in every metric: opt in only for a
+            /// few well-known names, never for names made per request or per user. Spans
+            /// always carry the name. See [`observe`](crate::observe).
+            pub fn metrics_name_label(mut self, on: bool) -> Self {
+                self.options.name_label = on;
                 self
             }
 

@@ -84,6 +84,11 @@ pub trait RawLock: Clone + Send + Sync + 'static {
     /// their own.
     const LEASE_KIND: LeaseKind = LeaseKind::Lock;
 
+    /// The primitive's name in spans and metric labels ([`observe`](crate::observe)): a
+    /// short fixed word, one of [`observe::primitive`](crate::observe::primitive) for
+    /// dlock's own adapters. Stores keep the default, `lock`.
+    const PRIMITIVE: &'static str = crate::observe::primitive::LOCK;
+
     /// Tries once to set `keys.lock()` to `token` with a time to live of `ttl`, if absent.
     /// On success, a store that implements [`RawFencing`] mints the next fence of the name
     /// in the same atomic step.

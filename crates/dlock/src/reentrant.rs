@@ -113,6 +113,7 @@ pub struct Holds<B> {
 
 impl<B: RawReentrant> RawLock for Holds<B> {
     const LEASE_KIND: LeaseKind = LeaseKind::Reentrant;
+    const PRIMITIVE: &'static str = crate::observe::primitive::REENTRANT;
     const QUEUES_WAITERS: bool = B::QUEUES_WAITERS;
     const QUEUES_ONLY_LISTENERS: bool = B::QUEUES_ONLY_LISTENERS;
 

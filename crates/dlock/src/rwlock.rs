@@ -30,6 +30,11 @@ pub struct RwSide<B, const WRITE: bool> {
 impl<B: RawRwLock, const WRITE: bool> RawLock for RwSide<B, WRITE> {
     const QUEUES_WAITERS: bool = WRITE || B::READERS_QUEUE;
     const LEASE_KIND: LeaseKind = LeaseKind::ReadWrite;
+    const PRIMITIVE: &'static str = if WRITE {
+        crate::observe::primitive::RWLOCK_WRITE
+    } else {
+        crate::observe::primitive::RWLOCK_READ
+    };
 
     async fn acquire(&self, keys: &LockKeys, token: &Token, ttl: Duration) -> Result<Acquire> {
         self.backend

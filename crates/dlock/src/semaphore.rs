@@ -28,6 +28,7 @@ pub struct Permits<B> {
 
 impl<B: RawSemaphore> RawLock for Permits<B> {
     const LEASE_KIND: LeaseKind = LeaseKind::Permits;
+    const PRIMITIVE: &'static str = crate::observe::primitive::SEMAPHORE;
     const QUEUES_WAITERS: bool = B::QUEUES_WAITERS;
     const QUEUES_ONLY_LISTENERS: bool = B::QUEUES_ONLY_LISTENERS;
 

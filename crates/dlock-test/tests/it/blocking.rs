@@ -1,1 +1,803 @@
-//! The blocking API under the conformance suite's core behaviours.
+//! The blocking API under the conformance suite's core behaviours: plain `#[test]`s, with
+//! no async runtime on the test's threads, against real servers (and the memory store).
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use dlock::backend::{Memcached, Memory, Redis};
+use dlock::blocking::{
+    Client, DROP_RELEASE_WAIT, Election, FairLock, Lock, ReentrantLock, RwLock, Semaphore,
+    current_thread_owner,
+};
+use dlock::raw::{RawElection, RawFair, RawLock, RawReentrant, RawRwLock, RawSemaphore};
+use dlock::{ErrorKind, Owner};
+use dlock_test::conformance::unique;
+use dlock_test::server::{MemcachedServer, RedisServer};
+
+/// A store that blocking clients connect to.
+trait Store {
+    /// The backend type (every store here can fence, inspect and elect).
+    type B: RawElection;
+
+    /// A client of the store, as another process would have (the memory store: the one
+    /// shared client, as threads of one process share theirs).
+    fn client(&self) -> Client<Self::B>;
+
+    /// Deletes a key behind every holder's back.
+    fn delete_key(&self, key: &str);
+
+    /// The ttl to test with where a behaviour wants `wanted`.
+    fn ttl(&self, wanted: Duration) -> Duration {
+        wanted
+    }
+}
+
+struct MemoryStore {
+    client: Client<Memory>,
+}
+
+impl MemoryStore {
+    fn start() -> MemoryStore {
+        MemoryStore {
+            client: Client::from_backend(Memory::new()).expect("client"),
+        }
+    }
+}
+
+impl Store for MemoryStore {
+    type B = Memory;
+
+    fn client(&self) -> Client<Memory> {
+        self.client.clone()
+    }
+
+    fn delete_key(&self, key: &str) {
+        assert!(self.client.backend().force_delete(key), "{key} was held");
+    }
+}
+
+struct RedisStore {
+    server: RedisServer,
+}
+
+impl RedisStore {
+    fn start() -> RedisStore {
+        RedisStore {
+            server: RedisServer::start().expect("start redis-server"),
+        }
+    }
+}
+
+impl Store for RedisStore {
+    type B = Redis;
+
+    fn client(&self) -> Client<Redis> {
+        Client::connect_redis(self.server.url()).expect("connect")
+    }
+
+    fn delete_key(&self, key: &str) {
+        let mut admin = self.server.client().get_connection().expect("admin");
+        let deleted: i64 = ::redis::cmd("DEL").arg(key).query(&mut admin).expect("DEL");
+        assert_eq!(deleted, 1, "{key} was held");
+    }
+}
+
+struct MemcachedStore {
+    server: MemcachedServer,
+}
+
+impl MemcachedStore {
+    fn start() -> MemcachedStore {
+        MemcachedStore {
+            server: MemcachedServer::start().expect("start memcached"),
+        }
+    }
+}
+
+impl Store for MemcachedStore {
+    type B = Memcached;
+
+    fn client(&self) -> Client<Memcached> {
+        Client::connect_memcached(&self.server.url()).expect("connect")
+    }
+
+    fn delete_key(&self, key: &str) {
+        let key = dlock::backend::memcached::memcached_key(key);
+        let reply = self.server.command(&format!("md {key}\r\n")).expect("md");
+        assert!(reply.starts_with("HD"), "{reply}");
+    }
+
+    /// Memcached expires on a one-second clock (as its conformance target).
+    fn ttl(&self, wanted: Duration) -> Duration {
+        (wanted * 5).max(Duration::from_secs(3))
+    }
+}
+
+/// One `#[test]` per behaviour, against a fresh store each.
+macro_rules! blocking_tests {
+    ($store:expr; $($behaviour:ident),* $(,)?) => {
+        $(
+            #[test]
+            fn $behaviour() {
+                super::$behaviour(&$store);
+            }
+        )*
+    };
+}
+
+mod memory {
+    use super::MemoryStore;
+
+    blocking_tests!(MemoryStore::start();
+        mutual_exclusion,
+        try_lock_is_none_while_held_and_release_frees_at_once,
+        without_watchdog_lease_ends_at_ttl,
+        watchdog_renews_while_the_thread_sleeps,
+        wait_lost_fires_on_external_delete,
+        fences_strictly_increase,
+        extend_resets_lease,
+        dropped_guard_is_released_when_drop_returns,
+        guards_outlive_their_client,
+        inside_a_runtime_is_a_typed_error,
+        semaphore_permits,
+        reentrant_reentry_keeps_the_fence,
+        rwlock_readers_share_writer_excludes,
+        fair_lock_grants_in_arrival_order,
+        election_leads_observes_and_hands_over,
+    );
+}
+
+mod redis {
+    use super::RedisStore;
+
+    blocking_tests!(RedisStore::start();
+        mutual_exclusion,
+        try_lock_is_none_while_held_and_release_frees_at_once,
+        without_watchdog_lease_ends_at_ttl,
+        watchdog_renews_while_the_thread_sleeps,
+        wait_lost_fires_on_external_delete,
+        fences_strictly_increase,
+        extend_resets_lease,
+        dropped_guard_is_released_when_drop_returns,
+        guards_outlive_their_client,
+        inside_a_runtime_is_a_typed_error,
+        semaphore_permits,
+        reentrant_reentry_keeps_the_fence,
+        rwlock_readers_share_writer_excludes,
+        fair_lock_grants_in_arrival_order,
+        election_leads_observes_and_hands_over,
+    );
+
+    #[test]
+    fn drop_returns_while_the_store_is_frozen() {
+        super::drop_returns_while_the_store_is_frozen(&mut RedisStore::start());
+    }
+}
+
+mod memcached {
+    use super::MemcachedStore;
+
+    blocking_tests!(MemcachedStore::start();
+        mutual_exclusion,
+        try_lock_is_none_while_held_and_release_frees_at_once,
+        without_watchdog_lease_ends_at_ttl,
+        watchdog_renews_while_the_thread_sleeps,
+        wait_lost_fires_on_external_delete,
+        fences_strictly_increase,
+        dropped_guard_is_released_when_drop_returns,
+    );
+}
+
+/// A lock named `name` on `client` with lease `ttl`.
+fn lock_on<B: RawElection>(client: &Client<B>, name: &str, ttl: Duration) -> Lock<B> {
+    Lock::builder(client, name).ttl(ttl).build().expect("valid")
+}
+
+/// Threads of two clients increment a counter by read, sleep, write under the lock: no
+/// two are ever inside at once, no increment is lost, fences rise in grant order.
+fn mutual_exclusion<S: Store>(store: &S) {
+    const THREADS: usize = 4;
+    const ROUNDS: u64 = 10;
+    let name = unique("blocking-mutex");
+    let clients = [store.client(), store.client()];
+    let value = AtomicU64::new(0);
+    let inside = AtomicUsize::new(0);
+    let overlaps = AtomicUsize::new(0);
+    let fences = Mutex::new(Vec::new());
+    thread::scope(|scope| {
+        for i in 0..THREADS {
+            let lock = lock_on(&clients[i % 2], &name, Duration::from_secs(10));
+            let (value, inside, overlaps, fences) = (&value, &inside, &overlaps, &fences);
+            scope.spawn(move || {
+                for _ in 0..ROUNDS {
+                    let guard = lock.lock().expect("lock");
+                    if inside.fetch_add(1, Ordering::SeqCst) != 0 {
+                        overlaps.fetch_add(1, Ordering::SeqCst);
+                    }
+                    fences.lock().expect("fences").push(guard.fencing_token());
+                    let v = value.load(Ordering::SeqCst);
+                    thread::sleep(Duration::from_millis(1));
+                    value.store(v + 1, Ordering::SeqCst);
+                    inside.fetch_sub(1, Ordering::SeqCst);
+                    guard.release().expect("release");
+                }
+            });
+        }
+    });
+    assert_eq!(overlaps.load(Ordering::SeqCst), 0, "two holders at once");
+    assert_eq!(
+        value.load(Ordering::SeqCst),
+        THREADS as u64 * ROUNDS,
+        "lost increments"
+    );
+    let fences = fences.into_inner().expect("fences");
+    assert!(
+        fences.windows(2).all(|w| w[0] < w[1]),
+        "fences not strictly increasing in grant order: {fences:?}"
+    );
+}
+
+/// Contention is `Ok(None)`, bounded waits give up, and a release frees the lock for
+/// another client at once.
+fn try_lock_is_none_while_held_and_release_frees_at_once<S: Store>(store: &S) {
+    let name = unique("blocking-try");
+    let (a, b) = (store.client(), store.client());
+    let mine = lock_on(&a, &name, Duration::from_secs(10));
+    let theirs = lock_on(&b, &name, Duration::from_secs(10));
+    let guard = mine.try_lock().expect("store").expect("free");
+    assert!(theirs.try_lock().expect("store").is_none());
+    let started = Instant::now();
+    assert!(
+        theirs
+            .try_lock_for(Duration::from_millis(300))
+            .expect("store")
+            .is_none()
+    );
+    assert!(started.elapsed() >= Duration::from_millis(300));
+    assert!(
+        theirs
+            .try_lock_until(Instant::now() + Duration::from_millis(100))
+            .expect("store")
+            .is_none()
+    );
+    let state = theirs.state().expect("store");
+    assert_eq!(state.holder.as_deref(), Some(guard.token().as_str()));
+    assert!(theirs.is_locked().expect("store"));
+    guard.release().expect("release");
+    let next = theirs
+        .try_lock()
+        .expect("store")
+        .expect("a released lock is free at once");
+    next.release().expect("release");
+    assert!(!theirs.is_locked().expect("store"));
+}
+
+/// Without the watchdog a hold ends at its ttl: another client gets the lock, the holder
+/// sees it lost, and its release is `LockLost`.
+fn without_watchdog_lease_ends_at_ttl<S: Store>(store: &S) {
+    let name = unique("blocking-expiry");
+    let ttl = store.ttl(Duration::from_millis(300));
+    let client = store.client();
+    let holder = Lock::builder(&client, &name)
+        .ttl(ttl)
+        .watchdog(false)
+        .build()
+        .expect("valid");
+    let guard = holder.try_lock().expect("store").expect("free");
+    let acquired = Instant::now();
+    assert_eq!(client.backend().engine().leases(), 0);
+    let other = lock_on(&store.client(), &name, Duration::from_secs(10));
+    let next = other
+        .try_lock_for(ttl * 10)
+        .expect("store")
+        .expect("the lease must expire by itself");
+    assert!(
+        acquired.elapsed() >= ttl - Duration::from_millis(50),
+        "freed after {:?}, before its ttl {ttl:?}",
+        acquired.elapsed()
+    );
+    assert!(guard.is_lost());
+    assert!(guard.wait_lost(Duration::ZERO).expect("outside a runtime"));
+    assert_eq!(guard.remaining(), Duration::ZERO);
+    let err = guard.release().expect_err("must not report success");
+    assert_eq!(err.kind(), ErrorKind::LockLost, "{err}");
+    next.release().expect("the new holder still holds it");
+}
+
+/// The watchdog runs on the client's runtime thread: a short lease stays held while the
+/// holder's own thread sleeps (no blocking call in progress) through many ttls.
+fn watchdog_renews_while_the_thread_sleeps<S: Store>(store: &S) {
+    let name = unique("blocking-watchdog");
+    let ttl = store.ttl(Duration::from_millis(300));
+    let client = store.client();
+    let guard = lock_on(&client, &name, ttl)
+        .try_lock()
+        .expect("store")
+        .expect("free");
+    assert_eq!(client.backend().engine().leases(), 1);
+    thread::sleep(ttl * 3);
+    assert!(!guard.is_lost(), "the lease lapsed while the thread slept");
+    let other = lock_on(&store.client(), &name, Duration::from_secs(10));
+    assert!(
+        other.try_lock().expect("store").is_none(),
+        "another client got a lock the watchdog renews"
+    );
+    assert!(!guard.wait_lost(ttl).expect("outside a runtime"));
+    assert!(guard.remaining() > Duration::ZERO);
+    guard.release().expect("still ours");
+    assert_eq!(
+        client.backend().engine().leases(),
+        0,
+        "released lease still renewed"
+    );
+}
+
+/// `wait_lost` returns as soon as the key is deleted behind the holder, and the release
+/// then reports `LockLost`.
+fn wait_lost_fires_on_external_delete<S: Store>(store: &S) {
+    let name = unique("blocking-deleted");
+    let ttl = store.ttl(Duration::from_millis(600));
+    let lock = lock_on(&store.client(), &name, ttl);
+    let guard = lock.try_lock().expect("store").expect("free");
+    assert!(!guard.wait_lost(Duration::from_millis(10)).expect("ok"));
+    store.delete_key(lock.keys().lock());
+    assert!(
+        guard.wait_lost(ttl * 3).expect("outside a runtime"),
+        "lost must fire after the key was deleted"
+    );
+    assert!(guard.is_lost());
+    let err = guard.release().expect_err("must not report success");
+    assert_eq!(err.kind(), ErrorKind::LockLost, "{err}");
+}
+
+/// Fences strictly increase across grants by two clients, including after a holder whose
+/// lease ran out without a release.
+fn fences_strictly_increase<S: Store>(store: &S) {
+    let name = unique("blocking-fence");
+    let clients = [store.client(), store.client()];
+    let mut seen = Vec::new();
+    for i in 0..4 {
+        let lock = lock_on(&clients[i % 2], &name, Duration::from_secs(10));
+        let guard = lock.try_lock().expect("store").expect("free");
+        seen.push(guard.fencing_token());
+        guard.release().expect("release");
+    }
+    let short = Lock::builder(&clients[0], &name)
+        .ttl(store.ttl(Duration::from_millis(200)))
+        .watchdog(false)
+        .build()
+        .expect("valid");
+    let guard = short.try_lock().expect("store").expect("free");
+    seen.push(guard.fencing_token());
+    guard.forget();
+    let next = lock_on(&clients[1], &name, Duration::from_secs(10))
+        .try_lock_for(Duration::from_secs(20))
+        .expect("store")
+        .expect("free after expiry");
+    seen.push(next.fencing_token());
+    next.release().expect("release");
+    assert!(
+        seen.windows(2).all(|w| w[0] < w[1]),
+        "fences must strictly increase: {seen:?}"
+    );
+}
+
+/// `extend` resets the lease; zero is refused; after the key is gone it is `LockLost`.
+fn extend_resets_lease<S: Store>(store: &S) {
+    let name = unique("blocking-extend");
+    let ttl = store.ttl(Duration::from_millis(300));
+    let lock = Lock::builder(&store.client(), &name)
+        .ttl(ttl)
+        .watchdog(false)
+        .build()
+        .expect("valid");
+    let guard = lock.try_lock().expect("store").expect("free");
+    guard.extend(Duration::from_secs(10)).expect("ours");
+    assert!(guard.remaining() > Duration::from_secs(5));
+    thread::sleep(ttl + Duration::from_millis(200));
+    assert!(
+        !guard.is_lost(),
+        "the extended lease ran out at the old ttl"
+    );
+    let err = guard.extend(Duration::ZERO).expect_err("zero ttl refused");
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument);
+    guard.release().expect("still ours");
+
+    let guard = lock.try_lock().expect("store").expect("free");
+    store.delete_key(lock.keys().lock());
+    let err = guard
+        .extend(Duration::from_secs(5))
+        .expect_err("not ours any more");
+    assert_eq!(err.kind(), ErrorKind::LockLost, "{err}");
+    assert!(guard.is_lost());
+}
+
+/// A dropped guard is released by the time `drop` returns (the store answered within the
+/// drop's wait): another client gets the lock at once.
+fn dropped_guard_is_released_when_drop_returns<S: Store>(store: &S) {
+    let name = unique("blocking-drop");
+    let client = store.client();
+    let guard = lock_on(&client, &name, Duration::from_secs(20))
+        .try_lock()
+        .expect("store")
+        .expect("free");
+    let other = lock_on(&store.client(), &name, Duration::from_secs(20));
+    drop(guard);
+    assert_eq!(
+        client.backend().engine().leases(),
+        0,
+        "dropped lease renewed"
+    );
+    let guard = other
+        .try_lock()
+        .expect("store")
+        .expect("a dropped guard must be released before drop returns");
+    // Forgotten guards are not released: the lock stays held until its ttl.
+    guard.forget();
+    assert!(other.try_lock().expect("store").is_none());
+}
+
+/// Guards keep their client's runtime (and watchdog) alive after the client, its clones
+/// and the lock are dropped; dropping the last of them ends it without hanging.
+fn guards_outlive_their_client<S: Store>(store: &S) {
+    let name = unique("blocking-outlive");
+    let ttl = store.ttl(Duration::from_millis(300));
+    let client = store.client();
+    let lock = lock_on(&client, &name, ttl);
+    let guard = lock.try_lock().expect("store").expect("free");
+    drop(lock);
+    drop(client);
+    thread::sleep(ttl * 3);
+    assert!(!guard.is_lost(), "renewal stopped with the client");
+    guard.extend(ttl).expect("the runtime still runs");
+    let started = Instant::now();
+    drop(guard);
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "dropping the last user of a runtime hung"
+    );
+    let other = lock_on(&store.client(), &name, Duration::from_secs(10));
+    let guard = other.try_lock().expect("store").expect("released on drop");
+    guard.release().expect("release");
+}
+
+/// Every blocking call inside a tokio runtime is a typed `InvalidArgument`, never a
+/// panic; guards and clients dropped there release and shut down in the background.
+fn inside_a_runtime_is_a_typed_error<S: Store>(store: &S) {
+    let name = unique("blocking-nested");
+    let client = store.client();
+    let lock = lock_on(&client, &name, Duration::from_secs(10));
+    let guard = lock.try_lock().expect("store").expect("free");
+    let invalid = |r: dlock::Result<()>| {
+        let err = r.expect_err("refused inside a runtime");
+        assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let other = lock_on(&store.client(), &name, Duration::from_secs(10));
+    let (nested_try, lock) = rt.block_on(async {
+        invalid(lock.try_lock().map(drop));
+        invalid(lock.lock().map(drop));
+        invalid(lock.state().map(drop));
+        invalid(guard.extend(Duration::from_secs(10)));
+        invalid(guard.wait_lost(Duration::ZERO).map(drop));
+        invalid(client.block_on(async {}));
+        invalid(Client::from_backend(client.backend().clone()).map(drop));
+        // spawn_blocking runs in the runtime's context too.
+        let inner = lock.clone();
+        let err = tokio::task::spawn_blocking(move || inner.try_lock().map(drop))
+            .await
+            .expect("no panic");
+        invalid(err);
+        // A guard dropped here is released in the background, without blocking.
+        let started = std::time::Instant::now();
+        drop(guard);
+        assert!(started.elapsed() < DROP_RELEASE_WAIT, "drop blocked");
+        (other.try_lock_for(Duration::ZERO), lock)
+    });
+    invalid(nested_try.map(drop));
+    let guard = other
+        .try_lock_for(Duration::from_secs(5))
+        .expect("store")
+        .expect("the guard dropped inside the runtime was released in the background");
+    // A release refused inside a runtime drops the guard: released in the background.
+    let refused = rt.block_on(async move { guard.release() });
+    invalid(refused);
+    other
+        .try_lock_for(Duration::from_secs(5))
+        .expect("store")
+        .expect("released in the background")
+        .release()
+        .expect("release");
+    // The last user of a client's runtime dropped inside another runtime shuts it down in
+    // the background, without a panic (a blocking shutdown is not allowed there).
+    rt.block_on(async move {
+        drop(lock);
+        drop(client);
+        drop(other);
+    });
+}
+
+/// Permits as leases: never more holders than permits, counts right, a release frees one.
+fn semaphore_permits<S: Store>(store: &S)
+where
+    S::B: RawSemaphore,
+{
+    let name = unique("blocking-sem");
+    let (a, b) = (store.client(), store.client());
+    let sem = Semaphore::builder(&a, &name, 2)
+        .ttl(Duration::from_secs(10))
+        .build()
+        .expect("valid");
+    let theirs = Semaphore::new(&b, &name, 2).expect("valid");
+    let first = sem.acquire().expect("store");
+    let second = theirs
+        .try_acquire()
+        .expect("store")
+        .expect("a second permit");
+    assert!(
+        theirs.try_acquire().expect("store").is_none(),
+        "a third permit"
+    );
+    assert!(
+        theirs
+            .try_acquire_for(Duration::from_millis(100))
+            .expect("store")
+            .is_none()
+    );
+    assert_eq!(sem.available_permits().expect("store"), 0);
+    first.release().expect("release");
+    assert_eq!(theirs.available_permits().expect("store"), 1);
+    second.release().expect("release");
+    let both = sem.try_acquire_many(2).expect("store").expect("both free");
+    assert!(theirs.try_acquire().expect("store").is_none());
+    both.release().expect("release");
+
+    let inside = AtomicUsize::new(0);
+    let most = AtomicUsize::new(0);
+    thread::scope(|scope| {
+        for i in 0..5 {
+            let sem = if i % 2 == 0 { &sem } else { &theirs };
+            let (inside, most) = (&inside, &most);
+            scope.spawn(move || {
+                for _ in 0..4 {
+                    let permit = sem.acquire().expect("acquire");
+                    let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
+                    most.fetch_max(now, Ordering::SeqCst);
+                    thread::sleep(Duration::from_millis(5));
+                    inside.fetch_sub(1, Ordering::SeqCst);
+                    permit.release().expect("release");
+                }
+            });
+        }
+    });
+    assert!(
+        most.load(Ordering::SeqCst) <= 2,
+        "more holders than permits"
+    );
+    assert_eq!(sem.available_permits().expect("store"), 2);
+}
+
+/// A thread re-enters its own reentrant lock (same fence, counted holds); another thread,
+/// another owner, waits until the last hold is released.
+fn reentrant_reentry_keeps_the_fence<S: Store>(store: &S)
+where
+    S::B: RawReentrant,
+{
+    let name = unique("blocking-reentrant");
+    let lock = ReentrantLock::builder(&store.client(), &name)
+        .ttl(Duration::from_secs(10))
+        .build()
+        .expect("valid");
+    let other = ReentrantLock::new(&store.client(), &name).expect("valid");
+    let me = current_thread_owner().expect("owner");
+    assert_eq!(
+        me,
+        current_thread_owner().expect("owner"),
+        "stable per thread"
+    );
+    let outer = lock.lock(&me).expect("lock");
+    let inner = lock.lock(&me).expect("re-entry");
+    let fence = outer.fencing_token();
+    assert_eq!(inner.fencing_token(), fence);
+    assert_eq!(lock.hold_count(&me).expect("store"), 2);
+    let them: Owner = thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                let them = current_thread_owner().expect("owner");
+                assert_ne!(them, me, "threads are different owners");
+                assert!(other.try_lock(&them).expect("store").is_none());
+                them
+            })
+            .join()
+            .expect("thread")
+    });
+    inner.release().expect("release");
+    assert!(
+        other.try_lock(&them).expect("store").is_none(),
+        "one hold left"
+    );
+    outer.release().expect("release");
+    let theirs = other
+        .try_lock(&them)
+        .expect("store")
+        .expect("free after the last hold");
+    assert!(
+        theirs.fencing_token() > fence,
+        "the next owner's fence is greater"
+    );
+    theirs.release().expect("release");
+}
+
+/// Readers share, a writer excludes everyone, a downgrade lets readers back in.
+fn rwlock_readers_share_writer_excludes<S: Store>(store: &S)
+where
+    S::B: RawRwLock,
+{
+    let name = unique("blocking-rw");
+    let mine = RwLock::builder(&store.client(), &name)
+        .ttl(Duration::from_secs(10))
+        .build()
+        .expect("valid");
+    let theirs = RwLock::new(&store.client(), &name).expect("valid");
+    let r1 = mine.read().expect("read");
+    let r2 = theirs.try_read().expect("store").expect("readers share");
+    assert!(
+        theirs.try_write().expect("store").is_none(),
+        "writer among readers"
+    );
+    r1.release().expect("release");
+    r2.release().expect("release");
+    let w = theirs.write().expect("write");
+    assert!(
+        mine.try_read().expect("store").is_none(),
+        "reader beside a writer"
+    );
+    assert!(mine.try_write().expect("store").is_none(), "two writers");
+    let r = theirs.downgrade(w).expect("downgrade");
+    let r3 = mine
+        .try_read_for(Duration::from_secs(5))
+        .expect("store")
+        .expect("readers share after a downgrade");
+    assert!(mine.try_write().expect("store").is_none());
+    r.release().expect("release");
+    r3.release().expect("release");
+    let w = mine.try_write().expect("store").expect("free");
+    w.release().expect("release");
+}
+
+/// Waiters blocked in `lock()` on threads of their own are granted in arrival order.
+fn fair_lock_grants_in_arrival_order<S: Store>(store: &S)
+where
+    S::B: RawFair,
+{
+    let name = unique("blocking-fair");
+    let holder = FairLock::builder(&store.client(), &name)
+        .ttl(Duration::from_secs(20))
+        .build()
+        .expect("valid");
+    let first = holder.lock().expect("lock");
+    let order = Mutex::new(Vec::new());
+    let clients: Vec<_> = (0..3).map(|_| store.client()).collect();
+    thread::scope(|scope| {
+        for (i, client) in clients.iter().enumerate() {
+            let fair = FairLock::builder(client, &name)
+                .ttl(Duration::from_secs(20))
+                .build()
+                .expect("valid");
+            let order = &order;
+            scope.spawn(move || {
+                let guard = fair.lock().expect("lock");
+                order.lock().expect("order").push(i);
+                guard.release().expect("release");
+            });
+            // The next waiter arrives once this one has its place in the queue.
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while holder.state().expect("store").queued != Some(i as u32 + 1) {
+                assert!(Instant::now() < deadline, "waiter {i} never queued");
+                thread::sleep(Duration::from_millis(10));
+            }
+        }
+        first.release().expect("release");
+    });
+    assert_eq!(*order.lock().expect("order"), vec![0, 1, 2]);
+    assert_eq!(holder.state().expect("store").queued, Some(0));
+}
+
+/// One leader at a time: the leader is observed, a rival waits, resigning hands over to
+/// it under a greater term, and the observer sees the change.
+fn election_leads_observes_and_hands_over<S: Store>(store: &S) {
+    let name = unique("blocking-election");
+    let ours = Election::builder(&store.client(), &name)
+        .ttl(Duration::from_secs(10))
+        .build()
+        .expect("valid");
+    let rival = Election::new(&store.client(), &name).expect("valid");
+    let mut observer = rival.observe();
+    let mut leadership = ours.campaign("host-a").expect("campaign");
+    let term = leadership.term();
+    assert!(rival.try_campaign("host-b").expect("store").is_none());
+    let leader = rival.leader().expect("store").expect("someone leads");
+    assert_eq!(leader.term, term);
+    assert_eq!(leader.value.as_deref(), Some("host-a"));
+    let seen = observer
+        .next_timeout(Duration::from_secs(5))
+        .expect("store")
+        .expect("the observer sees the leader");
+    assert_eq!((seen.term, seen.value.as_deref()), (term, Some("host-a")));
+    leadership.proclaim("host-a:2").expect("still leads");
+    let seen = observer.next().expect("never ends").expect("store");
+    assert_eq!((seen.term, seen.value.as_deref()), (term, Some("host-a:2")));
+    thread::scope(|scope| {
+        let next = scope.spawn(|| {
+            rival
+                .campaign_for(Duration::from_secs(10), "host-b")
+                .expect("store")
+                .expect("leads after the resignation")
+        });
+        // The rival is queued (or about to be): resigning wakes it, not its timeout.
+        thread::sleep(Duration::from_millis(100));
+        leadership.resign().expect("resign");
+        let next = next.join().expect("rival");
+        assert!(next.term() > term, "terms must increase");
+        let seen = observer
+            .next_timeout(Duration::from_secs(5))
+            .expect("store")
+            .expect("the observer sees the new leader");
+        assert_eq!(seen.term, next.term());
+        assert!(!next.wait_lost(Duration::from_millis(10)).expect("ok"));
+        drop(next); // resigns before drop returns
+    });
+    assert!(rival.leader().expect("store").is_none(), "nobody leads");
+}
+
+/// With the store frozen (SIGSTOP: connections open, nothing answered), dropping a guard,
+/// and then the last user of its client's runtime, returns within the documented bounds.
+fn drop_returns_while_the_store_is_frozen(store: &mut RedisStore) {
+    let name = unique("blocking-frozen");
+    let ttl = Duration::from_secs(2);
+    let client = store.client();
+    let lock = lock_on(&client, &name, ttl);
+    let guard = lock.try_lock().expect("store").expect("free");
+    let survivor = lock.try_lock().expect("store");
+    assert!(survivor.is_none());
+    store.server.freeze().expect("SIGSTOP");
+    let started = Instant::now();
+    drop(guard);
+    let dropped = started.elapsed();
+    drop(lock);
+    let started = Instant::now();
+    drop(client);
+    let shut_down = started.elapsed();
+    store.server.thaw().expect("SIGCONT");
+    // Liveness bounds, not speed: the documented waits are 2 s and 1 s.
+    assert!(
+        dropped < Duration::from_secs(10),
+        "drop blocked {dropped:?} on a frozen store"
+    );
+    assert!(
+        shut_down < Duration::from_secs(10),
+        "dropping the client blocked {shut_down:?} on a frozen store"
+    );
+    // The lease expires by itself (or was released once the server woke).
+    let other = lock_on(&store.client(), &name, Duration::from_secs(10));
+    let guard = other
+        .try_lock_for(ttl * 5)
+        .expect("store")
+        .expect("the abandoned lease expires");
+    guard.release().expect("release");
+}
+
+#[test]
+fn clients_guards_and_locks_are_send_and_sync() {
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<Client<Redis>>();
+    send_sync::<Lock<Redis>>();
+    send_sync::<dlock::blocking::LockGuard<Redis>>();
+    send_sync::<dlock::blocking::Leadership<Redis>>();
+    send_sync::<Semaphore<Redis>>();
+}

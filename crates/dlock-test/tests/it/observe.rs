@@ -1,1 +1,721 @@
 //! Spans and metrics captured from real stores.
+//!
+//! Each test runs on a current-thread runtime of its own, under a thread-local tracing
+//! subscriber and metrics recorder, so that everything it starts (the watchdog, a dropped
+//! guard's release) reports to it and nothing from the other tests in this binary does.
+
+use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use dlock::observe::{field, metric, span};
+use dlock::{ErrorKind, Lock, RwLock};
+use dlock_test::conformance::{Target, unique};
+use dlock_test::proxy::{Fault, Proxy};
+use dlock_test::targets::RedisTarget;
+use metrics_util::MetricKind;
+use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+use tokio::time::{sleep, timeout};
+use tracing::field::{Field, Visit};
+use tracing::span::{Attributes, Id, Record};
+use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
+use tracing_subscriber::registry::LookupSpan;
+
+/// One captured span: name, parent's name, fields recorded so far (as text).
+#[derive(Debug, Clone)]
+struct Captured {
+    name: &'static str,
+    parent: Option<&'static str>,
+    fields: BTreeMap<String, String>,
+    closed: bool,
+}
+
+impl Captured {
+    fn get(&self, field: &str) -> Option<&str> {
+        self.fields.get(field).map(String::as_str)
+    }
+
+    /// The field's value, which must be there.
+    fn field(&self, field: &str) -> &str {
+        self.get(field)
+            .unwrap_or_else(|| panic!("{} has no field {field}: {:?}", self.name, self.fields))
+    }
+}
+
+/// Every span and event the test's code made, as a `tracing-subscriber` layer.
+#[derive(Debug, Clone, Default)]
+struct Capture {
+    spans: Arc<Mutex<Vec<Captured>>>,
+    /// Live span id -> index in `spans` (ids are reused after a span closes).
+    live: Arc<Mutex<HashMap<u64, usize>>>,
+    /// Every event's fields, message included.
+    events: Arc<Mutex<Vec<BTreeMap<String, String>>>>,
+}
+
+struct Fields<'a>(&'a mut BTreeMap<String, String>);
+
+impl Visit for Fields<'_> {
+    fn record_str(&mut self, field: &Field, value: &str) {
+        self.0.insert(field.name().to_owned(), value.to_owned());
+    }
+
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        self.0.insert(field.name().to_owned(), format!("{value:?}"));
+    }
+}
+
+impl<S: tracing::Subscriber + for<'a> LookupSpan<'a>> Layer<S> for Capture {
+    fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
+        let mut fields = BTreeMap::new();
+        attrs.record(&mut Fields(&mut fields));
+        let parent = ctx
+            .span(id)
+            .and_then(|s| s.parent())
+            .map(|p| p.metadata().name());
+        let mut spans = self.spans.lock().unwrap_or_else(PoisonError::into_inner);
+        spans.push(Captured {
+            name: attrs.metadata().name(),
+            parent,
+            fields,
+            closed: false,
+        });
+        self.live
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(id.into_u64(), spans.len() - 1);
+    }
+
+    fn on_record(&self, id: &Id, values: &Record<'_>, _ctx: Context<'_, S>) {
+        let live = self.live.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(&i) = live.get(&id.into_u64()) {
+            let mut spans = self.spans.lock().unwrap_or_else(PoisonError::into_inner);
+            values.record(&mut Fields(&mut spans[i].fields));
+        }
+    }
+
+    fn on_event(&self, event: &tracing::Event<'_>, _ctx: Context<'_, S>) {
+        let mut fields = BTreeMap::new();
+        event.record(&mut Fields(&mut fields));
+        self.events
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(fields);
+    }
+
+    fn on_close(&self, id: Id, _ctx: Context<'_, S>) {
+        let mut live = self.live.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(i) = live.remove(&id.into_u64()) {
+            self.spans.lock().unwrap_or_else(PoisonError::into_inner)[i].closed = true;
+        }
+    }
+}
+
+impl Capture {
+    /// The dlock spans captured so far.
+    fn spans(&self) -> Vec<Captured> {
+        self.spans
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .filter(|s| s.name.starts_with("dlock."))
+            .cloned()
+            .collect()
+    }
+
+    fn named(&self, name: &str) -> Vec<Captured> {
+        self.spans()
+            .into_iter()
+            .filter(|s| s.name == name)
+            .collect()
+    }
+
+    /// Every field value of every span and event, for leak checks.
+    fn all_values(&self) -> Vec<String> {
+        let spans = self.spans.lock().unwrap_or_else(PoisonError::into_inner);
+        let events = self.events.lock().unwrap_or_else(PoisonError::into_inner);
+        spans
+            .iter()
+            .flat_map(|s| s.fields.values().cloned())
+            .chain(events.iter().flat_map(|e| e.values().cloned()))
+            .collect()
+    }
+}
+
+/// Metric values accumulated over snapshots (a snapshot resets what it reads).
+#[derive(Debug, Default)]
+struct Metrics {
+    values: BTreeMap<(String, Vec<(String, String)>), Value>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum Value {
+    Counter(u64),
+    Gauge(f64),
+    Histogram(Vec<f64>),
+}
+
+/// The test's recorder: every read merges what was recorded since the last one.
+#[derive(Clone)]
+struct Recorded {
+    snapshotter: Snapshotter,
+    metrics: Arc<Mutex<Metrics>>,
+}
+
+impl Recorded {
+    /// Everything recorded so far.
+    fn now(&self) -> std::sync::MutexGuard<'_, Metrics> {
+        let mut m = self.metrics.lock().unwrap_or_else(PoisonError::into_inner);
+        m.merge(&self.snapshotter);
+        m
+    }
+}
+
+impl Metrics {
+    fn merge(&mut self, snapshotter: &Snapshotter) {
+        for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+            let (kind, key) = key.into_parts();
+            let mut labels: Vec<(String, String)> = key
+                .labels()
+                .map(|l| (l.key().to_owned(), l.value().to_owned()))
+                .collect();
+            labels.sort();
+            let slot = self.values.entry((key.name().to_owned(), labels));
+            match (kind, value) {
+                (MetricKind::Counter, DebugValue::Counter(n)) => {
+                    let v = slot.or_insert(Value::Counter(0));
+                    if let Value::Counter(c) = v {
+                        *c += n;
+                    }
+                }
+                // Gauges are only moved up and down by dlock: the swapped-out value is the
+                // change since the last snapshot.
+                (MetricKind::Gauge, DebugValue::Gauge(g)) => {
+                    let v = slot.or_insert(Value::Gauge(0.0));
+                    if let Value::Gauge(x) = v {
+                        *x += g.into_inner();
+                    }
+                }
+                (MetricKind::Histogram, DebugValue::Histogram(h)) => {
+                    let v = slot.or_insert(Value::Histogram(Vec::new()));
+                    if let Value::Histogram(xs) = v {
+                        xs.extend(h.into_iter().map(|f| f.into_inner()));
+                    }
+                }
+                other => panic!("unexpected metric value {other:?}"),
+            }
+        }
+    }
+
+    fn find(&self, name: &str, labels: &[(&str, &str)]) -> Option<&Value> {
+        let mut want: Vec<(String, String)> = labels
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        want.sort();
+        self.values.get(&(name.to_owned(), want))
+    }
+
+    fn counter(&self, name: &str, labels: &[(&str, &str)]) -> u64 {
+        match self.find(name, labels) {
+            Some(Value::Counter(n)) => *n,
+            None => 0,
+            Some(v) => panic!("{name} is not a counter: {v:?}"),
+        }
+    }
+
+    fn gauge(&self, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+        match self.find(name, labels) {
+            Some(Value::Gauge(x)) => Some(*x),
+            None => None,
+            Some(v) => panic!("{name} is not a gauge: {v:?}"),
+        }
+    }
+
+    fn observations(&self, name: &str, labels: &[(&str, &str)]) -> usize {
+        match self.find(name, labels) {
+            Some(Value::Histogram(xs)) => xs.len(),
+            None => 0,
+            Some(v) => panic!("{name} is not a histogram: {v:?}"),
+        }
+    }
+
+    /// Every label set seen, for bounded-cardinality checks.
+    fn label_keys(&self) -> Vec<String> {
+        let mut keys: Vec<String> = self
+            .values
+            .keys()
+            .flat_map(|(_, labels)| labels.iter().map(|(k, _)| k.clone()))
+            .collect();
+        keys.sort();
+        keys.dedup();
+        keys
+    }
+}
+
+/// Runs `test` on a current-thread runtime of its own, under a capturing subscriber and
+/// recorder (thread-local: other tests in this binary are not seen).
+fn observed<F, Fut>(test: F) -> (Capture, Recorded)
+where
+    F: FnOnce(Capture, Recorded) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    let capture = Capture::default();
+    let recorder = DebuggingRecorder::new();
+    let recorded = Recorded {
+        snapshotter: recorder.snapshotter(),
+        metrics: Arc::default(),
+    };
+    let subscriber = tracing_subscriber::registry().with(capture.clone());
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let fut = test(capture.clone(), recorded.clone());
+    tracing::subscriber::with_default(subscriber, || {
+        metrics::with_local_recorder(&recorder, || {
+            runtime.block_on(fut);
+            // Background tasks (a release, the watchdog's linger) end under the recorder.
+            drop(runtime);
+        });
+    });
+    (capture, recorded)
+}
+
+const REDIS_LOCK: [(&str, &str); 2] = [("store", "redis"), ("primitive", "lock")];
+
+/// Polls `cond` every 10 ms for at most 10 s (a bound for a hung test, not a timing).
+async fn until(what: &str, mut cond: impl FnMut() -> bool) {
+    for _ in 0..1000 {
+        if cond() {
+            return;
+        }
+        sleep(Duration::from_millis(10)).await;
+    }
+    panic!("gave up waiting for {what}");
+}
+
+#[test]
+fn a_lock_and_its_release_are_spans_with_the_documented_fields_and_no_secret() {
+    let t = RedisTarget::start();
+    let port = format!(":{}", t.server.port());
+    let name = unique("observe-lock");
+    let token = Arc::new(Mutex::new(String::new()));
+    let (capture, recorded) = observed(|_, _| {
+        let (name, token) = (name.clone(), Arc::clone(&token));
+        let t = &t;
+        async move {
+            let lock = Lock::builder(t.client().await, &name)
+                .ttl(Duration::from_secs(10))
+                .build()
+                .expect("valid");
+            let guard = lock.lock().await.expect("free");
+            *token.lock().expect("token") = guard.token().as_str().to_owned();
+            guard.release().await.expect("release");
+            assert!(!lock.is_locked().await.expect("state"));
+        }
+    });
+
+    let lock_span = &capture.named(span::LOCK)[0];
+    assert_eq!(lock_span.field(field::STORE), "redis");
+    assert_eq!(lock_span.field(field::PRIMITIVE), "lock");
+    assert_eq!(lock_span.field(field::LOCK), name);
+    assert_eq!(lock_span.field(field::OUTCOME), "acquired");
+    assert_eq!(lock_span.field(field::ATTEMPTS), "1");
+    assert!(lock_span.closed);
+
+    let acquires = capture.named(span::ACQUIRE);
+    assert_eq!(acquires.len(), 1, "{acquires:?}");
+    let acquire = &acquires[0];
+    assert_eq!(acquire.parent, Some(span::LOCK));
+    for (f, v) in [
+        (field::STORE, "redis"),
+        (field::PRIMITIVE, "lock"),
+        (field::OP, "acquire"),
+        (field::LOCK, name.as_str()),
+        (field::ATTEMPT, "1"),
+        (field::OUTCOME, "acquired"),
+        (field::QUEUE, "false"),
+        (field::OTEL_KIND, "client"),
+    ] {
+        assert_eq!(acquire.field(f), v, "{f}");
+    }
+    let rtt: f64 = acquire
+        .field(field::RTT_MS)
+        .parse()
+        .expect("rtt_ms is a number");
+    assert!(rtt >= 0.0);
+    assert_eq!(acquire.get(field::ERROR), None);
+
+    let release = &capture.named(span::RELEASE)[0];
+    assert_eq!(release.field(field::OP), "release");
+    assert_eq!(release.field(field::OUTCOME), "released");
+    assert_eq!(release.field(field::ATTEMPT), "1");
+    assert!(release.get(field::RTT_MS).is_some());
+    let inspect = &capture.named(span::INSPECT)[0];
+    assert_eq!(inspect.field(field::OUTCOME), "ok");
+
+    // No token (not even its first characters, as its Debug shows them), no address.
+    let token = token.lock().expect("token").clone();
+    assert_eq!(token.len(), 32, "a plain random token: {token}");
+    for value in capture.all_values() {
+        assert!(!value.contains(&token[..8]), "token in a field: {value}");
+        assert!(!value.contains(&port), "store address in a field: {value}");
+    }
+
+    let m = recorded.now();
+    let acquired = [REDIS_LOCK[0], REDIS_LOCK[1], ("outcome", "acquired")];
+    assert_eq!(m.observations(metric::ACQUIRE_DURATION, &acquired), 1);
+    assert_eq!(
+        m.gauge(metric::HOLDS, &REDIS_LOCK),
+        Some(0.0),
+        "held, then released"
+    );
+    assert_eq!(m.gauge(metric::WAITERS, &REDIS_LOCK), None, "nobody waited");
+    assert_eq!(
+        m.counter(
+            metric::LEASES_LOST,
+            &[REDIS_LOCK[0], REDIS_LOCK[1], ("reason", "taken")]
+        ),
+        0
+    );
+    // No lock name among the labels unless asked for.
+    assert_eq!(m.label_keys(), ["outcome", "primitive", "store"]);
+}
+
+#[test]
+fn a_contended_wait_is_a_wait_span_woken_by_the_release() {
+    let t = RedisTarget::start();
+    let name = unique("observe-wait");
+    let (capture, recorded) = observed(|capture, recorded| {
+        let name = name.clone();
+        let t = &t;
+        async move {
+            let holder = Lock::new(t.client().await, &name).expect("valid");
+            let waiter = Lock::new(t.client().await, &name).expect("valid");
+            let guard = holder.lock().await.expect("free");
+            let waiting = tokio::spawn(async move {
+                let g = waiter.lock().await.expect("granted after the release");
+                g.release().await.expect("release");
+            });
+            // The waiter sleeps (its wait span is open) before the holder releases.
+            until("the waiter to sleep", || {
+                capture.named(span::WAIT).iter().any(|s| !s.closed)
+            })
+            .await;
+            assert_eq!(
+                recorded.now().gauge(metric::WAITERS, &REDIS_LOCK),
+                Some(1.0)
+            );
+            guard.release().await.expect("release");
+            waiting.await.expect("waiter");
+        }
+    });
+
+    let waits = capture.named(span::WAIT);
+    assert_eq!(waits.len(), 1, "one sleep: {waits:?}");
+    let wait = &waits[0];
+    assert_eq!(wait.parent, Some(span::LOCK));
+    assert_eq!(wait.field(field::STORE), "redis");
+    assert_eq!(wait.field(field::PRIMITIVE), "lock");
+    assert_eq!(wait.field(field::LOCK), name);
+    assert_eq!(wait.field(field::WOKEN_BY), "release");
+    let waited: f64 = wait.field(field::WAITED_MS).parse().expect("waited_ms");
+    let timer: f64 = wait.field(field::TIMER_MS).parse().expect("timer_ms");
+    assert!(waited >= 0.0 && waited <= timer, "{waited} of {timer}");
+    // Redis hands the lock over to the queued waiter at the release.
+    assert_eq!(wait.field(field::HANDOFF), "true");
+    // The waiter's acquisition: busy, subscribed, slept, granted.
+    let lock_spans = capture.named(span::LOCK);
+    assert_eq!(lock_spans.len(), 2);
+    assert!(
+        lock_spans
+            .iter()
+            .all(|s| s.get(field::OUTCOME) == Some("acquired"))
+    );
+    assert!(
+        lock_spans
+            .iter()
+            .any(|s| s.get(field::ATTEMPTS) != Some("1")),
+        "the waiter tried more than once: {lock_spans:?}"
+    );
+    let busy = capture
+        .named(span::ACQUIRE)
+        .into_iter()
+        .filter(|s| s.get(field::OUTCOME) == Some("busy"))
+        .count();
+    assert!(busy >= 1, "the waiter's first attempt found the lock held");
+    assert!(!capture.named(span::WATCH).is_empty(), "it subscribed");
+
+    let m = recorded.now();
+    let woken = [REDIS_LOCK[0], REDIS_LOCK[1], ("woken_by", "release")];
+    assert_eq!(m.observations(metric::WAIT_DURATION, &woken), 1);
+    let acquired = [REDIS_LOCK[0], REDIS_LOCK[1], ("outcome", "acquired")];
+    assert_eq!(m.observations(metric::ACQUIRE_DURATION, &acquired), 2);
+    assert_eq!(m.gauge(metric::WAITERS, &REDIS_LOCK), Some(0.0));
+    assert_eq!(m.gauge(metric::HOLDS, &REDIS_LOCK), Some(0.0));
+    let grant = [REDIS_LOCK[0], REDIS_LOCK[1], ("kind", "grant")];
+    assert_eq!(m.counter(metric::HANDOFFS, &grant), 1);
+}
+
+#[test]
+fn renewals_are_spans_and_counted_and_a_deleted_lease_is_counted_lost() {
+    let t = RedisTarget::start();
+    let name = unique("observe-renew");
+    let (capture, recorded) = observed(|_, recorded| {
+        let name = name.clone();
+        let t = &t;
+        async move {
+            let lock = Lock::builder(t.client().await, &name)
+                .ttl(Duration::from_millis(300))
+                .build()
+                .expect("valid");
+            let guard = lock.lock().await.expect("free");
+            until("two renewals", || {
+                recorded.now().counter(metric::RENEWALS, &REDIS_LOCK) >= 2
+            })
+            .await;
+            assert!(!guard.is_lost());
+            // Deleted behind the holder's back: the next renewal finds it gone.
+            t.delete_key(lock.keys().lock()).await;
+            timeout(Duration::from_secs(10), guard.lost())
+                .await
+                .expect("lost() fires at the next renewal");
+            let err = guard.release().await.expect_err("not ours any more");
+            assert_eq!(err.kind(), ErrorKind::LockLost);
+        }
+    });
+
+    let renews = capture.named(span::RENEW);
+    assert!(
+        renews.len() >= 3,
+        "two renewals and the one that found it gone"
+    );
+    for r in &renews {
+        assert_eq!(r.parent, None, "the watchdog's own task");
+        assert_eq!(r.field(field::STORE), "redis");
+        assert_eq!(r.field(field::OP), "renew");
+        assert_eq!(r.field(field::LEASES), "1");
+        assert_eq!(r.field(field::LOCK), name);
+        assert_eq!(r.field(field::PRIMITIVE), "lock");
+        assert_eq!(r.field(field::OTEL_KIND), "client");
+        assert!(r.get(field::RTT_MS).is_some());
+    }
+    assert_eq!(renews[0].field(field::OUTCOME), "ok");
+    assert_eq!(renews[0].field(field::RENEWED), "1");
+    let last = renews.last().expect("renew spans");
+    assert_eq!(last.field(field::OUTCOME), "not_held");
+    assert_eq!(last.field(field::LOST), "1");
+    assert_eq!(last.field(field::RENEWED), "0");
+
+    let m = recorded.now();
+    let renewed = renews
+        .iter()
+        .filter(|r| r.get(field::OUTCOME) == Some("ok"))
+        .count() as u64;
+    assert_eq!(m.counter(metric::RENEWALS, &REDIS_LOCK), renewed);
+    assert_eq!(m.counter(metric::RENEWAL_FAILURES, &REDIS_LOCK), 1);
+    let taken = [REDIS_LOCK[0], REDIS_LOCK[1], ("reason", "taken")];
+    let expired = [REDIS_LOCK[0], REDIS_LOCK[1], ("reason", "expired")];
+    assert_eq!(m.counter(metric::LEASES_LOST, &taken), 1, "counted once");
+    assert_eq!(m.counter(metric::LEASES_LOST, &expired), 0);
+    assert_eq!(m.gauge(metric::HOLDS, &REDIS_LOCK), Some(0.0));
+    let release = capture.named(span::RELEASE);
+    assert_eq!(release[0].field(field::OUTCOME), "not_held");
+}
+
+#[test]
+fn requests_whose_reply_is_lost_are_retried_and_counted() {
+    let t = RedisTarget::start();
+    let name = unique("observe-retry");
+    let (capture, recorded) = observed(|_, _| {
+        let name = name.clone();
+        let t = &t;
+        async move {
+            let upstream = format!("127.0.0.1:{}", t.server.port())
+                .parse()
+                .expect("addr");
+            let proxy = Proxy::start(upstream).await.expect("proxy");
+            let client = dlock::backend::Redis::builder(format!("redis://{}/", proxy.addr()))
+                .response_timeout(Duration::from_millis(200))
+                .connect()
+                .await
+                .expect("connect through the proxy");
+            let lock = Lock::builder(client, &name)
+                .ttl(Duration::from_secs(30))
+                .build()
+                .expect("valid");
+            // Partitioned: every acquire request times out, is repeated twice, then fails.
+            proxy.set_fault(Fault::Blackhole);
+            let err = lock.try_lock().await.expect_err("no reply");
+            assert!(err.is_retryable(), "{err}");
+            // A release whose replies are lost is repeated the same way.
+            proxy.set_fault(Fault::Pass);
+            let guard = loop {
+                // The partitioned attempts' grant (delivered on healing) may hold it for
+                // a moment until their background release lands.
+                if let Some(g) = lock
+                    .try_lock_for(Duration::from_secs(5))
+                    .await
+                    .expect("store")
+                {
+                    break g;
+                }
+            };
+            proxy.set_fault(Fault::Blackhole);
+            let err = guard.release().await.expect_err("no reply");
+            assert!(err.is_retryable(), "{err}");
+            proxy.set_fault(Fault::Pass);
+        }
+    });
+
+    let lock_spans = capture.named(span::LOCK);
+    let failed = &lock_spans[0];
+    assert_eq!(failed.field(field::OUTCOME), "error");
+    assert_eq!(failed.field(field::ATTEMPTS), "3");
+    assert_eq!(failed.field(field::ERROR), "TimedOut");
+    assert_eq!(failed.field(field::OTEL_STATUS_CODE), "ERROR");
+    let attempts: Vec<(String, String)> = capture
+        .named(span::ACQUIRE)
+        .iter()
+        .take(3)
+        .map(|s| {
+            (
+                s.field(field::ATTEMPT).to_owned(),
+                s.field(field::OUTCOME).to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        attempts,
+        [("1", "error"), ("2", "error"), ("3", "error")].map(|(a, o)| (a.to_owned(), o.to_owned()))
+    );
+    let releases: Vec<String> = capture
+        .named(span::RELEASE)
+        .iter()
+        .filter(|s| s.parent.is_none() && s.get(field::ERROR) == Some("TimedOut"))
+        .map(|s| s.field(field::ATTEMPT).to_owned())
+        .collect();
+    assert!(releases.len() >= 3, "{releases:?}");
+
+    let m = recorded.now();
+    let acquire = [REDIS_LOCK[0], REDIS_LOCK[1], ("op", "acquire")];
+    let release = [REDIS_LOCK[0], REDIS_LOCK[1], ("op", "release")];
+    assert_eq!(m.counter(metric::RETRIES, &acquire), 2);
+    assert_eq!(m.counter(metric::RETRIES, &release), 2);
+    let error = [REDIS_LOCK[0], REDIS_LOCK[1], ("outcome", "error")];
+    assert_eq!(m.observations(metric::ACQUIRE_DURATION, &error), 1);
+}
+
+#[test]
+fn readers_woken_together_hand_the_wake_up_on() {
+    let t = RedisTarget::start();
+    let name = unique("observe-readers");
+    let (capture, recorded) = observed(|capture, _| {
+        let name = name.clone();
+        let t = &t;
+        async move {
+            let rw = RwLock::new(t.client().await, &name).expect("valid");
+            let writer = rw.write().await.expect("free");
+            let readers: Vec<_> = (0..2)
+                .map(|_| {
+                    let rw = rw.clone();
+                    tokio::spawn(async move {
+                        let g = rw.read().await.expect("read after the writer");
+                        g.release().await.expect("release");
+                    })
+                })
+                .collect();
+            until("both readers to sleep", || {
+                capture
+                    .named(span::WAIT)
+                    .iter()
+                    .filter(|s| !s.closed)
+                    .count()
+                    == 2
+            })
+            .await;
+            writer.release().await.expect("release");
+            for r in readers {
+                r.await.expect("reader");
+            }
+        }
+    });
+
+    let read_spans: Vec<_> = capture
+        .named(span::LOCK)
+        .into_iter()
+        .filter(|s| s.get(field::PRIMITIVE) == Some("rwlock_read"))
+        .collect();
+    assert_eq!(read_spans.len(), 2);
+    assert!(
+        read_spans
+            .iter()
+            .all(|s| s.get(field::OUTCOME) == Some("acquired"))
+    );
+    assert!(
+        capture
+            .named(span::LOCK)
+            .iter()
+            .any(|s| s.get(field::PRIMITIVE) == Some("rwlock_write"))
+    );
+    let m = recorded.now();
+    let wakeup = [
+        ("store", "redis"),
+        ("primitive", "rwlock_read"),
+        ("kind", "wakeup"),
+    ];
+    assert!(
+        m.counter(metric::HANDOFFS, &wakeup) >= 1,
+        "the first reader let in passes the wake-up on: {m:?}"
+    );
+    let read = [("store", "redis"), ("primitive", "rwlock_read")];
+    assert_eq!(m.gauge(metric::HOLDS, &read), Some(0.0));
+    assert_eq!(m.gauge(metric::WAITERS, &read), Some(0.0));
+}
+
+#[test]
+fn the_name_label_is_there_only_when_asked_for() {
+    let t = RedisTarget::start();
+    let name = unique("observe-named");
+    let (_, recorded) = observed(|_, _| {
+        let name = name.clone();
+        let t = &t;
+        async move {
+            let client = t.client().await;
+            let named = Lock::builder(client.clone(), &name)
+                .metrics_name_label(true)
+                .build()
+                .expect("valid");
+            named
+                .lock()
+                .await
+                .expect("free")
+                .release()
+                .await
+                .expect("release");
+            let plain = Lock::new(client, unique("observe-plain")).expect("valid");
+            plain
+                .lock()
+                .await
+                .expect("free")
+                .release()
+                .await
+                .expect("release");
+        }
+    });
+    let m = recorded.now();
+    let with_name = [
+        ("store", "redis"),
+        ("primitive", "lock"),
+        ("outcome", "acquired"),
+        ("lock", name.as_str()),
+    ];
+    let without = [
+        ("store", "redis"),
+        ("primitive", "lock"),
+        ("outcome", "acquired"),
+    ];
+    assert_eq!(m.observations(metric::ACQUIRE_DURATION, &with_name), 1);
+    assert_eq!(m.observations(metric::ACQUIRE_DURATION, &without), 1);
+}

@@ -70,8 +70,11 @@
 //!   revokes its lease; the next in line is watching that key and moves up. Release does the
 //!   same for the holder.
 //! * **Extend**: a keep-alive of our own lease (it holds only our key), confirmed by reading
-//!   our token on that lease at our key; a longer ttl moves the key to a new, longer lease
-//!   in a compare-on-token transaction (its create revision, hence the fence, stays).
+//!   our token on that lease at our key; another ttl moves the key to a new lease of that
+//!   ttl in a compare-on-token transaction (its create revision, hence the fence, stays),
+//!   so a shorter ttl shortens the hold (a keep-alive would restart the old, longer one).
+//!   A holder in another process that was handed the token (`dlock extend`) finds the
+//!   lease on the key and its granted ttl by reading them.
 //! * **Operators**: [`inspect`](RawInspect::inspect) reads the queue (holder, its lease's
 //!   remaining ttl, its create revision as the last fence, the number queued behind it);
 //!   [`force_unlock`](RawInspect::force_unlock) deletes the first key (compared on its create
@@ -969,7 +972,8 @@ impl RawLock for Etcd {
         let Some((lease, granted)) = known else {
             return Ok(false);
         };
-        if secs > granted {
+        // A keep-alive restarts the lease's own ttl: another ttl needs another lease.
+        if secs != granted {
             return self.move_to_lease(&key, token, secs).await;
         }
         // Keep our own lease alive (it can only hold our key), and check the key is still

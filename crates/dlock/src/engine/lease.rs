@@ -11,6 +11,7 @@ use tokio::time::Instant;
 
 use super::LeaseKind;
 use crate::keys::LockKeys;
+use crate::observe::{Extra, Obs, metric};
 use crate::token::Token;
 use crate::validity;
 
@@ -58,6 +59,8 @@ pub(crate) struct Lease {
     pub(crate) token: Token,
     /// Which renewal the store must apply (the primitive that holds it).
     pub(crate) kind: LeaseKind,
+    /// What its spans and metrics are labelled with.
+    pub(crate) obs: Obs,
     state: Mutex<Current>,
     /// Woken when `state.end` leaves [`End::Held`]. Renewals wake nobody: a
     /// [`lost_future`](Lease::lost_future) sleeps until the validity it saw, then looks
@@ -74,11 +77,13 @@ impl Lease {
         ttl: Duration,
         drift: validity::Drift,
         kind: LeaseKind,
+        obs: Obs,
     ) -> Lease {
         Lease {
             keys,
             token,
             kind,
+            obs,
             state: Mutex::new(Current {
                 valid_until: drift.valid_until(sent.into_std(), ttl).into(),
                 sent,
@@ -132,6 +137,7 @@ impl Lease {
             s.end = End::Expired;
             drop(s);
             self.ended.notify_waiters();
+            self.count_loss(End::Expired);
             return false;
         }
         // An older request's late reply says nothing new: only a later-sent confirmation
@@ -154,7 +160,18 @@ impl Lease {
             s.end = end;
             drop(s);
             self.ended.notify_waiters();
+            self.count_loss(end);
         }
+    }
+
+    /// Counts a lease that ended lost (once: only the first end counts).
+    fn count_loss(&self, end: End) {
+        let reason = match end {
+            End::Taken => Extra::LostTaken,
+            End::Expired => Extra::LostExpired,
+            End::Held | End::Released => return,
+        };
+        self.obs.count(metric::LEASES_LOST, Some(reason), 1);
     }
 
     /// Resolves when the lease can no longer be guaranteed: once it ends, or once its
@@ -194,6 +211,12 @@ mod tests {
             ttl,
             validity::Drift::DEFAULT,
             LeaseKind::Lock,
+            Obs::new(
+                "memory:0x1",
+                crate::observe::primitive::LOCK,
+                "lease",
+                false,
+            ),
         ))
     }
 

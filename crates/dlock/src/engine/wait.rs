@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::error::{Error, Result};
+use crate::observe::{Extra, Obs, metric};
 
 /// Backoff between attempts on stores that cannot announce releases (and the fallback
 /// timer when a holder's remaining ttl is unknown): exponential from `min` to `max`, with
@@ -76,18 +77,31 @@ pub(crate) fn jitter() -> f64 {
 
 /// Passes a consumed release announcement on to another local waiter if this waiter
 /// leaves (error, cancellation) before its attempt settled anything.
-pub(crate) struct PassOn(pub(crate) Option<Arc<tokio::sync::Notify>>);
+pub(crate) struct PassOn {
+    notify: Option<Arc<tokio::sync::Notify>>,
+    /// Where a wake-up passed on is counted (`dlock_handoffs_total{kind="wakeup"}`).
+    obs: Obs,
+}
 
 impl PassOn {
+    pub(crate) fn new(notify: Option<Arc<tokio::sync::Notify>>, obs: &Obs) -> PassOn {
+        PassOn {
+            notify,
+            obs: obs.clone(),
+        }
+    }
+
     pub(crate) fn consumed(&mut self) {
-        self.0 = None;
+        self.notify = None;
     }
 }
 
 impl Drop for PassOn {
     fn drop(&mut self) {
-        if let Some(notify) = self.0.take() {
+        if let Some(notify) = self.notify.take() {
             notify.notify_one();
+            self.obs
+                .count(metric::HANDOFFS, Some(Extra::HandoffWakeup), 1);
         }
     }
 }

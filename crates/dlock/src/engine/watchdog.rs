@@ -17,10 +17,12 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use super::lease::{End, Lease};
 use super::{EngineStats, Renewal};
 use crate::error::{Error, ErrorKind, Result};
+use crate::observe::{self, field, metric};
 
 /// Renewals due within this window of the earliest one are sent together.
 pub const BATCH_WINDOW: Duration = Duration::from_millis(10);
@@ -369,8 +371,10 @@ async fn run<R: Renew>(renewer: R, registry: Arc<Registry>) {
             .max()
             .unwrap_or_default()
             .max(Duration::from_millis(10));
+        let span = renew_span(&batch);
         let sent = Instant::now();
-        let results = match tokio::time::timeout(limit, renewer.renew(&renewals)).await {
+        let renew = renewer.renew(&renewals).instrument(span.clone());
+        let results = match tokio::time::timeout(limit, renew).await {
             Ok(results) if results.len() == renewals.len() => results,
             Ok(_) => renewals
                 .iter()
@@ -388,6 +392,15 @@ async fn run<R: Renew>(renewer: R, registry: Arc<Registry>) {
         };
 
         let done = Instant::now();
+        let mut tally = Tally::default();
+        if !span.is_disabled() {
+            span.record(field::RTT_MS, observe::millis(done - sent));
+            if let Some(err) = results.iter().find_map(|r| r.as_ref().err()) {
+                span.record(field::ERROR, tracing::field::debug(err.kind()));
+            }
+        }
+        // The loss warnings below belong to the batch's span.
+        let entered = span.enter();
         let mut state = registry.lock();
         for ((((slot, generation), lease), renewal), result) in
             batch.into_iter().zip(&renewals).zip(results)
@@ -398,9 +411,11 @@ async fn run<R: Renew>(renewer: R, registry: Arc<Registry>) {
             let next = match result {
                 Ok(true) => {
                     if lease.renewed(sent, renewal.ttl) {
+                        tally.renewed(&lease);
                         // The lease's ttl now, which an extend may have changed meanwhile.
                         Some(sent + lease.renewal_period(lease.snapshot().ttl.min(renewal.ttl)))
                     } else {
+                        tally.lost(&lease, false);
                         tracing::warn!(
                             lock = lease.keys.name(),
                             "lease lost: renewal confirmed after validity ran out"
@@ -413,16 +428,19 @@ async fn run<R: Renew>(renewer: R, registry: Arc<Registry>) {
                         lock = lease.keys.name(),
                         "lease lost: key deleted or taken over"
                     );
+                    tally.lost(&lease, false);
                     lease.end(End::Taken);
                     None
                 }
                 Err(err) if lease.is_lost_at(done) => {
                     tracing::warn!(lock = lease.keys.name(), error = %err, "lease lost: renewals failed until validity ran out");
+                    tally.lost(&lease, true);
                     lease.end(End::Expired);
                     None
                 }
                 Err(err) => {
                     tracing::debug!(lock = lease.keys.name(), error = %err, "lease renewal failed; retrying");
+                    tally.failed(&lease);
                     let valid_until = lease.snapshot().valid_until;
                     Some((done + retry_delay(renewal.ttl)).min(valid_until))
                 }
@@ -440,6 +458,90 @@ async fn run<R: Renew>(renewer: R, registry: Arc<Registry>) {
                 }
             }
         }
+        drop(state);
+        drop(entered);
+        tally.record(&span);
+    }
+}
+
+/// The `dlock.renew` span of a batch (not empty): the lock and primitive only when the
+/// batch renews one lease.
+fn renew_span(batch: &[((u32, u32), Arc<Lease>)]) -> tracing::Span {
+    let Some((_, first)) = batch.first() else {
+        return tracing::Span::none();
+    };
+    let span = tracing::debug_span!(
+        observe::span::RENEW,
+        { field::STORE } = first.obs.store(),
+        { field::OP } = observe::op::RENEW,
+        { field::LEASES } = batch.len() as u64,
+        { field::RENEWED } = tracing::field::Empty,
+        { field::FAILED } = tracing::field::Empty,
+        { field::LOST } = tracing::field::Empty,
+        { field::OUTCOME } = tracing::field::Empty,
+        { field::RTT_MS } = tracing::field::Empty,
+        { field::ERROR } = tracing::field::Empty,
+        { field::OTEL_KIND } = "client",
+        { field::OTEL_STATUS_CODE } = tracing::field::Empty,
+        { field::PRIMITIVE } = tracing::field::Empty,
+        { field::LOCK } = tracing::field::Empty,
+    );
+    if batch.len() == 1 && !span.is_disabled() {
+        span.record(field::PRIMITIVE, first.obs.primitive());
+        span.record(field::LOCK, first.keys.name());
+    }
+    span
+}
+
+/// What one renewal batch did, for its span; each lease's metrics are counted as its
+/// result comes in.
+#[derive(Default)]
+struct Tally {
+    renewed: u64,
+    /// Failed and still valid: tried again soon.
+    failed: u64,
+    lost: u64,
+    errors: u64,
+}
+
+impl Tally {
+    fn renewed(&mut self, lease: &Lease) {
+        self.renewed += 1;
+        lease.obs.count(metric::RENEWALS, None, 1);
+    }
+
+    /// The store failed (an error, no reply in time); the lease is still valid.
+    fn failed(&mut self, lease: &Lease) {
+        self.failed += 1;
+        self.errors += 1;
+        lease.obs.count(metric::RENEWAL_FAILURES, None, 1);
+    }
+
+    /// The renewal showed the lease lost (the loss itself is counted when it ends).
+    fn lost(&mut self, lease: &Lease, error: bool) {
+        self.lost += 1;
+        self.errors += u64::from(error);
+        lease.obs.count(metric::RENEWAL_FAILURES, None, 1);
+    }
+
+    fn record(&self, span: &tracing::Span) {
+        if span.is_disabled() {
+            return;
+        }
+        span.record(field::RENEWED, self.renewed);
+        span.record(field::FAILED, self.failed);
+        span.record(field::LOST, self.lost);
+        let outcome = if self.failed + self.lost == 0 {
+            observe::outcome::OK
+        } else if self.renewed > 0 {
+            observe::outcome::PARTIAL
+        } else if self.errors == 0 {
+            observe::outcome::NOT_HELD
+        } else {
+            span.record(field::OTEL_STATUS_CODE, "ERROR");
+            observe::outcome::ERROR
+        };
+        span.record(field::OUTCOME, outcome);
     }
 }
 
@@ -469,6 +571,12 @@ mod tests {
             ttl,
             crate::validity::Drift::DEFAULT,
             LeaseKind::Lock,
+            crate::observe::Obs::new(
+                "memory:0x1",
+                crate::observe::primitive::LOCK,
+                "watchdog",
+                false,
+            ),
         ))
     }
 

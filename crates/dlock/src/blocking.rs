@@ -1,1 +1,0 @@
-//! A blocking API: the same primitives and guards for synchronous code (in progress).
