@@ -24,6 +24,10 @@ const AFTER_HELP: &str = "Examples:
   # cron job de-duplication: run at most one copy fleet-wide, skip if one is running
   dlock run --no-wait nightly-report -- ./report.sh
 
+  # the same cron entry on every machine, clocks a little apart: the first to start runs
+  # it, the others are skipped for at least 5 minutes even if the job is quick
+  dlock run --no-wait --min-hold 5m nightly-report -- ./report.sh
+
   # serialise deploys: wait up to 10 minutes for the previous one to finish
   dlock run --wait 10m deploy-prod -- ./deploy.sh v1.2.3
 
@@ -31,8 +35,9 @@ const AFTER_HELP: &str = "Examples:
   read token fence < <(dlock acquire --ttl 5m migrate)
   ...; dlock release migrate --token \"$token\"
 
-  # see what is held
-  dlock list 'deploy-*' --json
+  # see what is held, by whom (host, pid, command, since)
+  dlock list 'deploy-*'
+  dlock status deploy-prod --json
 
   # one scheduler fleet-wide; the others stand by and take over when it stops
   dlock elect --value \"$(hostname)\" scheduler -- ./scheduler
@@ -52,15 +57,18 @@ Exit codes:
   127    the command was not found
 
 Environment:
-  DLOCK_URL    the store, as for --url (redis://host:port/db, rediss://, redis+unix://)";
+  DLOCK_URL    the store, as for --url (redis://host:port/db, redlock://, memcache://,
+               etcd://, postgres://, zk://)";
 
 /// Where the locks live.
 #[derive(Debug, Clone, Args)]
 pub(crate) struct Store {
     /// The store: redis://[user:pass@]host:port/db, rediss://… (TLS), redis+unix:///path,
-    /// redis+sentinel://host:port,…/master-name, redis+cluster://host:port,…, or
-    /// redlock://host:port,host:port,host:port (RedLock; `dlock run` only, no fence),
-    /// memcache://host:port (`dlock run` only).
+    /// redis+sentinel://host:port,…/master-name, redis+cluster://host:port,…,
+    /// redlock://host:port,host:port,host:port (RedLock: the plain lock, no fence),
+    /// memcache://host:port and etcd://host:port,… (the plain lock), postgres://… (every
+    /// kind; ?mode=advisory: session locks), zk://host:port,…/chroot. What a store cannot
+    /// do is a usage error that says why.
     #[arg(long, env = "DLOCK_URL", hide_env_values = true)]
     pub(crate) url: Option<String>,
 
@@ -96,9 +104,11 @@ pub(crate) enum Command {
     /// dlock are forwarded to the command, SIGINT too unless stdin is a terminal (Ctrl-C
     /// reaches the command itself there); a second one sends SIGKILL. Without a terminal
     /// the command gets its own process group, so its children are signalled too. The lock
-    /// is released after the command exits. The command
+    /// is released after the command exits (with --min-hold D: kept until D after the
+    /// command started). The command
     /// sees DLOCK_NAME, DLOCK_TOKEN and DLOCK_FENCE (the fencing token: pass it to the
-    /// resource, which must reject writes with a smaller one).
+    /// resource, which must reject writes with a smaller one). `dlock status` and `list`
+    /// show this host, dlock's pid, the command line (or --info) and since when.
     Run(RunArgs),
     /// Campaign in the election NAME and run a command only while leading.
     ///
@@ -118,16 +128,37 @@ pub(crate) enum Command {
     /// With --watch, keep printing every change of leader or advertised value, as it
     /// happens, until interrupted.
     Leader(LeaderArgs),
-    /// Acquire NAME and print its token and fence; the lease lasts --ttl (no renewal).
+    /// Acquire NAME and print `TOKEN FENCE`; the lease lasts --ttl (no renewal).
+    ///
+    /// On redlock:// (no fencing token) the output is `TOKEN -`, and JSON has "fence": null.
+    /// `dlock status` and `list` show this host, the pid of the process that called dlock
+    /// acquire (the script that holds the lock) and --info as its command. Not on zk://
+    /// or postgres://…?mode=advisory: their holds end with the process that took them.
     Acquire(AcquireArgs),
     /// Release NAME held under --token.
     Release(TokenArgs),
     /// Reset the lease of NAME held under --token to --ttl from now.
     Extend(ExtendArgs),
-    /// Show who holds NAME: token (abbreviated), remaining ttl, last fence, waiting clients.
+    /// Show who holds NAME: token (abbreviated), host, pid, command and since when (as the
+    /// holder told), remaining ttl, last fence, waiting clients.
+    ///
+    /// On redlock:// it shows every node's view and the majority's.
     Status(StatusArgs),
     /// List held locks (SCAN, never KEYS), optionally matching a glob PATTERN.
+    ///
+    /// One line per lock: NAME HOLDER REMAINING FENCE HOST PID SINCE COMMAND, `-` where
+    /// unknown; no cell but COMMAND (the last) has spaces. Not on memcache:// (no key
+    /// iteration) or postgres://…?mode=advisory (only hashes of names are stored).
     List(ListArgs),
+    /// Watch every held lock of every kind, refreshed in place (like top(1)).
+    ///
+    /// One row per lock matching PATTERN: kind, name, holder (abbreviated token), its host,
+    /// pid and since when, remaining ttl, last fence, holds (hold count, permits in use,
+    /// readers), waiters, command. On a terminal: q or Ctrl-C quits, s changes the order.
+    /// Otherwise, or with --json, one JSON object per refresh per line. Not on memcache://
+    /// or postgres://…?mode=advisory (they cannot list locks), nor redlock:// (watch each
+    /// node).
+    Top(crate::cmd::top::TopArgs),
     /// Delete NAME whoever holds it. Dangerous: the holder keeps working until it notices.
     ForceUnlock(ForceUnlockArgs),
     /// Seed 003's oversell demo: worker processes deduct stock four ways.
@@ -193,9 +224,33 @@ pub(crate) struct RunArgs {
     /// Print nothing on a conflict.
     #[arg(long, short)]
     pub(crate) quiet: bool,
+    /// Keep the lock at least D after the command started (ShedLock's lockAtLeastFor),
+    /// so that the same job started a little later elsewhere is skipped: if the command
+    /// exits sooner, whatever its status, the lease is cut to end D after the start and
+    /// left to expire then (not released, no longer renewed), and dlock exits at once with
+    /// the command's status. At most 24h. Not on zk:// or postgres://…?mode=advisory,
+    /// whose holds end with dlock's session.
+    #[arg(long, value_name = "D", value_parser = parse_min_hold)]
+    pub(crate) min_hold: Option<Duration>,
+    #[command(flatten)]
+    pub(crate) holder: HolderArgs,
     /// The command and its arguments.
     #[arg(last = true, required = true, value_name = "COMMAND")]
     pub(crate) command: Vec<OsString>,
+}
+
+/// What a holder tells `dlock status` and `list` about itself (carried in its token).
+#[derive(Debug, Clone, Args)]
+pub(crate) struct HolderArgs {
+    /// Shown as the holder's command (a job id, a build URL); default: `dlock run`'s
+    /// command line, none for `dlock acquire`. Whoever can read the store can read it: no
+    /// secrets.
+    #[arg(long, value_name = "VALUE", conflicts_with = "no_info")]
+    pub(crate) info: Option<String>,
+    /// Attach no holder metadata (host, pid, command, since): the token is then 32 random
+    /// hex digits.
+    #[arg(long)]
+    pub(crate) no_info: bool,
 }
 
 #[derive(Debug, Args)]
@@ -250,6 +305,8 @@ pub(crate) struct AcquireArgs {
     /// Lease length (nothing renews it: extend or release before it runs out).
     #[arg(long, value_parser = parse_duration, default_value = "30s")]
     pub(crate) ttl: Duration,
+    #[command(flatten)]
+    pub(crate) holder: HolderArgs,
     /// Print JSON.
     #[arg(long)]
     pub(crate) json: bool,
@@ -341,6 +398,18 @@ pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
         .map_err(|e| format!("{e} (expected e.g. 500ms, 30s, 5m, 2h)"))?;
     if d.is_zero() {
         return Err("must be greater than zero".into());
+    }
+    Ok(d)
+}
+
+/// `--min-hold`: a duration up to the longest lease, [`dlock::MAX_TTL`].
+fn parse_min_hold(s: &str) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    if d > dlock::MAX_TTL {
+        return Err(format!(
+            "at most {} (the longest lease)",
+            humantime::format_duration(dlock::MAX_TTL)
+        ));
     }
     Ok(d)
 }

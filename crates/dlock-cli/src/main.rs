@@ -16,9 +16,8 @@ use std::process::ExitCode;
 use clap::{CommandFactory, Parser};
 
 use crate::args::{Cli, Command};
-use crate::cmd::Layout;
 use crate::exit::Failure;
-use crate::target::{Target, connect, with_backend, with_election_backend};
+use crate::target::{connect, with_election_backend};
 
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
@@ -64,16 +63,8 @@ fn main() -> ExitCode {
 
 async fn dispatch(command: Command) -> Result<u8, Failure> {
     match command {
-        Command::Run(args) => match connect(&args.store, false).await? {
-            Target::Quorum(q) => cmd::run_plain(q, args, |_| None).await,
-            Target::Memcached(m) => {
-                cmd::run_plain(m, args, |g| Some(g.fencing_token().get())).await
-            }
-            Target::Etcd(e) => cmd::run_plain(e, args, |g| Some(g.fencing_token().get())).await,
-            Target::ZooKeeper(z) => cmd::run(z, args).await,
-            Target::PgAdvisory(p) => cmd::run_plain(p, args, |_| None).await,
-            target => with_backend!(target, |b| cmd::run(b, args).await),
-        },
+        // What each store can do, or why not: target.rs.
+        Command::Run(args) => target::run(connect(&args.store, false).await?, args).await,
         Command::Elect(args) => {
             with_election_backend!(connect(&args.store, false).await?, |b| {
                 cmd::elect::elect(b, args).await
@@ -84,44 +75,17 @@ async fn dispatch(command: Command) -> Result<u8, Failure> {
                 cmd::elect::leader(b, args).await
             })
         }
-        Command::Acquire(args) => {
-            with_backend!(connect(&args.store, false).await?, |b| cmd::acquire_cmd(
-                b, args
-            )
-            .await)
-        }
-        Command::Release(args) => {
-            with_backend!(connect(&args.store, false).await?, |b| cmd::release_cmd(
-                b, args
-            )
-            .await)
-        }
+        Command::Acquire(args) => target::acquire(connect(&args.store, false).await?, args).await,
+        Command::Release(args) => target::release(connect(&args.store, false).await?, args).await,
         Command::Extend(args) => {
-            with_backend!(connect(&args.held.store, false).await?, |b| {
-                cmd::extend_cmd(b, args).await
-            })
+            target::extend(connect(&args.held.store, false).await?, args).await
         }
-        Command::Status(args) => match connect(&args.store, false).await? {
-            Target::Memcached(m) => cmd::lock_status_cmd(m, Layout::AtKey, args).await,
-            Target::Etcd(e) => cmd::lock_status_cmd(e, Layout::QueueUnder, args).await,
-            Target::ZooKeeper(z) => cmd::status_cmd(z, args).await,
-            Target::PgAdvisory(p) => cmd::lock_status_cmd(p, Layout::AtKey, args).await,
-            target => with_backend!(target, |b| cmd::status_cmd(b, args).await),
-        },
-        Command::List(args) => match connect(&args.store, false).await? {
-            Target::Memcached(m) => cmd::list_cmd(m, Layout::AtKey, args).await,
-            Target::Etcd(e) => cmd::list_cmd(e, Layout::QueueUnder, args).await,
-            Target::ZooKeeper(z) => cmd::list_cmd(z, Layout::Znodes, args).await,
-            Target::PgAdvisory(p) => cmd::list_cmd(p, Layout::AtKey, args).await,
-            target => with_backend!(target, |b| cmd::list_cmd(b, Layout::AtKey, args).await),
-        },
-        Command::ForceUnlock(args) => match connect(&args.store, false).await? {
-            Target::Memcached(m) => cmd::lock_force_unlock_cmd(m, Layout::AtKey, args).await,
-            Target::Etcd(e) => cmd::lock_force_unlock_cmd(e, Layout::QueueUnder, args).await,
-            Target::ZooKeeper(z) => cmd::force_unlock_cmd(z, args).await,
-            Target::PgAdvisory(p) => cmd::lock_force_unlock_cmd(p, Layout::AtKey, args).await,
-            target => with_backend!(target, |b| cmd::force_unlock_cmd(b, args).await),
-        },
+        Command::Status(args) => target::status(connect(&args.store, false).await?, args).await,
+        Command::List(args) => target::list(connect(&args.store, false).await?, args).await,
+        Command::Top(args) => cmd::top::top(connect(&args.store, false).await?, args).await,
+        Command::ForceUnlock(args) => {
+            target::force_unlock(connect(&args.store, false).await?, args).await
+        }
         Command::Torture(_) | Command::Demo(_) => Err(Failure::new(
             exit::CANNOT_EXECUTE,
             "dlock torture and dlock demo run the harness in place of dlock",

@@ -1,60 +1,51 @@
-//! From `--url` to a connected store.
+//! From `--url` to a connected store, and which command each store can run.
+//!
+//! Every command is one function below with one arm per store: the store's own command,
+//! or a usage error that says why the store cannot do it. Keep these arms, `dlock --help`
+//! and the README's CLI section in step.
 
 use dlock::backend::{Etcd, Memcached, Memory, PgAdvisory, Postgres, Quorum, Redis, ZooKeeper};
+use dlock::raw::RawFencing;
+use dlock::{LockGuard, MIN_TTL};
 
-use crate::args::Store;
+use crate::args::{
+    AcquireArgs, ExtendArgs, ForceUnlockArgs, ListArgs, RunArgs, StatusArgs, Store, TokenArgs,
+};
+use crate::cmd::{self, Layout};
 use crate::exit::Failure;
 
 /// A connected store of any supported kind.
 pub(crate) enum Target {
+    /// Redis (single, sentinel, cluster): every primitive, every command.
     Redis(Redis),
+    /// In-process: never reached from the command line (see [`connect`]).
     Memory(Memory),
-    /// RedLock over independent masters: only `dlock run` (a plain lock, no fence).
+    /// RedLock over independent masters: the plain lock without fence; status, list and
+    /// force-unlock ask every node.
     Quorum(Quorum<Redis>),
-    /// Memcached: the plain lock (fenced) only.
+    /// Memcached: the plain lock (fenced); no `list` (no key iteration).
     Memcached(Memcached),
-    /// etcd: the plain lock (fenced) only.
+    /// etcd: the plain lock (fenced).
     Etcd(Etcd),
-    /// PostgreSQL: every primitive.
+    /// PostgreSQL: every primitive, every command.
     Postgres(Postgres),
     /// PostgreSQL's session advisory locks (`postgres://…?mode=advisory`): `dlock run`,
-    /// status and force-unlock, no fence.
+    /// status and force-unlock, no fence; holds end with the session that took them.
     PgAdvisory(PgAdvisory),
     /// ZooKeeper: every primitive, fenced; holds live in the client's session, so only
     /// commands that hold while they run (not acquire/release/extend).
     ZooKeeper(ZooKeeper),
 }
 
-/// Runs `$body` with `$b` bound to the concrete backend of `$target`.
-macro_rules! with_backend {
-    ($target:expr, |$b:ident| $body:expr) => {
-        match $target {
-            $crate::target::Target::Redis($b) => $body,
-            $crate::target::Target::Memory($b) => $body,
-            $crate::target::Target::Postgres($b) => $body,
-            $crate::target::Target::Quorum(_) => Err($crate::exit::Failure::usage(
-                "redlock:// (a quorum of independent masters) works with `dlock run` only: \
-                 it has no fencing token and no single store to inspect",
-            )),
-            $crate::target::Target::Memcached(_) | $crate::target::Target::Etcd(_) => {
-                Err($crate::exit::Failure::usage(
-                    "memcache:// and etcd:// have the plain lock only: `dlock run` (without \
-                     --semaphore/--shared/--exclusive/--fair), status, list, force-unlock",
-                ))
-            }
-            $crate::target::Target::ZooKeeper(_) => Err($crate::exit::Failure::usage(
-                "zk:// holds the lock in the client's session (an ephemeral node), so a lock \
-                 cannot outlive the process that took it: use `dlock run` (any primitive), \
-                 status, list, force-unlock",
-            )),
-            $crate::target::Target::PgAdvisory(_) => Err($crate::exit::Failure::usage(
-                "postgres://…?mode=advisory (session advisory locks) works with `dlock run` \
-                 (no DLOCK_FENCE), status and force-unlock only",
-            )),
-        }
-    };
-}
-pub(crate) use with_backend;
+/// Why `zk://` has no acquire/release/extend.
+const ZK_SESSION: &str = "zk:// holds a lock in the ZooKeeper session of the process that took \
+     it (an ephemeral node), so a hold cannot outlive that process and no other process can \
+     release or extend it: use `dlock run` (any primitive); status, list and force-unlock work";
+/// Why advisory mode has no acquire/release/extend.
+const ADVISORY_SESSION: &str = "postgres://…?mode=advisory holds a lock in the database session \
+     of the process that took it (pg_advisory_lock), so a hold cannot outlive that process and \
+     no other process can release or extend it: use `dlock run`, or lease mode (drop \
+     mode=advisory) for acquire/release/extend";
 
 /// Runs `$body` with `$b` bound to the concrete backend of `$target`, on every store that
 /// has leader election (every one with a fence: not RedLock, not advisory mode).
@@ -79,6 +70,143 @@ macro_rules! with_election_backend {
     };
 }
 pub(crate) use with_election_backend;
+
+/// The fence of a grant on a store that mints one.
+fn fence<B: RawFencing>(guard: &LockGuard<B>) -> Option<u64> {
+    Some(guard.fencing_token().get())
+}
+
+/// `--min-hold` keeps the lock after dlock exits: not where a hold is dlock's session.
+fn outlives_dlock(args: &RunArgs, store: &str) -> Result<(), Failure> {
+    if args.min_hold.is_some() {
+        return Err(Failure::usage(format!(
+            "--min-hold keeps the lock after dlock exits, but {store} holds a lock in the \
+             session of the process that took it, which ends when dlock does"
+        )));
+    }
+    Ok(())
+}
+
+/// `dlock run`.
+pub(crate) async fn run(target: Target, args: RunArgs) -> Result<u8, Failure> {
+    match target {
+        Target::Redis(b) => cmd::run(b, args, MIN_TTL).await,
+        Target::Memory(b) => cmd::run(b, args, MIN_TTL).await,
+        Target::Postgres(b) => cmd::run(b, args, MIN_TTL).await,
+        Target::ZooKeeper(z) => {
+            outlives_dlock(&args, "zk://")?;
+            cmd::run(z, args, MIN_TTL).await
+        }
+        Target::Quorum(q) => cmd::run_plain(q, args, |_| None, MIN_TTL).await,
+        // A shorter lease than its one-second clock can hold is refused by memcached.
+        Target::Memcached(m) => {
+            let shortest = dlock::backend::memcached::MIN_TTL;
+            cmd::run_plain(m, args, fence, shortest).await
+        }
+        Target::Etcd(e) => cmd::run_plain(e, args, fence, MIN_TTL).await,
+        Target::PgAdvisory(p) => {
+            outlives_dlock(&args, "postgres://…?mode=advisory")?;
+            cmd::run_plain(p, args, |_| None, MIN_TTL).await
+        }
+    }
+}
+
+/// `dlock acquire`.
+pub(crate) async fn acquire(target: Target, args: AcquireArgs) -> Result<u8, Failure> {
+    match target {
+        Target::Redis(b) => cmd::acquire_cmd(b, args, fence).await,
+        Target::Memory(b) => cmd::acquire_cmd(b, args, fence).await,
+        Target::Postgres(b) => cmd::acquire_cmd(b, args, fence).await,
+        Target::Memcached(b) => cmd::acquire_cmd(b, args, fence).await,
+        Target::Etcd(b) => cmd::acquire_cmd(b, args, fence).await,
+        // No fencing token on a quorum of independent counters: `TOKEN -`.
+        Target::Quorum(q) => cmd::acquire_cmd(q, args, |_| None).await,
+        Target::ZooKeeper(_) => Err(Failure::usage(ZK_SESSION)),
+        Target::PgAdvisory(_) => Err(Failure::usage(ADVISORY_SESSION)),
+    }
+}
+
+/// Runs `$body` with `$b` bound to the backend of `$target` on every store whose holds
+/// outlive their process (release and extend by token from another one).
+macro_rules! with_token_holds {
+    ($target:expr, |$b:ident| $body:expr) => {
+        match $target {
+            Target::Redis($b) => $body,
+            Target::Memory($b) => $body,
+            Target::Postgres($b) => $body,
+            Target::Memcached($b) => $body,
+            Target::Etcd($b) => $body,
+            Target::Quorum($b) => $body,
+            Target::ZooKeeper(_) => Err(Failure::usage(ZK_SESSION)),
+            Target::PgAdvisory(_) => Err(Failure::usage(ADVISORY_SESSION)),
+        }
+    };
+}
+
+/// `dlock release`.
+pub(crate) async fn release(target: Target, args: TokenArgs) -> Result<u8, Failure> {
+    with_token_holds!(target, |b| cmd::release_cmd(b, args).await)
+}
+
+/// `dlock extend`.
+pub(crate) async fn extend(target: Target, args: ExtendArgs) -> Result<u8, Failure> {
+    with_token_holds!(target, |b| cmd::extend_cmd(b, args).await)
+}
+
+/// `dlock status`.
+pub(crate) async fn status(target: Target, args: StatusArgs) -> Result<u8, Failure> {
+    match target {
+        Target::Redis(b) => cmd::status_cmd(b, args).await,
+        Target::Memory(b) => cmd::status_cmd(b, args).await,
+        Target::Postgres(b) => cmd::status_cmd(b, args).await,
+        Target::ZooKeeper(b) => cmd::status_cmd(b, args).await,
+        Target::Memcached(m) => cmd::lock_status_cmd(m, Layout::AtKey, "memcache://", args).await,
+        Target::Etcd(e) => cmd::lock_status_cmd(e, Layout::QueueUnder, "etcd://", args).await,
+        Target::PgAdvisory(p) => {
+            cmd::lock_status_cmd(p, Layout::Session, "postgres://…?mode=advisory", args).await
+        }
+        Target::Quorum(q) => cmd::quorum::status_cmd(q, args).await,
+    }
+}
+
+/// `dlock list`.
+pub(crate) async fn list(target: Target, args: ListArgs) -> Result<u8, Failure> {
+    match target {
+        Target::Redis(b) => cmd::list_cmd(b, Layout::AtKey, args).await,
+        Target::Memory(b) => cmd::list_cmd(b, Layout::AtKey, args).await,
+        Target::Postgres(b) => cmd::list_cmd(b, Layout::AtKey, args).await,
+        Target::Etcd(e) => cmd::list_cmd(e, Layout::QueueUnder, args).await,
+        Target::ZooKeeper(z) => cmd::list_cmd(z, Layout::Znodes, args).await,
+        Target::Quorum(q) => cmd::quorum::list_cmd(q, args).await,
+        Target::Memcached(_) => Err(Failure::usage(
+            "memcache:// cannot list locks: memcached has no key iteration (only a debug dump \
+             of its whole cache); ask for a lock by name with `dlock status NAME`",
+        )),
+        Target::PgAdvisory(_) => Err(Failure::usage(
+            "postgres://…?mode=advisory cannot list locks: PostgreSQL keeps only a 64-bit hash \
+             of each lock's name; ask for a lock by name with `dlock status NAME`",
+        )),
+    }
+}
+
+/// `dlock force-unlock`.
+pub(crate) async fn force_unlock(target: Target, args: ForceUnlockArgs) -> Result<u8, Failure> {
+    match target {
+        Target::Redis(b) => cmd::force_unlock_cmd(b, args).await,
+        Target::Memory(b) => cmd::force_unlock_cmd(b, args).await,
+        Target::Postgres(b) => cmd::force_unlock_cmd(b, args).await,
+        Target::ZooKeeper(b) => cmd::force_unlock_cmd(b, args).await,
+        Target::Memcached(m) => {
+            cmd::lock_force_unlock_cmd(m, Layout::AtKey, "memcache://", args).await
+        }
+        Target::Etcd(e) => cmd::lock_force_unlock_cmd(e, Layout::QueueUnder, "etcd://", args).await,
+        // Terminates the holding sessions (pg_terminate_backend).
+        Target::PgAdvisory(p) => {
+            cmd::lock_force_unlock_cmd(p, Layout::Session, "postgres://…?mode=advisory", args).await
+        }
+        Target::Quorum(q) => cmd::quorum::force_unlock_cmd(q, args).await,
+    }
+}
 
 /// The URL schemes `--url` accepts.
 const SCHEMES: &str = "redis://, rediss://, redis+unix://, redis+sentinel://, \

@@ -15,7 +15,7 @@ pub(crate) trait AnyKind:
 impl<B: RawInspect + RawSemaphore + RawReentrant + RawRwLock + RawFair> AnyKind for B {}
 
 /// `prefix` if the user chose one, else the kind's default.
-fn prefix_for(kind: Kind, prefix: &str) -> String {
+pub(crate) fn prefix_for(kind: Kind, prefix: &str) -> String {
     if prefix != dlock::keys::DEFAULT_PREFIX {
         return prefix.to_owned();
     }

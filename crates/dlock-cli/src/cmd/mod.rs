@@ -3,18 +3,21 @@
 pub(crate) mod elect;
 pub(crate) mod harness;
 mod kinds;
+pub(crate) mod quorum;
 mod run;
+pub(crate) mod top;
 
 use std::io::{BufRead, IsTerminal, Write};
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use dlock::keys::LockKeys;
-use dlock::raw::{RawFencing, RawInspect, RawLock};
-use dlock::{Lock, LockGuard, Token};
+use dlock::raw::{RawInspect, RawLock};
+use dlock::{HolderInfo, Lock, LockGuard, Token};
 use serde::Serialize;
 
 use crate::args::{
-    AcquireArgs, ExtendArgs, ForceUnlockArgs, Kind, ListArgs, StatusArgs, TokenArgs, Wait,
+    AcquireArgs, ExtendArgs, ForceUnlockArgs, HolderArgs, Kind, ListArgs, StatusArgs, TokenArgs,
+    Wait,
 };
 use crate::exit::{self, Failure};
 
@@ -45,14 +48,28 @@ fn print_json(value: &impl Serialize) -> Result<(), Failure> {
     Ok(())
 }
 
-/// Enough of a token to tell holders apart, not enough to release their lock.
+/// Enough of a token to tell holders apart, never enough to release their lock: at most 8
+/// characters, and at most half, of its random part (the part before the holder's
+/// metadata, which `status` shows on its own), always followed by `…`.
 fn abbreviate(token: &str) -> String {
-    let short: String = token.chars().take(8).collect();
-    if short.len() < token.len() {
-        format!("{short}…")
-    } else {
-        short
+    let random = token.split_once('~').map_or(token, |(random, _)| random);
+    let shown = (random.chars().count() / 2).min(8);
+    let short: String = random.chars().take(shown).collect();
+    format!("{short}…")
+}
+
+/// What `dlock acquire` tells about its holder: this host, the process that called it
+/// (the script that holds the lock from now on: dlock itself exits at once) and `--info`.
+fn acquire_holder(args: &HolderArgs) -> Option<HolderInfo> {
+    if args.no_info {
+        return None;
     }
+    let mut info = HolderInfo::current();
+    info.pid = u32::try_from(nix::unistd::getppid().as_raw()).ok();
+    Some(match &args.info {
+        Some(value) => info.command(value),
+        None => info,
+    })
 }
 
 #[derive(Serialize)]
@@ -60,24 +77,31 @@ struct Acquired<'a> {
     name: &'a str,
     key: &'a str,
     token: &'a str,
-    fence: u64,
+    /// `None` (JSON null) on a store without fences (redlock://).
+    fence: Option<u64>,
     ttl_ms: u64,
 }
 
-pub(crate) async fn acquire_cmd<B: RawFencing>(
+/// `dlock acquire`; `fence` reads the grant's fence where the store mints one. Prints
+/// `TOKEN FENCE`, or `TOKEN -` without a fence.
+pub(crate) async fn acquire_cmd<B: RawLock>(
     backend: B,
     args: AcquireArgs,
+    fence: impl Fn(&LockGuard<B>) -> Option<u64>,
 ) -> Result<u8, Failure> {
-    let lock = Lock::builder(backend, &args.name)
+    let mut builder = Lock::builder(backend, &args.name)
         .prefix(&args.store.prefix)
         .ttl(args.ttl)
-        .watchdog(false)
-        .build()?;
+        .watchdog(false);
+    if let Some(info) = acquire_holder(&args.holder) {
+        builder = builder.holder_info(info);
+    }
+    let lock = builder.build()?;
     let Some(guard) = acquire(&lock, &args.wait).await? else {
         eprintln!("dlock: {:?} is held by another process", args.name);
         return Ok(args.wait.conflict_exit_code);
     };
-    let fence = guard.fencing_token().get();
+    let fence = fence(&guard);
     if args.json {
         print_json(&Acquired {
             name: &args.name,
@@ -87,7 +111,7 @@ pub(crate) async fn acquire_cmd<B: RawFencing>(
             ttl_ms: millis(args.ttl),
         })?;
     } else {
-        println!("{} {fence}", guard.token());
+        println!("{} {}", guard.token(), or_dash(fence));
     }
     // The lease outlives this process until its ttl, or `dlock release`.
     guard.forget();
@@ -140,6 +164,8 @@ struct Status {
     key: String,
     held: bool,
     holder: Option<String>,
+    /// Who the holder said it is (`None`: it told nothing, or nobody holds it).
+    holder_info: Option<Holder>,
     remaining_ms: Option<u64>,
     last_fence: Option<u64>,
     waiting_clients: Option<u64>,
@@ -149,6 +175,47 @@ struct Status {
     holders: Option<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     queued: Option<u32>,
+    /// RedLock: every node's view.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    quorum: Option<quorum::View>,
+    /// Whether `holder` is an abbreviated token (else an owner or a session, shown whole).
+    #[serde(skip)]
+    holder_is_token: bool,
+}
+
+/// A holder's metadata as `status` and `list` show it.
+#[derive(Serialize)]
+struct Holder {
+    host: Option<String>,
+    pid: Option<u32>,
+    command: Option<String>,
+    /// When it asked for the lock: RFC 3339, UTC, whole seconds.
+    since: Option<String>,
+    /// The same, in milliseconds since the Unix epoch.
+    since_ms: Option<u64>,
+}
+
+impl Holder {
+    fn of(info: &HolderInfo) -> Holder {
+        Holder {
+            host: info.host.clone(),
+            pid: info.pid,
+            command: info.command.clone(),
+            since: info
+                .since
+                .map(|t| humantime::format_rfc3339_seconds(t).to_string()),
+            since_ms: info
+                .since
+                .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+                .map(millis),
+        }
+    }
+
+    /// How long ago, by this machine's clock, compactly.
+    fn age(&self) -> Option<String> {
+        let since = UNIX_EPOCH.checked_add(Duration::from_millis(self.since_ms?))?;
+        SystemTime::now().duration_since(since).ok().map(compact)
+    }
 }
 
 async fn status_of<B: kinds::AnyKind>(
@@ -172,12 +239,15 @@ pub(crate) enum Layout {
     /// Ephemeral sequential nodes in the directory `/<lock key, escaped>/` under the
     /// chroot (ZooKeeper).
     Znodes,
+    /// A session lock on a hash of the lock key (PostgreSQL advisory locks): the holder
+    /// is a session (`pid N`), no secret, shown whole.
+    Session,
 }
 
 impl Layout {
     fn key(self, keys: &LockKeys) -> String {
         match self {
-            Layout::AtKey => keys.lock().to_owned(),
+            Layout::AtKey | Layout::Session => keys.lock().to_owned(),
             Layout::QueueUnder => format!("{}/", keys.lock()),
             Layout::Znodes => format!("/{}/", dlock::backend::zookeeper::escape(keys.lock())),
         }
@@ -193,12 +263,12 @@ async fn lock_status_of<B: RawInspect>(
 ) -> Result<Status, Failure> {
     let lock = Lock::builder(backend, name).prefix(prefix).build()?;
     let state = lock.state().await?;
-    Ok(Status::new(
-        name,
-        layout.key(lock.keys()),
-        Kind::Lock,
-        &state,
-    ))
+    let mut status = Status::new(name, layout.key(lock.keys()), Kind::Lock, &state);
+    if layout == Layout::Session {
+        status.holder.clone_from(&state.holder);
+        status.holder_is_token = false;
+    }
+    Ok(status)
 }
 
 impl Status {
@@ -215,24 +285,46 @@ impl Status {
                     abbreviate(h)
                 }
             }),
+            // A reentrant lock's holder is its owner, whose token carries no metadata.
+            holder_info: state.holder_info.as_ref().map(Holder::of),
             remaining_ms: state.remaining.map(millis),
             last_fence: state.last_fence,
             waiting_clients: state.waiting_clients,
             hold_count: state.hold_count,
             holders: state.holders,
             queued: state.queued,
+            quorum: None,
+            holder_is_token: kind != Kind::Reentrant,
         }
+    }
+
+    fn host(&self) -> Option<&str> {
+        self.holder_info.as_ref()?.host.as_deref()
+    }
+
+    fn pid(&self) -> Option<u32> {
+        self.holder_info.as_ref()?.pid
+    }
+
+    fn command(&self) -> Option<&str> {
+        self.holder_info.as_ref()?.command.as_deref()
+    }
+
+    fn since(&self) -> Option<&str> {
+        self.holder_info.as_ref()?.since.as_deref()
     }
 }
 
-/// The stores with the plain lock only (memcached, etcd) know no other kind.
-fn lock_kind_only(kind: Kind) -> Result<(), Failure> {
+/// The stores with the plain lock only (memcached, etcd, advisory mode, RedLock) know no
+/// other kind.
+fn lock_kind_only(kind: Kind, store: &str) -> Result<(), Failure> {
     if kind == Kind::Lock {
         Ok(())
     } else {
-        Err(Failure::usage(
-            "this store has the plain lock only: --kind lock",
-        ))
+        Err(Failure::usage(format!(
+            "{store} has the plain lock only (no semaphore, reentrant, read-write or fair \
+             lock): use --kind lock"
+        )))
     }
 }
 
@@ -244,6 +336,48 @@ fn remaining(ms: Option<u64>) -> String {
     or_dash(ms.map(|ms| humantime::format_duration(Duration::from_millis(ms)).to_string()))
 }
 
+/// A duration in one word, to a tenth of a second under a minute: `850ms`, `12.3s`,
+/// `4m59s`, `1h02m`, `2d03h`.
+fn compact(d: Duration) -> String {
+    let s = d.as_secs();
+    match s {
+        0 => format!("{}ms", d.subsec_millis()),
+        1..60 => format!("{s}.{}s", d.subsec_millis() / 100),
+        60..3600 => format!("{}m{:02}s", s / 60, s % 60),
+        3600..86_400 => format!("{}h{:02}m", s / 3600, s % 3600 / 60),
+        _ => format!("{}d{:02}h", s / 86_400, s % 86_400 / 3600),
+    }
+}
+
+/// A table cell in one word: no spaces or control characters (another holder's metadata
+/// can hold anything), `-` for nothing.
+fn cell(v: Option<&str>) -> String {
+    match v {
+        Some(v) if !v.is_empty() => v
+            .chars()
+            .map(|c| {
+                if c.is_whitespace() || c.is_control() {
+                    '_'
+                } else {
+                    c
+                }
+            })
+            .collect(),
+        _ => "-".to_owned(),
+    }
+}
+
+/// The last cell of a line: free text, on one line.
+fn last_cell(v: Option<&str>) -> String {
+    match v {
+        Some(v) if !v.is_empty() => v
+            .chars()
+            .map(|c| if c.is_control() { ' ' } else { c })
+            .collect(),
+        _ => "-".to_owned(),
+    }
+}
+
 pub(crate) async fn status_cmd<B: kinds::AnyKind>(
     backend: B,
     args: StatusArgs,
@@ -252,13 +386,14 @@ pub(crate) async fn status_cmd<B: kinds::AnyKind>(
     print_status(&s, &args)
 }
 
-/// `dlock status` on a store with the plain lock only.
+/// `dlock status` on a store with the plain lock only (`store` names it in errors).
 pub(crate) async fn lock_status_cmd<B: RawInspect>(
     backend: B,
     layout: Layout,
+    store: &str,
     args: StatusArgs,
 ) -> Result<u8, Failure> {
-    lock_kind_only(args.kind)?;
+    lock_kind_only(args.kind, store)?;
     let s = lock_status_of(backend, layout, &args.store.prefix, &args.name).await?;
     print_status(&s, &args)
 }
@@ -273,11 +408,25 @@ fn print_status(s: &Status, args: &StatusArgs) -> Result<u8, Failure> {
             "held:            {}",
             match (&s.holder, s.holders) {
                 (Some(h), _) if args.kind == Kind::Reentrant => format!("yes, by owner {h}"),
+                (Some(h), _) if !s.holder_is_token => format!("yes, by {h}"),
                 (Some(h), _) => format!("yes, token {h}"),
                 (None, Some(n)) if n > 0 => format!("yes, by {n} holders"),
                 _ => "no".to_owned(),
             }
         );
+        if s.held {
+            println!("host:            {}", last_cell(s.host()));
+            println!("pid:             {}", or_dash(s.pid()));
+            println!("command:         {}", last_cell(s.command()));
+            let age = s.holder_info.as_ref().and_then(Holder::age);
+            println!(
+                "since:           {}",
+                match (s.since(), age) {
+                    (Some(since), Some(age)) => format!("{since} ({age} ago)"),
+                    (since, _) => last_cell(since),
+                }
+            );
+        }
         println!("remaining:       {}", remaining(s.remaining_ms));
         println!("last fence:      {}", or_dash(s.last_fence));
         println!("waiting clients: {}", or_dash(s.waiting_clients));
@@ -299,6 +448,9 @@ fn print_status(s: &Status, args: &StatusArgs) -> Result<u8, Failure> {
                 }
             }
         }
+        if let Some(view) = &s.quorum {
+            view.print();
+        }
     }
     Ok(exit::SUCCESS)
 }
@@ -319,23 +471,67 @@ pub(crate) async fn list_cmd<B: RawInspect>(
             rows.push(s);
         }
     }
-    if args.json {
+    print_list(&rows, args.json)
+}
+
+/// `list`'s rows: JSON (an array of `status` objects), or a table whose cells are one
+/// word each but the last (COMMAND), so that `awk '{print $1}'` and friends keep working.
+fn print_list(rows: &[Status], json: bool) -> Result<u8, Failure> {
+    if json {
         print_json(&rows)?;
-    } else {
-        let width = rows.iter().map(|r| r.name.len()).max().unwrap_or(4).max(4);
-        println!(
-            "{:<width$}  {:<10}  {:>12}  {:>10}",
-            "NAME", "HOLDER", "REMAINING", "FENCE"
-        );
-        for r in &rows {
-            println!(
-                "{:<width$}  {:<10}  {:>12}  {:>10}",
-                r.name,
-                or_dash(r.holder.clone()),
-                remaining(r.remaining_ms),
-                or_dash(r.last_fence)
-            );
+        return Ok(exit::SUCCESS);
+    }
+    let lines: Vec<[String; 8]> = rows
+        .iter()
+        .map(|r| {
+            [
+                cell(Some(&r.name)),
+                cell(r.holder.as_deref()),
+                or_dash(r.remaining_ms.map(|ms| compact(Duration::from_millis(ms)))),
+                or_dash(r.last_fence),
+                cell(r.host()),
+                or_dash(r.pid()),
+                cell(r.since()),
+                last_cell(r.command()),
+            ]
+        })
+        .collect();
+    let header = [
+        "NAME",
+        "HOLDER",
+        "REMAINING",
+        "FENCE",
+        "HOST",
+        "PID",
+        "SINCE",
+        "COMMAND",
+    ]
+    .map(str::to_owned);
+    let mut widths = header.clone().map(|h| h.chars().count());
+    for line in &lines {
+        for (w, c) in widths.iter_mut().zip(line) {
+            *w = (*w).max(c.chars().count());
         }
+    }
+    for line in std::iter::once(&header).chain(&lines) {
+        let mut text = String::new();
+        for (i, (c, w)) in line.iter().zip(widths).enumerate() {
+            if i == line.len() - 1 {
+                text.push_str(c);
+            } else {
+                // Counts are right-aligned.
+                let pad = " ".repeat(w - c.chars().count());
+                if matches!(i, 2 | 3 | 5) {
+                    text.push_str(&pad);
+                    text.push_str(c);
+                } else {
+                    text.push_str(c);
+                    text.push_str(&pad);
+                }
+                text.push_str("  ");
+            }
+        }
+        println!("{text}");
     }
     Ok(exit::SUCCESS)
 }
@@ -356,13 +552,14 @@ pub(crate) async fn force_unlock_cmd<B: kinds::AnyKind>(
     report_force_unlock(&args, done)
 }
 
-/// `dlock force-unlock` on a store with the plain lock only.
+/// `dlock force-unlock` on a store with the plain lock only (`store` names it in errors).
 pub(crate) async fn lock_force_unlock_cmd<B: RawInspect>(
     backend: B,
     layout: Layout,
+    store: &str,
     args: ForceUnlockArgs,
 ) -> Result<u8, Failure> {
-    lock_kind_only(args.kind)?;
+    lock_kind_only(args.kind, store)?;
     if !confirm_force_unlock(
         &args,
         lock_status_of(backend.clone(), layout, &args.store.prefix, &args.name),

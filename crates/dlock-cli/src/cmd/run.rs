@@ -1,16 +1,18 @@
 //! `dlock run NAME -- COMMAND`: a command under a lock.
 
+use std::ffi::OsString;
 use std::io::{ErrorKind as IoErrorKind, IsTerminal};
 use std::os::unix::process::ExitStatusExt;
 use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
 
 use dlock::raw::{RawFair, RawFencing, RawLock, RawRwLock, RawSemaphore};
-use dlock::{FairLock, Lock, LockGuard, RwLock, Semaphore};
+use dlock::{FairLock, HolderInfo, Lock, LockGuard, RwLock, Semaphore};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use tokio::process::{Child, Command};
 use tokio::signal::unix::{SignalKind, signal};
+use tokio::time::Instant;
 
 use crate::args::RunArgs;
 use crate::cmd::acquire;
@@ -72,6 +74,57 @@ impl<'a> Job<'a> {
     }
 }
 
+/// `--min-hold`: how long after the command started the lock is kept at least.
+#[derive(Clone, Copy, Debug)]
+struct MinHold {
+    hold: Duration,
+    /// The shortest lease the store takes (memcached's one-second clock needs 2 s): a
+    /// remainder below it is kept that long.
+    shortest: Duration,
+}
+
+impl MinHold {
+    fn of(args: &RunArgs, shortest: Duration) -> Option<MinHold> {
+        args.min_hold.map(|hold| MinHold { hold, shortest })
+    }
+}
+
+/// What `dlock run` tells about its holder: this host, dlock's pid (it forwards signals
+/// to the command) and the command line, or `--info`.
+fn run_holder(args: &RunArgs) -> Option<HolderInfo> {
+    if args.holder.no_info {
+        return None;
+    }
+    let command = args
+        .holder
+        .info
+        .clone()
+        .unwrap_or_else(|| command_line(&args.command));
+    Some(HolderInfo::current().command(command))
+}
+
+/// The command as a shell would show it: words with spaces, quotes or nothing in them
+/// are single-quoted.
+fn command_line(command: &[OsString]) -> String {
+    command
+        .iter()
+        .map(|word| {
+            let word = word.to_string_lossy();
+            let plain = !word.is_empty()
+                && word.chars().all(|c| {
+                    c.is_alphanumeric()
+                        || matches!(c, '-' | '_' | '.' | '/' | '=' | ':' | ',' | '+' | '@' | '%')
+                });
+            if plain {
+                word.into_owned()
+            } else {
+                format!("'{}'", word.replace('\'', "'\\''"))
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 /// How waiting for the lock (or permit) ended.
 enum Waited<X: RawLock> {
     Got(LockGuard<X>),
@@ -99,9 +152,12 @@ async fn wait_for<X: RawLock>(
     }
 }
 
+/// `dlock run` on a store with every kind of primitive; `shortest` is the shortest lease
+/// it takes (for `--min-hold`).
 pub(crate) async fn run<B: RawFencing + RawSemaphore + RawRwLock + RawFair>(
     backend: B,
     args: RunArgs,
+    shortest: Duration,
 ) -> Result<u8, Failure> {
     // Each kind has its own default prefix, so that names of different kinds never
     // collide; an explicit --prefix is used as given.
@@ -112,70 +168,99 @@ pub(crate) async fn run<B: RawFencing + RawSemaphore + RawRwLock + RawFair>(
             args.store.prefix.clone()
         }
     };
+    let holder = run_holder(&args);
+    let min_hold = MinHold::of(&args, shortest);
     // Installed before waiting, so that a signal while waiting ends the wait cleanly
     // (a cancelled acquire leaves no lock behind) instead of killing dlock mid-call.
     let mut signals = Signals::install()?;
     if let Some(permits) = args.semaphore {
-        let sem = Semaphore::builder(backend, &args.name, permits)
+        let mut builder = Semaphore::builder(backend, &args.name, permits)
             .ttl(args.ttl)
-            .prefix(prefix(dlock::DEFAULT_SEMAPHORE_PREFIX))
-            .build()?;
+            .prefix(prefix(dlock::DEFAULT_SEMAPHORE_PREFIX));
+        if let Some(info) = holder {
+            builder = builder.holder_info(info);
+        }
+        let sem = builder.build()?;
         return match wait_for(sem.permit_lock(), &args, &mut signals).await? {
-            Waited::Got(guard) => supervise(guard, &Job::of_run(&args, None), signals).await,
+            Waited::Got(guard) => {
+                supervise_run(guard, &Job::of_run(&args, None), signals, min_hold).await
+            }
             Waited::Exit(code) => Ok(code),
         };
     }
     if args.shared || args.exclusive {
-        let rw = RwLock::builder(backend, &args.name)
+        let mut builder = RwLock::builder(backend, &args.name)
             .ttl(args.ttl)
-            .prefix(prefix(dlock::DEFAULT_RWLOCK_PREFIX))
-            .build()?;
+            .prefix(prefix(dlock::DEFAULT_RWLOCK_PREFIX));
+        if let Some(info) = holder {
+            builder = builder.holder_info(info);
+        }
+        let rw = builder.build()?;
         if args.shared {
             return match wait_for(rw.read_lock(), &args, &mut signals).await? {
-                Waited::Got(guard) => supervise(guard, &Job::of_run(&args, None), signals).await,
+                Waited::Got(guard) => {
+                    supervise_run(guard, &Job::of_run(&args, None), signals, min_hold).await
+                }
                 Waited::Exit(code) => Ok(code),
             };
         }
         return match wait_for(rw.write_lock(), &args, &mut signals).await? {
             Waited::Got(guard) => {
                 let fence = guard.fencing_token().get();
-                supervise(guard, &Job::of_run(&args, Some(fence)), signals).await
+                supervise_run(guard, &Job::of_run(&args, Some(fence)), signals, min_hold).await
             }
             Waited::Exit(code) => Ok(code),
         };
     }
     if args.fair {
-        let fair = FairLock::builder(backend, &args.name)
+        let mut builder = FairLock::builder(backend, &args.name)
             .ttl(args.ttl)
-            .prefix(prefix(dlock::DEFAULT_FAIR_PREFIX))
-            .build()?;
+            .prefix(prefix(dlock::DEFAULT_FAIR_PREFIX));
+        if let Some(info) = holder {
+            builder = builder.holder_info(info);
+        }
+        let fair = builder.build()?;
         return match wait_for(fair.as_lock(), &args, &mut signals).await? {
             Waited::Got(guard) => {
                 let fence = guard.fencing_token().get();
-                supervise(guard, &Job::of_run(&args, Some(fence)), signals).await
+                supervise_run(guard, &Job::of_run(&args, Some(fence)), signals, min_hold).await
             }
             Waited::Exit(code) => Ok(code),
         };
     }
-    let lock = Lock::builder(backend, &args.name)
-        .prefix(&args.store.prefix)
-        .ttl(args.ttl)
-        .build()?;
+    let lock = plain_lock(backend, &args, holder)?;
     match wait_for(&lock, &args, &mut signals).await? {
         Waited::Got(guard) => {
             let fence = guard.fencing_token().get();
-            supervise(guard, &Job::of_run(&args, Some(fence)), signals).await
+            supervise_run(guard, &Job::of_run(&args, Some(fence)), signals, min_hold).await
         }
         Waited::Exit(code) => Ok(code),
     }
 }
 
-/// `dlock run` on a store that has only the plain lock (RedLock, memcached); `fence`
-/// reads the guard's fence where the store mints one.
+/// The plain lock `dlock run` takes.
+fn plain_lock<B: RawLock>(
+    backend: B,
+    args: &RunArgs,
+    holder: Option<HolderInfo>,
+) -> Result<Lock<B>, Failure> {
+    let mut builder = Lock::builder(backend, &args.name)
+        .prefix(&args.store.prefix)
+        .ttl(args.ttl);
+    if let Some(info) = holder {
+        builder = builder.holder_info(info);
+    }
+    Ok(builder.build()?)
+}
+
+/// `dlock run` on a store that has only the plain lock (RedLock, memcached, etcd,
+/// advisory mode); `fence` reads the guard's fence where the store mints one; `shortest`
+/// is the shortest lease the store takes (for `--min-hold`).
 pub(crate) async fn run_plain<B: RawLock>(
     backend: B,
     args: RunArgs,
     fence: impl Fn(&LockGuard<B>) -> Option<u64>,
+    shortest: Duration,
 ) -> Result<u8, Failure> {
     if args.semaphore.is_some() || args.shared || args.exclusive || args.fair {
         return Err(Failure::usage(
@@ -183,14 +268,12 @@ pub(crate) async fn run_plain<B: RawLock>(
         ));
     }
     let mut signals = Signals::install()?;
-    let lock = Lock::builder(backend, &args.name)
-        .prefix(&args.store.prefix)
-        .ttl(args.ttl)
-        .build()?;
+    let lock = plain_lock(backend, &args, run_holder(&args))?;
     match wait_for(&lock, &args, &mut signals).await? {
         Waited::Got(guard) => {
             let fence = fence(&guard);
-            supervise(guard, &Job::of_run(&args, fence), signals).await
+            let min_hold = MinHold::of(&args, shortest);
+            supervise_run(guard, &Job::of_run(&args, fence), signals, min_hold).await
         }
         Waited::Exit(code) => Ok(code),
     }
@@ -200,12 +283,23 @@ pub(crate) async fn run_plain<B: RawLock>(
 pub(crate) async fn supervise<X: RawLock>(
     guard: LockGuard<X>,
     job: &Job<'_>,
+    signals: Signals,
+) -> Result<u8, Failure> {
+    supervise_run(guard, job, signals, None).await
+}
+
+/// [`supervise`], keeping the lock for `min_hold` after the command started.
+async fn supervise_run<X: RawLock>(
+    guard: LockGuard<X>,
+    job: &Job<'_>,
     mut signals: Signals,
+    min_hold: Option<MinHold>,
 ) -> Result<u8, Failure> {
     // Without a terminal, the command gets a process group of its own, so that signals
     // (and termination on a lost lock) reach everything it started. On a terminal it
     // stays in the foreground group, where Ctrl-C reaches it directly.
     let interactive = std::io::stdin().is_terminal();
+    let started = Instant::now();
     let mut child = match spawn(job, guard.token(), !interactive) {
         Ok(child) => child,
         Err(failure) => {
@@ -254,6 +348,12 @@ pub(crate) async fn supervise<X: RawLock>(
             let code = status.map(status_code).map_err(|e| {
                 Failure::new(exit::UNAVAILABLE, format!("waiting for the command: {e}"))
             })?;
+            if let Some(min) = min_hold
+                && let Some(left) = min.hold.checked_sub(started.elapsed())
+                && !left.is_zero()
+            {
+                return keep_until(guard, left.max(min.shortest), code).await;
+            }
             match guard.release().await {
                 Ok(()) => Ok(code),
                 Err(err) if err.is_lock_lost() => Err(Failure::new(
@@ -281,6 +381,35 @@ pub(crate) async fn supervise<X: RawLock>(
             terminate(&mut child, target, job.kill_grace, &mut signals).await;
             drop(guard.release().await);
             Ok(exit::LOST)
+        }
+    }
+}
+
+/// `--min-hold`: cuts the lease to end `left` from now and leaves it to expire (no
+/// release, no renewal), then ends with the command's `code`.
+async fn keep_until<X: RawLock>(
+    guard: LockGuard<X>,
+    left: Duration,
+    code: u8,
+) -> Result<u8, Failure> {
+    match guard.extend(left).await {
+        Ok(()) => {
+            guard.forget();
+            Ok(code)
+        }
+        Err(err) if err.is_lock_lost() => Err(Failure::new(
+            exit::LOST,
+            format!(
+                "the command finished, but {err}; its work may have overlapped another holder's"
+            ),
+        )),
+        Err(err) => {
+            // The lease stays as it was (until the ttl at most): kept, maybe longer.
+            eprintln!(
+                "dlock: warning: cutting the lease to --min-hold failed ({err}); the lock expires within its ttl"
+            );
+            guard.forget();
+            Ok(code)
         }
     }
 }

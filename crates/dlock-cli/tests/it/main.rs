@@ -9,6 +9,8 @@ use dlock_test::server::{RedisServer, free_port};
 
 mod elect;
 mod hostile;
+mod stores;
+mod top;
 
 const LOST: i32 = 76;
 const CONFLICT: i32 = 75;
@@ -147,13 +149,12 @@ fn the_child_sees_its_lock_and_its_status_is_passed_through() {
         "--",
         "sh",
         "-c",
-        "echo \"$DLOCK_NAME $DLOCK_FENCE ${#DLOCK_TOKEN}\"; exit 7",
+        // The token: 32 random hex digits, then the holder's metadata after a `~`.
+        "r=${DLOCK_TOKEN%%\"~\"*}; echo \"$DLOCK_NAME $DLOCK_FENCE ${#r} ${DLOCK_TOKEN#\"$r\"}\"; exit 7",
     ]));
     assert_eq!(out.status.code(), Some(7), "{}", stderr(&out));
-    assert_eq!(
-        String::from_utf8_lossy(&out.stdout).trim(),
-        "env-check 1 32"
-    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.starts_with("env-check 1 32 ~p="), "{stdout}");
     let out = output(dlock(&server.url()).args(["run", "killed", "--", "sh", "-c", "kill -9 $$"]));
     assert_eq!(out.status.code(), Some(128 + 9));
     let out = output(dlock(&server.url()).args(["run", "missing", "--", "/no/such/program"]));
@@ -566,9 +567,12 @@ fn redlock_and_cluster_urls_run_commands_under_the_lock() {
         );
         assert_eq!(pair[1], format!("end {}", begin[1]), "interleaved:\n{text}");
     }
-    // Inspection needs a single store: a usage error, not a wrong answer.
-    let out = output(dlock(&url).args(["status", "jobs"]));
-    assert_eq!(out.status.code(), Some(64), "{}", stderr(&out));
+    // Inspection asks every node: free on all of them after the runs.
+    let out = output(dlock(&url).args(["status", "--json", "jobs"]));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(status["held"], false, "{status}");
+    assert_eq!(status["quorum"]["nodes"].as_array().map(Vec::len), Some(3));
     let out = output(dlock(&url).args(["run", "--fair", "jobs", "--", "true"]));
     assert_eq!(out.status.code(), Some(64), "{}", stderr(&out));
 
@@ -758,7 +762,8 @@ fn postgres_urls_run_list_inspect_and_force_unlock() {
 
 #[test]
 fn zookeeper_urls_run_list_inspect_and_force_unlock() {
-    let zk = dlock_test::zookeeper::ZooKeeper::standalone().expect("zookeeper");
+    // The server stores.rs uses too (one start for the binary), in a chroot of its own.
+    let zk = dlock_test::zookeeper::ZooKeeper::shared();
     // A chroot as users' URLs have them; a session of 2 s (the lease of each hold).
     let url = zk.url("/dlock-cli", "?session_timeout=2s");
     let fence_of_a_run = || {

@@ -157,7 +157,9 @@ fn describe_overlap(a: &Hold, b: &Hold, explained: Option<Fault>, input: &Input<
         .iter()
         .filter(|w| w.start <= hi && w.end >= lo)
         .map(|w| {
-            let who = w.worker.map_or_else(String::new, |n| format!(" worker {n}"));
+            let who = w
+                .worker
+                .map_or_else(String::new, |n| format!(" worker {n}"));
             format!("{}{who} {:.1}–{:.1}", w.fault.id(), ms(w.start), ms(w.end))
         })
         .collect();
@@ -188,7 +190,11 @@ fn describe_overlap(a: &Hold, b: &Hold, explained: Option<Fault>, input: &Input<
         b.fence,
         steps(b),
         explained.map_or("nothing", Fault::id),
-        if near.is_empty() { "none".to_owned() } else { near.join(", ") }
+        if near.is_empty() {
+            "none".to_owned()
+        } else {
+            near.join(", ")
+        }
     )
 }
 
@@ -405,7 +411,10 @@ mod tests {
             sample.starts_with("worker 1 ") && sample.contains("and worker 2 "),
             "{sample}"
         );
-        assert!(sample.contains("acquired ") && sample.contains("explained by nothing"), "{sample}");
+        assert!(
+            sample.contains("acquired ") && sample.contains("explained by nothing"),
+            "{sample}"
+        );
         let paused = [window(Fault::Pause, Some(1), 22, 28)];
         let f = run(Kind::Dlock, &overlapping(), &paused, &[], &resources);
         assert_eq!(f.unexcused_overlaps, 0);
