@@ -43,6 +43,21 @@ fn wait_until(limit: Duration, mut ready: impl FnMut() -> bool) -> bool {
     }
 }
 
+/// The port of the master `sentinel` names for [`SENTINEL_MASTER`], if it answers.
+fn master_port_of(sentinel: &SentinelServer) -> Option<u16> {
+    let mut c = sentinel
+        .client()
+        .get_connection_with_timeout(Duration::from_secs(1))
+        .ok()?;
+    c.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
+    let (_, port): (String, String) = redis::cmd("SENTINEL")
+        .arg("get-master-addr-by-name")
+        .arg(SENTINEL_MASTER)
+        .query(&mut c)
+        .ok()?;
+    port.parse().ok()
+}
+
 /// Whether `master` is a master with a replica whose link is up and in sync.
 fn has_online_replica(master: &RedisServer) -> bool {
     info(master, "replication")
@@ -130,8 +145,18 @@ impl Sentinel {
     /// replica and it is in sync. Returns whether the promotion was seen.
     pub(crate) fn finish(&mut self) -> bool {
         let next = 1 - self.primary;
+        // Promoted means the sentinels switched their configuration to it, not only that
+        // it answers as a master: a failover whose leader timed out waiting for the
+        // promotion is aborted, and the sentinels would make the replica follow the old
+        // master again — which, restarted empty, would wipe it (a restart without
+        // persistence of the whole store, not the failover this fault is).
+        let port = self.servers[next].port();
         let promoted = wait_until(SETTLE, || {
             info(&self.servers[next], "replication").is_some_and(|t| t.contains("role:master"))
+                && self
+                    .sentinels
+                    .iter()
+                    .all(|s| master_port_of(s) == Some(port))
         });
         if promoted {
             self.primary = next;

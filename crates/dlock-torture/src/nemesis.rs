@@ -522,7 +522,20 @@ impl Nemesis<'_> {
                 match what {
                     Undo::ClockReset => reset(self.store_clock.as_ref()),
                     Undo::ClientClockReset => reset(self.client_clock.as_ref()),
-                    _ => what.apply(&mut self.store, &self.proxies),
+                    _ => {
+                        let start = monotonic_ns();
+                        if !what.apply(&mut self.store, &self.proxies) {
+                            // No promotion: the old master's empty restart is what the
+                            // store went through (fences and holds forgotten).
+                            self.windows.push(FaultWindow {
+                                fault: Fault::Restart,
+                                start,
+                                end: monotonic_ns(),
+                                worker: None,
+                                nodes: Vec::new(),
+                            });
+                        }
+                    }
                 }
                 match what {
                     Undo::Continue(id, _) => {
@@ -602,7 +615,10 @@ pub(crate) enum Undo {
 }
 
 impl Undo {
-    pub(crate) fn apply(self, store: &mut Store<'_>, proxies: &[Vec<Proxy>]) {
+    /// Whether it went as planned: `false` only for a failover whose promotion the
+    /// sentinels or the cluster never made (its old master then came back empty under
+    /// its replica: a restart without persistence of the whole store).
+    pub(crate) fn apply(self, store: &mut Store<'_>, proxies: &[Vec<Proxy>]) -> bool {
         match (self, store) {
             (Undo::Continue(_, pid), _) => {
                 let _ = kill(Pid::from_raw(pid), Signal::SIGCONT);
@@ -677,11 +693,13 @@ impl Undo {
             (Undo::Promote, Store::Sentinel(sentinel)) => {
                 if !tokio::task::block_in_place(|| sentinel.finish()) {
                     eprintln!("dlock: torture: the sentinels promoted no replica in time");
+                    return false;
                 }
             }
             (Undo::Promote, Store::Cluster(cluster)) => {
                 if !tokio::task::block_in_place(|| cluster.finish()) {
                     eprintln!("dlock: torture: the cluster promoted no replica in time");
+                    return false;
                 }
             }
             (
@@ -693,6 +711,7 @@ impl Undo {
                 _,
             ) => {}
         }
+        true
     }
 }
 

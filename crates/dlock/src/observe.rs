@@ -30,6 +30,7 @@
 //! | `dlock.force_unlock` | `Lock::force_unlock` | call fields |
 //! | `dlock.wait` | sleep between two attempts of an acquisition | `store`, `primitive`, `lock`, `timer_ms`, `woken_by`, `waited_ms`, `handoff` |
 //! | `dlock.renew` | watchdog renewal batch (one store call for every lease due) | `store`, `op` (`renew`), `leases`, `renewed`, `failed`, `lost`, `outcome`, `rtt_ms`, `error`, `otel.kind`, `otel.status_code`, and `primitive`, `lock` when the batch holds one lease |
+//! | `dlock.node` | one node's part of a [`Quorum`](crate::backend::Quorum)'s acquire, release, extend or renewal (a child of that call's span) | `store` (the node's own kind), `node` (its position, from 0), `op`, `outcome` (`ok`, `error`), `rtt_ms`, `error`, `otel.kind`, `otel.status_code` |
 //!
 //! The call spans (`dlock.acquire` … `dlock.force_unlock`) are children of the
 //! `dlock.lock` span when made by an acquisition, and of whatever span is current
@@ -124,6 +125,10 @@ pub mod span {
     pub const WAIT: &str = "dlock.wait";
     /// One renewal batch of the watchdog.
     pub const RENEW: &str = "dlock.renew";
+    /// One node's part of a quorum's (RedLock's) request: a child of the request's span,
+    /// with the node's position and its own store kind, so that a slow or failing node
+    /// can be told apart from the quorum's verdict.
+    pub const NODE: &str = "dlock.node";
 }
 
 /// Span field names.
@@ -144,6 +149,8 @@ pub mod field {
     pub const OUTCOME: &str = "outcome";
     /// Round-trip time in milliseconds.
     pub const RTT_MS: &str = "rtt_ms";
+    /// A quorum node's position among the quorum's nodes, from 0 (`dlock.node`).
+    pub const NODE: &str = "node";
     /// The [`ErrorKind`](crate::ErrorKind) of a failed call.
     pub const ERROR: &str = "error";
     /// Whether an acquire request asked the store to queue the waiter.

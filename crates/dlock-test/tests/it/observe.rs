@@ -719,3 +719,80 @@ fn the_name_label_is_there_only_when_asked_for() {
     assert_eq!(m.observations(metric::ACQUIRE_DURATION, &with_name), 1);
     assert_eq!(m.observations(metric::ACQUIRE_DURATION, &without), 1);
 }
+
+/// A quorum's call span has one `dlock.node` child per node: the call says what the
+/// quorum decided, the children which node was slow or failing.
+#[test]
+fn a_quorum_call_has_a_span_per_node_naming_the_failing_one() {
+    let servers: Vec<dlock_test::server::RedisServer> = (0..3)
+        .map(|_| dlock_test::server::RedisServer::start().expect("redis-server"))
+        .collect();
+    let name = unique("observe-quorum");
+    let (capture, _) = observed(|_, _| {
+        let name = name.clone();
+        let servers = &servers;
+        async move {
+            let upstream = format!("127.0.0.1:{}", servers[2].port())
+                .parse()
+                .expect("addr");
+            let proxy = Proxy::start(upstream).await.expect("proxy");
+            let mut nodes = Vec::new();
+            for addr in [
+                format!("127.0.0.1:{}", servers[0].port()),
+                format!("127.0.0.1:{}", servers[1].port()),
+                proxy.addr().to_string(),
+            ] {
+                nodes.push(
+                    dlock::backend::Redis::builder(format!("redis://{addr}/"))
+                        .response_timeout(Duration::from_millis(300))
+                        .connect()
+                        .await
+                        .expect("connect"),
+                );
+            }
+            let quorum = dlock::backend::Quorum::new(nodes).expect("valid");
+            let lock = Lock::builder(quorum, &name)
+                .ttl(Duration::from_secs(2))
+                .build()
+                .expect("valid");
+            // Node 2 silent: two of three still grant.
+            proxy.set_fault(Fault::Blackhole);
+            let guard = lock.try_lock().await.expect("store").expect("a majority");
+            proxy.set_fault(Fault::Pass);
+            guard.release().await.expect("release");
+        }
+    });
+    let acquire = capture
+        .named(span::ACQUIRE)
+        .into_iter()
+        .next()
+        .expect("an acquire span");
+    assert_eq!(acquire.field(field::STORE), "redlock");
+    assert_eq!(acquire.field(field::OUTCOME), "acquired");
+    let nodes: Vec<Captured> = capture
+        .named(span::NODE)
+        .into_iter()
+        .filter(|s| s.get(field::OP) == Some("acquire"))
+        .collect();
+    assert_eq!(nodes.len(), 3, "{nodes:?}");
+    for n in &nodes {
+        assert_eq!(n.parent, Some(span::ACQUIRE), "{n:?}");
+        assert_eq!(n.field(field::STORE), "redis");
+        assert!(n.get(field::RTT_MS).is_some(), "{n:?}");
+        let silent = n.field(field::NODE) == "2";
+        assert_eq!(
+            n.field(field::OUTCOME),
+            if silent { "error" } else { "ok" },
+            "{n:?}"
+        );
+        if silent {
+            assert_eq!(n.field(field::ERROR), "TimedOut");
+        }
+    }
+    let released = capture
+        .named(span::NODE)
+        .into_iter()
+        .filter(|s| s.get(field::OP) == Some("release") && s.get(field::OUTCOME) == Some("ok"))
+        .count();
+    assert_eq!(released, 3, "every node answered the release");
+}

@@ -163,19 +163,23 @@ fn describe_overlap(a: &Hold, b: &Hold, explained: Option<Fault>, input: &Input<
             format!("{}{who} {:.1}–{:.1}", w.fault.id(), ms(w.start), ms(w.end))
         })
         .collect();
+    // The hold's own steps, from its grant to how its release went.
     let steps = |h: &Hold| {
-        input
+        let mut words = Vec::new();
+        for (_, step) in input
             .history
             .iter()
-            .filter(|(w, s)| {
-                *w == h.worker && {
-                    let t = holds::step_time(s);
-                    t >= h.start && t <= h.end.saturating_add(input.ttl_ns)
-                }
-            })
-            .map(|(_, s)| step_word(s, ms))
-            .collect::<Vec<_>>()
-            .join(", ")
+            .filter(|(w, s)| *w == h.worker && holds::step_time(s) >= h.start)
+        {
+            if !words.is_empty() && matches!(step, Step::Acquired { .. }) {
+                break;
+            }
+            words.push(step_word(step, ms));
+            if matches!(step, Step::Released { .. }) {
+                break;
+            }
+        }
+        words.join(", ")
     };
     format!(
         "worker {} {:.1}–{:.1} ms (fence {}; {}) and worker {} {:.1}–{:.1} ms (fence {}; {}); explained by {}; windows near: {}",

@@ -11,9 +11,11 @@ use tokio::time::Instant;
 use crate::engine::Engine;
 use crate::error::{Error, ErrorKind, NodeErrors, Result};
 use crate::keys::LockKeys;
+use crate::observe::op;
 use crate::raw::{Acquire, RawLock, Renewal};
 use crate::token::Token;
 use crate::validity::Drift;
+use tracing::Instrument;
 
 /// Default share of the ttl one node may take to answer before it counts as a no.
 pub const DEFAULT_NODE_TIMEOUT_FRACTION: f64 = 0.1;
@@ -64,6 +66,8 @@ pub struct Quorum<B: RawLock> {
 
 struct Inner<B> {
     nodes: Vec<B>,
+    /// Each node's store kind (`store` of its `dlock.node` spans).
+    labels: Vec<&'static str>,
     node_timeout_fraction: f64,
     drift: Drift,
     engine: Engine,
@@ -122,8 +126,15 @@ impl<B: RawLock> QuorumBuilder<B> {
                 "the drift factor must be in [0, 0.5) and its constant at most 1 s",
             ));
         }
+        // Each node's store kind, for its spans (read once: ids may allocate).
+        let labels = self
+            .nodes
+            .iter()
+            .map(|n| crate::observe::store_label(&n.store_id()))
+            .collect();
         Ok(Quorum {
             inner: Arc::new(Inner {
+                labels,
                 nodes: self.nodes,
                 node_timeout_fraction: f,
                 drift: d,
@@ -166,22 +177,42 @@ impl<B: RawLock> Quorum<B> {
             .max(Duration::from_millis(1))
     }
 
-    /// Runs `op` on every node at once, each bounded by `limit`.
-    async fn on_all<'a, T, F, Fut>(&'a self, limit: Duration, op: F) -> Vec<Result<T>>
+    /// Runs `op` on every node at once, each bounded by `limit`, each in a `dlock.node`
+    /// span named for `what` (an [`op`](crate::observe::op)).
+    async fn on_all<'a, T, F, Fut>(
+        &'a self,
+        what: &'static str,
+        limit: Duration,
+        op: F,
+    ) -> Vec<Result<T>>
     where
         F: Fn(&'a B) -> Fut,
         Fut: Future<Output = Result<T>> + Send + 'a,
     {
-        join_all(self.inner.nodes.iter().map(|node| {
-            let call = op(node);
+        join_all(self.inner.nodes.iter().enumerate().map(|(i, node)| {
+            let span = tracing::debug_span!(
+                crate::observe::span::NODE,
+                { crate::observe::field::STORE } = self.inner.labels[i],
+                { crate::observe::field::NODE } = i,
+                { crate::observe::field::OP } = what,
+                { crate::observe::field::OUTCOME } = tracing::field::Empty,
+                { crate::observe::field::RTT_MS } = tracing::field::Empty,
+                { crate::observe::field::ERROR } = tracing::field::Empty,
+                { crate::observe::field::OTEL_KIND } = "client",
+                { crate::observe::field::OTEL_STATUS_CODE } = tracing::field::Empty,
+            );
+            let call = crate::observe::Call::new(span);
+            let bounded = tokio::time::timeout(limit, op(node)).instrument(call.span());
             async move {
-                tokio::time::timeout(limit, call).await.unwrap_or_else(|_| {
+                let result = bounded.await.unwrap_or_else(|_| {
                     Err(Error::new(
                         ErrorKind::TimedOut,
                         format!("a quorum node did not answer within {limit:?}"),
                     )
                     .retryable(true))
-                })
+                });
+                call.done(&result, |_| crate::observe::outcome::OK);
+                result
             }
         }))
         .await
@@ -250,7 +281,7 @@ impl<B: RawLock> RawLock for Quorum<B> {
     async fn acquire(&self, keys: &LockKeys, token: &Token, ttl: Duration) -> Result<Acquire> {
         let started = Instant::now();
         let results = self
-            .on_all(self.node_timeout(ttl), |node| {
+            .on_all(op::ACQUIRE, self.node_timeout(ttl), |node| {
                 node.acquire_member(keys, token, ttl)
             })
             .await;
@@ -296,7 +327,9 @@ impl<B: RawLock> RawLock for Quorum<B> {
         // Not bounded by a lease's ttl: each node gets its client's own response timeout,
         // at most RELEASE_TIMEOUT (a node that misses it lets our key expire).
         let results = self
-            .on_all(RELEASE_TIMEOUT, |node| node.release_member(keys, token))
+            .on_all(op::RELEASE, RELEASE_TIMEOUT, |node| {
+                node.release_member(keys, token)
+            })
             .await;
         self.verdict(results)
     }
@@ -304,7 +337,9 @@ impl<B: RawLock> RawLock for Quorum<B> {
     async fn extend(&self, keys: &LockKeys, token: &Token, ttl: Duration) -> Result<bool> {
         let started = Instant::now();
         let results = self
-            .on_all(self.node_timeout(ttl), |node| node.extend(keys, token, ttl))
+            .on_all(op::EXTEND, self.node_timeout(ttl), |node| {
+                node.extend(keys, token, ttl)
+            })
             .await;
         let verdict = self.verdict(results)?;
         if verdict && started.elapsed() + self.inner.drift.of(ttl) >= ttl {
@@ -324,7 +359,7 @@ impl<B: RawLock> RawLock for Quorum<B> {
             .min()
             .unwrap_or(Duration::from_secs(1));
         let per_node = self
-            .on_all(self.node_timeout(ttl), |node| async move {
+            .on_all(op::RENEW, self.node_timeout(ttl), |node| async move {
                 Ok(node.extend_many(renewals).await)
             })
             .await;
