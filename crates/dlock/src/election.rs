@@ -202,7 +202,12 @@ impl<B: RawElection> Election<B> {
         let Some(holder) = state.holder else {
             return Ok(None);
         };
-        let record = self.lock.backend().record(self.lock.keys()).await?;
+        let record = crate::observe::observed!(
+            self.lock,
+            crate::observe::span::RECORD,
+            crate::observe::op::RECORD,
+            self.lock.backend().record(self.lock.keys())
+        )?;
         if let Some((term, data)) = record
             && let Some((token, value)) = data.split_once('\n')
             && token == holder
@@ -341,13 +346,15 @@ impl<B: RawElection> Leadership<B> {
                     self.name()
                 )));
             }
-            match self
-                .election
-                .lock
-                .backend()
-                .publish(keys, self.guard.token(), term, &data)
-                .await
-            {
+            let lock = &self.election.lock;
+            let published = crate::observe::observed!(
+                lock,
+                crate::observe::span::PUBLISH,
+                crate::observe::op::PUBLISH,
+                lock.backend()
+                    .publish(keys, self.guard.token(), term, &data)
+            );
+            match published {
                 Ok(true) => break,
                 Ok(false) => {
                     return Err(Error::lost(format!(
@@ -448,7 +455,13 @@ impl<B: RawElection> Observing<B> {
             // Listen before reading, so that a change after the read is heard.
             if self.watch.is_none() {
                 let keys = self.election.lock.keys();
-                self.watch = Some(self.election.lock.backend().watch_record(keys).await?);
+                let lock = &self.election.lock;
+                self.watch = Some(crate::observe::observed!(
+                    lock,
+                    crate::observe::span::WATCH,
+                    crate::observe::op::WATCH_RECORD,
+                    lock.backend().watch_record(keys)
+                )?);
             }
             if let Some(leader) = self.election.leader().await?
                 && let Some(value) = &leader.value

@@ -160,6 +160,11 @@ impl<B: RawLock> Lock<B> {
 
     /// The same lock, named `primitive` in spans and metrics (a primitive built on a plain
     /// lock, such as an election).
+    /// What its spans and metrics are labelled with.
+    pub(crate) fn obs(&self) -> &Obs {
+        &self.obs
+    }
+
     pub(crate) fn with_primitive(mut self, primitive: &'static str) -> Lock<B> {
         self.obs = self.obs.with_primitive(primitive);
         self

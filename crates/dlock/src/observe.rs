@@ -30,6 +30,10 @@
 //! | `dlock.force_unlock` | `Lock::force_unlock` | call fields |
 //! | `dlock.wait` | sleep between two attempts of an acquisition | `store`, `primitive`, `lock`, `timer_ms`, `woken_by`, `waited_ms`, `handoff` |
 //! | `dlock.renew` | watchdog renewal batch (one store call for every lease due) | `store`, `op` (`renew`), `leases`, `renewed`, `failed`, `lost`, `outcome`, `rtt_ms`, `error`, `otel.kind`, `otel.status_code`, and `primitive`, `lock` when the batch holds one lease |
+//! | `dlock.publish` / `dlock.record` | write / read of an election's leader record (`Leadership::proclaim` and the campaign's announcement / `Election::leader`, `observe`) | call fields (`op` `publish`, `record`) |
+//! | `dlock.watch` (`op` `watch_record`) | subscription to an election's record changes (`observe`) | call fields |
+//! | `dlock.permits` | a semaphore's `available_permits`, `set_permits`, `add_permits` | call fields (`op` `permits_in_use`, `set_permits`, `add_permits`) |
+//! | `dlock.downgrade` | a read-write lock's downgrade of its write hold | call fields |
 //! | `dlock.node` | one node's part of a [`Quorum`](crate::backend::Quorum)'s acquire, release, extend or renewal (a child of that call's span) | `store` (the node's own kind), `node` (its position, from 0), `op`, `outcome` (`ok`, `error`), `rtt_ms`, `error`, `otel.kind`, `otel.status_code` |
 //!
 //! The call spans (`dlock.acquire` … `dlock.force_unlock`) are children of the
@@ -121,6 +125,14 @@ pub mod span {
     pub const INSPECT: &str = "dlock.inspect";
     /// One forced unlock.
     pub const FORCE_UNLOCK: &str = "dlock.force_unlock";
+    /// One write of an election's leader record (a leadership's announcement).
+    pub const PUBLISH: &str = "dlock.publish";
+    /// One read of an election's leader record.
+    pub const RECORD: &str = "dlock.record";
+    /// One read or change of a semaphore's permit count.
+    pub const PERMITS: &str = "dlock.permits";
+    /// One downgrade of a read-write lock's write hold to a read hold.
+    pub const DOWNGRADE: &str = "dlock.downgrade";
     /// One sleep of a waiter between attempts.
     pub const WAIT: &str = "dlock.wait";
     /// One renewal batch of the watchdog.
@@ -193,6 +205,20 @@ pub mod op {
     pub const INSPECT: &str = "inspect";
     /// A forced unlock.
     pub const FORCE_UNLOCK: &str = "force_unlock";
+    /// A leader record written.
+    pub const PUBLISH: &str = "publish";
+    /// A leader record read.
+    pub const RECORD: &str = "record";
+    /// A subscription to leader record changes.
+    pub const WATCH_RECORD: &str = "watch_record";
+    /// The permits in use read.
+    pub const PERMITS_IN_USE: &str = "permits_in_use";
+    /// The permit count set.
+    pub const SET_PERMITS: &str = "set_permits";
+    /// Permits added or removed.
+    pub const ADD_PERMITS: &str = "add_permits";
+    /// A write hold downgraded.
+    pub const DOWNGRADE: &str = "downgrade";
     /// A watchdog renewal batch.
     pub const RENEW: &str = "renew";
 }
@@ -754,6 +780,25 @@ macro_rules! call_span {
     };
 }
 pub(crate) use call_span;
+
+/// Awaits `$call`, a remote call a primitive makes beyond its lock's own (an election's
+/// record, a semaphore's permit count, a downgrade), in a call span of `$lock` (a
+/// [`Lock`](crate::Lock)) named `$name` with `$op`; evaluates to its result.
+macro_rules! observed {
+    ($lock:expr, $name:expr, $op:expr, $call:expr) => {{
+        let call = $crate::observe::Call::new($crate::observe::call_span!(
+            $name,
+            $op,
+            $lock.obs(),
+            $lock.name(),
+            1u32
+        ));
+        let result = tracing::Instrument::instrument($call, call.span()).await;
+        call.done(&result, |_| $crate::observe::outcome::OK);
+        result
+    }};
+}
+pub(crate) use observed;
 
 /// One remote call in flight: its span and, while the span is recorded, when it was sent.
 pub(crate) struct Call {

@@ -325,10 +325,14 @@ impl<B: RawRwLock> RwLock<B> {
             )));
         }
         let sent = Instant::now();
-        let downgraded = backend
-            .backend
-            .downgrade_rw(self.keys(), &token, self.read.ttl())
-            .await;
+        let downgraded = crate::observe::observed!(
+            self.read,
+            crate::observe::span::DOWNGRADE,
+            crate::observe::op::DOWNGRADE,
+            backend
+                .backend
+                .downgrade_rw(self.keys(), &token, self.read.ttl())
+        );
         match downgraded {
             Ok(true) => self.read.guard(token, sent, 0),
             Ok(false) => Err(Error::lost(format!(

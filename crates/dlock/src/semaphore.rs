@@ -292,12 +292,15 @@ impl<B: RawSemaphore> Semaphore<B> {
     /// # Errors
     /// Store failures.
     pub async fn available_permits(&self) -> Result<u32> {
-        let (used, permits) = self
-            .one
-            .backend()
-            .backend
-            .permits_in_use(self.keys(), self.permits())
-            .await?;
+        let (used, permits) = crate::observe::observed!(
+            self.one,
+            crate::observe::span::PERMITS,
+            crate::observe::op::PERMITS_IN_USE,
+            self.one
+                .backend()
+                .backend
+                .permits_in_use(self.keys(), self.permits())
+        )?;
         Ok(permits.saturating_sub(used))
     }
 
@@ -308,11 +311,12 @@ impl<B: RawSemaphore> Semaphore<B> {
     /// `InvalidArgument` for 0 or more than [`MAX_PERMITS`]; store failures.
     pub async fn set_permits(&self, permits: u32) -> Result<()> {
         check_permits(permits)?;
-        self.one
-            .backend()
-            .backend
-            .set_permits(self.keys(), permits)
-            .await
+        crate::observe::observed!(
+            self.one,
+            crate::observe::span::PERMITS,
+            crate::observe::op::SET_PERMITS,
+            self.one.backend().backend.set_permits(self.keys(), permits)
+        )
     }
 
     /// Adds `n` permits (negative: removes them) to the stored count, atomically with
@@ -323,16 +327,20 @@ impl<B: RawSemaphore> Semaphore<B> {
     /// `InvalidArgument` if the count would leave 1 to [`MAX_PERMITS`] (nothing changes);
     /// store failures.
     pub async fn add_permits(&self, n: i64) -> Result<u32> {
-        self.one
-            .backend()
-            .backend
-            .add_permits(self.keys(), n, self.permits(), MAX_PERMITS)
-            .await?
-            .ok_or_else(|| {
-                Error::invalid(format!(
-                    "adding {n} permits would leave the semaphore outside 1 to {MAX_PERMITS}"
-                ))
-            })
+        crate::observe::observed!(
+            self.one,
+            crate::observe::span::PERMITS,
+            crate::observe::op::ADD_PERMITS,
+            self.one
+                .backend()
+                .backend
+                .add_permits(self.keys(), n, self.permits(), MAX_PERMITS)
+        )?
+        .ok_or_else(|| {
+            Error::invalid(format!(
+                "adding {n} permits would leave the semaphore outside 1 to {MAX_PERMITS}"
+            ))
+        })
     }
 
     /// Permits in use (`hold_count`), live holders (`holders`) and the latest lease's

@@ -796,3 +796,52 @@ fn a_quorum_call_has_a_span_per_node_naming_the_failing_one() {
         .count();
     assert_eq!(released, 3, "every node answered the release");
 }
+
+/// The calls a primitive makes beyond its lock's own are spans too: an election's record
+/// written and read, a semaphore's permit count, a read-write lock's downgrade.
+#[test]
+fn election_records_permit_counts_and_downgrades_are_spans() {
+    let t = RedisTarget::start();
+    let name = unique("observe-extra");
+    let (capture, _) = observed(|_, _| {
+        let name = name.clone();
+        let t = &t;
+        async move {
+            let election = dlock::Election::new(t.client().await, &name).expect("valid");
+            let leadership = election.campaign("node-a").await.expect("leads");
+            let leader = election.leader().await.expect("store").expect("a leader");
+            assert_eq!(leader.value.as_deref(), Some("node-a"));
+            leadership.resign().await.expect("resign");
+
+            let sem = dlock::Semaphore::new(t.client().await, &name, 3).expect("valid");
+            sem.set_permits(5).await.expect("set");
+            assert_eq!(sem.available_permits().await.expect("count"), 5);
+
+            let rw = RwLock::new(t.client().await, &name).expect("valid");
+            let write = rw.write().await.expect("write");
+            let read = rw.downgrade(write).await.expect("downgrade");
+            read.release().await.expect("release");
+        }
+    });
+    let one = |name: &str, op: &str| {
+        let spans: Vec<Captured> = capture
+            .named(name)
+            .into_iter()
+            .filter(|s| s.get(field::OP) == Some(op))
+            .collect();
+        assert!(!spans.is_empty(), "no {name} span with op {op}");
+        spans[0].clone()
+    };
+    let publish = one(span::PUBLISH, "publish");
+    assert_eq!(publish.field(field::PRIMITIVE), "election");
+    assert_eq!(publish.field(field::OUTCOME), "ok");
+    assert_eq!(publish.field(field::STORE), "redis");
+    assert_eq!(one(span::RECORD, "record").field(field::LOCK), name);
+    for op in ["set_permits", "permits_in_use"] {
+        let s = one(span::PERMITS, op);
+        assert_eq!(s.field(field::PRIMITIVE), "semaphore");
+        assert!(s.get(field::RTT_MS).is_some(), "{s:?}");
+    }
+    let downgrade = one(span::DOWNGRADE, "downgrade");
+    assert_eq!(downgrade.field(field::OUTCOME), "ok");
+}

@@ -89,6 +89,44 @@ async fn acquire_and_release_are_one_round_trip_each() {
     );
 }
 
+/// A name with a hash tag keeps its companion keys (waiters, readers…) beside its lock
+/// key, where a listing finds them: they are listed as their lock, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listing_names_with_a_hash_tag_shows_each_lock_once() {
+    use dlock::raw::RawInspect;
+    let t = RedisTarget::start();
+    let tag = unique("tag");
+    let job = format!("{{{tag}}}job");
+    let lock = Lock::new(t.client().await, &job).expect("valid");
+    let guard = lock.try_lock().await.expect("store").expect("free");
+    // A waiter of another client: the lock's waiter queue now exists beside it.
+    let other = Lock::new(t.client().await, &job).expect("valid");
+    let waiter = tokio::spawn(async move { other.try_lock_for(Duration::from_secs(5)).await });
+    sleep(Duration::from_millis(300)).await;
+    let admin = t.client().await;
+    let pattern = format!("{{{tag}}}*");
+    let listed = admin.list("dlock:", &pattern, 100).await.expect("list");
+    assert_eq!(listed, vec![job.clone()], "the lock, not its waiter queue");
+    guard.release().await.expect("release");
+    let next = waiter
+        .await
+        .expect("join")
+        .expect("store")
+        .expect("handed over");
+    next.release().await.expect("release");
+
+    // A read-write lock held by a reader alone: only its readers key is there.
+    let report = format!("{{{tag}}}report");
+    let rw = dlock::RwLock::new(t.client().await, &report).expect("valid");
+    let read = rw.read().await.expect("read");
+    let listed = admin
+        .list(dlock::DEFAULT_RWLOCK_PREFIX, &pattern, 100)
+        .await
+        .expect("list");
+    assert_eq!(listed, vec![report.clone()]);
+    read.release().await.expect("release");
+}
+
 /// A `redis::Client` the application already has: dlock connects from it, or shares the
 /// application's own connection for its lock traffic.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1172,6 +1172,7 @@ impl RawInspect for Redis {
         escaped.push_str(pattern);
         let mut conn = self.conn();
         let mut names = Vec::new();
+        let mut seen = std::collections::HashSet::new();
         for node in self.scan_nodes().await? {
             let mut cursor: u64 = 0;
             loop {
@@ -1199,9 +1200,14 @@ impl RawInspect for Redis {
                         if ttl >= 0
                             && let Some(name) = key.strip_prefix(prefix)
                         {
-                            names.push(name.to_owned());
-                            if names.len() >= limit {
-                                return Ok(names);
+                            // A name with a hash tag keeps its companion keys (waiters,
+                            // holders, readers…) beside its lock key: they stand for it.
+                            let name = companion_of(prefix, name, &key).unwrap_or(name);
+                            if seen.insert(name.to_owned()) {
+                                names.push(name.to_owned());
+                                if names.len() >= limit {
+                                    return Ok(names);
+                                }
                             }
                         }
                     }
@@ -1214,6 +1220,29 @@ impl RawInspect for Redis {
         }
         Ok(names)
     }
+}
+
+/// The suffixes of the companion keys the primitives keep beside a lock key.
+const COMPANIONS: &[&str] = &[
+    "claims",
+    "holders",
+    "permits",
+    "q",
+    "queue",
+    "readers",
+    "waiters",
+    "writers",
+    crate::raw::RECORD,
+];
+
+/// The lock name whose companion key `key` (listed as the name `name` under `prefix`) is,
+/// if it is one: only a name with a hash tag of its own has its companions beside its lock
+/// key (`<prefix><name>:<suffix>`), where a listing finds them.
+fn companion_of<'a>(prefix: &str, name: &'a str, key: &str) -> Option<&'a str> {
+    let (base, suffix) = name.rsplit_once(':')?;
+    (COMPANIONS.contains(&suffix)
+        && LockKeys::new(prefix, base).is_ok_and(|k| k.companion(suffix) == key))
+    .then_some(base)
 }
 
 impl RawSemaphore for Redis {
