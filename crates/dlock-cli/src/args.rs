@@ -105,10 +105,11 @@ pub(crate) enum Command {
     /// reaches the command itself there); a second one sends SIGKILL. Without a terminal
     /// the command gets its own process group, so its children are signalled too. The lock
     /// is released after the command exits (with --min-hold D: kept until D after the
-    /// command started). The command
+    /// command ended). The command
     /// sees DLOCK_NAME, DLOCK_TOKEN and DLOCK_FENCE (the fencing token: pass it to the
     /// resource, which must reject writes with a smaller one). `dlock status` and `list`
-    /// show this host, dlock's pid, the command line (or --info) and since when.
+    /// show this host, dlock's pid, the command's program name (or --info: its arguments
+    /// are not shown, as they may carry secrets) and since when.
     Run(RunArgs),
     /// Campaign in the election NAME and run a command only while leading.
     ///
@@ -224,12 +225,13 @@ pub(crate) struct RunArgs {
     /// Print nothing on a conflict.
     #[arg(long, short)]
     pub(crate) quiet: bool,
-    /// Keep the lock at least D after the command started (ShedLock's lockAtLeastFor),
-    /// so that the same job started a little later elsewhere is skipped: if the command
-    /// exits sooner, whatever its status, the lease is cut to end D after the start and
-    /// left to expire then (not released, no longer renewed), and dlock exits at once with
-    /// the command's status. At most 24h. Not on zk:// or postgres://…?mode=advisory,
-    /// whose holds end with dlock's session.
+    /// Keep the lock at least D after the command ends (ShedLock's lockAtLeastFor), so
+    /// that the same job started a little later elsewhere is skipped: when the command
+    /// exits, whatever its status, the lease is set to end D from then (plus the store's
+    /// clock-drift allowance) and left to expire (not released, no longer renewed), and
+    /// dlock exits at once with the command's status. If the store cannot set it, dlock
+    /// keeps holding (renewing) the lock until D has passed. At most 24h. Not on zk:// or
+    /// postgres://…?mode=advisory, whose holds end with dlock's session.
     #[arg(long, value_name = "D", value_parser = parse_min_hold)]
     pub(crate) min_hold: Option<Duration>,
     #[command(flatten)]
@@ -242,9 +244,9 @@ pub(crate) struct RunArgs {
 /// What a holder tells `dlock status` and `list` about itself (carried in its token).
 #[derive(Debug, Clone, Args)]
 pub(crate) struct HolderArgs {
-    /// Shown as the holder's command (a job id, a build URL); default: `dlock run`'s
-    /// command line, none for `dlock acquire`. Whoever can read the store can read it: no
-    /// secrets.
+    /// Shown as the holder's command (a job id, a build URL); default: the name of the
+    /// program `dlock run` runs (not its arguments, which may carry secrets), none for
+    /// `dlock acquire`. Whoever can read the store can read it: no secrets.
     #[arg(long, value_name = "VALUE", conflicts_with = "no_info")]
     pub(crate) info: Option<String>,
     /// Attach no holder metadata (host, pid, command, since): the token is then 32 random

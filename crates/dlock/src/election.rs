@@ -203,7 +203,8 @@ impl<B: RawElection> Election<B> {
             return Ok(None);
         };
         let record = crate::observe::observed!(
-            self.lock,
+            self.lock.obs(),
+            self.lock.name(),
             crate::observe::span::RECORD,
             crate::observe::op::RECORD,
             self.lock.backend().record(self.lock.keys())
@@ -348,7 +349,8 @@ impl<B: RawElection> Leadership<B> {
             }
             let lock = &self.election.lock;
             let published = crate::observe::observed!(
-                lock,
+                lock.obs(),
+                lock.name(),
                 crate::observe::span::PUBLISH,
                 crate::observe::op::PUBLISH,
                 lock.backend()
@@ -457,7 +459,8 @@ impl<B: RawElection> Observing<B> {
                 let keys = self.election.lock.keys();
                 let lock = &self.election.lock;
                 self.watch = Some(crate::observe::observed!(
-                    lock,
+                    lock.obs(),
+                    lock.name(),
                     crate::observe::span::WATCH,
                     crate::observe::op::WATCH_RECORD,
                     lock.backend().watch_record(keys)

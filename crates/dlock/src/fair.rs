@@ -221,7 +221,13 @@ impl<B: RawFair> FairLock<B> {
     /// # Errors
     /// Store failures.
     pub async fn state(&self) -> Result<LockState> {
-        self.lock.backend().backend.inspect_fair(self.keys()).await
+        crate::observe::observed!(
+            self.lock.obs(),
+            self.lock.name(),
+            crate::observe::span::INSPECT,
+            crate::observe::op::INSPECT,
+            self.lock.backend().backend.inspect_fair(self.keys())
+        )
     }
 
     /// Whether anyone holds the lock now.
@@ -238,10 +244,12 @@ impl<B: RawFair> FairLock<B> {
     /// # Errors
     /// Store failures.
     pub async fn force_unlock(&self) -> Result<bool> {
-        self.lock
-            .backend()
-            .backend
-            .force_unlock_fair(self.keys())
-            .await
+        crate::observe::observed!(
+            self.lock.obs(),
+            self.lock.name(),
+            crate::observe::span::FORCE_UNLOCK,
+            crate::observe::op::FORCE_UNLOCK,
+            self.lock.backend().backend.force_unlock_fair(self.keys())
+        )
     }
 }

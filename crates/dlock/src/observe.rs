@@ -83,7 +83,7 @@
 //! | `dlock_acquire_duration_seconds` | histogram | `store`, `primitive`, `outcome` | time from calling `lock()` / `try_lock*()` to its return; `outcome`: `acquired`, `busy`, `timeout`, `error`, `cancelled` (the future was dropped) |
 //! | `dlock_wait_duration_seconds` | histogram | `store`, `primitive`, `woken_by` | one observation per sleep between attempts (see `dlock.wait`) |
 //! | `dlock_holds` | gauge | `store`, `primitive` | guards alive in this process |
-//! | `dlock_waiters` | gauge | `store`, `primitive` | acquisitions in this process that found the lock held and still wait |
+//! | `dlock_waiters` | gauge | `store`, `primitive` | acquisitions in this process that are waiting: for the lock (found held) or for the store (unreachable, pausing before the next attempt) |
 //! | `dlock_renewals_total` | counter | `store`, `primitive` | leases the watchdog renewed |
 //! | `dlock_renewal_failures_total` | counter | `store`, `primitive` | watchdog renewals that did not extend their lease (store error, timeout, lease gone) |
 //! | `dlock_leases_lost_total` | counter | `store`, `primitive`, `reason` | leases lost while held: `taken` (the store said the key was gone or someone else's), `expired` (the validity ran out before a renewal succeeded) |
@@ -782,17 +782,13 @@ macro_rules! call_span {
 pub(crate) use call_span;
 
 /// Awaits `$call`, a remote call a primitive makes beyond its lock's own (an election's
-/// record, a semaphore's permit count, a downgrade), in a call span of `$lock` (a
-/// [`Lock`](crate::Lock)) named `$name` with `$op`; evaluates to its result.
+/// record, a semaphore's permit count, a downgrade, a primitive's state), in a call span
+/// labelled by `$obs` (an [`Obs`]) for the lock named `$lock`, named `$name` with `$op`;
+/// evaluates to its result.
 macro_rules! observed {
-    ($lock:expr, $name:expr, $op:expr, $call:expr) => {{
-        let call = $crate::observe::Call::new($crate::observe::call_span!(
-            $name,
-            $op,
-            $lock.obs(),
-            $lock.name(),
-            1u32
-        ));
+    ($obs:expr, $lock:expr, $name:expr, $op:expr, $call:expr) => {{
+        let call =
+            $crate::observe::Call::new($crate::observe::call_span!($name, $op, $obs, $lock, 1u32));
         let result = tracing::Instrument::instrument($call, call.span()).await;
         call.done(&result, |_| $crate::observe::outcome::OK);
         result

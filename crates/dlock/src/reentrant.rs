@@ -370,7 +370,23 @@ impl<B: RawReentrant> ReentrantLock<B> {
     /// # Errors
     /// Store failures.
     pub async fn state(&self) -> Result<LockState> {
-        self.backend.inspect_reentrant(&self.keys).await
+        crate::observe::observed!(
+            self.obs(),
+            self.keys.name(),
+            crate::observe::span::INSPECT,
+            crate::observe::op::INSPECT,
+            self.backend.inspect_reentrant(&self.keys)
+        )
+    }
+
+    /// Its spans' labels (operator calls only: made on demand).
+    fn obs(&self) -> crate::observe::Obs {
+        crate::observe::Obs::new(
+            &RawLock::store_id(&self.backend),
+            crate::observe::primitive::REENTRANT,
+            self.keys.name(),
+            self.options.name_label,
+        )
     }
 
     /// Whether any owner holds the lock now.
@@ -387,7 +403,13 @@ impl<B: RawReentrant> ReentrantLock<B> {
     /// # Errors
     /// Store failures.
     pub async fn force_unlock(&self) -> Result<bool> {
-        self.backend.force_unlock_reentrant(&self.keys).await
+        crate::observe::observed!(
+            self.obs(),
+            self.keys.name(),
+            crate::observe::span::FORCE_UNLOCK,
+            crate::observe::op::FORCE_UNLOCK,
+            self.backend.force_unlock_reentrant(&self.keys)
+        )
     }
 }
 

@@ -326,7 +326,8 @@ impl<B: RawRwLock> RwLock<B> {
         }
         let sent = Instant::now();
         let downgraded = crate::observe::observed!(
-            self.read,
+            self.read.obs(),
+            self.read.name(),
             crate::observe::span::DOWNGRADE,
             crate::observe::op::DOWNGRADE,
             backend
@@ -351,7 +352,13 @@ impl<B: RawRwLock> RwLock<B> {
     /// # Errors
     /// Store failures.
     pub async fn state(&self) -> Result<LockState> {
-        self.read.backend().backend.inspect_rw(self.keys()).await
+        crate::observe::observed!(
+            self.read.obs(),
+            self.read.name(),
+            crate::observe::span::INSPECT,
+            crate::observe::op::INSPECT,
+            self.read.backend().backend.inspect_rw(self.keys())
+        )
     }
 
     /// Whether a writer or any reader holds the lock now.
@@ -369,10 +376,12 @@ impl<B: RawRwLock> RwLock<B> {
     /// # Errors
     /// Store failures.
     pub async fn force_unlock(&self) -> Result<bool> {
-        self.read
-            .backend()
-            .backend
-            .force_unlock_rw(self.keys())
-            .await
+        crate::observe::observed!(
+            self.read.obs(),
+            self.read.name(),
+            crate::observe::span::FORCE_UNLOCK,
+            crate::observe::op::FORCE_UNLOCK,
+            self.read.backend().backend.force_unlock_rw(self.keys())
+        )
     }
 }

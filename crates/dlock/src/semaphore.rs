@@ -293,7 +293,8 @@ impl<B: RawSemaphore> Semaphore<B> {
     /// Store failures.
     pub async fn available_permits(&self) -> Result<u32> {
         let (used, permits) = crate::observe::observed!(
-            self.one,
+            self.one.obs(),
+            self.one.name(),
             crate::observe::span::PERMITS,
             crate::observe::op::PERMITS_IN_USE,
             self.one
@@ -312,7 +313,8 @@ impl<B: RawSemaphore> Semaphore<B> {
     pub async fn set_permits(&self, permits: u32) -> Result<()> {
         check_permits(permits)?;
         crate::observe::observed!(
-            self.one,
+            self.one.obs(),
+            self.one.name(),
             crate::observe::span::PERMITS,
             crate::observe::op::SET_PERMITS,
             self.one.backend().backend.set_permits(self.keys(), permits)
@@ -328,7 +330,8 @@ impl<B: RawSemaphore> Semaphore<B> {
     /// store failures.
     pub async fn add_permits(&self, n: i64) -> Result<u32> {
         crate::observe::observed!(
-            self.one,
+            self.one.obs(),
+            self.one.name(),
             crate::observe::span::PERMITS,
             crate::observe::op::ADD_PERMITS,
             self.one
@@ -349,11 +352,13 @@ impl<B: RawSemaphore> Semaphore<B> {
     /// # Errors
     /// Store failures.
     pub async fn state(&self) -> Result<LockState> {
-        self.one
-            .backend()
-            .backend
-            .inspect_permits(self.keys())
-            .await
+        crate::observe::observed!(
+            self.one.obs(),
+            self.one.name(),
+            crate::observe::span::INSPECT,
+            crate::observe::op::INSPECT,
+            self.one.backend().backend.inspect_permits(self.keys())
+        )
     }
 
     /// Whether any permit is held now.
@@ -371,10 +376,12 @@ impl<B: RawSemaphore> Semaphore<B> {
     /// # Errors
     /// Store failures.
     pub async fn force_unlock(&self) -> Result<bool> {
-        self.one
-            .backend()
-            .backend
-            .force_unlock_permits(self.keys())
-            .await
+        crate::observe::observed!(
+            self.one.obs(),
+            self.one.name(),
+            crate::observe::span::FORCE_UNLOCK,
+            crate::observe::op::FORCE_UNLOCK,
+            self.one.backend().backend.force_unlock_permits(self.keys())
+        )
     }
 }

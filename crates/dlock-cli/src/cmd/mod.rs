@@ -54,7 +54,18 @@ fn print_json(value: &impl Serialize) -> Result<(), Failure> {
 fn abbreviate(token: &str) -> String {
     let random = token.split_once('~').map_or(token, |(random, _)| random);
     let shown = (random.chars().count() / 2).min(8);
-    let short: String = random.chars().take(shown).collect();
+    // Another client's token can hold anything: no control characters or spaces.
+    let short: String = random
+        .chars()
+        .take(shown)
+        .map(|c| {
+            if c.is_whitespace() || c.is_control() {
+                '_'
+            } else {
+                c
+            }
+        })
+        .collect();
     format!("{short}…")
 }
 
@@ -407,9 +418,11 @@ fn print_status(s: &Status, args: &StatusArgs) -> Result<u8, Failure> {
         println!(
             "held:            {}",
             match (&s.holder, s.holders) {
-                (Some(h), _) if args.kind == Kind::Reentrant => format!("yes, by owner {h}"),
-                (Some(h), _) if !s.holder_is_token => format!("yes, by {h}"),
-                (Some(h), _) => format!("yes, token {h}"),
+                (Some(h), _) if args.kind == Kind::Reentrant => {
+                    format!("yes, by owner {}", last_cell(Some(h)))
+                }
+                (Some(h), _) if !s.holder_is_token => format!("yes, by {}", last_cell(Some(h))),
+                (Some(h), _) => format!("yes, token {}", last_cell(Some(h))),
                 (None, Some(n)) if n > 0 => format!("yes, by {n} holders"),
                 _ => "no".to_owned(),
             }

@@ -74,23 +74,37 @@ impl<'a> Job<'a> {
     }
 }
 
-/// `--min-hold`: how long after the command started the lock is kept at least.
+/// `--min-hold`: how long after the command ended the lock is kept at least.
 #[derive(Clone, Copy, Debug)]
 struct MinHold {
     hold: Duration,
-    /// The shortest lease the store takes (memcached's one-second clock needs 2 s): a
-    /// remainder below it is kept that long.
+    /// The shortest lease the store takes (memcached's one-second clock needs 2 s).
     shortest: Duration,
+    /// The store's clock-drift allowance: a lease asked for `hold` may end that much
+    /// early by the client's clock (memcached's whole-second expiry up to a second), so
+    /// the lease kept is longer by it.
+    drift: dlock::validity::Drift,
 }
 
 impl MinHold {
-    fn of(args: &RunArgs, shortest: Duration) -> Option<MinHold> {
-        args.min_hold.map(|hold| MinHold { hold, shortest })
+    fn of<B: RawLock>(args: &RunArgs, shortest: Duration, backend: &B) -> Option<MinHold> {
+        args.min_hold.map(|hold| MinHold {
+            hold,
+            shortest,
+            drift: backend.drift(),
+        })
+    }
+
+    /// The lease to leave behind: `hold` from now, whatever the store's clock does.
+    fn lease(self) -> Duration {
+        (self.hold + self.drift.of(self.hold))
+            .max(self.shortest)
+            .min(dlock::MAX_TTL)
     }
 }
 
 /// What `dlock run` tells about its holder: this host, dlock's pid (it forwards signals
-/// to the command) and the command line, or `--info`.
+/// to the command) and the command's program name, or `--info`.
 fn run_holder(args: &RunArgs) -> Option<HolderInfo> {
     if args.holder.no_info {
         return None;
@@ -99,30 +113,22 @@ fn run_holder(args: &RunArgs) -> Option<HolderInfo> {
         .holder
         .info
         .clone()
-        .unwrap_or_else(|| command_line(&args.command));
+        .unwrap_or_else(|| program_name(&args.command));
     Some(HolderInfo::current().command(command))
 }
 
-/// The command as a shell would show it: words with spaces, quotes or nothing in them
-/// are single-quoted.
-fn command_line(command: &[OsString]) -> String {
+/// The command's program name (its last path component): what other clients see of the
+/// holder by default. Not its arguments, which may carry secrets (a database URL with a
+/// password, `-pSECRET`) that the lock key would show to everyone who can read it;
+/// `--info` says more where that is safe.
+fn program_name(command: &[OsString]) -> String {
     command
-        .iter()
-        .map(|word| {
-            let word = word.to_string_lossy();
-            let plain = !word.is_empty()
-                && word.chars().all(|c| {
-                    c.is_alphanumeric()
-                        || matches!(c, '-' | '_' | '.' | '/' | '=' | ':' | ',' | '+' | '@' | '%')
-                });
-            if plain {
-                word.into_owned()
-            } else {
-                format!("'{}'", word.replace('\'', "'\\''"))
-            }
+        .first()
+        .map(|program| {
+            let program = program.to_string_lossy();
+            program.rsplit('/').next().unwrap_or_default().to_owned()
         })
-        .collect::<Vec<_>>()
-        .join(" ")
+        .unwrap_or_default()
 }
 
 /// How waiting for the lock (or permit) ended.
@@ -169,7 +175,7 @@ pub(crate) async fn run<B: RawFencing + RawSemaphore + RawRwLock + RawFair>(
         }
     };
     let holder = run_holder(&args);
-    let min_hold = MinHold::of(&args, shortest);
+    let min_hold = MinHold::of(&args, shortest, &backend);
     // Installed before waiting, so that a signal while waiting ends the wait cleanly
     // (a cancelled acquire leaves no lock behind) instead of killing dlock mid-call.
     let mut signals = Signals::install()?;
@@ -268,11 +274,11 @@ pub(crate) async fn run_plain<B: RawLock>(
         ));
     }
     let mut signals = Signals::install()?;
+    let min_hold = MinHold::of(&args, shortest, &backend);
     let lock = plain_lock(backend, &args, run_holder(&args))?;
     match wait_for(&lock, &args, &mut signals).await? {
         Waited::Got(guard) => {
             let fence = fence(&guard);
-            let min_hold = MinHold::of(&args, shortest);
             supervise_run(guard, &Job::of_run(&args, fence), signals, min_hold).await
         }
         Waited::Exit(code) => Ok(code),
@@ -288,7 +294,7 @@ pub(crate) async fn supervise<X: RawLock>(
     supervise_run(guard, job, signals, None).await
 }
 
-/// [`supervise`], keeping the lock for `min_hold` after the command started.
+/// [`supervise`], keeping the lock for `min_hold` after the command ended.
 async fn supervise_run<X: RawLock>(
     guard: LockGuard<X>,
     job: &Job<'_>,
@@ -299,7 +305,6 @@ async fn supervise_run<X: RawLock>(
     // (and termination on a lost lock) reach everything it started. On a terminal it
     // stays in the foreground group, where Ctrl-C reaches it directly.
     let interactive = std::io::stdin().is_terminal();
-    let started = Instant::now();
     let mut child = match spawn(job, guard.token(), !interactive) {
         Ok(child) => child,
         Err(failure) => {
@@ -348,11 +353,8 @@ async fn supervise_run<X: RawLock>(
             let code = status.map(status_code).map_err(|e| {
                 Failure::new(exit::UNAVAILABLE, format!("waiting for the command: {e}"))
             })?;
-            if let Some(min) = min_hold
-                && let Some(left) = min.hold.checked_sub(started.elapsed())
-                && !left.is_zero()
-            {
-                return keep_until(guard, left.max(min.shortest), code).await;
+            if let Some(min) = min_hold {
+                return keep_for(guard, min, code).await;
             }
             match guard.release().await {
                 Ok(()) => Ok(code),
@@ -385,14 +387,13 @@ async fn supervise_run<X: RawLock>(
     }
 }
 
-/// `--min-hold`: cuts the lease to end `left` from now and leaves it to expire (no
-/// release, no renewal), then ends with the command's `code`.
-async fn keep_until<X: RawLock>(
-    guard: LockGuard<X>,
-    left: Duration,
-    code: u8,
-) -> Result<u8, Failure> {
-    match guard.extend(left).await {
+/// `--min-hold`: sets the lease to end `min.hold` from now (plus the store's drift) and
+/// leaves it to expire (no release, no renewal), then ends with the command's `code`. If
+/// the store cannot set it, the guard stays held (renewed) for `min.hold` and is then
+/// left to expire: never a release before `min.hold` has passed.
+async fn keep_for<X: RawLock>(guard: LockGuard<X>, min: MinHold, code: u8) -> Result<u8, Failure> {
+    let kept_from = Instant::now();
+    match guard.extend(min.lease()).await {
         Ok(()) => {
             guard.forget();
             Ok(code)
@@ -404,10 +405,15 @@ async fn keep_until<X: RawLock>(
             ),
         )),
         Err(err) => {
-            // The lease stays as it was (until the ttl at most): kept, maybe longer.
             eprintln!(
-                "dlock: warning: cutting the lease to --min-hold failed ({err}); the lock expires within its ttl"
+                "dlock: warning: setting the lease to --min-hold failed ({err}); holding the lock \
+                 (renewed) until --min-hold has passed"
             );
+            tokio::select! {
+                () = tokio::time::sleep_until(kept_from + min.hold) => {}
+                () = guard.lost() => {}
+            }
+            // Left to expire within its ttl from its last renewal: later, never sooner.
             guard.forget();
             Ok(code)
         }

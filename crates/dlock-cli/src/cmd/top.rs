@@ -248,10 +248,12 @@ impl<B: kinds::AnyKind> Inspector for EveryKind<B> {
                         limit - names.len(),
                     )
                     .await?;
+                // (Listed as `<name>}` where the store maps a companion key to the
+                // name it stands for: here the name is the tag's inside.)
                 names.extend(
                     readers
                         .iter()
-                        .filter_map(|n| n.strip_suffix(READERS))
+                        .filter_map(|n| n.strip_suffix(READERS).or_else(|| n.strip_suffix('}')))
                         .map(str::to_owned),
                 );
             }

@@ -10,7 +10,7 @@ use std::process::{Command, Output, Stdio};
 
 use dlock_test::server::{RedisServer, free_port};
 
-use super::{CONFLICT, UNAVAILABLE, USAGE, dlock, output, stderr};
+use super::{CONFLICT, LOST, UNAVAILABLE, USAGE, dlock, output, stderr};
 
 /// Checks that `out` ended in one of `codes`, without a panic, and with at most one line on
 /// stderr (exactly one, starting `dlock: `, unless it succeeded).
@@ -686,9 +686,9 @@ fn zookeeper_digests_are_never_printed() {
     let zk = dlock_test::zookeeper::ZooKeeper::standalone().expect("zookeeper");
     let url = format!("zk://alice:{SECRET}@{}/hostile", zk.hosts());
     // ZooKeeper takes any digest: the commands work (acquire is refused: a zk hold lives
-    // in the session; the runs, all at once, may find the lock or election taken) and
-    // say nothing of it.
-    let mut cases = every_command(&url, &[0, USAGE, CONFLICT]);
+    // in the session; the runs, all at once, may find the lock or election taken, or
+    // lose it to the force-unlock running beside them) and say nothing of it.
+    let mut cases = every_command(&url, &[0, USAGE, CONFLICT, LOST]);
     let p = closed();
     for url in [
         format!("zk://alice:{SECRET}@127.0.0.1:{p}"),

@@ -774,13 +774,15 @@ fn drop_returns_while_the_store_is_frozen(store: &mut RedisStore) {
     drop(client);
     let shut_down = started.elapsed();
     store.server.thaw().expect("SIGCONT");
-    // Liveness bounds, not speed: the documented waits are 2 s and 1 s.
+    // The documented bounds (2 s and 1 s), with a second for a busy machine: a drop
+    // that waited on the frozen store for its release's own timeouts would exceed them.
+    let margin = Duration::from_secs(1);
     assert!(
-        dropped < Duration::from_secs(10),
+        dropped < dlock::blocking::DROP_RELEASE_WAIT + margin,
         "drop blocked {dropped:?} on a frozen store"
     );
     assert!(
-        shut_down < Duration::from_secs(10),
+        shut_down < dlock::blocking::SHUTDOWN_WAIT + margin,
         "dropping the client blocked {shut_down:?} on a frozen store"
     );
     // The lease expires by itself (or was released once the server woke).

@@ -307,6 +307,7 @@ fn a_lock_and_its_release_are_spans_with_the_documented_fields_and_no_secret() {
         async move {
             let lock = Lock::builder(t.client().await, &name)
                 .ttl(Duration::from_secs(10))
+                .holder_info(dlock::HolderInfo::current().command("nightly-secret-job"))
                 .build()
                 .expect("valid");
             let guard = lock.lock().await.expect("free");
@@ -356,10 +357,18 @@ fn a_lock_and_its_release_are_spans_with_the_documented_fields_and_no_secret() {
     assert_eq!(inspect.field(field::OUTCOME), "ok");
 
     // No token (not even its first characters, as its Debug shows them), no address.
+    // Nor the holder metadata the token carries.
     let token = token.lock().expect("token").clone();
-    assert_eq!(token.len(), 32, "a plain random token: {token}");
+    assert!(
+        token.len() > 32 && token.contains("nightly-secret-job"),
+        "a token with metadata: {token}"
+    );
     for value in capture.all_values() {
         assert!(!value.contains(&token[..8]), "token in a field: {value}");
+        assert!(
+            !value.contains("nightly-secret-job"),
+            "metadata in a field: {value}"
+        );
         assert!(!value.contains(&port), "store address in a field: {value}");
     }
 
@@ -816,6 +825,12 @@ fn election_records_permit_counts_and_downgrades_are_spans() {
             let sem = dlock::Semaphore::new(t.client().await, &name, 3).expect("valid");
             sem.set_permits(5).await.expect("set");
             assert_eq!(sem.available_permits().await.expect("count"), 5);
+            assert!(sem.state().await.expect("state").holder.is_none());
+            let reentrant = dlock::ReentrantLock::new(t.client().await, &name).expect("valid");
+            assert!(
+                !reentrant.force_unlock().await.expect("force"),
+                "nothing held"
+            );
 
             let rw = RwLock::new(t.client().await, &name).expect("valid");
             let write = rw.write().await.expect("write");
@@ -844,4 +859,14 @@ fn election_records_permit_counts_and_downgrades_are_spans() {
     }
     let downgrade = one(span::DOWNGRADE, "downgrade");
     assert_eq!(downgrade.field(field::OUTCOME), "ok");
+    // The primitives' own state and force-unlock calls are spans too.
+    let inspected: Vec<String> = capture
+        .named(span::INSPECT)
+        .iter()
+        .map(|s| s.field(field::PRIMITIVE).to_owned())
+        .collect();
+    assert!(inspected.iter().any(|p| p == "semaphore"), "{inspected:?}");
+    let forced = one(span::FORCE_UNLOCK, "force_unlock");
+    assert_eq!(forced.field(field::PRIMITIVE), "reentrant");
+    assert_eq!(forced.field(field::LOCK), name);
 }

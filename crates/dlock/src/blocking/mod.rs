@@ -377,6 +377,14 @@ macro_rules! forward_options {
                 }
             }
 
+            #[doc = concat!("Whether metrics carry the lock's name: as [`", $async, "::metrics_name_label`](crate::", $async, "::metrics_name_label).")]
+            pub fn metrics_name_label(self, on: bool) -> Self {
+                Self {
+                    builder: self.builder.metrics_name_label(on),
+                    ..self
+                }
+            }
+
             #[doc = concat!("Key prefix: as [`", $async, "::prefix`](crate::", $async, "::prefix).")]
             pub fn prefix(self, prefix: impl Into<String>) -> Self {
                 Self {

@@ -234,7 +234,13 @@ impl RedisBuilder {
             }
         };
         #[cfg(feature = "redis-tls")]
-        if matches!(&self.source, Source::Url(url) if url.starts_with("rediss://")) {
+        if match &self.source {
+            Source::Url(url) => url.starts_with("rediss://"),
+            Source::Client(client, _) => matches!(
+                client.get_connection_info().addr(),
+                redis::ConnectionAddr::TcpTls { .. }
+            ),
+        } {
             // rustls needs a process-wide crypto provider; install ours unless the
             // application already chose one (then this is a no-op).
             let _ = rustls::crypto::ring::default_provider().install_default();
