@@ -159,7 +159,7 @@ pub(crate) enum Command {
     /// Otherwise, or with --json, one JSON object per refresh per line. Not on memcache://
     /// or postgres://…?mode=advisory (they cannot list locks), nor redlock:// (watch each
     /// node).
-    Top(crate::cmd::top::TopArgs),
+    Top(TopArgs),
     /// Delete NAME whoever holds it. Dangerous: the holder keeps working until it notices.
     ForceUnlock(ForceUnlockArgs),
     /// Seed 003's oversell demo: worker processes deduct stock four ways.
@@ -414,4 +414,49 @@ fn parse_min_hold(s: &str) -> Result<Duration, String> {
         ));
     }
     Ok(d)
+}
+
+/// `dlock top`'s arguments.
+#[derive(Debug, Args)]
+pub(crate) struct TopArgs {
+    /// Glob over lock names (* and ?).
+    #[arg(default_value = "*")]
+    pub(crate) pattern: String,
+    #[command(flatten)]
+    pub(crate) store: Store,
+    /// Only these kinds of primitive (repeat, or separate with commas); default: every kind
+    /// the store has (with a --prefix of your own: lock, unless named here).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub(crate) kind: Vec<Kind>,
+    /// Refresh every this long (e.g. 500ms, 2s).
+    #[arg(long, value_parser = parse_duration, default_value = "1s")]
+    pub(crate) interval: Duration,
+    /// Order of the rows (on a terminal, `s` switches to the next).
+    #[arg(long, value_enum, default_value_t = SortBy::Name)]
+    pub(crate) sort: SortBy,
+    /// At most this many locks per refresh (the header says when there were more).
+    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u64).range(1..))]
+    pub(crate) limit: u64,
+    /// Stop after N refreshes (default: until q, Ctrl-C or SIGTERM).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub(crate) iterations: Option<u64>,
+    /// One JSON object per refresh, one per line ({"t": …, "locks": […]}); also what is
+    /// printed when stdout is not a terminal.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+/// The orders `--sort` offers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum SortBy {
+    /// By name (then kind).
+    Name,
+    /// Soonest to expire first.
+    Ttl,
+    /// Highest last fence first (the most often granted).
+    Fence,
+    /// Most waiters first.
+    Waiters,
+    /// Held longest first (by the holder's `since`).
+    Since,
 }

@@ -82,7 +82,7 @@ async fn dispatch(command: Command) -> Result<u8, Failure> {
         }
         Command::Status(args) => target::status(connect(&args.store, false).await?, args).await,
         Command::List(args) => target::list(connect(&args.store, false).await?, args).await,
-        Command::Top(args) => cmd::top::top(connect(&args.store, false).await?, args).await,
+        Command::Top(args) => target::top(connect(&args.store, false).await?, args).await,
         Command::ForceUnlock(args) => {
             target::force_unlock(connect(&args.store, false).await?, args).await
         }

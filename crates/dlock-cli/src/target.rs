@@ -10,6 +10,7 @@ use dlock::{LockGuard, MIN_TTL};
 
 use crate::args::{
     AcquireArgs, ExtendArgs, ForceUnlockArgs, ListArgs, RunArgs, StatusArgs, Store, TokenArgs,
+    TopArgs,
 };
 use crate::cmd::{self, Layout};
 use crate::exit::Failure;
@@ -211,6 +212,29 @@ pub(crate) async fn force_unlock(target: Target, args: ForceUnlockArgs) -> Resul
 /// The URL schemes `--url` accepts.
 const SCHEMES: &str = "redis://, rediss://, redis+unix://, redis+sentinel://, \
                        redis+cluster://, redlock://, memcache://, etcd://, postgres://, zk://";
+
+/// `dlock top`, one arm per store.
+pub(crate) async fn top(target: Target, args: TopArgs) -> Result<u8, Failure> {
+    match target {
+        Target::Redis(b) => cmd::top::every_kind(b, true, args).await,
+        Target::Memory(b) => cmd::top::every_kind(b, false, args).await,
+        Target::Postgres(b) => cmd::top::every_kind(b, false, args).await,
+        Target::ZooKeeper(z) => cmd::top::every_kind(z, false, args).await,
+        Target::Etcd(e) => cmd::top::plain_only(e, "etcd://", args).await,
+        Target::Quorum(_) => Err(Failure::usage(
+            "redlock:// is several independent stores, and dlock top watches one: watch each \
+             node (redis://host:port), or ask them all with `dlock list` / `dlock status`",
+        )),
+        Target::Memcached(_) => Err(Failure::usage(
+            "memcache:// cannot list locks: memcached has no key iteration (only a debug dump \
+             of its whole cache); ask for a lock by name with `dlock status NAME`",
+        )),
+        Target::PgAdvisory(_) => Err(Failure::usage(
+            "postgres://…?mode=advisory cannot list locks: PostgreSQL keeps only a 64-bit hash \
+             of each lock's name; ask for a lock by name with `dlock status NAME`",
+        )),
+    }
+}
 
 /// Connects to the store named by `--url` / `DLOCK_URL`. `memory://` (in-process) is
 /// accepted only where `allow_memory` says so: a lock in one process's memory excludes

@@ -12,9 +12,8 @@ use std::collections::HashSet;
 use std::fmt::Write as _;
 use std::io::{IsTerminal, Read, Write};
 use std::os::fd::AsFd;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
-use clap::Args;
 use dlock::raw::{LockState, RawInspect};
 use dlock::{HolderInfo, Lock};
 use nix::sys::signal::Signal;
@@ -28,59 +27,14 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use super::{abbreviate, compact, kinds, last_cell, millis, or_dash};
-use crate::args::{Kind, Store, parse_duration};
+use crate::args::{Kind, SortBy, TopArgs};
 use crate::exit::{self, Failure};
-use crate::target::Target;
 
 /// How many locks are inspected at once.
 const CONCURRENCY: usize = 16;
 
 /// The longest NAME shown in full on the terminal (JSON always has it whole).
 const NAME_WIDTH: usize = 48;
-
-#[derive(Debug, Args)]
-pub(crate) struct TopArgs {
-    /// Glob over lock names (* and ?).
-    #[arg(default_value = "*")]
-    pub(crate) pattern: String,
-    #[command(flatten)]
-    pub(crate) store: Store,
-    /// Only these kinds of primitive (repeat, or separate with commas); default: every kind
-    /// the store has (with a --prefix of your own: lock, unless named here).
-    #[arg(long, value_enum, value_delimiter = ',')]
-    pub(crate) kind: Vec<Kind>,
-    /// Refresh every this long (e.g. 500ms, 2s).
-    #[arg(long, value_parser = parse_duration, default_value = "1s")]
-    pub(crate) interval: Duration,
-    /// Order of the rows (on a terminal, `s` switches to the next).
-    #[arg(long, value_enum, default_value_t = SortBy::Name)]
-    pub(crate) sort: SortBy,
-    /// At most this many locks per refresh (the header says when there were more).
-    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u64).range(1..))]
-    pub(crate) limit: u64,
-    /// Stop after N refreshes (default: until q, Ctrl-C or SIGTERM).
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
-    pub(crate) iterations: Option<u64>,
-    /// One JSON object per refresh, one per line ({"t": …, "locks": […]}); also what is
-    /// printed when stdout is not a terminal.
-    #[arg(long)]
-    pub(crate) json: bool,
-}
-
-/// The orders `--sort` offers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub(crate) enum SortBy {
-    /// By name (then kind).
-    Name,
-    /// Soonest to expire first.
-    Ttl,
-    /// Highest last fence first (the most often granted).
-    Fence,
-    /// Most waiters first.
-    Waiters,
-    /// Held longest first (by the holder's `since`).
-    Since,
-}
 
 impl SortBy {
     fn name(self) -> &'static str {
@@ -122,27 +76,23 @@ fn kind_name(kind: Kind) -> &'static str {
     }
 }
 
-/// `dlock top`, one arm per store.
-pub(crate) async fn top(target: Target, args: TopArgs) -> Result<u8, Failure> {
-    match target {
-        Target::Redis(b) => watch(EveryKind::redis(b), args).await,
-        Target::Memory(b) => watch(EveryKind::new(b), args).await,
-        Target::Postgres(b) => watch(EveryKind::new(b), args).await,
-        Target::ZooKeeper(z) => watch(EveryKind::new(z), args).await,
-        Target::Etcd(e) => watch(PlainOnly(e, "etcd://"), args).await,
-        Target::Quorum(_) => Err(Failure::usage(
-            "redlock:// is several independent stores, and dlock top watches one: watch each \
-             node (redis://host:port), or ask them all with `dlock list` / `dlock status`",
-        )),
-        Target::Memcached(_) => Err(Failure::usage(
-            "memcache:// cannot list locks: memcached has no key iteration (only a debug dump \
-             of its whole cache); ask for a lock by name with `dlock status NAME`",
-        )),
-        Target::PgAdvisory(_) => Err(Failure::usage(
-            "postgres://…?mode=advisory cannot list locks: PostgreSQL keeps only a 64-bit hash \
-             of each lock's name; ask for a lock by name with `dlock status NAME`",
-        )),
-    }
+/// `dlock top` on a store with every kind of primitive; `redis` where companion keys can
+/// look like locks (see [`redis_companion`]).
+pub(crate) async fn every_kind<B: kinds::AnyKind>(
+    backend: B,
+    redis: bool,
+    args: TopArgs,
+) -> Result<u8, Failure> {
+    watch(EveryKind { backend, redis }, args).await
+}
+
+/// `dlock top` on a store with the plain lock only (etcd); `scheme` names it in errors.
+pub(crate) async fn plain_only<B: RawInspect>(
+    backend: B,
+    scheme: &'static str,
+    args: TopArgs,
+) -> Result<u8, Failure> {
+    watch(PlainOnly(backend, scheme), args).await
 }
 
 /// What `top` needs of a store: the names of one kind's held locks, and their state.
@@ -183,22 +133,6 @@ struct EveryKind<B> {
     backend: B,
     /// Where companion keys can look like locks (Redis; see [`redis_companion`]).
     redis: bool,
-}
-
-impl<B> EveryKind<B> {
-    fn new(backend: B) -> Self {
-        EveryKind {
-            backend,
-            redis: false,
-        }
-    }
-
-    fn redis(backend: B) -> Self {
-        EveryKind {
-            backend,
-            redis: true,
-        }
-    }
 }
 
 /// Redis keeps a lock's companion keys (waiters, readers, permit holders) beside the lock
