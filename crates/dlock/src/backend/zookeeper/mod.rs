@@ -289,20 +289,7 @@ pub fn escape(s: &str) -> String {
 
 /// The inverse of [`escape`]; `None` for a name it cannot have made.
 pub fn unescape(s: &str) -> Option<String> {
-    let mut out = Vec::with_capacity(s.len());
-    let bytes = s.as_bytes();
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = s.get(i + 1..i + 3)?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).ok()
+    crate::holder::decode(s)
 }
 
 /// The directory of a lock: `/<K>`.
