@@ -288,6 +288,90 @@ mod plain_line {
     );
 }
 
+/// Each primitive's behaviours as the user of that primitive's own line, which grants
+/// nothing else: a command or key pattern the line lacks fails a behaviour or shows in
+/// `ACL LOG` (checked on drop).
+mod semaphore_line {
+    fn target() -> super::AclTarget {
+        super::AclTarget::start(&super::documented("dlock-semaphore"))
+    }
+    crate::conformance_tests!(target();
+        semaphore_never_exceeds_its_permits,
+        semaphore_permits_of_a_dead_holder_come_back,
+        semaphore_many_permits_and_counts,
+        semaphore_waiters_wake_and_lost_permits_fire,
+    );
+}
+
+mod reentrant_line {
+    fn target() -> super::AclTarget {
+        super::AclTarget::start(&super::documented("dlock-reentrant"))
+    }
+    crate::family_tests!(target();
+        reentrant_excludes_other_owners,
+        reentrant_counts_holds,
+        reentrant_lost_cancel_and_expiry,
+    );
+}
+
+mod rwlock_line {
+    fn target() -> super::AclTarget {
+        super::AclTarget::start(&super::documented("dlock-rwlock"))
+    }
+    crate::family_tests!(target();
+        rwlock_readers_share_writers_exclude,
+        rwlock_writer_is_not_starved,
+        rwlock_downgrade_expiry_and_cancel,
+    );
+}
+
+mod fair_line {
+    fn target() -> super::AclTarget {
+        super::AclTarget::start(&super::documented("dlock-fair"))
+    }
+    crate::family_tests!(target();
+        fair_lock_grants_in_arrival_order,
+        fair_lock_cancelled_and_crashed_waiters,
+    );
+}
+
+mod election_line {
+    fn target() -> super::AclTarget {
+        super::AclTarget::start(&super::documented("dlock-election"))
+    }
+    crate::election_tests!(target();
+        election_one_leader_at_a_time,
+        election_leader_reports_term_and_value,
+        election_resign_hands_over,
+        election_observe_sees_every_change_in_order,
+        election_deposed_leader_is_refused,
+    );
+}
+
+/// The per-primitive lines are confined to their own keys: a user of one line cannot
+/// take another primitive's lock (the plain lock here), and the refusal is typed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primitive_s_line_grants_no_other_primitive() {
+    for user in [
+        "dlock-semaphore",
+        "dlock-reentrant",
+        "dlock-rwlock",
+        "dlock-fair",
+        "dlock-election",
+    ] {
+        let mut t = AclTarget::start(&documented(user));
+        t.denials_expected = true;
+        let lock = Lock::new(t.client().await, unique("acl-other")).expect("valid");
+        let err = lock.try_lock().await.map(|_| ()).expect_err("not its keys");
+        assert_eq!(err.kind(), ErrorKind::Backend, "{user}: {err}");
+        assert!(
+            t.denials().iter().any(|(reason, _)| reason == "key"),
+            "{user}: {:?}",
+            t.denials()
+        );
+    }
+}
+
 /// The plain lock's inspection and force-unlock, and RedLock members, as the plain user.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_plain_line_inspects_force_unlocks_and_serves_redlock() {
@@ -468,6 +552,81 @@ async fn the_plain_line_grants_no_other_primitive() {
         .map(|_| ())
         .expect_err("not its keys");
     assert_eq!(err.kind(), ErrorKind::Backend, "{err}");
+}
+
+/// Every rule of the plain lock's line is needed: with any one of them taken away, the
+/// plain lock's whole life (a grant and its fence, inspection, extend, a waiter queued
+/// and woken by the release, force-unlock) fails somewhere or shows a denial in
+/// `ACL LOG`. The rules a short run cannot reach are named here with the reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_rule_of_the_plain_line_is_needed() {
+    // `PING`: sent only when a subscription connection comes back after a reconnect;
+    // `UNSUBSCRIBE`: only once a channel has had no waiter for two seconds (a refusal
+    // leaves the channel subscribed, harmless: `a_refused_subscription_shows_in_the_acl_log`
+    // shows refusals of the subscription side in `ACL LOG`).
+    // `ZREMRANGEBYSCORE`: only when a waiter's claim lapsed (its client died queued);
+    // `ZSCORE`: only when the lock is free while another waiter heads the queue (a barger
+    // refused) or a head that takes no hand-over is woken.
+    const NOT_REACHED: &[&str] = &["+ping", "+unsubscribe", "+zremrangebyscore", "+zscore"];
+    let line = plain();
+    // rules[0..4]: the user, `reset`, `on`, the password.
+    for rule in &line[4..] {
+        if NOT_REACHED.contains(&rule.as_str()) {
+            continue;
+        }
+        let mut t = AclTarget::start(&without(line.clone(), rule));
+        t.denials_expected = true;
+        // A plain name (companions and channels under `{dlock:…}`) and one with a hash tag
+        // of its own (under `dlock:{…}`).
+        let failed = plain_lock_life(&t, &unique("acl-rule")).await.is_err()
+            || plain_lock_life(&t, &format!("{{{}}}:rule", unique("acl-tag")))
+                .await
+                .is_err();
+        let denials = t.denials();
+        assert!(
+            failed || !denials.is_empty(),
+            "without {rule} the plain lock neither failed nor was denied anything: the page \
+             lists a rule dlock does not need"
+        );
+    }
+}
+
+/// The plain lock's operations, each through the store; the first error ends it.
+async fn plain_lock_life(t: &AclTarget, name: &str) -> dlock::Result<()> {
+    let client = Redis::connect(t.url()).await?;
+    let lock = Lock::new(client.clone(), name)?;
+    let guard = lock
+        .try_lock()
+        .await?
+        .ok_or_else(|| dlock::Error::new(ErrorKind::InvalidArgument, "the fresh name was held"))?;
+    lock.state().await?;
+    guard.extend(Duration::from_secs(10)).await?;
+    // Two waiters, so that one queues behind the other: the release wakes the head, whose
+    // release then wakes the second.
+    let mut waits = Vec::new();
+    for _ in 0..2 {
+        let waiter = Lock::new(Redis::connect(t.url()).await?, name)?;
+        waits.push(tokio::spawn(async move {
+            let next = waiter.try_lock_for(Duration::from_secs(3)).await?;
+            // A waiter that was never woken by the release still gets the lock from its
+            // fallback timer later; only the release's wake-up comes within the bound.
+            let next = next.ok_or_else(|| dlock::Error::new(ErrorKind::TimedOut, "not woken"))?;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            next.release().await
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    guard.release().await?;
+    for wait in waits {
+        wait.await.expect("the waiting task")?;
+    }
+    let next = lock
+        .try_lock()
+        .await?
+        .ok_or_else(|| dlock::Error::new(ErrorKind::InvalidArgument, "released, yet held"))?;
+    lock.force_unlock().await?;
+    let _ = next.release().await;
+    Ok(())
 }
 
 /// Sentinel mode with the documented add-on (`+role` on the data node): the plain lock
