@@ -14,6 +14,8 @@ struct Case {
     fenced: bool,
     /// Why `list` is refused (a word of the message), if it is.
     list_refused: Option<&'static str>,
+    /// Why `top` is refused (a word of the message), if it is.
+    top_refused: Option<&'static str>,
     /// Expiry on a whole-second clock (memcached, etcd's leases): remaining ttls read up
     /// to this much above the asked-for ttl.
     slack: Duration,
@@ -229,6 +231,9 @@ fn round_trip(case: &Case) {
         );
     }
 
+    // top: one JSON refresh with both held locks and who holds them.
+    top_shows_the_holders(case, &acquired, &other_token);
+
     // release by token from another process (DLOCK_TOKEN); a second release is refused.
     let out = output(
         dlock(url)
@@ -264,6 +269,60 @@ fn round_trip(case: &Case) {
     }
     let out = output(dlock(url).args(["run", "--no-wait", &quick, "--", "true"]));
     assert!(out.status.success(), "{label}: {}", stderr(&out));
+}
+
+/// `dlock top --json --iterations 1` while `matrix-<label>` (acquired: `acquired`, with
+/// `--info "matrix job"`) and `other-<label>` (`other_token`) are held: one refresh, one
+/// line, a row per lock with its holder (abbreviated) and metadata; or, where the store
+/// cannot list, the usage code and why, nothing drawn.
+fn top_shows_the_holders(case: &Case, acquired: &serde_json::Value, other_token: &str) {
+    let (url, label) = (case.url.as_str(), case.label);
+    let pattern = format!("*-{label}");
+    let out = output(dlock(url).args(["top", "--json", "--iterations", "1", &pattern]));
+    if let Some(why) = case.top_refused {
+        assert_refused(&out, USAGE, why);
+        assert!(out.stdout.is_empty(), "{label}: nothing drawn: {out:?}");
+        return;
+    }
+    assert!(out.status.success(), "{label}: {}", stderr(&out));
+    let text = String::from_utf8(out.stdout).expect("utf-8");
+    assert_eq!(
+        text.lines().count(),
+        1,
+        "{label}: one refresh, one line: {text}"
+    );
+    let token = acquired["token"].as_str().expect("token");
+    assert!(!text.contains(token), "{label}: the token leaked: {text}");
+    let tick: serde_json::Value = serde_json::from_str(&text).expect("json");
+    let locks = tick["locks"].as_array().unwrap_or_else(|| panic!("{tick}"));
+    let row = |name: &str| {
+        locks
+            .iter()
+            .find(|l| l["name"] == name && l["kind"] == "lock")
+            .unwrap_or_else(|| panic!("{label}: {name} not in {tick}"))
+    };
+    let job = row(&format!("matrix-{label}"));
+    assert_eq!(job["held"], true, "{label}: {job}");
+    assert_abbreviates(job["holder"].as_str().expect("holder"), token);
+    assert_eq!(job["command"], "matrix job", "{label}: {job}");
+    assert_eq!(job["pid"], std::process::id(), "{label}: {job}");
+    assert!(job["host"].as_str().is_some_and(|h| !h.is_empty()), "{job}");
+    assert!(job["since_ms"].as_u64().is_some(), "{label}: {job}");
+    assert_eq!(job["last_fence"], acquired["fence"], "{label}: {job}");
+    // Extended to 9 s just before.
+    assert!(
+        job["remaining_ms"]
+            .as_u64()
+            .is_some_and(|ms| ms > 0 && ms <= 9_000 + millis(case.slack)),
+        "{label}: {job}"
+    );
+    let other = row(&format!("other-{label}"));
+    assert_eq!(other["held"], true, "{label}: {other}");
+    assert_abbreviates(other["holder"].as_str().expect("holder"), other_token);
+    assert!(
+        locks.iter().all(|l| l["held"] == true),
+        "{label}: only held locks: {tick}"
+    );
 }
 
 fn millis(d: Duration) -> u64 {
@@ -314,6 +373,7 @@ fn redis_single_every_command() {
         url: server.url(),
         fenced: true,
         list_refused: None,
+        top_refused: None,
         slack: Duration::ZERO,
     };
     round_trip(&case);
@@ -382,6 +442,7 @@ fn redis_sentinel_and_cluster_every_command() {
         url: format!("redis+sentinel://{}/mymaster", sentinel.addr()),
         fenced: true,
         list_refused: None,
+        top_refused: None,
         slack: Duration::ZERO,
     });
     let cluster = dlock_test::cluster::RedisCluster::start(3, 0).expect("cluster");
@@ -390,6 +451,7 @@ fn redis_sentinel_and_cluster_every_command() {
         url: cluster.url(),
         fenced: true,
         list_refused: None,
+        top_refused: None,
         slack: Duration::ZERO,
     });
 }
@@ -411,6 +473,7 @@ fn redlock_every_command() {
         url: url.clone(),
         fenced: false,
         list_refused: None,
+        top_refused: Some("several independent stores"),
         slack: Duration::ZERO,
     });
     let out = output(dlock(&url).args(["acquire", "--ttl", "20s", "split"]));
@@ -455,6 +518,7 @@ fn memcached_every_command_but_list() {
         url: server.url(),
         fenced: true,
         list_refused: Some("no key iteration"),
+        top_refused: Some("no key iteration"),
         slack: Duration::from_secs(1),
     });
     let out = output(dlock(&server.url()).args(["list"]));
@@ -471,10 +535,15 @@ fn etcd_every_command() {
         url: cluster.url(),
         fenced: true,
         list_refused: None,
+        top_refused: None,
         slack: Duration::from_secs(1),
     });
     let s = run_shows_its_holder(&cluster.url(), "running");
     assert!(!s["holder_info"].is_null(), "{s}");
+    // top watches the one kind etcd has.
+    let out =
+        output(dlock(&cluster.url()).args(["top", "--iterations", "1", "--kind", "semaphore"]));
+    assert_refused(&out, USAGE, "plain lock only");
 }
 
 /// PostgreSQL in lease mode does everything; in advisory mode a hold is its session's:
@@ -488,6 +557,7 @@ fn postgres_lease_and_advisory_mode_every_command() {
         url: pg.url(),
         fenced: true,
         list_refused: None,
+        top_refused: None,
         slack: Duration::ZERO,
     });
     let advisory = format!("{}?mode=advisory", pg.url());
@@ -502,6 +572,9 @@ fn postgres_lease_and_advisory_mode_every_command() {
     }
     let out = output(dlock(&advisory).args(["list"]));
     assert_refused(&out, USAGE, "hash");
+    let out = output(dlock(&advisory).args(["top", "--json", "--iterations", "1"]));
+    assert_refused(&out, USAGE, "hash");
+    assert!(out.stdout.is_empty(), "nothing drawn: {out:?}");
     // The holder is its session (shown whole: no secret); no metadata is stored.
     let s = run_shows_its_holder(&advisory, "in-a-session");
     assert!(
@@ -562,6 +635,27 @@ fn zookeeper_every_command() {
     assert_eq!(rows[0]["name"], "listed", "{rows}");
     assert_eq!(rows[0]["holder_info"]["command"], "sleep", "{rows}");
     assert_eq!(rows[0]["holder_info"]["pid"], holder.id(), "{rows}");
+    // top: the held lock with its holder; a session's hold has no stored ttl.
+    let out = output(dlock(&url).args(["top", "--json", "--iterations", "1"]));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let tick: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one refresh");
+    let locks = tick["locks"].as_array().unwrap_or_else(|| panic!("{tick}"));
+    assert_eq!(locks.len(), 1, "{tick}");
+    let row = &locks[0];
+    assert_eq!(
+        (&row["kind"], &row["name"], &row["held"]),
+        (&"lock".into(), &"listed".into(), &true.into()),
+        "{row}"
+    );
+    assert_eq!(row["holder"], rows[0]["holder"], "{row}");
+    assert!(
+        row["holder"].as_str().is_some_and(|h| h.ends_with('…')),
+        "abbreviated: {row}"
+    );
+    assert_eq!(row["command"], "sleep", "{row}");
+    assert_eq!(row["pid"], holder.id(), "{row}");
+    assert!(row["last_fence"].as_u64().is_some_and(|f| f > 0), "{row}");
+    assert!(row["remaining_ms"].is_null(), "{row}");
     let out = output(dlock(&url).args(["force-unlock", "--yes", "listed"]));
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(
@@ -581,6 +675,7 @@ fn memory_is_refused_by_every_command() {
         &["status", "x"],
         &["list"],
         &["force-unlock", "--yes", "x"],
+        &["top", "--iterations", "1"],
     ] {
         let out = output(dlock("memory://").args(args));
         assert_refused(&out, USAGE, "in-process");

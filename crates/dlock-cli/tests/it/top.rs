@@ -233,6 +233,20 @@ fn top_json_streams_one_object_per_refresh_with_the_holders() {
             .expect("semaphore");
         (guard, sem.acquire().await.expect("permit"), token)
     });
+    // Another client waits for json-job: one waiter, in the lock's queue.
+    let queue = rt.block_on(async {
+        let redis = Redis::connect(&url).await.expect("connect");
+        Lock::new(redis, "json-job").expect("lock")
+    });
+    let waiting = queue.clone();
+    let waiter = rt.spawn(async move { waiting.lock().await.expect("granted") });
+    rt.block_on(async {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while queue.state().await.expect("state").queued != Some(1) {
+            assert!(Instant::now() < deadline, "the waiter never queued");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    });
 
     let out =
         output(dlock(&url).args(["top", "--json", "--iterations", "3", "--interval", "100ms"]));
@@ -268,6 +282,8 @@ fn top_json_streams_one_object_per_refresh_with_the_holders() {
             "{job}"
         );
         assert!(job["since_ms"].as_u64().is_some(), "{job}");
+        assert_eq!(job["queued"], 1, "{job}");
+        assert_eq!(job["waiters"], 1, "the client waiting for it: {job}");
         let slots = locks
             .iter()
             .find(|l| l["name"] == "json-slots")
@@ -275,7 +291,40 @@ fn top_json_streams_one_object_per_refresh_with_the_holders() {
         assert_eq!(slots["kind"], "semaphore");
         assert_eq!(slots["hold_count"], 1, "{slots}");
         assert_eq!(slots["holders"], 1, "{slots}");
+        assert!(
+            slots["waiters"].as_u64().is_none_or(|w| w == 0),
+            "nobody waits for a permit: {slots}"
+        );
     }
+
+    // --sort: by name (the default), and most waiters first (a lock nobody waits for,
+    // named to come first by name, comes after the one with a waiter).
+    let first = rt.block_on(async {
+        let redis = Redis::connect(&url).await.expect("connect");
+        let lock = Lock::new(redis, "json-aaa").expect("lock");
+        lock.lock().await.expect("lock")
+    });
+    let order = |sort: &[&str]| -> Vec<String> {
+        let out = output(
+            dlock(&url)
+                .args(["top", "--json", "--iterations", "1"])
+                .args(sort),
+        );
+        assert!(out.status.success(), "{}", stderr(&out));
+        let tick: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+        tick["locks"]
+            .as_array()
+            .expect("locks")
+            .iter()
+            .map(|l| l["name"].as_str().expect("name").to_owned())
+            .collect()
+    };
+    assert_eq!(order(&[]), ["json-aaa", "json-job", "json-slots"]);
+    assert_eq!(
+        order(&["--sort", "waiters"]),
+        ["json-job", "json-aaa", "json-slots"],
+        "the lock with a waiter first"
+    );
 
     // Off a terminal, JSON without asking; --kind and PATTERN filter.
     let out = output(dlock(&url).args(["top", "--iterations", "1", "--kind", "semaphore"]));
@@ -305,7 +354,11 @@ fn top_json_streams_one_object_per_refresh_with_the_holders() {
     assert_eq!(out.status.code(), Some(USAGE), "{}", stderr(&out));
 
     rt.block_on(async {
+        first.release().await.expect("release");
         guard.release().await.expect("release");
+        // The waiter gets the lock, then gives it back.
+        let granted = waiter.await.expect("the waiter's task");
+        granted.release().await.expect("release");
         permit.release().await.expect("release");
     });
     let out = output(dlock(&url).args(["top", "--json", "--iterations", "1"]));

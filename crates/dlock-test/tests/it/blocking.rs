@@ -6,15 +6,16 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use dlock::backend::{Memcached, Memory, Redis};
+use dlock::backend::{Etcd, Memcached, Memory, Postgres, Redis, ZooKeeper};
 use dlock::blocking::{
-    Client, DROP_RELEASE_WAIT, Election, FairLock, Lock, ReentrantLock, RwLock, Semaphore,
-    current_thread_owner,
+    Client, DROP_RELEASE_WAIT, Election, FairLock, Lock, ReentrantLock, RwLock, SHUTDOWN_WAIT,
+    Semaphore, current_thread_owner,
 };
 use dlock::raw::{RawElection, RawFair, RawLock, RawReentrant, RawRwLock, RawSemaphore};
 use dlock::{ErrorKind, Owner};
-use dlock_test::conformance::unique;
+use dlock_test::conformance::{Target, unique};
 use dlock_test::server::{MemcachedServer, RedisServer};
+use dlock_test::targets::{EtcdTarget, PostgresTarget, ZooKeeperTarget};
 
 /// A store that blocking clients connect to.
 trait Store {
@@ -115,6 +116,69 @@ impl Store for MemcachedStore {
     }
 }
 
+/// A store the conformance suite's (async) target starts and administers: blocking
+/// clients connect with `connect`, keys are deleted and ttls chosen as the target does.
+struct TargetStore<T: Target> {
+    target: T,
+    connect: fn(&T) -> dlock::Result<Client<T::Backend>>,
+}
+
+impl<T: Target> Store for TargetStore<T>
+where
+    T::Backend: RawElection,
+{
+    type B = T::Backend;
+
+    /// Retried for a few seconds: a fresh etcd member may still be electing itself.
+    fn client(&self) -> Client<T::Backend> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match (self.connect)(&self.target) {
+                Ok(client) => return client,
+                Err(_) if Instant::now() < deadline => thread::sleep(Duration::from_millis(100)),
+                Err(e) => panic!("connect: {e}"),
+            }
+        }
+    }
+
+    /// On a runtime of the test thread's own for the call (no blocking client's).
+    fn delete_key(&self, key: &str) {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime")
+            .block_on(self.target.delete_key(key));
+    }
+
+    fn ttl(&self, wanted: Duration) -> Duration {
+        self.target.ttl(wanted)
+    }
+}
+
+/// A single-member etcd (leases of whole seconds: the target lengthens short ttls).
+fn etcd_store() -> TargetStore<EtcdTarget> {
+    TargetStore {
+        target: EtcdTarget::start(),
+        connect: |t| Client::<Etcd>::connect_etcd(&t.cluster.url()),
+    }
+}
+
+/// A private PostgreSQL (lease mode).
+fn postgres_store() -> TargetStore<PostgresTarget> {
+    TargetStore {
+        target: PostgresTarget::start(),
+        connect: |t| Client::<Postgres>::connect_postgres(&t.server.url()),
+    }
+}
+
+/// A chroot of its own on the shared ZooKeeper; each client its own session.
+fn zookeeper_store() -> TargetStore<ZooKeeperTarget> {
+    TargetStore {
+        target: ZooKeeperTarget::start(),
+        connect: |t| Client::<ZooKeeper>::connect_zookeeper(&t.url()),
+    }
+}
+
 /// One `#[test]` per behaviour, against a fresh store each.
 macro_rules! blocking_tests {
     ($store:expr; $($behaviour:ident),* $(,)?) => {
@@ -174,6 +238,11 @@ mod redis {
     fn drop_returns_while_the_store_is_frozen() {
         super::drop_returns_while_the_store_is_frozen(&mut RedisStore::start());
     }
+
+    #[test]
+    fn dropped_leadership_returns_while_the_store_is_frozen() {
+        super::dropped_leadership_returns_while_the_store_is_frozen(&mut RedisStore::start());
+    }
 }
 
 mod memcached {
@@ -187,6 +256,66 @@ mod memcached {
         wait_lost_fires_on_external_delete,
         fences_strictly_increase,
         dropped_guard_is_released_when_drop_returns,
+    );
+}
+
+/// etcd has the plain lock and elections (no semaphore, reentrant, read-write or fair
+/// lock): every behaviour of those.
+mod etcd {
+    blocking_tests!(super::etcd_store();
+        mutual_exclusion,
+        try_lock_is_none_while_held_and_release_frees_at_once,
+        without_watchdog_lease_ends_at_ttl,
+        watchdog_renews_while_the_thread_sleeps,
+        wait_lost_fires_on_external_delete,
+        fences_strictly_increase,
+        extend_resets_lease,
+        dropped_guard_is_released_when_drop_returns,
+        guards_outlive_their_client,
+        inside_a_runtime_is_a_typed_error,
+        election_leads_observes_and_hands_over,
+    );
+}
+
+mod postgres {
+    blocking_tests!(super::postgres_store();
+        mutual_exclusion,
+        try_lock_is_none_while_held_and_release_frees_at_once,
+        without_watchdog_lease_ends_at_ttl,
+        watchdog_renews_while_the_thread_sleeps,
+        wait_lost_fires_on_external_delete,
+        fences_strictly_increase,
+        extend_resets_lease,
+        dropped_guard_is_released_when_drop_returns,
+        guards_outlive_their_client,
+        inside_a_runtime_is_a_typed_error,
+        semaphore_permits,
+        reentrant_reentry_keeps_the_fence,
+        rwlock_readers_share_writer_excludes,
+        fair_lock_grants_in_arrival_order,
+        election_leads_observes_and_hands_over,
+    );
+}
+
+/// Holds live in the client's session; a lease that is not renewed is ended by its own
+/// client (see the backend's docs), so the expiry behaviours hold here too.
+mod zookeeper {
+    blocking_tests!(super::zookeeper_store();
+        mutual_exclusion,
+        try_lock_is_none_while_held_and_release_frees_at_once,
+        without_watchdog_lease_ends_at_ttl,
+        watchdog_renews_while_the_thread_sleeps,
+        wait_lost_fires_on_external_delete,
+        fences_strictly_increase,
+        extend_resets_lease,
+        dropped_guard_is_released_when_drop_returns,
+        guards_outlive_their_client,
+        inside_a_runtime_is_a_typed_error,
+        semaphore_permits,
+        reentrant_reentry_keeps_the_fence,
+        rwlock_readers_share_writer_excludes,
+        fair_lock_grants_in_arrival_order,
+        election_leads_observes_and_hands_over,
     );
 }
 
@@ -792,6 +921,62 @@ fn drop_returns_while_the_store_is_frozen(store: &mut RedisStore) {
         .expect("store")
         .expect("the abandoned lease expires");
     guard.release().expect("release");
+}
+
+/// With the store frozen, dropping a leadership (it resigns) returns within the documented
+/// bound, and so does the end of its client's runtime after it; once the store wakes, the
+/// rival leads (the resignation went through, or the lease expired) under a greater term.
+fn dropped_leadership_returns_while_the_store_is_frozen(store: &mut RedisStore) {
+    let name = unique("blocking-frozen-leader");
+    let ttl = Duration::from_secs(2);
+    let client = store.client();
+    let election = Election::builder(&client, &name)
+        .ttl(ttl)
+        .build()
+        .expect("valid");
+    let leadership = election.campaign("host-a").expect("campaign");
+    let term = leadership.term();
+    let rival = Election::builder(&store.client(), &name)
+        .ttl(ttl)
+        .build()
+        .expect("valid");
+    assert!(rival.try_campaign("host-b").expect("store").is_none());
+    store.server.freeze().expect("SIGSTOP");
+    // The drops on a thread of their own: one that never returned fails the test (the
+    // wait below runs out) instead of hanging it.
+    let (done, finished) = std::sync::mpsc::channel();
+    let dropper = thread::spawn(move || {
+        let started = Instant::now();
+        drop(leadership);
+        let dropped = started.elapsed();
+        drop(election);
+        let started = Instant::now();
+        drop(client);
+        let _ = done.send((dropped, started.elapsed()));
+    });
+    // Liveness, not speed: the waits are bounded (2 s, 1 s documented); generous margins
+    // for a busy machine.
+    let margin = Duration::from_secs(5);
+    let outcome = finished.recv_timeout(DROP_RELEASE_WAIT + SHUTDOWN_WAIT + 2 * margin);
+    store.server.thaw().expect("SIGCONT");
+    let (dropped, shut_down) =
+        outcome.expect("dropping a leadership on a frozen store never returned");
+    dropper.join().expect("the dropping thread");
+    assert!(
+        dropped < DROP_RELEASE_WAIT + margin,
+        "dropping the leadership blocked {dropped:?} on a frozen store"
+    );
+    assert!(
+        shut_down < SHUTDOWN_WAIT + margin,
+        "dropping the client blocked {shut_down:?} on a frozen store"
+    );
+    let next = rival
+        .campaign_for(ttl * 5, "host-b")
+        .expect("store")
+        .expect("the abandoned term ends");
+    assert!(next.term() > term, "terms must increase");
+    next.resign().expect("resign");
+    assert!(rival.leader().expect("store").is_none(), "nobody leads");
 }
 
 #[test]
