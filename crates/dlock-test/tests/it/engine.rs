@@ -649,3 +649,280 @@ async fn a_second_wait_reuses_the_subscription_and_queues_at_once() {
     // UNSUBSCRIBE.)
     assert_eq!(calls(&mut admin, "evalsha").await, 3);
 }
+
+/// The fallback timer on PostgreSQL: a waiter whose wake-up never comes still gets the lock
+/// by the holder's remaining lease — with waiters waiting in the server on the name's gate
+/// (the default) and without wait sessions (`?wait_connections=0`: the waiters table and
+/// `NOTIFY` only). Bounds are liveness bounds: well past the lease the waiter was told to
+/// wait for, well short of its own ttl (30 s) where that is the alternative.
+mod on_postgres {
+    use std::time::Duration;
+
+    use dlock::backend::Postgres;
+    use dlock::raw::{Acquire, RawLock};
+    use dlock::{Lock, Token};
+    use dlock_test::conformance::{dies_after, unique};
+    use dlock_test::targets::PostgresTarget;
+    use tokio::time::{sleep, timeout};
+
+    use crate::postgres::gate_in;
+
+    /// The URL parameters of the two configurations.
+    const GATE: &str = "";
+    const NO_WAIT_SESSIONS: &str = "?wait_connections=0";
+
+    async fn wait_queued(lock: &Lock<Postgres>, n: u32) {
+        let queued = async {
+            while lock.state().await.expect("store").queued != Some(n) {
+                sleep(Duration::from_millis(10)).await;
+            }
+        };
+        timeout(Duration::from_secs(10), queued)
+            .await
+            .unwrap_or_else(|_| panic!("{n} waiters never queued"));
+    }
+
+    /// A release hands the lock over to a crashed head (queued by a client that still
+    /// listens, so the hand-over is made; nobody takes it, nobody withdraws it — and with
+    /// wait sessions, its session keeps the name's gate for good): the next waiter, woken by
+    /// nothing, gets in by its fallback timer once the head's lease runs out.
+    async fn a_crashed_head_is_covered(params: &str) {
+        let t = PostgresTarget::start();
+        let ttl = Duration::from_secs(2);
+        let url = format!("{}{params}", t.server.url());
+        let client = Postgres::connect(&url).await.expect("connect");
+        let lock = Lock::builder(client.clone(), unique("pg-crashed-head"))
+            .ttl(ttl)
+            .build()
+            .expect("valid");
+        let holder = lock.try_lock().await.expect("store").expect("free");
+        let head = Token::random().expect("token");
+        let reply = client
+            .acquire_or_queue(lock.keys(), &head, ttl)
+            .await
+            .expect("store");
+        assert!(matches!(reply, Acquire::Held { .. }), "the lock is held");
+        let waiter = Lock::builder(Postgres::connect(&url).await.expect("connect"), lock.name())
+            .ttl(ttl)
+            .build()
+            .expect("valid");
+        let next = tokio::spawn(async move { waiter.lock().await });
+        wait_queued(&lock, 2).await;
+        let admin = t.server.admin().await;
+        let key = lock.keys().lock().to_owned();
+        if params == GATE {
+            assert_eq!(
+                gate_in(&admin, "dlock", &key).await.1,
+                1,
+                "the crashed head's wait session keeps the name's gate"
+            );
+        }
+        holder.release().await.expect("release"); // hands over to the crashed head
+        let state = lock.state().await.expect("store");
+        assert_eq!(
+            state.holder.as_deref(),
+            Some(head.as_str()),
+            "the release handed the lock over to the crashed head"
+        );
+        let handed = state.last_fence.expect("a fence");
+        sleep(Duration::from_millis(100)).await;
+        assert!(
+            !next.is_finished(),
+            "the lock is the crashed head's until its lease runs out"
+        );
+        let g = timeout(ttl * 5, next)
+            .await
+            .expect("the next waiter must not hang: its fallback timer covers the crashed head")
+            .expect("task")
+            .expect("lock");
+        assert!(
+            g.fencing_token().get() > handed,
+            "{} after the hand-over's {handed}",
+            g.fencing_token().get()
+        );
+        g.release().await.expect("release");
+        wait_queued(&lock, 0).await;
+        if params == GATE {
+            assert_eq!(
+                gate_in(&admin, "dlock", &key).await,
+                (0, 1),
+                "the waiter got in past the gate the crashed head still keeps"
+            );
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_crashed_head_is_covered_by_the_fallback_timer() {
+        a_crashed_head_is_covered(GATE).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_crashed_head_is_covered_by_the_fallback_timer_without_wait_sessions() {
+        a_crashed_head_is_covered(NO_WAIT_SESSIONS).await;
+    }
+
+    /// Another program holds the row for 2 s and clears it with a statement of its own: no
+    /// hand-over, no `NOTIFY`, no gate freed. The waiter gets in by its fallback timer —
+    /// the foreign holder's remaining lease — not by its own ttl (30 s) nor a gate wait's
+    /// bound (15 s).
+    async fn a_foreign_release_is_covered(params: &str) {
+        let t = PostgresTarget::start();
+        let url = format!("{}{params}", t.server.url());
+        let lock = Lock::builder(
+            Postgres::connect(&url).await.expect("connect"),
+            unique("pg-foreign"),
+        )
+        .ttl(Duration::from_secs(30))
+        .build()
+        .expect("valid");
+        let key = lock.keys().lock().to_owned();
+        let admin = t.server.admin().await;
+        admin
+            .execute(
+                "INSERT INTO dlock.locks AS l (key, holder, expires_at)
+                 VALUES ($1, 'foreign', clock_timestamp() + interval '2 s')
+                 ON CONFLICT (key) DO UPDATE
+                 SET holder = excluded.holder, expires_at = excluded.expires_at",
+                &[&key],
+            )
+            .await
+            .expect("a foreign hold");
+        let waiter = lock.clone();
+        let next = tokio::spawn(async move { waiter.lock().await });
+        wait_queued(&lock, 1).await;
+        assert_eq!(
+            lock.state().await.expect("store").holder.as_deref(),
+            Some("foreign"),
+            "the waiter queued behind the foreign holder"
+        );
+        let cleared = admin
+            .execute(
+                "UPDATE dlock.locks SET holder = NULL, expires_at = NULL
+                 WHERE key = $1 AND holder = 'foreign'",
+                &[&key],
+            )
+            .await
+            .expect("a foreign release");
+        assert_eq!(cleared, 1, "released by the foreign program");
+        let g = timeout(Duration::from_secs(8), next)
+            .await
+            .expect("the waiter gets in by its fallback timer (the foreign holder's lease)")
+            .expect("task")
+            .expect("lock");
+        g.release().await.expect("release");
+        wait_queued(&lock, 0).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_foreign_release_is_covered_by_the_ttl_fallback() {
+        a_foreign_release_is_covered(GATE).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_foreign_release_is_covered_by_the_ttl_fallback_without_wait_sessions() {
+        a_foreign_release_is_covered(NO_WAIT_SESSIONS).await;
+    }
+
+    /// The waiter's client loses every session it has in the server
+    /// (`pg_terminate_backend` by its `application_name`: its `LISTEN` session, its wait
+    /// session and the gate with it, its pooled connections), then the holder's process
+    /// vanishes without a release: no wake-up can come. The waiter reconnects, waits on,
+    /// and gets the lock by its fallback timer once the dead holder's lease runs out.
+    async fn vanished_holder_after_lost_sessions(params: &str) {
+        let t = PostgresTarget::start();
+        let ttl = Duration::from_secs(3);
+        let url = format!("{}{params}", t.server.url());
+        let name = unique("pg-vanished");
+        let (die, dying) = tokio::sync::oneshot::channel::<()>();
+        let (held_tx, held) = tokio::sync::oneshot::channel::<u64>();
+        let (holder_url, holder_name) = (url.clone(), name.clone());
+        // The holder's whole client lives in a runtime of its own that is shut down when
+        // told, as its process would end: no release, no renewal after that.
+        let vanishing = tokio::task::spawn_blocking(move || {
+            dies_after(async move {
+                let pg = Postgres::connect(&holder_url).await.expect("connect");
+                let lock = Lock::builder(pg, holder_name)
+                    .ttl(ttl)
+                    .build()
+                    .expect("valid");
+                let guard = lock.try_lock().await.expect("store").expect("free");
+                let _ = held_tx.send(guard.fencing_token().get());
+                let _ = dying.await; // renewed by its watchdog until then
+                std::mem::forget(guard);
+            });
+        });
+        let fence = held.await.expect("the holder holds the lock");
+        let app = "dlock_fallback_waiter";
+        let sep = if params.contains('?') { '&' } else { '?' };
+        let lock = Lock::builder(
+            Postgres::connect(&format!("{url}{sep}application_name={app}"))
+                .await
+                .expect("connect"),
+            &name,
+        )
+        .ttl(Duration::from_secs(30))
+        .build()
+        .expect("valid");
+        let waiter = lock.clone();
+        let next = tokio::spawn(async move { waiter.lock().await });
+        wait_queued(&lock, 1).await;
+        let admin = t.server.admin().await;
+        let key = lock.keys().lock().to_owned();
+        if params == GATE {
+            assert_eq!(
+                gate_in(&admin, "dlock", &key).await,
+                (0, 1),
+                "the waiter waits at the head, its wait session keeping the gate"
+            );
+        }
+        let killed: i64 = admin
+            .query_one(
+                "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+                 WHERE application_name = $1) t",
+                &[&app],
+            )
+            .await
+            .expect("terminate")
+            .get(0);
+        assert!(
+            killed >= 2,
+            "the waiter's LISTEN session and its connections: {killed}"
+        );
+        // The holder still renews: the waiter, back on new sessions, still waits.
+        sleep(ttl).await;
+        assert!(!next.is_finished(), "the lock is still the live holder's");
+        let _ = die.send(());
+        vanishing.await.expect("the holder's process");
+        let g = timeout(ttl * 5, next)
+            .await
+            .expect("the waiter must not hang: its fallback timer covers the vanished holder")
+            .expect("task")
+            .expect("lock");
+        assert!(
+            g.fencing_token().get() > fence,
+            "{} after the vanished holder's {fence}",
+            g.fencing_token().get()
+        );
+        g.release().await.expect("release");
+        wait_queued(&lock, 0).await;
+        let gate_freed = async {
+            while gate_in(&admin, "dlock", &key).await != (0, 0) {
+                sleep(Duration::from_millis(10)).await;
+            }
+        };
+        timeout(Duration::from_secs(10), gate_freed)
+            .await
+            .expect("no gate left held");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_vanished_holder_is_covered_after_the_waiter_lost_its_sessions() {
+        vanished_holder_after_lost_sessions(GATE).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_vanished_holder_is_covered_after_the_waiter_lost_its_sessions_without_wait_sessions()
+    {
+        vanished_holder_after_lost_sessions(NO_WAIT_SESSIONS).await;
+    }
+}

@@ -36,12 +36,19 @@ async fn claims(admin: &tokio_postgres::Client, key: &str) -> Vec<(String, Strin
 /// Waiters on the name's gate inside the server (advisory lock waits not yet granted) and
 /// sessions holding it.
 async fn gate(admin: &tokio_postgres::Client, key: &str) -> (i64, i64) {
+    gate_in(admin, "dlock", key).await
+}
+
+/// As [`gate`], for the name's gate in `schema` (each schema's gate keys are its own).
+pub(crate) async fn gate_in(admin: &tokio_postgres::Client, schema: &str, key: &str) -> (i64, i64) {
     let row = admin
         .query_one(
-            "SELECT count(*) FILTER (WHERE NOT granted), count(*) FILTER (WHERE granted)
-             FROM pg_locks p
-             WHERE p.locktype = 'advisory' AND p.objsubid = 1
-               AND ((p.classid::bigint << 32) | p.objid::bigint) = dlock.gate_key($1)",
+            &format!(
+                "SELECT count(*) FILTER (WHERE NOT granted), count(*) FILTER (WHERE granted)
+                 FROM pg_locks p
+                 WHERE p.locktype = 'advisory' AND p.objsubid = 1
+                   AND ((p.classid::bigint << 32) | p.objid::bigint) = {schema}.gate_key($1)"
+            ),
             &[&key],
         )
         .await
@@ -327,6 +334,80 @@ async fn holds_and_fences_survive_a_server_crash() {
     next.release().await.expect("release");
 }
 
+/// The other half of a restart: a lease that lapsed while the server was down (frozen for
+/// three ttls, then killed and started again on its data) is lost — `lost()` fires, the
+/// renewal does not bring it back, the old guard's release is `LockLost` — while the
+/// name's fence counter survived: the next grant's fence is higher than the lapsed one's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_that_lapsed_while_the_server_was_down_is_lost_and_fences_still_grow() {
+    let mut t = PostgresTarget::start();
+    let ttl = Duration::from_millis(1000);
+    let lock = Lock::builder(t.client().await, unique("lapsed-crash"))
+        .ttl(ttl)
+        .build()
+        .expect("valid");
+    let guard = lock.try_lock().await.expect("store").expect("free");
+    let fence = guard.fencing_token().get();
+    t.server.freeze();
+    sleep(ttl * 3).await;
+    t.server
+        .restart()
+        .expect("restart (SIGKILL, then start on the same data)");
+    timeout(Duration::from_secs(10), guard.lost())
+        .await
+        .expect("lost() fires: the lease lapsed while the server was down");
+    assert!(guard.is_lost());
+    // The same client reconnects by itself; give a renewal round time to (wrongly) revive
+    // the lease, then look: nobody holds it, and the fence is the one granted before.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let state = loop {
+        match lock.state().await {
+            Ok(s) => break s,
+            Err(e) if e.is_retryable() && Instant::now() < deadline => {
+                sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("client did not recover: {e}"),
+        }
+    };
+    assert_eq!(
+        state.last_fence,
+        Some(fence),
+        "the fence survived the crash"
+    );
+    sleep(ttl).await;
+    let state = lock.state().await.expect("store");
+    assert_eq!(
+        state.holder, None,
+        "a lease that lapsed by the server's clock must stay lapsed after the restart"
+    );
+    let other = Lock::builder(t.client().await, lock.name())
+        .ttl(Duration::from_secs(30))
+        .build()
+        .expect("valid");
+    let next = other
+        .try_lock()
+        .await
+        .expect("store")
+        .expect("free at once: the lapsed lease holds nothing");
+    assert!(
+        next.fencing_token().get() > fence,
+        "fences must grow across a crash that outlasted the lease: {} after {fence}",
+        next.fencing_token().get()
+    );
+    assert!(
+        lock.try_lock().await.expect("store").is_none(),
+        "the new holder excludes the old client"
+    );
+    let err = guard.release().await.expect_err("a lapsed lease");
+    assert_eq!(err.kind(), ErrorKind::LockLost, "{err}");
+    assert_eq!(
+        lock.state().await.expect("store").holder.as_deref(),
+        Some(next.token().as_str()),
+        "the stale release left the new holder's lock alone"
+    );
+    next.release().await.expect("release");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lost_fires_when_the_server_is_frozen_past_the_ttl() {
     let mut t = PostgresTarget::start();
@@ -495,6 +576,102 @@ async fn a_unix_socket_url_and_many_first_clients_at_once_work() {
     }
 }
 
+/// `?schema=` isolates: the same name in two schemas is two locks — both held at once,
+/// fences counted apart, each schema's waiters on a gate of their own (a waiter in one
+/// schema never queues behind a waiter in the other) — while each stays exclusive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_name_in_two_schemas_is_two_locks() {
+    let t = PostgresTarget::start();
+    let name = unique("schemas");
+    let ttl = Duration::from_secs(30);
+    let url = t.server.url();
+    let in_schema = |schema: &'static str| {
+        let url = format!("{url}?schema={schema}");
+        let name = name.clone();
+        async move {
+            let pg = Postgres::connect(&url).await.expect("connect");
+            assert_eq!(pg.schema(), schema);
+            Lock::builder(pg, name).ttl(ttl).build().expect("valid")
+        }
+    };
+    let a = in_schema("iso_a").await;
+    let b = in_schema("iso_b").await;
+    let ga = a.try_lock().await.expect("store").expect("free in iso_a");
+    let gb = b
+        .try_lock()
+        .await
+        .expect("store")
+        .expect("the same name in another schema is another lock");
+    assert_eq!(
+        (ga.fencing_token().get(), gb.fencing_token().get()),
+        (1, 1),
+        "each schema counts its own fences"
+    );
+    let default = Lock::new(t.client().await, &name).expect("valid");
+    default
+        .try_lock()
+        .await
+        .expect("store")
+        .expect("free in the default schema too")
+        .release()
+        .await
+        .expect("release");
+    let a2 = in_schema("iso_a").await;
+    let b2 = in_schema("iso_b").await;
+    assert!(
+        a2.try_lock().await.expect("store").is_none(),
+        "exclusive within iso_a"
+    );
+    assert!(
+        b2.try_lock().await.expect("store").is_none(),
+        "exclusive within iso_b"
+    );
+    let admin = t.server.admin().await;
+    let key = a.keys().lock().to_owned();
+    let until_gate = |schema: &'static str, want: (i64, i64)| {
+        let (admin, key) = (&admin, &key);
+        async move {
+            let reached = async {
+                while gate_in(admin, schema, key).await != want {
+                    sleep(Duration::from_millis(10)).await;
+                }
+            };
+            timeout(Duration::from_secs(10), reached)
+                .await
+                .unwrap_or_else(|_| panic!("{schema}'s gate never reached {want:?}"));
+        }
+    };
+    // A waiter in each schema takes its own schema's gate (none waits for the other's).
+    let wa = tokio::spawn(async move { a2.lock().await });
+    until_gate("iso_a", (0, 1)).await;
+    let wb = tokio::spawn(async move { b2.lock().await });
+    until_gate("iso_b", (0, 1)).await;
+    until_gate("iso_a", (0, 1)).await;
+    gb.release().await.expect("release in iso_b");
+    let got_b = timeout(Duration::from_secs(5), wb)
+        .await
+        .expect("iso_b's waiter gets iso_b's lock while iso_a's stays held")
+        .expect("task")
+        .expect("lock");
+    assert!(!wa.is_finished(), "iso_a's lock is still held");
+    let state_a = a.state().await.expect("store");
+    assert_eq!(state_a.holder.as_deref(), Some(ga.token().as_str()));
+    assert_eq!(state_a.queued, Some(1), "iso_a's waiter alone");
+    assert_eq!(got_b.fencing_token().get(), 2);
+    ga.release().await.expect("release in iso_a");
+    let got_a = timeout(Duration::from_secs(5), wa)
+        .await
+        .expect("iso_a's waiter gets in at iso_a's release")
+        .expect("task")
+        .expect("lock");
+    assert_eq!(got_a.fencing_token().get(), 2);
+    got_a.release().await.expect("release");
+    got_b.release().await.expect("release");
+    for schema in ["iso_a", "iso_b"] {
+        until_gate(schema, (0, 0)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partitioned_holder_loses_its_lease_and_closed_connections_recover() {
     use dlock_test::proxy::{Fault, Proxy};
@@ -660,6 +837,117 @@ mod advisory {
             .expect("free once the session is gone");
         let err = guard.release().await.expect_err("gone");
         assert_eq!(err.kind(), ErrorKind::LockLost, "{err}");
+        g.release().await.expect("release");
+    }
+
+    /// No ttl: a hold lasts as long as its session, however many "ttls" go by — renewed
+    /// (the ttl is only how often the session is checked) or not renewed at all — and
+    /// others stay excluded all along, a waiter too.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_hold_has_no_ttl_and_excludes_past_it() {
+        let t = PostgresTarget::start();
+        let ttl = Duration::from_millis(300);
+        let name = unique("adv-no-ttl");
+        let checked = Lock::builder(client(&t).await, &name)
+            .ttl(ttl)
+            .build()
+            .expect("valid");
+        let unchecked_name = unique("adv-no-watchdog");
+        let unchecked = Lock::builder(client(&t).await, &unchecked_name)
+            .ttl(ttl)
+            .watchdog(false)
+            .build()
+            .expect("valid");
+        let guard = checked.try_lock().await.expect("store").expect("free");
+        let unrenewed = unchecked.try_lock().await.expect("store").expect("free");
+        let other = Lock::builder(client(&t).await, &name)
+            .ttl(ttl)
+            .build()
+            .expect("valid");
+        let other_unchecked = Lock::builder(client(&t).await, &unchecked_name)
+            .ttl(ttl)
+            .build()
+            .expect("valid");
+        // A waiter for ten ttls gets nothing.
+        assert!(
+            other.try_lock_for(ttl * 10).await.expect("store").is_none(),
+            "a waiter stays excluded past the ttl"
+        );
+        assert!(
+            timeout(Duration::from_millis(10), guard.lost())
+                .await
+                .is_err(),
+            "lost() must not fire while the session holds the lock"
+        );
+        assert!(!guard.is_lost());
+        assert!(
+            other.try_lock().await.expect("store").is_none(),
+            "still held after ten ttls"
+        );
+        assert!(
+            other_unchecked.try_lock().await.expect("store").is_none(),
+            "not renewed for ten ttls, still held: the server has no expiry"
+        );
+        assert!(
+            other.state().await.expect("store").holder.is_some(),
+            "the server shows the holder"
+        );
+        guard.release().await.expect("release");
+        let g = other
+            .try_lock()
+            .await
+            .expect("store")
+            .expect("free at the release");
+        g.release().await.expect("release");
+        // The guard without renewals cannot vouch for its hold any more (is_lost), but
+        // its release still ends the session's lock.
+        let _ = unrenewed.release().await;
+        other_unchecked
+            .try_lock()
+            .await
+            .expect("store")
+            .expect("free once released")
+            .release()
+            .await
+            .expect("release");
+    }
+
+    /// A server restart (SIGKILL, started again on its data) ends every session, and with
+    /// it every advisory hold: `lost()` fires at the next check and the lock is free.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_server_restart_fires_lost_and_frees_the_lock() {
+        let mut t = PostgresTarget::start();
+        let name = unique("adv-restart");
+        let ttl = Duration::from_millis(900);
+        let a = Lock::builder(client(&t).await, &name)
+            .ttl(ttl)
+            .build()
+            .expect("valid");
+        let guard = a.try_lock().await.expect("store").expect("free");
+        let other = Lock::builder(client(&t).await, &name)
+            .ttl(ttl)
+            .build()
+            .expect("valid");
+        assert!(other.try_lock().await.expect("store").is_none(), "held");
+        t.server.restart().expect("restart");
+        timeout(ttl * 3, guard.lost())
+            .await
+            .expect("lost() fires: the session holding the lock died with the server");
+        let g = other
+            .try_lock()
+            .await
+            .expect("store")
+            .expect("free after the restart: no session holds it");
+        assert!(
+            a.try_lock().await.expect("store").is_none(),
+            "the old holder's client is excluded by the new holder"
+        );
+        let err = guard.release().await.expect_err("gone");
+        assert_eq!(err.kind(), ErrorKind::LockLost, "{err}");
+        assert!(
+            a.try_lock().await.expect("store").is_none(),
+            "the stale release left the new holder's lock alone"
+        );
         g.release().await.expect("release");
     }
 
