@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! cargo run -p dlock --example prometheus                       # run 2 s, print the metrics
-//! cargo run -p dlock --example prometheus -- --seconds 5
+//! cargo run -p dlock --example prometheus -- --seconds 1          # run 1 s (CI)
 //! cargo run -p dlock --example prometheus -- --serve 127.0.0.1:9187   # curl …/metrics
 //! cargo run -p dlock --example prometheus -- --redis redis://127.0.0.1/
 //! ```
@@ -12,6 +12,10 @@
 //! (`default-features = false`): the recorder renders the exposition text, served by a
 //! few lines of `std::net`. The store is the in-process memory backend unless `--redis URL`
 //! names a server.
+//!
+//! Without `--serve` it exits by itself once the workload has run (about `--seconds`, plus
+//! the half second of its longest hold), printing the exposition text on stdout, and
+//! fails (exit status 1) if that text lacks any metric the workload must have recorded.
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpListener;
@@ -68,7 +72,22 @@ async fn main() -> Result<(), BoxError> {
     }
 
     handle.run_upkeep();
-    print!("{}", handle.render());
+    let text = handle.render();
+    print!("{text}");
+    // What the workload cannot have avoided recording (with at least one round run).
+    let missing: Vec<&str> = [
+        dlock::observe::metric::ACQUIRE_DURATION,
+        dlock::observe::metric::WAIT_DURATION,
+        dlock::observe::metric::HOLDS,
+        dlock::observe::metric::WAITERS,
+        dlock::observe::metric::RENEWALS,
+    ]
+    .into_iter()
+    .filter(|name| !text.lines().any(|l| l.starts_with(name)))
+    .collect();
+    if !missing.is_empty() {
+        return Err(format!("metrics not recorded: {missing:?}").into());
+    }
     Ok(())
 }
 

@@ -98,6 +98,12 @@ impl<B: RawLock> LockBuilder<B> {
     }
 }
 
+/// Records the end of a wait that no hand-over ended: `wait` is its span and start.
+fn end_wait(obs: &Obs, wait: (tracing::Span, Instant), woken_by: Extra) {
+    obs.waited(&wait.0, woken_by, wait.1.elapsed());
+    wait.0.record(field::HANDOFF, false);
+}
+
 /// The result of one attempt.
 enum Attempt<B: RawLock> {
     Got(LockGuard<B>),
@@ -311,24 +317,66 @@ impl<B: RawLock> Lock<B> {
         // When our latest attempt that found the lock held was sent: a hand-over the store
         // makes after it (see `ReleaseWatch::take_grant`) counts its lease from here.
         let mut held_sent;
+        // Whether an attempt of this acquisition found the lock held.
+        let mut found_held = false;
+        // A wait inside the store (`B::WAITS_IN_STORE`) and when it began: a queueing
+        // attempt made after the lock was found held is where such a waiter waits, so its
+        // `dlock.wait` span opens before that attempt (whose `dlock.acquire` is its child)
+        // and, if the store answers without the lock, goes on through the sleep after it.
+        let mut store_wait: Option<(tracing::Span, Instant)> = None;
         loop {
             let queue = watch.as_ref().is_some_and(ReleaseWatch::is_active);
             // From its sending on, the attempt may leave an entry in the store's queue: a
             // wait that ends without a grant withdraws it, even if no reply came back.
             waiting.queued |= queue || !B::QUEUES_ONLY_LISTENERS;
+            let in_store = queue && B::WAITS_IN_STORE;
             let sent = Instant::now();
-            let attempt = match deadline.filter(|_| queue && B::WAITS_IN_STORE) {
+            if in_store && found_held && store_wait.is_none() {
+                acquisition.waiting();
+                let left = deadline.map(|d| d.saturating_duration_since(sent));
+                store_wait = Some((self.obs.wait_span(self.name(), left), sent));
+            }
+            // Whether the store waited before answering: a queueing attempt made before
+            // the lock was found held (a client that still listens queues from its first
+            // attempt) learns it only from the store, once the reply is in.
+            let probe = observe::StoreWait::default();
+            let request = self.attempt(&token, queue, acquisition);
+            let request = async {
+                match &store_wait {
+                    Some((span, _)) => request.instrument(span.clone()).await,
+                    None if in_store => probe.scope(request).await,
+                    None => request.await,
+                }
+            };
+            let (attempt, cut) = match deadline.filter(|_| in_store) {
                 // A wait inside the store ends at the caller's deadline: the lock was
                 // held all along.
-                Some(d) => tokio::time::timeout_at(d, self.attempt(&token, queue, acquisition))
-                    .await
-                    .unwrap_or(Ok(Attempt::Held(None))),
-                None => self.attempt(&token, queue, acquisition).await,
+                Some(d) => match tokio::time::timeout_at(d, request).await {
+                    Ok(attempt) => (attempt, false),
+                    Err(_) => (Ok(Attempt::Held(None)), true),
+                },
+                None => (request.await, false),
             };
             let attempt = match attempt {
                 Ok(attempt) => {
                     outage = None;
                     waiting.unsettled = false;
+                    if in_store && store_wait.is_none() && (cut || probe.waited()) {
+                        // A wait the store told of in its reply: recorded now.
+                        let woken_by = match (&attempt, cut) {
+                            (_, true) => Extra::WokenDeadline,
+                            (Attempt::Got(_), false) => Extra::WokenRelease,
+                            // The store's own bound on its wait ran out.
+                            (Attempt::Held(_), false) => Extra::WokenFallback,
+                        };
+                        acquisition.waiting();
+                        let left = deadline.map(|d| d.saturating_duration_since(sent));
+                        end_wait(
+                            &self.obs,
+                            (self.obs.wait_span(self.name(), left), sent),
+                            woken_by,
+                        );
+                    }
                     attempt
                 }
                 // A waiter rides out a store outage (a restart, a failover) for up to one
@@ -342,6 +390,9 @@ impl<B: RawLock> Lock<B> {
                         && outage.get_or_insert_with(Instant::now).elapsed() < self.ttl
                         && deadline.is_none_or(|d| Instant::now() < d) =>
                 {
+                    if let Some(wait) = store_wait.take() {
+                        end_wait(&self.obs, wait, Extra::WokenOutage);
+                    }
                     waiting.unsettled |= unsettled;
                     tracing::debug!(lock = self.name(), error = %err, "store unavailable while waiting; retrying");
                     self.obs
@@ -355,13 +406,16 @@ impl<B: RawLock> Lock<B> {
                             (pause, woken_by) = (left, Extra::WokenDeadline);
                         }
                     }
-                    let wait = self.obs.wait_span(self.name(), pause);
+                    let wait = self.obs.wait_span(self.name(), Some(pause));
                     let slept = Instant::now();
                     tokio::time::sleep(pause).await;
                     self.obs.waited(&wait, woken_by, slept.elapsed());
                     continue;
                 }
                 Err(Failed { err, unsettled }) => {
+                    if let Some(wait) = store_wait.take() {
+                        end_wait(&self.obs, wait, Extra::WokenOutage);
+                    }
                     // Whatever may have been granted under our token goes back (`waiting`).
                     waiting.unsettled |= unsettled;
                     return Err(err);
@@ -369,6 +423,10 @@ impl<B: RawLock> Lock<B> {
             };
             let remaining = match attempt {
                 Attempt::Got(guard) => {
+                    if let Some(wait) = store_wait.take() {
+                        // The store let the waiter through at a release.
+                        end_wait(&self.obs, wait, Extra::WokenRelease);
+                    }
                     waiting.queued = false;
                     if let Some(mut w) = woken.take()
                         && !self.backend.shares_grants()
@@ -379,6 +437,7 @@ impl<B: RawLock> Lock<B> {
                 }
                 Attempt::Held(remaining) => {
                     held_sent = sent;
+                    found_held = true;
                     remaining
                 }
             };
@@ -387,6 +446,9 @@ impl<B: RawLock> Lock<B> {
             }
             let now = Instant::now();
             if deadline.is_some_and(|d| now >= d) {
+                if let Some(wait) = store_wait.take() {
+                    end_wait(&self.obs, wait, Extra::WokenDeadline);
+                }
                 if B::QUEUES_WAITERS && waiting.queued {
                     // Withdraw before returning, so that our entry is gone when the caller
                     // looks (the background withdrawal is for cancellation only).
@@ -460,8 +522,14 @@ impl<B: RawLock> Lock<B> {
                 }
             }
             acquisition.waiting();
-            let wait = self.obs.wait_span(self.name(), sleep);
-            let slept = Instant::now();
+            let (wait, slept) = match store_wait.take() {
+                // The wait inside the store goes on here: one wait, one span.
+                Some((span, since)) => {
+                    span.record(field::TIMER_MS, observe::millis(since.elapsed() + sleep));
+                    (span, since)
+                }
+                None => (self.obs.wait_span(self.name(), Some(sleep)), Instant::now()),
+            };
             tokio::select! {
                 () = watch.released() => {
                     woken = Some(PassOn::new(watch.notifier(), &self.obs));

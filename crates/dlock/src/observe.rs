@@ -28,18 +28,19 @@
 //! | `dlock.watch` | subscription to release announcements | call fields |
 //! | `dlock.inspect` | `Lock::state` / `is_locked` | call fields |
 //! | `dlock.force_unlock` | `Lock::force_unlock` | call fields |
-//! | `dlock.wait` | sleep between two attempts of an acquisition | `store`, `primitive`, `lock`, `timer_ms`, `woken_by`, `waited_ms`, `handoff` |
+//! | `dlock.wait` | sleep between two attempts of an acquisition, or wait inside the store ([below](#waits-inside-the-store)) | `store`, `primitive`, `lock`, `timer_ms`, `woken_by`, `waited_ms`, `handoff` |
 //! | `dlock.renew` | watchdog renewal batch (one store call for every lease due) | `store`, `op` (`renew`), `leases`, `renewed`, `failed`, `lost`, `outcome`, `rtt_ms`, `error`, `otel.kind`, `otel.status_code`, and `primitive`, `lock` when the batch holds one lease |
 //! | `dlock.publish` / `dlock.record` | write / read of an election's leader record (`Leadership::proclaim` and the campaign's announcement / `Election::leader`, `observe`) | call fields (`op` `publish`, `record`) |
 //! | `dlock.watch` (`op` `watch_record`) | subscription to an election's record changes (`observe`) | call fields |
 //! | `dlock.permits` | a semaphore's `available_permits`, `set_permits`, `add_permits` | call fields (`op` `permits_in_use`, `set_permits`, `add_permits`) |
 //! | `dlock.downgrade` | a read-write lock's downgrade of its write hold | call fields |
+//! | `dlock.list` | listing of the held locks under a prefix ([`RawInspect::list`](crate::raw::RawInspect::list): `dlock list`, `dlock top`) | `store`, `op` (`list`), `pattern`, `outcome` (`ok`, `error`), `listed` (names returned), `rtt_ms`, `error`, `otel.kind`, `otel.status_code` |
 //! | `dlock.node` | one node's part of a [`Quorum`](crate::backend::Quorum)'s acquire, release, extend or renewal (a child of that call's span) | `store` (the node's own kind), `node` (its position, from 0), `op`, `outcome` (`ok`, `error`), `rtt_ms`, `error`, `otel.kind`, `otel.status_code` |
 //!
 //! The call spans (`dlock.acquire` … `dlock.force_unlock`) are children of the
 //! `dlock.lock` span when made by an acquisition, and of whatever span is current
 //! otherwise; `dlock.renew` and a dropped guard's `dlock.release` run on background tasks
-//! and have no parent.
+//! and have no parent. `dlock.list` is a child of whatever span is current.
 //!
 //! ## Call fields
 //!
@@ -47,7 +48,7 @@
 //! |---|---|
 //! | `store` | the kind of store, see [`store_label`]: `redis`, `redlock`, `memcached`, `etcd`, `postgres`, `postgres-advisory`, `zookeeper`, `memory`, … — never an address |
 //! | `primitive` | see [`primitive`]: `lock`, `semaphore`, `reentrant`, `rwlock_read`, `rwlock_write`, `fair`, `election` |
-//! | `op` | the operation: the span name without `dlock.` (`acquire`, `release`, …) |
+//! | `op` | the operation: the span name without `dlock.` — `acquire`, `release`, `extend`, `abandon`, `watch`, `inspect`, `force_unlock`, `downgrade`, `list` — or, where one span name covers several, see the table above (`watch_record`, `publish`, `record`, `permits_in_use`, `set_permits`, `add_permits`, `renew`) |
 //! | `lock` | the lock's name (not its key) |
 //! | `attempt` | 1 for the first request of this operation; counts every request of an acquisition (repeats after a lost reply and attempts after a wait) and every repeat of a release |
 //! | `outcome` | see [`outcome`]: `acquired` / `busy` (acquire); `released` / `not_held` (release); `extended` / `not_held` (extend); `ok` (others); `error` |
@@ -64,8 +65,41 @@
 //! `release` (a release announcement), `fallback` (the timer set from the holder's
 //! remaining lease, when the announcement did not come), `backoff` (the polling timer of
 //! a store that cannot announce releases), `deadline` (the caller's deadline) or `outage`
-//! (the pause before trying again while the store is unreachable); `handoff` is `true`
-//! when the store handed the lock over to this waiter at the release.
+//! (the pause before trying again while the store is unreachable, or a wait inside the
+//! store that ended with the store failing); `handoff` is `true` when the store handed
+//! the lock over to this waiter at the release.
+//!
+//! ## Waits inside the store
+//!
+//! A store that waits inside itself ([`RawLock::WAITS_IN_STORE`](crate::raw::RawLock::WAITS_IN_STORE):
+//! PostgreSQL's plain locks, whose waiters block in their acquire statement at the
+//! name's gate) keeps a waiter in a queueing `dlock.acquire` rather than in a sleep. Such
+//! a wait is a `dlock.wait` too:
+//!
+//! - once an attempt found the lock held, the `dlock.wait` span opens **before** the
+//!   queueing attempt, which is its child, and ends with it: `woken_by` `release` (the
+//!   store let the waiter through at a release: the lock is ours), `deadline` (the
+//!   caller's deadline ended the wait in the store) or `outage` (the store failed); if
+//!   the store answers without the lock (it queued the waiter, or its own bound on the
+//!   wait ran out), the same span goes on through the sleep that follows and ends as a
+//!   sleep does. `timer_ms` is the time left to the caller's deadline (absent without
+//!   one: the store bounds its wait), raised when the sleep begins to the longest the
+//!   whole wait then means to take;
+//! - a client that still listens from an earlier wait queues from its first attempt,
+//!   before it knows the lock held, and learns only from the store's reply whether that
+//!   attempt waited (PostgreSQL: whether it had to wait for the gate). Such a wait is
+//!   recorded when the reply comes: a `dlock.wait` after that `dlock.acquire`, with
+//!   `waited_ms` the attempt's time in the store, `woken_by` `release` (granted),
+//!   `fallback` (the store's own bound ran out: PostgreSQL's half a ttl at the gate) or
+//!   `deadline`. Its own start and end are when it was recorded; the `dlock.acquire`
+//!   before it spans the wait.
+//!
+//! `handoff` is `false` for a wait the store ended by letting the waiter's own request
+//! through (nothing was handed over). Every such wait is one observation of
+//! `dlock_wait_duration_seconds`, as a sleep is.
+//!
+//! `dlock.list` has `pattern` (the glob the names were matched against) and `listed` (how
+//! many names came back); it has no `primitive` or `lock`.
 //!
 //! `dlock.renew` counts the batch's leases by result: `renewed`, `failed` (the store
 //! failed and the lease is still valid: tried again soon) and `lost` (the store said the
@@ -133,6 +167,9 @@ pub mod span {
     pub const PERMITS: &str = "dlock.permits";
     /// One downgrade of a read-write lock's write hold to a read hold.
     pub const DOWNGRADE: &str = "dlock.downgrade";
+    /// One listing of the held locks under a prefix ([`RawInspect::list`](crate::raw::RawInspect::list):
+    /// `dlock list`, `dlock top`).
+    pub const LIST: &str = "dlock.list";
     /// One sleep of a waiter between attempts.
     pub const WAIT: &str = "dlock.wait";
     /// One renewal batch of the watchdog.
@@ -167,6 +204,10 @@ pub mod field {
     pub const ERROR: &str = "error";
     /// Whether an acquire request asked the store to queue the waiter.
     pub const QUEUE: &str = "queue";
+    /// The glob pattern a listing matched names against (`dlock.list`).
+    pub const PATTERN: &str = "pattern";
+    /// How many names a listing returned (`dlock.list`).
+    pub const LISTED: &str = "listed";
     /// The longest a waiter meant to sleep, in milliseconds.
     pub const TIMER_MS: &str = "timer_ms";
     /// How long a waiter slept, in milliseconds.
@@ -219,6 +260,8 @@ pub mod op {
     pub const ADD_PERMITS: &str = "add_permits";
     /// A write hold downgraded.
     pub const DOWNGRADE: &str = "downgrade";
+    /// The held locks listed.
+    pub const LIST: &str = "list";
     /// A watchdog renewal batch.
     pub const RENEW: &str = "renew";
 }
@@ -638,14 +681,15 @@ impl Obs {
         });
     }
 
-    /// A `dlock.wait` span for a sleep of at most `timer`.
-    pub(crate) fn wait_span(&self, lock: &str, timer: Duration) -> Span {
+    /// A `dlock.wait` span for a sleep of at most `timer` (`None`: a wait inside the
+    /// store without a deadline, which the store bounds).
+    pub(crate) fn wait_span(&self, lock: &str, timer: Option<Duration>) -> Span {
         tracing::debug_span!(
             span::WAIT,
             { field::STORE } = self.store(),
             { field::PRIMITIVE } = self.primitive(),
             { field::LOCK } = lock,
-            { field::TIMER_MS } = millis(timer),
+            { field::TIMER_MS } = timer.map(millis),
             { field::WOKEN_BY } = tracing::field::Empty,
             { field::WAITED_MS } = tracing::field::Empty,
             { field::HANDOFF } = tracing::field::Empty,
@@ -840,9 +884,222 @@ pub(crate) fn failed(span: &Span, err: &crate::Error) {
     span.record(field::OTEL_STATUS_CODE, "ERROR");
 }
 
+/// Awaits `call`, a store's [`RawInspect::list`](crate::raw::RawInspect::list) on the
+/// store `store_id` for names matching `pattern`, in a `dlock.list` span; evaluates to its
+/// result.
+pub(crate) async fn listed(
+    store_id: &str,
+    pattern: &str,
+    call: impl std::future::Future<Output = crate::Result<Vec<String>>>,
+) -> crate::Result<Vec<String>> {
+    let span = tracing::debug_span!(
+        span::LIST,
+        { field::STORE } = store_label(store_id),
+        { field::OP } = op::LIST,
+        { field::PATTERN } = pattern,
+        { field::OUTCOME } = tracing::field::Empty,
+        { field::LISTED } = tracing::field::Empty,
+        { field::RTT_MS } = tracing::field::Empty,
+        { field::ERROR } = tracing::field::Empty,
+        { field::OTEL_KIND } = "client",
+        { field::OTEL_STATUS_CODE } = tracing::field::Empty,
+    );
+    let call_ = Call::new(span.clone());
+    let result = tracing::Instrument::instrument(call, span.clone()).await;
+    if let Ok(names) = &result {
+        span.record(field::LISTED, names.len());
+    }
+    call_.done(&result, |_| outcome::OK);
+    result
+}
+
+tokio::task_local! {
+    /// Where a store that waits inside itself (`RawLock::WAITS_IN_STORE`) reports that the
+    /// acquire request in flight on this task waited there.
+    static STORE_WAIT: Arc<AtomicBool>;
+}
+
+/// Tells the acquisition whether a queueing request waited inside the store: the store
+/// learns it only from the reply (PostgreSQL: whether the request had to wait for the
+/// name's gate), and the acquisition reports that wait as a `dlock.wait` then.
+#[derive(Debug, Default)]
+pub(crate) struct StoreWait(Arc<AtomicBool>);
+
+impl StoreWait {
+    /// Runs `request` with this probe where the store finds it ([`StoreWait::reporter`]).
+    pub(crate) async fn scope<F: std::future::Future>(&self, request: F) -> F::Output {
+        STORE_WAIT.scope(Arc::clone(&self.0), request).await
+    }
+
+    /// Whether the store reported a wait.
+    pub(crate) fn waited(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+
+    /// For a store, on the task that made the request (before it hands the request to a
+    /// task of its own): what reports a wait to the acquisition, if one is listening.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn reporter() -> StoreWaitReporter {
+        StoreWaitReporter(STORE_WAIT.try_with(Arc::clone).ok())
+    }
+}
+
+/// A store's end of a [`StoreWait`].
+#[derive(Debug, Clone, Default)]
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+pub(crate) struct StoreWaitReporter(Option<Arc<AtomicBool>>);
+
+impl StoreWaitReporter {
+    /// The request waited inside the store.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn waited(&self) {
+        if let Some(flag) = &self.0 {
+            flag.store(true, Ordering::Relaxed);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every stable name, spelled out: renaming a constant fails here (and a rename is a
+    /// breaking change for dashboards and pipelines).
+    const NAMES: &[(&str, &str)] = &[
+        (span::LOCK, "dlock.lock"),
+        (span::ACQUIRE, "dlock.acquire"),
+        (span::RELEASE, "dlock.release"),
+        (span::EXTEND, "dlock.extend"),
+        (span::ABANDON, "dlock.abandon"),
+        (span::WATCH, "dlock.watch"),
+        (span::INSPECT, "dlock.inspect"),
+        (span::FORCE_UNLOCK, "dlock.force_unlock"),
+        (span::PUBLISH, "dlock.publish"),
+        (span::RECORD, "dlock.record"),
+        (span::PERMITS, "dlock.permits"),
+        (span::DOWNGRADE, "dlock.downgrade"),
+        (span::LIST, "dlock.list"),
+        (span::WAIT, "dlock.wait"),
+        (span::RENEW, "dlock.renew"),
+        (span::NODE, "dlock.node"),
+        (field::STORE, "store"),
+        (field::PRIMITIVE, "primitive"),
+        (field::LOCK, "lock"),
+        (field::OP, "op"),
+        (field::ATTEMPT, "attempt"),
+        (field::ATTEMPTS, "attempts"),
+        (field::OUTCOME, "outcome"),
+        (field::RTT_MS, "rtt_ms"),
+        (field::NODE, "node"),
+        (field::ERROR, "error"),
+        (field::QUEUE, "queue"),
+        (field::PATTERN, "pattern"),
+        (field::LISTED, "listed"),
+        (field::TIMER_MS, "timer_ms"),
+        (field::WAITED_MS, "waited_ms"),
+        (field::WOKEN_BY, "woken_by"),
+        (field::HANDOFF, "handoff"),
+        (field::LEASES, "leases"),
+        (field::RENEWED, "renewed"),
+        (field::FAILED, "failed"),
+        (field::LOST, "lost"),
+        (field::OTEL_KIND, "otel.kind"),
+        (field::OTEL_STATUS_CODE, "otel.status_code"),
+        (op::ACQUIRE, "acquire"),
+        (op::RELEASE, "release"),
+        (op::EXTEND, "extend"),
+        (op::ABANDON, "abandon"),
+        (op::WATCH, "watch"),
+        (op::INSPECT, "inspect"),
+        (op::FORCE_UNLOCK, "force_unlock"),
+        (op::PUBLISH, "publish"),
+        (op::RECORD, "record"),
+        (op::WATCH_RECORD, "watch_record"),
+        (op::PERMITS_IN_USE, "permits_in_use"),
+        (op::SET_PERMITS, "set_permits"),
+        (op::ADD_PERMITS, "add_permits"),
+        (op::DOWNGRADE, "downgrade"),
+        (op::LIST, "list"),
+        (op::RENEW, "renew"),
+        (outcome::ACQUIRED, "acquired"),
+        (outcome::BUSY, "busy"),
+        (outcome::TIMEOUT, "timeout"),
+        (outcome::CANCELLED, "cancelled"),
+        (outcome::RELEASED, "released"),
+        (outcome::EXTENDED, "extended"),
+        (outcome::NOT_HELD, "not_held"),
+        (outcome::OK, "ok"),
+        (outcome::PARTIAL, "partial"),
+        (outcome::ERROR, "error"),
+        (woken_by::RELEASE, "release"),
+        (woken_by::FALLBACK, "fallback"),
+        (woken_by::BACKOFF, "backoff"),
+        (woken_by::DEADLINE, "deadline"),
+        (woken_by::OUTAGE, "outage"),
+        (primitive::LOCK, "lock"),
+        (primitive::SEMAPHORE, "semaphore"),
+        (primitive::REENTRANT, "reentrant"),
+        (primitive::RWLOCK_READ, "rwlock_read"),
+        (primitive::RWLOCK_WRITE, "rwlock_write"),
+        (primitive::FAIR, "fair"),
+        (primitive::ELECTION, "election"),
+        (metric::ACQUIRE_DURATION, "dlock_acquire_duration_seconds"),
+        (metric::WAIT_DURATION, "dlock_wait_duration_seconds"),
+        (metric::HOLDS, "dlock_holds"),
+        (metric::WAITERS, "dlock_waiters"),
+        (metric::RENEWALS, "dlock_renewals_total"),
+        (metric::RENEWAL_FAILURES, "dlock_renewal_failures_total"),
+        (metric::LEASES_LOST, "dlock_leases_lost_total"),
+        (metric::HANDOFFS, "dlock_handoffs_total"),
+        (metric::RETRIES, "dlock_retries_total"),
+        (label::STORE, "store"),
+        (label::PRIMITIVE, "primitive"),
+        (label::OUTCOME, "outcome"),
+        (label::WOKEN_BY, "woken_by"),
+        (label::REASON, "reason"),
+        (label::KIND, "kind"),
+        (label::OP, "op"),
+        (label::LOCK, "lock"),
+        (reason::TAKEN, "taken"),
+        (reason::EXPIRED, "expired"),
+        (handoff::GRANT, "grant"),
+        (handoff::WAKEUP, "wakeup"),
+    ];
+
+    /// The operator's page (`docs/observability.md`).
+    const GUIDE: &str = include_str!("../../../docs/observability.md");
+
+    #[test]
+    fn stable_names_are_spelled_as_documented() {
+        for (constant, literal) in NAMES {
+            assert_eq!(constant, literal, "a stable name changed");
+        }
+        // The module's own reference (this file's docs, above the code).
+        let source = include_str!("observe.rs");
+        let reference = &source[..source.find("\nuse ").expect("the module docs end")];
+        for (_, name) in NAMES {
+            let quoted = format!("`{name}`");
+            assert!(
+                GUIDE.contains(&quoted),
+                "{quoted} is missing from docs/observability.md"
+            );
+            assert!(
+                reference.contains(&quoted),
+                "{quoted} is missing from the module docs of dlock::observe"
+            );
+        }
+    }
+
+    #[test]
+    fn a_label_value_is_one_of_the_documented_values() {
+        for (key, value) in EXTRA {
+            assert!(
+                NAMES.iter().any(|(_, name)| *name == key)
+                    && NAMES.iter().any(|(_, name)| *name == value),
+                "{key}={value} is not among the stable names"
+            );
+        }
+    }
 
     #[test]
     fn store_labels_name_the_kind_never_the_address() {

@@ -870,3 +870,554 @@ fn election_records_permit_counts_and_downgrades_are_spans() {
     assert_eq!(forced.field(field::PRIMITIVE), "reentrant");
     assert_eq!(forced.field(field::LOCK), name);
 }
+
+/// The wait spans closed so far, in the order they were opened.
+fn closed_waits(capture: &Capture) -> Vec<Captured> {
+    capture
+        .named(span::WAIT)
+        .into_iter()
+        .filter(|s| s.closed)
+        .collect()
+}
+
+/// A `try_lock_for` that runs out while the lock stays held: its last sleep is cut short
+/// by the caller's deadline.
+#[test]
+fn a_bounded_wait_that_runs_out_is_woken_by_the_deadline() {
+    let t = RedisTarget::start();
+    let name = unique("observe-deadline");
+    let (capture, recorded) = observed(|_, _| {
+        let name = name.clone();
+        let t = &t;
+        async move {
+            let holder = Lock::new(t.client().await, &name).expect("valid");
+            let waiter = Lock::new(t.client().await, &name).expect("valid");
+            let guard = holder.lock().await.expect("free");
+            let got = waiter
+                .try_lock_for(Duration::from_millis(300))
+                .await
+                .expect("store");
+            assert!(got.is_none(), "held all along");
+            guard.release().await.expect("release");
+        }
+    });
+
+    let waits = closed_waits(&capture);
+    let last = waits.last().expect("the waiter slept");
+    assert_eq!(last.field(field::WOKEN_BY), "deadline", "{waits:?}");
+    assert_eq!(last.field(field::HANDOFF), "false");
+    assert_eq!(last.parent, Some(span::LOCK));
+    let timer: f64 = last.field(field::TIMER_MS).parse().expect("timer_ms");
+    assert!(timer <= 300.0, "never past the deadline: {timer}");
+    let timed_out: Vec<_> = capture
+        .named(span::LOCK)
+        .into_iter()
+        .filter(|s| s.get(field::OUTCOME) == Some("timeout"))
+        .collect();
+    assert_eq!(timed_out.len(), 1, "{:?}", capture.named(span::LOCK));
+
+    let m = recorded.now();
+    let deadline = [REDIS_LOCK[0], REDIS_LOCK[1], ("woken_by", "deadline")];
+    assert_eq!(m.observations(metric::WAIT_DURATION, &deadline), 1);
+    let timeout = [REDIS_LOCK[0], REDIS_LOCK[1], ("outcome", "timeout")];
+    assert_eq!(m.observations(metric::ACQUIRE_DURATION, &timeout), 1);
+    let release = [REDIS_LOCK[0], REDIS_LOCK[1], ("woken_by", "release")];
+    assert_eq!(m.observations(metric::WAIT_DURATION, &release), 0);
+}
+
+/// A holder that forgets its guard never releases: no announcement comes, and the waiter
+/// is woken by its fallback timer, set from the holder's remaining lease.
+#[test]
+fn a_waiter_behind_a_forgotten_guard_is_woken_by_its_fallback_timer() {
+    let t = RedisTarget::start();
+    let name = unique("observe-fallback");
+    let (capture, recorded) = observed(|_, _| {
+        let name = name.clone();
+        let t = &t;
+        async move {
+            let holder = Lock::builder(t.client().await, &name)
+                .ttl(Duration::from_secs(1))
+                .build()
+                .expect("valid");
+            let waiter = Lock::new(t.client().await, &name).expect("valid");
+            holder.lock().await.expect("free").forget();
+            let guard = timeout(Duration::from_secs(10), waiter.lock())
+                .await
+                .expect("the lease runs out within its ttl")
+                .expect("store");
+            guard.release().await.expect("release");
+        }
+    });
+
+    let waits = closed_waits(&capture);
+    assert!(!waits.is_empty(), "the waiter slept");
+    for w in &waits {
+        assert_eq!(w.field(field::WOKEN_BY), "fallback", "{waits:?}");
+        assert_eq!(w.field(field::HANDOFF), "false");
+        assert_eq!(w.field(field::STORE), "redis");
+    }
+    let first_timer: f64 = waits[0].field(field::TIMER_MS).parse().expect("timer_ms");
+    assert!(
+        first_timer <= 1001.0,
+        "the timer is the holder's remaining lease (ttl 1 s): {first_timer}"
+    );
+    let m = recorded.now();
+    let fallback = [REDIS_LOCK[0], REDIS_LOCK[1], ("woken_by", "fallback")];
+    assert_eq!(
+        m.observations(metric::WAIT_DURATION, &fallback),
+        waits.len()
+    );
+    let acquired = [REDIS_LOCK[0], REDIS_LOCK[1], ("outcome", "acquired")];
+    assert_eq!(m.observations(metric::ACQUIRE_DURATION, &acquired), 2);
+}
+
+/// The store becomes unreachable while a waiter waits: when the waiter next tries, the
+/// request fails, and it pauses before trying again — a wait woken by the outage.
+#[test]
+fn a_waiter_cut_off_from_the_store_pauses_and_the_pause_is_woken_by_the_outage() {
+    let t = RedisTarget::start();
+    let name = unique("observe-outage");
+    let (capture, recorded) = observed(|capture, _| {
+        let name = name.clone();
+        let t = &t;
+        async move {
+            let upstream = format!("127.0.0.1:{}", t.server.port())
+                .parse()
+                .expect("addr");
+            let proxy = Proxy::start(upstream).await.expect("proxy");
+            let cut_off = dlock::backend::Redis::builder(format!("redis://{}/", proxy.addr()))
+                .response_timeout(Duration::from_millis(200))
+                .connect()
+                .await
+                .expect("connect through the proxy");
+            // The holder's lease runs out in a second; its release never comes.
+            let holder = Lock::builder(t.client().await, &name)
+                .ttl(Duration::from_secs(1))
+                .build()
+                .expect("valid");
+            holder.lock().await.expect("free").forget();
+            let waiter = Lock::new(cut_off, &name).expect("valid");
+            let waiting = tokio::spawn(async move {
+                let g = waiter.lock().await.expect("granted once the store is back");
+                g.release().await.expect("release");
+            });
+            until("the waiter to sleep", || {
+                capture.named(span::WAIT).iter().any(|s| !s.closed)
+            })
+            .await;
+            proxy.set_fault(Fault::Blackhole);
+            // It wakes at the holder's lease end, finds the store unreachable and pauses.
+            until("a pause for the outage", || {
+                closed_waits(&capture)
+                    .iter()
+                    .any(|s| s.get(field::WOKEN_BY) == Some("outage"))
+            })
+            .await;
+            proxy.set_fault(Fault::Pass);
+            timeout(Duration::from_secs(10), waiting)
+                .await
+                .expect("the waiter gets the lock once the store answers")
+                .expect("waiter");
+        }
+    });
+
+    let waits = closed_waits(&capture);
+    let outage: Vec<&Captured> = waits
+        .iter()
+        .filter(|s| s.get(field::WOKEN_BY) == Some("outage"))
+        .collect();
+    assert!(!outage.is_empty(), "{waits:?}");
+    for w in &outage {
+        assert_eq!(w.parent, Some(span::LOCK));
+        assert_eq!(w.field(field::LOCK), name);
+        assert!(w.get(field::TIMER_MS).is_some(), "{w:?}");
+    }
+    // Before the outage: asleep until the holder's lease ran out.
+    assert_eq!(waits[0].field(field::WOKEN_BY), "fallback", "{waits:?}");
+    let failed = capture
+        .named(span::ACQUIRE)
+        .into_iter()
+        .filter(|s| s.get(field::ERROR) == Some("TimedOut"))
+        .count();
+    assert!(failed >= 1, "an attempt failed during the outage");
+    let m = recorded.now();
+    let woken = [REDIS_LOCK[0], REDIS_LOCK[1], ("woken_by", "outage")];
+    assert_eq!(m.observations(metric::WAIT_DURATION, &woken), outage.len());
+    let retried = [REDIS_LOCK[0], REDIS_LOCK[1], ("op", "acquire")];
+    assert!(m.counter(metric::RETRIES, &retried) >= 1);
+    assert_eq!(m.gauge(metric::WAITERS, &REDIS_LOCK), Some(0.0));
+}
+
+/// Memcached cannot announce releases: a waiter polls, each sleep woken by its backoff.
+#[test]
+fn a_waiter_on_a_store_without_announcements_is_woken_by_its_backoff() {
+    let t = dlock_test::targets::MemcachedTarget::start();
+    let name = unique("observe-backoff");
+    let (capture, recorded) = observed(|capture, _| {
+        let name = name.clone();
+        let t = &t;
+        async move {
+            let ttl = t.ttl(Duration::from_secs(10));
+            let holder = Lock::builder(t.client().await, &name)
+                .ttl(ttl)
+                .build()
+                .expect("valid");
+            let waiter = Lock::builder(t.client().await, &name)
+                .ttl(ttl)
+                .build()
+                .expect("valid");
+            let guard = holder.lock().await.expect("free");
+            let waiting = tokio::spawn(async move {
+                let g = waiter.lock().await.expect("granted after the release");
+                g.release().await.expect("release");
+            });
+            until("the waiter to poll", || !closed_waits(&capture).is_empty()).await;
+            guard.release().await.expect("release");
+            timeout(Duration::from_secs(10), waiting)
+                .await
+                .expect("the waiter polls its way in")
+                .expect("waiter");
+        }
+    });
+
+    let waits = closed_waits(&capture);
+    assert!(!waits.is_empty());
+    for w in &waits {
+        assert_eq!(w.field(field::STORE), "memcached");
+        assert_eq!(w.field(field::WOKEN_BY), "backoff", "{waits:?}");
+        assert_eq!(w.field(field::HANDOFF), "false");
+    }
+    let m = recorded.now();
+    let backoff = [
+        ("store", "memcached"),
+        ("primitive", "lock"),
+        ("woken_by", "backoff"),
+    ];
+    assert_eq!(m.observations(metric::WAIT_DURATION, &backoff), waits.len());
+}
+
+/// Sessions waiting for the name's gate inside PostgreSQL (not granted yet), and
+/// sessions holding it.
+async fn gate(admin: &tokio_postgres::Client, key: &str) -> (i64, i64) {
+    let row = admin
+        .query_one(
+            "SELECT count(*) FILTER (WHERE NOT granted), count(*) FILTER (WHERE granted)
+             FROM pg_locks p
+             WHERE p.locktype = 'advisory' AND p.objsubid = 1
+               AND ((p.classid::bigint << 32) | p.objid::bigint) = dlock.gate_key($1)",
+            &[&key],
+        )
+        .await
+        .expect("pg_locks");
+    (row.get(0), row.get(1))
+}
+
+/// A PostgreSQL waiter that waits inside the server (its acquire statement blocked at the
+/// name's gate) has a `dlock.wait` woken by the release, as a sleeping waiter does: round
+/// one with new clients (the wait span opens before the queueing attempt), round two
+/// with clients that waited before (they queue from their first attempt and learn from
+/// the reply that it waited).
+#[test]
+fn a_wait_inside_postgres_is_a_wait_span_woken_by_the_release() {
+    let t = dlock_test::targets::PostgresTarget::start();
+    let name = unique("observe-gate");
+    let rounds: Arc<Mutex<Vec<usize>>> = Arc::default();
+    let (capture, recorded) = observed(|capture, _| {
+        let (name, rounds) = (name.clone(), Arc::clone(&rounds));
+        let t = &t;
+        async move {
+            let admin = t.server.admin().await;
+            let key = format!("{}{name}", dlock::keys::DEFAULT_PREFIX);
+            let lock = |client| {
+                Lock::builder(client, &name)
+                    .ttl(Duration::from_secs(30))
+                    .build()
+                    .expect("valid")
+            };
+            let holder = lock(t.client().await);
+            let (head, second) = (lock(t.client().await), lock(t.client().await));
+            for _ in 0..2 {
+                let guard = holder.lock().await.expect("free");
+                let head_waits = {
+                    let head = head.clone();
+                    tokio::spawn(async move { head.lock().await.expect("handed over") })
+                };
+                let at = |want: (i64, i64)| {
+                    let (admin, key) = (&admin, &key);
+                    async move {
+                        let reached = async {
+                            while gate(admin, key).await != want {
+                                sleep(Duration::from_millis(10)).await;
+                            }
+                        };
+                        timeout(Duration::from_secs(10), reached)
+                            .await
+                            .unwrap_or_else(|_| panic!("the gate never got to {want:?}"));
+                    }
+                };
+                // The head of the line keeps the gate and waits to be handed the lock.
+                at((0, 1)).await;
+                let second_waits = {
+                    let second = second.clone();
+                    tokio::spawn(async move { second.lock().await.expect("after the head") })
+                };
+                // The second waits for the gate inside the server.
+                at((1, 1)).await;
+                guard.release().await.expect("release");
+                let g = head_waits.await.expect("head");
+                // Its release frees the gate: the second's statement takes the lock.
+                g.release().await.expect("release");
+                let g = timeout(Duration::from_secs(10), second_waits)
+                    .await
+                    .expect("the second got it")
+                    .expect("second");
+                g.release().await.expect("release");
+                rounds
+                    .lock()
+                    .expect("rounds")
+                    .push(capture.named(span::WAIT).len());
+            }
+        }
+    });
+
+    let rounds = rounds.lock().expect("rounds").clone();
+    let waits = capture.named(span::WAIT);
+    assert_eq!(rounds, [2, 4], "one wait per waiter and round: {waits:?}");
+    for (round, waits) in [&waits[..2], &waits[2..]].into_iter().enumerate() {
+        for w in waits {
+            assert!(w.closed);
+            assert_eq!(w.field(field::STORE), "postgres");
+            assert_eq!(w.field(field::WOKEN_BY), "release", "round {round}: {w:?}");
+            assert_eq!(w.parent, Some(span::LOCK));
+        }
+        // The head is handed the lock (NOTIFY); the second's own statement takes it.
+        let mut handoffs: Vec<&str> = waits.iter().map(|w| w.field(field::HANDOFF)).collect();
+        handoffs.sort_unstable();
+        assert_eq!(handoffs, ["false", "true"], "round {round}: {waits:?}");
+        let at_gate = waits
+            .iter()
+            .find(|w| w.get(field::HANDOFF) == Some("false"))
+            .expect("the gate's wait");
+        let waited: f64 = at_gate.field(field::WAITED_MS).parse().expect("waited_ms");
+        assert!(waited > 0.0, "{at_gate:?}");
+        assert_eq!(
+            at_gate.get(field::TIMER_MS),
+            None,
+            "no deadline: {at_gate:?}"
+        );
+    }
+    // Round one: the queueing attempts ran inside their waits.
+    let in_wait: Vec<Captured> = capture
+        .named(span::ACQUIRE)
+        .into_iter()
+        .filter(|s| s.parent == Some(span::WAIT))
+        .collect();
+    assert!(
+        in_wait.iter().all(|s| s.get(field::QUEUE) == Some("true")),
+        "{in_wait:?}"
+    );
+    let outcomes: Vec<&str> = in_wait.iter().map(|s| s.field(field::OUTCOME)).collect();
+    assert!(
+        outcomes.contains(&"acquired") && outcomes.contains(&"busy"),
+        "the second's attempt waited at the gate and got the lock, the head's queued it: \
+         {outcomes:?}"
+    );
+    // Round two: the second's first attempt waited at the gate, outside any wait span.
+    let first_attempt_waited = capture.named(span::ACQUIRE).into_iter().any(|s| {
+        s.parent == Some(span::LOCK)
+            && s.get(field::QUEUE) == Some("true")
+            && s.get(field::ATTEMPT) == Some("1")
+            && s.get(field::OUTCOME) == Some("acquired")
+    });
+    assert!(first_attempt_waited, "{:?}", capture.named(span::ACQUIRE));
+
+    let m = recorded.now();
+    let release = [
+        ("store", "postgres"),
+        ("primitive", "lock"),
+        ("woken_by", "release"),
+    ];
+    assert_eq!(m.observations(metric::WAIT_DURATION, &release), 4);
+    let pg = [("store", "postgres"), ("primitive", "lock")];
+    assert_eq!(m.gauge(metric::WAITERS, &pg), Some(0.0));
+}
+
+/// Listing the held locks (`dlock list`, `dlock top`) is a span too.
+#[test]
+fn listing_locks_is_a_span() {
+    use dlock::raw::RawInspect;
+    let t = RedisTarget::start();
+    let name = unique("observe-list");
+    let (capture, _) = observed(|_, _| {
+        let name = name.clone();
+        let t = &t;
+        async move {
+            for store in [None, Some(t.client().await)] {
+                let found = match store {
+                    Some(redis) => {
+                        let guard = Lock::new(redis.clone(), &name)
+                            .expect("valid")
+                            .lock()
+                            .await
+                            .expect("free");
+                        let found = redis
+                            .list(dlock::keys::DEFAULT_PREFIX, "observe-list-*", 100)
+                            .await
+                            .expect("list");
+                        guard.release().await.expect("release");
+                        found
+                    }
+                    None => {
+                        let memory = dlock::backend::Memory::new();
+                        let guard = Lock::new(memory.clone(), &name)
+                            .expect("valid")
+                            .lock()
+                            .await
+                            .expect("free");
+                        let found = memory
+                            .list(dlock::keys::DEFAULT_PREFIX, "observe-list-*", 100)
+                            .await
+                            .expect("list");
+                        guard.release().await.expect("release");
+                        found
+                    }
+                };
+                assert_eq!(found, [name.as_str()]);
+            }
+            let memcached = dlock_test::targets::MemcachedTarget::start();
+            let err = memcached
+                .client()
+                .await
+                .list("", "*", 10)
+                .await
+                .expect_err("memcached cannot list");
+            assert_eq!(err.kind(), ErrorKind::InvalidArgument);
+        }
+    });
+
+    let lists = capture.named(span::LIST);
+    let stores: Vec<&str> = lists.iter().map(|s| s.field(field::STORE)).collect();
+    assert_eq!(stores, ["memory", "redis", "memcached"], "{lists:?}");
+    for l in &lists[..2] {
+        assert_eq!(l.field(field::OP), "list");
+        assert_eq!(l.field(field::PATTERN), "observe-list-*");
+        assert_eq!(l.field(field::OUTCOME), "ok");
+        assert_eq!(l.field(field::LISTED), "1");
+        assert_eq!(l.field(field::OTEL_KIND), "client");
+        assert!(l.get(field::RTT_MS).is_some(), "{l:?}");
+        assert_eq!(l.get(field::LOCK), None, "a listing names no one lock");
+        assert!(l.closed);
+    }
+    assert_eq!(lists[2].field(field::OUTCOME), "error");
+    assert_eq!(lists[2].field(field::ERROR), "InvalidArgument");
+    assert_eq!(lists[2].field(field::OTEL_STATUS_CODE), "ERROR");
+}
+
+/// A client whose URL carries a user and password: whatever it does — locks, waits,
+/// inspects, lists, fails while the store is unreachable — no span or event field shows
+/// the password (nor the user's credentials pair).
+#[test]
+fn a_password_in_the_store_url_never_appears_in_a_field() {
+    const PASSWORD: &str = "pw-observe-S3cr3t";
+    let t = RedisTarget::start();
+    let name = unique("observe-password");
+    let (capture, _) = observed(|capture, _| {
+        let name = name.clone();
+        let t = &t;
+        async move {
+            let mut admin = t.admin().await;
+            let () = redis::cmd("ACL")
+                .arg(&[
+                    "SETUSER",
+                    "observed",
+                    "on",
+                    &format!(">{PASSWORD}"),
+                    "~*",
+                    "&*",
+                    "+@all",
+                ])
+                .query_async(&mut admin)
+                .await
+                .expect("ACL SETUSER");
+            let upstream = format!("127.0.0.1:{}", t.server.port())
+                .parse()
+                .expect("addr");
+            let proxy = Proxy::start(upstream).await.expect("proxy");
+            let url = format!("redis://observed:{PASSWORD}@{}/", proxy.addr());
+            let connect = || {
+                dlock::backend::Redis::builder(url.clone())
+                    .response_timeout(Duration::from_millis(200))
+                    .connect()
+            };
+            let (a, b) = (connect().await.expect("a"), connect().await.expect("b"));
+            let holder = Lock::builder(a.clone(), &name)
+                .ttl(Duration::from_secs(10))
+                .build()
+                .expect("valid");
+            let waiter = Lock::builder(b, &name)
+                .ttl(Duration::from_secs(10))
+                .build()
+                .expect("valid");
+            // A lock, a wait woken by the release, a state, a listing, a forced unlock.
+            let guard = holder.lock().await.expect("free");
+            let waiting = tokio::spawn(async move {
+                waiter
+                    .lock()
+                    .await
+                    .expect("after the release")
+                    .release()
+                    .await
+                    .expect("release");
+            });
+            until("the waiter to sleep", || {
+                capture.named(span::WAIT).iter().any(|s| !s.closed)
+            })
+            .await;
+            guard.release().await.expect("release");
+            waiting.await.expect("waiter");
+            assert!(!holder.is_locked().await.expect("state"));
+            use dlock::raw::RawInspect;
+            a.list(dlock::keys::DEFAULT_PREFIX, "*", 10)
+                .await
+                .expect("list");
+            assert!(!holder.force_unlock().await.expect("force"));
+            // Failures: a request without a reply, and a wrong password.
+            proxy.set_fault(Fault::Blackhole);
+            let err = holder.try_lock().await.expect_err("no reply");
+            assert!(err.is_retryable(), "{err}");
+            proxy.set_fault(Fault::Pass);
+            let wrong = format!("redis://observed:{PASSWORD}-wrong@{}/", proxy.addr());
+            dlock::backend::Redis::connect(wrong)
+                .await
+                .expect_err("wrong password");
+        }
+    });
+
+    // The calls were recorded (so the check below looked at something)...
+    for name in [
+        span::LOCK,
+        span::ACQUIRE,
+        span::WAIT,
+        span::RELEASE,
+        span::LIST,
+    ] {
+        assert!(!capture.named(name).is_empty(), "no {name} span");
+    }
+    assert!(
+        capture
+            .named(span::LOCK)
+            .iter()
+            .any(|s| s.get(field::OUTCOME) == Some("error")),
+        "the failed attempt is recorded"
+    );
+    // ...and none shows the secret.
+    let values = capture.all_values();
+    assert!(!values.is_empty());
+    for value in values {
+        assert!(!value.contains(PASSWORD), "password in a field: {value}");
+        assert!(
+            !value.contains("observed:"),
+            "credentials in a field: {value}"
+        );
+    }
+}

@@ -1200,35 +1200,40 @@ impl RawInspect for Etcd {
     }
 
     async fn list(&self, prefix: &str, pattern: &str, limit: usize) -> Result<Vec<String>> {
-        if limit == 0 {
-            return Ok(Vec::new());
-        }
-        let from = prefix.to_owned();
-        let resp = self
-            .call("listing locks", |mut c| async move {
-                c.get(from, Some(GetOptions::new().with_prefix().with_keys_only()))
-                    .await
-            })
-            .await?;
-        // A lock is held while its queue has a key: name it once.
-        let mut names = BTreeSet::new();
-        for kv in resp.kvs().iter().filter(|kv| kv.lease() != 0) {
-            let Some(name) = std::str::from_utf8(kv.key())
-                .ok()
-                .and_then(|k| k.strip_prefix(prefix))
-                .and_then(|k| k.rsplit_once('/'))
-                .and_then(|(name, rest)| (!name.is_empty() && !rest.is_empty()).then_some(name))
-            else {
-                continue;
-            };
-            if crate::backend::glob_match(pattern.as_bytes(), name.as_bytes()) {
-                names.insert(name.to_owned());
-                if names.len() >= limit {
-                    break;
+        crate::observe::listed(&self.store_id(), pattern, async move {
+            if limit == 0 {
+                return Ok(Vec::new());
+            }
+            let from = prefix.to_owned();
+            let resp = self
+                .call("listing locks", |mut c| async move {
+                    c.get(from, Some(GetOptions::new().with_prefix().with_keys_only()))
+                        .await
+                })
+                .await?;
+            // A lock is held while its queue has a key: name it once.
+            let mut names = BTreeSet::new();
+            for kv in resp.kvs().iter().filter(|kv| kv.lease() != 0) {
+                let Some(name) = std::str::from_utf8(kv.key())
+                    .ok()
+                    .and_then(|k| k.strip_prefix(prefix))
+                    .and_then(|k| k.rsplit_once('/'))
+                    .and_then(|(name, rest)| {
+                        (!name.is_empty() && !rest.is_empty()).then_some(name)
+                    })
+                else {
+                    continue;
+                };
+                if crate::backend::glob_match(pattern.as_bytes(), name.as_bytes()) {
+                    names.insert(name.to_owned());
+                    if names.len() >= limit {
+                        break;
+                    }
                 }
             }
-        }
-        Ok(names.into_iter().collect())
+            Ok(names.into_iter().collect())
+        })
+        .await
     }
 }
 

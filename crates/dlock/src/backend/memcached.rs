@@ -843,10 +843,13 @@ impl RawInspect for Memcached {
     }
 
     /// Memcached cannot enumerate keys without walking its whole LRU.
-    async fn list(&self, _prefix: &str, _pattern: &str, _limit: usize) -> Result<Vec<String>> {
-        Err(Error::invalid(
-            "memcached cannot list locks (it has no key iteration)",
-        ))
+    async fn list(&self, _prefix: &str, pattern: &str, _limit: usize) -> Result<Vec<String>> {
+        crate::observe::listed(&self.store_id(), pattern, async move {
+            Err(Error::invalid(
+                "memcached cannot list locks (it has no key iteration)",
+            ))
+        })
+        .await
     }
 }
 

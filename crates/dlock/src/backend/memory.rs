@@ -372,17 +372,20 @@ impl RawInspect for Memory {
     }
 
     async fn list(&self, prefix: &str, pattern: &str, limit: usize) -> Result<Vec<String>> {
-        let now = Instant::now();
-        let state = self.state();
-        Ok(state
-            .locks
-            .iter()
-            .filter(|(_, h)| h.expires > now)
-            .filter_map(|(k, _)| k.strip_prefix(prefix))
-            .filter(|name| glob_match(pattern.as_bytes(), name.as_bytes()))
-            .take(limit)
-            .map(str::to_owned)
-            .collect())
+        crate::observe::listed(&self.store_id(), pattern, async move {
+            let now = Instant::now();
+            let state = self.state();
+            Ok(state
+                .locks
+                .iter()
+                .filter(|(_, h)| h.expires > now)
+                .filter_map(|(k, _)| k.strip_prefix(prefix))
+                .filter(|name| glob_match(pattern.as_bytes(), name.as_bytes()))
+                .take(limit)
+                .map(str::to_owned)
+                .collect())
+        })
+        .await
     }
 }
 

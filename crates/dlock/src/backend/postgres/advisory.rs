@@ -357,9 +357,12 @@ impl RawInspect for PgAdvisory {
     }
 
     /// Advisory keys are hashes: the names behind them cannot be listed.
-    async fn list(&self, _prefix: &str, _pattern: &str, _limit: usize) -> Result<Vec<String>> {
-        Err(Error::invalid(
-            "advisory locks cannot be listed: PostgreSQL keeps only their 64-bit hashes",
-        ))
+    async fn list(&self, _prefix: &str, pattern: &str, _limit: usize) -> Result<Vec<String>> {
+        crate::observe::listed(&self.store_id(), pattern, async move {
+            Err(Error::invalid(
+                "advisory locks cannot be listed: PostgreSQL keeps only their 64-bit hashes",
+            ))
+        })
+        .await
     }
 }

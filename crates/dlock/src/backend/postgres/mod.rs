@@ -1176,12 +1176,14 @@ impl Postgres {
         ttl: Duration,
         queue: bool,
     ) -> Result<Acquire> {
+        // Taken here, on the caller's task: the attempt runs on a task of its own.
+        let store_wait = crate::observe::StoreWait::reporter();
         self.detached(
             keys,
             token,
             move |pg, k, t, gone| async move {
                 if queue && pg.inner.serve_waits {
-                    pg.gated_attempt(&k, &t, ttl, gone).await
+                    pg.gated_attempt(&k, &t, ttl, gone, &store_wait).await
                 } else {
                     pg.attempt(&k, &t, ttl, waiter_grace(ttl), queue, None)
                         .await
@@ -1269,13 +1271,15 @@ impl Postgres {
     /// session keeps the gate while the token heads the queue or holds the lock. Without a
     /// free wait session, or once a gate wait timed out, the token queues in the waiters
     /// table as [`attempt`](Postgres::attempt) does. When `gone` ends (the caller left), a
-    /// wait in the server is cancelled.
+    /// wait in the server is cancelled. An attempt that waited for the gate tells
+    /// `store_wait` (the caller's `dlock.wait`).
     async fn gated_attempt(
         &self,
         keys: &LockKeys,
         token: &Token,
         ttl: Duration,
         mut gone: Gone,
+        store_wait: &crate::observe::StoreWaitReporter,
     ) -> Result<Acquire> {
         let grace = waiter_grace(ttl);
         let standing = self.gates().remove(token.as_str());
@@ -1337,6 +1341,7 @@ impl Postgres {
             Ok(Err(e)) if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
                 // Half a lease went by at the gate (long holds, or a gate kept by a holder
                 // that stalled): queue in the table, ahead of those still at the gate.
+                store_wait.waited();
                 drop(deadpool_postgres::Object::take(session));
                 return self.queued_attempt(keys, token, ttl).await;
             }
@@ -1358,8 +1363,14 @@ impl Postgres {
         if channel.is_some() {
             self.raise_floor(&rows, token.as_str(), &reply);
         }
+        let keeps_gate = rows.first().is_some_and(|row| row.get::<_, bool>(3));
+        if first && keeps_gate && matches!(reply, Acquire::Acquired { .. }) {
+            // Granted with the gate kept: the gate was not free (a free gate is given
+            // back with a grant), so the statement waited for it.
+            store_wait.waited();
+        }
         // Whether the session keeps the gate (else it goes back to the pool).
-        if rows.first().is_some_and(|row| row.get::<_, bool>(3)) {
+        if keeps_gate {
             self.gates()
                 .insert(token.as_str().to_owned(), Gate::Held(Box::new(session)));
         }
@@ -1462,18 +1473,21 @@ impl RawInspect for Postgres {
     }
 
     async fn list(&self, prefix: &str, pattern: &str, limit: usize) -> Result<Vec<String>> {
-        let rows = self
-            .query(&self.inner.sql.list, &[&prefix], "listing locks")
-            .await?;
-        Ok(rows
-            .iter()
-            .filter_map(|row| {
-                let key: String = row.get(0);
-                let name = key.strip_prefix(prefix)?.to_owned();
-                super::glob_match(pattern.as_bytes(), name.as_bytes()).then_some(name)
-            })
-            .take(limit)
-            .collect())
+        crate::observe::listed(&self.store_id(), pattern, async move {
+            let rows = self
+                .query(&self.inner.sql.list, &[&prefix], "listing locks")
+                .await?;
+            Ok(rows
+                .iter()
+                .filter_map(|row| {
+                    let key: String = row.get(0);
+                    let name = key.strip_prefix(prefix)?.to_owned();
+                    super::glob_match(pattern.as_bytes(), name.as_bytes()).then_some(name)
+                })
+                .take(limit)
+                .collect())
+        })
+        .await
     }
 }
 

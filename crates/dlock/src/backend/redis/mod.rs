@@ -1165,66 +1165,69 @@ impl RawInspect for Redis {
     }
 
     async fn list(&self, prefix: &str, pattern: &str, limit: usize) -> Result<Vec<String>> {
-        if limit == 0 {
-            return Ok(Vec::new());
-        }
-        let mut escaped = String::with_capacity(prefix.len() + pattern.len());
-        for c in prefix.chars() {
-            if matches!(c, '*' | '?' | '[' | ']' | '\\') {
-                escaped.push('\\');
+        crate::observe::listed(&self.store_id(), pattern, async move {
+            if limit == 0 {
+                return Ok(Vec::new());
             }
-            escaped.push(c);
-        }
-        escaped.push_str(pattern);
-        let mut conn = self.conn();
-        let mut names = Vec::new();
-        let mut seen = std::collections::HashSet::new();
-        for node in self.scan_nodes().await? {
-            let mut cursor: u64 = 0;
-            loop {
-                let mut scan = redis::cmd("SCAN");
-                scan.arg(cursor)
-                    .arg("MATCH")
-                    .arg(&escaped)
-                    .arg("COUNT")
-                    .arg(1000);
-                let (next, keys): (u64, Vec<String>) = conn
-                    .query_on(node.as_ref(), scan)
-                    .await
-                    .map_err(|e| map_err(e, "listing locks (SCAN)"))?;
-                if !keys.is_empty() {
-                    // Lock keys always carry an expiry; fence counters never do.
-                    let mut pipe = redis::pipe();
-                    for k in &keys {
-                        pipe.pttl(k);
-                    }
-                    let ttls: Vec<i64> = conn
-                        .pipe_on(node.as_ref(), pipe, keys.len())
+            let mut escaped = String::with_capacity(prefix.len() + pattern.len());
+            for c in prefix.chars() {
+                if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+                    escaped.push('\\');
+                }
+                escaped.push(c);
+            }
+            escaped.push_str(pattern);
+            let mut conn = self.conn();
+            let mut names = Vec::new();
+            let mut seen = std::collections::HashSet::new();
+            for node in self.scan_nodes().await? {
+                let mut cursor: u64 = 0;
+                loop {
+                    let mut scan = redis::cmd("SCAN");
+                    scan.arg(cursor)
+                        .arg("MATCH")
+                        .arg(&escaped)
+                        .arg("COUNT")
+                        .arg(1000);
+                    let (next, keys): (u64, Vec<String>) = conn
+                        .query_on(node.as_ref(), scan)
                         .await
-                        .map_err(|e| map_err(e, "listing locks (PTTL)"))?;
-                    for (key, ttl) in keys.into_iter().zip(ttls) {
-                        if ttl >= 0
-                            && let Some(name) = key.strip_prefix(prefix)
-                        {
-                            // A name with a hash tag keeps its companion keys (waiters,
-                            // holders, readers…) beside its lock key: they stand for it.
-                            let name = companion_of(prefix, name, &key).unwrap_or(name);
-                            if seen.insert(name.to_owned()) {
-                                names.push(name.to_owned());
-                                if names.len() >= limit {
-                                    return Ok(names);
+                        .map_err(|e| map_err(e, "listing locks (SCAN)"))?;
+                    if !keys.is_empty() {
+                        // Lock keys always carry an expiry; fence counters never do.
+                        let mut pipe = redis::pipe();
+                        for k in &keys {
+                            pipe.pttl(k);
+                        }
+                        let ttls: Vec<i64> = conn
+                            .pipe_on(node.as_ref(), pipe, keys.len())
+                            .await
+                            .map_err(|e| map_err(e, "listing locks (PTTL)"))?;
+                        for (key, ttl) in keys.into_iter().zip(ttls) {
+                            if ttl >= 0
+                                && let Some(name) = key.strip_prefix(prefix)
+                            {
+                                // A name with a hash tag keeps its companion keys (waiters,
+                                // holders, readers…) beside its lock key: they stand for it.
+                                let name = companion_of(prefix, name, &key).unwrap_or(name);
+                                if seen.insert(name.to_owned()) {
+                                    names.push(name.to_owned());
+                                    if names.len() >= limit {
+                                        return Ok(names);
+                                    }
                                 }
                             }
                         }
                     }
+                    if next == 0 {
+                        break;
+                    }
+                    cursor = next;
                 }
-                if next == 0 {
-                    break;
-                }
-                cursor = next;
             }
-        }
-        Ok(names)
+            Ok(names)
+        })
+        .await
     }
 }
 

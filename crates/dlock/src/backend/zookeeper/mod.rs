@@ -1560,43 +1560,46 @@ impl RawInspect for ZooKeeper {
     }
 
     async fn list(&self, prefix: &str, pattern: &str, limit: usize) -> Result<Vec<String>> {
-        if limit == 0 {
-            return Ok(Vec::new());
-        }
-        let s = self.live().await?;
-        let dirs = self
-            .call("listing locks", s.client.list_children("/"))
-            .await?;
-        let candidates: Vec<(String, String)> = dirs
-            .into_iter()
-            // A name with a `-` is no lock's directory (`escape` never writes one): an
-            // election's record, beside its lock's directory.
-            .filter(|d| !d.contains('-'))
-            .filter_map(|d| {
-                let key = unescape(&d)?;
-                let name = key.strip_prefix(prefix)?.to_owned();
-                (!name.is_empty()
-                    && crate::backend::glob_match(pattern.as_bytes(), name.as_bytes()))
-                .then_some((d, name))
-            })
-            .collect();
-        // One pipelined read per candidate: held while it has a lock node.
-        let reads: Vec<_> = candidates
-            .iter()
-            .map(|(d, _)| s.client.list_children(&format!("/{d}")))
-            .collect();
-        let mut names = Vec::new();
-        for ((_, name), read) in candidates.into_iter().zip(reads) {
-            if let Ok(Ok(children)) = tokio::time::timeout(CALL_TIMEOUT, read).await
-                && !in_line(&children).is_empty()
-            {
-                names.push(name);
-                if names.len() >= limit {
-                    break;
+        crate::observe::listed(&self.store_id(), pattern, async move {
+            if limit == 0 {
+                return Ok(Vec::new());
+            }
+            let s = self.live().await?;
+            let dirs = self
+                .call("listing locks", s.client.list_children("/"))
+                .await?;
+            let candidates: Vec<(String, String)> = dirs
+                .into_iter()
+                // A name with a `-` is no lock's directory (`escape` never writes one): an
+                // election's record, beside its lock's directory.
+                .filter(|d| !d.contains('-'))
+                .filter_map(|d| {
+                    let key = unescape(&d)?;
+                    let name = key.strip_prefix(prefix)?.to_owned();
+                    (!name.is_empty()
+                        && crate::backend::glob_match(pattern.as_bytes(), name.as_bytes()))
+                    .then_some((d, name))
+                })
+                .collect();
+            // One pipelined read per candidate: held while it has a lock node.
+            let reads: Vec<_> = candidates
+                .iter()
+                .map(|(d, _)| s.client.list_children(&format!("/{d}")))
+                .collect();
+            let mut names = Vec::new();
+            for ((_, name), read) in candidates.into_iter().zip(reads) {
+                if let Ok(Ok(children)) = tokio::time::timeout(CALL_TIMEOUT, read).await
+                    && !in_line(&children).is_empty()
+                {
+                    names.push(name);
+                    if names.len() >= limit {
+                        break;
+                    }
                 }
             }
-        }
-        Ok(names)
+            Ok(names)
+        })
+        .await
     }
 }
 
