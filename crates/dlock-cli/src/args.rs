@@ -394,14 +394,86 @@ pub(crate) struct CompletionsArgs {
     pub(crate) shell: clap_complete::Shell,
 }
 
-/// Durations like `30s`, `1m30s`, `500ms`, `2h`.
+/// Durations like `30s`, `1m30s`, `500ms`, `2h` (humantime's syntax).
 pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
-    let d = humantime::parse_duration(s.trim())
-        .map_err(|e| format!("{e} (expected e.g. 500ms, 30s, 5m, 2h)"))?;
+    let d =
+        sum_of_spans(s.trim()).map_err(|e| format!("{e} (expected e.g. 500ms, 30s, 5m, 2h)"))?;
     if d.is_zero() {
         return Err("must be greater than zero".into());
     }
     Ok(d)
+}
+
+/// `humantime::parse_duration`, one span (`1m`, `30 s`, `1.5h`) at a time, the spans
+/// added without overflow: humantime 2.4 adds them itself with a carry it does not check,
+/// and panics (`overflow in Duration::new`) where their seconds reach `u64::MAX` with a
+/// whole second of nanoseconds (`18446744073709551615s 1000ms`); a single span cannot
+/// get there. The same syntax and errors (offsets in the whole of `s`), but a sum that
+/// fits a `Duration` is exact where humantime's `u64` of nanoseconds overflowed.
+fn sum_of_spans(s: &str) -> Result<Duration, humantime::DurationError> {
+    use humantime::DurationError;
+
+    let mut total = Duration::ZERO;
+    let mut spans = span_starts(s).peekable();
+    if spans.peek().is_none() {
+        // Empty or blank: humantime's own error.
+        return humantime::parse_duration(s);
+    }
+    while let Some(start) = spans.next() {
+        let end = spans.peek().copied().unwrap_or(s.len());
+        let span = match &s[start..end] {
+            // Blanks after the last unit.
+            blank if blank.trim().is_empty() => continue,
+            // humantime takes a lone "0" for zero; after another span, it lacks a unit.
+            "0" if start > 0 => Err(DurationError::UnknownUnit {
+                start: 1,
+                end: 1,
+                unit: String::new(),
+                value: 0,
+            }),
+            span => humantime::parse_duration(span),
+        };
+        let span = span.map_err(|e| match e {
+            DurationError::InvalidCharacter(at) => DurationError::InvalidCharacter(start + at),
+            DurationError::NumberExpected(at) => DurationError::NumberExpected(start + at),
+            DurationError::UnknownUnit {
+                start: from,
+                end: to,
+                unit,
+                value,
+            } => DurationError::UnknownUnit {
+                start: start + from,
+                end: start + to,
+                unit,
+                value,
+            },
+            other => other,
+        })?;
+        total = total
+            .checked_add(span)
+            .ok_or(DurationError::NumberOverflow)?;
+    }
+    Ok(total)
+}
+
+/// Where the spans of a duration start, as humantime reads them: at the start, at a digit
+/// right after a unit's letters, and after the blank that ends a unit (where humantime's
+/// offsets count from). A span may be blank at the end.
+fn span_starts(s: &str) -> impl Iterator<Item = usize> + '_ {
+    let is_unit = |c: char| c.is_ascii_alphabetic() || c == 'µ';
+    let mut in_unit = false;
+    let first = (!s.trim().is_empty()).then_some(0);
+    first
+        .into_iter()
+        .chain(s.char_indices().filter_map(move |(i, c)| {
+            let start = match in_unit {
+                true if c.is_ascii_digit() => Some(i),
+                true if c.is_whitespace() => Some(i + c.len_utf8()),
+                _ => None,
+            };
+            in_unit = is_unit(c);
+            start
+        }))
 }
 
 /// `--min-hold`: a duration up to the longest lease, [`dlock::MAX_TTL`].
@@ -459,4 +531,310 @@ pub(crate) enum SortBy {
     Waiters,
     /// Held longest first (by the holder's `since`).
     Since,
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::hostile::cases;
+
+    /// The units humantime reads, by spelling, with their length: in nanoseconds below a
+    /// second, else in seconds (`true`).
+    const UNITS: &[(&str, u64, bool)] = &[
+        ("ns", 1, false),
+        ("nsec", 1, false),
+        ("us", 1_000, false),
+        ("µs", 1_000, false),
+        ("ms", 1_000_000, false),
+        ("millis", 1_000_000, false),
+        ("s", 1, true),
+        ("sec", 1, true),
+        ("seconds", 1, true),
+        ("m", 60, true),
+        ("min", 60, true),
+        ("h", 3_600, true),
+        ("hours", 3_600, true),
+        ("d", 86_400, true),
+        ("w", 604_800, true),
+        ("M", 2_630_016, true),
+        ("y", 31_557_600, true),
+    ];
+
+    /// `n` of `unit`, exactly, or `None` past what humantime computes without overflow
+    /// (below a second it counts in `u64` nanoseconds).
+    fn exactly(n: u64, factor: u64, in_seconds: bool) -> Option<Duration> {
+        let units = n.checked_mul(factor)?;
+        Some(if in_seconds {
+            Duration::from_secs(units)
+        } else {
+            Duration::from_nanos(units)
+        })
+    }
+
+    /// The longest lease, in milliseconds.
+    const MAX_TTL_MS: u64 = dlock::MAX_TTL.as_millis() as u64;
+
+    /// Counts: small, any, and near `u64::MAX` (where overflow starts).
+    fn count() -> impl Strategy<Value = u64> {
+        prop_oneof![
+            1..10_000u64,
+            any::<u64>(),
+            (u64::MAX - 1_000)..=u64::MAX,
+            (0..64u32).prop_map(|bits| 1u64 << bits),
+        ]
+    }
+
+    /// Pieces of durations, good and bad: digits, units, signs, blanks, controls,
+    /// non-ASCII digits and letters, `u64::MAX`.
+    fn duration_garbage() -> impl Strategy<Value = String> {
+        const PIECES: &[&str] = &[
+            "0",
+            "1",
+            "9",
+            "42",
+            "1000",
+            "999999999",
+            "18446744073709551615",
+            "18446744073709551616",
+            "-",
+            "+",
+            ".",
+            "e",
+            "s",
+            "ms",
+            "m",
+            "h",
+            "d",
+            "y",
+            "M",
+            "ns",
+            "us",
+            "µs",
+            " ",
+            "\t",
+            "\n",
+            "\u{1}",
+            "\u{1b}[31m",
+            "é",
+            "٣",
+            "½",
+            "∞",
+            "\u{202e}",
+            "🔒",
+            ":",
+            "/",
+        ];
+        prop::collection::vec(prop::sample::select(PIECES), 0..10).prop_map(|p| p.concat())
+    }
+
+    /// A span humantime reads (`<n><unit>`, blanks around the unit), or garbage.
+    fn span() -> impl Strategy<Value = String> {
+        prop_oneof![
+            3 => (count(), prop::sample::select(UNITS), "[ \t]{0,2}")
+                .prop_map(|(n, (unit, _, _), blank)| format!("{n}{blank}{unit}")),
+            1 => (0..1_000u64, 0..1_000_000u64, prop::sample::select(UNITS))
+                .prop_map(|(n, frac, (unit, _, _))| format!("{n}.{frac}{unit}")),
+            1 => duration_garbage(),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(cases(256))]
+
+        /// Whatever the text: a duration above zero, or an error with a message.
+        #[test]
+        fn any_text_is_a_duration_or_an_error(
+            s in prop_oneof![any::<String>(), duration_garbage()],
+        ) {
+            match parse_duration(&s) {
+                Ok(d) => prop_assert!(!d.is_zero()),
+                Err(e) => prop_assert!(!e.is_empty()),
+            }
+            match parse_min_hold(&s) {
+                Ok(d) => prop_assert!(!d.is_zero() && d <= dlock::MAX_TTL),
+                Err(e) => prop_assert!(!e.is_empty()),
+            }
+        }
+
+        /// `<n><unit>` is exactly n units (blanks around it ignored); past what the
+        /// arithmetic holds it is an error, never a wrapped value; `0<unit>` is refused.
+        #[test]
+        fn n_units_are_exactly_n_units_or_an_overflow(
+            n in count(),
+            (unit, factor, in_seconds) in prop::sample::select(UNITS),
+            pad in "[ \t]{0,2}",
+        ) {
+            let text = format!("{pad}{n}{unit}{pad}");
+            match exactly(n, factor, in_seconds) {
+                Some(d) if n > 0 => prop_assert_eq!(parse_duration(&text), Ok(d)),
+                Some(_) => prop_assert_eq!(
+                    parse_duration(&text),
+                    Err("must be greater than zero".to_owned())
+                ),
+                None => {
+                    let err = parse_duration(&text).expect_err("an overflow");
+                    prop_assert!(err.contains("too large"), "{}", err);
+                }
+            }
+        }
+
+        /// Numbers past `u64::MAX`, negative numbers and numbers without a unit are
+        /// errors, whatever the unit.
+        #[test]
+        fn huge_negative_and_bare_numbers_are_errors(
+            n in any::<u64>(),
+            extra in 1..=u64::MAX,
+            (unit, _, _) in prop::sample::select(UNITS),
+        ) {
+            let huge = u128::from(u64::MAX) + u128::from(extra);
+            let texts = [
+                format!("{huge}{unit}"),
+                format!("-{n}{unit}"),
+                format!("+{n}{unit}"),
+                n.to_string(),
+            ];
+            for text in texts {
+                prop_assert!(parse_duration(&text).is_err(), "{:?} parsed", text);
+            }
+        }
+
+        /// `<a><unit> <b><unit> …` is the exact sum, or an overflow error (never a
+        /// panic: humantime's own sum panics on `18446744073709551615s 1000ms`).
+        #[test]
+        fn spans_add_up_exactly_or_overflow(
+            spans in prop::collection::vec((count(), prop::sample::select(UNITS)), 1..5),
+            joined in any::<bool>(),
+        ) {
+            let text: Vec<String> = spans
+                .iter()
+                .map(|(n, (unit, _, _))| format!("{n}{unit}"))
+                .collect();
+            let text = text.join(if joined { "" } else { " " });
+            let sum = spans.iter().try_fold(Duration::ZERO, |sum, &(n, (_, factor, secs))| {
+                sum.checked_add(exactly(n, factor, secs)?)
+            });
+            match sum {
+                Some(d) if !d.is_zero() => prop_assert_eq!(parse_duration(&text), Ok(d)),
+                _ => prop_assert!(parse_duration(&text).is_err()),
+            }
+        }
+
+        /// Seconds near `u64::MAX`, then quarters of a second in any sub-second unit:
+        /// the exact sum, or an overflow error where the quarters carry past the last
+        /// second (humantime's own sum panics there).
+        #[test]
+        fn a_carry_into_the_last_second_is_exact_or_an_overflow(
+            secs in (u64::MAX - 2)..=u64::MAX,
+            quarters in prop::collection::vec((1..=4u64, 0..3usize), 1..5),
+            joined in any::<bool>(),
+        ) {
+            let mut text = format!("{secs}s");
+            let mut sum = Some(Duration::from_secs(secs));
+            for &(q, unit) in &quarters {
+                let ms = 250 * q;
+                let span = [
+                    format!("{ms}ms"),
+                    format!("{}us", ms * 1_000),
+                    format!("{}ns", ms * 1_000_000),
+                ];
+                if !joined {
+                    text.push(' ');
+                }
+                text.push_str(&span[unit]);
+                sum = sum.and_then(|d| d.checked_add(Duration::from_millis(ms)));
+            }
+            match sum {
+                Some(d) => prop_assert_eq!(parse_duration(&text), Ok(d)),
+                None => {
+                    let err = parse_duration(&text).expect_err("an overflow");
+                    prop_assert!(err.contains("too large"), "{}", err);
+                }
+            }
+        }
+
+        /// The spans read one at a time agree with humantime: the same duration, or the
+        /// same error (offsets included), wherever humantime neither overflows nor panics.
+        /// There, the sum is exact or an overflow (see the properties above), or a syntax
+        /// error past where humantime stopped: it also overflows on nanoseconds past
+        /// `u64` (`0.11ms18446744073709550615ns` is 5 hours).
+        #[test]
+        fn spans_agree_with_humantime(
+            spans in prop::collection::vec(span(), 0..4),
+            blank in "[ ]{0,2}",
+        ) {
+            let text = spans.join(&blank);
+            let ours = sum_of_spans(&text);
+            match std::panic::catch_unwind(|| humantime::parse_duration(&text)) {
+                Ok(Err(humantime::DurationError::NumberOverflow)) | Err(_) => {}
+                Ok(theirs) => prop_assert_eq!(ours, theirs, "{:?}", text),
+            }
+        }
+
+        /// What `humantime` writes (as dlock prints durations) reads back exactly.
+        #[test]
+        fn printed_durations_read_back(secs in any::<u64>(), nanos in 0..1_000_000_000u32) {
+            let d = Duration::new(secs, nanos);
+            prop_assume!(!d.is_zero());
+            let text = humantime::format_duration(d).to_string();
+            prop_assert_eq!(parse_duration(&text), Ok(d));
+        }
+
+        /// `--min-hold`: up to the longest lease, exactly; above it, an error that says so.
+        #[test]
+        fn min_hold_is_capped_at_the_longest_lease(ms in 1..2 * MAX_TTL_MS) {
+            let d = Duration::from_millis(ms);
+            let parsed = parse_min_hold(&format!("{ms}ms"));
+            if d <= dlock::MAX_TTL {
+                prop_assert_eq!(parsed, Ok(d));
+            } else {
+                let err = parsed.expect_err("over the cap");
+                prop_assert!(err.contains("at most"), "{}", err);
+            }
+        }
+    }
+
+    /// Regression: humantime 2.4 panics (`overflow in Duration::new`) on these, and
+    /// `dlock run --wait '18446744073709551615s 1000ms'` exited 101.
+    #[test]
+    fn a_sum_that_carries_past_u64_seconds_is_an_overflow() {
+        for text in [
+            "18446744073709551615s 1000ms",
+            "18446744073709551615s1000ms",
+            "18446744073709551615s 500ms 500ms",
+            "18446744073709551615s 1000000000ns",
+            "18446744073709551614s 999ms 1001ms",
+        ] {
+            let err = parse_duration(text).expect_err(text);
+            assert!(err.contains("too large"), "{text}: {err}");
+        }
+        assert_eq!(
+            parse_duration("18446744073709551615s 999ms"),
+            Ok(Duration::new(u64::MAX, 999_000_000))
+        );
+        assert_eq!(parse_duration("1m30s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration(" 1m 30 s "), Ok(Duration::from_secs(90)));
+    }
+
+    /// Error offsets point into the whole text, as humantime's own did.
+    #[test]
+    fn errors_point_into_the_whole_text() {
+        assert_eq!(
+            sum_of_spans("1m 30x"),
+            Err(humantime::DurationError::UnknownUnit {
+                start: 5,
+                end: 6,
+                unit: "x".into(),
+                value: 30,
+            })
+        );
+        assert_eq!(
+            sum_of_spans("1m 3é"),
+            Err(humantime::DurationError::InvalidCharacter(4))
+        );
+        assert_eq!(sum_of_spans(""), Err(humantime::DurationError::Empty));
+    }
 }

@@ -235,31 +235,57 @@ pub(crate) async fn top(target: Target, args: TopArgs) -> Result<u8, Failure> {
 /// accepted only where `allow_memory` says so: a lock in one process's memory excludes
 /// nobody else.
 pub(crate) async fn connect(store: &Store, allow_memory: bool) -> Result<Target, Failure> {
-    let Some(url) = store.url.as_deref().filter(|u| !u.is_empty()) else {
+    Ok(match named(store.url.as_deref(), allow_memory)? {
+        Named::Redis(url) => Target::Redis(Redis::connect(url).await?),
+        Named::Redlock(nodes) => Target::Quorum(redlock(nodes).await?),
+        Named::Memcached(url) => Target::Memcached(Memcached::connect(url).await?),
+        Named::Etcd(url) => Target::Etcd(Etcd::connect(url).await?),
+        Named::Postgres(url) => Target::Postgres(Postgres::connect(url).await?),
+        Named::PgAdvisory(url) => Target::PgAdvisory(PgAdvisory::connect(&url).await?),
+        Named::ZooKeeper(url) => Target::ZooKeeper(ZooKeeper::connect(url).await?),
+        Named::Memory => Target::Memory(Memory::new()),
+    })
+}
+
+/// The store a `--url` names, before anything connects: which connector gets which URL.
+#[derive(Debug, PartialEq, Eq)]
+enum Named<'a> {
+    /// `redis://`, `rediss://`, `redis+unix://` (`unix://`), `redis+sentinel://`,
+    /// `redis+cluster://`: the URL as given.
+    Redis(&'a str),
+    /// `redlock://`: one `redis://` URL per independent master.
+    Redlock(Vec<String>),
+    Memcached(&'a str),
+    Etcd(&'a str),
+    /// `postgres://` in lease mode (the default).
+    Postgres(&'a str),
+    /// `postgres://…?mode=advisory`: the URL without `mode=advisory`.
+    PgAdvisory(String),
+    ZooKeeper(&'a str),
+    Memory,
+}
+
+/// Which store `url` names (`--url`, else `DLOCK_URL`), by its scheme; a usage error for
+/// none, an unknown scheme or text that is no URL, which never shows a secret of it.
+fn named(url: Option<&str>, allow_memory: bool) -> Result<Named<'_>, Failure> {
+    let Some(url) = url.filter(|u| !u.is_empty()) else {
         return Err(Failure::usage(format!(
             "no store given: pass --url or set DLOCK_URL ({SCHEMES})"
         )));
     };
-    // Only a scheme's characters count as one: text before a later "://" (in a query,
-    // after a password) is no scheme, and is never printed.
-    let scheme = url.split_once("://").map(|(s, _)| s).filter(|s| {
-        !s.is_empty()
-            && s.chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
-    });
-    match scheme {
+    match scheme(url) {
         Some("redis" | "rediss" | "redis+unix" | "unix" | "redis+sentinel" | "redis+cluster") => {
-            Ok(Target::Redis(Redis::connect(url).await?))
+            Ok(Named::Redis(url))
         }
-        Some("redlock") => Ok(Target::Quorum(redlock(url).await?)),
-        Some("memcache" | "memcached") => Ok(Target::Memcached(Memcached::connect(url).await?)),
-        Some("etcd") => Ok(Target::Etcd(Etcd::connect(url).await?)),
-        Some("postgres" | "postgresql") => match advisory_url(url) {
-            Some(url) => Ok(Target::PgAdvisory(PgAdvisory::connect(&url).await?)),
-            None => Ok(Target::Postgres(Postgres::connect(url).await?)),
-        },
-        Some("zk") => Ok(Target::ZooKeeper(ZooKeeper::connect(url).await?)),
-        Some("memory") if allow_memory => Ok(Target::Memory(Memory::new())),
+        Some("redlock") => Ok(Named::Redlock(redlock_nodes(url)?)),
+        Some("memcache" | "memcached") => Ok(Named::Memcached(url)),
+        Some("etcd") => Ok(Named::Etcd(url)),
+        Some("postgres" | "postgresql") => Ok(match advisory_url(url) {
+            Some(url) => Named::PgAdvisory(url),
+            None => Named::Postgres(url),
+        }),
+        Some("zk") => Ok(Named::ZooKeeper(url)),
+        Some("memory") if allow_memory => Ok(Named::Memory),
         Some("memory") => Err(Failure::usage(
             "memory:// is in-process only and would exclude no other process; use redis://",
         )),
@@ -268,9 +294,46 @@ pub(crate) async fn connect(store: &Store, allow_memory: bool) -> Result<Target,
         ))),
         None => Err(Failure::usage(format!(
             "--url {:?} is not a URL (expected {SCHEMES})",
-            dlock::backend::redact_url(url)
+            redact(url)
         ))),
     }
+}
+
+/// The scheme of `url`, if it starts with one and `://`. Only a scheme's characters count
+/// as one: text before a later "://" (in a query, in a password) is no scheme.
+fn scheme(url: &str) -> Option<&str> {
+    url.split_once("://").map(|(s, _)| s).filter(|s| {
+        !s.is_empty()
+            && s.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
+    })
+}
+
+/// `text` (a URL, or user input quoted in a message) fit to print: as
+/// [`dlock::backend::redact_url`] shows it (the user info, from the scheme or the start to
+/// the last `@`, and secret query parameters hidden), except that only a scheme counts as
+/// one: `redact_url` keeps whatever comes before the first `://`, which in a mangled URL
+/// (`redis:/:pa://ss@host`) is part of the password.
+pub(crate) fn redact(text: &str) -> String {
+    let Some(at) = text.rfind('@') else {
+        // No user info: only the query's secrets to hide.
+        return dlock::backend::redact_url(text);
+    };
+    let start = scheme(text)
+        .map(|s| s.len() + "://".len())
+        .filter(|&end| end <= at)
+        .unwrap_or(0);
+    let user = match text[start..at].split_once(':') {
+        // A user name is kept only where it is unambiguous: right after `://`.
+        Some((user, _)) if start > 0 && !user.contains(['/', '?', '#', '@']) => user,
+        _ => "",
+    };
+    let hidden = if user.is_empty() { "***@" } else { ":***@" };
+    format!(
+        "{}{user}{hidden}{}",
+        &text[..start],
+        dlock::backend::redact_url(&text[at + 1..])
+    )
 }
 
 /// A `postgres://` URL that asks for advisory-lock mode (`mode=advisory` among its query
@@ -295,10 +358,15 @@ fn advisory_url(url: &str) -> Option<String> {
     })
 }
 
-/// `redlock://[user:pass@]host:port,host:port,…[/db]`: one independent master per host.
-async fn redlock(url: &str) -> Result<Quorum<Redis>, Failure> {
+/// `redlock://[user:pass@]host:port,host:port,…[/db][?query]`: one `redis://` URL per
+/// independent master, each with the user info, database and query of the whole.
+fn redlock_nodes(url: &str) -> Result<Vec<String>, Failure> {
     let rest = url.strip_prefix("redlock://").unwrap_or_default();
-    let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
+    // The hosts end at the path or, without one, at the query (which every node gets).
+    let (authority, tail) = rest
+        .find(['/', '?'])
+        .map_or((rest, ""), |i| rest.split_at(i));
+    let tail = tail.strip_prefix('/').unwrap_or(tail);
     let (auth, hosts) = match authority.rsplit_once('@') {
         Some((auth, hosts)) => (format!("{auth}@"), hosts),
         None => (String::new(), authority),
@@ -309,9 +377,273 @@ async fn redlock(url: &str) -> Result<Quorum<Redis>, Failure> {
             "redlock:// needs at least 3 independent masters (host:port,host:port,host:port)",
         ));
     }
-    let mut nodes = Vec::with_capacity(hosts.len());
-    for host in hosts {
-        nodes.push(Redis::connect(format!("redis://{auth}{host}/{path}")).await?);
+    Ok(hosts
+        .into_iter()
+        .map(|host| format!("redis://{auth}{host}/{tail}"))
+        .collect())
+}
+
+/// RedLock over the masters at `nodes` (`redis://` URLs).
+async fn redlock(nodes: Vec<String>) -> Result<Quorum<Redis>, Failure> {
+    let mut connected = Vec::with_capacity(nodes.len());
+    for node in nodes {
+        connected.push(Redis::connect(node).await?);
     }
-    Ok(Quorum::new(nodes)?)
+    Ok(Quorum::new(connected)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::exit;
+    use crate::hostile::{
+        SCHEMES as ANY_SCHEMES, any_url, cases, url_with_password, usage_without,
+    };
+
+    /// The schemes `--url` takes, and the connector each goes to.
+    const KNOWN: &[(&str, &str)] = &[
+        ("redis", "redis"),
+        ("rediss", "redis"),
+        ("redis+unix", "redis"),
+        ("unix", "redis"),
+        ("redis+sentinel", "redis"),
+        ("redis+cluster", "redis"),
+        ("redlock", "redlock"),
+        ("memcache", "memcached"),
+        ("memcached", "memcached"),
+        ("etcd", "etcd"),
+        ("postgres", "postgres"),
+        ("postgresql", "postgres"),
+        ("zk", "zk"),
+        ("memory", "memory"),
+    ];
+
+    /// Which connector `named` chose.
+    fn connector(named: &Named<'_>) -> &'static str {
+        match named {
+            Named::Redis(_) => "redis",
+            Named::Redlock(_) => "redlock",
+            Named::Memcached(_) => "memcached",
+            Named::Etcd(_) => "etcd",
+            Named::Postgres(_) | Named::PgAdvisory(_) => "postgres",
+            Named::ZooKeeper(_) => "zk",
+            Named::Memory => "memory",
+        }
+    }
+
+    /// A host of a RedLock URL: no `,`, `/`, `?` or `@`.
+    fn host() -> impl Strategy<Value = String> {
+        prop_oneof![
+            "[a-z0-9.-]{1,12}(:[0-9]{1,5})?",
+            "\\[::1\\](:[0-9]{1,5})?",
+            "[^,/?@]{1,8}",
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(cases(256))]
+
+        /// Any `--url`: a store to connect to, or a usage error with a message; nothing
+        /// connects here.
+        #[test]
+        fn any_url_names_a_store_or_is_a_usage_error(url in any_url(), memory in any::<bool>()) {
+            match named(Some(&url), memory) {
+                Ok(Named::Memory) => prop_assert!(memory && url.starts_with("memory://")),
+                Ok(Named::Redlock(nodes)) => prop_assert!(nodes.len() >= 3),
+                Ok(_) => {}
+                Err(f) => usage_without(&f, "")?,
+            }
+        }
+
+        /// The scheme alone picks the connector, which gets the URL as given (advisory
+        /// mode: without `mode=advisory`; RedLock: one `redis://` URL per node).
+        #[test]
+        fn the_scheme_picks_the_connector(
+            (scheme, expected) in prop::sample::select(KNOWN),
+            rest in prop_oneof![any::<String>(), "[ -~]{0,40}"],
+        ) {
+            let url = format!("{scheme}://{rest}");
+            match named(Some(&url), true) {
+                Ok(named) => {
+                    prop_assert_eq!(connector(&named), expected);
+                    match named {
+                        Named::Redis(u)
+                        | Named::Memcached(u)
+                        | Named::Etcd(u)
+                        | Named::Postgres(u)
+                        | Named::ZooKeeper(u) => prop_assert_eq!(u, url.as_str()),
+                        Named::PgAdvisory(u) => prop_assert_eq!(Some(u), advisory_url(&url)),
+                        Named::Redlock(nodes) => {
+                            prop_assert!(nodes.iter().all(|n| n.starts_with("redis://")));
+                        }
+                        Named::Memory => {}
+                    }
+                }
+                // Only RedLock checks more than the scheme.
+                Err(f) => {
+                    prop_assert_eq!(expected, "redlock", "{}", f.message);
+                    usage_without(&f, "")?;
+                }
+            }
+        }
+
+        /// A scheme dlock does not know, made of a scheme's characters, is named in the
+        /// usage error; anything else before `://` is no scheme and is not shown.
+        #[test]
+        fn unknown_schemes_are_usage_errors(
+            scheme in "[a-z][a-z0-9+.-]{0,12}",
+            rest in "[ -~]{0,30}",
+        ) {
+            prop_assume!(!KNOWN.iter().any(|(k, _)| *k == scheme));
+            let f = named(Some(&format!("{scheme}://{rest}")), true).expect_err("unknown");
+            usage_without(&f, "")?;
+            prop_assert!(f.message.contains(&format!("{scheme:?}")), "{}", f.message);
+        }
+
+        /// A password in a `--url` of any scheme, well-formed or not, never shows in the
+        /// usage error (its line or its `Debug`).
+        #[test]
+        fn a_password_never_shows_in_url_errors((url, secret) in url_with_password(ANY_SCHEMES)) {
+            if let Err(f) = named(Some(&url), false) {
+                usage_without(&f, &secret)?;
+            }
+        }
+
+        /// A password in any text, URL or not, never survives [`redact`].
+        #[test]
+        fn redact_hides_every_password(
+            (url, secret) in url_with_password(ANY_SCHEMES),
+            after in "[ -?A-~]{0,12}",
+        ) {
+            crate::hostile::hidden(&redact(&url), &secret)?;
+            // Quoted in a message, as clap quotes what it refuses.
+            crate::hostile::hidden(&redact(&format!("{url}' for '--ttl': {after}")), &secret)?;
+        }
+
+        /// `redlock://[auth@]h1,h2,…[/db][?query]`: one `redis://[auth@]host/db?query` per
+        /// host, in order, for 3 or more hosts; a usage error for fewer.
+        #[test]
+        fn redlock_urls_split_into_their_nodes(
+            auth in prop_oneof![
+                Just(String::new()),
+                "[a-z]{0,5}:[A-Za-z0-9_.~-]{1,10}@",
+                "[A-Za-z0-9]{1,8}@",
+            ],
+            hosts in prop::collection::vec(host(), 0..7),
+            empty in 0..3usize,
+            db in prop_oneof![Just(String::new()), Just("/".to_owned()), "/[0-9]{1,2}"],
+            query in prop_oneof![
+                Just(String::new()),
+                "\\?[a-z_]{1,10}=[a-z0-9]{0,5}(&[a-z]{1,5}=[a-z0-9]{0,3})?",
+            ],
+        ) {
+            // Empty entries (`h1,,h2`) are skipped.
+            let mut list = hosts.clone();
+            for i in 0..empty.min(list.len()) {
+                list.insert(i * 2, String::new());
+            }
+            let url = format!("redlock://{auth}{}{db}{query}", list.join(","));
+            let result = redlock_nodes(&url);
+            if hosts.len() < 3 {
+                let f = result.expect_err("fewer than 3 masters");
+                usage_without(&f, "")?;
+                prop_assert!(f.message.contains("at least 3"));
+            } else {
+                let db = db.strip_prefix('/').unwrap_or(&db);
+                let expected: Vec<String> = hosts
+                    .iter()
+                    .map(|h| format!("redis://{auth}{h}/{db}{query}"))
+                    .collect();
+                prop_assert_eq!(result.expect("nodes"), expected);
+            }
+        }
+
+        /// `mode=advisory` among a `postgres://` URL's parameters picks advisory mode and
+        /// is dropped (with any other `mode=`), the other parameters kept in order;
+        /// without it, lease mode.
+        #[test]
+        fn advisory_mode_is_one_query_parameter(
+            base in "postgres://[a-z:@0-9./]{0,20}",
+            params in prop::collection::vec(
+                prop_oneof![
+                    "[a-z_]{1,8}=[a-z0-9]{0,5}",
+                    Just("mode=advisory".to_owned()),
+                    Just("mode=lease".to_owned()),
+                    Just(String::new()),
+                    "[^&]{0,6}",
+                ],
+                0..5,
+            ),
+        ) {
+            let with_query = |params: &[&str]| {
+                if params.is_empty() {
+                    base.clone()
+                } else {
+                    format!("{base}?{}", params.join("&"))
+                }
+            };
+            let all: Vec<&str> = params.iter().map(String::as_str).collect();
+            let url = with_query(&all);
+            let kept: Vec<&str> = all.iter().copied().filter(|p| !p.starts_with("mode=")).collect();
+            let advisory = params.iter().any(|p| p == "mode=advisory");
+            match advisory_url(&url) {
+                Some(u) => {
+                    prop_assert!(advisory);
+                    prop_assert_eq!(u, with_query(&kept));
+                }
+                None => prop_assert!(!advisory),
+            }
+        }
+    }
+
+    #[test]
+    fn no_url_is_a_usage_error() {
+        for url in [None, Some("")] {
+            let f = named(url, true).expect_err("no store");
+            assert_eq!(f.code, exit::USAGE);
+            assert!(f.message.contains("DLOCK_URL"), "{}", f.message);
+        }
+        let f = named(Some("memory://"), false).expect_err("not in-process");
+        assert_eq!(f.code, exit::USAGE);
+    }
+
+    /// Regression: `dlock::backend::redact_url` keeps what precedes the first `://`, in a
+    /// mangled URL part of the password; the CLI's messages redact with [`redact`].
+    #[test]
+    fn a_password_with_a_scheme_separator_is_hidden() {
+        let url = "redis:/:Zqa00://x@127.0.0.1";
+        let f = named(Some(url), false).expect_err("not a URL");
+        assert!(!f.message.contains("Zqa00"), "{}", f.message);
+        assert_eq!(redact(url), "***@127.0.0.1");
+        assert_eq!(
+            redact("redis://app:s3cret@db:6379/0"),
+            "redis://app:***@db:6379/0"
+        );
+        assert_eq!(redact("redis://s3cret@db"), "redis://***@db");
+        assert_eq!(
+            redact("postgres://db/x?password=s3cret"),
+            "postgres://db/x?password=***"
+        );
+        assert_eq!(redact("no secret here"), "no secret here");
+    }
+
+    /// Regression: a query without a path went to the last node only, with a `/` after
+    /// it (`redis://c:3?protocol=resp3/`).
+    #[test]
+    fn a_redlock_query_goes_to_every_node() {
+        assert_eq!(
+            redlock_nodes("redlock://a:1,b:2,c:3?protocol=resp3").expect("nodes"),
+            [
+                "redis://a:1/?protocol=resp3",
+                "redis://b:2/?protocol=resp3",
+                "redis://c:3/?protocol=resp3",
+            ]
+        );
+        assert_eq!(
+            redlock_nodes("redlock://u:p@a,b,c/2").expect("nodes"),
+            ["redis://u:p@a/2", "redis://u:p@b/2", "redis://u:p@c/2"]
+        );
+    }
 }

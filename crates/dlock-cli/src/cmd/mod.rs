@@ -634,3 +634,237 @@ fn report_force_unlock(args: &ForceUnlockArgs, done: bool) -> Result<u8, Failure
     }
     Ok(exit::SUCCESS)
 }
+
+#[cfg(test)]
+mod tests {
+    use dlock::backend::Memory;
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::args::Store;
+    use crate::hostile::cases;
+
+    const KINDS: [Kind; 5] = [
+        Kind::Lock,
+        Kind::Semaphore,
+        Kind::Reentrant,
+        Kind::Rwlock,
+        Kind::Fair,
+    ];
+
+    /// Runs `f` to its end on a runtime of its own.
+    fn block_on<F: Future>(f: F) -> F::Output {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime")
+            .block_on(f)
+    }
+
+    /// Names and prefixes as a command line or a store may give them: anything, hash
+    /// tags and stray braces, the default prefix, too long.
+    fn text() -> impl Strategy<Value = String> {
+        prop_oneof![
+            any::<String>(),
+            "[a-z{}:*?/\\[\\] -]{0,12}",
+            Just(dlock::keys::DEFAULT_PREFIX.to_owned()),
+            ".{300,1200}",
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(cases(256))]
+
+        /// Any name under any prefix, for every kind and every key layout: a status, or
+        /// a usage error (a store that cannot fail fails no other way).
+        #[test]
+        fn any_name_and_prefix_is_a_status_or_a_usage_error(
+            kind in prop::sample::select(&KINDS[..]),
+            prefix in text(),
+            name in text(),
+        ) {
+            let (by_kind, by_layout) = block_on(async {
+                let kind_status = status_of(Memory::new(), kind, &prefix, &name).await;
+                let mut layouts = Vec::new();
+                for layout in [Layout::AtKey, Layout::QueueUnder, Layout::Znodes, Layout::Session] {
+                    layouts.push(lock_status_of(Memory::new(), layout, &prefix, &name).await);
+                }
+                (kind_status, layouts)
+            });
+            for status in std::iter::once(by_kind).chain(by_layout) {
+                match status {
+                    Ok(s) => {
+                        prop_assert_eq!(&s.name, &name);
+                        prop_assert!(!s.held && !s.key.is_empty());
+                    }
+                    Err(f) => prop_assert_eq!(f.code, exit::USAGE, "{}", f.message),
+                }
+            }
+        }
+
+        /// `dlock acquire` with any `--info` prints a token that `dlock release --token`
+        /// takes back (the metadata is cut to fit the token, never past it), and status
+        /// shows the holder as told.
+        #[test]
+        fn an_acquired_token_is_released_by_its_text(
+            name in "[a-z0-9-]{1,20}",
+            info in proptest::option::of(prop_oneof![any::<String>(), ".{200,600}"]),
+            no_info in any::<bool>(),
+        ) {
+            let holder = HolderArgs { info: info.clone(), no_info };
+            block_on(async {
+                let store = Memory::new();
+                let mut builder = Lock::builder(store.client(), &name);
+                if let Some(info) = acquire_holder(&holder) {
+                    builder = builder.holder_info(info);
+                }
+                let lock = builder.build().expect("a lock");
+                let guard = lock.try_lock().await.expect("no failure").expect("free");
+                let text = guard.token().as_str().to_owned();
+                guard.forget();
+                prop_assert!(!text.contains(char::is_whitespace), "{}", text);
+
+                let prefix = dlock::keys::DEFAULT_PREFIX;
+                let s = lock_status_of(store.client(), Layout::AtKey, prefix, &name)
+                    .await
+                    .expect("a status");
+                prop_assert!(s.held);
+                match (&s.holder_info, no_info) {
+                    (None, true) => {}
+                    (Some(h), false) => {
+                        let command = h.command.as_deref().unwrap_or_default();
+                        prop_assert!(info.as_deref().unwrap_or_default().starts_with(command));
+                    }
+                    (h, _) => {
+                        prop_assert!(false, "--no-info {}, holder {:?}", no_info, h.is_some());
+                    }
+                }
+
+                let args = TokenArgs {
+                    name: name.clone(),
+                    store: store_of(),
+                    token: text,
+                    json: false,
+                };
+                let released = release_cmd(store.client(), args).await;
+                prop_assert_eq!(released.map_err(|f| f.message), Ok(exit::SUCCESS));
+                let after = lock_status_of(store.client(), Layout::AtKey, prefix, &name)
+                    .await
+                    .expect("a status");
+                prop_assert!(!after.held);
+                Ok::<(), TestCaseError>(())
+            })?;
+        }
+
+        /// Any `--token` (`DLOCK_TOKEN`) text: released, or a usage error (not a token:
+        /// empty, over 256 bytes) or "lost" (not held under it); extend likewise.
+        #[test]
+        fn any_token_text_is_a_token_or_a_typed_error(
+            token in prop_oneof![any::<String>(), ".{250,260}", Just(String::new())],
+            ttl_ms in 1_000..100_000u64,
+        ) {
+            let valid = dlock::Token::from_string(token.clone()).is_ok();
+            let args = |token: String| TokenArgs {
+                name: "n".into(),
+                store: store_of(),
+                token,
+                json: false,
+            };
+            let (released, extended) = block_on(async {
+                let released = release_cmd(Memory::new(), args(token.clone())).await;
+                let extend = ExtendArgs { held: args(token), ttl: Duration::from_millis(ttl_ms) };
+                (released, extend_cmd(Memory::new(), extend).await)
+            });
+            for result in [released, extended] {
+                let f = result.expect_err("nothing is held");
+                let expected = if valid { exit::LOST } else { exit::USAGE };
+                prop_assert_eq!(f.code, expected, "{}", f.message);
+            }
+        }
+
+        /// Held locks of any name are all listed by `*`, each by its own name (when that
+        /// has no wildcard), and any pattern lists without failing.
+        #[test]
+        fn any_pattern_lists_and_names_find_themselves(
+            names in prop::collection::btree_set(
+                prop_oneof!["[a-z:.-]{1,10}", any::<String>()],
+                1..5,
+            ),
+            pattern in prop_oneof![any::<String>(), "[a-z*?\\[\\]\\\\]{0,8}"],
+            limit in 1..10usize,
+        ) {
+            block_on(async {
+                let store = Memory::new();
+                let mut held = Vec::new();
+                for name in &names {
+                    if let Ok(lock) = Lock::builder(store.client(), name).build() {
+                        let guard = lock.try_lock().await.expect("no failure").expect("free");
+                        guard.forget();
+                        held.push(name.clone());
+                    }
+                }
+                let prefix = dlock::keys::DEFAULT_PREFIX;
+                let mut all = store.list(prefix, "*", 100).await.expect("a list");
+                all.sort();
+                held.sort();
+                prop_assert_eq!(&all, &held);
+                for name in held.iter().filter(|n| !n.contains(['*', '?'])) {
+                    let found = store.list(prefix, name, 100).await.expect("a list");
+                    prop_assert!(found.contains(name), "{:?} not in {:?}", name, found);
+                }
+                let args = ListArgs { pattern, store: store_of(), limit, json: false };
+                let listed = list_cmd(store.client(), Layout::AtKey, args).await;
+                prop_assert_eq!(listed.map_err(|f| f.message), Ok(exit::SUCCESS));
+                Ok::<(), TestCaseError>(())
+            })?;
+        }
+
+        /// What another holder wrote, shown in a table: a cell is one word (no blanks or
+        /// controls), the last cell one line (no controls), each as long as the text.
+        #[test]
+        fn cells_are_one_word_and_one_line(v in proptest::option::of(any::<String>())) {
+            let word = cell(v.as_deref());
+            let line = last_cell(v.as_deref());
+            prop_assert!(!word.is_empty() && !line.is_empty());
+            let blank = |c: char| c.is_whitespace() || c.is_control();
+            prop_assert!(!word.contains(blank), "{:?}", word);
+            prop_assert!(!line.contains(char::is_control), "{:?}", line);
+            if let Some(v) = v.as_deref().filter(|v| !v.is_empty()) {
+                prop_assert_eq!(word.chars().count(), v.chars().count());
+                prop_assert_eq!(line.chars().count(), v.chars().count());
+            }
+        }
+
+        /// An abbreviated token shows at most 8 characters, and at most half, of its
+        /// random part (never enough to release the lock), then `…`; no blanks or
+        /// controls.
+        #[test]
+        fn abbreviated_tokens_show_at_most_half(
+            token in prop_oneof![any::<String>(), "[0-9a-f]{32}~.{0,40}"],
+        ) {
+            let short = abbreviate(&token);
+            let shown = short.strip_suffix('…').expect("ends with …");
+            let random = token.split_once('~').map_or(token.as_str(), |(r, _)| r);
+            let n = shown.chars().count();
+            prop_assert!(n <= 8 && 2 * n <= random.chars().count(), "{:?} of {:?}", short, token);
+            prop_assert!(!shown.contains(|c: char| c.is_whitespace() || c.is_control()));
+            prop_assert!(random.chars().zip(shown.chars()).all(|(r, s)| r == s || s == '_'));
+        }
+
+        /// Any duration, however long, is one compact word.
+        #[test]
+        fn compact_durations_are_one_word(secs in any::<u64>(), nanos in 0..1_000_000_000u32) {
+            let text = compact(Duration::new(secs, nanos));
+            prop_assert!(!text.is_empty() && !text.contains(' '), "{}", text);
+            prop_assert!(!remaining(Some(secs)).is_empty());
+        }
+    }
+
+    /// `--prefix` left at its default, no `--url`.
+    fn store_of() -> Store {
+        Store {
+            url: None,
+            prefix: dlock::keys::DEFAULT_PREFIX.to_owned(),
+        }
+    }
+}

@@ -471,3 +471,33 @@ fn status_code(status: ExitStatus) -> u8 {
         (None, None) => 1,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::ffi::OsStringExt as _;
+
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::hostile::cases;
+
+    proptest! {
+        #![proptest_config(cases(256))]
+
+        /// What `dlock run` tells of any command (any bytes, not UTF-8 included): its
+        /// program's last path component, never an argument.
+        #[test]
+        fn the_holder_shows_the_program_name_only(
+            program in prop::collection::vec(any::<u8>(), 0..40),
+            args in prop::collection::vec("[ -~]{0,10}", 0..3),
+        ) {
+            let mut command = vec![OsString::from_vec(program.clone())];
+            command.extend(args.iter().map(OsString::from));
+            let name = program_name(&command);
+            let lossy = String::from_utf8_lossy(&program);
+            prop_assert!(!name.contains('/'), "{:?}", name);
+            prop_assert!(lossy.ends_with(&name), "{:?} of {:?}", name, lossy);
+            prop_assert_eq!(program_name(&[]), "");
+        }
+    }
+}

@@ -12,7 +12,7 @@ use std::collections::HashSet;
 use std::fmt::Write as _;
 use std::io::{IsTerminal, Read, Write};
 use std::os::fd::AsFd;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use dlock::raw::{LockState, RawInspect};
 use dlock::{HolderInfo, Lock};
@@ -698,10 +698,10 @@ async fn watch<I: Inspector>(src: I, args: TopArgs) -> Result<u8, Failure> {
             return Ok(exit::SUCCESS);
         }
         // Until the next refresh is due, then while it runs: keys and signals.
-        let next = started + args.interval;
+        let next = due(started, args.interval);
         loop {
             tokio::select! {
-                () = tokio::time::sleep_until(next) => break,
+                () = sleep_until(next) => break,
                 event = events.recv() => {
                     if react(event, &mut view, &mut result, last_good, screen.as_ref()) {
                         return Ok(exit::SUCCESS);
@@ -722,6 +722,21 @@ async fn watch<I: Inspector>(src: I, args: TopArgs) -> Result<u8, Failure> {
                 }
             }
         };
+    }
+}
+
+/// When the refresh after one that started at `started` is due: `None` (never) for an
+/// `--interval` too long for the clock (`18446744073709551615s` parses, and adding it to
+/// an instant would panic).
+fn due(started: Instant, interval: Duration) -> Option<Instant> {
+    started.checked_add(interval)
+}
+
+/// Sleeps until `deadline`, or forever without one.
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
     }
 }
 
@@ -967,7 +982,10 @@ fn draw(
 
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+
     use super::*;
+    use crate::hostile::cases;
 
     #[test]
     fn redis_companions_of_hash_tagged_names_are_told_apart() {
@@ -994,5 +1012,83 @@ mod tests {
     fn fit_cuts_with_an_ellipsis() {
         assert_eq!(fit("abcdef", 6), "abcdef");
         assert_eq!(fit("abcdefg", 6), "abcde…");
+    }
+
+    proptest! {
+        #![proptest_config(cases(256))]
+
+        /// A name listed by the store (anything) is a companion key only as
+        /// `<name>:<lowercase word>`, under a hash-tagged key; never a panic.
+        #[test]
+        fn redis_companions_are_name_colon_word(
+            prefix in prop_oneof![any::<String>(), "[a-z{}:]{0,6}"],
+            name in prop_oneof![any::<String>(), "[a-z{}:A-Z]{0,12}"],
+        ) {
+            if let Some((base, word)) = redis_companion(&prefix, &name) {
+                prop_assert_eq!(format!("{base}:{word}"), name.clone());
+                prop_assert!(!word.is_empty() && word.bytes().all(|b| b.is_ascii_lowercase()));
+                let key = prefix.clone() + base;
+                prop_assert!(key.contains('{'), "{:?}", key);
+            }
+        }
+
+        /// A cut cell is at most `width` characters, and the text itself when it fits.
+        #[test]
+        fn fit_never_exceeds_the_width(s in any::<String>(), width in 1..60usize) {
+            let cut = fit(&s, width);
+            prop_assert!(cut.chars().count() <= width);
+            if s.chars().count() <= width {
+                prop_assert_eq!(cut, s);
+            } else {
+                prop_assert!(cut.ends_with('…'));
+            }
+        }
+
+        /// Any frame loses every escape sequence and ends in one newline.
+        #[test]
+        fn plain_removes_every_escape(
+            frame in prop_oneof![any::<String>(), "(\x1b\\[[0-9;]{0,4}[@-~]|[a-z \r\n])*"],
+        ) {
+            let text = plain(&frame);
+            prop_assert!(!text.contains('\x1b'));
+            prop_assert!(text.ends_with('\n'));
+        }
+
+        /// Any `--interval` (up to `u64::MAX` seconds parses): the next refresh is due
+        /// then, or never; no panic.
+        #[test]
+        fn any_interval_has_a_due_time_or_none(secs in any::<u64>(), nanos in 0..1_000_000_000u32) {
+            let now = Instant::now();
+            let interval = Duration::new(secs, nanos);
+            match due(now, interval) {
+                Some(next) => prop_assert_eq!(next - now, interval),
+                None => prop_assert!(secs > 1 << 40),
+            }
+        }
+
+        /// `s` cycles through every order, and each order's name is what `--sort` takes.
+        #[test]
+        fn sort_names_are_what_sort_takes(start in 0..5usize) {
+            use clap::ValueEnum as _;
+            let mut by = SortBy::value_variants()[start];
+            let mut seen = HashSet::new();
+            for _ in 0..5 {
+                prop_assert_eq!(SortBy::from_str(by.name(), false), Ok(by));
+                seen.insert(by.name());
+                by = by.next();
+            }
+            prop_assert_eq!(by, SortBy::value_variants()[start]);
+            prop_assert_eq!(seen.len(), 5);
+            for &kind in ALL_KINDS {
+                prop_assert_eq!(Kind::from_str(kind_name(kind), false), Ok(kind));
+            }
+        }
+    }
+
+    /// Regression: `dlock top --interval 18446744073709551615s` (which parses) panicked
+    /// adding it to the clock after the first refresh.
+    #[test]
+    fn an_interval_past_the_clock_is_never_due() {
+        assert_eq!(due(Instant::now(), Duration::MAX), None);
     }
 }

@@ -80,7 +80,17 @@ const SECRET_PARAMETERS: [&str; 5] = ["pass", "secret", "token", "auth", "digest
 /// ```
 pub fn redact_url(url: &str) -> String {
     let last_at = url.rfind('@');
-    let scheme_end = url.find("://").map_or(0, |i| i + 3);
+    // A scheme only where everything before `://` can be one (RFC 3986: letters, digits,
+    // `+ - .`): in a mistyped `redis:/:pa://ss@h` the `://` is inside the password.
+    let scheme_end = url
+        .find("://")
+        .filter(|&i| {
+            i > 0
+                && url[..i]
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"+-.".contains(&b))
+        })
+        .map_or(0, |i| i + 3);
     let mut out = String::with_capacity(url.len() + 8);
     let rest = match last_at {
         Some(at) => {
@@ -267,6 +277,8 @@ mod redact_props {
             ("redis://u:p/w?x#y@h", "redis://u:***@h"),
             ("postgres://u:p@w@h/db", "postgres://u:***@h/db"),
             ("redis:/u:pw@h", "***@h"),
+            // A mistyped separator, and the password holding a `://` of its own.
+            ("redis:/:pa://ss@h", "***@h"),
             ("u:pw@h:1", "***@h:1"),
             (
                 "redis+unix:///s?db=1&pass=pw",
@@ -305,6 +317,16 @@ mod redact_props {
                 let shown = redact_url(&url);
                 prop_assert!(host.contains(&pw) || !shown.contains(&pw), "{} -> {}", url, shown);
             }
+        }
+
+        #[test]
+        fn hides_a_password_holding_a_scheme_separator(
+            scheme in "[a-z]{1,6}", left in "[A-Z0-9]{1,8}", right in "[A-Z0-9]{1,8}", host in "[a-z]{1,8}"
+        ) {
+            // `scheme:/:left://right@host`: one '/' missing, so `left://right` is the password.
+            let url = format!("{scheme}:/:{left}://{right}@{host}");
+            let shown = redact_url(&url);
+            prop_assert!(!shown.contains(&format!(":{left}")) && !shown.contains(&right), "{} -> {}", url, shown);
         }
 
         #[test]
