@@ -63,9 +63,17 @@ pub(crate) struct DemoArgs {
     pub(crate) plain: bool,
 }
 
+/// The environment variable that hands a demo worker its store's URL: in its
+/// environment, not on its command line, which any user of the machine can read (`ps`).
+pub(crate) const DEMO_WORKER_URL: &str = "DLOCK_DEMO_WORKER_URL";
+
+/// The environment variable that hands a torture worker its lock server's URL (see
+/// [`DEMO_WORKER_URL`]).
+pub(crate) const TORTURE_WORKER_LOCK_URL: &str = "DLOCK_TORTURE_WORKER_LOCK_URL";
+
 #[derive(Debug, Clone, Args)]
 pub(crate) struct DemoWorkerArgs {
-    #[arg(long)]
+    #[arg(long, env = DEMO_WORKER_URL, hide_env_values = true)]
     pub(crate) url: String,
     #[arg(long)]
     pub(crate) scenario: String,
@@ -80,8 +88,14 @@ pub(crate) struct DemoWorkerArgs {
 #[derive(Debug, Args)]
 pub(crate) struct TortureArgs {
     /// The lock server to torture. Default: a private redis-server, which also allows the
-    /// server faults (freeze, restart). Faults that need to own the server are skipped for
-    /// a server given here.
+    /// server faults (freeze, restart). A Redis URL (redis://, rediss://, …): the
+    /// single-Redis kinds run on it. A PostgreSQL URL (postgres://, postgresql://, as
+    /// libpq takes them, ?sslmode= and ?schema= included): the postgres-fenced kind runs
+    /// on it (--kinds all then means postgres-fenced alone; the Redis kinds need a Redis
+    /// server), its locks under the run's own names, audited and removed afterwards.
+    /// Faults that need to own the server (freeze, restart, the server clock faults) are
+    /// skipped for a server given here. A password in the URL is never printed, and
+    /// reaches the worker processes in their environment, not on their command line.
     #[arg(long, env = "DLOCK_URL", hide_env_values = true)]
     pub(crate) url: Option<String>,
     /// How long each lock kind runs.
@@ -98,7 +112,16 @@ pub(crate) struct TortureArgs {
     pub(crate) seed: u64,
     /// Faults, comma-separated, or `all`: pause, kill, freeze, client-pause, restart,
     /// script-flush, delay, blackhole, close, failover (the sentinel and cluster kinds
-    /// only: the replica frozen, a grant to the master alone, the master killed).
+    /// only: the replica frozen, a grant to the master alone, the master killed), and the
+    /// clock faults clock-jump, clock-back, clock-fast (the lock server's wall clock, on
+    /// servers of the run's own) and client-clock (the workers'). The clock faults need
+    /// libfaketime (Debian's faketime) and, for redis-server, a C compiler: a clock fault
+    /// named here that cannot run fails the run at once; under `all` it is skipped with a
+    /// note, except in the CI profile (--quick with --kinds named, or $CI set), where it
+    /// fails the run too. A fault scheduled in a kind's run that never takes effect fails
+    /// that kind (it was not tested under it), and so does a kind that exists for one fault
+    /// (the controls, the failover kinds, the RedLock restart kinds) when it never took
+    /// effect; such a kind named in --kinds without its fault in --faults is a usage error.
     #[arg(long, default_value = "all")]
     pub(crate) faults: String,
     /// Lock kinds, comma-separated, or `all`: dlock, dlock-fenced, fair-fenced,
@@ -127,7 +150,8 @@ pub(crate) struct TortureArgs {
     #[arg(long, default_value = "dlock-torture")]
     pub(crate) out: std::path::PathBuf,
     /// The CI profile: about 30 s per dlock kind (the shortest run that injects each
-    /// kind's faults; 24 s for redlock), 12 s per control, 8 s for memory.
+    /// kind's faults; 24 s for redlock), 12 s per control, 8 s for memory. With --kinds
+    /// named (or $CI set), a clock fault that cannot run here fails the run.
     #[arg(long)]
     pub(crate) quick: bool,
     /// The soak profile: run the kinds round after round for this long (e.g. 30m; each
@@ -153,7 +177,7 @@ pub(crate) struct TortureArgs {
 pub(crate) struct TortureWorkerArgs {
     #[arg(long)]
     pub(crate) kind: String,
-    #[arg(long)]
+    #[arg(long, env = TORTURE_WORKER_LOCK_URL, hide_env_values = true)]
     pub(crate) lock_url: String,
     #[arg(long)]
     pub(crate) resource_url: String,

@@ -743,10 +743,9 @@ async fn run_processes(
     let mut children = Vec::new();
     for worker in 0..args.workers {
         let tx = tx.clone();
+        // The URL (with its password, if any) in the environment, not on the command line.
         let args: Vec<String> = [
             "demo-worker",
-            "--url",
-            url,
             "--scenario",
             scenario.id(),
             "--run-id",
@@ -759,7 +758,8 @@ async fn run_processes(
         .iter()
         .map(|a| (*a).to_owned())
         .collect();
-        let (child, _reader) = crate::workers::spawn(&args, &[], move |line| {
+        let env = [(crate::args::DEMO_WORKER_URL.to_owned(), url.into())];
+        let (child, _reader) = crate::workers::spawn(&args, &env, move |line| {
             if let Some(e) = Event::parse(line) {
                 let _ = tx.send(e);
             }

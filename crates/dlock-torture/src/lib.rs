@@ -38,6 +38,25 @@
 //! | `setnx-expire` … `plain-del` | the seeds' broken locks (controls) | must be caught by their own bug, or the run fails |
 //! | `redlock-immediate-restart` | control: as `redlock-delayed-restart`, but node 2 restarts empty at once, within the holder's ttl (seed 002's hazard: a combination, as neither the split nor the restart alone lets a second majority form) | must show an overlap only such a restart explains, or the run fails |
 //!
+//! A run must also test what it says it tested: a kind that exists for one fault (the
+//! controls; `redlock-*-restart`, the bridge node's restart; the `sentinel-*` and
+//! `cluster-fenced` kinds, a failover) fails as *not exercised* when that fault never took
+//! effect, and any kind fails when a fault scheduled in its run never did (a fault that
+//! cannot be injected at its turn — no worker to aim it at, a replica not in sync — is
+//! tried again half a ttl later while the run lasts; the schedule puts a kind's own fault
+//! first, and every fault once before any comes again). A kind named in `--kinds` without
+//! its fault in `--faults` is a usage error.
+//!
+//! `--url` names the lock server instead of a redis-server of the run's own: a Redis URL
+//! for the single-Redis kinds, or a PostgreSQL URL (`postgres://`, `postgresql://`), on
+//! which `postgres-fenced` runs (alone, under `--kinds all`), its lock under the run's
+//! own name there, audited for orphans and deleted afterwards. The faults that need to own
+//! the server (freeze, restart, the server clock faults) are skipped there with a note;
+//! the workers reach it through their proxies where a proxy can stand in for it (one TCP
+//! host, no TLS), else straight, without the network faults. Passwords are never printed
+//! (every URL shown is redacted) and reach the worker processes in their environment, not
+//! on their command line.
+//!
 //! Clock faults (on servers of the run's own, started under a fake clock: libfaketime,
 //! or the test kit's shim for redis-server): `clock-jump` steps the lock server's wall
 //! clock 2 × ttl forward, `clock-back` 2 × ttl back, `clock-fast` runs it four times as
@@ -47,6 +66,10 @@
 //! follows its monotonic clock, so there they excuse nothing. `client-clock` steps the
 //! workers' wall clock an hour forward (then back) on those and on `etcd-fenced` and
 //! `zookeeper-fenced`, and excuses nothing anywhere: dlock reads only the monotonic clock.
+//! A clock fault that cannot run on this machine (no libfaketime; for redis-server, no C
+//! compiler for the kit's shim) fails the run at once where it was asked for — named in
+//! `--faults`, or in the CI profile (`--quick` with the kinds named, or `$CI` set) — and
+//! is skipped with a note otherwise.
 //!
 //! The nemesis per kind: every fault for the single-Redis kinds; for `redlock` the node
 //! faults (freeze, client-pause, restart, script-flush) hit 1 or 2 of the 5 nodes, and the

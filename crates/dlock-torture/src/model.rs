@@ -293,6 +293,22 @@ impl Kind {
         }
     }
 
+    /// The fault the kind exists to be run under: a control's bug shows only under it,
+    /// the RedLock restart kinds are about the bridge node's restart, the failover kinds
+    /// about a failover. A run of the kind in which it never took effect proves nothing,
+    /// and fails.
+    pub(crate) fn required_fault(self) -> Option<Fault> {
+        match self {
+            Kind::SetnxExpire => Some(Fault::Kill),
+            Kind::SetnxGetset | Kind::GetDel | Kind::PlainDel => Some(Fault::Pause),
+            Kind::RedlockImmediateRestart | Kind::RedlockDelayedRestart => Some(Fault::Restart),
+            Kind::SentinelFenced | Kind::SentinelWaitFenced | Kind::ClusterFenced => {
+                Some(Fault::Failover)
+            }
+            _ => None,
+        }
+    }
+
     /// Whether a failover before replication excuses an overlap, a fence that repeats or
     /// goes back, and a stale write the fenced resource accepted: so SAFETY.md says of
     /// Sentinel and Cluster without `WAIT` (the grant, and the fence counter's `INCR`,
@@ -528,6 +544,21 @@ impl Fault {
         matches!(self, Fault::Freeze | Fault::Restart | Fault::Failover) || self.moves_store_clock()
     }
 
+    /// Whether a window of `happened` shows that this fault, as planned, took effect: a
+    /// `restart` takes effect as one of its forms (delayed, a leader's or a member's, a
+    /// crash).
+    pub(crate) fn took_effect_as(self, happened: Fault) -> bool {
+        happened == self
+            || (self == Fault::Restart
+                && matches!(
+                    happened,
+                    Fault::DelayedRestart
+                        | Fault::LeaderRestart
+                        | Fault::MemberRestart
+                        | Fault::CrashRestart
+                ))
+    }
+
     /// Whether the fault moves the lock server's clock.
     pub(crate) fn moves_store_clock(self) -> bool {
         matches!(self, Fault::ClockJump | Fault::ClockBack | Fault::ClockFast)
@@ -603,11 +634,43 @@ impl Rng {
     }
 }
 
+/// The kind of lock server `--url` names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Given {
+    /// A Redis server (any `redis…://` URL): the single-Redis kinds run on it.
+    Redis,
+    /// A PostgreSQL server (`postgres://`, `postgresql://`): the `postgres-fenced` kind
+    /// runs on it instead of a PostgreSQL of its own.
+    Postgres,
+}
+
+impl Given {
+    /// What `url` names, by its scheme.
+    pub(crate) fn of(url: &str) -> Given {
+        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            Given::Postgres
+        } else {
+            Given::Redis
+        }
+    }
+
+    /// Whether `kind` runs on the server given: on a Redis, every kind but those with
+    /// servers of their own; on a PostgreSQL, `postgres-fenced`.
+    pub(crate) fn runs(self, kind: Kind) -> bool {
+        match self {
+            Given::Redis => !kind.owns_servers(),
+            Given::Postgres => kind == Kind::PostgresFenced,
+        }
+    }
+}
+
 pub(crate) struct Config {
     pub(crate) workers: usize,
     pub(crate) ttl: Duration,
     pub(crate) seed: u64,
     pub(crate) faults: Vec<Fault>,
+    /// The lock server `--url` names, if any.
+    pub(crate) given: Option<Given>,
     /// Faults not to inject on a lock server given with `--url` (dlock does not own it);
     /// they still apply to the kinds that run on servers of their own.
     pub(crate) not_on_given: Vec<Fault>,
@@ -620,6 +683,13 @@ pub(crate) struct Config {
     pub(crate) store_clock: Option<dlock_test::clock::FakeClock>,
     /// The workers' wall clock, likewise.
     pub(crate) client_clock: Option<dlock_test::clock::FakeClock>,
+}
+
+impl Config {
+    /// Whether `kind` runs on the lock server `--url` named (which dlock does not own).
+    pub(crate) fn on_given(&self, kind: Kind) -> bool {
+        self.given.is_some_and(|g| g.runs(kind))
+    }
 }
 
 /// A set of lock servers by index (RedLock's nodes; a single server is node 0).

@@ -37,7 +37,7 @@ pub(crate) fn plan(config: &Config, kind: Kind) -> (Vec<Fault>, Duration) {
         .copied()
         .filter(|&f| kind.applies(f))
         .filter(|&f| !config.quick || kind.in_quick_run(f))
-        .filter(|f| kind.owns_servers() || !config.not_on_given.contains(f))
+        .filter(|f| !config.on_given(kind) || !config.not_on_given.contains(f))
         .collect();
     let duration = match kind {
         _ if !config.quick => config.duration,
@@ -54,7 +54,11 @@ pub(crate) fn plan(config: &Config, kind: Kind) -> (Vec<Fault>, Duration) {
 }
 
 /// When each fault starts: spread over the run, each fault at least once, in a seeded
-/// order, twice over when there is time.
+/// order, twice over when there is time. Every fault comes once before any comes again
+/// (a round in a seeded order, then the next), and the kind's
+/// [required fault](Kind::required_fault) comes first: even a run with room for a single
+/// fault has it, and a fault whose turn slips (the nemesis starts none while another's
+/// window is open) slips past a repeat of another, not past the run's end.
 pub(crate) fn schedule(
     config: &Config,
     kind: Kind,
@@ -84,9 +88,21 @@ pub(crate) fn schedule(
     } else {
         room.min(faults.len() * 2).max(faults.len().min(room))
     };
-    let mut order: Vec<Fault> = faults.iter().copied().cycle().take(n).collect();
-    for i in (1..order.len()).rev() {
-        order.swap(i, rng.below(i + 1));
+    let required = kind.required_fault().filter(|f| faults.contains(f));
+    let mut order: Vec<Fault> = Vec::with_capacity(n);
+    while order.len() < n {
+        let mut round: Vec<Fault> = faults.to_vec();
+        for i in (1..round.len()).rev() {
+            round.swap(i, rng.below(i + 1));
+        }
+        if order.is_empty()
+            && let Some(i) = required.and_then(|r| round.iter().position(|&f| f == r))
+        {
+            let first = round.remove(i);
+            round.insert(0, first);
+        }
+        let take = (n - order.len()).min(round.len());
+        order.extend(round.into_iter().take(take));
     }
     let step = duration / u32::try_from(n + 1).unwrap_or(1);
     order
@@ -150,12 +166,13 @@ impl Nemesis<'_> {
     }
 
     /// Injects `fault`, aimed at `running[victim]` where it needs a worker, and records
-    /// its window if it took effect.
+    /// its window if it took effect. Returns whether it did (the caller tries again later
+    /// when it did not: a fault planned and never injected fails the kind).
     pub(crate) async fn inject(
         &mut self,
         fault: Fault,
         victim: Option<usize>,
-    ) -> Result<(), Failure> {
+    ) -> Result<bool, Failure> {
         let t = monotonic_ns();
         let ttl_ns = self.ttl_ns();
         let half_ttls = move |k: u64| t + k * ttl_ns / 2;
@@ -211,7 +228,10 @@ impl Nemesis<'_> {
                         server: LockServer::Own(s),
                         ..
                     } => s.freeze().is_ok(),
-                    Store::Postgres { server, .. } => {
+                    Store::Postgres {
+                        server: Some(server),
+                        ..
+                    } => {
                         server.freeze();
                         true
                     }
@@ -267,7 +287,7 @@ impl Nemesis<'_> {
             | Fault::CrashRestart => match &mut self.store {
                 Store::Redis { server, .. } => match server {
                     LockServer::Own(s) => (s.restart().is_ok(), None, None),
-                    LockServer::Given(_) => (false, None, None),
+                    LockServer::Given(_) | LockServer::Postgres(_) => (false, None, None),
                 },
                 Store::Quorum { nodes: servers, .. } => {
                     self.node_restarts += 1;
@@ -297,10 +317,15 @@ impl Nemesis<'_> {
                 // Their one server fault is the failover.
                 Store::Sentinel(_) | Store::Cluster(_) => (false, None, None),
                 // A crash: every process killed, then started again on its data at once.
-                Store::Postgres { server, .. } => {
+                Store::Postgres {
+                    server: Some(server),
+                    ..
+                } => {
                     happened = Fault::CrashRestart;
                     (server.restart().is_ok(), None, None)
                 }
+                // The server `--url` named is not ours to restart.
+                Store::Postgres { server: None, .. } => (false, None, None),
                 Store::Etcd { cluster, admins } => {
                     self.node_restarts += 1;
                     let leader_turn = self.node_restarts % 2 == 1;
@@ -451,10 +476,8 @@ impl Nemesis<'_> {
             if let Some((at, what)) = undo {
                 self.undo.push((at, what, self.windows.len() - 1));
             }
-        } else {
-            eprintln!("dlock: torture: fault {} could not be injected", fault.id());
         }
-        Ok(())
+        Ok(effect)
     }
 
     /// The key of the kind's lock, as the store names it (a cluster's failover hits its
@@ -632,7 +655,13 @@ impl Undo {
             ) => {
                 let _ = s.thaw();
             }
-            (Undo::Thaw(_), Store::Postgres { server, .. }) => server.thaw(),
+            (
+                Undo::Thaw(_),
+                Store::Postgres {
+                    server: Some(server),
+                    ..
+                },
+            ) => server.thaw(),
             (Undo::Thaw(nodes), Store::Quorum { nodes: servers, .. }) => {
                 for i in nodes.iter() {
                     let _ = servers[i].thaw();
@@ -725,6 +754,7 @@ mod tests {
             ttl: Duration::from_secs(1),
             seed: 1,
             faults: Fault::ALL.to_vec(),
+            given: None,
             not_on_given: Vec::new(),
             all_kinds: true,
             quick,
@@ -754,6 +784,7 @@ mod tests {
     #[test]
     fn a_given_server_keeps_its_skipped_faults_only_for_the_kinds_on_it() {
         let mut config = config(false);
+        config.given = Some(crate::model::Given::Redis);
         config.not_on_given = vec![Fault::Freeze, Fault::Restart];
         let (faults, _) = plan(&config, Kind::Dlock);
         assert!(!faults.contains(&Fault::Freeze) && !faults.contains(&Fault::Restart));
@@ -765,5 +796,86 @@ mod tests {
         assert!(!faults.contains(&Fault::Freeze) && faults.contains(&Fault::Restart));
         let (faults, _) = plan(&config, Kind::ZookeeperFenced);
         assert!(!faults.contains(&Fault::Freeze) && faults.contains(&Fault::Restart));
+        // On a Redis URL, postgres-fenced runs on a PostgreSQL of its own: restarted.
+        let (faults, _) = plan(&config, Kind::PostgresFenced);
+        assert!(faults.contains(&Fault::Freeze) && faults.contains(&Fault::Restart));
+        // On a PostgreSQL URL, postgres-fenced runs on that server: neither.
+        config.given = Some(crate::model::Given::Postgres);
+        let (faults, _) = plan(&config, Kind::PostgresFenced);
+        assert!(!faults.contains(&Fault::Freeze) && !faults.contains(&Fault::Restart));
+        assert!(faults.contains(&Fault::Pause) && faults.contains(&Fault::Kill));
+    }
+
+    #[test]
+    fn the_fault_a_kind_exists_for_comes_first_even_when_there_is_room_for_one() {
+        for quick in [true, false] {
+            let mut config = config(quick);
+            for duration in [
+                Duration::from_secs(1),
+                Duration::from_secs(4),
+                Duration::from_secs(30),
+            ] {
+                config.duration = duration;
+                for seed in 0..20 {
+                    config.seed = seed;
+                    for kind in Kind::ALL {
+                        let Some(required) = kind.required_fault() else {
+                            continue;
+                        };
+                        let (faults, duration) = plan(&config, kind);
+                        assert!(faults.contains(&required), "{}", kind.id());
+                        let planned = schedule(&config, kind, &faults, duration);
+                        assert_eq!(
+                            planned.first().map(|p| p.1),
+                            Some(required),
+                            "{} (seed {seed}, {duration:?}): {planned:?}",
+                            kind.id()
+                        );
+                    }
+                }
+            }
+        }
+        // The kinds without one keep a seeded order: not always the same fault first.
+        let mut config = config(false);
+        let firsts: std::collections::HashSet<&str> = (0..20)
+            .map(|seed| {
+                config.seed = seed;
+                let (faults, duration) = plan(&config, Kind::DlockFenced);
+                schedule(&config, Kind::DlockFenced, &faults, duration)[0]
+                    .1
+                    .id()
+            })
+            .collect();
+        assert!(firsts.len() > 1, "{firsts:?}");
+    }
+
+    #[test]
+    fn every_fault_comes_once_before_any_comes_again() {
+        let mut config = config(false);
+        config.duration = Duration::from_secs(60);
+        for seed in 0..20 {
+            config.seed = seed;
+            for kind in [
+                Kind::Dlock,
+                Kind::SentinelFenced,
+                Kind::PlainDel,
+                Kind::Redlock,
+            ] {
+                let (faults, duration) = plan(&config, kind);
+                let planned = schedule(&config, kind, &faults, duration);
+                assert!(planned.len() > faults.len(), "{}: {planned:?}", kind.id());
+                let first_round: std::collections::HashSet<&str> =
+                    planned[..faults.len()].iter().map(|p| p.1.id()).collect();
+                assert_eq!(
+                    first_round.len(),
+                    faults.len(),
+                    "{}: {planned:?}",
+                    kind.id()
+                );
+                // Spread over the run, in order.
+                assert!(planned.windows(2).all(|w| w[0].0 < w[1].0));
+                assert!(planned.last().is_some_and(|p| p.0 < duration));
+            }
+        }
     }
 }

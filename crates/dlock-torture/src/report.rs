@@ -161,14 +161,16 @@ pub(crate) fn print_summary(reports: &[KindReport]) {
             Kind::SentinelFenced | Kind::SentinelWaitFenced | Kind::ClusterFenced
         ) {
             println!(
-                "{:<16} failovers before replication: {}; overlaps only a failover explains {}, fences repeated {}, out of grant order {}, stale writes accepted {}, fenced increments lost {}",
+                "{:<16} failovers before replication: {}; overlaps only a failover explains {}, fences repeated {}, out of grant order {}, stale writes accepted {} ({} outside failover windows), fenced increments lost {} ({} outside failover windows)",
                 "",
                 f.failovers,
                 f.failover_overlaps,
                 f.fence_reuse,
                 f.fence_regressions,
                 f.stale_accepted,
-                f.fenced_lost
+                f.unexcused_stale_accepted,
+                f.fenced_lost,
+                f.unexcused_fenced_lost
             );
         }
         if f.kind == Kind::MemcachedFenced {

@@ -19,7 +19,7 @@ use crate::checkers::{self, Resources};
 use crate::exit::{self, Failure};
 use crate::failover::{Cluster, Sentinel};
 use crate::model::{
-    Config, ETCD_MEMBERS, Fault, FaultWindow, Kind, REDLOCK_NODES, ResourceKeys, Rng,
+    Config, ETCD_MEMBERS, Fault, FaultWindow, Given, Kind, REDLOCK_NODES, ResourceKeys, Rng,
     ZOOKEEPER_MEMBERS, monotonic_ns,
 };
 use crate::nemesis::{Nemesis, Undo, pick, plan, schedule};
@@ -42,7 +42,10 @@ pub(crate) struct Setup {
 /// Checks `args`, finds the clocks, starts the lock server (unless `--url` names one) and
 /// the resource server, and installs the signal handlers.
 pub(crate) async fn setup(args: &TortureArgs) -> Result<Setup, Failure> {
-    let kinds: Vec<Kind> = if args.kinds.trim() == "all" {
+    let url = args.url.as_deref().filter(|u| !u.is_empty());
+    let given = url.map(Given::of);
+    let all_kinds = args.kinds.trim() == "all";
+    let mut kinds: Vec<Kind> = if all_kinds {
         Kind::ALL.to_vec()
     } else {
         args.kinds
@@ -50,8 +53,34 @@ pub(crate) async fn setup(args: &TortureArgs) -> Result<Setup, Failure> {
             .map(|k| Kind::parse(k.trim()))
             .collect::<Result<_, _>>()?
     };
-    let mut faults = Fault::parse_list(&args.faults)?;
-    let (store_clock, client_clock) = clocks(&mut faults);
+    if given == Some(Given::Postgres) {
+        if all_kinds {
+            // The user's PostgreSQL is what this run is about.
+            kinds = vec![Kind::PostgresFenced];
+        } else if let Some(k) = kinds.iter().find(|k| !k.owns_servers()) {
+            return Err(Failure::usage(format!(
+                "the {} kind needs a Redis lock server, and --url names a PostgreSQL one \
+                 (on which the postgres-fenced kind runs); run it without --url, or with a \
+                 redis:// one",
+                k.id()
+            )));
+        }
+    }
+    if let Some(url) = url
+        && given == Some(Given::Redis)
+        && (url.starts_with("redis+sentinel://") || url.starts_with("redis+cluster://"))
+        && kinds.iter().any(|&k| Given::Redis.runs(k))
+    {
+        // The nemesis and the audit reach the one server a URL names; the topologies have
+        // kinds of their own.
+        return Err(Failure::usage(format!(
+            "--url {}: the single-Redis kinds need one server's redis:// (or rediss://, \
+             unix://) URL; Sentinel and Cluster are tortured by the sentinel-fenced, \
+             sentinel-wait-fenced and cluster-fenced kinds, on servers of their own",
+            exit::redact(url)
+        )));
+    }
+    let faults = Fault::parse_list(&args.faults)?;
     if args.workers < 2 {
         return Err(Failure::usage("--workers must be at least 2"));
     }
@@ -62,39 +91,53 @@ pub(crate) async fn setup(args: &TortureArgs) -> Result<Setup, Failure> {
         )));
     }
     let mut not_on_given = Vec::new();
-    let lock_server = match args.url.as_deref().filter(|u| !u.is_empty()) {
-        Some(url) => {
-            not_on_given.extend(faults.iter().copied().filter(|f| f.needs_own_server()));
-            if !not_on_given.is_empty() {
-                eprintln!(
-                    "dlock: freeze and restart need a server dlock owns; skipped for {} \
-                     (the redlock, memcached-fenced and etcd-fenced kinds run on servers of \
-                     their own)",
-                    exit::redact(url)
-                );
-            }
-            if args.faults.trim() == "all" {
-                // They act on every client of a server we do not own: only when named.
-                not_on_given.extend([Fault::ClientPause, Fault::ScriptFlush]);
-            }
-            LockServer::Given(url.to_owned())
+    if let Some(url) = url {
+        not_on_given.extend(faults.iter().copied().filter(|f| f.needs_own_server()));
+        if !not_on_given.is_empty() {
+            let own = match given {
+                Some(Given::Postgres) => "",
+                _ => {
+                    " (the redlock, sentinel, cluster, memcached-fenced, etcd-fenced, \
+                     postgres-fenced and zookeeper-fenced kinds run on servers of their own)"
+                }
+            };
+            eprintln!(
+                "dlock: freeze, restart and the server clock faults need a server dlock \
+                 owns; skipped for {}{own}",
+                exit::redact(url)
+            );
         }
-        None => LockServer::Own(start_server(store_clock.as_ref())?),
-    };
-    // The protected resources live apart from the lock server, which the nemesis faults.
-    let resource_server = start_server(None)?;
-    let config = Config {
+        if args.faults.trim() == "all" {
+            // They act on every client of a server we do not own: only when named.
+            not_on_given.extend([Fault::ClientPause, Fault::ScriptFlush]);
+        }
+    }
+    let mut config = Config {
         workers: args.workers,
         ttl: args.ttl,
         seed: args.seed,
         faults,
+        given,
         not_on_given,
-        all_kinds: args.kinds.trim() == "all",
+        all_kinds,
         quick: args.quick,
         duration: args.duration,
-        store_clock,
-        client_clock,
+        store_clock: None,
+        client_clock: None,
     };
+    // A clock fault that cannot run here fails the run where it was asked for: named in
+    // --faults, or in the CI profile (--quick with the kinds named, or with $CI set).
+    let ci = std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "0" && v != "false");
+    let strict = args.faults.trim() != "all" || (args.quick && (!all_kinds || ci));
+    clocks(&mut config, &kinds, strict)?;
+    required_faults(&config, &mut kinds)?;
+    let lock_server = match url {
+        Some(url) if given == Some(Given::Postgres) => LockServer::Postgres(url.to_owned()),
+        Some(url) => LockServer::Given(url.to_owned()),
+        None => LockServer::Own(start_server(config.store_clock.as_ref())?),
+    };
+    // The protected resources live apart from the lock server, which the nemesis faults.
+    let resource_server = start_server(None)?;
     std::fs::create_dir_all(&args.out)
         .map_err(|e| Failure::usage(format!("cannot create {}: {e}", args.out.display())))?;
     println!(
@@ -116,6 +159,34 @@ pub(crate) async fn setup(args: &TortureArgs) -> Result<Setup, Failure> {
         resource_server,
         signals,
     })
+}
+
+/// Checks that every kind that exists to be run under a fault
+/// ([`Kind::required_fault`]) gets it: a kind named in `--kinds` without it is a usage
+/// error, one that `--kinds all` brought is skipped with a note.
+fn required_faults(config: &Config, kinds: &mut Vec<Kind>) -> Result<(), Failure> {
+    let mut failure = None;
+    kinds.retain(|&kind| {
+        let Some(fault) = kind.required_fault() else {
+            return true;
+        };
+        if plan(config, kind).0.contains(&fault) {
+            return true;
+        }
+        let why = format!(
+            "the {} kind is run under the {} fault, which --faults leaves out: without it \
+             the run would prove nothing",
+            kind.id(),
+            fault.id()
+        );
+        if config.all_kinds {
+            println!("  {:<16} skipped: {why}", kind.id());
+        } else if failure.is_none() {
+            failure = Some(Failure::usage(why));
+        }
+        false
+    });
+    failure.map_or(Ok(()), Err)
 }
 
 /// One run of every kind: the summary, `report.json` and the timelines in `out`; exit 1
@@ -159,36 +230,68 @@ pub(crate) async fn once(setup: Setup, out: &Path) -> Result<u8, Failure> {
     Ok(exit::SUCCESS)
 }
 
-/// The fake clocks of the lock servers and of the workers, when the clock faults asked
-/// for can run here (libfaketime installed; for redis-server, the kit's shim built with
-/// the C compiler); the faults that cannot are dropped from `faults`, with a note.
-fn clocks(faults: &mut Vec<Fault>) -> (Option<FakeClock>, Option<FakeClock>) {
-    let wanted = |faults: &[Fault], f: fn(Fault) -> bool| faults.iter().any(|&x| f(x));
-    let store = if wanted(faults, Fault::moves_store_clock) {
-        match FakeClock::wall().and_then(|clock| dlock_test::clock::shim().map(|_| clock)) {
-            Ok(clock) => Some(clock),
-            Err(e) => {
-                eprintln!("dlock: torture: the store clock faults are skipped: {e}");
-                faults.retain(|f| !f.moves_store_clock());
-                None
+/// The fake clocks of the lock servers and of the workers, for the clock faults some kind
+/// of this run has planned, when they can run here (libfaketime installed; for
+/// redis-server, the kit's shim built with the C compiler). A clock fault that cannot run
+/// is dropped from the run with a note, unless `strict` (the run asked for it: named in
+/// `--faults`, or in the CI profile): then the run fails at once, saying why, rather than
+/// pass without it.
+fn clocks(config: &mut Config, kinds: &[Kind], strict: bool) -> Result<(), Failure> {
+    let due = |config: &Config, f: fn(Fault) -> bool| -> Vec<Fault> {
+        let mut due: Vec<Fault> = Vec::new();
+        for &kind in kinds {
+            for fault in plan(config, kind).0 {
+                if f(fault) && !due.contains(&fault) {
+                    due.push(fault);
+                }
             }
         }
-    } else {
-        None
+        due
     };
-    let client = if faults.contains(&Fault::ClientClock) {
+    let unavailable = |config: &mut Config, due: &[Fault], e: std::io::Error| {
+        let names = due.iter().map(|f| f.id()).collect::<Vec<_>>().join(", ");
+        if strict {
+            return Err(Failure::new(
+                exit::UNAVAILABLE,
+                format!(
+                    "torture: the clock fault(s) {names} cannot be injected here: {e}; install \
+                     faketime (libfaketime) and a C compiler, or leave them out of --faults"
+                ),
+            ));
+        }
+        eprintln!("dlock: torture: the clock fault(s) {names} are skipped: {e}");
+        config.faults.retain(|f| !due.contains(f));
+        Ok(())
+    };
+    let store = due(config, Fault::moves_store_clock);
+    if !store.is_empty() {
+        // redis-server (a lock server of the run's own, under the single-Redis kinds)
+        // runs under the kit's shim; memcached and PostgreSQL under libfaketime.
+        let moved = |kind: Kind| plan(config, kind).0.iter().any(|f| f.moves_store_clock());
+        let shim = kinds.iter().any(|&k| !k.owns_servers() && moved(k));
+        let libfaketime = kinds.iter().any(|&k| k.owns_servers() && moved(k));
+        let found = FakeClock::wall().and_then(|clock| {
+            if shim {
+                dlock_test::clock::shim()?;
+            }
+            if libfaketime {
+                dlock_test::clock::libfaketime()?;
+            }
+            Ok(clock)
+        });
+        match found {
+            Ok(clock) => config.store_clock = Some(clock),
+            Err(e) => unavailable(config, &store, e)?,
+        }
+    }
+    let client = due(config, |f| f == Fault::ClientClock);
+    if !client.is_empty() {
         match FakeClock::wall().and_then(|clock| dlock_test::clock::libfaketime().map(|_| clock)) {
-            Ok(clock) => Some(clock),
-            Err(e) => {
-                eprintln!("dlock: torture: the client clock fault is skipped: {e}");
-                faults.retain(|&f| f != Fault::ClientClock);
-                None
-            }
+            Ok(clock) => config.client_clock = Some(clock),
+            Err(e) => unavailable(config, &client, e)?,
         }
-    } else {
-        None
-    };
-    (store, client)
+    }
+    Ok(())
 }
 
 /// Runs every kind in turn, writing each one's timeline to `out`.
@@ -237,6 +340,10 @@ pub(crate) async fn run_kinds(
             Kind::MemcachedFenced => format!(
                 "  (a memcached of its own, ttl {})",
                 humantime::format_duration(kind.ttl(config.ttl))
+            ),
+            Kind::PostgresFenced if config.on_given(kind) => format!(
+                "  (on {}: not restarted, frozen or its clock moved, as dlock does not own it)",
+                exit::redact(&lock_server.url())
             ),
             Kind::PostgresFenced => {
                 "  (a PostgreSQL of its own; restarts keep its data)".to_owned()
@@ -324,6 +431,12 @@ pub(crate) async fn run_kinds(
                 };
                 run_workers(config, kind, &kind_faults, duration, store, resource_server).await?
             }
+            // On the PostgreSQL `--url` names.
+            Kind::PostgresFenced if config.on_given(kind) => {
+                println!("{line}");
+                let store = Store::postgres(None, Some(&lock_server.url())).await?;
+                run_workers(config, kind, &kind_faults, duration, store, resource_server).await?
+            }
             Kind::PostgresFenced => {
                 let started = match &kind_clock {
                     Some(clock) => PostgresServer::start_with_clock(clock),
@@ -334,10 +447,16 @@ pub(crate) async fn run_kinds(
                     continue;
                 };
                 println!("{line}");
-                let store = Store::postgres(server).await?;
+                let store = Store::postgres(Some(server), None).await?;
                 run_workers(config, kind, &kind_faults, duration, store, resource_server).await?
             }
             _ => {
+                if let LockServer::Postgres(_) = lock_server {
+                    return Err(Failure::usage(format!(
+                        "the {} kind needs a Redis lock server, and --url names a PostgreSQL one",
+                        kind.id()
+                    )));
+                }
                 println!("{line}");
                 let store = Store::redis(lock_server).await?;
                 run_workers(config, kind, &kind_faults, duration, store, resource_server).await?
@@ -348,6 +467,70 @@ pub(crate) async fn run_kinds(
         reports.push(report);
     }
     Ok(reports)
+}
+
+/// Each of `faults` once, in order.
+fn distinct(faults: impl Iterator<Item = Fault>) -> Vec<Fault> {
+    let mut seen = Vec::new();
+    for f in faults {
+        if !seen.contains(&f) {
+            seen.push(f);
+        }
+    }
+    seen
+}
+
+/// The next fault of `plan` to inject at `now`, taken out of it with how often it could
+/// not be injected before: of those whose time has come, the first that has not taken
+/// effect yet in this run (`windows`), else the first. So a fault whose turn slipped
+/// (the nemesis starts none while another's window is open) goes before a repeat.
+fn next_due(
+    plan: &mut Vec<(u64, Fault, usize)>,
+    now: u64,
+    windows: &[FaultWindow],
+) -> Option<(Fault, usize)> {
+    let fresh = |f: Fault| !windows.iter().any(|w| f.took_effect_as(w.fault));
+    let due = |i: &usize| plan[*i].0 <= now;
+    let mut order: Vec<usize> = (0..plan.len()).collect();
+    order.sort_by_key(|&i| plan[i].0);
+    let i = order
+        .iter()
+        .copied()
+        .filter(due)
+        .find(|&i| fresh(plan[i].1))
+        .or_else(|| order.iter().copied().find(due))?;
+    let (_, fault, tries) = plan.remove(i);
+    Some((fault, tries))
+}
+
+/// A fault that could not be injected now (no worker to aim it at, a replica not in
+/// sync, a server that did not answer) is tried again half a ttl later while the run
+/// lasts: one that never takes effect fails the kind (see the verdict), so it must not be
+/// dropped quietly. Said on stderr the first time, and when the run ends first.
+fn again(
+    plan: &mut Vec<(u64, Fault, usize)>,
+    fault: Fault,
+    tries: usize,
+    now: u64,
+    ttl_ns: u64,
+    until: u64,
+    why: &str,
+) {
+    let at = now + ttl_ns / 2;
+    if at < until {
+        if tries == 0 {
+            eprintln!(
+                "dlock: torture: fault {} could not be injected now{why}; trying again",
+                fault.id()
+            );
+        }
+        plan.push((at, fault, tries + 1));
+    } else {
+        eprintln!(
+            "dlock: torture: fault {} could not be injected{why} before the run's end",
+            fault.id()
+        );
+    }
 }
 
 /// A kind's own servers as they started: `Some` to run on; `None` when `--kinds all`
@@ -409,6 +592,19 @@ pub(crate) async fn run_workers(
     let mut proxies = Vec::new();
     let mut urls = Vec::new();
     let targets = store.upstreams();
+    // No proxy can stand in for a server given by a unix socket, several hosts or TLS:
+    // the faults on a worker's links cannot be injected there.
+    let mut faults = faults.to_vec();
+    let network = [Fault::Delay, Fault::Blackhole, Fault::Close];
+    if targets.is_empty() && faults.iter().any(|f| network.contains(f)) {
+        faults.retain(|f| !network.contains(f));
+        eprintln!(
+            "dlock: torture: {}: the workers reach the server without a proxy (a unix \
+             socket, several hosts or TLS): delay, blackhole and close skipped",
+            kind.id()
+        );
+    }
+    let faults = faults.as_slice();
     for _ in 0..config.workers {
         let mut links = Vec::with_capacity(targets.len());
         for &addr in &targets {
@@ -468,25 +664,28 @@ pub(crate) async fn run_workers(
         client_clock,
         client_jumps: 0,
     };
-    let mut plan = schedule(config, kind, faults, duration)
+    // (when, the fault, how many times it could not be injected so far)
+    let mut plan: Vec<(u64, Fault, usize)> = schedule(config, kind, faults, duration)
         .into_iter()
-        .peekable();
+        .map(|(at, f)| (start + u64::try_from(at.as_nanos()).unwrap_or(0), f, 0))
+        .collect();
+    let scheduled = distinct(plan.iter().map(|p| p.1));
     let mut history: Vec<(usize, Step)> = Vec::new();
     let mut rng = Rng(config.seed.wrapping_add(7));
     let ttl_ns = n.ttl_ns();
     // Pause waits for the next worker to report a read (so it lands between a holder's
     // read and its write) and kill for the next acquire (a holder is what they are meant
     // to hit); either falls back to any worker at a deadline.
-    let mut armed: Option<(Fault, u64)> = None;
+    let mut armed: Option<(Fault, u64, usize)> = None;
     let mut partition_due = kind.holds_long().then(|| start + 3_000_000_000);
     let mut started = std::collections::HashSet::new();
     let mut worker_failures = 0;
     let hard_stop = until + 3 * ttl_ns + 5_000_000_000;
     loop {
         let now = monotonic_ns();
-        let next_fault = plan
-            .peek()
-            .map(|(at, _)| start + u64::try_from(at.as_nanos()).unwrap_or(0));
+        // A fault due while another is under way waits for it (woken by its end).
+        let free = armed.is_none() && n.undo.is_empty() && n.resume.is_none() && now < until;
+        let next_fault = plan.iter().map(|p| p.0).min().filter(|_| free);
         let next_undo = n
             .undo
             .iter()
@@ -512,7 +711,7 @@ pub(crate) async fn run_workers(
                 // a holder just granted.
                 let trigger = match (&step, kind) {
                     (Step::Acquired { .. }, _) => {
-                        Some(armed.map_or(Fault::Kill, |(f, _)| f)).filter(|f| {
+                        Some(armed.map_or(Fault::Kill, |(f, _, _)| f)).filter(|f| {
                             matches!(f, Fault::Kill | Fault::Failover | Fault::Restart)
                         })
                     }
@@ -536,12 +735,14 @@ pub(crate) async fn run_workers(
                 if resume_now {
                     n.resume(monotonic_ns(), true);
                 }
-                if let Some((fault, _)) = armed
+                if let Some((fault, _, tries)) = armed
                     && trigger == Some(fault)
                 {
                     armed = None;
                     let victim = n.running.iter().position(|r| r.id == id && r.alive);
-                    n.inject(fault, victim).await?;
+                    if !n.inject(fault, victim).await? {
+                        again(&mut plan, fault, tries, monotonic_ns(), ttl_ns, until, "");
+                    }
                 }
             }
             () = tokio::time::sleep(Duration::from_nanos(wake.saturating_sub(now))) => {}
@@ -557,37 +758,38 @@ pub(crate) async fn run_workers(
         }
         n.heal(now, false);
         n.resume(now, false);
-        if let Some((fault, deadline)) = armed
+        if let Some((fault, deadline, tries)) = armed
             && deadline <= now
         {
             armed = None;
             let victim = pick(&n.running, &mut rng);
-            n.inject(fault, victim).await?;
+            if !n.inject(fault, victim).await? {
+                again(&mut plan, fault, tries, monotonic_ns(), ttl_ns, until, "");
+            }
         }
-        if let Some(at) = next_fault
-            && at <= now
-            && now < until
+        if now < until
             && armed.is_none()
             && n.undo.is_empty()
             && n.resume.is_none()
-            && let Some((_, fault)) = plan.next()
+            && let Some((fault, tries)) = next_due(&mut plan, now, &n.windows)
         {
             if matches!(fault, Fault::Pause | Fault::Kill)
                 || (fault == Fault::Restart && kind.holds_long())
             {
-                armed = Some((fault, now + 2 * ttl_ns));
+                armed = Some((fault, now + 2 * ttl_ns, tries));
             } else if fault == Fault::Failover {
                 // Freeze the replica now; the master dies at the next grant.
                 if n.prepare_failover() {
-                    armed = Some((fault, now + 2 * ttl_ns));
+                    armed = Some((fault, now + 2 * ttl_ns, tries));
                 } else {
-                    eprintln!(
-                        "dlock: torture: fault failover could not be injected (the replica not in sync)"
-                    );
+                    let why = " (the replica not in sync)";
+                    again(&mut plan, fault, tries, now, ttl_ns, until, why);
                 }
             } else {
                 let victim = pick(&n.running, &mut rng);
-                n.inject(fault, victim).await?;
+                if !n.inject(fault, victim).await? {
+                    again(&mut plan, fault, tries, monotonic_ns(), ttl_ns, until, "");
+                }
             }
         }
         for r in n.running.iter_mut().filter(|r| r.alive) {
@@ -667,6 +869,7 @@ pub(crate) async fn run_workers(
         history: &history,
         kills: &n.kills,
         windows: &n.windows,
+        scheduled: &scheduled,
         resources: &resources_state,
         ttl_ns,
         reacquire_slack_ns: u64::try_from(kind.reacquire_slack(ttl).as_nanos()).unwrap_or(u64::MAX),
@@ -713,6 +916,7 @@ pub(crate) fn run_memory(
             .push((w, step));
     };
     let stalls: Arc<Mutex<Vec<FaultWindow>>> = Arc::default();
+    let mut scheduled = Vec::new();
     std::thread::scope(|scope| -> Result<(), Failure> {
         let mut handles = Vec::new();
         for w in 0..config.workers {
@@ -807,6 +1011,7 @@ pub(crate) fn run_memory(
         // The nemesis: stall a holder now and then.
         let mut rng = Rng(config.seed ^ 0x6d65_6d6f);
         let plan = schedule(config, Kind::Memory, faults, duration);
+        scheduled = distinct(plan.iter().map(|p| p.1));
         for (at, _) in plan {
             let due = start + u64::try_from(at.as_nanos()).unwrap_or(0);
             std::thread::sleep(Duration::from_nanos(due.saturating_sub(monotonic_ns())));
@@ -844,6 +1049,7 @@ pub(crate) fn run_memory(
         history: &history,
         kills: &[],
         windows: &windows,
+        scheduled: &scheduled,
         resources: &resources,
         ttl_ns: u64::try_from(ttl.as_nanos()).unwrap_or(u64::MAX),
         reacquire_slack_ns: 0,
@@ -857,4 +1063,49 @@ pub(crate) fn run_memory(
         holds: holds.writes,
         read_holds: holds.reads,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn window(fault: Fault) -> FaultWindow {
+        FaultWindow {
+            fault,
+            start: 1,
+            end: 2,
+            worker: None,
+            nodes: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_due_fault_that_has_not_taken_effect_goes_before_a_repeat() {
+        let mut plan = vec![
+            (10, Fault::Pause, 0),
+            (20, Fault::Kill, 0),
+            (30, Fault::Freeze, 0),
+        ];
+        // Nothing is due before its time.
+        assert_eq!(next_due(&mut plan, 5, &[]), None);
+        // Pause took effect already: of the two due, kill goes first.
+        let paused = [window(Fault::Pause)];
+        assert_eq!(next_due(&mut plan, 25, &paused), Some((Fault::Kill, 0)));
+        assert_eq!(next_due(&mut plan, 25, &paused), Some((Fault::Pause, 0)));
+        assert_eq!(next_due(&mut plan, 25, &paused), None);
+        // A restart took effect as a crash: it is no longer fresh.
+        let mut plan = vec![(10, Fault::Restart, 0), (20, Fault::Pause, 0)];
+        let crashed = [window(Fault::CrashRestart)];
+        assert_eq!(next_due(&mut plan, 25, &crashed), Some((Fault::Pause, 0)));
+    }
+
+    #[test]
+    fn a_fault_that_could_not_be_injected_is_tried_again_while_the_run_lasts() {
+        let mut plan = Vec::new();
+        again(&mut plan, Fault::Failover, 0, 100, 1_000, 10_000, "");
+        assert_eq!(plan, vec![(600, Fault::Failover, 1)]);
+        // Not past the run's end.
+        again(&mut plan, Fault::Pause, 3, 9_800, 1_000, 10_000, "");
+        assert_eq!(plan.len(), 1);
+    }
 }

@@ -17,17 +17,22 @@ use crate::exit::{self, Failure};
 use crate::failover::{Cluster, Sentinel};
 use crate::model::{Rng, ZOOKEEPER_CHROOT, ZOOKEEPER_MEMBERS};
 
-/// Where the locks live.
+/// Where the locks of the kinds without servers of their own live.
 pub(crate) enum LockServer {
+    /// A redis-server of the run's own.
     Own(RedisServer),
+    /// The Redis server `--url` names.
     Given(String),
+    /// The PostgreSQL server `--url` names: `postgres-fenced` runs on it (and no kind
+    /// needs a Redis lock server).
+    Postgres(String),
 }
 
 impl LockServer {
     pub(crate) fn url(&self) -> String {
         match self {
             LockServer::Own(s) => s.url(),
-            LockServer::Given(u) => u.clone(),
+            LockServer::Given(u) | LockServer::Postgres(u) => u.clone(),
         }
     }
 }
@@ -79,10 +84,14 @@ pub(crate) enum Store<'a> {
     },
     /// A memcached of our own.
     Memcached(MemcachedServer),
-    /// A PostgreSQL of our own, with an admin connection for the audit.
+    /// A PostgreSQL of our own, or the one `--url` names (`server` is then `None`: never
+    /// frozen or restarted), with an admin client for the audit and the clean-up (dlock's
+    /// own client: its pool replaces a connection a crash broke, and it speaks TLS and
+    /// knows the URL's `?schema=`).
     Postgres {
-        server: PostgresServer,
-        admin: tokio_postgres::Client,
+        server: Option<PostgresServer>,
+        url: String,
+        admin: dlock::backend::Postgres,
     },
     /// An etcd cluster of our own, with an admin client per member (straight to it, not
     /// through a proxy) to find the leader and audit the keys.
@@ -160,21 +169,29 @@ pub(crate) async fn etcd_victim(
 /// How many of `keys` PostgreSQL still holds anything for: a live holder, a live lease or
 /// a waiter's live place (each named on stderr). A key it could not be asked about counts
 /// as present: an audit that could not look must not pass.
-pub(crate) async fn postgres_count(admin: &tokio_postgres::Client, keys: &[String]) -> usize {
+pub(crate) async fn postgres_count(admin: &dlock::backend::Postgres, keys: &[String]) -> usize {
+    let client = match admin.client().await {
+        Ok(client) => client,
+        Err(e) => {
+            eprintln!(
+                "dlock: torture: postgres could not be audited: {e}; every key counted as left"
+            );
+            return keys.len();
+        }
+    };
+    let s = admin.schema();
+    let query = format!(
+        "SELECT
+           (SELECT count(*) FROM \"{s}\".locks
+            WHERE key = $1 AND expires_at > clock_timestamp()),
+           (SELECT count(*) FROM \"{s}\".leases
+            WHERE key = $1 AND expires_at > clock_timestamp()),
+           (SELECT count(*) FROM \"{s}\".waiters
+            WHERE key = $1 AND claim_until > clock_timestamp())"
+    );
     let mut n = 0;
     for key in keys {
-        let row = admin
-            .query_one(
-                "SELECT
-                   (SELECT count(*) FROM dlock.locks
-                    WHERE key = $1 AND expires_at > clock_timestamp()),
-                   (SELECT count(*) FROM dlock.leases
-                    WHERE key = $1 AND expires_at > clock_timestamp()),
-                   (SELECT count(*) FROM dlock.waiters
-                    WHERE key = $1 AND claim_until > clock_timestamp())",
-                &[key],
-            )
-            .await;
+        let row = client.query_one(query.as_str(), &[key]).await;
         match row {
             Ok(row) => {
                 let (held, leases, waiting): (i64, i64, i64) = (row.get(0), row.get(1), row.get(2));
@@ -376,15 +393,98 @@ pub(crate) async fn admin_connection(url: &str) -> Result<redis::aio::Connection
         .map_err(store_err)
 }
 
+/// Deletes what a run left of `keys` in a PostgreSQL it does not own (the lock's row, its
+/// fence with it: the names are the run's own, never used again; leases and waiters'
+/// places).
+async fn postgres_remove(admin: &dlock::backend::Postgres, keys: &[String]) {
+    let Ok(client) = admin.client().await else {
+        return;
+    };
+    let s = admin.schema();
+    let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+    for table in ["locks", "leases", "waiters"] {
+        let delete = format!("DELETE FROM \"{s}\".{table} WHERE key = ANY($1)");
+        if let Err(e) = client.execute(delete.as_str(), &[&keys]).await {
+            eprintln!("dlock: torture: cleaning up {s}.{table}: {e}");
+        }
+    }
+}
+
+/// The address a PostgreSQL URL reaches, when a worker's proxy can stand in for it: one
+/// TCP host, no `host=`, `hostaddr=` or `port=` parameter, and no TLS (dlock verifies the
+/// server's name, which a proxy's address is not). `None` otherwise: the workers then
+/// reach the server straight, and the network faults are skipped.
+pub(crate) fn postgres_upstream(url: &str) -> Option<SocketAddr> {
+    let (scheme, rest) = url.split_once("://")?;
+    if scheme != "postgres" && scheme != "postgresql" {
+        return None;
+    }
+    let (base, query) = rest.split_once('?').unwrap_or((rest, ""));
+    let overridden = query.split('&').any(|pair| {
+        let key = pair.split('=').next().unwrap_or("");
+        matches!(key, "host" | "hostaddr" | "port")
+            || (key == "sslmode"
+                && !matches!(
+                    pair.split_once('=').map(|p| p.1),
+                    Some("disable" | "allow" | "prefer")
+                ))
+    });
+    if overridden {
+        return None;
+    }
+    let hostport = base.rsplit_once('@').map_or(base, |(_, h)| h);
+    let hostport = hostport.split('/').next()?;
+    if hostport.is_empty() || hostport.contains(',') || hostport.starts_with('%') {
+        return None;
+    }
+    let with_port = if hostport.ends_with(']') || !hostport.contains(':') {
+        format!("{hostport}:5432")
+    } else {
+        hostport.to_owned()
+    };
+    with_port.to_socket_addrs().ok()?.next()
+}
+
+/// A PostgreSQL URL whose host and port are replaced by `addr` (a worker's proxy): as
+/// [`via`] for Redis; only for URLs [`postgres_upstream`] accepts.
+pub(crate) fn postgres_via(url: &str, addr: SocketAddr) -> Option<String> {
+    postgres_upstream(url)?;
+    let (scheme, rest) = url.split_once("://")?;
+    let (base, query) = match rest.split_once('?') {
+        Some((base, query)) => (base, format!("?{query}")),
+        None => (rest, String::new()),
+    };
+    let (auth, hostpath) = match base.rsplit_once('@') {
+        Some((auth, hostpath)) => (format!("{auth}@"), hostpath),
+        None => (String::new(), base),
+    };
+    let path = hostpath.find('/').map_or("", |i| &hostpath[i..]);
+    Some(format!("{scheme}://{auth}{addr}{path}{query}"))
+}
+
 impl<'a> Store<'a> {
-    pub(crate) async fn postgres(server: PostgresServer) -> Result<Store<'a>, Failure> {
-        let admin = server.try_admin().await.map_err(|e| {
+    /// A PostgreSQL of our own (`server`), or the one `--url` names (`given`).
+    pub(crate) async fn postgres(
+        server: Option<PostgresServer>,
+        given: Option<&str>,
+    ) -> Result<Store<'a>, Failure> {
+        let url = match (&server, given) {
+            (Some(s), _) => s.url(),
+            (None, Some(url)) => url.to_owned(),
+            (None, None) => {
+                return Err(Failure::new(
+                    exit::UNAVAILABLE,
+                    "torture: no PostgreSQL to run on",
+                ));
+            }
+        };
+        let admin = dlock::backend::Postgres::connect(&url).await.map_err(|e| {
             Failure::new(
                 exit::UNAVAILABLE,
                 format!("torture: the PostgreSQL admin connection: {e}"),
             )
         })?;
-        Ok(Store::Postgres { server, admin })
+        Ok(Store::Postgres { server, url, admin })
     }
 
     pub(crate) async fn redis(server: &'a mut LockServer) -> Result<Store<'a>, Failure> {
@@ -446,7 +546,13 @@ impl<'a> Store<'a> {
             Store::Redis { server, .. } => upstream(&server.url()).into_iter().collect(),
             Store::Quorum { nodes, .. } => nodes.iter().map(|n| loopback(n.port())).collect(),
             Store::Memcached(server) => vec![loopback(server.port())],
-            Store::Postgres { server, .. } => vec![loopback(server.port())],
+            Store::Postgres {
+                server: Some(server),
+                ..
+            } => vec![loopback(server.port())],
+            Store::Postgres {
+                server: None, url, ..
+            } => postgres_upstream(url).into_iter().collect(),
             Store::Etcd { cluster, .. } => cluster
                 .members
                 .iter()
@@ -483,17 +589,10 @@ impl<'a> Store<'a> {
                 .first()
                 .map(|p| format!("memcache://{}", p.addr()))
                 .unwrap_or_default(),
-            Store::Postgres { server, .. } => proxies
+            Store::Postgres { url, .. } => proxies
                 .first()
-                .map(|p| {
-                    format!(
-                        "postgres://{}:{}@{}/postgres",
-                        dlock_test::postgres::SUPERUSER,
-                        dlock_test::postgres::PASSWORD,
-                        p.addr()
-                    )
-                })
-                .unwrap_or_else(|| server.url()),
+                .and_then(|p| postgres_via(url, p.addr()))
+                .unwrap_or_else(|| url.clone()),
             Store::Etcd { .. } => format!(
                 "etcd://{}",
                 proxies
@@ -624,23 +723,25 @@ impl<'a> Store<'a> {
                 }
                 n
             }
-            Store::Postgres { server, admin } => {
-                // A crash restart closed the first admin connection: open another.
-                if admin.is_closed()
-                    && let Ok(fresh) = server.try_admin().await
-                {
-                    *admin = fresh;
-                }
-                postgres_count(admin, keys).await
-            }
+            // A crash restart broke the pool's connections: it opens others.
+            Store::Postgres { admin, .. } => postgres_count(admin, keys).await,
         }
     }
 
     /// Deletes what the run left on a shared server (the lock's keys too, if a control
-    /// orphaned them). Servers of a kind's own die with its run.
+    /// orphaned them), or on the PostgreSQL `--url` named. Servers of a kind's own die
+    /// with its run.
     pub(crate) async fn remove(&mut self, keys: &[String]) {
-        if let Store::Redis { admin, .. } = self {
-            let _: Result<(), _> = redis::cmd("DEL").arg(keys).query_async(admin).await;
+        match self {
+            Store::Redis { admin, .. } => {
+                let _: Result<(), _> = redis::cmd("DEL").arg(keys).query_async(admin).await;
+            }
+            Store::Postgres {
+                server: None,
+                admin,
+                ..
+            } => postgres_remove(admin, keys).await,
+            _ => {}
         }
     }
 }
@@ -669,4 +770,59 @@ pub(crate) fn upstream(url: &str) -> Option<SocketAddr> {
         format!("{hostport}:6379")
     };
     hostport.to_socket_addrs().ok()?.next()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_plain_tcp_postgres_url_goes_through_a_worker_s_proxy_with_everything_else_kept() {
+        let proxy: SocketAddr = "127.0.0.1:4000".parse().expect("addr");
+        let url = "postgres://app:p%40ss@127.0.0.1:5433/db?schema=t1&application_name=a@b";
+        assert_eq!(
+            postgres_upstream(url),
+            Some("127.0.0.1:5433".parse().expect("addr"))
+        );
+        assert_eq!(
+            postgres_via(url, proxy).as_deref(),
+            Some("postgres://app:p%40ss@127.0.0.1:4000/db?schema=t1&application_name=a@b")
+        );
+        // The default port, no database, no credentials, the other scheme.
+        assert_eq!(
+            postgres_upstream("postgresql://127.0.0.1"),
+            Some("127.0.0.1:5432".parse().expect("addr"))
+        );
+        assert_eq!(
+            postgres_via("postgresql://127.0.0.1", proxy).as_deref(),
+            Some("postgresql://127.0.0.1:4000")
+        );
+        assert_eq!(
+            postgres_upstream("postgres://u@[::1]/db"),
+            Some("[::1]:5432".parse().expect("addr"))
+        );
+    }
+
+    #[test]
+    fn a_postgres_url_no_proxy_can_stand_in_for_is_reached_straight() {
+        let proxy: SocketAddr = "127.0.0.1:4000".parse().expect("addr");
+        for url in [
+            // A unix socket, given as libpq allows.
+            "postgres://app@/db?host=/run/postgresql",
+            "postgres://app@%2Frun%2Fpostgresql/db",
+            // Several hosts, or a host or port given as a parameter.
+            "postgres://app@127.0.0.1:5432,127.0.0.1:5433/db",
+            "postgres://app@127.0.0.1/db?port=5433",
+            "postgres://app@127.0.0.1/db?hostaddr=127.0.0.2",
+            // TLS: dlock verifies the server's name, which the proxy's address is not.
+            "postgres://app:pw@127.0.0.1/db?sslmode=require",
+            "postgres://app:pw@127.0.0.1/db?sslmode=verify-full",
+            "redis://127.0.0.1:6379/",
+        ] {
+            assert_eq!(postgres_upstream(url), None, "{url}");
+            assert_eq!(postgres_via(url, proxy), None, "{url}");
+        }
+        // sslmode that means plain text still goes through a proxy.
+        assert!(postgres_upstream("postgres://app:pw@127.0.0.1/db?sslmode=disable").is_some());
+    }
 }

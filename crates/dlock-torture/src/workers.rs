@@ -73,12 +73,12 @@ pub(crate) struct Spawner {
 
 impl Spawner {
     pub(crate) fn spawn(&self, id: usize, slot: usize) -> Result<Running, Failure> {
+        // The lock server's URL (with its password, if any) in the environment, not on
+        // the command line.
         let args: Vec<String> = [
             "torture-worker",
             "--kind",
             self.kind.id(),
-            "--lock-url",
-            &self.urls[slot],
             "--resource-url",
             &self.resource_url,
             "--keys",
@@ -92,7 +92,12 @@ impl Spawner {
         .map(|a| (*a).to_owned())
         .collect();
         let tx = self.tx.clone();
-        let (child, reader) = spawn(&args, &self.env, move |line| {
+        let mut env = self.env.clone();
+        env.push((
+            crate::args::TORTURE_WORKER_LOCK_URL.to_owned(),
+            self.urls[slot].clone().into(),
+        ));
+        let (child, reader) = spawn(&args, &env, move |line| {
             if let Ok(step) = serde_json::from_str::<Step>(line) {
                 let _ = tx.send((id, step));
             }

@@ -747,11 +747,8 @@ fn help_never_prints_secrets_from_the_environment() {
 }
 
 /// A mistyped scheme separator (`redis:/…`, `redis//…`), a URL without a scheme, or one
-/// whose first `://` comes after the credentials: the CLI's own messages in
-/// crates/dlock-cli/src/target.rs (`connect`: the `None =>` arm, "--url … is not a URL",
-/// and the `Some(other) =>` arm, "unknown backend …") print the `--url` (or what precedes
-/// its `://`) as given, password included. Ignored until both print
-/// `dlock::backend::redact_url(url)` instead.
+/// whose first `://` comes after the credentials: the CLI's own messages ("--url … is not
+/// a URL", "unknown backend …") print the URL redacted, never its password.
 #[test]
 fn urls_without_a_scheme_separator_never_print_their_password() {
     let cases: Vec<Case> = [

@@ -63,7 +63,11 @@ pub(crate) struct Resources {
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct Findings {
     pub(crate) kind: Kind,
+    /// The faults that took effect (each as the form it took).
     pub(crate) faults: Vec<Fault>,
+    /// Faults the nemesis was to inject that never took effect (see
+    /// [`Fault::took_effect_as`]): the run did not test the kind under them.
+    pub(crate) faults_missed: Vec<Fault>,
     pub(crate) holds: usize,
     pub(crate) errors: usize,
     /// A few distinct error messages workers reported.
@@ -105,6 +109,11 @@ pub(crate) struct Findings {
     pub(crate) refused_after_restart: u64,
     pub(crate) fenced_lost: u64,
     pub(crate) stale_accepted: u64,
+    /// Of `fenced_lost` and `stale_accepted`, those no failover window explains on a kind
+    /// where a failover before replication excuses them (see `resource`); on every other
+    /// kind, all of them.
+    pub(crate) unexcused_fenced_lost: u64,
+    pub(crate) unexcused_stale_accepted: u64,
     pub(crate) fence_reuse: usize,
     /// Grants whose fence was not above every earlier grant's (since the last restart).
     pub(crate) fence_regressions: usize,
@@ -125,6 +134,9 @@ pub(crate) struct Input<'a> {
     pub(crate) history: &'a [(usize, Step)],
     pub(crate) kills: &'a [Kill],
     pub(crate) windows: &'a [FaultWindow],
+    /// The faults the nemesis was to inject (each once or more): one of them that never
+    /// took effect means the run did not test what it says it did.
+    pub(crate) scheduled: &'a [Fault],
     pub(crate) resources: &'a Resources,
     pub(crate) ttl_ns: u64,
     /// What the kind may add to ttl + ε before the next holder after a crash.
@@ -276,9 +288,16 @@ pub(crate) fn check(input: &Input<'_>) -> (Findings, Holds) {
             faults.push(w.fault);
         }
     }
+    let faults_missed = input
+        .scheduled
+        .iter()
+        .copied()
+        .filter(|&planned| !faults.iter().any(|&f| planned.took_effect_as(f)))
+        .collect();
     let mut f = Findings {
         kind: input.kind,
         faults,
+        faults_missed,
         holds: holds.len(),
         errors: writes.errors,
         error_samples: writes.error_samples,
@@ -306,6 +325,8 @@ pub(crate) fn check(input: &Input<'_>) -> (Findings, Holds) {
         refused_after_restart: writes.refused_after_restart,
         fenced_lost: writes.fenced_lost,
         stale_accepted: writes.stale_accepted,
+        unexcused_fenced_lost: writes.unexcused_fenced_lost,
+        unexcused_stale_accepted: writes.unexcused_stale_accepted,
         fence_reuse,
         fence_regressions,
         reacquire_ms,
@@ -361,6 +382,7 @@ mod tests {
             history,
             kills,
             windows,
+            scheduled: &[],
             resources,
             ttl_ns: 1_000_000_000,
             reacquire_slack_ns: 0,
@@ -566,6 +588,7 @@ mod tests {
             history: &history,
             kills: &[],
             windows: &[],
+            scheduled: &[],
             resources: &none,
             ttl_ns: 1_000_000_000,
             reacquire_slack_ns: 0,
@@ -691,6 +714,7 @@ mod tests {
                 history: &history,
                 kills: &kills,
                 windows: &[],
+                scheduled: &[],
                 resources: &none,
                 ttl_ns: 1_000_000_000,
                 reacquire_slack_ns: slack,
@@ -1097,6 +1121,7 @@ mod tests {
                 history,
                 kills: &[],
                 windows,
+                scheduled: &[],
                 resources: &none,
                 ttl_ns: S,
                 reacquire_slack_ns: 0,
@@ -1133,6 +1158,7 @@ mod tests {
             history: &stuck,
             kills: &kills,
             windows: &delay,
+            scheduled: &[],
             resources: &none,
             ttl_ns: S,
             reacquire_slack_ns: 0,
@@ -1149,6 +1175,222 @@ mod tests {
         assert_eq!(check_with(&stuck, &[], 16 * S).stall_ms, vec![9_900, 6_000]);
         let f = check_with(&grants(&[0, S, 2 * S, 3 * S]), &[], 5 * S);
         assert!(f.stall_ms.is_empty() && f.verdict_ok, "{}", f.verdict);
+    }
+
+    /// Two clean holds, far apart: nothing for a checker to find.
+    fn two_clean_holds() -> Vec<(usize, Step)> {
+        vec![
+            (0, acq(10, 1)),
+            (0, Step::Releasing { t: 20 }),
+            (1, acq(30, 2)),
+            (1, Step::Releasing { t: 40 }),
+        ]
+    }
+
+    #[test]
+    fn a_control_or_failover_kind_whose_fault_never_took_effect_fails_as_not_exercised() {
+        let none = Resources::default();
+        for (kind, fault, took) in [
+            (Kind::SetnxExpire, "kill", Fault::Kill),
+            (Kind::SetnxGetset, "pause", Fault::Pause),
+            (Kind::GetDel, "pause", Fault::Pause),
+            (Kind::PlainDel, "pause", Fault::Pause),
+            (Kind::RedlockImmediateRestart, "restart", Fault::Restart),
+            (
+                Kind::RedlockDelayedRestart,
+                "restart",
+                Fault::DelayedRestart,
+            ),
+            (Kind::SentinelFenced, "failover", Fault::Failover),
+            (Kind::SentinelWaitFenced, "failover", Fault::Failover),
+            (Kind::ClusterFenced, "failover", Fault::Failover),
+        ] {
+            let f = run(kind, &two_clean_holds(), &[], &[], &none);
+            assert!(!f.verdict_ok, "{}: {}", kind.id(), f.verdict);
+            assert!(
+                f.verdict
+                    .starts_with(&format!("FAIL: not exercised: no {fault} took effect")),
+                "{}: {}",
+                kind.id(),
+                f.verdict
+            );
+            // Once it took effect, the verdict is the kind's own (for a failover kind
+            // with nothing wrong: a pass; for a control: whether it was caught).
+            let f = run(
+                kind,
+                &two_clean_holds(),
+                &[window(took, None, 50, 60)],
+                &[],
+                &none,
+            );
+            assert!(
+                !f.verdict.contains("not exercised"),
+                "{}: {}",
+                kind.id(),
+                f.verdict
+            );
+            if kind.is_fenced() || kind == Kind::RedlockDelayedRestart {
+                assert!(f.verdict_ok, "{}: {}", kind.id(), f.verdict);
+            }
+        }
+        // The restart control exercised and caught: an overlap only the bridge node's
+        // restart (at once) explains.
+        let f = run(
+            Kind::RedlockImmediateRestart,
+            &overlapping(),
+            &[window(Fault::Restart, None, 24, 26)],
+            &[],
+            &none,
+        );
+        assert_eq!(f.restart_overlaps, 1);
+        assert!(
+            f.verdict_ok && f.verdict.contains("control caught"),
+            "{}",
+            f.verdict
+        );
+        // A delayed restart explains no overlap: the same history does not catch it.
+        let delayed = [window(Fault::DelayedRestart, None, 24, 26)];
+        let f = run(
+            Kind::RedlockImmediateRestart,
+            &overlapping(),
+            &delayed,
+            &[],
+            &none,
+        );
+        assert!(!f.verdict_ok, "{}", f.verdict);
+    }
+
+    #[test]
+    fn a_scheduled_fault_that_never_took_effect_fails_the_kind() {
+        let none = Resources::default();
+        let check_with = |kind: Kind, windows: &[FaultWindow], scheduled: &[Fault]| {
+            check(&Input {
+                kind,
+                history: &two_clean_holds(),
+                kills: &[],
+                windows,
+                scheduled,
+                resources: &none,
+                ttl_ns: 1_000_000_000,
+                reacquire_slack_ns: 0,
+                until: 0,
+                end: 10_000_000_000,
+            })
+            .0
+        };
+        let paused = [window(Fault::Pause, Some(0), 12, 18)];
+        let f = check_with(Kind::DlockFenced, &paused, &[Fault::Pause, Fault::Freeze]);
+        assert_eq!(f.faults_missed, vec![Fault::Freeze]);
+        assert!(!f.verdict_ok, "{}", f.verdict);
+        assert!(
+            f.verdict.contains("not exercised") && f.verdict.contains("freeze"),
+            "{}",
+            f.verdict
+        );
+        let f = check_with(Kind::DlockFenced, &paused, &[Fault::Pause]);
+        assert!(f.faults_missed.is_empty() && f.verdict_ok, "{}", f.verdict);
+        // A restart takes effect in the form the store gives it.
+        let crash = [window(Fault::CrashRestart, None, 12, 18)];
+        let f = check_with(Kind::PostgresFenced, &crash, &[Fault::Restart]);
+        assert!(f.faults_missed.is_empty() && f.verdict_ok, "{}", f.verdict);
+    }
+
+    /// Worker 0 granted fence 8 by the master that dies (t 10), writes at 12; worker 1
+    /// granted 7 by the promoted replica (t 30), writes at 32: the resource's log says
+    /// 8 then 7. Both read the same value: one increment lost.
+    fn across_a_failover() -> (Vec<(usize, Step)>, Resources) {
+        let history = vec![
+            (0, acq(10, 8)),
+            (
+                0,
+                Step::Fenced {
+                    t: 12,
+                    ok: true,
+                    value: 5,
+                },
+            ),
+            (0, Step::Releasing { t: 13 }),
+            (1, acq(30, 7)),
+            (
+                1,
+                Step::Fenced {
+                    t: 32,
+                    ok: true,
+                    value: 5,
+                },
+            ),
+            (1, Step::Releasing { t: 33 }),
+        ];
+        let resources = Resources {
+            fenced: 5,
+            fence_log: vec![8, 7],
+            ..Resources::default()
+        };
+        (history, resources)
+    }
+
+    #[test]
+    fn stale_writes_on_a_failover_kind_are_excused_only_in_a_failover_window() {
+        let (history, resources) = across_a_failover();
+        // The failover between the two grants explains both.
+        let between = [window(Fault::Failover, None, 15, 25)];
+        let f = run(Kind::SentinelFenced, &history, &between, &[], &resources);
+        assert_eq!((f.stale_accepted, f.fenced_lost), (1, 1));
+        assert_eq!(
+            (f.unexcused_stale_accepted, f.unexcused_fenced_lost),
+            (0, 0)
+        );
+        assert!(f.verdict_ok, "{}", f.verdict);
+        assert!(f.verdict.contains("failover windows"), "{}", f.verdict);
+        // A failover that happened, but long after both writes, explains neither.
+        let later = [window(Fault::Failover, None, 500, 600)];
+        let f = run(Kind::SentinelFenced, &history, &later, &[], &resources);
+        assert_eq!(f.failovers, 1);
+        assert_eq!(
+            (f.unexcused_stale_accepted, f.unexcused_fenced_lost),
+            (1, 1)
+        );
+        assert!(!f.verdict_ok, "{}", f.verdict);
+        assert!(
+            f.verdict.contains("outside any failover window"),
+            "{}",
+            f.verdict
+        );
+        let f = run(Kind::ClusterFenced, &history, &later, &[], &resources);
+        assert!(!f.verdict_ok, "{}", f.verdict);
+        // A failover before the higher fence was granted does not explain a lower one
+        // written after it.
+        let before = [window(Fault::Failover, None, 2, 5)];
+        let f = run(Kind::SentinelFenced, &history, &before, &[], &resources);
+        assert_eq!(f.unexcused_stale_accepted, 1);
+        assert!(!f.verdict_ok, "{}", f.verdict);
+        // With WAIT (min_replicas), a failover excuses nothing.
+        let f = run(
+            Kind::SentinelWaitFenced,
+            &history,
+            &between,
+            &[],
+            &resources,
+        );
+        assert_eq!(
+            (f.unexcused_stale_accepted, f.unexcused_fenced_lost),
+            (1, 1)
+        );
+        assert!(!f.verdict_ok, "{}", f.verdict);
+    }
+
+    #[test]
+    fn two_accepted_writes_of_one_read_are_a_lost_fenced_increment_even_if_the_count_hides_it() {
+        let (history, _) = across_a_failover();
+        // An unacknowledged write raised the final value: acknowledged − final is 0.
+        let resources = Resources {
+            fenced: 6,
+            fence_log: vec![7, 8],
+            ..Resources::default()
+        };
+        let f = run(Kind::DlockFenced, &history, &[], &[], &resources);
+        assert_eq!((f.fenced_lost, f.unexcused_fenced_lost), (1, 1));
+        assert!(!f.verdict_ok, "{}", f.verdict);
     }
 
     #[test]

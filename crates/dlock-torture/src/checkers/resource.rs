@@ -1,6 +1,14 @@
 //! The protected resources: increments of the unfenced counter lost, and on the fenced
 //! resource stale writes accepted, acknowledged writes lost, writes refused; and the
 //! errors workers reported.
+//!
+//! On the kinds where a failover before replication may lose the fence counter's last
+//! increments (`Kind::failover_excuses`: Sentinel and Cluster without `WAIT`), a stale
+//! write accepted or an increment lost is excused only where a failover window explains
+//! it, as `fences` excuses a repeated fence: a write accepted under a fence below one
+//! granted before a failover ended, the lower one written after it began; or two writes
+//! from one read whose holds a failover window touches. Anywhere else it fails the kind,
+//! failovers or not.
 
 use std::collections::BTreeMap;
 
@@ -18,6 +26,10 @@ pub(crate) struct Writes {
     pub(crate) refused_after_restart: u64,
     pub(crate) fenced_lost: u64,
     pub(crate) stale_accepted: u64,
+    /// Of those, the ones no failover window explains (all of them on a kind where a
+    /// failover excuses nothing).
+    pub(crate) unexcused_fenced_lost: u64,
+    pub(crate) unexcused_stale_accepted: u64,
     pub(crate) errors: usize,
     /// A few distinct error messages workers reported.
     pub(crate) error_samples: Vec<String>,
@@ -66,16 +78,63 @@ pub(crate) fn check(input: &Input<'_>) -> Writes {
     let lost_increments = unfenced_acknowledged
         .saturating_sub(u64::try_from(r.counter).unwrap_or(0))
         .max(duplicate_reads);
-    let fenced_lost = fenced_acknowledged.saturating_sub(u64::try_from(r.fenced).unwrap_or(0));
-    // The resource's own log: an accepted fence below an earlier accepted one is a stale
-    // write that got through.
-    let mut highest = 0;
-    let mut stale_accepted = 0;
-    for &f in &r.fence_log {
-        if f < highest {
-            stale_accepted += 1;
+    let accepted = accepted_writes(input);
+    let excusing = input.kind.failover_excuses();
+    let failover = |lo: u64, hi: u64| {
+        excusing
+            && input
+                .windows
+                .iter()
+                .any(|w| w.fault == Fault::Failover && w.start <= hi && w.end >= lo)
+    };
+    // Two accepted writes of one value (from one read) lost one of them, even where an
+    // unacknowledged write raised the final value.
+    let mut by_value: BTreeMap<i64, Vec<&Accepted>> = BTreeMap::new();
+    for w in &accepted {
+        by_value.entry(w.value).or_default().push(w);
+    }
+    let (mut duplicates, mut excused_duplicates) = (0u64, 0u64);
+    for writes in by_value.values().filter(|w| w.len() > 1) {
+        let extra = writes.len() as u64 - 1;
+        duplicates += extra;
+        let lo = writes.iter().map(|w| w.granted).min().unwrap_or(0);
+        let hi = writes.iter().map(|w| w.t).max().unwrap_or(u64::MAX);
+        if failover(lo, hi) {
+            excused_duplicates += extra;
         }
-        highest = highest.max(f);
+    }
+    let short = fenced_acknowledged.saturating_sub(u64::try_from(r.fenced).unwrap_or(0));
+    let fenced_lost = short.max(duplicates);
+    // What the duplicates do not account for, no window can explain.
+    let unexcused_fenced_lost =
+        (duplicates - excused_duplicates) + short.saturating_sub(duplicates);
+    // The resource's own log: an accepted fence below an earlier accepted one is a stale
+    // write that got through. The k-th entry of a fence in the log is the k-th accepted
+    // write under that fence in the history, in time order.
+    let mut nth: BTreeMap<u64, usize> = BTreeMap::new();
+    let mut highest: Option<(u64, Option<&Accepted>)> = None;
+    let mut stale_accepted = 0;
+    let mut unexcused_stale_accepted = 0;
+    for &f in &r.fence_log {
+        let k = nth.entry(f).or_default();
+        let write = accepted.iter().filter(|w| w.fence == f).nth(*k);
+        *k += 1;
+        match highest {
+            Some((h, above)) if f < h => {
+                stale_accepted += 1;
+                // The higher fence granted before a failover ended, this one written
+                // after it began: the counter's increments died with the old master.
+                let explained = match (write, above) {
+                    (Some(w), Some(a)) => failover(a.granted, w.t),
+                    _ => false,
+                };
+                if !explained {
+                    unexcused_stale_accepted += 1;
+                }
+            }
+            Some((h, _)) if f == h => {}
+            _ => highest = Some((f, write)),
+        }
     }
     Writes {
         unfenced_acknowledged,
@@ -85,7 +144,45 @@ pub(crate) fn check(input: &Input<'_>) -> Writes {
         refused_after_restart,
         fenced_lost,
         stale_accepted,
+        unexcused_fenced_lost,
+        unexcused_stale_accepted,
         errors,
         error_samples,
     }
+}
+
+/// A write the fenced resource accepted, as the history shows it: its hold's grant and
+/// fence, its time and the value it wrote.
+struct Accepted {
+    granted: u64,
+    fence: u64,
+    t: u64,
+    value: i64,
+}
+
+/// Every accepted fenced write of the history, in time order.
+fn accepted_writes(input: &Input<'_>) -> Vec<Accepted> {
+    let mut hold: BTreeMap<usize, (u64, u64)> = BTreeMap::new(); // worker → (grant, fence)
+    let mut accepted = Vec::new();
+    for (worker, step) in input.history {
+        match step {
+            Step::Acquired { t, fence, .. } => {
+                hold.insert(*worker, (*t, *fence));
+            }
+            Step::Fenced {
+                ok: true, t, value, ..
+            } => {
+                let (granted, fence) = hold.get(worker).copied().unwrap_or((*t, 0));
+                accepted.push(Accepted {
+                    granted,
+                    fence,
+                    t: *t,
+                    value: *value,
+                });
+            }
+            _ => {}
+        }
+    }
+    accepted.sort_by_key(|w| w.t);
+    accepted
 }
