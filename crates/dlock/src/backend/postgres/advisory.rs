@@ -16,7 +16,11 @@
 //!   `fencing_token()` does not compile): when the session dies (a server restart, a
 //!   terminated backend) the lock is free at once, while the old holder learns it only at
 //!   its next check, up to a third of the ttl later;
-//! * one connection per held lock, on top of the client's pool: mind `max_connections`.
+//! * one connection per held lock, on top of the client's pool: mind `max_connections`;
+//! * with the watchdog off nothing checks the session, so the guard cannot vouch for the
+//!   hold past its ttl: it reports itself lost then, and its `release()` returns
+//!   `LockLost` although the unlock ran on the session and the lock is free (keep the
+//!   watchdog on in advisory mode).
 //!
 //! Names map to PostgreSQL's 64-bit advisory keys by `hashtextextended(<lock key>, 0)`
 //! (the lock key is the prefix plus the name, `dlock:<name>` by default), so other code
