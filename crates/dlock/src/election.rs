@@ -16,6 +16,7 @@ use tokio::time::Instant;
 use crate::error::{Error, Result};
 use crate::lock::{Lock, LockGuard};
 use crate::multi::BoxFuture;
+use crate::observe::woken_by;
 use crate::options::{Options, builder_options};
 use crate::raw::{RawElection, ReleaseWatch};
 use crate::token::{FencingToken, Token};
@@ -232,6 +233,10 @@ impl<B: RawElection> Election<B> {
     /// short interval), and reads again at the lease's length in case an announcement was
     /// lost. A leader that led and left between two reads of a slow observer may be
     /// passed over: an observer always catches up with the latest leader.
+    ///
+    /// Each sleep between two reads is a `dlock.wait` span (`primitive` `election`) whose
+    /// `woken_by` says what ended it: `change`, `fallback`, `backoff` or `outage` (see
+    /// [`observe`](crate::observe#an-observers-waits)).
     pub fn observe(&self) -> Observer<B> {
         Observer {
             state: Some(Observing {
@@ -438,10 +443,25 @@ impl<B: RawElection> Observing<B> {
         }
     }
 
+    /// Sleeps until `woken` ends, in a `dlock.wait` span whose timer is `timer`;
+    /// `woken` says what ended it (a [`woken_by`](crate::observe::woken_by) value).
+    async fn wait(&self, timer: Duration, woken: impl Future<Output = &'static str>) {
+        let lock = &self.election.lock;
+        let span = lock.obs().wait_span(lock.name(), Some(timer));
+        let slept = Instant::now();
+        let woken_by = woken.await;
+        crate::observe::observer_waited(&span, woken_by, slept.elapsed());
+    }
+
     /// Waits for the next change after the last one reported.
     async fn change(&mut self) -> Result<Leader> {
         if std::mem::take(&mut self.failed) {
-            tokio::time::sleep(self.fallback(false)).await;
+            let pause = self.fallback(false);
+            self.wait(pause, async {
+                tokio::time::sleep(pause).await;
+                woken_by::OUTAGE
+            })
+            .await;
         }
         let change = self.next_change().await;
         if change.is_err() {
@@ -482,17 +502,24 @@ impl<B: RawElection> Observing<B> {
                 }
             }
             let watch = self.watch.as_ref().expect("set above");
-            let until = Instant::now() + self.fallback(watch.is_active());
-            tokio::select! {
-                () = watch.released() => {
-                    // One announcement wakes one listener of this client: pass it on to
-                    // the other observers of the election that are waiting now.
-                    if let Some(n) = watch.notifier() {
-                        n.notify_waiters();
+            let announced = watch.is_active();
+            let timer = self.fallback(announced);
+            self.wait(timer, async {
+                tokio::select! {
+                    () = watch.released() => {
+                        // One announcement wakes one listener of this client: pass it on
+                        // to the other observers of the election that are waiting now.
+                        if let Some(n) = watch.notifier() {
+                            n.notify_waiters();
+                        }
+                        woken_by::CHANGE
+                    }
+                    () = tokio::time::sleep(timer) => {
+                        if announced { woken_by::FALLBACK } else { woken_by::BACKOFF }
                     }
                 }
-                () = tokio::time::sleep_until(until) => {}
-            }
+            })
+            .await;
         }
     }
 }

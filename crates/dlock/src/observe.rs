@@ -28,7 +28,7 @@
 //! | `dlock.watch` | subscription to release announcements | call fields |
 //! | `dlock.inspect` | `Lock::state` / `is_locked` | call fields |
 //! | `dlock.force_unlock` | `Lock::force_unlock` | call fields |
-//! | `dlock.wait` | sleep between two attempts of an acquisition, or wait inside the store ([below](#waits-inside-the-store)) | `store`, `primitive`, `lock`, `timer_ms`, `woken_by`, `waited_ms`, `handoff` |
+//! | `dlock.wait` | sleep between two attempts of an acquisition, wait inside the store ([below](#waits-inside-the-store)), or an election observer's wait for the next change ([below](#an-observers-waits)) | `store`, `primitive`, `lock`, `timer_ms`, `woken_by`, `waited_ms`, `handoff` |
 //! | `dlock.renew` | watchdog renewal batch (one store call for every lease due) | `store`, `op` (`renew`), `leases`, `renewed`, `failed`, `lost`, `outcome`, `rtt_ms`, `error`, `otel.kind`, `otel.status_code`, and `primitive`, `lock` when the batch holds one lease |
 //! | `dlock.publish` / `dlock.record` | write / read of an election's leader record (`Leadership::proclaim` and the campaign's announcement / `Election::leader`, `observe`) | call fields (`op` `publish`, `record`) |
 //! | `dlock.watch` (`op` `watch_record`) | subscription to an election's record changes (`observe`) | call fields |
@@ -64,10 +64,11 @@
 //! `waited_ms` how long it slept, `woken_by` (see [`woken_by`]) what ended the sleep:
 //! `release` (a release announcement), `fallback` (the timer set from the holder's
 //! remaining lease, when the announcement did not come), `backoff` (the polling timer of
-//! a store that cannot announce releases), `deadline` (the caller's deadline) or `outage`
+//! a store that cannot announce releases), `deadline` (the caller's deadline), `outage`
 //! (the pause before trying again while the store is unreachable, or a wait inside the
-//! store that ended with the store failing); `handoff` is `true` when the store handed
-//! the lock over to this waiter at the release.
+//! store that ended with the store failing) or, for an election's observer only, `change`
+//! (an announcement that the election's record was written); `handoff` is `true` when the
+//! store handed the lock over to this waiter at the release.
 //!
 //! ## Waits inside the store
 //!
@@ -98,6 +99,31 @@
 //! through (nothing was handed over). Every such wait is one observation of
 //! `dlock_wait_duration_seconds`, as a sleep is.
 //!
+//! ## An observer's waits
+//!
+//! An election's observer ([`Election::observe`](crate::Election::observe)) sleeps between
+//! two reads of the leader record until something may have changed. Each such sleep is a
+//! `dlock.wait` with `primitive` `election` and the election's name as `lock`; `timer_ms`
+//! is the interval after which it reads again anyway, `handoff` is `false`, and
+//! `woken_by` is
+//!
+//! - `change`: the store announced a write of the record (a new leader's announcement or
+//!   a leader's `proclaim`);
+//! - `fallback`: no announcement came within the lease's length, and the observer reads
+//!   again in case one was lost;
+//! - `backoff`: the poll interval of a store that cannot announce writes (memcached: a
+//!   tenth of the lease, between 50 ms and 1 s);
+//! - `outage`: the pause before reading again after a call of the observer failed.
+//!
+//! Being woken is not a change: the observer reads, and sleeps again (a new `dlock.wait`)
+//! if the leader and its value are the same. The spans are children of whatever span is
+//! current where the observer is polled. They are spans only: an observer idles for as
+//! long as a leader stays, so its sleeps are not observations of
+//! `dlock_wait_duration_seconds` and do not count in `dlock_waiters` (both are about
+//! waiting for a lock). A candidate's own wait for the leadership (`campaign`,
+//! `campaign_for`) is its lock's: a `dlock.lock` span with `primitive` `election` and its
+//! `dlock.wait` children, counted as any lock's.
+//!
 //! `dlock.list` has `pattern` (the glob the names were matched against) and `listed` (how
 //! many names came back); it has no `primitive` or `lock`.
 //!
@@ -115,7 +141,7 @@
 //! | metric | type | labels | what |
 //! |---|---|---|---|
 //! | `dlock_acquire_duration_seconds` | histogram | `store`, `primitive`, `outcome` | time from calling `lock()` / `try_lock*()` to its return; `outcome`: `acquired`, `busy`, `timeout`, `error`, `cancelled` (the future was dropped) |
-//! | `dlock_wait_duration_seconds` | histogram | `store`, `primitive`, `woken_by` | one observation per sleep between attempts (see `dlock.wait`) |
+//! | `dlock_wait_duration_seconds` | histogram | `store`, `primitive`, `woken_by` | one observation per sleep between attempts, or wait inside the store (see `dlock.wait`; an election observer's waits are spans only) |
 //! | `dlock_holds` | gauge | `store`, `primitive` | guards alive in this process |
 //! | `dlock_waiters` | gauge | `store`, `primitive` | acquisitions in this process that are waiting: for the lock (found held) or for the store (unreachable, pausing before the next attempt) |
 //! | `dlock_renewals_total` | counter | `store`, `primitive` | leases the watchdog renewed |
@@ -304,6 +330,9 @@ pub mod woken_by {
     pub const DEADLINE: &str = "deadline";
     /// The pause before trying again while the store is unreachable.
     pub const OUTAGE: &str = "outage";
+    /// An announcement that an election's record was written (an observer's wait only:
+    /// a span field value, never a metric label).
+    pub const CHANGE: &str = "change";
 }
 
 /// Values of the `primitive` field and label ([`RawLock::PRIMITIVE`](crate::raw::RawLock::PRIMITIVE)).
@@ -704,6 +733,16 @@ impl Obs {
     }
 }
 
+/// Records how an election observer's wait in `span` (an [`Obs::wait_span`]) ended:
+/// `woken_by` (a [`woken_by`] value) after `waited`. Span fields only: an observer's waits
+/// are not waits for a lock, and stay out of `dlock_wait_duration_seconds` (see the
+/// [module docs](self#an-observers-waits)).
+pub(crate) fn observer_waited(span: &Span, woken_by: &'static str, waited: Duration) {
+    span.record(field::WOKEN_BY, woken_by);
+    span.record(field::WAITED_MS, millis(waited));
+    span.record(field::HANDOFF, false);
+}
+
 /// One acquisition (`lock()`, `try_lock*()`) in progress: its `dlock.lock` span, its
 /// attempts, whether it waits (`dlock_waiters`), and its entry in
 /// `dlock_acquire_duration_seconds` when it ends — `cancelled` if its future is dropped.
@@ -1036,6 +1075,7 @@ mod tests {
         (woken_by::BACKOFF, "backoff"),
         (woken_by::DEADLINE, "deadline"),
         (woken_by::OUTAGE, "outage"),
+        (woken_by::CHANGE, "change"),
         (primitive::LOCK, "lock"),
         (primitive::SEMAPHORE, "semaphore"),
         (primitive::REENTRANT, "reentrant"),
@@ -1099,6 +1139,14 @@ mod tests {
                 "{key}={value} is not among the stable names"
             );
         }
+    }
+
+    #[test]
+    fn an_observers_change_is_a_span_value_never_a_metric_label() {
+        assert!(
+            EXTRA.iter().all(|(_, value)| *value != woken_by::CHANGE),
+            "`change` is documented as a span field value only"
+        );
     }
 
     #[test]

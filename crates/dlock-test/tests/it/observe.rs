@@ -1096,6 +1096,304 @@ fn a_waiter_on_a_store_without_announcements_is_woken_by_its_backoff() {
     assert_eq!(m.observations(metric::WAIT_DURATION, &backoff), waits.len());
 }
 
+/// The waits of an election's observer: `dlock.wait` spans with `primitive` `election`
+/// made where no acquisition is (no `dlock.lock` parent), apart from a campaign's own
+/// waits, which are its lock's.
+fn observer_waits(capture: &Capture) -> Vec<Captured> {
+    capture
+        .named(span::WAIT)
+        .into_iter()
+        .filter(|s| s.get(field::PRIMITIVE) == Some("election") && s.parent.is_none())
+        .collect()
+}
+
+/// How many waits of elections `dlock_wait_duration_seconds` holds, whatever woke them.
+fn election_wait_observations(recorded: &Recorded, store: &str) -> usize {
+    let m = recorded.now();
+    [
+        "release", "fallback", "backoff", "deadline", "outage", "change",
+    ]
+    .into_iter()
+    .map(|woken_by| {
+        let labels = [
+            ("store", store),
+            ("primitive", "election"),
+            ("woken_by", woken_by),
+        ];
+        m.observations(metric::WAIT_DURATION, &labels)
+    })
+    .sum()
+}
+
+/// An observer sleeps until the store announces the record's write: its wait is a
+/// `dlock.wait` woken by the `change`. The candidate that waits to lead meanwhile waits as
+/// its lock does (`dlock.lock` > `dlock.wait`, woken by the release).
+#[test]
+fn an_observers_wait_is_woken_by_the_records_announcement() {
+    let t = RedisTarget::start();
+    let name = unique("observe-observer");
+    let (capture, recorded) = observed(|capture, _| {
+        let name = name.clone();
+        let t = &t;
+        async move {
+            let first = dlock::Election::new(t.client().await, &name).expect("valid");
+            let second = dlock::Election::new(t.client().await, &name).expect("valid");
+            let watched = dlock::Election::new(t.client().await, &name).expect("valid");
+            let a = first.campaign("node-a").await.expect("leads");
+            let mut observer = watched.observe();
+            let seen = observer.next().await.expect("store");
+            assert_eq!(seen.value.as_deref(), Some("node-a"));
+            let candidate = tokio::spawn(async move {
+                second
+                    .campaign("node-b")
+                    .await
+                    .expect("leads after the resignation")
+            });
+            let observing = tokio::spawn(async move { observer.next().await });
+            // Both sleep: the candidate in its acquisition, the observer on its own.
+            until("the candidate and the observer to wait", || {
+                let open: Vec<Captured> = capture
+                    .named(span::WAIT)
+                    .into_iter()
+                    .filter(|s| !s.closed)
+                    .collect();
+                open.iter().any(|s| s.parent == Some(span::LOCK))
+                    && open.iter().any(|s| s.parent.is_none())
+            })
+            .await;
+            a.resign().await.expect("resign");
+            let b = timeout(Duration::from_secs(10), candidate)
+                .await
+                .expect("the candidate leads at the resignation")
+                .expect("candidate");
+            let seen = timeout(Duration::from_secs(10), observing)
+                .await
+                .expect("the observer hears the new leader's announcement")
+                .expect("observer")
+                .expect("store");
+            assert_eq!(seen.value.as_deref(), Some("node-b"));
+            assert_eq!(seen.term, b.term());
+            b.resign().await.expect("resign");
+        }
+    });
+
+    let waits = observer_waits(&capture);
+    assert!(!waits.is_empty(), "the observer slept");
+    for w in &waits {
+        assert!(w.closed, "{w:?}");
+        assert_eq!(w.field(field::WOKEN_BY), "change", "{waits:?}");
+        assert_eq!(w.field(field::STORE), "redis");
+        assert_eq!(w.field(field::LOCK), name);
+        assert_eq!(w.field(field::HANDOFF), "false");
+        let timer: f64 = w.field(field::TIMER_MS).parse().expect("timer_ms");
+        assert_eq!(timer, 30_000.0, "it reads again at the lease's length");
+        let waited: f64 = w.field(field::WAITED_MS).parse().expect("waited_ms");
+        assert!(waited >= 0.0 && waited < timer, "{waited} of {timer}");
+    }
+    // The campaign's wait is its lock's: a child of its `dlock.lock`, woken by the
+    // resignation (a release that hands the lock over).
+    let campaign: Vec<Captured> = capture
+        .named(span::WAIT)
+        .into_iter()
+        .filter(|s| s.parent == Some(span::LOCK))
+        .collect();
+    assert_eq!(campaign.len(), 1, "{campaign:?}");
+    assert_eq!(campaign[0].field(field::PRIMITIVE), "election");
+    assert_eq!(campaign[0].field(field::WOKEN_BY), "release");
+    assert_eq!(campaign[0].field(field::HANDOFF), "true");
+    let acquisitions: Vec<Captured> = capture
+        .named(span::LOCK)
+        .into_iter()
+        .filter(|s| s.get(field::OUTCOME) == Some("acquired"))
+        .collect();
+    assert_eq!(acquisitions.len(), 2, "{acquisitions:?}");
+    assert!(
+        acquisitions
+            .iter()
+            .all(|s| s.get(field::PRIMITIVE) == Some("election"))
+    );
+    // Only the campaign's wait is measured: the observer's are spans only.
+    assert_eq!(election_wait_observations(&recorded, "redis"), 1);
+    let woken = [
+        ("store", "redis"),
+        ("primitive", "election"),
+        ("woken_by", "release"),
+    ];
+    assert_eq!(
+        recorded.now().observations(metric::WAIT_DURATION, &woken),
+        1
+    );
+}
+
+/// A record written without an announcement (the announcement lost) is found by the
+/// observer's fallback read, a lease's length after it went to sleep.
+#[test]
+fn an_observer_that_misses_the_announcement_is_woken_by_its_fallback_read() {
+    let t = RedisTarget::start();
+    let name = unique("observe-lost-change");
+    let (capture, recorded) = observed(|capture, _| {
+        let name = name.clone();
+        let t = &t;
+        async move {
+            let leading = dlock::Election::new(t.client().await, &name).expect("valid");
+            let watched = dlock::Election::builder(t.client().await, &name)
+                .ttl(Duration::from_secs(1))
+                .build()
+                .expect("valid");
+            let leader = leading.campaign("node-a").await.expect("leads");
+            let mut observer = watched.observe();
+            let seen = observer.next().await.expect("store");
+            assert_eq!(seen.value.as_deref(), Some("node-a"));
+            let observing = tokio::spawn(async move { observer.next().await });
+            until("the observer to sleep", || {
+                observer_waits(&capture).iter().any(|s| !s.closed)
+            })
+            .await;
+            // The leader's new value, written as its announcement would be but without
+            // telling anyone (the record is a hash `term`, `data` = token, '\n', value).
+            let record = leading.lock().keys().companion(dlock::raw::RECORD);
+            let data = format!("{}\nnode-a2", leader.token().as_str());
+            let _: () = redis::cmd("HSET")
+                .arg(&record)
+                .arg("data")
+                .arg(&data)
+                .query_async(&mut t.admin().await)
+                .await
+                .expect("write the record");
+            let seen = timeout(Duration::from_secs(10), observing)
+                .await
+                .expect("the fallback read finds the new value")
+                .expect("observer")
+                .expect("store");
+            assert_eq!(seen.value.as_deref(), Some("node-a2"));
+            assert_eq!(seen.term, leader.term());
+            leader.resign().await.expect("resign");
+        }
+    });
+
+    let waits = observer_waits(&capture);
+    assert!(!waits.is_empty(), "the observer slept");
+    for w in &waits {
+        assert!(w.closed, "{w:?}");
+        assert_eq!(w.field(field::WOKEN_BY), "fallback", "{waits:?}");
+        assert_eq!(w.field(field::STORE), "redis");
+        assert_eq!(w.field(field::LOCK), name);
+        let timer: f64 = w.field(field::TIMER_MS).parse().expect("timer_ms");
+        assert_eq!(timer, 1_000.0, "the observer's lease");
+    }
+    assert_eq!(election_wait_observations(&recorded, "redis"), 0);
+}
+
+/// An observer cut off from the store fails one call; the next one pauses before reading
+/// again, and that pause is a wait woken by the `outage`.
+#[test]
+fn an_observer_cut_off_from_the_store_pauses_and_the_pause_is_woken_by_the_outage() {
+    let t = RedisTarget::start();
+    let name = unique("observe-observer-outage");
+    let (capture, _) = observed(|_, _| {
+        let name = name.clone();
+        let t = &t;
+        async move {
+            let upstream = format!("127.0.0.1:{}", t.server.port())
+                .parse()
+                .expect("addr");
+            let proxy = Proxy::start(upstream).await.expect("proxy");
+            let cut_off = dlock::backend::Redis::builder(format!("redis://{}/", proxy.addr()))
+                .response_timeout(Duration::from_millis(200))
+                .connect()
+                .await
+                .expect("connect through the proxy");
+            let leading = dlock::Election::new(t.client().await, &name).expect("valid");
+            let watched = dlock::Election::builder(cut_off, &name)
+                .ttl(Duration::from_secs(1))
+                .build()
+                .expect("valid");
+            let mut leader = leading.campaign("node-a").await.expect("leads");
+            let mut observer = watched.observe();
+            let seen = observer.next().await.expect("store");
+            assert_eq!(seen.value.as_deref(), Some("node-a"));
+            proxy.set_fault(Fault::Blackhole);
+            let failed = timeout(Duration::from_secs(10), observer.next())
+                .await
+                .expect("the read after the fallback timer fails in time");
+            assert!(failed.is_err(), "the store is unreachable: {failed:?}");
+            proxy.set_fault(Fault::Pass);
+            leader.proclaim("node-a2").await.expect("proclaim");
+            let seen = timeout(Duration::from_secs(10), observer.next())
+                .await
+                .expect("the observer reads again once the store answers")
+                .expect("store");
+            assert_eq!(seen.value.as_deref(), Some("node-a2"));
+            leader.resign().await.expect("resign");
+        }
+    });
+
+    let waits = observer_waits(&capture);
+    let woken: Vec<&str> = waits.iter().map(|w| w.field(field::WOKEN_BY)).collect();
+    // The failed call read at once (the value had not changed since the last one, so it
+    // would have slept after the read); the next call paused, then read and found the
+    // new value without sleeping.
+    assert_eq!(woken, ["outage"], "{waits:?}");
+    let pause = &waits[0];
+    assert!(pause.closed);
+    assert_eq!(pause.field(field::LOCK), name);
+    assert_eq!(pause.field(field::PRIMITIVE), "election");
+    let timer: f64 = pause.field(field::TIMER_MS).parse().expect("timer_ms");
+    assert_eq!(timer, 100.0, "a tenth of the observer's lease");
+}
+
+/// Memcached announces nothing: an observer polls, each sleep woken by its `backoff`
+/// (a tenth of the lease), until a poll finds the leader.
+#[test]
+fn an_observer_on_a_store_without_announcements_is_woken_by_its_poll() {
+    let t = dlock_test::targets::MemcachedTarget::start();
+    let name = unique("observe-observer-poll");
+    let ttl = t.ttl(Duration::from_secs(1));
+    let (capture, recorded) = observed(|capture, _| {
+        let name = name.clone();
+        let t = &t;
+        async move {
+            let leading = dlock::Election::builder(t.client().await, &name)
+                .ttl(ttl)
+                .build()
+                .expect("valid");
+            let watched = dlock::Election::builder(t.client().await, &name)
+                .ttl(ttl)
+                .build()
+                .expect("valid");
+            let mut observer = watched.observe();
+            let observing = tokio::spawn(async move { observer.next().await });
+            // It has polled at least once and found nobody leading.
+            until("the observer to poll", || {
+                observer_waits(&capture).iter().any(|s| s.closed)
+            })
+            .await;
+            let leader = leading.campaign("node-a").await.expect("leads");
+            let seen = timeout(Duration::from_secs(10), observing)
+                .await
+                .expect("a poll finds the leader")
+                .expect("observer")
+                .expect("store");
+            assert_eq!(seen.value.as_deref(), Some("node-a"));
+            leader.resign().await.expect("resign");
+        }
+    });
+
+    let waits = observer_waits(&capture);
+    assert!(!waits.is_empty(), "the observer polled");
+    let interval = (ttl / 10).clamp(Duration::from_millis(50), Duration::from_secs(1));
+    for w in &waits {
+        assert!(w.closed, "{w:?}");
+        assert_eq!(w.field(field::STORE), "memcached");
+        assert_eq!(w.field(field::PRIMITIVE), "election");
+        assert_eq!(w.field(field::WOKEN_BY), "backoff", "{waits:?}");
+        assert_eq!(w.field(field::HANDOFF), "false");
+        let timer: f64 = w.field(field::TIMER_MS).parse().expect("timer_ms");
+        assert_eq!(timer, interval.as_secs_f64() * 1e3, "the poll interval");
+    }
+    assert_eq!(election_wait_observations(&recorded, "memcached"), 0);
+}
+
 /// Sessions waiting for the name's gate inside PostgreSQL (not granted yet), and
 /// sessions holding it.
 async fn gate(admin: &tokio_postgres::Client, key: &str) -> (i64, i64) {
