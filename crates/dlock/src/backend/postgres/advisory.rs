@@ -1,31 +1,5 @@
-//! Advisory-lock mode: PostgreSQL's own session locks (`pg_advisory_lock`), as many
-//! services already use them, behind dlock's API.
-//!
-//! Each held lock has a **dedicated connection** (its session): the lock is
-//! `pg_try_advisory_lock(hashtextextended(<lock key>, 0))` taken there, and it lasts
-//! exactly as long as that session. There is no ttl on the server: the lock's "lease" in
-//! dlock is a liveness check — each renewal asks that session whether it still holds the
-//! lock (`pg_locks`), and a session that died (terminated, the server restarted, the
-//! connection broke) makes the renewal fail, so `lost()` fires. Waiters poll with backoff.
-//!
-//! What it guarantees, and what it costs (see SAFETY.md):
-//!
-//! * no expiry: a holder that stalls keeps the lock for as long as its connection lives —
-//!   nobody else gets in, however long it stalls (safe, not live);
-//! * no fencing token ([`RawFencing`](crate::raw::RawFencing) is not implemented, so
-//!   `fencing_token()` does not compile): when the session dies (a server restart, a
-//!   terminated backend) the lock is free at once, while the old holder learns it only at
-//!   its next check, up to a third of the ttl later;
-//! * one connection per held lock, on top of the client's pool: mind `max_connections`;
-//! * with the watchdog off nothing checks the session, so the guard cannot vouch for the
-//!   hold past its ttl: it reports itself lost then, and its `release()` returns
-//!   `LockLost` although the unlock ran on the session and the lock is free (keep the
-//!   watchdog on in advisory mode).
-//!
-//! Names map to PostgreSQL's 64-bit advisory keys by `hashtextextended(<lock key>, 0)`
-//! (the lock key is the prefix plus the name, `dlock:<name>` by default), so other code
-//! can take the same lock with `SELECT pg_advisory_lock(hashtextextended('dlock:<name>',
-//! 0))`. Two names can collide on one key (a 64-bit hash): they then exclude each other.
+//! Advisory-lock mode: PostgreSQL's own session locks behind dlock's API (see
+//! [`PgAdvisory`]).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -39,9 +13,36 @@ use crate::keys::LockKeys;
 use crate::raw::{Acquire, LockState, RawInspect, RawLock};
 use crate::token::Token;
 
-/// A PostgreSQL client whose locks are session advisory locks (see the [module
-/// docs](self)): exclusive by default, shared from [`shared`](PgAdvisory::shared). Cheap to
-/// clone; clones share their sessions and the watchdog.
+/// A PostgreSQL client whose locks are session advisory locks: exclusive by default,
+/// shared from [`shared`](PgAdvisory::shared). Cheap to clone; clones share their sessions
+/// and the watchdog. PostgreSQL's own session locks (`pg_advisory_lock`), as many
+/// services already use them, behind dlock's API.
+///
+/// Each held lock has a **dedicated connection** (its session): the lock is
+/// `pg_try_advisory_lock(hashtextextended(<lock key>, 0))` taken there, and it lasts
+/// exactly as long as that session. There is no ttl on the server: the lock's "lease" in
+/// dlock is a liveness check — each renewal asks that session whether it still holds the
+/// lock (`pg_locks`), and a session that died (terminated, the server restarted, the
+/// connection broke) makes the renewal fail, so `lost()` fires. Waiters poll with backoff.
+///
+/// What it guarantees, and what it costs (see SAFETY.md):
+///
+/// * no expiry: a holder that stalls keeps the lock for as long as its connection lives —
+///   nobody else gets in, however long it stalls (safe, not live);
+/// * no fencing token ([`RawFencing`](crate::raw::RawFencing) is not implemented, so
+///   `fencing_token()` does not compile): when the session dies (a server restart, a
+///   terminated backend) the lock is free at once, while the old holder learns it only at
+///   its next check, up to a third of the ttl later;
+/// * one connection per held lock, on top of the client's pool: mind `max_connections`;
+/// * with the watchdog off nothing checks the session, so the guard cannot vouch for the
+///   hold past its ttl: it reports itself lost then, and its `release()` returns
+///   `LockLost` although the unlock ran on the session and the lock is free (keep the
+///   watchdog on in advisory mode).
+///
+/// Names map to PostgreSQL's 64-bit advisory keys by `hashtextextended(<lock key>, 0)`
+/// (the lock key is the prefix plus the name, `dlock:<name>` by default), so other code
+/// can take the same lock with `SELECT pg_advisory_lock(hashtextextended('dlock:<name>',
+/// 0))`. Two names can collide on one key (a 64-bit hash): they then exclude each other.
 ///
 /// ```no_run
 /// # async fn demo() -> dlock::Result<()> {
