@@ -725,6 +725,15 @@ impl ReleaseWatch {
     }
 
     /// This watch with the slot where its store leaves a hand-over.
+    #[cfg_attr(
+        not(any(
+            feature = "redis",
+            feature = "etcd",
+            feature = "postgres",
+            feature = "zookeeper"
+        )),
+        allow(dead_code)
+    )]
     pub(crate) fn with_grants(mut self, grants: Arc<GrantSlot>) -> Self {
         self.grants = Some(grants);
         self
