@@ -56,7 +56,8 @@ impl Conn {
                     port: *port,
                 });
                 let value = c.route_command(cmd, route).await?;
-                Ok(redis::from_redis_value(value)?)
+                // As `query_async` does: an error reply is an error, never a value.
+                Ok(redis::from_redis_value(value.extract_error()?)?)
             }
             (conn, _) => cmd.query_async(conn).await,
         }
@@ -78,7 +79,7 @@ impl Conn {
                 let values = c.route_pipeline(pipe, 0, count, route).await?;
                 values
                     .into_iter()
-                    .map(|v| redis::from_redis_value(v).map_err(Into::into))
+                    .map(|v| Ok(redis::from_redis_value(v.extract_error()?)?))
                     .collect()
             }
             (conn, _) => pipe.query_async(conn).await,

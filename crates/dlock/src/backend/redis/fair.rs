@@ -3,6 +3,9 @@
 
 use std::time::Duration;
 
+use redis::Value;
+
+use super::decode::typed;
 use super::{Redis, map_err, not_replicated, parse_acquire, ttl_ms};
 use crate::error::Result;
 use crate::keys::LockKeys;
@@ -74,15 +77,53 @@ impl RawFair for Redis {
     async fn inspect_fair(&self, keys: &LockKeys) -> Result<LockState> {
         let base = self.inspect(keys).await?;
         // Waiters whose place lapsed but was not purged yet are counted too.
-        let queued: i64 = redis::cmd("ZCARD")
+        let queued: Value = redis::cmd("ZCARD")
             .arg(queue(keys))
             .query_async(&mut self.conn())
             .await
             .map_err(|e| map_err(e, "inspecting a fair lock"))?;
-        Ok(base.with_queued(u32::try_from(queued).unwrap_or(0)))
+        fair_state(base, &queued)
     }
 
     async fn force_unlock_fair(&self, keys: &LockKeys) -> Result<bool> {
         self.fair_release(keys, "", "force").await
+    }
+}
+
+/// A fair lock's state: the plain lock's (`base`) with the queue's length from `ZCARD`
+/// (saturating at `u32::MAX`; a count that is no `u64` is a `Backend` error).
+fn fair_state(base: LockState, queued: &Value) -> Result<LockState> {
+    let queued: u64 = typed(queued, "inspecting a fair lock")?;
+    Ok(base.with_queued(u32::try_from(queued).unwrap_or(u32::MAX)))
+}
+
+/// Hostile input: whatever `ZCARD` of the queue answers.
+#[cfg(test)]
+mod props {
+    use proptest::prelude::*;
+    use redis::Value;
+
+    use super::fair_state;
+    use crate::backend::redis::decode::strategy::value;
+    use crate::raw::LockState;
+
+    proptest! {
+        #![proptest_config(crate::backend::hostile::cases(256))]
+
+        #[test]
+        fn any_queue_length_decodes_or_is_a_backend_error(reply in value()) {
+            if let Err(e) = fair_state(LockState::new(None, None, None), &reply) {
+                prop_assert_eq!(e.kind(), crate::ErrorKind::Backend, "{}", e);
+            }
+        }
+
+        #[test]
+        fn queue_lengths_round_trip(queued in prop_oneof![0..1_000i64, 0..i64::MAX], fence in any::<u64>()) {
+            let base = LockState::new(Some("t".into()), None, Some(fence));
+            let state = fair_state(base.clone(), &Value::Int(queued))
+                .map_err(|e| TestCaseError::fail(e.to_string()))?;
+            let expected = u32::try_from(queued).unwrap_or(u32::MAX);
+            prop_assert_eq!(state, base.with_queued(expected));
+        }
     }
 }

@@ -40,6 +40,7 @@
 //! (replication is asynchronous); see the crate docs' safety section.
 
 mod conn;
+mod decode;
 mod election;
 mod fair;
 mod pubsub;
@@ -424,35 +425,15 @@ impl Redis {
         if !self.inner.cluster {
             return Ok(vec![None]);
         }
-        let slots: Vec<redis::Value> = redis::cmd("CLUSTER")
+        let slots: redis::Value = redis::cmd("CLUSTER")
             .arg("SLOTS")
             .query_async(&mut self.conn())
             .await
             .map_err(|e| map_err(e, "listing the cluster's masters"))?;
-        // Each range: [first slot, last slot, [master host, master port, id], replicas…].
-        let mut masters: Vec<Option<(String, u16)>> = Vec::new();
-        for range in slots {
-            let redis::Value::Array(parts) = range else {
-                continue;
-            };
-            let Some(redis::Value::Array(master)) = parts.get(2) else {
-                continue;
-            };
-            let (Some(host), Some(port)) = (master.first(), master.get(1)) else {
-                continue;
-            };
-            let (Ok(host), Ok(port)) = (
-                redis::from_redis_value_ref::<String>(host),
-                redis::from_redis_value_ref::<u16>(port),
-            ) else {
-                continue;
-            };
-            let node = Some((host, port));
-            if !masters.contains(&node) {
-                masters.push(node);
-            }
-        }
-        Ok(masters)
+        Ok(decode::cluster_masters(&slots)?
+            .into_iter()
+            .map(Some)
+            .collect())
     }
 
     /// This client's waiter id (see `Inner::waiter_id`).
@@ -811,9 +792,7 @@ impl Redis {
             let _ = self.release(keys, token).await;
             return Err(not_replicated(keys, "the grant"));
         }
-        if let [1, fence] = reply.as_slice()
-            && *fence < 1
-        {
+        if let Some(fence) = tampered_fence(&reply) {
             // A fence counter someone set to zero or below: fences would repeat.
             let _ = self.release(keys, token).await;
             return Err(Error::new(
@@ -894,6 +873,16 @@ pub(super) fn parse_acquire(reply: &[i64], script: &str) -> Result<Acquire> {
             ErrorKind::Backend,
             format!("unexpected reply from the {script} script: {other:?}"),
         )),
+    }
+}
+
+/// The fence of a grant (`{1, fence}`) that is not positive, from a primitive that mints a
+/// fence for every grant (the plain and reentrant locks): its counter was tampered with
+/// (set to zero or below), and fences from it would repeat.
+pub(super) fn tampered_fence(reply: &[i64]) -> Option<i64> {
+    match reply {
+        [1, fence] if *fence < 1 => Some(*fence),
+        _ => None,
     }
 }
 
@@ -1048,7 +1037,7 @@ impl RawLock for Redis {
             } else {
                 pipe.query_async(&mut conn).await
             };
-            let replies: Vec<redis::RedisResult<i64>> = match sent {
+            let replies: Vec<redis::Value> = match sent {
                 Ok(replies) => replies,
                 Err(e) => {
                     let err = map_err(e, "renewing leases");
@@ -1058,11 +1047,7 @@ impl RawLock for Redis {
                         .collect();
                 }
             };
-            let noscript = replies.iter().any(|r| {
-                r.as_ref()
-                    .is_err_and(|e| e.kind() == redis::ErrorKind::Server(ServerErrorKind::NoScript))
-            });
-            if noscript && round == 0 {
+            if round == 0 && decode::lacks_a_script(&replies) {
                 // The script cache was flushed: load it again and resend. Renewal is
                 // idempotent, so the ones that did go through are unharmed by a repeat.
                 if let Err(err) = self.load_scripts().await {
@@ -1073,23 +1058,11 @@ impl RawLock for Redis {
                 }
                 continue;
             }
-            let mut replies = replies;
-            let replicated = match self.inner.replication {
-                // The last reply is WAIT's count of acknowledging replicas.
-                Some(r) => replies
-                    .pop()
-                    .is_some_and(|acks| acks.is_ok_and(|n| n >= i64::from(r.replicas))),
-                None => true,
-            };
-            return replies
-                .into_iter()
-                .zip(renewals)
-                .map(|(r, renewal)| match r {
-                    Ok(1) if !replicated => Err(not_replicated(&renewal.keys, "the renewal")),
-                    Ok(n) => Ok(n == 1),
-                    Err(e) => Err(map_err(e, "renewing a lease")),
-                })
-                .collect();
+            return decode::renewal_results(
+                replies,
+                renewals,
+                self.inner.replication.map(|r| r.replicas),
+            );
         }
         renewals
             .iter()
@@ -1141,8 +1114,7 @@ impl RawFencing for Redis {}
 
 impl RawInspect for Redis {
     async fn inspect(&self, keys: &LockKeys) -> Result<LockState> {
-        type Snapshot = (Option<String>, i64, Option<u64>, u64);
-        let (holder, pttl, fence, queued): Snapshot = redis::pipe()
+        let reply: Vec<redis::Value> = redis::pipe()
             .atomic()
             .get(keys.lock())
             .pttl(keys.lock())
@@ -1151,11 +1123,7 @@ impl RawInspect for Redis {
             .query_async(&mut self.conn())
             .await
             .map_err(|e| map_err(e, "inspecting"))?;
-        let remaining = u64::try_from(pttl).ok().map(Duration::from_millis);
-        // Every waiter of the lock has a place in its queue.
-        Ok(LockState::new(holder, remaining, fence)
-            .with_queued(u32::try_from(queued).unwrap_or(u32::MAX))
-            .with_waiting_clients(queued))
+        decode::lock_state(reply)
     }
 
     /// Deletes the holder (a plain lock's string or a reentrant lock's hash) and hands the
@@ -1189,24 +1157,23 @@ impl RawInspect for Redis {
                         .arg(&escaped)
                         .arg("COUNT")
                         .arg(1000);
-                    let (next, keys): (u64, Vec<String>) = conn
+                    let page: redis::Value = conn
                         .query_on(node.as_ref(), scan)
                         .await
                         .map_err(|e| map_err(e, "listing locks (SCAN)"))?;
+                    let (next, keys) = decode::scan_page(&page)?;
                     if !keys.is_empty() {
                         // Lock keys always carry an expiry; fence counters never do.
                         let mut pipe = redis::pipe();
                         for k in &keys {
                             pipe.pttl(k);
                         }
-                        let ttls: Vec<i64> = conn
+                        let ttls: Vec<redis::Value> = conn
                             .pipe_on(node.as_ref(), pipe, keys.len())
                             .await
                             .map_err(|e| map_err(e, "listing locks (PTTL)"))?;
-                        for (key, ttl) in keys.into_iter().zip(ttls) {
-                            if ttl >= 0
-                                && let Some(name) = key.strip_prefix(prefix)
-                            {
+                        for key in decode::expiring_keys(keys, &ttls)? {
+                            if let Some(name) = key.strip_prefix(prefix) {
                                 // A name with a hash tag keeps its companion keys (waiters,
                                 // holders, readers…) beside its lock key: they stand for it.
                                 let name = companion_of(prefix, name, &key).unwrap_or(name);
@@ -1331,7 +1298,7 @@ impl RawSemaphore for Redis {
 
     async fn permits_in_use(&self, keys: &LockKeys, permits: u32) -> Result<(u32, u32)> {
         // Live leases only: those whose expiry is still ahead by the server's clock.
-        let (used, count): (i64, i64) = self
+        let reply: redis::Value = self
             .inner
             .scripts
             .sem_count
@@ -1341,13 +1308,11 @@ impl RawSemaphore for Redis {
             .invoke_async(&mut self.conn())
             .await
             .map_err(|e| map_err(e, "counting permits"))?;
-        let count = u32::try_from(count).unwrap_or(permits);
-        Ok((u32::try_from(used).unwrap_or(0), count))
+        decode::permit_count(&reply, permits)
     }
 
     async fn inspect_permits(&self, keys: &LockKeys) -> Result<LockState> {
-        type Snapshot = ((i64, i64), Vec<(String, f64)>, Vec<(String, u32)>);
-        let ((secs, micros), leases, counts): Snapshot = redis::pipe()
+        let reply: Vec<redis::Value> = redis::pipe()
             .atomic()
             .cmd("TIME")
             .cmd("ZRANGE")
@@ -1359,7 +1324,7 @@ impl RawSemaphore for Redis {
             .query_async(&mut self.conn())
             .await
             .map_err(|e| map_err(e, "inspecting a semaphore"))?;
-        Ok(permit_state(server_ms(secs, micros), &leases, &counts))
+        decode::permit_snapshot(reply)
     }
 
     async fn force_unlock_permits(&self, keys: &LockKeys) -> Result<bool> {

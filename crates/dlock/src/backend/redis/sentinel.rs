@@ -12,7 +12,7 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, MultiplexedConnection};
 use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
 
-use super::{Inner, map_err, redact};
+use super::{Inner, decode, map_err, redact};
 use crate::error::{Error, Result};
 
 /// How often the follower asks a sentinel for the master's address.
@@ -158,16 +158,28 @@ impl SentinelUrl {
                 redis::cmd("SENTINEL")
                     .arg("GET-MASTER-ADDR-BY-NAME")
                     .arg(&self.master)
-                    .query_async::<Option<(String, u16)>>(conn),
+                    .query_async::<redis::Value>(conn),
             )
             .await;
-            match reply {
-                Ok(Ok(Some((host, port)))) => return Some(format!("{host}:{port}")),
-                _ => *slot = None, // try the next sentinel, reconnect next time
+            let addr = match reply {
+                Ok(Ok(reply)) => master_of(&reply).ok().flatten(),
+                _ => None,
+            };
+            match addr {
+                Some(addr) => return Some(addr),
+                None => *slot = None, // try the next sentinel, reconnect next time
             }
         }
         None
     }
+}
+
+/// The master's `host:port` from a sentinel's `GET-MASTER-ADDR-BY-NAME` reply (`[host,
+/// port]`, or nil for a master it does not know): as the client's address prints it, so
+/// that a follower compares the two.
+fn master_of(reply: &redis::Value) -> Result<Option<String>> {
+    let addr: Option<(String, u16)> = decode::typed(reply, "asking a sentinel for the master")?;
+    Ok(addr.map(|(host, port)| format!("{host}:{port}")))
 }
 
 /// Follows the master of `url` for the client behind `inner` until the client is gone.
@@ -236,6 +248,35 @@ mod tests {
             "redis://h/m",
         ] {
             assert!(SentinelUrl::parse(bad).is_err(), "{bad}");
+        }
+    }
+}
+
+/// Hostile input: whatever a sentinel answers for the master's address.
+#[cfg(test)]
+mod props {
+    use proptest::prelude::*;
+    use redis::Value;
+
+    use super::master_of;
+    use crate::backend::redis::decode::strategy::{bulk, value};
+
+    proptest! {
+        #![proptest_config(crate::backend::hostile::cases(256))]
+
+        #[test]
+        fn any_reply_names_a_master_or_is_a_backend_error(reply in value()) {
+            if let Err(e) = master_of(&reply) {
+                prop_assert_eq!(e.kind(), crate::ErrorKind::Backend, "{}", e);
+            }
+        }
+
+        #[test]
+        fn addresses_round_trip(host in "[a-z0-9.]{1,20}|[0-9a-f:]{2,20}", port in any::<u16>()) {
+            let reply = Value::Array(vec![bulk(&host), bulk(port)]);
+            let addr = master_of(&reply).map_err(|e| TestCaseError::fail(e.to_string()))?;
+            prop_assert_eq!(addr, Some(format!("{host}:{port}")));
+            prop_assert_eq!(master_of(&Value::Nil).map_err(|e| TestCaseError::fail(e.to_string()))?, None);
         }
     }
 }
