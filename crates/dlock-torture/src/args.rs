@@ -122,6 +122,10 @@ pub(crate) struct TortureArgs {
     /// that kind (it was not tested under it), and so does a kind that exists for one fault
     /// (the controls, the failover kinds, the RedLock restart kinds) when it never took
     /// effect; such a kind named in --kinds without its fault in --faults is a usage error.
+    /// Faults named here all apply under --quick too (`all` gives each kind the faults its
+    /// quick run has room for); a kind that none of them applies to is skipped, with a
+    /// note. Under client-clock the workers report their wall clock's offset, and a kind
+    /// none of whose workers saw the jump fails.
     #[arg(long, default_value = "all")]
     pub(crate) faults: String,
     /// Lock kinds, comma-separated, or `all`: dlock, dlock-fenced, fair-fenced,
@@ -187,6 +191,11 @@ pub(crate) struct TortureWorkerArgs {
     pub(crate) ttl_ms: u64,
     #[arg(long)]
     pub(crate) until_ns: u64,
+    /// The real wall clock minus CLOCK_MONOTONIC, in nanoseconds, as the harness (under
+    /// no fake clock) read them: given, the worker reports how far its own wall clock is
+    /// off the real one, at its start and whenever that moves by a second or more.
+    #[arg(long, allow_hyphen_values = true)]
+    pub(crate) real_wall_minus_monotonic_ns: Option<i64>,
 }
 
 #[derive(Debug, Clone, Args)]

@@ -266,6 +266,12 @@ impl Kind {
             // The partition between the halves is set for the whole run; the one fault
             // is the bridge node's restart, on a holder's grant.
             Kind::RedlockImmediateRestart | Kind::RedlockDelayedRestart => fault == Fault::Restart,
+            // The control that expires locks by the client's wall clock: a worker whose
+            // clock jumps ahead takes over a lock it thinks expired (the positive control
+            // that proves the workers' fake clock moves).
+            Kind::SetnxGetset => {
+                fault != Fault::Failover && (!fault.moves_a_clock() || fault == Fault::ClientClock)
+            }
             _ => fault != Fault::Failover && !fault.moves_a_clock(),
         }
     }
@@ -277,7 +283,11 @@ impl Kind {
     pub(crate) fn in_quick_run(self, fault: Fault) -> bool {
         match self {
             Kind::RedlockImmediateRestart | Kind::RedlockDelayedRestart => true,
-            k if k.is_control() => matches!(fault, Fault::Pause | Fault::Kill),
+            // setnx-getset also under the workers' clock jump, which must catch it.
+            k if k.is_control() => {
+                matches!(fault, Fault::Pause | Fault::Kill)
+                    || (k == Kind::SetnxGetset && fault == Fault::ClientClock)
+            }
             Kind::Redlock => !matches!(fault, Fault::ClientPause | Fault::ScriptFlush),
             // Room for the four clock faults: the faults `dlock` runs quick already go.
             Kind::DlockFenced => !matches!(
@@ -293,20 +303,30 @@ impl Kind {
         }
     }
 
-    /// The fault the kind exists to be run under: a control's bug shows only under it,
-    /// the RedLock restart kinds are about the bridge node's restart, the failover kinds
-    /// about a failover. A run of the kind in which it never took effect proves nothing,
-    /// and fails.
-    pub(crate) fn required_fault(self) -> Option<Fault> {
+    /// The faults the kind exists to be run under (any one of them will do): a control's
+    /// bug shows only under them, the RedLock restart kinds are about the bridge node's
+    /// restart, the failover kinds about a failover. A run of the kind in which none took
+    /// effect proves nothing, and fails. setnx-getset's bug (expiry by the client's wall
+    /// clock) shows under a pause (a stale holder's release frees another's lock) and
+    /// under a jump of the workers' wall clock (a worker takes over a held lock it thinks
+    /// expired); the first of them planned comes first in its run.
+    pub(crate) fn required_faults(self) -> &'static [Fault] {
         match self {
-            Kind::SetnxExpire => Some(Fault::Kill),
-            Kind::SetnxGetset | Kind::GetDel | Kind::PlainDel => Some(Fault::Pause),
-            Kind::RedlockImmediateRestart | Kind::RedlockDelayedRestart => Some(Fault::Restart),
+            Kind::SetnxExpire => &[Fault::Kill],
+            Kind::SetnxGetset => &[Fault::Pause, Fault::ClientClock],
+            Kind::GetDel | Kind::PlainDel => &[Fault::Pause],
+            Kind::RedlockImmediateRestart | Kind::RedlockDelayedRestart => &[Fault::Restart],
             Kind::SentinelFenced | Kind::SentinelWaitFenced | Kind::ClusterFenced => {
-                Some(Fault::Failover)
+                &[Fault::Failover]
             }
-            _ => None,
+            _ => &[],
         }
+    }
+
+    /// [`required_faults`](Self::required_faults) in words: "pause or client-clock".
+    pub(crate) fn required_words(self) -> String {
+        let ids: Vec<&str> = self.required_faults().iter().map(|f| f.id()).collect();
+        ids.join(" or ")
     }
 
     /// Whether a failover before replication excuses an overlap, a fence that repeats or
@@ -577,6 +597,19 @@ impl Fault {
     }
 }
 
+/// How far the workers' wall clock steps under `client-clock`.
+pub(crate) const CLIENT_JUMP: Duration = Duration::from_secs(3600);
+
+/// The real wall clock minus CLOCK_MONOTONIC, in nanoseconds, as this process reads them:
+/// a worker under a fake wall clock, given it by the harness (which runs under none),
+/// tells how far its own wall clock is off.
+pub(crate) fn wall_minus_monotonic_ns() -> i64 {
+    let wall = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX));
+    wall.saturating_sub(i64::try_from(monotonic_ns()).unwrap_or(i64::MAX))
+}
+
 /// A fault as it happened.
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct FaultWindow {
@@ -669,6 +702,9 @@ pub(crate) struct Config {
     pub(crate) ttl: Duration,
     pub(crate) seed: u64,
     pub(crate) faults: Vec<Fault>,
+    /// `--faults` named the faults (not `all`): under `--quick` each kind gets every one
+    /// of them that applies to it, not only those its quick run has room for by default.
+    pub(crate) faults_named: bool,
     /// The lock server `--url` names, if any.
     pub(crate) given: Option<Given>,
     /// Faults not to inject on a lock server given with `--url` (dlock does not own it);

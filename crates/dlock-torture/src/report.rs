@@ -144,6 +144,21 @@ pub(crate) fn print_summary(reports: &[KindReport]) {
                 }
             );
         }
+        if clock_windows[3] > 0 {
+            println!(
+                "{:<16} workers saw a wall-clock step of ±{}: {} of {}; overlaps while it was moved {} ({})",
+                "",
+                humantime::format_duration(crate::model::CLIENT_JUMP),
+                f.client_clock_seen,
+                f.client_clock_workers,
+                f.client_clock_overlaps,
+                if f.kind == Kind::SetnxGetset {
+                    "this control expires locks by the client's wall clock: they catch it"
+                } else {
+                    "none may be: dlock reads only the monotonic clock"
+                }
+            );
+        }
         if matches!(
             f.kind,
             Kind::RedlockImmediateRestart | Kind::RedlockDelayedRestart

@@ -117,6 +117,7 @@ pub(crate) async fn setup(args: &TortureArgs) -> Result<Setup, Failure> {
         ttl: args.ttl,
         seed: args.seed,
         faults,
+        faults_named: args.faults.trim() != "all",
         given,
         not_on_given,
         all_kinds,
@@ -162,22 +163,37 @@ pub(crate) async fn setup(args: &TortureArgs) -> Result<Setup, Failure> {
 }
 
 /// Checks that every kind that exists to be run under a fault
-/// ([`Kind::required_fault`]) gets it: a kind named in `--kinds` without it is a usage
-/// error, one that `--kinds all` brought is skipped with a note.
+/// ([`Kind::required_faults`]) gets one of them: a kind named in `--kinds` without it is
+/// a usage error, one that `--kinds all` brought is skipped with a note. A kind to which
+/// none of the faults `--faults` names applies is skipped with a note saying so (rather
+/// than run without a fault, as if it had passed under them); a run left with no kind at
+/// all is a usage error.
 fn required_faults(config: &Config, kinds: &mut Vec<Kind>) -> Result<(), Failure> {
     let mut failure = None;
+    let named: Vec<&str> = config.faults.iter().map(|f| f.id()).collect();
+    let asked = kinds.len();
     kinds.retain(|&kind| {
-        let Some(fault) = kind.required_fault() else {
+        let planned = plan(config, kind).0;
+        let required = kind.required_faults();
+        if required.iter().any(|f| planned.contains(f)) {
             return true;
-        };
-        if plan(config, kind).0.contains(&fault) {
+        }
+        if required.is_empty() {
+            if config.faults_named && !config.faults.is_empty() && planned.is_empty() {
+                println!(
+                    "  {:<16} skipped: none of the faults named ({}) applies to it",
+                    kind.id(),
+                    named.join(", ")
+                );
+                return false;
+            }
             return true;
         }
         let why = format!(
             "the {} kind is run under the {} fault, which --faults leaves out: without it \
              the run would prove nothing",
             kind.id(),
-            fault.id()
+            kind.required_words()
         );
         if config.all_kinds {
             println!("  {:<16} skipped: {why}", kind.id());
@@ -186,7 +202,17 @@ fn required_faults(config: &Config, kinds: &mut Vec<Kind>) -> Result<(), Failure
         }
         false
     });
-    failure.map_or(Ok(()), Err)
+    if let Some(failure) = failure {
+        return Err(failure);
+    }
+    if kinds.is_empty() && asked > 0 {
+        return Err(Failure::usage(format!(
+            "nothing to run: every kind of --kinds was skipped (see above) under the faults \
+             named ({})",
+            named.join(", ")
+        )));
+    }
+    Ok(())
 }
 
 /// One run of every kind: the summary, `report.json` and the timelines in `out`; exit 1
@@ -640,6 +666,9 @@ pub(crate) async fn run_workers(
         ttl_ms: u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX),
         until,
         tx,
+        // They say how far their wall clock is off, so that the report shows the jump
+        // reached them.
+        report_wall_clock: client_clock.is_some(),
         env: worker_env,
     };
     let running = (0..config.workers)
@@ -1077,6 +1106,67 @@ mod tests {
             worker: None,
             nodes: Vec::new(),
         }
+    }
+
+    fn config(faults: &[Fault], all_kinds: bool) -> Config {
+        Config {
+            workers: 4,
+            ttl: Duration::from_secs(1),
+            seed: 1,
+            faults: faults.to_vec(),
+            faults_named: true,
+            given: None,
+            not_on_given: Vec::new(),
+            all_kinds,
+            quick: true,
+            duration: Duration::from_secs(20),
+            store_clock: None,
+            client_clock: None,
+        }
+    }
+
+    #[test]
+    fn a_kind_none_of_the_named_faults_applies_to_is_skipped_and_a_control_takes_either_of_its_faults()
+     {
+        let clocks = [
+            Fault::ClockJump,
+            Fault::ClockBack,
+            Fault::ClockFast,
+            Fault::ClientClock,
+        ];
+        // The CI's clock run: each kind keeps the faults that apply to it; setnx-getset is
+        // run under the workers' clock jump (one of the faults it exists for).
+        let mut kinds = vec![
+            Kind::MemcachedFenced,
+            Kind::EtcdFenced,
+            Kind::ZookeeperFenced,
+            Kind::SetnxGetset,
+        ];
+        let all = kinds.clone();
+        required_faults(&config(&clocks, false), &mut kinds).expect("runs");
+        assert_eq!(kinds, all);
+        // dlock (whose server is shared) takes no clock fault: skipped, not run faultless.
+        let mut kinds = vec![Kind::Dlock, Kind::MemcachedFenced];
+        required_faults(&config(&clocks, false), &mut kinds).expect("runs");
+        assert_eq!(kinds, vec![Kind::MemcachedFenced]);
+        // Nothing left: a usage error.
+        let mut kinds = vec![Kind::Dlock];
+        let e = required_faults(&config(&clocks, false), &mut kinds).expect_err("nothing");
+        assert_eq!(e.code, exit::USAGE, "{}", e.message);
+        assert!(e.message.contains("nothing to run"), "{}", e.message);
+        // setnx-getset under a fault that breaks it not: a usage error naming both.
+        let mut kinds = vec![Kind::SetnxGetset];
+        let e = required_faults(&config(&[Fault::Kill], false), &mut kinds).expect_err("usage");
+        assert!(
+            e.message.contains("the pause or client-clock fault"),
+            "{}",
+            e.message
+        );
+        // A kind that exists for a fault none of the named ones is: that, not "nothing to
+        // run".
+        let mut kinds = vec![Kind::RedlockImmediateRestart];
+        let e = required_faults(&config(&[Fault::Pause], false), &mut kinds).expect_err("usage");
+        assert!(e.message.contains("the restart fault"), "{}", e.message);
     }
 
     #[test]

@@ -52,6 +52,10 @@ pub(crate) enum Step {
     },
     /// An acquire failed with an error (not contention).
     Error { t: u64, message: String },
+    /// How far the worker's wall clock is off the real one at `t`, in milliseconds
+    /// (positive: ahead): reported at its start and whenever it moves by a second or more,
+    /// by workers that run under a fake wall clock (the `client-clock` fault).
+    Clock { t: u64, offset_ms: i64 },
 }
 
 fn emit(step: &Step) {
@@ -103,8 +107,39 @@ fn no_fence<B: RawLock>(_: &LockGuard<B>) -> u64 {
     0
 }
 
+/// How often a worker looks at its wall clock's offset, and by how much it must move to be
+/// reported again.
+const CLOCK_EVERY: Duration = Duration::from_millis(50);
+const CLOCK_MOVED_MS: i64 = 1000;
+
+/// Reports the worker's wall clock's offset from the real one (`real_base`: the real wall
+/// clock minus CLOCK_MONOTONIC, which no fake clock moves here) now, and again whenever it
+/// moves, until `until`: the proof that a jump of the workers' clock reached them. A
+/// thread of its own, so that every kind's loop reports alike.
+fn watch_wall_clock(real_base: i64, until: u64) {
+    std::thread::spawn(move || {
+        let mut last: Option<i64> = None;
+        while monotonic_ns() < until {
+            let mono = monotonic_ns();
+            let offset_ms = wall_ns()
+                .saturating_sub(i128::from(mono))
+                .saturating_sub(i128::from(real_base))
+                / 1_000_000;
+            let offset_ms = i64::try_from(offset_ms).unwrap_or(i64::MAX);
+            if last.is_none_or(|l| (offset_ms - l).abs() >= CLOCK_MOVED_MS) {
+                last = Some(offset_ms);
+                emit(&Step::Clock { t: mono, offset_ms });
+            }
+            std::thread::sleep(CLOCK_EVERY);
+        }
+    });
+}
+
 pub(crate) async fn run(args: TortureWorkerArgs) -> Result<u8, Failure> {
     let kind = Kind::parse(&args.kind)?;
+    if let Some(base) = args.real_wall_minus_monotonic_ns {
+        watch_wall_clock(base, args.until_ns);
+    }
     let keys = ResourceKeys::parse(&args.keys);
     let ttl = Duration::from_millis(args.ttl_ms);
     let open = |url: &str| {
@@ -730,4 +765,11 @@ fn wall_ms() -> u128 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis())
+}
+
+/// The wall clock (faked, under the `client-clock` fault), in nanoseconds.
+fn wall_ns() -> i128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i128::try_from(d.as_nanos()).unwrap_or(i128::MAX))
 }

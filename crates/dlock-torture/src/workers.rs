@@ -66,6 +66,9 @@ pub(crate) struct Spawner {
     pub(crate) ttl_ms: u64,
     pub(crate) until: u64,
     pub(crate) tx: tokio::sync::mpsc::UnboundedSender<(usize, Step)>,
+    /// Whether the workers report how far their wall clock is off the real one (a
+    /// `clock` line at their start and whenever it moves): when it may be moved.
+    pub(crate) report_wall_clock: bool,
     /// The workers' environment beyond ours: the fake wall clock's, when the kind's
     /// workers run under one (the `client-clock` fault).
     pub(crate) env: Vec<(String, std::ffi::OsString)>,
@@ -75,7 +78,7 @@ impl Spawner {
     pub(crate) fn spawn(&self, id: usize, slot: usize) -> Result<Running, Failure> {
         // The lock server's URL (with its password, if any) in the environment, not on
         // the command line.
-        let args: Vec<String> = [
+        let mut args: Vec<String> = [
             "torture-worker",
             "--kind",
             self.kind.id(),
@@ -91,6 +94,13 @@ impl Spawner {
         .iter()
         .map(|a| (*a).to_owned())
         .collect();
+        if self.report_wall_clock {
+            // Read here, under the real clock.
+            args.push(format!(
+                "--real-wall-minus-monotonic-ns={}",
+                crate::model::wall_minus_monotonic_ns()
+            ));
+        }
         let tx = self.tx.clone();
         let mut env = self.env.clone();
         env.push((

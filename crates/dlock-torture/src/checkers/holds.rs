@@ -46,6 +46,8 @@ pub(crate) fn collect(
                     });
                 }
             }
+            // Reported by a thread of its own, whatever the worker's loop is doing.
+            (_, Step::Clock { .. }) => continue,
             _ => {}
         }
         let t = step_time(step);
@@ -130,6 +132,7 @@ pub(crate) fn step_time(step: &Step) -> u64 {
         | Step::ReadAcquired { t }
         | Step::ReadReleasing { t }
         | Step::Reentered { t, .. }
-        | Step::Error { t, .. } => *t,
+        | Step::Error { t, .. }
+        | Step::Clock { t, .. } => *t,
     }
 }

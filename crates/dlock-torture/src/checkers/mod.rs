@@ -1,8 +1,10 @@
 //! The checkers: from a recorded history to counts of what went wrong, one property per
 //! file — `holds` (the holds and their overlaps), `overlaps` (which a fault explains),
+//! `client_clock` (whether a jump of the workers' wall clock reached them),
 //! `resource` (lost increments, stale writes), `fences` (order and reuse), `reentry`,
 //! `liveness` (reacquire after a crash, stalls) — and the `verdict` per kind.
 
+mod client_clock;
 mod fences;
 mod holds;
 mod liveness;
@@ -88,6 +90,15 @@ pub(crate) struct Findings {
     /// Overlaps only a jump or fast run of the lock server's wall clock explains:
     /// excused on the stores whose leases expire by it (Redis, PostgreSQL).
     pub(crate) clock_overlaps: usize,
+    /// Overlaps no excusing fault explains that a jump of the workers' wall clock
+    /// (`client-clock`) falls inside: none may be there for dlock, which reads only the
+    /// monotonic clock; setnx-getset, which expires locks by that clock, is caught by them.
+    pub(crate) client_clock_overlaps: usize,
+    /// Under `client-clock`: the workers that reported their wall clock off by half a jump
+    /// or more, of those running while it was moved. None means the fake clock never
+    /// reached them (libfaketime not loaded), and fails the kind.
+    pub(crate) client_clock_seen: usize,
+    pub(crate) client_clock_workers: usize,
     /// Failovers that took effect.
     pub(crate) failovers: usize,
     /// rwlock-fenced: read holds, those overlapping another worker's write hold, and those
@@ -233,6 +244,7 @@ fn step_word(step: &Step, ms: impl Fn(u64) -> f64) -> String {
             let short: String = message.chars().take(80).collect();
             format!("error {short:?} at {t:.1}")
         }
+        Step::Clock { offset_ms, .. } => format!("wall clock {offset_ms:+} ms off at {t:.1}"),
     }
 }
 
@@ -259,6 +271,13 @@ pub(crate) fn check(input: &Input<'_>) -> (Findings, Holds) {
         .iter()
         .filter(|e| e.is_some_and(Fault::moves_store_clock))
         .count();
+    let client_clock_overlaps = pairs
+        .iter()
+        .zip(&explained)
+        .filter(|(_, e)| !e.is_some_and(|f| kind.excuses(f)))
+        .filter(|&(&(i, j), _)| client_clock::touches(&holds[i], &holds[j], input.windows))
+        .count();
+    let (client_clock_seen, client_clock_workers) = client_clock::seen(input);
     let failover_overlaps = explained
         .iter()
         .filter(|e| **e == Some(Fault::Failover))
@@ -307,6 +326,9 @@ pub(crate) fn check(input: &Input<'_>) -> (Findings, Holds) {
         restart_overlaps,
         failover_overlaps,
         clock_overlaps,
+        client_clock_overlaps,
+        client_clock_seen,
+        client_clock_workers,
         failovers: input
             .windows
             .iter()
@@ -1192,7 +1214,12 @@ mod tests {
         let none = Resources::default();
         for (kind, fault, took) in [
             (Kind::SetnxExpire, "kill", Fault::Kill),
-            (Kind::SetnxGetset, "pause", Fault::Pause),
+            (Kind::SetnxGetset, "pause or client-clock", Fault::Pause),
+            (
+                Kind::SetnxGetset,
+                "pause or client-clock",
+                Fault::ClientClock,
+            ),
             (Kind::GetDel, "pause", Fault::Pause),
             (Kind::PlainDel, "pause", Fault::Pause),
             (Kind::RedlockImmediateRestart, "restart", Fault::Restart),
@@ -1215,14 +1242,13 @@ mod tests {
                 f.verdict
             );
             // Once it took effect, the verdict is the kind's own (for a failover kind
-            // with nothing wrong: a pass; for a control: whether it was caught).
-            let f = run(
-                kind,
-                &two_clean_holds(),
-                &[window(took, None, 50, 60)],
-                &[],
-                &none,
-            );
+            // with nothing wrong: a pass; for a control: whether it was caught). A jump of
+            // the workers' clock has taken effect once a worker saw it.
+            let mut history = two_clean_holds();
+            if took == Fault::ClientClock {
+                history.push((0, clock(55, 3_600_000)));
+            }
+            let f = run(kind, &history, &[window(took, None, 50, 60)], &[], &none);
             assert!(
                 !f.verdict.contains("not exercised"),
                 "{}: {}",
@@ -1258,6 +1284,129 @@ mod tests {
             &none,
         );
         assert!(!f.verdict_ok, "{}", f.verdict);
+    }
+
+    fn clock(t: u64, offset_ms: i64) -> Step {
+        Step::Clock { t, offset_ms }
+    }
+
+    #[test]
+    fn a_jump_of_the_workers_clock_that_no_worker_saw_fails_the_kind() {
+        const S: u64 = 1_000_000_000;
+        let none = Resources::default();
+        // Workers 0 and 1 from the start, 2 killed before the jump, 3 started after it.
+        let mut history = vec![
+            (0, clock(1, 0)),
+            (1, clock(2, 0)),
+            (2, clock(3, 0)),
+            (0, acq(10, 1)),
+            (0, Step::Releasing { t: 20 }),
+            (1, acq(30, 2)),
+            (1, Step::Releasing { t: 40 }),
+            (3, clock(9 * S, 0)),
+        ];
+        let kills = [Kill {
+            worker: 2,
+            t: S,
+            was_holding: false,
+        }];
+        let jump = [window(Fault::ClientClock, None, 2 * S, 4 * S)];
+        let check_with = |history: &[(usize, Step)]| {
+            check(&Input {
+                kind: Kind::DlockFenced,
+                history,
+                kills: &kills,
+                windows: &jump,
+                scheduled: &[Fault::ClientClock],
+                resources: &none,
+                ttl_ns: S,
+                reacquire_slack_ns: 0,
+                until: 0,
+                end: 10 * S,
+            })
+            .0
+        };
+        // libfaketime never loaded: the jump "took effect" in the harness only.
+        let f = check_with(&history);
+        assert_eq!((f.client_clock_seen, f.client_clock_workers), (0, 2));
+        assert!(!f.verdict_ok, "{}", f.verdict);
+        assert!(
+            f.verdict.contains("not exercised") && f.verdict.contains("client-clock"),
+            "{}",
+            f.verdict
+        );
+        // A step of a second is no jump of an hour.
+        history.push((0, clock(2 * S + 1, 1_000)));
+        assert!(!check_with(&history).verdict_ok);
+        // Seen by one worker (either way), the kind's verdict is its own.
+        for offset in [3_600_000, -3_600_000] {
+            let mut seen = history.clone();
+            seen.push((1, clock(2 * S + 2, offset)));
+            let f = check_with(&seen);
+            assert_eq!((f.client_clock_seen, f.client_clock_workers), (1, 2));
+            assert!(f.verdict_ok, "{}", f.verdict);
+        }
+        // Without the fault, nobody need see anything.
+        let f = run(Kind::DlockFenced, &history, &[], &kills, &none);
+        assert_eq!((f.client_clock_seen, f.client_clock_workers), (0, 0));
+        assert!(f.verdict_ok, "{}", f.verdict);
+    }
+
+    #[test]
+    fn an_overlap_while_the_workers_clock_jumped_catches_setnx_getset_and_fails_dlock() {
+        const S: u64 = 1_000_000_000;
+        // Worker 0 holds from 1 s to 1.5 s; the workers' clock steps an hour ahead at
+        // 1.2 s, and worker 1 takes the lock it thinks expired at 1.21 s.
+        let history = vec![
+            (0, clock(1, 0)),
+            (1, clock(2, 0)),
+            (0, acq(S, 0)),
+            (0, clock(S + S / 5, 3_600_000)),
+            (1, clock(S + S / 5, 3_600_000)),
+            (1, acq(S + S / 5 + S / 100, 0)),
+            (0, Step::Releasing { t: S + S / 2 }),
+            (1, Step::Releasing { t: 2 * S }),
+        ];
+        let resources = Resources {
+            counter: 2,
+            ..Resources::default()
+        };
+        let jump = [window(Fault::ClientClock, None, S + S / 5, 3 * S)];
+        let f = run(Kind::SetnxGetset, &history, &jump, &[], &resources);
+        assert_eq!(
+            (f.unexcused_overlaps, f.client_clock_overlaps),
+            (1, 1),
+            "{f:?}"
+        );
+        assert!(
+            f.verdict_ok
+                && f.verdict.contains("control caught")
+                && f.verdict.contains("wall clock"),
+            "{}",
+            f.verdict
+        );
+        let f = run(Kind::Dlock, &history, &jump, &[], &resources);
+        assert!(!f.verdict_ok, "{}", f.verdict);
+        assert!(f.verdict.contains("client-clock"), "{}", f.verdict);
+        // Not excused: a pause window elsewhere in the run changes nothing.
+        let windows = [jump[0].clone(), window(Fault::Pause, Some(1), 5 * S, 6 * S)];
+        let f = run(Kind::Dlock, &history, &windows, &[], &resources);
+        assert_eq!(f.client_clock_overlaps, 1);
+        assert!(!f.verdict_ok, "{}", f.verdict);
+        // The same overlap far from any jump is no client-clock overlap (setnx-getset is
+        // still caught: a stale release outside any pause window).
+        let later = [window(Fault::ClientClock, None, 5 * S, 6 * S)];
+        let f = run(Kind::SetnxGetset, &history, &later, &[], &resources);
+        assert_eq!(
+            (f.unexcused_overlaps, f.client_clock_overlaps),
+            (1, 0),
+            "{f:?}"
+        );
+        assert!(
+            f.verdict_ok && f.verdict.contains("stale release"),
+            "{}",
+            f.verdict
+        );
     }
 
     #[test]

@@ -1,27 +1,30 @@
 //! The verdict: from the findings of every checker to pass or fail, per kind (dlock's
 //! primitives must show no violation outside the windows their guarantees exclude; the
 //! controls must be caught). A run that did not test what it was to test fails too: a
-//! kind whose [required fault](Kind::required_fault) never took effect (a control not
-//! exercised proves nothing; nor does a failover kind without a failover), or any fault
-//! the nemesis was to inject that never took effect.
+//! kind whose [required fault](Kind::required_faults) never took effect (a control not
+//! exercised proves nothing; nor does a failover kind without a failover), any fault
+//! the nemesis was to inject that never took effect, and a jump of the workers' wall
+//! clock that no worker saw.
 
 use super::Findings;
-use crate::model::Kind;
+use crate::model::{Fault, Kind};
 
 pub(crate) fn verdict(f: &mut Findings) {
     let dead = f.liveness_violations > 0 || f.orphans > 0;
     let fail = |why: &str| (false, format!("FAIL: {why}"));
-    let required = f.kind.required_fault();
+    let required = f.kind.required_faults();
     let (ok, text) = if f.holds == 0 {
         fail("no worker ever held the lock: the run tested nothing")
     } else if f.worker_failures > 0 {
         fail("a worker failed (exited with an error or hung past the run)")
-    } else if let Some(fault) = required
-        && !f.faults.iter().any(|&w| fault.took_effect_as(w))
+    } else if !required.is_empty()
+        && !required
+            .iter()
+            .any(|r| f.faults.iter().any(|&w| r.took_effect_as(w)))
     {
         fail(&format!(
             "not exercised: no {} took effect, so the {} kind showed nothing",
-            fault.id(),
+            f.kind.required_words(),
             f.kind.id()
         ))
     } else if !f.faults_missed.is_empty() {
@@ -29,6 +32,13 @@ pub(crate) fn verdict(f: &mut Findings) {
         fail(&format!(
             "not exercised: the fault(s) {} were scheduled but never took effect",
             missed.join(", ")
+        ))
+    } else if f.faults.contains(&Fault::ClientClock) && f.client_clock_seen == 0 {
+        fail(&format!(
+            "not exercised: the workers' wall clock was moved (client-clock), but none of \
+             the {} workers running then reported it off: the fake clock never reached them \
+             (libfaketime not loaded into them?)",
+            f.client_clock_workers
         ))
     } else {
         match f.kind {
@@ -60,6 +70,8 @@ pub(crate) fn verdict(f: &mut Findings) {
                     } else {
                         "the fenced resource lost or accepted a stale write"
                     })
+                } else if f.client_clock_overlaps > 0 {
+                    fail("holders overlapped while the workers' wall clock was moved (client-clock): dlock must read only the monotonic clock")
                 } else if f.unexcused_overlaps > 0 {
                     fail("holders overlapped outside any window that excuses it (pause, restart without persistence, a clock step on a wall-clock store)")
                 } else if f.unexcused_read_overlaps > 0 {
@@ -111,14 +123,20 @@ pub(crate) fn verdict(f: &mut Findings) {
                     .to_owned(),
             ),
             Kind::SetnxExpire => fail("control not caught under kill: the checker or nemesis is broken"),
+            Kind::SetnxGetset if f.client_clock_overlaps > 0 => (
+                true,
+                "ok: control caught (holders overlapped while the workers' wall clock was moved: a worker whose clock jumped ahead took over a lock it thought expired)"
+                    .to_owned(),
+            ),
             Kind::SetnxGetset | Kind::GetDel | Kind::PlainDel if f.unexcused_overlaps > 0 => (
                 true,
                 "ok: control caught (holders overlapped outside any pause window: a stale release freed another's lock)"
                     .to_owned(),
             ),
-            Kind::SetnxGetset | Kind::GetDel | Kind::PlainDel => {
-                fail("control not caught under pause: the checker or nemesis is broken")
-            }
+            Kind::SetnxGetset | Kind::GetDel | Kind::PlainDel => fail(&format!(
+                "control not caught under {}: the checker or nemesis is broken",
+                f.kind.required_words()
+            )),
         }
     };
     f.verdict_ok = ok;

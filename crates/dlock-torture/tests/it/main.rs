@@ -791,6 +791,123 @@ fn a_clock_fault_that_cannot_run_fails_the_run_only_where_it_was_asked_for() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// The proof that `client-clock` reaches the workers. Positive control: setnx-getset
+/// expires locks by the client's wall clock, so under the workers' clock jump alone (no
+/// pause) a worker whose clock stepped an hour ahead takes over a held lock: it must be
+/// caught, by overlaps inside the jump's windows, and the workers must report the step.
+/// And the audit's case, a preload that silently failed (`DLOCK_LIBFAKETIME=/dev/null`:
+/// ld.so ignores it with a warning and the workers run on the real clock): a dlock kind
+/// that would otherwise pass fails as not exercised. (faketime is installed in CI: the
+/// harness finds Debian's libfaketimeMT.so.1 beside libfaketime.so.1, and fails the run
+/// at once, exit 69, if it cannot.)
+#[test]
+fn a_jump_of_the_workers_clock_catches_setnx_getset_and_must_reach_the_workers() {
+    let caught_dir = scratch("torture-client-clock");
+    let missed_dir = scratch("torture-client-clock-missed");
+    let torture = |dir: &PathBuf, kind: &str, duration: &str| {
+        let mut cmd = harness();
+        cmd.env_remove("DLOCK_LIBFAKETIME")
+            .args([
+                "torture",
+                // Room for two jumps (forward, then back; three ttls apart): a jump ahead
+                // while a worker holds the lock catches it, and so does setting the clock
+                // right after the jump back.
+                "--duration",
+                duration,
+                "--workers",
+                "4",
+                "--kinds",
+                kind,
+                "--faults",
+                "client-clock",
+                "--out",
+                dir.to_str().expect("utf-8 path"),
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        cmd
+    };
+    // Both at once: they spend their time waiting.
+    let caught = torture(&caught_dir, "setnx-getset", "10s")
+        .spawn()
+        .expect("run the harness");
+    let missed = torture(&missed_dir, "dlock-fenced", "6s")
+        .env("DLOCK_LIBFAKETIME", "/dev/null")
+        .spawn()
+        .expect("run the harness");
+    let (caught, missed) = (
+        caught.wait_with_output().expect("harness"),
+        missed.wait_with_output().expect("harness"),
+    );
+    let report = |dir: &PathBuf| -> serde_json::Value {
+        serde_json::from_str(
+            &std::fs::read_to_string(dir.join("report.json")).expect("report.json"),
+        )
+        .expect("json")
+    };
+
+    let text = String::from_utf8_lossy(&caught.stdout).into_owned();
+    assert!(caught.status.success(), "{text}{}", stderr(&caught));
+    let run = &report(&caught_dir)["kinds"][0];
+    let f = &run["findings"];
+    assert_eq!(f["kind"], "setnx-getset");
+    assert_eq!(f["faults"], serde_json::json!(["client-clock"]), "{f}");
+    let jumps = run["fault_windows"].as_array().expect("windows");
+    assert!(
+        !jumps.is_empty() && jumps.iter().all(|w| w["fault"] == "client-clock"),
+        "{jumps:?}"
+    );
+    // The workers saw it: at least one of those running reported the step.
+    let (seen, running) = (
+        f["client_clock_seen"].as_u64().expect("seen"),
+        f["client_clock_workers"].as_u64().expect("running"),
+    );
+    assert!(seen > 0 && seen <= running, "{f}");
+    assert!(
+        text.contains(&format!(
+            "workers saw a wall-clock step of ±1h: {seen} of {running}"
+        )),
+        "{text}"
+    );
+    // Caught, by overlaps while the clock was moved (no pause to excuse any).
+    assert!(
+        f["client_clock_overlaps"].as_u64().is_some_and(|n| n > 0),
+        "{f}"
+    );
+    assert!(
+        f["verdict_ok"] == true
+            && f["verdict"]
+                .as_str()
+                .is_some_and(|v| v.starts_with("ok: control caught") && v.contains("wall clock")),
+        "{f}"
+    );
+
+    let text = String::from_utf8_lossy(&missed.stdout).into_owned();
+    let err = stderr(&missed);
+    assert_eq!(missed.status.code(), Some(1), "{text}{err}");
+    assert!(err.contains("LD_PRELOAD cannot be preloaded"), "{err}");
+    let f = &report(&missed_dir)["kinds"][0]["findings"];
+    assert_eq!(f["kind"], "dlock-fenced");
+    assert_eq!(f["faults"], serde_json::json!(["client-clock"]), "{f}");
+    assert_eq!(f["client_clock_seen"], 0, "{f}");
+    assert!(
+        f["client_clock_workers"].as_u64().is_some_and(|n| n > 0),
+        "{f}"
+    );
+    // Nothing else wrong: only the clock that never reached the workers fails it.
+    assert_eq!(f["overlaps"], 0, "{f}");
+    assert_eq!(f["stale_accepted"], 0, "{f}");
+    assert!(
+        f["verdict_ok"] == false
+            && f["verdict"].as_str().is_some_and(|v| {
+                v.starts_with("FAIL: not exercised") && v.contains("never reached them")
+            }),
+        "{f}"
+    );
+    let _ = std::fs::remove_dir_all(caught_dir);
+    let _ = std::fs::remove_dir_all(missed_dir);
+}
+
 /// A kind that exists for one fault, named without it: a usage error, before anything
 /// runs (it would prove nothing).
 #[test]
