@@ -121,6 +121,14 @@ pub(crate) fn print_summary(reports: &[KindReport]) {
                 windows(Fault::DelayedRestart)
             );
         }
+        if !f.faults_missed.is_empty() {
+            let missed: Vec<&str> = f.faults_missed.iter().map(|x| x.id()).collect();
+            println!(
+                "{:<16} scheduled but never took effect: {} (the run did not test the kind under them; name them in --faults to require them)",
+                "",
+                missed.join(", ")
+            );
+        }
         let clock_windows = [
             Fault::ClockJump,
             Fault::ClockBack,
