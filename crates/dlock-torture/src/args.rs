@@ -117,9 +117,10 @@ pub(crate) struct TortureArgs {
     /// servers of the run's own) and client-clock (the workers'). The clock faults need
     /// libfaketime (Debian's faketime) and, for redis-server, a C compiler: a clock fault
     /// named here that cannot run fails the run at once; under `all` it is skipped with a
-    /// note, except in the CI profile (--quick with --kinds named, or $CI set), where it
-    /// fails the run too. A fault scheduled in a kind's run that never takes effect fails
-    /// that kind (it was not tested under it), and so does a kind that exists for one fault
+    /// note, except in the CI profile (--quick with --kinds named), where it fails the run
+    /// too. A fault named here that never takes effect in a kind's run fails that kind (it
+    /// was not tested under it; under `all` such a fault is printed under the kind), and so
+    /// does a kind that exists for one fault
     /// (the controls, the failover kinds, the RedLock restart kinds) when it never took
     /// effect; such a kind named in --kinds without its fault in --faults is a usage error.
     /// Faults named here all apply under --quick too (`all` gives each kind the faults its

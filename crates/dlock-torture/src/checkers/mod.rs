@@ -1559,6 +1559,32 @@ mod tests {
         assert!(!f.verdict_ok, "{}", f.verdict);
     }
 
+    /// The resource took a stale write whose worker was killed before it reported it (no
+    /// write in the history for that log entry): it is placed before the next reported
+    /// write, so a failover between the higher grant and that write still explains it.
+    #[test]
+    fn a_stale_write_its_worker_never_reported_is_placed_by_the_next_one() {
+        let (mut history, mut resources) = across_a_failover();
+        // Worker 2, granted fence 7 too by the promoted replica, wrote it and was killed:
+        // the log has its 7 before worker 1's; the history has no write of it.
+        history.insert(3, (2, acq(28, 7)));
+        resources.fence_log = vec![8, 7, 7];
+        let between = [window(Fault::Failover, None, 15, 25)];
+        let f = run(Kind::SentinelFenced, &history, &between, &[], &resources);
+        assert_eq!(f.stale_accepted, 2);
+        assert_eq!(f.unexcused_stale_accepted, 0, "{}", f.verdict);
+        // After every reported write, a failover explains the reported one's stale write
+        // not (the unreported one, last in the log, may have been written until the end).
+        let later = [window(Fault::Failover, None, 500, 600)];
+        let f = run(Kind::SentinelFenced, &history, &later, &[], &resources);
+        assert_eq!(f.unexcused_stale_accepted, 1);
+        assert!(!f.verdict_ok, "{}", f.verdict);
+        // Before the higher fence's grant, a failover explains neither.
+        let before = [window(Fault::Failover, None, 2, 5)];
+        let f = run(Kind::SentinelFenced, &history, &before, &[], &resources);
+        assert_eq!(f.unexcused_stale_accepted, 2);
+    }
+
     #[test]
     fn two_accepted_writes_of_one_read_are_a_lost_fenced_increment_even_if_the_count_hides_it() {
         let (history, _) = across_a_failover();

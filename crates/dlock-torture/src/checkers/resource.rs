@@ -111,23 +111,40 @@ pub(crate) fn check(input: &Input<'_>) -> Writes {
     // The resource's own log: an accepted fence below an earlier accepted one is a stale
     // write that got through. The k-th entry of a fence in the log is the k-th accepted
     // write under that fence in the history, in time order.
+    // (A log entry with no such write — its worker was killed after the resource took it,
+    // before it reported — is placed before the next entry that has one, or the run's end.)
+    let mut by_fence: BTreeMap<u64, Vec<&Accepted>> = BTreeMap::new();
+    for w in &accepted {
+        by_fence.entry(w.fence).or_default().push(w);
+    }
     let mut nth: BTreeMap<u64, usize> = BTreeMap::new();
+    let writes: Vec<Option<&Accepted>> = r
+        .fence_log
+        .iter()
+        .map(|f| {
+            let k = nth.entry(*f).or_default();
+            *k += 1;
+            by_fence.get(f).and_then(|ws| ws.get(*k - 1)).copied()
+        })
+        .collect();
+    // Entries after the last reported write were written by the run's end.
+    let mut written_by = vec![input.end; writes.len()];
+    let mut next = input.end;
+    for (i, w) in writes.iter().enumerate().rev() {
+        next = w.map_or(next, |w| w.t);
+        written_by[i] = next;
+    }
     let mut highest: Option<(u64, Option<&Accepted>)> = None;
     let mut stale_accepted = 0;
     let mut unexcused_stale_accepted = 0;
-    for &f in &r.fence_log {
-        let k = nth.entry(f).or_default();
-        let write = accepted.iter().filter(|w| w.fence == f).nth(*k);
-        *k += 1;
+    for (i, &f) in r.fence_log.iter().enumerate() {
+        let write = writes[i];
         match highest {
             Some((h, above)) if f < h => {
                 stale_accepted += 1;
                 // The higher fence granted before a failover ended, this one written
                 // after it began: the counter's increments died with the old master.
-                let explained = match (write, above) {
-                    (Some(w), Some(a)) => failover(a.granted, w.t),
-                    _ => false,
-                };
+                let explained = above.is_some_and(|a| failover(a.granted, written_by[i]));
                 if !explained {
                     unexcused_stale_accepted += 1;
                 }

@@ -594,8 +594,10 @@ fn torture_runs_postgres_fenced_on_the_postgres_server_its_url_names() {
             "postgres-fenced",
             "--faults",
             "pause,kill,restart,blackhole",
+            // Room for each named fault to land on a loaded machine: a named fault that
+            // never took effect fails the run.
             "--duration",
-            "12s",
+            "20s",
             "--workers",
             "3",
             "--out",
