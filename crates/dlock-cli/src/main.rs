@@ -125,135 +125,36 @@ mod tests {
     use crate::args::{Kind, SortBy};
     use crate::hostile::{SCHEMES, cases, hidden, url_with_password, usage_without};
 
-    /// The command lines that take a value, one per flag or argument, `{}` where the
-    /// value goes.
-    const TAKES_A_VALUE: &[&[&str]] = &[
-        &[
-            "run",
-            "--url",
-            "redis://h",
-            "--ttl",
-            "{}",
-            "n",
-            "--",
-            "true",
-        ],
-        &[
-            "run",
-            "--url",
-            "redis://h",
-            "--wait",
-            "{}",
-            "n",
-            "--",
-            "true",
-        ],
-        &[
-            "run",
-            "--url",
-            "redis://h",
-            "--kill-grace",
-            "{}",
-            "n",
-            "--",
-            "true",
-        ],
-        &[
-            "run",
-            "--url",
-            "redis://h",
-            "--min-hold",
-            "{}",
-            "n",
-            "--",
-            "true",
-        ],
-        &[
-            "run",
-            "--url",
-            "redis://h",
-            "--semaphore",
-            "{}",
-            "n",
-            "--",
-            "true",
-        ],
-        &[
-            "run",
-            "--url",
-            "redis://h",
-            "--conflict-exit-code",
-            "{}",
-            "n",
-            "--",
-            "true",
-        ],
-        &[
-            "run",
-            "--url",
-            "redis://h",
-            "--info",
-            "{}",
-            "n",
-            "--",
-            "true",
-        ],
-        &[
-            "run",
-            "--url",
-            "redis://h",
-            "--prefix",
-            "{}",
-            "n",
-            "--",
-            "true",
-        ],
-        &["run", "--url", "{}", "n", "--", "true"],
-        &["run", "{}", "--", "true"],
-        &[
-            "elect",
-            "--url",
-            "redis://h",
-            "--value",
-            "{}",
-            "n",
-            "--",
-            "true",
-        ],
-        &[
-            "elect",
-            "--url",
-            "redis://h",
-            "--ttl",
-            "{}",
-            "n",
-            "--",
-            "true",
-        ],
-        &["acquire", "--url", "redis://h", "--ttl", "{}", "n"],
-        &[
-            "extend",
-            "--url",
-            "redis://h",
-            "--token",
-            "t",
-            "--ttl",
-            "{}",
-            "n",
-        ],
-        &["release", "--url", "redis://h", "--token", "{}", "n"],
-        &["status", "--url", "redis://h", "--kind", "{}", "n"],
-        &["status", "n", "{}"],
-        &["list", "{}"],
-        &["list", "--limit", "{}"],
-        &["top", "--sort", "{}"],
-        &["top", "--kind", "{}"],
-        &["top", "--interval", "{}"],
-        &["top", "--limit", "{}"],
-        &["top", "--iterations", "{}"],
-        &["force-unlock", "n", "--kind", "{}"],
-        &["completions", "{}"],
-        &["{}"],
+    /// The command lines that take a value, one per flag or argument (words split at
+    /// spaces), `{}` where the value goes.
+    const TAKES_A_VALUE: &[&str] = &[
+        "run --url redis://h --ttl {} n -- true",
+        "run --url redis://h --wait {} n -- true",
+        "run --url redis://h --kill-grace {} n -- true",
+        "run --url redis://h --min-hold {} n -- true",
+        "run --url redis://h --semaphore {} n -- true",
+        "run --url redis://h --conflict-exit-code {} n -- true",
+        "run --url redis://h --info {} n -- true",
+        "run --url redis://h --prefix {} n -- true",
+        "run --url {} n -- true",
+        "run {} -- true",
+        "elect --url redis://h --value {} n -- true",
+        "elect --url redis://h --ttl {} n -- true",
+        "acquire --url redis://h --ttl {} n",
+        "extend --url redis://h --token t --ttl {} n",
+        "release --url redis://h --token {} n",
+        "status --url redis://h --kind {} n",
+        "status n {}",
+        "list {}",
+        "list --limit {}",
+        "top --sort {}",
+        "top --kind {}",
+        "top --interval {}",
+        "top --limit {}",
+        "top --iterations {}",
+        "force-unlock n --kind {}",
+        "completions {}",
+        "{}",
     ];
 
     /// What `top --sort` takes.
@@ -291,17 +192,17 @@ mod tests {
 
     /// `dlock` and `line` with `value` in place of `{}`, as `--flag value` or (`eq`)
     /// `--flag=value`.
-    fn argv(line: &[&str], value: &str, eq: bool) -> Vec<String> {
+    fn argv(line: &str, value: &str, eq: bool) -> Vec<String> {
         let mut argv = vec!["dlock".to_owned()];
-        let mut words = line.iter().peekable();
+        let mut words = line.split_whitespace().peekable();
         while let Some(word) = words.next() {
-            if eq && word.starts_with("--") && words.peek() == Some(&&"{}") {
+            if eq && word.starts_with("--") && words.peek() == Some(&"{}") {
                 words.next();
                 argv.push(format!("{word}={value}"));
-            } else if *word == "{}" {
+            } else if word == "{}" {
                 argv.push(value.to_owned());
             } else {
-                argv.push((*word).to_owned());
+                argv.push(word.to_owned());
             }
         }
         argv
@@ -361,11 +262,8 @@ mod tests {
             } else {
                 (format!("{n}s"), Some(Duration::from_secs(n)))
             };
-            let line = [
-                "run", "--url", "redis://h", "--wait", "{}", "--kill-grace", "{}",
-                "n", "--", "true",
-            ];
-            match (parse(&argv(&line, &text, false)), d) {
+            let line = "run --url redis://h --wait {} --kill-grace {} n -- true";
+            match (parse(&argv(line, &text, false)), d) {
                 (Ok(cli), Some(d)) => {
                     let Command::Run(run) = cli.command else { panic!("not run") };
                     prop_assert_eq!(run.wait.wait, Some(d));
@@ -388,7 +286,7 @@ mod tests {
             kinds in prop::collection::vec(prop::sample::select(KINDS), 1..4),
         ) {
             let sort = SORTS.iter().find(|(s, _)| *s == word).map(|(_, v)| *v);
-            match (parse(&argv(&["top", "--sort", "{}"], &word, false)), sort) {
+            match (parse(&argv("top --sort {}", &word, false)), sort) {
                 (Ok(cli), Some(by)) => {
                     let Command::Top(top) = cli.command else { panic!("not top") };
                     prop_assert_eq!(top.sort, by);
@@ -397,12 +295,12 @@ mod tests {
                 (_, expected) => prop_assert!(false, "--sort {:?}: expected {:?}", word, expected),
             }
             let kind_of = |w: &str| KINDS.iter().position(|k| *k == w).map(|i| KIND_VALUES[i]);
-            let cli = parse(&argv(&["top", "--kind", "{}"], &kinds.join(","), false))
+            let cli = parse(&argv("top --kind {}", &kinds.join(","), false))
                 .map_err(|f| TestCaseError::fail(f.message))?;
             let Command::Top(top) = cli.command else { panic!("not top") };
             let expected: Vec<Kind> = kinds.iter().filter_map(|k| kind_of(k)).collect();
             prop_assert_eq!(top.kind, expected);
-            let status = parse(&argv(&["status", "n", "--kind", "{}"], &word, false));
+            let status = parse(&argv("status n --kind {}", &word, false));
             prop_assert_eq!(status.is_ok(), kind_of(&word).is_some());
         }
 
@@ -413,7 +311,7 @@ mod tests {
             n in prop_oneof![any::<i128>(), -300..300i128, any::<u64>().prop_map(i128::from)],
         ) {
             let number = n.to_string();
-            let limit = parse(&argv(&["top", "--limit", "{}"], &number, false));
+            let limit = parse(&argv("top --limit {}", &number, false));
             match limit {
                 Ok(cli) => {
                     let Command::Top(top) = cli.command else { panic!("not top") };
@@ -425,8 +323,7 @@ mod tests {
                     usage_without(&f, "")?;
                 }
             }
-            let line = ["run", "--conflict-exit-code", "{}", "n", "--", "true"];
-            match parse(&argv(&line, &number, false)) {
+            match parse(&argv("run --conflict-exit-code {} n -- true", &number, false)) {
                 Ok(cli) => {
                     let Command::Run(run) = cli.command else { panic!("not run") };
                     prop_assert_eq!(i128::from(run.wait.conflict_exit_code), n);
@@ -436,8 +333,7 @@ mod tests {
                     usage_without(&f, "")?;
                 }
             }
-            let line = ["run", "--semaphore", "{}", "n", "--", "true"];
-            match parse(&argv(&line, &number, false)) {
+            match parse(&argv("run --semaphore {} n -- true", &number, false)) {
                 Ok(cli) => {
                     let Command::Run(run) = cli.command else { panic!("not run") };
                     prop_assert_eq!(run.semaphore.map(i128::from), Some(n));
@@ -455,10 +351,10 @@ mod tests {
     #[test]
     fn a_url_given_in_the_wrong_place_is_not_echoed() {
         for line in [
-            &["status", "n", "{}"][..],
-            &["run", "--ttl", "{}", "n", "--", "true"],
-            &["top", "--sort", "{}"],
-            &["{}"],
+            "status n {}",
+            "run --ttl {} n -- true",
+            "top --sort {}",
+            "{}",
         ] {
             let argv = argv(line, "redis://app:s3cret@db:6379/0", false);
             let f = parse(&argv).map(|_| ()).expect_err("a usage error");
