@@ -97,15 +97,20 @@ pub(crate) struct Wait {
 pub(crate) enum Command {
     /// Run a command while holding the lock NAME; exit with its status.
     ///
-    /// The lease is renewed while the command runs. If the lock is lost meanwhile (the
-    /// store lost it, or an operator force-unlocked it), or renewals keep failing until the
-    /// remaining validity is down to --kill-grace (at most ttl/3), the command gets
-    /// SIGTERM, then SIGKILL after the grace, and dlock exits 76. SIGTERM and SIGHUP sent to
-    /// dlock are forwarded to the command, SIGINT too unless stdin is a terminal (Ctrl-C
-    /// reaches the command itself there); a second one sends SIGKILL. Without a terminal
-    /// the command gets its own process group, so its children are signalled too. The lock
-    /// is released after the command exits (with --min-hold D: kept until D after the
-    /// command ended). The command
+    /// The lease is renewed while the command runs. Without a terminal the command gets
+    /// a process group of its own, and every signal below goes to the whole group. If
+    /// renewals keep failing until the remaining validity is down to --kill-grace + 100ms,
+    /// the group gets SIGTERM, then SIGKILL after the grace — at the latest 100ms before
+    /// the validity ends, by the lease's own clock, so nothing of the command runs when
+    /// another holder can be granted the lock; a separate reaper process keeps that
+    /// deadline even if dlock itself is paused or killed. If the store says the lock is
+    /// gone (an operator force-unlocked it), the group gets SIGKILL at once. Then dlock
+    /// exits 76. SIGTERM and SIGHUP sent to dlock are forwarded to the command, SIGINT too
+    /// unless stdin is a terminal (Ctrl-C reaches the command itself there); a second one
+    /// sends SIGKILL. Like flock(1), the lock is held (renewed) until the command, every
+    /// process of its group and every process that inherited the descriptor named in
+    /// DLOCK_HOLD_FD have exited (--release-on-exit: when the command itself exits); with
+    /// --min-hold D, it is kept until D after that. The command
     /// sees DLOCK_NAME, DLOCK_TOKEN and DLOCK_FENCE (the fencing token: pass it to the
     /// resource, which must reject writes with a smaller one). `dlock status` and `list`
     /// show this host, dlock's pid, the command's program name (or --info: its arguments
@@ -117,10 +122,11 @@ pub(crate) enum Command {
     /// PostgreSQL, ZooKeeper). Once this one leads, it advertises --value and runs the
     /// command with DLOCK_NAME, DLOCK_TOKEN, DLOCK_TERM (the term: a fencing token that
     /// strictly increases with every leader; DLOCK_FENCE has the same number) and
-    /// DLOCK_VALUE. When the command exits, dlock resigns at once (the next candidate
-    /// leads without waiting for the lease) and exits with the command's status. If
-    /// leadership is lost meanwhile, the command gets SIGTERM, SIGKILL after --kill-grace,
-    /// and dlock exits 76. SIGTERM, SIGHUP (and SIGINT off a terminal) sent to dlock are
+    /// DLOCK_VALUE. When the command and every process of its group have exited, dlock
+    /// resigns at once (the next candidate leads without waiting for the lease) and exits
+    /// with the command's status. If leadership is lost meanwhile, the command's group is
+    /// killed exactly as `dlock run` kills it (SIGTERM, SIGKILL after --kill-grace, before
+    /// the lease can end), and dlock exits 76. SIGTERM, SIGHUP (and SIGINT off a terminal) sent to dlock are
     /// forwarded to the command; dlock resigns once it has exited, so a standby takes
     /// over well before the lease could run out.
     Elect(ElectArgs),
@@ -203,9 +209,17 @@ pub(crate) struct RunArgs {
     /// Lease length, renewed every third of it while the command runs.
     #[arg(long, value_parser = parse_duration, default_value = "30s")]
     pub(crate) ttl: Duration,
-    /// After SIGTERM on a lost lock, how long before SIGKILL.
-    #[arg(long, value_parser = parse_duration, default_value = "10s")]
-    pub(crate) kill_grace: Duration,
+    /// How long the command has between SIGTERM and SIGKILL when renewals keep failing
+    /// (default 10s, or less where the lease needs it). SIGKILL lands at the latest 100ms
+    /// before the lease's validity ends, so the grace is at most ttl/3 - 100ms; a larger
+    /// value is refused.
+    #[arg(long, value_parser = parse_duration, value_name = "D")]
+    pub(crate) kill_grace: Option<Duration>,
+    /// Release the lock as soon as the command itself exits, even if processes it
+    /// started still run (by default the lock is held until the whole process group,
+    /// and every process holding DLOCK_HOLD_FD, has exited).
+    #[arg(long)]
+    pub(crate) release_on_exit: bool,
     /// At most N concurrent runs fleet-wide: take one of N permits instead of the lock (the
     /// command then gets no DLOCK_FENCE: permit holders do not exclude each other).
     #[arg(long, value_name = "N", conflicts_with_all = ["shared", "exclusive", "fair"])]
@@ -271,9 +285,14 @@ pub(crate) struct ElectArgs {
     /// replaced within it.
     #[arg(long, value_parser = parse_duration, default_value = "30s")]
     pub(crate) ttl: Duration,
-    /// After SIGTERM on lost leadership, how long before SIGKILL.
-    #[arg(long, value_parser = parse_duration, default_value = "10s")]
-    pub(crate) kill_grace: Duration,
+    /// How long the command has between SIGTERM and SIGKILL when renewals keep failing
+    /// (default 10s, or less where the lease needs it; at most ttl/3 - 100ms).
+    #[arg(long, value_parser = parse_duration, value_name = "D")]
+    pub(crate) kill_grace: Option<Duration>,
+    /// Resign as soon as the command itself exits, even if processes it started still
+    /// run (by default dlock leads until its whole process group has exited).
+    #[arg(long)]
+    pub(crate) release_on_exit: bool,
     /// Print nothing when another candidate leads (--no-wait, --wait).
     #[arg(long, short)]
     pub(crate) quiet: bool,

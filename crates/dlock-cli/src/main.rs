@@ -22,6 +22,15 @@ use crate::exit::Failure;
 use crate::target::{connect, with_election_backend};
 
 fn main() -> ExitCode {
+    // The reaper `dlock run` starts beside a command, and the gate in front of the command
+    // (which execs it, returning only on failure): internal, not user commands.
+    match std::env::args_os().nth(1) {
+        Some(a) if a == cmd::REAPER_ARG => return ExitCode::from(cmd::reaper_main()),
+        Some(a) if a == cmd::GATE_ARG => {
+            return ExitCode::from(cmd::gate_main(std::env::args_os().skip(2)));
+        }
+        _ => {}
+    }
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         // A usage error: one line, and the usage code.
@@ -267,7 +276,7 @@ mod tests {
                 (Ok(cli), Some(d)) => {
                     let Command::Run(run) = cli.command else { panic!("not run") };
                     prop_assert_eq!(run.wait.wait, Some(d));
-                    prop_assert_eq!(run.kill_grace, d);
+                    prop_assert_eq!(run.kill_grace, Some(d));
                 }
                 (Err(f), None) => usage_without(&f, "")?,
                 (Ok(_), None) => prop_assert!(false, "{} overflowed into a value", text),

@@ -4,7 +4,9 @@ pub(crate) mod elect;
 pub(crate) mod harness;
 mod kinds;
 pub(crate) mod quorum;
+mod reaper;
 mod run;
+mod supervise;
 pub(crate) mod top;
 
 use std::io::{BufRead, IsTerminal, Write};
@@ -21,6 +23,7 @@ use crate::args::{
 };
 use crate::exit::{self, Failure};
 
+pub(crate) use reaper::{ARG as REAPER_ARG, GATE_ARG, gate_main, main as reaper_main};
 pub(crate) use run::{run, run_plain};
 
 /// Acquires as `--wait` / `--no-wait` say: `None` on conflict.

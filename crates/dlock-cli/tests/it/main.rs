@@ -10,6 +10,7 @@ use dlock_test::server::{RedisServer, free_port};
 mod elect;
 mod hostile;
 mod stores;
+mod supervise;
 mod top;
 
 const LOST: i32 = 76;
@@ -198,18 +199,7 @@ fn a_lost_lock_terminates_the_child_and_exits_with_the_lost_code() {
         pidfile.display()
     );
     let mut run = dlock(&server.url())
-        .args([
-            "run",
-            "--ttl",
-            "600ms",
-            "--kill-grace",
-            "1s",
-            "doomed",
-            "--",
-            "sh",
-            "-c",
-            &script,
-        ])
+        .args(["run", "--ttl", "600ms", "doomed", "--", "sh", "-c", &script])
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn");
