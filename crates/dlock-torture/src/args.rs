@@ -39,6 +39,9 @@ pub(crate) enum Command {
     /// The lease-holding client of `dlock torture --soak` (internal).
     #[command(hide = true)]
     SoakHolder(SoakHolderArgs),
+    /// One write of a command kind's command to its resource (internal).
+    #[command(hide = true)]
+    TortureAppend(AppendArgs),
 }
 
 #[derive(Debug, Args)]
@@ -197,6 +200,21 @@ pub(crate) struct TortureWorkerArgs {
     /// off the real one, at its start and whenever that moves by a second or more.
     #[arg(long, allow_hyphen_values = true)]
     pub(crate) real_wall_minus_monotonic_ns: Option<i64>,
+}
+
+/// `torture-append`: see `crate::command::append`.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct AppendArgs {
+    /// What the write is: the command's first (the grant), its own, or its background
+    /// process's.
+    #[arg(value_enum)]
+    pub(crate) event: crate::command::Event,
+    /// Wait this long before the first write.
+    #[arg(long, default_value_t = 0)]
+    pub(crate) after_ms: u64,
+    /// Write again every 50 ms for this long (0: once).
+    #[arg(long, default_value_t = 0)]
+    pub(crate) for_ms: u64,
 }
 
 #[derive(Debug, Clone, Args)]

@@ -100,6 +100,7 @@
 
 mod args;
 mod checkers;
+mod command;
 mod demo;
 mod exit;
 mod failover;
@@ -165,6 +166,10 @@ pub fn main() -> ExitCode {
             return ExitCode::from(exit::SUCCESS);
         }
     };
+    // A command's write: no runtime, so that it starts and ends quickly.
+    if let Command::TortureAppend(args) = &cli.command {
+        return exit::finish(command::append(args));
+    }
     // A worker runs on one thread, so that a stall it simulates also stops its lease
     // renewal, as a real process pause would.
     let runtime = if matches!(
@@ -193,6 +198,7 @@ pub fn main() -> ExitCode {
             Command::Torture(args) => torture(args).await,
             Command::TortureWorker(args) => worker::run(args).await,
             Command::SoakHolder(args) => soak::holder(args).await,
+            Command::TortureAppend(args) => command::append(&args),
         }
     }))
 }
