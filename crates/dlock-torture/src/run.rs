@@ -861,7 +861,9 @@ pub(crate) async fn run_workers(
                 || (fault == Fault::Restart && kind.holds_long())
                 || (fault == Fault::Blackhole && kind.runs_commands())
             {
-                armed = Some((fault, now + 2 * ttl_ns, tries));
+                // A command kind's grants come a hold (a lease and a half) apart.
+                let wait = if kind.runs_commands() { 3 } else { 2 };
+                armed = Some((fault, now + wait * ttl_ns, tries));
             } else if fault == Fault::Failover {
                 // Freeze the replica now; the master dies at the next grant.
                 if n.prepare_failover() {
