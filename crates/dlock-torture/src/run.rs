@@ -884,14 +884,11 @@ pub(crate) async fn run_workers(
             if let Ok(Some(status)) = r.child.try_wait() {
                 r.alive = false;
                 r.holding = false;
-                let ok = if kind.runs_commands() {
-                    crate::command::exit_ok(status)
-                } else {
-                    status.success()
-                };
-                if !ok {
+                if !kind.runs_commands() && !status.success() {
+                    worker_failures += 1;
+                } else if kind.runs_commands() && !crate::command::exit_ok(status) {
                     eprintln!(
-                        "dlock: torture: {}: worker {} ended with {status}",
+                        "dlock: torture: {}: worker {} (a dlock process) ended with {status}",
                         kind.id(),
                         r.id
                     );

@@ -46,8 +46,9 @@ fn torture(kind: &str, duration: &str, faults: &str) -> (String, serde_json::Val
 /// any process it left behind, after the next holder's grant, unless that holder's
 /// `dlock` was paused (no supervisor acts while stopped).
 fn supervised(kind: &str) {
-    // Room for both faults: they start three ttls (9 s) apart.
-    let (text, entry) = torture(kind, "27s", "pause,blackhole");
+    // Room for both faults (and a third): they start three ttls (9 s) apart, and one
+    // waits for the last one's window (a pause's lasts up to 3.5 ttls) and for a grant.
+    let (text, entry) = torture(kind, "40s", "pause,blackhole");
     let f = &entry["findings"];
     assert_eq!(f["verdict_ok"], true, "{text}");
     for zero in [
