@@ -166,7 +166,8 @@ pub(crate) struct TortureArgs {
     #[arg(long, default_value = "dlock-torture")]
     pub(crate) out: std::path::PathBuf,
     /// The CI profile: about 30 s per dlock kind (the shortest run that injects each
-    /// kind's faults; 24 s for redlock), 12 s per control, 8 s for memory. With --kinds
+    /// kind's faults; 24 s for redlock, 40 s for run-supervised and
+    /// run-supervised-zookeeper), 12 s per control, 8 s for memory. With --kinds
     /// named (or $CI set), a clock fault that cannot run here fails the run.
     #[arg(long)]
     pub(crate) quick: bool,
