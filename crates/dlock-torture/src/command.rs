@@ -14,7 +14,8 @@
 //! program: a command needs nothing but a shell. The harness reads the file once the kind
 //! has run; a holder's hold lasts from its `start` to the last write of anything its
 //! command started, so a write after the next holder's grant is an overlap — two holders
-//! at once — which no fault but a pause of that holder's `dlock` process excuses.
+//! at once, which no fault excuses: not even a pause of that holder's `dlock` process,
+//! whose reaper process holds the same kill deadline.
 
 use std::fs::OpenOptions;
 use std::io::Write as _;

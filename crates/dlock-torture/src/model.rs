@@ -380,6 +380,9 @@ impl Kind {
     /// failover or a clock fault where SAFETY.md says the store gives way to it.
     pub(crate) fn excuses(self, fault: Fault) -> bool {
         match fault {
+            // A pause of a `dlock run` worker stops the supervisor, not the command: its
+            // reaper process must still kill the command before the lease ends.
+            Fault::Pause if self.runs_commands() => false,
             Fault::Pause | Fault::Restart => true,
             Fault::Failover => self.failover_excuses(),
             Fault::ClockJump | Fault::ClockBack | Fault::ClockFast => self.clock_excuses(),

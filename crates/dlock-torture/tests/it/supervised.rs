@@ -43,8 +43,8 @@ fn torture(kind: &str, duration: &str, faults: &str) -> (String, serde_json::Val
 
 /// The supervised kind on `kind`'s store, under a pause of a holder's `dlock` process and a
 /// partition of its links to the store, each at a grant: no write of any command, nor of
-/// any process it left behind, after the next holder's grant, unless that holder's
-/// `dlock` was paused (no supervisor acts while stopped).
+/// any process it left behind, after the next holder's grant — a paused `dlock` included
+/// (its reaper process kills the command on time).
 fn supervised(kind: &str) {
     // Room for both faults (and a third): they start three ttls (9 s) apart, and one
     // waits for the last one's window (a pause's lasts up to 3.5 ttls) and for a grant.
