@@ -198,12 +198,11 @@ pub(crate) fn print_summary(reports: &[KindReport]) {
         }
         if f.kind.runs_commands() {
             println!(
-                "{:<16} commands' writes after the next holder's grant: {} ({} by the writers they left in the background), the latest {} ms after it; overlaps a pause of the dlock process excuses {}",
+                "{:<16} commands' writes after the next holder's grant: {} ({} by the writers they left in the background), the latest {} ms after it",
                 "",
                 f.late_writes,
                 f.late_writes_background,
                 f.latest_late_write_ms,
-                f.overlaps - f.unexcused_overlaps
             );
         }
         if f.kind == Kind::MemcachedFenced {
