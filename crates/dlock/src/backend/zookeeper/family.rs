@@ -684,6 +684,7 @@ impl RawSemaphore for ZooKeeper {
         token: &Token,
         n: u32,
         permits: u32,
+        strict: bool,
         ttl: Duration,
         _queue: bool,
     ) -> Result<Acquire> {
@@ -712,6 +713,11 @@ impl RawSemaphore for ZooKeeper {
             }
             None => permits,
         };
+        if strict && count != permits {
+            // Our node leaves the line: no permit was taken for us.
+            self.release(keys, token).await?;
+            return Err(Error::permits_mismatch(keys.name(), count, permits));
+        }
         if n > count {
             // It could never be served, and would hold up every waiter behind it.
             self.release(keys, token).await?;
