@@ -1065,7 +1065,11 @@ where
 {
     let name = unique("sem-count");
     let five = Semaphore::new(target.client().await, &name, 5).expect("valid");
-    assert_eq!(five.stored_permits().await.expect("store"), None, "none yet");
+    assert_eq!(
+        five.stored_permits().await.expect("store"),
+        None,
+        "none yet"
+    );
     // Held throughout, so that ZooKeeper keeps the semaphore's directory (its count).
     let held = five.try_acquire().await.expect("store").expect("free");
     assert_eq!(five.stored_permits().await.expect("store"), Some(5));
@@ -1093,14 +1097,22 @@ where
         .await
         .expect("a wait is refused at once, not left waiting");
     refused(waited.map(Some), 5, 1);
-    assert_eq!(five.available_permits().await.expect("store"), 4, "nothing taken");
+    assert_eq!(
+        five.available_permits().await.expect("store"),
+        4,
+        "nothing taken"
+    );
 
     // Adopt: the stored count is used.
     let adopt = Semaphore::builder(target.client().await, &name, 1)
         .on_other_count(OtherCount::Adopt)
         .build()
         .expect("valid");
-    let adopted = adopt.try_acquire().await.expect("store").expect("4 free of 5");
+    let adopted = adopt
+        .try_acquire()
+        .await
+        .expect("store")
+        .expect("4 free of 5");
     assert_eq!(five.available_permits().await.expect("store"), 3);
     adopted.release().await.expect("release");
     assert_eq!(five.stored_permits().await.expect("store"), Some(5));
@@ -1110,7 +1122,11 @@ where
         .on_other_count(OtherCount::Set)
         .build()
         .expect("valid");
-    let second = two.try_acquire().await.expect("store").expect("1 free of 2");
+    let second = two
+        .try_acquire()
+        .await
+        .expect("store")
+        .expect("1 free of 2");
     assert_eq!(five.stored_permits().await.expect("store"), Some(2));
     refused(five.try_acquire().await, 2, 5);
     second.release().await.expect("release");
@@ -1118,7 +1134,11 @@ where
     // An operator's set_permits through a semaphore makes the count its own.
     one.set_permits(3).await.expect("operator");
     assert_eq!(one.permits(), 3);
-    let third = one.try_acquire().await.expect("store").expect("2 free of 3");
+    let third = one
+        .try_acquire()
+        .await
+        .expect("store")
+        .expect("2 free of 3");
     let two = Semaphore::new(target.client().await, &name, 2).expect("valid");
     refused(two.try_acquire().await, 3, 2);
     third.release().await.expect("release");

@@ -221,7 +221,11 @@ pub struct PermitCounts {
 
 impl fmt::Display for PermitCounts {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} permits stored, {} requested", self.stored, self.requested)
+        write!(
+            f,
+            "{} permits stored, {} requested",
+            self.stored, self.requested
+        )
     }
 }
 

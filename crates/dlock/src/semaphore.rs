@@ -325,7 +325,10 @@ impl<B: RawSemaphore> Semaphore<B> {
     }
 
     /// One permit seen as a lock: what [`acquire`](Semaphore::acquire) and friends wait on
-    /// (for tools that handle locks and permits alike).
+    /// (for tools that handle locks and permits alike). Acquiring through it follows this
+    /// semaphore's rule for another stored count, except that it never sets the count
+    /// ([`OtherCount::Set`] is applied by the semaphore's own methods; through this lock
+    /// it adopts the stored count).
     pub fn permit_lock(&self) -> &Lock<Permits<B>> {
         &self.one
     }
