@@ -16,7 +16,8 @@
 //!   it keeps its place (no writer can come in between) and now counts as a reader.
 //! * **Semaphore** (`InterProcessSemaphoreV2`'s leases): a node `<N>+<token>-` per holder
 //!   or waiter of N permits; the directory's data is the permit count (the first client's,
-//!   changed by `set_permits` / `add_permits` by compare-and-set). The nodes are served
+//!   changed by `set_permits` / `add_permits` by compare-and-set; a client with another
+//!   count is refused after reading it, its node deleted at once). The nodes are served
 //!   in order: a node holds when the permits of the nodes up to and including it fit in
 //!   the count. A waiter depends on every node below it, so it watches the directory's
 //!   children and data and tries again when they change: a release wakes every waiting
