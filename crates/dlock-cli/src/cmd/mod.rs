@@ -586,9 +586,14 @@ pub(crate) async fn set_permits_cmd<B: kinds::AnyKind>(
     let before = sem.stored_permits().await?;
     sem.set_permits(args.permits).await?;
     eprintln!(
-        "dlock: semaphore {:?} has {} permits (was {})",
+        "dlock: semaphore {:?} has {} {} (was {})",
         args.name,
         args.permits,
+        if args.permits == 1 {
+            "permit"
+        } else {
+            "permits"
+        },
         before.map_or_else(|| "none stored".to_owned(), |n| n.to_string())
     );
     Ok(exit::SUCCESS)

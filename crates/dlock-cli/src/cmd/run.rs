@@ -206,8 +206,9 @@ async fn wait_for_permit<B: RawSemaphore>(
             else {
                 return Err(err.into());
             };
+            let permits = if stored == 1 { "permit" } else { "permits" };
             Err(Failure::usage(format!(
-                "semaphore {:?} has {stored} permits stored, not --semaphore {requested}: run \
+                "semaphore {:?} has {stored} {permits} stored, not --semaphore {requested}: run \
                  with --semaphore {stored}, or change the count for every run with `dlock \
                  set-permits {} {requested}` (or --set-permits)",
                 args.name,
@@ -260,16 +261,21 @@ async fn alone<X: RawLock, B: AnyKind>(
         drop(guard.release().await);
         if !args.quiet {
             eprintln!(
-                "dlock: {:?} is also held as {held} (a separate lock of the same name): not \
+                "dlock: {:?} is also held as {held} (not this lock, but the same name): not \
                  running the command (--refuse-other-kinds)",
                 args.name
             );
         }
         return None;
     }
+    let (locks, exclude) = if others.len() == 1 {
+        ("a separate lock", "does")
+    } else {
+        ("separate locks", "do")
+    };
     eprintln!(
-        "dlock: warning: {:?} is also held as {held}: a separate lock of the same name, which \
-         does not exclude this one (--refuse-other-kinds refuses to run then)",
+        "dlock: warning: {:?} is also held as {held}: {locks} of the same name, which \
+         {exclude} not exclude this one (--refuse-other-kinds refuses to run then)",
         args.name
     );
     Some(guard)
