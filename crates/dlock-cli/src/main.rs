@@ -108,6 +108,9 @@ async fn dispatch(command: Command) -> Result<u8, Failure> {
         Command::ForceUnlock(args) => {
             target::force_unlock(connect(&args.store, false).await?, args).await
         }
+        Command::SetPermits(args) => {
+            target::set_permits(connect(&args.store, false).await?, args).await
+        }
         Command::Torture(_) | Command::Demo(_) => Err(Failure::new(
             exit::CANNOT_EXECUTE,
             "dlock torture and dlock demo run the harness in place of dlock",
@@ -162,6 +165,9 @@ mod tests {
         "top --limit {}",
         "top --iterations {}",
         "force-unlock n --kind {}",
+        "list --kind {}",
+        "set-permits --url redis://h n {}",
+        "set-permits {} 3",
         "completions {}",
         "{}",
     ];

@@ -199,10 +199,7 @@ pub(crate) fn print_summary(reports: &[KindReport]) {
         if f.kind.runs_commands() {
             println!(
                 "{:<16} commands' writes after the next holder's grant: {} ({} by the writers they left in the background), the latest {} ms after it",
-                "",
-                f.late_writes,
-                f.late_writes_background,
-                f.latest_late_write_ms,
+                "", f.late_writes, f.late_writes_background, f.latest_late_write_ms,
             );
         }
         if f.kind == Kind::MemcachedFenced {

@@ -3,13 +3,17 @@
 use std::ffi::OsString;
 use std::time::Duration;
 
-use dlock::raw::{RawFair, RawFencing, RawLock, RawRwLock, RawSemaphore};
-use dlock::{FairLock, HolderInfo, Lock, LockGuard, RwLock, Semaphore};
+use dlock::raw::{RawFencing, RawLock, RawSemaphore};
+use dlock::{
+    ErrorKind, FairLock, HolderInfo, Lock, LockGuard, OtherCount, PermitCounts, Permits, RwLock,
+    Semaphore, SemaphorePermit,
+};
 
 pub(crate) use super::supervise::{Job, Signals, supervise};
 use super::supervise::{MinHold, check_kill_grace, supervise_run};
-use crate::args::RunArgs;
+use crate::args::{Kind, RunArgs};
 use crate::cmd::acquire;
+use crate::cmd::kinds::{self, AnyKind};
 use crate::exit::Failure;
 
 impl<'a> Job<'a> {
@@ -83,13 +87,134 @@ async fn wait_for<X: RawLock>(
     }
 }
 
+/// `--semaphore N`: one permit, as `--wait` / `--no-wait` say (`None` on conflict),
+/// through the semaphore's own methods (which set the count first with --set-permits).
+async fn acquire_permit<B: RawSemaphore>(
+    sem: &Semaphore<B>,
+    args: &RunArgs,
+) -> dlock::Result<Option<SemaphorePermit<B>>> {
+    if args.wait.no_wait {
+        sem.try_acquire().await
+    } else if let Some(d) = args.wait.wait {
+        sem.try_acquire_for(d).await
+    } else {
+        sem.acquire().await.map(Some)
+    }
+}
+
+/// [`wait_for`] a permit of `sem`; another stored permit count than `--semaphore N` is a
+/// usage error that names it and how to change it.
+async fn wait_for_permit<B: RawSemaphore>(
+    sem: &Semaphore<B>,
+    args: &RunArgs,
+    signals: &mut Signals,
+) -> Result<Waited<Permits<B>>, Failure> {
+    let acquired = tokio::select! {
+        acquired = acquire_permit(sem, args) => acquired,
+        sig = signals.recv() => return Ok(Waited::Exit(128 + sig as u8)),
+    };
+    match acquired {
+        Ok(Some(guard)) => Ok(Waited::Got(guard)),
+        Ok(None) => {
+            if !args.quiet {
+                eprintln!("dlock: {:?} is held by another process", args.name);
+            }
+            Ok(Waited::Exit(args.wait.conflict_exit_code))
+        }
+        Err(err) if err.kind() == ErrorKind::PermitsMismatch => {
+            let counts = std::error::Error::source(&err)
+                .and_then(|s| s.downcast_ref::<PermitCounts>())
+                .copied();
+            let Some(PermitCounts {
+                stored, requested, ..
+            }) = counts
+            else {
+                return Err(err.into());
+            };
+            let permits = if stored == 1 { "permit" } else { "permits" };
+            Err(Failure::usage(format!(
+                "semaphore {:?} has {stored} {permits} stored, not --semaphore {requested}: run \
+                 with --semaphore {stored}, or change the count for every run with `dlock \
+                 set-permits {} {requested}` (or --set-permits)",
+                args.name,
+                shell_word(&args.name)
+            )))
+        }
+        Err(err) => Err(err.into()),
+    }
+}
+
+/// `word` as one shell word (quoted unless it is plain).
+fn shell_word(word: &str) -> String {
+    let plain = !word.is_empty()
+        && word
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '/' | ':' | '@'));
+    if plain {
+        word.to_owned()
+    } else {
+        format!("'{}'", word.replace('\'', "'\\''"))
+    }
+}
+
+/// Once `guard` is held as `mine`: whether `NAME` is also held as another kind (a separate
+/// lock that does not exclude this one). A warning on stderr, or with
+/// `--refuse-other-kinds` the lock given back and `None` (exit with the conflict code).
+async fn alone<X: RawLock, B: AnyKind>(
+    guard: LockGuard<X>,
+    backend: &B,
+    mine: Kind,
+    args: &RunArgs,
+) -> Option<LockGuard<X>> {
+    let others = match kinds::held_as_others(backend, mine, &args.store.prefix, &args.name).await {
+        Ok(others) => others,
+        Err(failure) => {
+            eprintln!(
+                "dlock: warning: could not check whether {:?} is held as another kind of \
+                 lock: {}",
+                args.name, failure.message
+            );
+            return Some(guard);
+        }
+    };
+    if others.is_empty() {
+        return Some(guard);
+    }
+    let held: Vec<&str> = others.iter().map(|k| k.described()).collect();
+    let held = held.join(", ");
+    if args.refuse_other_kinds {
+        drop(guard.release().await);
+        if !args.quiet {
+            eprintln!(
+                "dlock: {:?} is also held as {held} (not this lock, but the same name): not \
+                 running the command (--refuse-other-kinds)",
+                args.name
+            );
+        }
+        return None;
+    }
+    let (locks, exclude) = if others.len() == 1 {
+        ("a separate lock", "does")
+    } else {
+        ("separate locks", "do")
+    };
+    eprintln!(
+        "dlock: warning: {:?} is also held as {held}: {locks} of the same name, which \
+         {exclude} not exclude this one (--refuse-other-kinds refuses to run then)",
+        args.name
+    );
+    Some(guard)
+}
+
 /// `dlock run` on a store with every kind of primitive; `shortest` is the shortest lease
 /// it takes (for `--min-hold`).
-pub(crate) async fn run<B: RawFencing + RawSemaphore + RawRwLock + RawFair>(
+pub(crate) async fn run<B: RawFencing + AnyKind>(
     backend: B,
     args: RunArgs,
     shortest: Duration,
 ) -> Result<u8, Failure> {
+    let conflict = args.wait.conflict_exit_code;
+    let checker = backend.clone();
     // Each kind has its own default prefix, so that names of different kinds never
     // collide; an explicit --prefix is used as given.
     let prefix = |default: &'static str| {
@@ -108,13 +233,21 @@ pub(crate) async fn run<B: RawFencing + RawSemaphore + RawRwLock + RawFair>(
     if let Some(permits) = args.semaphore {
         let mut builder = Semaphore::builder(backend, &args.name, permits)
             .ttl(args.ttl)
-            .prefix(prefix(dlock::DEFAULT_SEMAPHORE_PREFIX));
+            .prefix(prefix(dlock::DEFAULT_SEMAPHORE_PREFIX))
+            .on_other_count(if args.set_permits {
+                OtherCount::Set
+            } else {
+                OtherCount::Refuse
+            });
         if let Some(info) = holder {
             builder = builder.holder_info(info);
         }
         let sem = builder.build()?;
-        return match wait_for(sem.permit_lock(), &args, &mut signals).await? {
+        return match wait_for_permit(&sem, &args, &mut signals).await? {
             Waited::Got(guard) => {
+                let Some(guard) = alone(guard, &checker, Kind::Semaphore, &args).await else {
+                    return Ok(conflict);
+                };
                 supervise_run(guard, &Job::of_run(&args, None), signals, min_hold).await
             }
             Waited::Exit(code) => Ok(code),
@@ -131,6 +264,9 @@ pub(crate) async fn run<B: RawFencing + RawSemaphore + RawRwLock + RawFair>(
         if args.shared {
             return match wait_for(rw.read_lock(), &args, &mut signals).await? {
                 Waited::Got(guard) => {
+                    let Some(guard) = alone(guard, &checker, Kind::Rwlock, &args).await else {
+                        return Ok(conflict);
+                    };
                     supervise_run(guard, &Job::of_run(&args, None), signals, min_hold).await
                 }
                 Waited::Exit(code) => Ok(code),
@@ -138,6 +274,9 @@ pub(crate) async fn run<B: RawFencing + RawSemaphore + RawRwLock + RawFair>(
         }
         return match wait_for(rw.write_lock(), &args, &mut signals).await? {
             Waited::Got(guard) => {
+                let Some(guard) = alone(guard, &checker, Kind::Rwlock, &args).await else {
+                    return Ok(conflict);
+                };
                 let fence = guard.fencing_token().get();
                 supervise_run(guard, &Job::of_run(&args, Some(fence)), signals, min_hold).await
             }
@@ -154,6 +293,9 @@ pub(crate) async fn run<B: RawFencing + RawSemaphore + RawRwLock + RawFair>(
         let fair = builder.build()?;
         return match wait_for(fair.as_lock(), &args, &mut signals).await? {
             Waited::Got(guard) => {
+                let Some(guard) = alone(guard, &checker, Kind::Fair, &args).await else {
+                    return Ok(conflict);
+                };
                 let fence = guard.fencing_token().get();
                 supervise_run(guard, &Job::of_run(&args, Some(fence)), signals, min_hold).await
             }
@@ -163,6 +305,9 @@ pub(crate) async fn run<B: RawFencing + RawSemaphore + RawRwLock + RawFair>(
     let lock = plain_lock(backend, &args, holder)?;
     match wait_for(&lock, &args, &mut signals).await? {
         Waited::Got(guard) => {
+            let Some(guard) = alone(guard, &checker, Kind::Lock, &args).await else {
+                return Ok(conflict);
+            };
             let fence = guard.fencing_token().get();
             supervise_run(guard, &Job::of_run(&args, Some(fence)), signals, min_hold).await
         }
@@ -200,6 +345,7 @@ pub(crate) async fn run_plain<B: RawLock>(
         ));
     }
     check_kill_grace(args.kill_grace, args.ttl)?;
+    // --refuse-other-kinds: there is no other kind of lock here to be held.
     let mut signals = Signals::install()?;
     let min_hold = MinHold::of(args.min_hold, shortest, &backend);
     let lock = plain_lock(backend, &args, run_holder(&args))?;
