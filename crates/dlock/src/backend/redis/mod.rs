@@ -847,6 +847,64 @@ pub(super) fn claims(keys: &LockKeys) -> String {
     keys.companion("claims")
 }
 
+/// A semaphore's holders' permits (token -> permits held; the lock key is the zset of
+/// their leases).
+fn holders(keys: &LockKeys) -> String {
+    keys.companion("holders")
+}
+
+/// A semaphore's permit count.
+fn permit_count(keys: &LockKeys) -> String {
+    keys.companion("permits")
+}
+
+/// Every key (`key <key>`) and channel (`channel <channel>`) that `primitive`'s lock
+/// `keys` uses, named by the helpers the backend itself calls; the channels a waiter's
+/// client or a fair lock's waiter listens on, for a sample waiter id and token. Not in
+/// it: [`LockKeys::legacy_fence`], read (never written) once to start a missing fence
+/// counter above an older version's.
+#[cfg(test)]
+pub(crate) fn key_set(primitive: &str, keys: &LockKeys) -> Vec<String> {
+    const ID: &str = "0123456789abcdef";
+    let waiter = |k: &LockKeys| format!("{}:{ID}", k.channel());
+    let mut all = vec![keys.lock().to_owned(), keys.fence().to_owned()];
+    let mut channels = vec![keys.channel().to_owned()];
+    match primitive {
+        "semaphore" => {
+            all.extend([
+                holders(keys),
+                permit_count(keys),
+                waiters(keys),
+                claims(keys),
+            ]);
+            channels.push(waiter(keys));
+        }
+        "rwlock" => {
+            all.extend([rwlock::readers(keys), rwlock::writers(keys)]);
+            channels.extend([keys.side("r").channel().to_owned(), waiter(&keys.side("w"))]);
+        }
+        "fair" => {
+            all.extend([fair::queue(keys), fair::claims(keys)]);
+            channels.push(keys.side(ID).channel().to_owned());
+        }
+        "election" => {
+            all.extend([waiters(keys), claims(keys), election::record(keys)]);
+            channels.extend([
+                waiter(keys),
+                keys.side(crate::raw::RECORD).channel().to_owned(),
+            ]);
+        }
+        _ => {
+            all.extend([waiters(keys), claims(keys)]);
+            channels.push(waiter(keys));
+        }
+    }
+    all.into_iter()
+        .map(|k| format!("key {k}"))
+        .chain(channels.into_iter().map(|c| format!("channel {c}")))
+        .collect()
+}
+
 /// How long a queued waiter's place outlives its next expected attempt: ttl / 3, within
 /// 200 ms ..= 5 s. A crashed waiter leaves the queue by itself after that.
 pub(super) fn waiter_grace(ttl: Duration) -> Duration {
@@ -1010,7 +1068,7 @@ impl RawLock for Redis {
             let (script, keys) = match r.kind {
                 LeaseKind::Permits => (
                     &scripts.sem_extend,
-                    vec![r.keys.lock().to_owned(), r.keys.companion("holders")],
+                    vec![r.keys.lock().to_owned(), holders(&r.keys)],
                 ),
                 LeaseKind::Reentrant => (&scripts.re_extend, vec![r.keys.lock().to_owned()]),
                 LeaseKind::ReadWrite => (
@@ -1231,7 +1289,7 @@ impl RawSemaphore for Redis {
         ttl: Duration,
         queue: bool,
     ) -> Result<Acquire> {
-        let (holders, count) = (keys.companion("holders"), keys.companion("permits"));
+        let (holders, count) = (holders(keys), permit_count(keys));
         let (q, c) = (waiters(keys), claims(keys));
         let (reply, replicated): (Vec<i64>, bool) = self
             .write(
@@ -1281,7 +1339,7 @@ impl RawSemaphore for Redis {
     }
 
     async fn extend_permits(&self, keys: &LockKeys, token: &Token, ttl: Duration) -> Result<bool> {
-        let holders = keys.companion("holders");
+        let holders = holders(keys);
         let (extended, replicated): (i64, bool) = self
             .write(
                 &self.inner.scripts.sem_extend,
@@ -1303,8 +1361,8 @@ impl RawSemaphore for Redis {
             .scripts
             .sem_count
             .key(keys.lock())
-            .key(keys.companion("holders"))
-            .key(keys.companion("permits"))
+            .key(holders(keys))
+            .key(permit_count(keys))
             .invoke_async(&mut self.conn())
             .await
             .map_err(|e| map_err(e, "counting permits"))?;
@@ -1320,7 +1378,7 @@ impl RawSemaphore for Redis {
             .arg(0)
             .arg(-1)
             .arg("WITHSCORES")
-            .hgetall(keys.companion("holders"))
+            .hgetall(holders(keys))
             .query_async(&mut self.conn())
             .await
             .map_err(|e| map_err(e, "inspecting a semaphore"))?;
@@ -1371,10 +1429,10 @@ impl Redis {
             .scripts
             .sem_release
             .key(keys.lock())
-            .key(keys.companion("holders"))
+            .key(holders(keys))
             .key(waiters(keys))
             .key(claims(keys))
-            .key(keys.companion("permits"))
+            .key(permit_count(keys))
             .key(keys.fence())
             .arg(token)
             .arg(keys.channel())
@@ -1402,11 +1460,11 @@ impl Redis {
         self.inner
             .scripts
             .sem_add
-            .key(keys.companion("permits"))
+            .key(permit_count(keys))
             .key(waiters(keys))
             .key(claims(keys))
             .key(keys.lock())
-            .key(keys.companion("holders"))
+            .key(holders(keys))
             .key(keys.fence())
             .arg(value)
             .arg(permits)
@@ -1551,13 +1609,45 @@ mod tests {
     fn keys_of(primitive: &str, keys: &LockKeys) -> Vec<String> {
         let mut all = vec![keys.lock().to_owned(), keys.fence().to_owned()];
         match primitive {
-            "semaphore" => all.extend([keys.companion("holders"), keys.companion("permits")]),
+            "semaphore" => all.extend([super::holders(keys), super::permit_count(keys)]),
             "rwlock" => all.extend([super::rwlock::readers(keys), super::rwlock::writers(keys)]),
             "fair" => all.extend([super::fair::queue(keys), super::fair::claims(keys)]),
             "election" => all.push(super::election::record(keys)),
             _ => {}
         }
         all
+    }
+
+    proptest::proptest! {
+        #![proptest_config(crate::backend::hostile::cases(48))]
+        /// No name reaches another lock's keys or channels (DESIGN.md principle 9).
+        #[test]
+        fn distinct_locks_share_no_key_or_channel(
+            names in proptest::collection::vec(crate::keys::namespace::hostile_name(), 1..3)
+        ) {
+            let primitives: Vec<&str> =
+                crate::keys::namespace::PRIMITIVES.iter().map(|(p, _)| *p).collect();
+            crate::keys::namespace::check_disjoint(&primitives, &names, super::key_set)?;
+        }
+    }
+
+    #[test]
+    fn the_issue_names_reach_no_other_lock() {
+        let names = [
+            "{o}",
+            "{o}:fence",
+            "{u}:fence",
+            "{o}:released",
+            "{o}:waiters",
+            "{o}:leader",
+        ];
+        let names: Vec<String> = names.iter().map(|n| (*n).to_owned()).collect();
+        let primitives: Vec<&str> = crate::keys::namespace::PRIMITIVES
+            .iter()
+            .map(|(p, _)| *p)
+            .collect();
+        crate::keys::namespace::check_disjoint(&primitives, &names, super::key_set)
+            .expect("disjoint");
     }
 
     #[test]
