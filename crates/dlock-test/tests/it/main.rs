@@ -9,6 +9,7 @@ mod etcd;
 mod fenced;
 mod memcached;
 mod memory;
+mod namespace;
 mod observe;
 mod postgres;
 mod quorum;

@@ -771,7 +771,7 @@ impl Redis {
         let (reply, replicated): (Vec<i64>, bool) = self
             .write(
                 &self.inner.scripts.acquire,
-                &[keys.lock(), keys.fence(), &q, &c],
+                &[keys.lock(), keys.fence(), &q, &c, &keys.legacy_fence()],
                 &[
                     &token.as_str(),
                     &ttl_ms(ttl),
@@ -820,7 +820,7 @@ impl Redis {
         let done: i64 = self
             .eval(
                 &self.inner.scripts.release,
-                &[keys.lock(), &q, &c, keys.fence()],
+                &[keys.lock(), &q, &c, keys.fence(), &keys.legacy_fence()],
                 &[
                     &token,
                     &keys.channel(),
@@ -1294,7 +1294,15 @@ impl RawSemaphore for Redis {
         let (reply, replicated): (Vec<i64>, bool) = self
             .write(
                 &self.inner.scripts.sem_acquire,
-                &[keys.lock(), &holders, &count, &q, &c, keys.fence()],
+                &[
+                    keys.lock(),
+                    &holders,
+                    &count,
+                    &q,
+                    &c,
+                    keys.fence(),
+                    &keys.legacy_fence(),
+                ],
                 &[
                     &token.as_str(),
                     &n,
@@ -1434,6 +1442,7 @@ impl Redis {
             .key(claims(keys))
             .key(permit_count(keys))
             .key(keys.fence())
+            .key(keys.legacy_fence().as_ref())
             .arg(token)
             .arg(keys.channel())
             .arg(mode)
@@ -1466,6 +1475,7 @@ impl Redis {
             .key(keys.lock())
             .key(holders(keys))
             .key(keys.fence())
+            .key(keys.legacy_fence().as_ref())
             .arg(value)
             .arg(permits)
             .arg(max)
