@@ -468,41 +468,22 @@ pub(crate) mod namespace {
 
     /// What hostile names are made of: hash tags, braces, dlock's suffixes, separators,
     /// escapes, digits (a length), other prefixes.
+    #[rustfmt::skip]
     const PARTS: &[&str] = &[
-        "{",
-        "}",
-        "{o}",
-        "{u}",
-        "o",
-        ":",
-        "/",
-        "%",
-        "%2F",
-        "-",
-        "~",
-        ".",
-        "fence",
-        ":fence",
-        ":waiters",
-        ":claims",
-        ":holders",
-        ":permits",
-        ":q",
-        ":queue",
-        ":readers",
-        ":writers",
-        ":released",
-        ":leader",
-        ":w",
-        ":r",
-        "1",
-        "12",
-        "dlock:",
-        "dlock-sem:",
-        "{dlock:o}",
-        "\u{e9}",
-        " ",
+        "{", "}", "{o}", "{u}", "o", ":", "/", "%", "%2F", "-", "~", ".", "fence", ":fence",
+        ":waiters", ":claims", ":holders", ":permits", ":q", ":queue", ":readers", ":writers",
+        ":released", ":leader", ":w", ":r", "1", "12", "dlock:", "dlock-sem:", "{dlock:o}",
+        "\u{e9}", " ", "\"", "dlock-gate:\"dlock\":", LONG,
     ];
+
+    /// A part long enough to take a name past the stores' direct key lengths.
+    const LONG: &str = concat!(
+        "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx",
+        "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx",
+        "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx",
+        "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx",
+        "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx",
+    );
 
     /// A name made of [`PARTS`].
     pub(crate) fn hostile_name() -> impl Strategy<Value = String> {
@@ -510,41 +491,52 @@ pub(crate) mod namespace {
     }
 
     /// Checks that no two distinct locks share an entry of `key_set` (each entry
-    /// `<namespace> <key>`: a store's key, row, node or channel). The locks: every name of
-    /// `seeds`, and every name that spells one of their keys under some prefix, each under
-    /// every primitive of `primitives` with its default prefix and with the
-    /// [`OWN_PREFIXES`]. Two primitives given one prefix of the user's own share the lock
+    /// `<namespace> <key>`: a store's key, row, node or channel; none for a lock key the
+    /// store refuses). The locks: every name of `seeds`, and every name that spells one of
+    /// their keys (or its start up to a separator) under some prefix, each under every primitive of `primitives` (a store's
+    /// primitives and their default prefixes, as [`PRIMITIVES`]) with its default prefix
+    /// and with the [`OWN_PREFIXES`]. Two primitives given one prefix of the user's own share the lock
     /// key of a name by the user's choice: those pairs are not compared.
     pub(crate) fn check_disjoint(
-        primitives: &[&str],
+        primitives: &[(&'static str, &'static str)],
         seeds: &[String],
         key_set: impl Fn(&str, &LockKeys) -> Vec<String>,
     ) -> Result<(), TestCaseError> {
         let prefixes = |primitive: &str| -> Vec<(&'static str, bool)> {
-            PRIMITIVES
+            primitives
                 .iter()
                 .filter(|(p, _)| *p == primitive)
                 .map(|(_, prefix)| (*prefix, true))
                 .chain(OWN_PREFIXES.iter().map(|p| (*p, false)))
                 .collect()
         };
-        let all_prefixes: Vec<&str> = PRIMITIVES
+        let all_prefixes: Vec<&str> = primitives
             .iter()
             .map(|(_, p)| *p)
             .chain(OWN_PREFIXES.iter().copied())
             .collect();
+        let primitives: Vec<&str> = primitives.iter().map(|(p, _)| *p).collect();
         let mut names: Vec<String> = seeds.to_vec();
         for name in seeds {
-            for &primitive in primitives {
+            for &primitive in &primitives {
                 for (prefix, _) in prefixes(primitive) {
                     let Ok(keys) = LockKeys::new(prefix, name) else {
                         continue;
                     };
                     for entry in key_set(primitive, &keys) {
                         let key = entry.split_once(' ').map_or(&*entry, |(_, k)| k);
-                        for p in &all_prefixes {
-                            if let Some(n) = key.strip_prefix(p) {
-                                names.push(n.to_owned());
+                        // The key, and every start of it that ends before a separator
+                        // (a base: a lock key wrapped as another's companions are).
+                        let cuts = key
+                            .char_indices()
+                            .filter(|(_, c)| matches!(c, ':' | '/' | '~'))
+                            .map(|(i, _)| i)
+                            .chain([key.len()]);
+                        for cut in cuts {
+                            for p in &all_prefixes {
+                                if let Some(n) = key[..cut].strip_prefix(p) {
+                                    names.push(n.to_owned());
+                                }
                             }
                         }
                     }
@@ -556,7 +548,7 @@ pub(crate) mod namespace {
         // entry -> (primitive, lock key, default prefix?)
         let mut owners: HashMap<String, (&str, String, bool)> = HashMap::new();
         for name in &names {
-            for &primitive in primitives {
+            for &primitive in &primitives {
                 for (prefix, default) in prefixes(primitive) {
                     let Ok(keys) = LockKeys::new(prefix, name) else {
                         continue;

@@ -1195,7 +1195,12 @@ impl RawInspect for Redis {
             if limit == 0 {
                 return Ok(Vec::new());
             }
-            let mut escaped = String::with_capacity(prefix.len() + pattern.len());
+            // Lock keys (`<prefix><name>`) and companion keys (`{<lock key>}:<suffix>`,
+            // `{<tag>}<length>:<lock key>:<suffix>`) alike: the lock key somewhere in the
+            // key; each found key is then read back to its lock's name, which must match
+            // the pattern.
+            let mut escaped = String::with_capacity(prefix.len() + pattern.len() + 2);
+            escaped.push('*');
             for c in prefix.chars() {
                 if matches!(c, '*' | '?' | '[' | ']' | '\\') {
                     escaped.push('\\');
@@ -1203,6 +1208,7 @@ impl RawInspect for Redis {
                 escaped.push(c);
             }
             escaped.push_str(pattern);
+            escaped.push('*');
             let mut conn = self.conn();
             let mut names = Vec::new();
             let mut seen = std::collections::HashSet::new();
@@ -1231,10 +1237,13 @@ impl RawInspect for Redis {
                             .await
                             .map_err(|e| map_err(e, "listing locks (PTTL)"))?;
                         for key in decode::expiring_keys(keys, &ttls)? {
-                            if let Some(name) = key.strip_prefix(prefix) {
-                                // A name with a hash tag keeps its companion keys (waiters,
-                                // holders, readers…) beside its lock key: they stand for it.
-                                let name = companion_of(prefix, name, &key).unwrap_or(name);
+                            // A companion with an expiry (waiters, holders, readers…)
+                            // stands for its lock: a read-write lock held by readers alone
+                            // has no lock key.
+                            let lock = crate::keys::companion_parts(&key).map_or(&*key, |(l, _)| l);
+                            if let Some(name) = lock.strip_prefix(prefix)
+                                && redis_glob(pattern.as_bytes(), name.as_bytes())
+                            {
                                 if seen.insert(name.to_owned()) {
                                     names.push(name.to_owned());
                                     if names.len() >= limit {
@@ -1256,27 +1265,69 @@ impl RawInspect for Redis {
     }
 }
 
-/// The suffixes of the companion keys the primitives keep beside a lock key.
-const COMPANIONS: &[&str] = &[
-    "claims",
-    "holders",
-    "permits",
-    "q",
-    "queue",
-    "readers",
-    "waiters",
-    "writers",
-    crate::raw::RECORD,
-];
-
-/// The lock name whose companion key `key` (listed as the name `name` under `prefix`) is,
-/// if it is one: only a name with a hash tag of its own has its companions beside its lock
-/// key (`<prefix><name>:<suffix>`), where a listing finds them.
-fn companion_of<'a>(prefix: &str, name: &'a str, key: &str) -> Option<&'a str> {
-    let (base, suffix) = name.rsplit_once(':')?;
-    (COMPANIONS.contains(&suffix)
-        && LockKeys::new(prefix, base).is_ok_and(|k| k.companion(suffix) == key))
-    .then_some(base)
+/// Whether `text` matches Redis' glob `pattern` (as `SCAN MATCH` and `KEYS` do): `*` any
+/// run, `?` one byte, `[…]` one byte of a set (`^` negates, `a-z` a range, `\\` escapes),
+/// `\\` escapes the next byte, anything else itself. Linear in each: the positions of
+/// `text` reachable after each part of the pattern.
+fn redis_glob(pattern: &[u8], text: &[u8]) -> bool {
+    // reach[i]: the first i bytes of `text` are matched by the pattern so far.
+    let mut reach = vec![false; text.len() + 1];
+    reach[0] = true;
+    let mut p = pattern;
+    while let Some((&c, rest)) = p.split_first() {
+        p = rest;
+        // One byte matched by `one`, or (for `*`) any run.
+        let one: Box<dyn Fn(u8) -> bool> = match c {
+            b'*' => {
+                if let Some(first) = reach.iter().position(|&r| r) {
+                    reach[first..].fill(true);
+                }
+                continue;
+            }
+            b'?' => Box::new(|_| true),
+            b'[' => {
+                let (negate, mut set) = match p.split_first() {
+                    Some((b'^', set)) => (true, set),
+                    _ => (false, p),
+                };
+                let mut ranges = Vec::new();
+                loop {
+                    match set {
+                        [] => break,
+                        [b']', tail @ ..] => {
+                            set = tail;
+                            break;
+                        }
+                        [b'\\', e, tail @ ..] => {
+                            ranges.push((*e, *e));
+                            set = tail;
+                        }
+                        [a, b'-', z, tail @ ..] if *z != b']' => {
+                            ranges.push(if a <= z { (*a, *z) } else { (*z, *a) });
+                            set = tail;
+                        }
+                        [a, tail @ ..] => {
+                            ranges.push((*a, *a));
+                            set = tail;
+                        }
+                    }
+                }
+                p = set;
+                Box::new(move |b| ranges.iter().any(|&(lo, hi)| (lo..=hi).contains(&b)) != negate)
+            }
+            b'\\' if !p.is_empty() => {
+                let lit = p[0];
+                p = &p[1..];
+                Box::new(move |b| b == lit)
+            }
+            lit => Box::new(move |b| b == lit),
+        };
+        for i in (0..text.len()).rev() {
+            reach[i + 1] = reach[i] && one(text[i]);
+        }
+        reach[0] = false;
+    }
+    reach[text.len()]
 }
 
 impl RawSemaphore for Redis {
@@ -1635,9 +1686,8 @@ mod tests {
         fn distinct_locks_share_no_key_or_channel(
             names in proptest::collection::vec(crate::keys::namespace::hostile_name(), 1..3)
         ) {
-            let primitives: Vec<&str> =
-                crate::keys::namespace::PRIMITIVES.iter().map(|(p, _)| *p).collect();
-            crate::keys::namespace::check_disjoint(&primitives, &names, super::key_set)?;
+            let primitives = crate::keys::namespace::PRIMITIVES;
+            crate::keys::namespace::check_disjoint(primitives, &names, super::key_set)?;
         }
     }
 
@@ -1652,12 +1702,43 @@ mod tests {
             "{o}:leader",
         ];
         let names: Vec<String> = names.iter().map(|n| (*n).to_owned()).collect();
-        let primitives: Vec<&str> = crate::keys::namespace::PRIMITIVES
-            .iter()
-            .map(|(p, _)| *p)
-            .collect();
-        crate::keys::namespace::check_disjoint(&primitives, &names, super::key_set)
+        let primitives = crate::keys::namespace::PRIMITIVES;
+        crate::keys::namespace::check_disjoint(primitives, &names, super::key_set)
             .expect("disjoint");
+    }
+
+    #[test]
+    fn redis_globs_match_as_the_server_does() {
+        for (pattern, text, want) in [
+            ("*", "", true),
+            ("a*", "abc", true),
+            ("a?c", "abc", true),
+            ("a?c", "ac", false),
+            ("[ab]x", "bx", true),
+            ("[^ab]x", "cx", true),
+            ("[^ab]x", "ax", false),
+            ("[a-c]", "b", true),
+            ("[c-a]", "b", true),
+            ("[a\\]]", "]", true),
+            ("\\*", "*", true),
+            ("\\*", "a", false),
+            ("h*llo", "heeeello", true),
+            ("h*llo", "hello!", false),
+            ("{tag}*", "{tag}job", true),
+            ("job", "jobs", false),
+            ("", "", true),
+        ] {
+            assert_eq!(
+                super::redis_glob(pattern.as_bytes(), text.as_bytes()),
+                want,
+                "{pattern} {text}"
+            );
+        }
+        let long = "a".repeat(1024);
+        assert!(!super::redis_glob(
+            b"*a*a*a*a*a*a*a*a*a*a*b",
+            long.as_bytes()
+        ));
     }
 
     #[test]
