@@ -270,3 +270,77 @@ async fn fence_of_with(client: &Redis, prefix: &str, name: &str) -> u64 {
     guard.release().await.expect("release");
     fence
 }
+
+/// A listing names each held lock once, whatever its name: tagged or not, held by readers
+/// alone (no lock key), with brackets and glob characters in it; and a name matches a
+/// pattern exactly when the server's own glob (`KEYS`) matches its lock key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listing_names_each_held_lock_once_as_the_server_matches_it() {
+    use dlock::raw::RawInspect;
+    let t = RedisTarget::start();
+    let client = t.client().await;
+    let mut admin = t.admin().await;
+    let names = [
+        "job",
+        "jobs",
+        "{o}",
+        "{o}:fence",
+        "{o}x",
+        "a[b]c",
+        "a*b",
+        "q?",
+        "x}y{z}",
+        "{",
+        "j:readers",
+    ];
+    let mut guards = Vec::new();
+    for name in names {
+        let l = Lock::new(client.clone(), name).expect("valid");
+        guards.push(l.try_lock().await.expect("acquire").expect("free"));
+    }
+    // A second client queued on `job`: its waiter queue exists beside the lock key.
+    let other = Lock::new(t.client().await, "job").expect("valid");
+    let waiter = tokio::spawn(async move { other.try_lock_for(Duration::from_secs(5)).await });
+    let rw_names = ["report", "{r}report"];
+    let mut reads = Vec::new();
+    for name in rw_names {
+        let rw = RwLock::new(client.clone(), name).expect("valid");
+        reads.push(rw.read().await.expect("read"));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for pattern in [
+        "*", "job", "jo?", "{o}*", "a[b]c", "a\\[b]c", "[aq]*", "[^j]*", "*:*", "x}*",
+    ] {
+        let mut listed = client
+            .list(dlock::keys::DEFAULT_PREFIX, pattern, 1000)
+            .await
+            .expect("list");
+        listed.sort();
+        let mut want: Vec<String> =
+            cmd::<Vec<String>>(&mut admin, &["KEYS", &format!("dlock:{pattern}")])
+                .await
+                .into_iter()
+                .filter_map(|k| k.strip_prefix("dlock:").map(str::to_owned))
+                .collect();
+        want.sort();
+        assert_eq!(listed, want, "pattern {pattern:?}");
+    }
+    let mut listed = client
+        .list(dlock::DEFAULT_RWLOCK_PREFIX, "*", 1000)
+        .await
+        .expect("list");
+    listed.sort();
+    assert_eq!(listed, ["report", "{r}report"], "held by readers alone");
+    for g in guards {
+        g.release().await.expect("release");
+    }
+    for r in reads {
+        r.release().await.expect("release");
+    }
+    let next = waiter
+        .await
+        .expect("join")
+        .expect("store")
+        .expect("handed over");
+    next.release().await.expect("release");
+}

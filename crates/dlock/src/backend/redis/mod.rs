@@ -1197,8 +1197,7 @@ impl RawInspect for Redis {
             }
             // Lock keys (`<prefix><name>`) and companion keys (`{<lock key>}:<suffix>`,
             // `{<tag>}<length>:<lock key>:<suffix>`) alike: the lock key somewhere in the
-            // key; each found key is then read back to its lock's name, which must match
-            // the pattern.
+            // key; each found key is then read back to its lock's name (`listed_name`).
             let mut escaped = String::with_capacity(prefix.len() + pattern.len() + 2);
             escaped.push('*');
             for c in prefix.chars() {
@@ -1226,8 +1225,13 @@ impl RawInspect for Redis {
                         .await
                         .map_err(|e| map_err(e, "listing locks (SCAN)"))?;
                     let (next, keys) = decode::scan_page(&page)?;
+                    let keys: Vec<String> = keys
+                        .into_iter()
+                        .filter(|k| listed_name(prefix, pattern, k).is_some())
+                        .collect();
                     if !keys.is_empty() {
-                        // Lock keys always carry an expiry; fence counters never do.
+                        // Lock keys always carry an expiry; a key without one under the
+                        // prefix is not a lock.
                         let mut pipe = redis::pipe();
                         for k in &keys {
                             pipe.pttl(k);
@@ -1237,18 +1241,12 @@ impl RawInspect for Redis {
                             .await
                             .map_err(|e| map_err(e, "listing locks (PTTL)"))?;
                         for key in decode::expiring_keys(keys, &ttls)? {
-                            // A companion with an expiry (waiters, holders, readers…)
-                            // stands for its lock: a read-write lock held by readers alone
-                            // has no lock key.
-                            let lock = crate::keys::companion_parts(&key).map_or(&*key, |(l, _)| l);
-                            if let Some(name) = lock.strip_prefix(prefix)
-                                && redis_glob(pattern.as_bytes(), name.as_bytes())
+                            if let Some(name) = listed_name(prefix, pattern, &key)
+                                && seen.insert(name.to_owned())
                             {
-                                if seen.insert(name.to_owned()) {
-                                    names.push(name.to_owned());
-                                    if names.len() >= limit {
-                                        return Ok(names);
-                                    }
+                                names.push(name.to_owned());
+                                if names.len() >= limit {
+                                    return Ok(names);
                                 }
                             }
                         }
@@ -1263,6 +1261,20 @@ impl RawInspect for Redis {
         })
         .await
     }
+}
+
+/// The name under `prefix` matching `pattern` that `key` stands for in a listing, if any: a
+/// lock key's name, or the name of the lock whose readers `key` holds (a read-write lock
+/// held by readers alone has no lock key). Other companion keys (fence counters, queues,
+/// holders…) stand for nothing: their locks have lock keys.
+fn listed_name<'a>(prefix: &str, pattern: &str, key: &'a str) -> Option<&'a str> {
+    let lock = match crate::keys::companion_parts(key) {
+        None => key,
+        Some((lock, "readers")) => lock,
+        Some(_) => return None,
+    };
+    lock.strip_prefix(prefix)
+        .filter(|name| redis_glob(pattern.as_bytes(), name.as_bytes()))
 }
 
 /// Whether `text` matches Redis' glob `pattern` (as `SCAN MATCH` and `KEYS` do): `*` any
