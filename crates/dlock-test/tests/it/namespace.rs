@@ -344,3 +344,24 @@ async fn a_listing_names_each_held_lock_once_as_the_server_matches_it() {
         .expect("handed over");
     next.release().await.expect("release");
 }
+
+/// docs/redis-acl.md's patterns for names with a hash tag of their own: with them, such a
+/// name lives under the plain lock's line without a denial in `ACL LOG` (checked when the
+/// target is dropped); without them, it is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hash_tagged_name_needs_and_has_its_documented_acl_patterns() {
+    use crate::acl::{AclTarget, plain, plain_lock_life, tagged};
+    let name = format!("{{{}}}:x", dlock_test::conformance::unique("acl-tag"));
+    let t = AclTarget::start(&[plain(), tagged(dlock::keys::DEFAULT_PREFIX)].concat());
+    plain_lock_life(&t, &name)
+        .await
+        .expect("the tagged name's life");
+    drop(t);
+    let mut t = AclTarget::start(&plain());
+    t.denials_expected = true;
+    let err = plain_lock_life(&t, &name).await.expect_err("refused");
+    assert!(
+        format!("{err} {err:?}").to_ascii_lowercase().contains("no"),
+        "{err}"
+    );
+}
