@@ -94,7 +94,7 @@ async fn a_hold_of_any_companion_name_leaves_every_primitive_working() {
             .expect("valid")
             .try_lock()
             .await;
-        g.expect(&what("lock"))
+        g.unwrap_or_else(|e| panic!("{}: {e}", what("lock")))
             .expect("free")
             .release()
             .await
@@ -107,7 +107,7 @@ async fn a_hold_of_any_companion_name_leaves_every_primitive_working() {
         let g = s
             .try_acquire()
             .await
-            .expect(&what("semaphore"))
+            .unwrap_or_else(|e| panic!("{}: {e}", what("semaphore")))
             .expect("free");
         g.release().await.expect("release");
         held.release().await.expect("release");
@@ -115,20 +115,36 @@ async fn a_hold_of_any_companion_name_leaves_every_primitive_working() {
         let sq = RwLock::new(client.clone(), &squat).expect("valid");
         let held = sq.try_write().await.expect("squat").expect("free");
         let rw = RwLock::new(client.clone(), "{t}").expect("valid");
-        let r = rw.try_read().await.expect(&what("read")).expect("free");
+        let r = rw
+            .try_read()
+            .await
+            .unwrap_or_else(|e| panic!("{}: {e}", what("read")))
+            .expect("free");
         r.release().await.expect("release");
-        let w = rw.try_write().await.expect(&what("write")).expect("free");
+        let w = rw
+            .try_write()
+            .await
+            .unwrap_or_else(|e| panic!("{}: {e}", what("write")))
+            .expect("free");
         w.release().await.expect("release");
         held.release().await.expect("release");
         let held = sq.try_read().await.expect("squat").expect("free");
-        let w = rw.try_write().await.expect(&what("write")).expect("free");
+        let w = rw
+            .try_write()
+            .await
+            .unwrap_or_else(|e| panic!("{}: {e}", what("write")))
+            .expect("free");
         w.release().await.expect("release");
         held.release().await.expect("release");
 
         let sq = FairLock::new(client.clone(), &squat).expect("valid");
         let held = sq.try_lock().await.expect("squat").expect("free");
         let f = FairLock::new(client.clone(), "{t}").expect("valid");
-        let g = f.try_lock().await.expect(&what("fair")).expect("free");
+        let g = f
+            .try_lock()
+            .await
+            .unwrap_or_else(|e| panic!("{}: {e}", what("fair")))
+            .expect("free");
         g.release().await.expect("release");
         held.release().await.expect("release");
 
@@ -139,7 +155,7 @@ async fn a_hold_of_any_companion_name_leaves_every_primitive_working() {
         let g = re
             .try_lock(&other)
             .await
-            .expect(&what("reentrant"))
+            .unwrap_or_else(|e| panic!("{}: {e}", what("reentrant")))
             .expect("free");
         g.release().await.expect("release");
         held.release().await.expect("release");
