@@ -29,9 +29,17 @@
 //!
 //! Versions before this layout put the companions of a hash-tagged lock key right after
 //! it (`dlock:{orders}:fence`), where the lock key of the name `{orders}:fence` is. The
-//! fence counter of such a name moved; dlock's scripts start the new counter from the old
-//! one the first time they mint a fence for it, so fences keep increasing across the
-//! upgrade ([`LockKeys::legacy_fence`]).
+//! lock key itself did not move, so a hold granted by an older version still excludes
+//! this one. The fence counter of such a name moved; dlock's scripts start the new counter
+//! from the old one the first time they mint a fence for it, so fences keep increasing
+//! across the upgrade ([`LockKeys::legacy_fence`]). The other companions of a hash-tagged
+//! lock key start empty in their new place: a semaphore's holders (their permit counts)
+//! and its stored permit count, a read-write lock's readers, waiter queues, an election's
+//! record. Holds of those kinds that an older version granted are therefore not seen by
+//! this one: stop the older version's clients and let their leases run out (one ttl)
+//! before this version's start on such names, and set a changed permit count again. The
+//! two versions do not share those companions, so they must not run side by side on a
+//! hash-tagged name (untagged names did not move at all).
 //!
 //! A key containing `}` without forming a hash tag cannot be wrapped in a tag and is
 //! rejected.
