@@ -91,8 +91,10 @@ impl<B: RawLock> LockBuilder<B> {
     /// Checks the options and makes the lock.
     ///
     /// # Errors
-    /// [`ErrorKind::InvalidArgument`] for an empty or over-long name or prefix, a ttl out of
-    /// range, or a bad retry policy.
+    /// [`ErrorKind::InvalidArgument`] for an empty or over-long name or prefix, a lock key
+    /// the key layout refuses ([`LockKeys::new`]: a stray `}`, or — under an empty prefix
+    /// or one that starts with `{` — another lock's companion key), a ttl out of range, or
+    /// a bad retry policy.
     pub fn build(self) -> Result<Lock<B>> {
         Lock::from_options(self.backend, &self.options)
     }

@@ -59,8 +59,25 @@ fn full() -> Vec<String> {
 }
 
 /// The line for the plain lock only.
-fn plain() -> Vec<String> {
+pub(crate) fn plain() -> Vec<String> {
     documented("dlock-lock")
+}
+
+/// The page's extra patterns for names with a hash tag of their own, for prefix `prefix`
+/// (the page writes it `P`).
+pub(crate) fn tagged(prefix: &str) -> Vec<String> {
+    let line = DOC
+        .lines()
+        .map(str::trim_start)
+        .find(|l| l.starts_with("ACL SETUSER <user> "))
+        .expect("docs/redis-acl.md has the hash-tagged names' patterns");
+    line.split_whitespace()
+        .skip(3)
+        .map(|rule| {
+            assert!(rule.ends_with(":P*"), "{rule}");
+            format!("{}{prefix}*", &rule[..rule.len() - 2])
+        })
+        .collect()
 }
 
 /// The line for all of dlock on a Redis Cluster.
@@ -89,7 +106,7 @@ fn without(mut rules: Vec<String>, rule: &str) -> Vec<String> {
 
 /// Servers with one restricted user (the same on every node); clients connect as that
 /// user.
-struct AclTarget {
+pub(crate) struct AclTarget {
     /// What clients connect to, without the scheme and credentials (`host:port[,…]/…`).
     url: String,
     scheme: &'static str,
@@ -97,7 +114,7 @@ struct AclTarget {
     /// Every node whose `ACL LOG` counts, reached as the default user.
     nodes: Vec<u16>,
     /// Set when a test expects denials (a negative control).
-    denials_expected: bool,
+    pub(crate) denials_expected: bool,
     /// The servers (killed on drop, after the check).
     _servers: Box<dyn std::any::Any + Send + Sync>,
 }
@@ -126,7 +143,7 @@ fn admin(port: u16) -> redis::Connection {
 
 impl AclTarget {
     /// A server whose user `rules[0]` has exactly `rules[1..]`.
-    fn start(rules: &[String]) -> AclTarget {
+    pub(crate) fn start(rules: &[String]) -> AclTarget {
         let server = RedisServer::start().expect("redis-server");
         set_user(server.port(), rules);
         AclTarget {
@@ -575,10 +592,10 @@ async fn every_rule_of_the_plain_line_is_needed() {
         if NOT_REACHED.contains(&rule.as_str()) {
             continue;
         }
-        let mut t = AclTarget::start(&without(line.clone(), rule));
+        let mut t = AclTarget::start(&[without(line.clone(), rule), tagged("dlock:")].concat());
         t.denials_expected = true;
         // A plain name (companions and channels under `{dlock:…}`) and one with a hash tag
-        // of its own (under `dlock:{…}`).
+        // of its own (under `{…}<length>:dlock:{…}`, the page's patterns for such names).
         // Refused, not merely failed: a wait that timed out on a loaded machine proves
         // nothing about the rule.
         let refused = |r: dlock::Result<()>| {
@@ -599,7 +616,7 @@ async fn every_rule_of_the_plain_line_is_needed() {
 }
 
 /// The plain lock's operations, each through the store; the first error ends it.
-async fn plain_lock_life(t: &AclTarget, name: &str) -> dlock::Result<()> {
+pub(crate) async fn plain_lock_life(t: &AclTarget, name: &str) -> dlock::Result<()> {
     let client = Redis::connect(t.url()).await?;
     let lock = Lock::new(client.clone(), name)?;
     let guard = lock

@@ -10,6 +10,7 @@ mod fenced;
 mod kinds;
 mod memcached;
 mod memory;
+mod namespace;
 mod observe;
 mod postgres;
 mod quorum;

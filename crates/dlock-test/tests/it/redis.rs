@@ -89,8 +89,8 @@ async fn acquire_and_release_are_one_round_trip_each() {
     );
 }
 
-/// A name with a hash tag keeps its companion keys (waiters, readers…) beside its lock
-/// key, where a listing finds them: they are listed as their lock, once.
+/// A name with a hash tag: a held lock with a waiter queue is listed once, as its lock;
+/// a read-write lock held by readers alone (no lock key) is listed by its readers key.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn listing_names_with_a_hash_tag_shows_each_lock_once() {
     use dlock::raw::RawInspect;

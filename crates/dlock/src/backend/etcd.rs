@@ -1151,6 +1151,33 @@ fn record_key(keys: &LockKeys) -> String {
     format!("{}/", keys.companion(RECORD))
 }
 
+/// Every key lock `keys` of `primitive` (a plain lock, or an election: the lock and its
+/// record) uses, as `key <key>`, named by the functions the backend calls: its queue keys
+/// (for sample tokens: dlock's, and etcd's own lock recipe's lease ids) and its record; and,
+/// as `queue <prefix>`, the queue whose range read ([`in_queue`]) takes each key for one of
+/// its own, so that a key of one lock in another's queue is a shared entry.
+#[cfg(test)]
+pub(crate) fn key_set(primitive: &str, keys: &LockKeys) -> Vec<String> {
+    let mut all = Vec::new();
+    for token in ["0123456789abcdef0123456789abcdef", "694d7a1c2b3e4f50"] {
+        let token = Token::from_string(token).expect("a valid token");
+        all.push(queue_key(keys, &token));
+    }
+    if primitive == "election" {
+        all.push(record_key(keys));
+    }
+    let mut out = Vec::new();
+    for key in all {
+        let cut = key.rfind('/').map_or(0, |i| i + 1);
+        if in_queue(&key.as_bytes()[..cut], key.as_bytes()) {
+            assert!(key.starts_with(&queue_prefix(keys)) || primitive == "election");
+            out.push(format!("queue {}", &key[..cut]));
+        }
+        out.push(format!("key {key}"));
+    }
+    out
+}
+
 impl RawInspect for Etcd {
     async fn inspect(&self, keys: &LockKeys) -> Result<LockState> {
         let (prefix, queue) = self.queue(keys).await?;
@@ -1267,6 +1294,21 @@ mod tests {
         assert_eq!(lease_seconds(Duration::from_millis(100)), 1);
         assert_eq!(lease_seconds(Duration::from_millis(1001)), 2);
         assert_eq!(lease_seconds(Duration::from_secs(30)), 30);
+    }
+
+    proptest::proptest! {
+        #![proptest_config(crate::backend::hostile::cases(48))]
+        /// No name reaches another lock's keys or queue (DESIGN.md principle 9).
+        #[test]
+        fn distinct_locks_share_no_key_or_queue(
+            names in proptest::collection::vec(crate::keys::namespace::hostile_name(), 1..3)
+        ) {
+            let primitives = &[
+                ("lock", crate::keys::DEFAULT_PREFIX),
+                ("election", crate::DEFAULT_ELECTION_PREFIX),
+            ];
+            crate::keys::namespace::check_disjoint(primitives, &names, super::key_set)?;
+        }
     }
 
     #[test]

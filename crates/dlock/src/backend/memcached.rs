@@ -521,6 +521,17 @@ fn record_key(key: &str) -> String {
     format!("{}~elect", memcached_key(key))
 }
 
+/// Every item lock `keys` of `primitive` (a plain lock, or an election: the lock and its
+/// record) uses, as `item <key>`, named by the functions the backend calls.
+#[cfg(test)]
+pub(crate) fn key_set(primitive: &str, keys: &LockKeys) -> Vec<String> {
+    let mut all = vec![memcached_key(keys.lock()), fence_key(keys.lock())];
+    if primitive == "election" {
+        all.push(record_key(keys.lock()));
+    }
+    all.into_iter().map(|k| format!("item {k}")).collect()
+}
+
 /// Memcached's expiry for `ttl`: whole seconds, rounded up.
 ///
 /// # Errors
@@ -948,6 +959,21 @@ mod tests {
 #[cfg(test)]
 mod props {
     use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(crate::backend::hostile::cases(48))]
+        /// No name reaches another lock's items (DESIGN.md principle 9).
+        #[test]
+        fn distinct_locks_share_no_item(
+            names in proptest::collection::vec(crate::keys::namespace::hostile_name(), 1..3)
+        ) {
+            let primitives = &[
+                ("lock", crate::keys::DEFAULT_PREFIX),
+                ("election", crate::DEFAULT_ELECTION_PREFIX),
+            ];
+            crate::keys::namespace::check_disjoint(primitives, &names, super::key_set)?;
+        }
+    }
 
     use super::*;
     use crate::backend::hostile::{any_url, cases, check, url_with_password};

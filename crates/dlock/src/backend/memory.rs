@@ -329,6 +329,50 @@ impl RawLock for Memory {
 /// counter is never dropped while the store lives.
 impl RawFencing for Memory {}
 
+/// The key of an election's record in the records map: its companion key.
+fn record_key(keys: &LockKeys) -> String {
+    keys.companion(crate::raw::RECORD)
+}
+
+/// Every map entry (`<map> <key>`) and watched channel (`watch <channel>`) lock `keys` of
+/// `primitive` uses: the maps are keyed by the lock key, records by [`record_key`],
+/// watchers by the channels of [`LockKeys`] (a fair lock's waiter's for a sample token).
+#[cfg(test)]
+pub(crate) fn key_set(primitive: &str, keys: &LockKeys) -> Vec<String> {
+    let k = keys.lock();
+    let watch = |side: Option<&str>| {
+        let channel = side.map_or_else(
+            || keys.channel().to_owned(),
+            |s| keys.side(s).channel().to_owned(),
+        );
+        format!("watch {channel}")
+    };
+    match primitive {
+        "semaphore" => vec![format!("semaphores {k}"), watch(None)],
+        "reentrant" => vec![format!("reentrant {k}"), format!("fences {k}"), watch(None)],
+        "rwlock" => vec![
+            format!("rw {k}"),
+            format!("fences {k}"),
+            watch(Some("r")),
+            watch(Some("w")),
+        ],
+        "fair" => vec![
+            format!("locks {k}"),
+            format!("fences {k}"),
+            format!("fair {k}"),
+            watch(Some("0123456789abcdef")),
+        ],
+        "election" => vec![
+            format!("locks {k}"),
+            format!("fences {k}"),
+            format!("records {}", record_key(keys)),
+            watch(None),
+            watch(Some(crate::raw::RECORD)),
+        ],
+        _ => vec![format!("locks {k}"), format!("fences {k}"), watch(None)],
+    }
+}
+
 /// The record is a map entry, written under the store's lock if the lock is the
 /// caller's; a write wakes one observer of the record's side channel.
 impl RawElection for Memory {
@@ -340,18 +384,15 @@ impl RawElection for Memory {
         {
             return Ok(false);
         }
-        let key = keys.companion(crate::raw::RECORD);
-        state.records.insert(key, (term, data.to_owned()));
+        state
+            .records
+            .insert(record_key(keys), (term, data.to_owned()));
         state.notify_one(keys.side(crate::raw::RECORD).channel());
         Ok(true)
     }
 
     async fn record(&self, keys: &LockKeys) -> Result<Option<(u64, String)>> {
-        Ok(self
-            .state()
-            .records
-            .get(&keys.companion(crate::raw::RECORD))
-            .cloned())
+        Ok(self.state().records.get(&record_key(keys)).cloned())
     }
 }
 
@@ -941,6 +982,18 @@ impl RawFair for Memory {
 #[cfg(test)]
 mod tests {
     use super::glob_match;
+
+    proptest::proptest! {
+        #![proptest_config(crate::backend::hostile::cases(48))]
+        /// No name reaches another lock's entries or channels (DESIGN.md principle 9).
+        #[test]
+        fn distinct_locks_share_no_entry_or_channel(
+            names in proptest::collection::vec(crate::keys::namespace::hostile_name(), 1..3)
+        ) {
+            let primitives = crate::keys::namespace::PRIMITIVES;
+            crate::keys::namespace::check_disjoint(primitives, &names, super::key_set)?;
+        }
+    }
 
     #[test]
     fn glob() {

@@ -43,6 +43,9 @@ use crate::token::Token;
 /// (the lock key is the prefix plus the name, `dlock:<name>` by default), so other code
 /// can take the same lock with `SELECT pg_advisory_lock(hashtextextended('dlock:<name>',
 /// 0))`. Two names can collide on one key (a 64-bit hash): they then exclude each other.
+/// A lock key that starts with `dlock-gate:"` or `dlock-taking:"` is refused
+/// (`InvalidArgument`): [`Postgres`](super::Postgres)'s lease mode takes advisory keys of
+/// those texts for its own locks' gates, in the same database.
 ///
 /// ```no_run
 /// # async fn demo() -> dlock::Result<()> {
@@ -218,6 +221,25 @@ const KEY_ROWS: &str = "FROM pg_locks WHERE locktype = 'advisory' AND objsubid =
       AND classid = ((hashtextextended($1, 0) >> 32) & 4294967295)::bigint::oid
       AND objid = (hashtextextended($1, 0) & 4294967295)::bigint::oid";
 
+/// What `hashtextextended(…, 0)` turns into lock `keys`' advisory key: the lock key —
+/// unless it spells one of the advisory keys that lease mode derives from its lock keys
+/// (`schema.sql`'s `gate_key` and `taking_key`), which is refused.
+///
+/// # Errors
+/// `InvalidArgument` for such a lock key.
+pub(super) fn advisory_key(keys: &LockKeys) -> Result<&str> {
+    let key = keys.lock();
+    for reserved in ["dlock-gate:\"", "dlock-taking:\""] {
+        if key.starts_with(reserved) {
+            return Err(crate::error::Error::invalid(format!(
+                "lock key {key:?} starts with {reserved:?}: PostgreSQL lease mode keeps \
+                 advisory keys of that form for its own gates; choose another name"
+            )));
+        }
+    }
+    Ok(key)
+}
+
 impl RawLock for PgAdvisory {
     async fn acquire(&self, keys: &LockKeys, token: &Token, _ttl: Duration) -> Result<Acquire> {
         if let Some(session) = self.held().get(token.as_str())
@@ -235,7 +257,12 @@ impl RawLock for PgAdvisory {
         // Dropped (and so closed) if this call is cancelled or fails: a lock its caller
         // never heard of goes with its session.
         let got = self
-            .ask(&session, sql, keys.lock(), "taking an advisory lock")
+            .ask(
+                &session,
+                sql,
+                advisory_key(keys)?,
+                "taking an advisory lock",
+            )
             .await?;
         if !got {
             self.park(session);

@@ -1558,9 +1558,65 @@ mod tests {
 }
 
 /// Hostile input: URLs of both schemes, through dlock's parameters and libpq's parser.
+/// Every row (`row <table> <key>`) and advisory key (`advisory <text hashed>`) lock `keys`
+/// of `primitive` uses: lease mode's rows, keyed by the lock key in every table of
+/// `schema.sql`, and the advisory keys `schema.sql` derives from the lock key (read out of
+/// its `hashtextextended('<text>' || k, 0)` calls); `advisory`: advisory mode's one key.
+#[cfg(test)]
+pub(crate) fn key_set(primitive: &str, keys: &LockKeys) -> Vec<String> {
+    if primitive == "advisory" {
+        return advisory::advisory_key(keys)
+            .map(|k| vec![format!("advisory {k}")])
+            .unwrap_or_default();
+    }
+    // The texts schema.sql hashes with a lock key, read once.
+    static DERIVED: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+    let derived = DERIVED.get_or_init(|| {
+        let sql = schema_sql(DEFAULT_SCHEMA).expect("the schema");
+        for table in ["locks", "leases", "waiters", "records"] {
+            assert!(sql.contains(&format!(".{table} (\n    key ")), "{table}");
+        }
+        let texts: Vec<String> = sql
+            .split("hashtextextended('")
+            .skip(1)
+            .filter_map(|part| {
+                let (text, rest) = part.split_once('\'')?;
+                rest.trim_start()
+                    .starts_with("|| k")
+                    .then(|| text.to_owned())
+            })
+            .collect();
+        assert_eq!(texts.len(), 2, "gate_key and taking_key");
+        texts
+    });
+    let k = keys.lock();
+    let mut out = Vec::new();
+    for table in ["locks", "leases", "waiters", "records"] {
+        if table != "records" || primitive == "election" {
+            out.push(format!("row {table} {k}"));
+        }
+    }
+    out.extend(derived.iter().map(|text| format!("advisory {text}{k}")));
+    out
+}
+
 #[cfg(test)]
 mod props {
     use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(crate::backend::hostile::cases(48))]
+        /// No name reaches another lock's rows or advisory keys, in lease or advisory mode
+        /// (DESIGN.md principle 9).
+        #[test]
+        fn distinct_locks_share_no_row_or_advisory_key(
+            names in proptest::collection::vec(crate::keys::namespace::hostile_name(), 1..3)
+        ) {
+            let mut primitives = crate::keys::namespace::PRIMITIVES.to_vec();
+            primitives.push(("advisory", crate::keys::DEFAULT_PREFIX));
+            crate::keys::namespace::check_disjoint(&primitives, &names, super::key_set)?;
+        }
+    }
 
     use super::parse_config;
     use crate::backend::hostile::{any_url, cases, check, url_with_password};

@@ -52,7 +52,7 @@ impl RawFair for Redis {
         let (reply, replicated): (Vec<i64>, bool) = self
             .write(
                 &self.inner.scripts.fair_acquire,
-                &[keys.lock(), &q, &c, keys.fence()],
+                &[keys.lock(), &q, &c, keys.fence(), &keys.legacy_fence()],
                 &[&token.as_str(), &ttl_ms(ttl), &ttl_ms(grace)],
                 "acquiring a fair lock",
             )

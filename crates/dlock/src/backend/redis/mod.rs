@@ -771,7 +771,7 @@ impl Redis {
         let (reply, replicated): (Vec<i64>, bool) = self
             .write(
                 &self.inner.scripts.acquire,
-                &[keys.lock(), keys.fence(), &q, &c],
+                &[keys.lock(), keys.fence(), &q, &c, &keys.legacy_fence()],
                 &[
                     &token.as_str(),
                     &ttl_ms(ttl),
@@ -820,7 +820,7 @@ impl Redis {
         let done: i64 = self
             .eval(
                 &self.inner.scripts.release,
-                &[keys.lock(), &q, &c, keys.fence()],
+                &[keys.lock(), &q, &c, keys.fence(), &keys.legacy_fence()],
                 &[
                     &token,
                     &keys.channel(),
@@ -845,6 +845,64 @@ pub(super) fn waiters(keys: &LockKeys) -> String {
 /// The plain lock's waiter claims (token -> claim expiry).
 pub(super) fn claims(keys: &LockKeys) -> String {
     keys.companion("claims")
+}
+
+/// A semaphore's holders' permits (token -> permits held; the lock key is the zset of
+/// their leases).
+fn holders(keys: &LockKeys) -> String {
+    keys.companion("holders")
+}
+
+/// A semaphore's permit count.
+fn permit_count(keys: &LockKeys) -> String {
+    keys.companion("permits")
+}
+
+/// Every key (`key <key>`) and channel (`channel <channel>`) that `primitive`'s lock
+/// `keys` uses, named by the helpers the backend itself calls; the channels a waiter's
+/// client or a fair lock's waiter listens on, for a sample waiter id and token. Not in
+/// it: [`LockKeys::legacy_fence`], read (never written) once to start a missing fence
+/// counter above an older version's.
+#[cfg(test)]
+pub(crate) fn key_set(primitive: &str, keys: &LockKeys) -> Vec<String> {
+    const ID: &str = "0123456789abcdef";
+    let waiter = |k: &LockKeys| format!("{}:{ID}", k.channel());
+    let mut all = vec![keys.lock().to_owned(), keys.fence().to_owned()];
+    let mut channels = vec![keys.channel().to_owned()];
+    match primitive {
+        "semaphore" => {
+            all.extend([
+                holders(keys),
+                permit_count(keys),
+                waiters(keys),
+                claims(keys),
+            ]);
+            channels.push(waiter(keys));
+        }
+        "rwlock" => {
+            all.extend([rwlock::readers(keys), rwlock::writers(keys)]);
+            channels.extend([keys.side("r").channel().to_owned(), waiter(&keys.side("w"))]);
+        }
+        "fair" => {
+            all.extend([fair::queue(keys), fair::claims(keys)]);
+            channels.push(keys.side(ID).channel().to_owned());
+        }
+        "election" => {
+            all.extend([waiters(keys), claims(keys), election::record(keys)]);
+            channels.extend([
+                waiter(keys),
+                keys.side(crate::raw::RECORD).channel().to_owned(),
+            ]);
+        }
+        _ => {
+            all.extend([waiters(keys), claims(keys)]);
+            channels.push(waiter(keys));
+        }
+    }
+    all.into_iter()
+        .map(|k| format!("key {k}"))
+        .chain(channels.into_iter().map(|c| format!("channel {c}")))
+        .collect()
 }
 
 /// How long a queued waiter's place outlives its next expected attempt: ttl / 3, within
@@ -1010,7 +1068,7 @@ impl RawLock for Redis {
             let (script, keys) = match r.kind {
                 LeaseKind::Permits => (
                     &scripts.sem_extend,
-                    vec![r.keys.lock().to_owned(), r.keys.companion("holders")],
+                    vec![r.keys.lock().to_owned(), holders(&r.keys)],
                 ),
                 LeaseKind::Reentrant => (&scripts.re_extend, vec![r.keys.lock().to_owned()]),
                 LeaseKind::ReadWrite => (
@@ -1137,7 +1195,11 @@ impl RawInspect for Redis {
             if limit == 0 {
                 return Ok(Vec::new());
             }
-            let mut escaped = String::with_capacity(prefix.len() + pattern.len());
+            // Lock keys (`<prefix><name>`) and companion keys (`{<lock key>}:<suffix>`,
+            // `{<tag>}<length>:<lock key>:<suffix>`) alike: the lock key somewhere in the
+            // key; each found key is then read back to its lock's name (`listed_name`).
+            let mut escaped = String::with_capacity(prefix.len() + pattern.len() + 2);
+            escaped.push('*');
             for c in prefix.chars() {
                 if matches!(c, '*' | '?' | '[' | ']' | '\\') {
                     escaped.push('\\');
@@ -1145,6 +1207,7 @@ impl RawInspect for Redis {
                 escaped.push(c);
             }
             escaped.push_str(pattern);
+            escaped.push('*');
             let mut conn = self.conn();
             let mut names = Vec::new();
             let mut seen = std::collections::HashSet::new();
@@ -1162,8 +1225,13 @@ impl RawInspect for Redis {
                         .await
                         .map_err(|e| map_err(e, "listing locks (SCAN)"))?;
                     let (next, keys) = decode::scan_page(&page)?;
+                    let keys: Vec<String> = keys
+                        .into_iter()
+                        .filter(|k| listed_name(prefix, pattern, k).is_some())
+                        .collect();
                     if !keys.is_empty() {
-                        // Lock keys always carry an expiry; fence counters never do.
+                        // Lock keys always carry an expiry; a key without one under the
+                        // prefix is not a lock.
                         let mut pipe = redis::pipe();
                         for k in &keys {
                             pipe.pttl(k);
@@ -1173,15 +1241,12 @@ impl RawInspect for Redis {
                             .await
                             .map_err(|e| map_err(e, "listing locks (PTTL)"))?;
                         for key in decode::expiring_keys(keys, &ttls)? {
-                            if let Some(name) = key.strip_prefix(prefix) {
-                                // A name with a hash tag keeps its companion keys (waiters,
-                                // holders, readers…) beside its lock key: they stand for it.
-                                let name = companion_of(prefix, name, &key).unwrap_or(name);
-                                if seen.insert(name.to_owned()) {
-                                    names.push(name.to_owned());
-                                    if names.len() >= limit {
-                                        return Ok(names);
-                                    }
+                            if let Some(name) = listed_name(prefix, pattern, &key)
+                                && seen.insert(name.to_owned())
+                            {
+                                names.push(name.to_owned());
+                                if names.len() >= limit {
+                                    return Ok(names);
                                 }
                             }
                         }
@@ -1198,27 +1263,83 @@ impl RawInspect for Redis {
     }
 }
 
-/// The suffixes of the companion keys the primitives keep beside a lock key.
-const COMPANIONS: &[&str] = &[
-    "claims",
-    "holders",
-    "permits",
-    "q",
-    "queue",
-    "readers",
-    "waiters",
-    "writers",
-    crate::raw::RECORD,
-];
+/// The name under `prefix` matching `pattern` that `key` stands for in a listing, if any: a
+/// lock key's name, or the name of the lock whose readers `key` holds (a read-write lock
+/// held by readers alone has no lock key). Other companion keys (fence counters, queues,
+/// holders…) stand for nothing: their locks have lock keys.
+fn listed_name<'a>(prefix: &str, pattern: &str, key: &'a str) -> Option<&'a str> {
+    let lock = match crate::keys::companion_parts(key) {
+        None => key,
+        Some((lock, "readers")) => lock,
+        Some(_) => return None,
+    };
+    lock.strip_prefix(prefix)
+        .filter(|name| redis_glob(pattern.as_bytes(), name.as_bytes()))
+}
 
-/// The lock name whose companion key `key` (listed as the name `name` under `prefix`) is,
-/// if it is one: only a name with a hash tag of its own has its companions beside its lock
-/// key (`<prefix><name>:<suffix>`), where a listing finds them.
-fn companion_of<'a>(prefix: &str, name: &'a str, key: &str) -> Option<&'a str> {
-    let (base, suffix) = name.rsplit_once(':')?;
-    (COMPANIONS.contains(&suffix)
-        && LockKeys::new(prefix, base).is_ok_and(|k| k.companion(suffix) == key))
-    .then_some(base)
+/// Whether `text` matches Redis' glob `pattern` (as `SCAN MATCH` and `KEYS` do): `*` any
+/// run, `?` one byte, `[…]` one byte of a set (`^` negates, `a-z` a range, `\\` escapes),
+/// `\\` escapes the next byte, anything else itself. Linear in each: the positions of
+/// `text` reachable after each part of the pattern.
+fn redis_glob(pattern: &[u8], text: &[u8]) -> bool {
+    // reach[i]: the first i bytes of `text` are matched by the pattern so far.
+    let mut reach = vec![false; text.len() + 1];
+    reach[0] = true;
+    let mut p = pattern;
+    while let Some((&c, rest)) = p.split_first() {
+        p = rest;
+        // One byte matched by `one`, or (for `*`) any run.
+        let one: Box<dyn Fn(u8) -> bool> = match c {
+            b'*' => {
+                if let Some(first) = reach.iter().position(|&r| r) {
+                    reach[first..].fill(true);
+                }
+                continue;
+            }
+            b'?' => Box::new(|_| true),
+            b'[' => {
+                let (negate, mut set) = match p.split_first() {
+                    Some((b'^', set)) => (true, set),
+                    _ => (false, p),
+                };
+                let mut ranges = Vec::new();
+                loop {
+                    match set {
+                        [] => break,
+                        [b']', tail @ ..] => {
+                            set = tail;
+                            break;
+                        }
+                        [b'\\', e, tail @ ..] => {
+                            ranges.push((*e, *e));
+                            set = tail;
+                        }
+                        [a, b'-', z, tail @ ..] if *z != b']' => {
+                            ranges.push(if a <= z { (*a, *z) } else { (*z, *a) });
+                            set = tail;
+                        }
+                        [a, tail @ ..] => {
+                            ranges.push((*a, *a));
+                            set = tail;
+                        }
+                    }
+                }
+                p = set;
+                Box::new(move |b| ranges.iter().any(|&(lo, hi)| (lo..=hi).contains(&b)) != negate)
+            }
+            b'\\' if !p.is_empty() => {
+                let lit = p[0];
+                p = &p[1..];
+                Box::new(move |b| b == lit)
+            }
+            lit => Box::new(move |b| b == lit),
+        };
+        for i in (0..text.len()).rev() {
+            reach[i + 1] = reach[i] && one(text[i]);
+        }
+        reach[0] = false;
+    }
+    reach[text.len()]
 }
 
 impl RawSemaphore for Redis {
@@ -1232,12 +1353,20 @@ impl RawSemaphore for Redis {
         ttl: Duration,
         queue: bool,
     ) -> Result<Acquire> {
-        let (holders, count) = (keys.companion("holders"), keys.companion("permits"));
+        let (holders, count) = (holders(keys), permit_count(keys));
         let (q, c) = (waiters(keys), claims(keys));
         let (reply, replicated): (Vec<i64>, bool) = self
             .write(
                 &self.inner.scripts.sem_acquire,
-                &[keys.lock(), &holders, &count, &q, &c, keys.fence()],
+                &[
+                    keys.lock(),
+                    &holders,
+                    &count,
+                    &q,
+                    &c,
+                    keys.fence(),
+                    &keys.legacy_fence(),
+                ],
                 &[
                     &token.as_str(),
                     &n,
@@ -1288,7 +1417,7 @@ impl RawSemaphore for Redis {
     }
 
     async fn extend_permits(&self, keys: &LockKeys, token: &Token, ttl: Duration) -> Result<bool> {
-        let holders = keys.companion("holders");
+        let holders = holders(keys);
         let (extended, replicated): (i64, bool) = self
             .write(
                 &self.inner.scripts.sem_extend,
@@ -1310,8 +1439,8 @@ impl RawSemaphore for Redis {
             .scripts
             .sem_count
             .key(keys.lock())
-            .key(keys.companion("holders"))
-            .key(keys.companion("permits"))
+            .key(holders(keys))
+            .key(permit_count(keys))
             .invoke_async(&mut self.conn())
             .await
             .map_err(|e| map_err(e, "counting permits"))?;
@@ -1327,7 +1456,7 @@ impl RawSemaphore for Redis {
             .arg(0)
             .arg(-1)
             .arg("WITHSCORES")
-            .hgetall(keys.companion("holders"))
+            .hgetall(holders(keys))
             .query_async(&mut self.conn())
             .await
             .map_err(|e| map_err(e, "inspecting a semaphore"))?;
@@ -1378,11 +1507,12 @@ impl Redis {
             .scripts
             .sem_release
             .key(keys.lock())
-            .key(keys.companion("holders"))
+            .key(holders(keys))
             .key(waiters(keys))
             .key(claims(keys))
-            .key(keys.companion("permits"))
+            .key(permit_count(keys))
             .key(keys.fence())
+            .key(keys.legacy_fence().as_ref())
             .arg(token)
             .arg(keys.channel())
             .arg(mode)
@@ -1409,12 +1539,13 @@ impl Redis {
         self.inner
             .scripts
             .sem_add
-            .key(keys.companion("permits"))
+            .key(permit_count(keys))
             .key(waiters(keys))
             .key(claims(keys))
             .key(keys.lock())
-            .key(keys.companion("holders"))
+            .key(holders(keys))
             .key(keys.fence())
+            .key(keys.legacy_fence().as_ref())
             .arg(value)
             .arg(permits)
             .arg(max)
@@ -1558,13 +1689,75 @@ mod tests {
     fn keys_of(primitive: &str, keys: &LockKeys) -> Vec<String> {
         let mut all = vec![keys.lock().to_owned(), keys.fence().to_owned()];
         match primitive {
-            "semaphore" => all.extend([keys.companion("holders"), keys.companion("permits")]),
+            "semaphore" => all.extend([super::holders(keys), super::permit_count(keys)]),
             "rwlock" => all.extend([super::rwlock::readers(keys), super::rwlock::writers(keys)]),
             "fair" => all.extend([super::fair::queue(keys), super::fair::claims(keys)]),
             "election" => all.push(super::election::record(keys)),
             _ => {}
         }
         all
+    }
+
+    proptest::proptest! {
+        #![proptest_config(crate::backend::hostile::cases(48))]
+        /// No name reaches another lock's keys or channels (DESIGN.md principle 9).
+        #[test]
+        fn distinct_locks_share_no_key_or_channel(
+            names in proptest::collection::vec(crate::keys::namespace::hostile_name(), 1..3)
+        ) {
+            let primitives = crate::keys::namespace::PRIMITIVES;
+            crate::keys::namespace::check_disjoint(primitives, &names, super::key_set)?;
+        }
+    }
+
+    #[test]
+    fn the_issue_names_reach_no_other_lock() {
+        let names = [
+            "{o}",
+            "{o}:fence",
+            "{u}:fence",
+            "{o}:released",
+            "{o}:waiters",
+            "{o}:leader",
+        ];
+        let names: Vec<String> = names.iter().map(|n| (*n).to_owned()).collect();
+        let primitives = crate::keys::namespace::PRIMITIVES;
+        crate::keys::namespace::check_disjoint(primitives, &names, super::key_set)
+            .expect("disjoint");
+    }
+
+    #[test]
+    fn redis_globs_match_as_the_server_does() {
+        for (pattern, text, want) in [
+            ("*", "", true),
+            ("a*", "abc", true),
+            ("a?c", "abc", true),
+            ("a?c", "ac", false),
+            ("[ab]x", "bx", true),
+            ("[^ab]x", "cx", true),
+            ("[^ab]x", "ax", false),
+            ("[a-c]", "b", true),
+            ("[c-a]", "b", true),
+            ("[a\\]]", "]", true),
+            ("\\*", "*", true),
+            ("\\*", "a", false),
+            ("h*llo", "heeeello", true),
+            ("h*llo", "hello!", false),
+            ("{tag}*", "{tag}job", true),
+            ("job", "jobs", false),
+            ("", "", true),
+        ] {
+            assert_eq!(
+                super::redis_glob(pattern.as_bytes(), text.as_bytes()),
+                want,
+                "{pattern} {text}"
+            );
+        }
+        let long = "a".repeat(1024);
+        assert!(!super::redis_glob(
+            b"*a*a*a*a*a*a*a*a*a*a*b",
+            long.as_bytes()
+        ));
     }
 
     #[test]

@@ -29,7 +29,7 @@ impl RawReentrant for Redis {
         let (reply, replicated): (Vec<i64>, bool) = self
             .write(
                 &self.inner.scripts.re_acquire,
-                &[keys.lock(), keys.fence(), &q, &c],
+                &[keys.lock(), keys.fence(), &q, &c, &keys.legacy_fence()],
                 &[
                     &owner,
                     &token.as_str(),
@@ -77,6 +77,7 @@ impl RawReentrant for Redis {
             .key(keys.lock())
             .key(waiters(keys))
             .key(claims(keys))
+            .key(keys.legacy_fence().as_ref())
             .arg(owner)
             .arg(token.as_str())
             .arg(keys.channel())

@@ -33,7 +33,7 @@ impl RawRwLock for Redis {
         let (reply, replicated): (Vec<i64>, bool) = self
             .write(
                 &self.inner.scripts.rw_acquire,
-                &[keys.lock(), &r, &w, keys.fence()],
+                &[keys.lock(), &r, &w, keys.fence(), &keys.legacy_fence()],
                 &[
                     &if write { "w" } else { "r" },
                     &token.as_str(),

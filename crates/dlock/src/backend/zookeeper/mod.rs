@@ -297,6 +297,32 @@ fn dir_path(keys: &LockKeys) -> String {
     format!("/{}", escape(keys.lock()))
 }
 
+/// Every node path lock `keys` of `primitive` uses, as `node <path>` (under the URL's
+/// chroot): its directory, a child of each kind for a sample token and sequence (the
+/// children are in the directory), and an election's record.
+#[cfg(test)]
+pub(crate) fn key_set(primitive: &str, keys: &LockKeys) -> Vec<String> {
+    let dir = dir_path(keys);
+    let token = Token::from_string("0123456789abcdef").expect("a valid token");
+    let mut all = vec![
+        dir.clone(),
+        format!("{}0000000001", node_prefix(&dir, &token)),
+    ];
+    let kinds = match primitive {
+        "reentrant" => vec![NodeKind::Holds],
+        "rwlock" => vec![NodeKind::Read, NodeKind::Write],
+        "semaphore" => vec![NodeKind::Permits(2)],
+        _ => Vec::new(),
+    };
+    for kind in kinds {
+        all.push(format!("{dir}/{}0000000002", kind.name(token.as_str())));
+    }
+    if primitive == "election" {
+        all.push(election::record_path(keys));
+    }
+    all.into_iter().map(|p| format!("node {p}")).collect()
+}
+
 /// The prefix of `token`'s node in `dir`: `<dir>/<token>-`.
 fn node_prefix(dir: &str, token: &Token) -> String {
     format!("{dir}/{}-", escape(token.as_str()))
@@ -1672,6 +1698,18 @@ mod tests {
 #[cfg(test)]
 mod props {
     use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(crate::backend::hostile::cases(48))]
+        /// No name reaches another lock's nodes (DESIGN.md principle 9).
+        #[test]
+        fn distinct_locks_share_no_node(
+            names in proptest::collection::vec(crate::keys::namespace::hostile_name(), 1..3)
+        ) {
+            let primitives = crate::keys::namespace::PRIMITIVES;
+            crate::keys::namespace::check_disjoint(primitives, &names, super::key_set)?;
+        }
+    }
 
     use super::*;
     use crate::backend::hostile::{any_url, cases, check, url_with_password};

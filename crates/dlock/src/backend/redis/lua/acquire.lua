@@ -1,10 +1,11 @@
 -- Acquire a lock and mint its fence, atomically; queue the caller if it must wait.
--- The fast path comes first, before the waiter queue's functions (queue.lua, then
--- acquire_queued.lua follow it: scripts.rs), so that an uncontended acquire does not pay
+-- The fast path comes first (after fence.lua), before the waiter queue's functions
+-- (queue.lua, then acquire_queued.lua follow it: scripts.rs), so that an uncontended acquire does not pay
 -- for defining them.
 -- KEYS[1]  the lock key (holds the owner token as a plain string)
 -- KEYS[2]  the fence counter (same hash tag; never expires)
 -- KEYS[3]  the waiter queue: token -> arrival      KEYS[4]  token -> claim expiry
+-- KEYS[5]  the fence counter's place before the key layout changed (fence.lua)
 -- ARGV[1]  the owner token
 -- ARGV[2]  the lease length in milliseconds
 -- ARGV[3]  'wait': take a place in the waiter queue if the lock cannot be granted now (the
@@ -26,6 +27,7 @@
 --                      if the fence counter cannot be incremented (the lock is then not
 --                      left behind)
 local function mint()
+  fence_seed(KEYS[2])
   local fence = redis.pcall('INCR', KEYS[2])
   if type(fence) == 'table' and fence.err then
     redis.call('DEL', KEYS[1])

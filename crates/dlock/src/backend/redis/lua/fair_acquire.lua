@@ -3,6 +3,7 @@
 -- KEYS[2]  zset: waiter token -> arrival (server time in microseconds)
 -- KEYS[3]  zset: waiter token -> claim expiry (ms, server clock)
 -- KEYS[4]  the fence counter (never expires)
+-- KEYS[5]  the fence counter's place before the key layout changed (fence.lua)
 -- ARGV[1]  the token        ARGV[2]  the lease length in ms
 -- ARGV[3]  the waiter grace in ms
 -- returns  {1, fence}  granted (a repeat of a granted request is granted again)
@@ -20,6 +21,7 @@ if pttl ~= -2 and redis.call('GET', KEYS[1]) == ARGV[1] then
   return {1, tonumber(redis.call('GET', KEYS[4])) or 0}
 end
 local function grant()
+  fence_seed(KEYS[4])
   local fence = redis.pcall('INCR', KEYS[4])
   if type(fence) == 'table' and fence.err then
     return redis.error_reply(fence.err .. ' (dlock fence counter ' .. KEYS[4] .. ')')

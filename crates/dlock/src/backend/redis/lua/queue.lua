@@ -1,5 +1,7 @@
 -- The waiter queue, shared by every primitive that serves one waiter per release. This
--- file is included in their scripts (scripts.rs); it defines functions only.
+-- file is included in their scripts (scripts.rs), after fence.lua (q_offer mints with
+-- fence_seed: those scripts pass the old place of their counter as their last key); it
+-- defines functions only.
 -- A queue is two sorted sets under the lock's hash tag:
 --   q: waiter member -> arrival (server time in microseconds): the order
 --   c: waiter member -> claim expiry (ms, server clock): a waiter's claim lasts until its
@@ -132,6 +134,7 @@ end
 local function q_offer(q, c, counter, channel, publish, head, id, token)
   q_leave(q, c, head)
   local to = channel .. ':' .. id
+  fence_seed(counter)
   local seq = redis.pcall('INCR', counter)
   if type(seq) == 'table' then
     redis.call(publish, to, token)

@@ -4,6 +4,7 @@
 --          't:<token>' -> 1 for every live hold (so a repeated request is recognised)
 -- KEYS[2]  the fence counter (same hash tag; never expires)
 -- KEYS[3]  the waiter queue: token -> arrival      KEYS[4]  token -> claim expiry
+-- KEYS[5]  the fence counter's place before the key layout changed (fence.lua)
 -- ARGV[1]  the owner (always contains '/', so it never collides with the other fields)
 -- ARGV[2]  the request token of this hold
 -- ARGV[3]  the lease length in milliseconds
@@ -30,6 +31,7 @@ if kind == 'none' then
     end
     q_leave(KEYS[3], KEYS[4], me)
   end
+  fence_seed(KEYS[2])
   local fence = redis.pcall('INCR', KEYS[2])
   if type(fence) == 'table' and fence.err then
     return redis.error_reply(fence.err .. ' (dlock fence counter ' .. KEYS[2] .. ')')

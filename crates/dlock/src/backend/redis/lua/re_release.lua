@@ -2,6 +2,8 @@
 -- queued waiter. (queue.lua is prepended: the waiter queue's functions.)
 -- KEYS[1]  the lock hash
 -- KEYS[2]  the waiter queue: token -> arrival      KEYS[3]  token -> claim expiry
+-- KEYS[4]  the fence counter's place before the key layout changed (fence.lua; a release
+--          of a reentrant lock wakes, never mints)
 -- ARGV[1]  the owner
 -- ARGV[2]  the request token of the hold
 -- ARGV[3]  the release channel; waiters' clients listen on '<channel>:<waiter id>'

@@ -5,6 +5,7 @@
 --          and 'leave')
 -- KEYS[2]  the waiter queue: token -> arrival      KEYS[3]  token -> claim expiry
 -- KEYS[4]  the fence counter
+-- KEYS[5]  the fence counter's place before the key layout changed (fence.lua)
 -- ARGV[1]  the owner token (ignored for 'force')
 -- ARGV[2]  the release channel; waiters' clients listen on '<channel>:<waiter id>'
 -- ARGV[3]  'own': release our hold; 'force': delete any holder; 'leave': take waiter

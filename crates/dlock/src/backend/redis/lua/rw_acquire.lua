@@ -3,6 +3,7 @@
 -- KEYS[2]  zset: reader token -> lease expiry (ms, server clock)
 -- KEYS[3]  zset: waiting writer '<waiter id>:<token>' -> claim expiry (ms, server clock)
 -- KEYS[4]  the fence counter (writers only; never expires)
+-- KEYS[5]  the fence counter's place before the key layout changed (fence.lua)
 -- ARGV[1]  'r' or 'w'
 -- ARGV[2]  the token
 -- ARGV[3]  the lease length in milliseconds
@@ -60,6 +61,7 @@ if writer_pttl ~= -2 or wait >= 0 then
   keep_until_last(KEYS[3])
   return {0, wait}
 end
+fence_seed(KEYS[4])
 local fence = redis.pcall('INCR', KEYS[4])
 if type(fence) == 'table' and fence.err then
   return redis.error_reply(fence.err .. ' (dlock fence counter ' .. KEYS[4] .. ')')

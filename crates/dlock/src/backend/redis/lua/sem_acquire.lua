@@ -5,6 +5,7 @@
 -- KEYS[3]  the permit count (set on first use from ARGV[3]; `set_permits` changes it)
 -- KEYS[4]  the waiter queue: token -> arrival      KEYS[5]  token -> claim expiry
 -- KEYS[6]  the name's hand-over counter (see q_hand_permits)
+-- KEYS[7]  the counter's place before the key layout changed (fence.lua)
 -- ARGV[1]  the holder token
 -- ARGV[2]  permits wanted (N >= 1)
 -- ARGV[3]  the permit count to start with, if none is stored yet

@@ -5,6 +5,7 @@
 -- KEYS[2]  the waiter queue: token -> arrival      KEYS[3]  token -> claim expiry
 -- KEYS[4]  zset: holder token -> lease expiry       KEYS[5]  hash: holder token -> permits
 -- KEYS[6]  the hand-over counter
+-- KEYS[7]  the counter's place before the key layout changed (fence.lua)
 -- ARGV[1]  the delta ('add') or the new count ('set')
 -- ARGV[2]  the count to start from if none is stored yet
 -- ARGV[3]  the largest count allowed

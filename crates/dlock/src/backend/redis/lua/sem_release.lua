@@ -4,6 +4,7 @@
 -- KEYS[2]  hash: holder token -> permits held
 -- KEYS[3]  the waiter queue: token -> arrival      KEYS[4]  token -> claim expiry
 -- KEYS[5]  the permit count                         KEYS[6]  the hand-over counter
+-- KEYS[7]  the counter's place before the key layout changed (fence.lua)
 -- ARGV[1]  the holder (or waiter) token
 -- ARGV[2]  the release channel; waiters' clients listen on '<channel>:<waiter id>'
 -- ARGV[3]  'own': give back ARGV[1]'s permits; 'force': every holder's; 'leave': take
