@@ -85,6 +85,7 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
+use crate::backend::hazard::{self, ConfigHazard};
 use crate::engine::Engine;
 use crate::error::{Error, ErrorKind, Result};
 use crate::keys::LockKeys;
@@ -142,6 +143,8 @@ struct Inner {
     /// Connections between calls, every reply of their last exchange read.
     idle: Mutex<Vec<Conn>>,
     engine: Engine,
+    /// What the server's configuration can do to locks, read on connect.
+    hazards: Vec<ConfigHazard>,
 }
 
 impl Inner {
@@ -216,6 +219,36 @@ impl std::fmt::Debug for Memcached {
             .field("max_connections", &self.inner.max_connections)
             .finish_non_exhaustive()
     }
+}
+
+/// The `STAT` lines of memcached's `stats settings` at `addr`, on a connection of their
+/// own (the reply's length is not known ahead, unlike the meta commands'), within
+/// [`DEFAULT_TIMEOUT`].
+async fn read_settings(addr: &str) -> Result<String> {
+    /// `stats settings` has about 70 lines: more is no memcached.
+    const MAX_LINES: usize = 1000;
+    let read = async {
+        let mut conn = Conn::open(addr).await?;
+        conn.writer
+            .write_all(b"stats settings\r\n")
+            .await
+            .map_err(io_err)?;
+        let mut text = String::new();
+        for _ in 0..MAX_LINES {
+            let mut line = String::new();
+            if conn.reader.read_line(&mut line).await.map_err(io_err)? == 0 {
+                break;
+            }
+            if line.trim_end() == "END" || !line.starts_with("STAT ") {
+                break;
+            }
+            text.push_str(&line);
+        }
+        Ok(text)
+    };
+    tokio::time::timeout(DEFAULT_TIMEOUT, read)
+        .await
+        .map_err(|_| Error::new(ErrorKind::TimedOut, "reading memcached's settings"))?
 }
 
 /// One reply line of the meta protocol, with the data block of a `VA` reply.
@@ -296,12 +329,26 @@ impl Memcached {
     /// with `memcache://host:port?max_connections=N`, 1 to [`MAX_CONNECTIONS_LIMIT`]),
     /// while calls overlap.
     ///
+    /// On connect it also reads the server's `stats settings`: a server that evicts
+    /// (memcached's default; `-M` turns it off) can drop a held lock and a fence
+    /// counter under memory pressure, which [`config_hazards`](Memcached::config_hazards)
+    /// then reports (and a `tracing` warning says once).
+    ///
     /// # Errors
-    /// `InvalidArgument` for a malformed URL; `Unavailable` if the server cannot be
-    /// reached within 2 s; `Backend` if it does not speak the meta protocol (memcached
-    /// older than 1.6).
+    /// `InvalidArgument` for a malformed URL (an unknown parameter included);
+    /// `Unavailable` if the server cannot be reached within 2 s; `Backend` if it does not
+    /// speak the meta protocol (memcached older than 1.6).
     pub async fn connect(url: &str) -> Result<Memcached> {
         let (addr, max_connections) = parse_url(url)?;
+        let hazards = match read_settings(&addr).await {
+            Ok(text) => hazard::found(hazard::memcached_settings(&addr, &text)),
+            Err(e) => {
+                // Nothing read yet: the server is unreachable, which the check below
+                // reports as such.
+                tracing::debug!(addr = %addr, "could not read memcached's settings: {e}");
+                Vec::new()
+            }
+        };
         let mc = Memcached {
             inner: Arc::new(Inner {
                 addr,
@@ -310,6 +357,7 @@ impl Memcached {
                 permits: Semaphore::new(max_connections),
                 idle: Mutex::new(Vec::with_capacity(max_connections)),
                 engine: Engine::new(),
+                hazards,
             }),
         };
         // Proves the server is there and speaks the meta protocol.
@@ -331,6 +379,18 @@ impl Memcached {
     /// The most connections this client opens at once.
     pub fn max_connections(&self) -> usize {
         self.inner.max_connections
+    }
+
+    /// What the server's configuration can do to locks and fences, as read on connect
+    /// (`stats settings`): with evictions on (memcached's default) a full cache may
+    /// evict a held lock's item (another holder is then granted while the first still
+    /// runs; it learns at its next renewal) and a fence counter (fences start again at
+    /// 1): [`HazardKind::EvictsLocksAndFences`](crate::backend::HazardKind). Start
+    /// memcached with `-M` (a full cache then refuses new items: acquires fail, nothing
+    /// held is dropped). [`refuse_config_hazards`](crate::backend::refuse_config_hazards)
+    /// turns it into an error.
+    pub fn config_hazards(&self) -> Vec<ConfigHazard> {
+        self.inner.hazards.clone()
     }
 
     /// Sends `request` (one or more pipelined commands) and reads `replies` replies, on

@@ -55,6 +55,7 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{RedisError, Script, ServerErrorKind};
 
+use crate::backend::hazard::{self, ConfigHazard};
 use crate::engine::{Engine, LeaseKind};
 use crate::error::{Error, ErrorKind, Result};
 use crate::keys::LockKeys;
@@ -103,6 +104,9 @@ struct Inner {
     /// release wakes a waiter on `<channel>:<id>`, one subscription per client and lock.
     waiter_id: String,
     addr: String,
+    /// What the servers' configuration can do to locks, read on connect (and again on
+    /// a sentinel failover).
+    hazards: std::sync::RwLock<Vec<ConfigHazard>>,
 }
 
 impl std::fmt::Debug for Redis {
@@ -122,6 +126,7 @@ pub struct RedisBuilder {
     response_timeout: Duration,
     min_replicas: u32,
     replica_timeout: Duration,
+    refuse_hazards: bool,
 }
 
 /// Where a builder's connection comes from.
@@ -200,23 +205,48 @@ impl RedisBuilder {
         self
     }
 
+    /// Fail [`connect`](RedisBuilder::connect) with [`ErrorKind::UnsafeConfig`] if a
+    /// server is configured so that it can drop a held lock (`maxmemory` with an
+    /// `allkeys-*` or `volatile-*` eviction policy: see
+    /// [`Redis::config_hazards`]). Default: connect, and warn (once, with `tracing`).
+    pub fn refuse_config_hazards(mut self, refuse: bool) -> Self {
+        self.refuse_hazards = refuse;
+        self
+    }
+
     /// How long `WAIT` waits for the replicas (default 100 ms).
     pub fn replica_timeout(mut self, timeout: Duration) -> Self {
         self.replica_timeout = timeout;
         self
     }
 
-    /// Connects and loads the scripts.
+    /// Connects, loads the scripts and reads the servers' configuration hazards
+    /// ([`Redis::config_hazards`]).
     ///
     /// # Errors
-    /// * `InvalidArgument`: malformed URL, unsupported scheme, `rediss://` without the
-    ///   `redis-tls` feature, zero timeouts;
+    /// * `InvalidArgument`: malformed URL, unsupported scheme, a query parameter dlock
+    ///   does not know (it would do nothing), `rediss://` without the `redis-tls`
+    ///   feature, zero timeouts;
     /// * `Unavailable`: the server could not be reached within the connect timeout;
-    /// * `Backend`: authentication failed, or the user may not run scripts.
-    pub async fn connect(self) -> Result<Redis> {
+    /// * `Backend`: authentication failed, or the user may not run scripts;
+    /// * `UnsafeConfig`: with [`refuse_config_hazards`](RedisBuilder::refuse_config_hazards),
+    ///   a server can evict held locks.
+    pub async fn connect(mut self) -> Result<Redis> {
         if self.connect_timeout.is_zero() || self.response_timeout.is_zero() {
             return Err(Error::invalid("redis timeouts must not be zero"));
         }
+        let (target, shared) = match &self.source {
+            Source::Url(url) => {
+                let (target, options) = parse_url(url)?;
+                if self.min_replicas == 0 {
+                    self.min_replicas = options.min_replicas.unwrap_or(0);
+                }
+                (target, None)
+            }
+            Source::Client(client, shared) => {
+                (Target::Node(Node::Single(client.clone())), shared.clone())
+            }
+        };
         if self.min_replicas > 0
             && (self.replica_timeout.is_zero() || self.replica_timeout >= self.response_timeout)
         {
@@ -228,12 +258,6 @@ impl RedisBuilder {
             replicas: self.min_replicas,
             timeout_ms: ttl_ms(self.replica_timeout),
         });
-        let (target, shared) = match &self.source {
-            Source::Url(url) => (parse_url(url)?, None),
-            Source::Client(client, shared) => {
-                (Target::Node(Node::Single(client.clone())), shared.clone())
-            }
-        };
         #[cfg(feature = "redis-tls")]
         if match &self.source {
             Source::Url(url) => url.starts_with("rediss://"),
@@ -331,9 +355,15 @@ impl RedisBuilder {
                 wait_pool,
                 waiter_id: Token::random()?.as_str()[..16].to_owned(),
                 addr,
+                hazards: std::sync::RwLock::new(Vec::new()),
             }),
         };
         redis.load_scripts().await?;
+        let hazards = redis.read_hazards(&master_addr).await;
+        if self.refuse_hazards {
+            hazard::refuse_config_hazards(&hazards)?;
+        }
+        redis.set_hazards(hazard::found(hazards));
         if let Some(url) = sentinel {
             sentinel::follow(
                 Arc::downgrade(&redis.inner),
@@ -348,7 +378,14 @@ impl RedisBuilder {
 
 impl Redis {
     /// Connects with default options. URLs: `redis://[user[:password]@]host[:port][/db]`,
-    /// `rediss://…` (TLS, with the `redis-tls` feature), `redis+unix:///path/to.sock`.
+    /// `rediss://…` (TLS, with the `redis-tls` feature), `redis+unix:///path/to.sock`,
+    /// `redis+sentinel://…`, `redis+cluster://…`.
+    ///
+    /// Query parameters: dlock's `min_replicas=N` (as [`RedisBuilder::min_replicas`],
+    /// which wins if set; every scheme), and redis-rs's own: `protocol=resp2|resp3`
+    /// (`redis://`, `rediss://`, `redis+unix://`) and `db`, `user`, `pass`
+    /// (`redis+unix://`). Any other parameter is refused (`InvalidArgument`, naming it),
+    /// rather than ignored.
     ///
     /// # Errors
     /// As [`RedisBuilder::connect`].
@@ -409,6 +446,7 @@ impl RedisBuilder {
             response_timeout: DEFAULT_RESPONSE_TIMEOUT,
             min_replicas: 0,
             replica_timeout: Duration::from_millis(100),
+            refuse_hazards: false,
         }
     }
 }
@@ -417,6 +455,73 @@ impl Redis {
     /// The server's address, as connected.
     pub fn addr(&self) -> &str {
         &self.inner.addr
+    }
+
+    /// What the servers' configuration can do to locks and fences, as read on connect
+    /// (`INFO`: `maxmemory`, `maxmemory_policy`, `aof_enabled`) on the server, the
+    /// master a sentinel names (read again after each failover it follows) or every
+    /// master of a cluster (`CLUSTER SLOTS`). Each was logged once as a `tracing`
+    /// warning. A user that may not run `INFO` gets a warning that nothing was checked,
+    /// and an empty list.
+    ///
+    /// * `maxmemory` > 0 with an `allkeys-*` policy: held locks and fence counters can be
+    ///   evicted ([`HazardKind::EvictsLocksAndFences`](crate::backend::HazardKind));
+    /// * `maxmemory` > 0 with a `volatile-*` policy: held locks can be evicted (their keys
+    ///   have a TTL); fence counters never get one, so they are kept
+    ///   ([`HazardKind::EvictsLocks`](crate::backend::HazardKind));
+    /// * no AOF: fences start again after a restart
+    ///   ([`HazardKind::FencesNotDurable`](crate::backend::HazardKind)).
+    ///
+    /// [`refuse_config_hazards`](crate::backend::refuse_config_hazards) turns the first
+    /// two into an error. The configuration can change after connect (`CONFIG SET`); it
+    /// is not read again.
+    pub fn config_hazards(&self) -> Vec<ConfigHazard> {
+        self.inner
+            .hazards
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    fn set_hazards(&self, hazards: Vec<ConfigHazard>) {
+        *self
+            .inner
+            .hazards
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = hazards;
+    }
+
+    /// Reads `INFO` on the server (`addr`: its address, for a single server or a
+    /// sentinel's master) or on every master of a cluster, and returns the hazards found.
+    async fn read_hazards(&self, addr: &str) -> Vec<ConfigHazard> {
+        let nodes = match self.scan_nodes().await {
+            Ok(nodes) => nodes,
+            Err(e) => {
+                tracing::warn!(
+                    "could not list the cluster's masters to read their configuration: {e}"
+                );
+                return Vec::new();
+            }
+        };
+        let mut out = Vec::new();
+        for node in nodes {
+            let name = node
+                .as_ref()
+                .map_or_else(|| addr.to_owned(), |(host, port)| format!("{host}:{port}"));
+            let info = self
+                .conn()
+                .query_on::<String>(node.as_ref(), redis::cmd("INFO"))
+                .await;
+            match info {
+                Ok(text) => out.extend(hazard::redis_info(&name, &text)),
+                Err(e) => tracing::warn!(
+                    node = %name,
+                    "could not read the server's configuration (INFO: {e}): its eviction \
+                     policy and persistence were not checked"
+                ),
+            }
+        }
+        out
     }
 
     /// The nodes whose keys `list` scans: the one server, or every master of a cluster
@@ -670,16 +775,24 @@ enum Node {
 /// Parses a `redis://`, `rediss://`, `redis+unix://`, `redis+sentinel://` or
 /// `redis+cluster://` URL. Every malformed URL is `InvalidArgument`, its message without
 /// the password.
-fn parse_url(url: &str) -> Result<Target> {
+fn parse_url(url: &str) -> Result<(Target, UrlOptions)> {
     let scheme = url.split_once("://").map(|(scheme, _)| scheme);
-    match scheme {
+    // The parameters redis-rs takes itself, by scheme; dlock's own are taken off.
+    let passed: &[&str] = match scheme {
+        Some("redis" | "rediss") => &["protocol"],
+        Some("redis+unix" | "unix") => &["db", "user", "pass", "protocol"],
+        _ => &[],
+    };
+    let (url, options) = take_params(url, passed)?;
+    let url = url.as_str();
+    let target = match scheme {
         Some("redis+cluster") => {
             let nodes = conn::cluster_nodes(url)?;
             // Checks every node's URL (no connection is made).
             redis::cluster::ClusterClient::new(nodes.clone()).map_err(|e| {
                 Error::invalid(format!("bad cluster URL {:?}: {e}", redact(url))).with_source(e)
             })?;
-            Ok(Target::Cluster(nodes))
+            Ok::<_, Error>(Target::Cluster(nodes))
         }
         Some("redis+sentinel") => {
             let sentinel = sentinel::SentinelUrl::parse(url)?;
@@ -696,7 +809,65 @@ fn parse_url(url: &str) -> Result<Target> {
              redis+sentinel:// or redis+cluster://",
             redact(url)
         ))),
+    }?;
+    Ok((target, options))
+}
+
+/// dlock's own query parameters of a Redis URL.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct UrlOptions {
+    /// `min_replicas=N`: as [`RedisBuilder::min_replicas`].
+    min_replicas: Option<u32>,
+}
+
+/// Takes dlock's own query parameters (`min_replicas`) off `url`, keeps those in
+/// `passed` (redis-rs's own for the scheme), and refuses any other: redis-rs would
+/// ignore it, so an option the user meant would silently do nothing. The error names
+/// the parameter, never its value (it could be a secret) nor the URL's password.
+fn take_params(url: &str, passed: &[&str]) -> Result<(String, UrlOptions)> {
+    // The query starts at the first '?' after the user info (a password may hold one)
+    // and ends at the fragment (`rediss://…#insecure`).
+    let after_auth = url.rfind('@').map_or(0, |at| at + 1);
+    let fragment = url[after_auth..].find('#').map(|i| after_auth + i);
+    let Some(q) = url[after_auth..fragment.unwrap_or(url.len())]
+        .find('?')
+        .map(|i| after_auth + i)
+    else {
+        return Ok((url.to_owned(), UrlOptions::default()));
+    };
+    let end = fragment.unwrap_or(url.len());
+    let mut options = UrlOptions::default();
+    let mut kept = Vec::new();
+    for pair in url[q + 1..end].split('&').filter(|p| !p.is_empty()) {
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        let bad = |why: String| Error::invalid(format!("bad redis URL {:?}: {why}", redact(url)));
+        match name {
+            "min_replicas" => {
+                let n = value.parse::<u32>().map_err(|_| {
+                    bad(format!(
+                        "min_replicas must be a whole number of replicas, not {value:?}"
+                    ))
+                })?;
+                options.min_replicas = Some(n);
+            }
+            _ if passed.contains(&name) => kept.push(pair),
+            _ => {
+                let mut known = vec!["min_replicas"];
+                known.extend_from_slice(passed);
+                return Err(bad(format!(
+                    "unknown parameter {name:?} (this scheme takes: {})",
+                    known.join(", ")
+                )));
+            }
+        }
     }
+    let mut out = url[..q].to_owned();
+    if !kept.is_empty() {
+        out.push('?');
+        out.push_str(&kept.join("&"));
+    }
+    out.push_str(&url[end..]);
+    Ok((out, options))
 }
 
 fn ttl_ms(ttl: Duration) -> u64 {
