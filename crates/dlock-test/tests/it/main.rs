@@ -7,6 +7,7 @@ mod cluster;
 mod engine;
 mod etcd;
 mod fenced;
+mod hazards;
 mod memcached;
 mod memory;
 mod observe;

@@ -840,7 +840,9 @@ fn take_params(url: &str, passed: &[&str]) -> Result<(String, UrlOptions)> {
     let mut kept = Vec::new();
     for pair in url[q + 1..end].split('&').filter(|p| !p.is_empty()) {
         let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
-        let bad = |why: String| Error::invalid(format!("bad redis URL {:?}: {why}", redact(url)));
+        // The URL up to its query: the values are not shown (one could be a secret).
+        let bad =
+            |why: String| Error::invalid(format!("bad redis URL {:?}: {why}", redact(&url[..q])));
         match name {
             "min_replicas" => {
                 let n = value.parse::<u32>().map_err(|_| {
