@@ -550,9 +550,13 @@ mod tests {
                         Named::Memory => {}
                     }
                 }
-                // Only RedLock checks more than the scheme.
+                // Only RedLock (its hosts) and PostgreSQL (its `mode=`) check more than
+                // the scheme.
                 Err(f) => {
-                    prop_assert_eq!(expected, "redlock", "{}", f.message);
+                    prop_assert!(
+                        expected == "redlock" || (expected == "postgres" && url.contains("mode=")),
+                        "{}", f.message
+                    );
                     usage_without(&f, "")?;
                 }
             }
@@ -664,6 +668,19 @@ mod tests {
                 }
                 None => prop_assert!(!advisory),
             }
+        }
+    }
+
+    /// A `mode=` that is neither `advisory` nor `lease` is refused, not dropped (issue 25).
+    #[test]
+    fn an_unknown_postgres_mode_is_a_usage_error() {
+        for url in ["postgres://h/db?mode=advisroy", "postgres://h/db?x=1&mode="] {
+            let f = named(Some(url), false).expect_err(url);
+            assert_eq!(f.code, exit::USAGE);
+            assert!(f.message.contains("mode=advisory"), "{}", f.message);
+        }
+        for url in ["postgres://h/db?mode=lease", "postgres://h/db?mode=advisory"] {
+            assert!(named(Some(url), false).is_ok(), "{url}");
         }
     }
 

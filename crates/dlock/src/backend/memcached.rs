@@ -64,8 +64,12 @@
 //! counter lives in memcached's memory — a restart, `flush_all` or an LRU eviction of the
 //! counter resets it to 1, and fences then repeat. Eviction can also drop a held lock key
 //! early under memory pressure: the holder learns it at its next renewal (`lost()`
-//! fires). Give memcached memory to spare, or use Redis with persistence where fencing
-//! must survive.
+//! fires), while another holder may already have been granted. Run memcached with `-M`
+//! (no evictions: a full cache refuses new items, so acquires fail instead of held locks
+//! vanishing) and memory to spare, or use Redis with persistence where fencing must
+//! survive. On connect the client reads `stats settings` and reports a server that
+//! evicts ([`Memcached::config_hazards`]; the `dlock` tool refuses it unless
+//! `--allow-unsafe-store`).
 //!
 //! # Elections
 //!

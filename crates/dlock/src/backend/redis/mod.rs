@@ -38,6 +38,12 @@
 //! it, and fences may then repeat. Run Redis with `appendonly yes` and `appendfsync always`
 //! if fencing must survive restarts. A single Redis master loses locks on failover
 //! (replication is asynchronous); see the crate docs' safety section.
+//!
+//! A server with `maxmemory` and an eviction policy other than `noeviction` can evict a
+//! held lock's key (`volatile-*`: lock keys have a TTL) and, under `allkeys-*`, a fence
+//! counter too (fence counters never get a TTL, so `volatile-*` keeps them). The client
+//! reads `INFO` on connect and reports what it found ([`Redis::config_hazards`]; the
+//! `dlock` tool refuses such a server unless `--allow-unsafe-store`).
 
 mod conn;
 mod decode;
@@ -1641,10 +1647,59 @@ mod props {
             assert_eq!(err.kind(), crate::ErrorKind::InvalidArgument, "{url}");
         }
         // The cluster's address names its nodes, never their credentials.
-        let Ok(Target::Cluster(nodes)) = parse_url("redis+cluster://u:s3cret@a:1,b:2/") else {
+        let Ok((Target::Cluster(nodes), _)) = parse_url("redis+cluster://u:s3cret@a:1,b:2/") else {
             panic!("a cluster URL");
         };
         assert_eq!(super::conn::cluster_hosts(&nodes), ["a:1", "b:2"]);
+    }
+
+    /// dlock's `min_replicas` is taken off every scheme's URL; redis-rs's own parameters
+    /// go through; anything else is refused by name (issue 25: it would do nothing).
+    #[test]
+    fn query_parameters_are_known_or_refused() {
+        use super::{UrlOptions, take_params};
+        let some = |n| UrlOptions {
+            min_replicas: Some(n),
+        };
+        for (url, passed, out, options) in [
+            ("redis://h/0", &["protocol"][..], "redis://h/0", UrlOptions::default()),
+            ("redis://h/?min_replicas=2", &["protocol"], "redis://h/", some(2)),
+            (
+                "redis://h/?protocol=resp3&min_replicas=1",
+                &["protocol"],
+                "redis://h/?protocol=resp3",
+                some(1),
+            ),
+            ("rediss://h/?min_replicas=1#insecure", &["protocol"], "rediss://h/#insecure", some(1)),
+            ("redis://u:p?w@h/?min_replicas=0", &["protocol"], "redis://u:p?w@h/", some(0)),
+            (
+                "redis+unix:///s?db=1&min_replicas=1&pass=x",
+                &["db", "pass"],
+                "redis+unix:///s?db=1&pass=x",
+                some(1),
+            ),
+            ("redis+sentinel://h/m/1?min_replicas=3", &[], "redis+sentinel://h/m/1", some(3)),
+        ] {
+            let (rest, got) = take_params(url, passed).expect(url);
+            assert_eq!((rest.as_str(), got), (out, options), "{url}");
+        }
+        for (url, name) in [
+            ("redis://h/?minreplicas=1", "minreplicas"),
+            ("redis://h/?protocol=3&x", "x"),
+            ("redis+cluster://a:1,b:2/?protocol=resp3", "protocol"),
+            ("redis+sentinel://h/m?db=1", "db"),
+        ] {
+            let err = parse_url(url).map(|_| ()).expect_err(url);
+            assert_eq!(err.kind(), crate::ErrorKind::InvalidArgument, "{url}");
+            assert!(err.to_string().contains(&format!("unknown parameter {name:?}")), "{err}");
+        }
+        for bad in ["redis://h/?min_replicas=", "redis://h/?min_replicas=-1", "redis://h/?min_replicas=x"] {
+            assert!(parse_url(bad).is_err(), "{bad}");
+        }
+        // The sentinel's master and db are parsed without the query.
+        let (target, options) = parse_url("redis+sentinel://h:1/m/2?min_replicas=1").expect("valid");
+        assert!(matches!(target, Target::Node(super::Node::Sentinel(_))));
+        assert_eq!(options.min_replicas, Some(1));
     }
 
     #[test]
