@@ -148,7 +148,7 @@ struct Inner {
     idle: Mutex<Vec<Conn>>,
     engine: Engine,
     /// What the server's configuration can do to locks, read on connect.
-    hazards: Vec<ConfigHazard>,
+    hazards: std::sync::OnceLock<Vec<ConfigHazard>>,
 }
 
 impl Inner {
@@ -223,36 +223,6 @@ impl std::fmt::Debug for Memcached {
             .field("max_connections", &self.inner.max_connections)
             .finish_non_exhaustive()
     }
-}
-
-/// The `STAT` lines of memcached's `stats settings` at `addr`, on a connection of their
-/// own (the reply's length is not known ahead, unlike the meta commands'), within
-/// [`DEFAULT_TIMEOUT`].
-async fn read_settings(addr: &str) -> Result<String> {
-    /// `stats settings` has about 70 lines: more is no memcached.
-    const MAX_LINES: usize = 1000;
-    let read = async {
-        let mut conn = Conn::open(addr).await?;
-        conn.writer
-            .write_all(b"stats settings\r\n")
-            .await
-            .map_err(io_err)?;
-        let mut text = String::new();
-        for _ in 0..MAX_LINES {
-            let mut line = String::new();
-            if conn.reader.read_line(&mut line).await.map_err(io_err)? == 0 {
-                break;
-            }
-            if line.trim_end() == "END" || !line.starts_with("STAT ") {
-                break;
-            }
-            text.push_str(&line);
-        }
-        Ok(text)
-    };
-    tokio::time::timeout(DEFAULT_TIMEOUT, read)
-        .await
-        .map_err(|_| Error::new(ErrorKind::TimedOut, "reading memcached's settings"))?
 }
 
 /// One reply line of the meta protocol, with the data block of a `VA` reply.
@@ -344,15 +314,6 @@ impl Memcached {
     /// speak the meta protocol (memcached older than 1.6).
     pub async fn connect(url: &str) -> Result<Memcached> {
         let (addr, max_connections) = parse_url(url)?;
-        let hazards = match read_settings(&addr).await {
-            Ok(text) => hazard::found(hazard::memcached_settings(&addr, &text)),
-            Err(e) => {
-                // Nothing read yet: the server is unreachable, which the check below
-                // reports as such.
-                tracing::debug!(addr = %addr, "could not read memcached's settings: {e}");
-                Vec::new()
-            }
-        };
         let mc = Memcached {
             inner: Arc::new(Inner {
                 addr,
@@ -361,7 +322,7 @@ impl Memcached {
                 permits: Semaphore::new(max_connections),
                 idle: Mutex::new(Vec::with_capacity(max_connections)),
                 engine: Engine::new(),
-                hazards,
+                hazards: std::sync::OnceLock::new(),
             }),
         };
         // Proves the server is there and speaks the meta protocol.
@@ -372,6 +333,17 @@ impl Memcached {
                 "the server does not speak memcached's meta protocol (memcached 1.6+ needed)",
             ));
         }
+        let hazards = match mc.read_settings().await {
+            Ok(text) => hazard::found(hazard::memcached_settings(&mc.inner.addr, &text)),
+            Err(e) => {
+                tracing::warn!(
+                    addr = %mc.inner.addr,
+                    "could not read memcached's settings ({e}): eviction was not checked"
+                );
+                Vec::new()
+            }
+        };
+        let _ = mc.inner.hazards.set(hazards);
         Ok(mc)
     }
 
@@ -394,7 +366,52 @@ impl Memcached {
     /// held is dropped). [`refuse_config_hazards`](crate::backend::refuse_config_hazards)
     /// turns it into an error.
     pub fn config_hazards(&self) -> Vec<ConfigHazard> {
-        self.inner.hazards.clone()
+        self.inner.hazards.get().cloned().unwrap_or_default()
+    }
+
+    /// The `STAT` lines of memcached's `stats settings`, on a connection of the pool (the
+    /// reply's length is not known ahead, unlike the meta commands', so not through
+    /// [`call`](Memcached::call)), within the call bound.
+    async fn read_settings(&self) -> Result<String> {
+        /// `stats settings` has about 70 lines: more is no memcached.
+        const MAX_LINES: usize = 1000;
+        let inner = &*self.inner;
+        let _permit = inner
+            .permits
+            .acquire()
+            .await
+            .map_err(|_| Error::new(ErrorKind::Backend, "memcached client closed"))?;
+        let idle = inner.take_idle();
+        let read = async {
+            let mut conn = match idle {
+                Some(conn) => conn,
+                None => Conn::open(&inner.addr).await?,
+            };
+            conn.writer
+                .write_all(b"stats settings\r\n")
+                .await
+                .map_err(io_err)?;
+            let mut text = String::new();
+            for _ in 0..MAX_LINES {
+                let mut line = String::new();
+                if conn.reader.read_line(&mut line).await.map_err(io_err)? == 0 {
+                    return Err(io_err(std::io::ErrorKind::UnexpectedEof.into()));
+                }
+                if line.trim_end() == "END" {
+                    // Every line read: the connection can serve the next call.
+                    inner.put_idle(conn);
+                    return Ok(text);
+                }
+                if !line.starts_with("STAT ") {
+                    return Err(unexpected("stats settings", line.trim_end()));
+                }
+                text.push_str(&line);
+            }
+            Err(unexpected("stats settings", "too many lines"))
+        };
+        tokio::time::timeout(inner.timeout, read)
+            .await
+            .map_err(|_| Error::new(ErrorKind::TimedOut, "reading memcached's settings"))?
     }
 
     /// Sends `request` (one or more pipelined commands) and reads `replies` replies, on
