@@ -498,30 +498,19 @@ impl Redis {
     }
 
     /// Reads `INFO` on the server (`addr`: its address, for a single server or a
-    /// sentinel's master) or on every master of a cluster, and returns the hazards found.
+    /// sentinel's master) or on every master of a cluster (at once), and returns the
+    /// hazards found.
     async fn read_hazards(&self, addr: &str) -> Vec<ConfigHazard> {
-        let nodes = match self.scan_nodes().await {
-            Ok(nodes) => nodes,
-            Err(e) => {
-                tracing::warn!(
-                    "could not list the cluster's masters to read their configuration: {e}"
-                );
-                return Vec::new();
-            }
+        let replies = match self.conn().info_everywhere(addr).await {
+            Ok(replies) => replies,
+            Err(e) => vec![(addr.to_owned(), Err(e))],
         };
         let mut out = Vec::new();
-        for node in nodes {
-            let name = node
-                .as_ref()
-                .map_or_else(|| addr.to_owned(), |(host, port)| format!("{host}:{port}"));
-            let info = self
-                .conn()
-                .query_on::<String>(node.as_ref(), redis::cmd("INFO"))
-                .await;
+        for (node, info) in replies {
             match info {
-                Ok(text) => out.extend(hazard::redis_info(&name, &text)),
+                Ok(text) => out.extend(hazard::redis_info(&node, &text)),
                 Err(e) => tracing::warn!(
-                    node = %name,
+                    node = %node,
                     "could not read the server's configuration (INFO: {e}): its eviction \
                      policy and persistence were not checked"
                 ),
