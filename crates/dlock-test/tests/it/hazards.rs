@@ -421,3 +421,73 @@ async fn min_replicas_in_the_url_waits_for_replicas() {
     let guard = again.try_lock().await.expect("attempt").expect("free");
     guard.release().await.expect("release");
 }
+
+/// `CONFIG SET` of an eviction policy on a running server.
+fn set_policy(server: &RedisServer, policy: &str) {
+    let mut conn = server.client().get_connection().expect("connection");
+    redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg("64mb")
+        .arg("maxmemory-policy")
+        .arg(policy)
+        .query::<()>(&mut conn)
+        .expect("CONFIG SET");
+}
+
+/// A Redis Cluster: every master is read (one evicts here), each hazard names its node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_cluster_reports_the_master_that_evicts() {
+    let cluster = dlock_test::cluster::RedisCluster::start(3, 0).expect("cluster");
+    set_policy(&cluster.nodes[1], "allkeys-lfu");
+    let redis = Redis::connect(cluster.url()).await.expect("connect");
+    let hazards = redis.config_hazards();
+    let evicting: Vec<&ConfigHazard> = hazards
+        .iter()
+        .filter(|h| h.kind() == HazardKind::EvictsLocksAndFences)
+        .collect();
+    assert_eq!(evicting.len(), 1, "{hazards:?}");
+    assert!(
+        evicting[0]
+            .node()
+            .ends_with(&format!(":{}", cluster.nodes[1].port())),
+        "{}",
+        evicting[0]
+    );
+    // And no AOF on any of the three masters.
+    let not_durable = hazards
+        .iter()
+        .filter(|h| h.kind() == HazardKind::FencesNotDurable)
+        .count();
+    assert_eq!(not_durable, 3, "{hazards:?}");
+}
+
+/// Sentinel: the master the sentinels name is read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_sentinel_reports_the_masters_policy() {
+    let master = RedisServer::start_with(&["--appendonly", "yes"]).expect("master");
+    set_policy(&master, "volatile-ttl");
+    let name = "hazardmaster";
+    let sentinel = dlock_test::server::SentinelServer::start(master.port(), name, 1)
+        .expect("sentinel");
+    let url = format!("redis+sentinel://{}/{name}", sentinel.addr());
+    let mut redis = None;
+    // The sentinel may take a moment to know its master.
+    for _ in 0..100 {
+        match Redis::connect(&url).await {
+            Ok(r) => {
+                redis = Some(r);
+                break;
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+    let redis = redis.expect("connect through the sentinel");
+    let hazards = redis.config_hazards();
+    assert_eq!(kinds(&hazards), [HazardKind::EvictsLocks], "{hazards:?}");
+    assert!(
+        hazards[0].node().ends_with(&format!(":{}", master.port())),
+        "{}",
+        hazards[0]
+    );
+}
