@@ -88,9 +88,7 @@ async fn dispatch(command: Command) -> Result<u8, Failure> {
                 cmd::elect::leader(b, args).await
             })
         }
-        Command::Acquire(args) => {
-            target::acquire(connect_to_lock(&args.store).await?, args).await
-        }
+        Command::Acquire(args) => target::acquire(connect_to_lock(&args.store).await?, args).await,
         Command::Release(args) => target::release(connect(&args.store, false).await?, args).await,
         Command::Extend(args) => {
             target::extend(connect(&args.held.store, false).await?, args).await

@@ -679,7 +679,10 @@ mod tests {
             assert_eq!(f.code, exit::USAGE);
             assert!(f.message.contains("mode=advisory"), "{}", f.message);
         }
-        for url in ["postgres://h/db?mode=lease", "postgres://h/db?mode=advisory"] {
+        for url in [
+            "postgres://h/db?mode=lease",
+            "postgres://h/db?mode=advisory",
+        ] {
             assert!(named(Some(url), false).is_ok(), "{url}");
         }
     }

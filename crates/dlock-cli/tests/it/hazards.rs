@@ -8,9 +8,7 @@ use std::time::{Duration, Instant};
 
 use dlock_test::server::{MemcachedServer, RedisServer, SentinelServer};
 
-use super::{
-    CONFLICT, UNAVAILABLE, USAGE, dlock, output, scratch, stderr, wait_exit,
-};
+use super::{CONFLICT, UNAVAILABLE, USAGE, dlock, output, scratch, stderr, wait_exit};
 
 /// `dlock run NAME -- touch <marker>` on `url` with `extra` flags: its output, and
 /// whether the command ran.
@@ -45,7 +43,12 @@ fn redis_eviction_policies_are_refused_unless_allowed() {
         let server = evicting_redis(policy);
         let url = server.url();
         let (out, ran) = run_touch(&url, &[], "evict");
-        assert_eq!(out.status.code(), Some(UNAVAILABLE), "{policy}: {}", stderr(&out));
+        assert_eq!(
+            out.status.code(),
+            Some(UNAVAILABLE),
+            "{policy}: {}",
+            stderr(&out)
+        );
         assert!(!ran, "{policy}: the command ran");
         let text = stderr(&out);
         for word in [policy, "maxmemory", "--allow-unsafe-store", "noeviction"] {
@@ -97,7 +100,10 @@ fn memcached_with_evictions_is_refused_unless_allowed() {
     assert_eq!(out.status.code(), Some(UNAVAILABLE), "{}", stderr(&out));
     assert!(!ran);
     let text = stderr(&out);
-    assert!(text.contains("evictions on") && text.contains("-M"), "{text}");
+    assert!(
+        text.contains("evictions on") && text.contains("-M"),
+        "{text}"
+    );
     let (out, ran) = run_touch(&server.url(), &["--allow-unsafe-store"], "mc");
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert!(ran);
@@ -163,7 +169,8 @@ fn every_scheme_refuses_unknown_parameters() {
         assert!(!text.contains("s3cret"), "{url}: {text}");
     }
     // A mode that is neither advisory nor lease.
-    let out = output(dlock("postgres://127.0.0.1:1/db?mode=advisroy").args(["run", "j", "--", "true"]));
+    let out =
+        output(dlock("postgres://127.0.0.1:1/db?mode=advisroy").args(["run", "j", "--", "true"]));
     assert_eq!(out.status.code(), Some(USAGE), "{}", stderr(&out));
     assert!(stderr(&out).contains("mode=advisory"), "{}", stderr(&out));
 }
@@ -210,11 +217,14 @@ fn min_replicas_through_a_sentinel_failover() {
         .map(|_| SentinelServer::start(master.port(), name, 2).expect("sentinel"))
         .collect();
     let deadline = Instant::now() + Duration::from_secs(30);
-    while !sentinels
-        .iter()
-        .all(|s| info_has(&s.client(), "sentinel", "slaves=1") && info_has(&s.client(), "sentinel", "sentinels=3"))
-    {
-        assert!(Instant::now() < deadline, "the sentinels never saw the replica");
+    while !sentinels.iter().all(|s| {
+        info_has(&s.client(), "sentinel", "slaves=1")
+            && info_has(&s.client(), "sentinel", "sentinels=3")
+    }) {
+        assert!(
+            Instant::now() < deadline,
+            "the sentinels never saw the replica"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
     let hosts: Vec<String> = sentinels.iter().map(SentinelServer::addr).collect();
@@ -275,7 +285,11 @@ fn names_master(sentinel: &SentinelServer, name: &str, port: u16) -> bool {
 fn wait_for_file_exists(path: &std::path::Path, within: Duration) -> bool {
     let deadline = Instant::now() + within;
     while !path.exists() {
-        assert!(Instant::now() < deadline, "{} never appeared", path.display());
+        assert!(
+            Instant::now() < deadline,
+            "{} never appeared",
+            path.display()
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     true

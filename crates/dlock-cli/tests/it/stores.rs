@@ -65,7 +65,11 @@ fn assert_refused(out: &Output, code: i32, why: &str) {
     assert!(err.contains(why), "{why:?} not in {err}");
     // Besides warnings about the store's configuration (no AOF).
     let lines = err.trim_end().lines();
-    assert_eq!(lines.filter(|l| !l.starts_with("dlock: warning: ")).count(), 1, "{err}");
+    assert_eq!(
+        lines.filter(|l| !l.starts_with("dlock: warning: ")).count(),
+        1,
+        "{err}"
+    );
 }
 
 fn remaining_ms(s: &serde_json::Value) -> u64 {

@@ -37,7 +37,11 @@ async fn redis_allkeys_eviction_is_reported_and_refused_on_request() {
         let server = evicting_redis(policy);
         let redis = Redis::connect(server.url()).await.expect("connect");
         let hazards = redis.config_hazards();
-        assert_eq!(kinds(&hazards), [HazardKind::EvictsLocksAndFences], "{policy}");
+        assert_eq!(
+            kinds(&hazards),
+            [HazardKind::EvictsLocksAndFences],
+            "{policy}"
+        );
         assert!(hazards[0].can_give_two_holders());
         assert!(hazards[0].setting().contains(policy), "{}", hazards[0]);
         let err = refuse_config_hazards(&hazards).expect_err("refused");
@@ -102,7 +106,10 @@ async fn fill(redis: &redis::Client, round: usize, n: usize, volatile: bool) {
         .expect("connection");
     let mut pipe = redis::pipe();
     for i in 0..n {
-        let cmd = pipe.cmd("SET").arg(format!("filler:{round}:{i}")).arg(vec![b'x'; 1000]);
+        let cmd = pipe
+            .cmd("SET")
+            .arg(format!("filler:{round}:{i}"))
+            .arg(vec![b'x'; 1000]);
         if volatile {
             cmd.arg("EX").arg(3600);
         }
@@ -150,7 +157,13 @@ async fn redis_volatile_eviction_drops_locks_but_keeps_fence_counters() {
     let ttl = Duration::from_secs(60);
     let first = Lock::builder(a, &name).ttl(ttl).build().expect("valid");
     for _ in 0..3 {
-        first.lock().await.expect("lock").release().await.expect("release");
+        first
+            .lock()
+            .await
+            .expect("lock")
+            .release()
+            .await
+            .expect("release");
     }
     let guard = first.lock().await.expect("first holder");
     let held = guard.fencing_token().get();
@@ -224,7 +237,11 @@ async fn memcached_eviction_is_reported_unless_started_with_no_evictions() {
     let mc = Memcached::connect(&server.url()).await.expect("connect");
     let hazards = mc.config_hazards();
     assert_eq!(kinds(&hazards), [HazardKind::EvictsLocksAndFences]);
-    assert!(hazards[0].setting().contains("evictions on"), "{}", hazards[0]);
+    assert!(
+        hazards[0].setting().contains("evictions on"),
+        "{}",
+        hazards[0]
+    );
     let err = refuse_config_hazards(&hazards).expect_err("refused");
     assert_eq!(err.kind(), ErrorKind::UnsafeConfig);
     assert!(err.to_string().contains("-M"), "{err}");
@@ -262,8 +279,11 @@ async fn memcached_eviction_really_gives_two_holders() {
                 key.push('x');
             }
             batch.extend_from_slice(
-                format!("set {key} 0 0 {value_len} noreply\r\n{}\r\n", "x".repeat(value_len))
-                    .as_bytes(),
+                format!(
+                    "set {key} 0 0 {value_len} noreply\r\n{}\r\n",
+                    "x".repeat(value_len)
+                )
+                .as_bytes(),
             );
         }
         // `mn` answers once every fill before it is done.
@@ -392,12 +412,20 @@ async fn every_scheme_refuses_unknown_parameters() {
     let url = "memcache://127.0.0.1:1?bogus=1";
     check(url, Memcached::connect(url).await.expect_err(url));
     let url = "etcd://127.0.0.1:1?bogus=1";
-    check(url, dlock::backend::Etcd::connect(url).await.expect_err(url));
+    check(
+        url,
+        dlock::backend::Etcd::connect(url).await.expect_err(url),
+    );
     let url = "postgres://u:s3cret@127.0.0.1:1/db?bogus=1";
     check(url, Postgres::connect(url).await.expect_err(url));
     check(url, PgAdvisory::connect(url).await.expect_err(url));
     let url = "zk://127.0.0.1:1/chroot?bogus=1";
-    check(url, dlock::backend::ZooKeeper::connect(url).await.expect_err(url));
+    check(
+        url,
+        dlock::backend::ZooKeeper::connect(url)
+            .await
+            .expect_err(url),
+    );
     // min_replicas must be a number.
     let err = Redis::connect("redis://127.0.0.1:1/?min_replicas=x")
         .await
@@ -468,8 +496,8 @@ async fn redis_sentinel_reports_the_masters_policy() {
     let master = RedisServer::start_with(&["--appendonly", "yes"]).expect("master");
     set_policy(&master, "volatile-ttl");
     let name = "hazardmaster";
-    let sentinel = dlock_test::server::SentinelServer::start(master.port(), name, 1)
-        .expect("sentinel");
+    let sentinel =
+        dlock_test::server::SentinelServer::start(master.port(), name, 1).expect("sentinel");
     let url = format!("redis+sentinel://{}/{name}", sentinel.addr());
     let mut redis = None;
     // The sentinel may take a moment to know its master.

@@ -1325,9 +1325,16 @@ mod props {
             assert_eq!(err.kind(), crate::ErrorKind::InvalidArgument, "{bad}");
         }
         // A parameter is named, whatever its value; none does nothing.
-        for (url, name) in [("etcd://h:1?min_replicas=1", "min_replicas"), ("etcd://h:1/?x", "x")] {
+        for (url, name) in [
+            ("etcd://h:1?min_replicas=1", "min_replicas"),
+            ("etcd://h:1/?x", "x"),
+        ] {
             let err = parse_url(url).expect_err(url);
-            assert!(err.to_string().contains(&format!("unknown parameter {name:?}")), "{err}");
+            assert!(
+                err.to_string()
+                    .contains(&format!("unknown parameter {name:?}")),
+                "{err}"
+            );
         }
         let err = parse_url("etcd://root:s3cret!@h:1").expect_err("credentials");
         assert!(!format!("{err} {err:?}").contains("s3cret!"), "{err:?}");

@@ -87,7 +87,10 @@ pub struct ConfigHazard {
 }
 
 impl ConfigHazard {
-    #[cfg_attr(not(any(feature = "redis", feature = "memcached", feature = "postgres")), allow(dead_code))]
+    #[cfg_attr(
+        not(any(feature = "redis", feature = "memcached", feature = "postgres")),
+        allow(dead_code)
+    )]
     /// A hazard of `kind` found on `node` (an address, without credentials) in `setting`
     /// (as the store reports it), with how to remove it.
     pub(crate) fn new(
@@ -179,7 +182,10 @@ pub fn refuse_config_hazards(hazards: &[ConfigHazard]) -> Result<()> {
     ))
 }
 
-#[cfg_attr(not(any(feature = "redis", feature = "memcached", feature = "postgres")), allow(dead_code))]
+#[cfg_attr(
+    not(any(feature = "redis", feature = "memcached", feature = "postgres")),
+    allow(dead_code)
+)]
 /// Logs each of `hazards` once and returns them.
 pub(crate) fn found(hazards: Vec<ConfigHazard>) -> Vec<ConfigHazard> {
     for hazard in &hazards {
@@ -265,19 +271,30 @@ mod tests {
             )
         };
         let kinds = |text: &str| -> Vec<HazardKind> {
-            redis_info("n", text).iter().map(ConfigHazard::kind).collect()
+            redis_info("n", text)
+                .iter()
+                .map(ConfigHazard::kind)
+                .collect()
         };
         assert_eq!(kinds(&info(0, "allkeys-lru", 1)), []);
         assert_eq!(kinds(&info(1, "noeviction", 1)), []);
         for p in ["allkeys-lru", "allkeys-lfu", "allkeys-random"] {
             assert_eq!(kinds(&info(1, p, 1)), [HazardKind::EvictsLocksAndFences]);
         }
-        for p in ["volatile-lru", "volatile-lfu", "volatile-random", "volatile-ttl"] {
+        for p in [
+            "volatile-lru",
+            "volatile-lfu",
+            "volatile-random",
+            "volatile-ttl",
+        ] {
             assert_eq!(kinds(&info(1 << 20, p, 1)), [HazardKind::EvictsLocks]);
         }
         assert_eq!(
             kinds(&info(1, "allkeys-lru", 0)),
-            [HazardKind::EvictsLocksAndFences, HazardKind::FencesNotDurable]
+            [
+                HazardKind::EvictsLocksAndFences,
+                HazardKind::FencesNotDurable
+            ]
         );
         // `maxmemory_human` or `maxmemory_policy` is not `maxmemory`.
         assert_eq!(kinds("maxmemory_policy:allkeys-lru\r\n"), []);

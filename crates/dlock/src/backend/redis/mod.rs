@@ -1651,23 +1651,48 @@ mod props {
             min_replicas: Some(n),
         };
         for (url, passed, out, options) in [
-            ("redis://h/0", &["protocol"][..], "redis://h/0", UrlOptions::default()),
-            ("redis://h/?min_replicas=2", &["protocol"], "redis://h/", some(2)),
+            (
+                "redis://h/0",
+                &["protocol"][..],
+                "redis://h/0",
+                UrlOptions::default(),
+            ),
+            (
+                "redis://h/?min_replicas=2",
+                &["protocol"],
+                "redis://h/",
+                some(2),
+            ),
             (
                 "redis://h/?protocol=resp3&min_replicas=1",
                 &["protocol"],
                 "redis://h/?protocol=resp3",
                 some(1),
             ),
-            ("rediss://h/?min_replicas=1#insecure", &["protocol"], "rediss://h/#insecure", some(1)),
-            ("redis://u:p?w@h/?min_replicas=0", &["protocol"], "redis://u:p?w@h/", some(0)),
+            (
+                "rediss://h/?min_replicas=1#insecure",
+                &["protocol"],
+                "rediss://h/#insecure",
+                some(1),
+            ),
+            (
+                "redis://u:p?w@h/?min_replicas=0",
+                &["protocol"],
+                "redis://u:p?w@h/",
+                some(0),
+            ),
             (
                 "redis+unix:///s?db=1&min_replicas=1&pass=x",
                 &["db", "pass"],
                 "redis+unix:///s?db=1&pass=x",
                 some(1),
             ),
-            ("redis+sentinel://h/m/1?min_replicas=3", &[], "redis+sentinel://h/m/1", some(3)),
+            (
+                "redis+sentinel://h/m/1?min_replicas=3",
+                &[],
+                "redis+sentinel://h/m/1",
+                some(3),
+            ),
         ] {
             let (rest, got) = take_params(url, passed).expect(url);
             assert_eq!((rest.as_str(), got), (out, options), "{url}");
@@ -1680,13 +1705,22 @@ mod props {
         ] {
             let err = parse_url(url).map(|_| ()).expect_err(url);
             assert_eq!(err.kind(), crate::ErrorKind::InvalidArgument, "{url}");
-            assert!(err.to_string().contains(&format!("unknown parameter {name:?}")), "{err}");
+            assert!(
+                err.to_string()
+                    .contains(&format!("unknown parameter {name:?}")),
+                "{err}"
+            );
         }
-        for bad in ["redis://h/?min_replicas=", "redis://h/?min_replicas=-1", "redis://h/?min_replicas=x"] {
+        for bad in [
+            "redis://h/?min_replicas=",
+            "redis://h/?min_replicas=-1",
+            "redis://h/?min_replicas=x",
+        ] {
             assert!(parse_url(bad).is_err(), "{bad}");
         }
         // The sentinel's master and db are parsed without the query.
-        let (target, options) = parse_url("redis+sentinel://h:1/m/2?min_replicas=1").expect("valid");
+        let (target, options) =
+            parse_url("redis+sentinel://h:1/m/2?min_replicas=1").expect("valid");
         assert!(matches!(target, Target::Node(super::Node::Sentinel(_))));
         assert_eq!(options.min_replicas, Some(1));
     }
