@@ -158,7 +158,7 @@ impl fmt::Display for ConfigHazard {
 /// ```no_run
 /// # async fn demo() -> dlock::Result<()> {
 /// let redis = dlock::backend::Redis::connect("redis://127.0.0.1:6379/0").await?;
-/// dlock::backend::refuse_config_hazards(redis.config_hazards())?;
+/// dlock::backend::refuse_config_hazards(&redis.config_hazards())?;
 /// # Ok(()) }
 /// ```
 ///
