@@ -47,6 +47,14 @@ async fn redis_allkeys_eviction_is_reported_and_refused_on_request() {
         let err = refuse_config_hazards(&hazards).expect_err("refused");
         assert_eq!(err.kind(), ErrorKind::UnsafeConfig);
         assert!(err.to_string().contains(policy), "{err}");
+        // RESP3 (INFO is then a verbatim string): the same.
+        let resp3 = Redis::connect(format!("{}?protocol=resp3", server.url()))
+            .await
+            .expect("connect");
+        assert_eq!(
+            kinds(&resp3.config_hazards()),
+            [HazardKind::EvictsLocksAndFences]
+        );
         let err = Redis::builder(server.url())
             .refuse_config_hazards(true)
             .connect()

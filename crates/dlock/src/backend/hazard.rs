@@ -15,12 +15,16 @@
 //! | Redis without AOF (`aof_enabled:0`) | [`HazardKind::FencesNotDurable`] | no: fences repeat after a restart |
 //! | memcached with evictions on (started without `-M`) | [`HazardKind::EvictsLocksAndFences`] | yes |
 //!
-//! PostgreSQL's session timeouts (`idle_session_timeout`,
-//! `idle_in_transaction_session_timeout`, `statement_timeout`) are not hazards dlock leaves
-//! to the user: in advisory mode each lock's session sets the two idle timeouts to 0 for
-//! itself (a session that ended would free the lock at once), and reports
-//! [`HazardKind::SessionTimeout`] only if that did not take; in lease mode a lock is a row
-//! with an expiry, so a session that ends loses no lock (see the backends' docs).
+//! What is not read: Redis `appendfsync` (only `CONFIG GET` shows it; with `everysec` a
+//! crash can lose the last second of fences), the replicas' settings (a Sentinel client
+//! reads the new master's after each failover it follows), and changes made after connect.
+//! etcd and ZooKeeper have no such setting. PostgreSQL's session timeouts
+//! (`idle_session_timeout`, `idle_in_transaction_session_timeout`, `statement_timeout`)
+//! are not hazards dlock leaves to the user: in advisory mode each lock's session sets the
+//! two idle timeouts to 0 for itself (an ended session would free its lock at once;
+//! `statement_timeout` can only cancel a short check, which then fails); in lease mode a
+//! lock is a row with an expiry, so a session that ends loses no lock (see the backends'
+//! docs).
 
 use std::fmt;
 
@@ -43,9 +47,6 @@ pub enum HazardKind {
     /// Fence counters are not written to disk as they change: a restart of the store
     /// starts them again (fences repeat). Redis without AOF (`appendonly no`).
     FencesNotDurable,
-    /// The server ends a session that stays idle or runs long: in PostgreSQL's advisory
-    /// mode a held lock lives in its session, so the lock would be free at once.
-    SessionTimeout,
 }
 
 impl HazardKind {
@@ -67,10 +68,6 @@ impl HazardKind {
             }
             HazardKind::FencesNotDurable => {
                 "fence counters are not persisted: after a restart fences start again at 1"
-            }
-            HazardKind::SessionTimeout => {
-                "the server ends idle sessions, and a session's advisory locks with it \
-                 (another holder is then granted while the first still runs)"
             }
         }
     }
