@@ -46,10 +46,12 @@ const AFTER_HELP: &str = "Examples:
 Exit codes:
   0      success (dlock run, dlock elect: the command's own status; 128+N if signal N
          killed it)
-  64     usage error: bad flag, duration, URL or backend
+  64     usage error: bad flag, duration, URL or backend; dlock run --semaphore N whose N
+         differs from the semaphore's stored count (see dlock set-permits)
   69     backend unavailable or failed
   75     conflict: the lock is held, or another candidate leads (--no-wait, or --wait ran
-         out); see --conflict-exit-code
+         out), or (dlock run --refuse-other-kinds) NAME is held as another kind of lock;
+         see --conflict-exit-code
   76     lock or leadership lost while held (the command was terminated), or not ours at
          release
   1      dlock torture: an unexpected result (see its report)
@@ -111,19 +113,31 @@ pub(crate) struct Wait {
 pub(crate) enum Command {
     /// Run a command while holding the lock NAME; exit with its status.
     ///
-    /// The lease is renewed while the command runs. If the lock is lost meanwhile (the
-    /// store lost it, or an operator force-unlocked it), or renewals keep failing until the
-    /// remaining validity is down to --kill-grace (at most ttl/3), the command gets
-    /// SIGTERM, then SIGKILL after the grace, and dlock exits 76. SIGTERM and SIGHUP sent to
-    /// dlock are forwarded to the command, SIGINT too unless stdin is a terminal (Ctrl-C
-    /// reaches the command itself there); a second one sends SIGKILL. Without a terminal
-    /// the command gets its own process group, so its children are signalled too. The lock
-    /// is released after the command exits (with --min-hold D: kept until D after the
-    /// command ended). The command
+    /// The lease is renewed while the command runs. Without a terminal the command gets
+    /// a process group of its own, and every signal below goes to the whole group. If
+    /// renewals keep failing until the remaining validity is down to --kill-grace + 100ms,
+    /// the group gets SIGTERM, then SIGKILL after the grace — at the latest 100ms before
+    /// the validity ends, by the lease's own clock, so nothing of the command runs when
+    /// another holder can be granted the lock; a separate reaper process keeps that
+    /// deadline even if dlock itself is paused or killed. If the store says the lock is
+    /// gone (an operator force-unlocked it), the group gets SIGKILL at once. Then dlock
+    /// exits 76. SIGTERM and SIGHUP sent to dlock are forwarded to the command, SIGINT too
+    /// unless stdin is a terminal (Ctrl-C reaches the command itself there); a second one
+    /// sends SIGKILL. Like flock(1), the lock is held (renewed) until the command, every
+    /// process of its group and every process that inherited the descriptor named in
+    /// DLOCK_HOLD_FD have exited (--release-on-exit: when the command itself exits); with
+    /// --min-hold D, it is kept until D after that. The command
     /// sees DLOCK_NAME, DLOCK_TOKEN and DLOCK_FENCE (the fencing token: pass it to the
     /// resource, which must reject writes with a smaller one). `dlock status` and `list`
     /// show this host, dlock's pid, the command's program name (or --info: its arguments
     /// are not shown, as they may carry secrets) and since when.
+    ///
+    /// Without --semaphore, --shared, --exclusive or --fair this takes the plain lock NAME.
+    /// Each kind of lock is a separate lock, even under the same NAME: a plain run, a
+    /// --fair run, a --semaphore run and an --exclusive run of one NAME do not exclude each
+    /// other. Once it holds its lock, dlock checks the other kinds of NAME and warns on
+    /// stderr if one is held (--refuse-other-kinds: refuses instead, exit 75); `dlock
+    /// list` shows each held lock with its kind.
     Run(RunArgs),
     /// Campaign in the election NAME and run a command only while leading.
     ///
@@ -131,10 +145,11 @@ pub(crate) enum Command {
     /// PostgreSQL, ZooKeeper). Once this one leads, it advertises --value and runs the
     /// command with DLOCK_NAME, DLOCK_TOKEN, DLOCK_TERM (the term: a fencing token that
     /// strictly increases with every leader; DLOCK_FENCE has the same number) and
-    /// DLOCK_VALUE. When the command exits, dlock resigns at once (the next candidate
-    /// leads without waiting for the lease) and exits with the command's status. If
-    /// leadership is lost meanwhile, the command gets SIGTERM, SIGKILL after --kill-grace,
-    /// and dlock exits 76. SIGTERM, SIGHUP (and SIGINT off a terminal) sent to dlock are
+    /// DLOCK_VALUE. When the command and every process of its group have exited, dlock
+    /// resigns at once (the next candidate leads without waiting for the lease) and exits
+    /// with the command's status. If leadership is lost meanwhile, the command's group is
+    /// killed exactly as `dlock run` kills it (SIGTERM, SIGKILL after --kill-grace, before
+    /// the lease can end), and dlock exits 76. SIGTERM, SIGHUP (and SIGINT off a terminal) sent to dlock are
     /// forwarded to the command; dlock resigns once it has exited, so a standby takes
     /// over well before the lease could run out.
     Elect(ElectArgs),
@@ -157,13 +172,18 @@ pub(crate) enum Command {
     /// Show who holds NAME: token (abbreviated), host, pid, command and since when (as the
     /// holder told), remaining ttl, last fence, waiting clients.
     ///
-    /// On redlock:// it shows every node's view and the majority's.
+    /// With --kind semaphore: also the permits in use, the holders and the stored permit
+    /// count (`permits`; `-` if none is stored). On redlock:// it shows every node's view
+    /// and the majority's.
     Status(StatusArgs),
-    /// List held locks (SCAN, never KEYS), optionally matching a glob PATTERN.
+    /// List held locks of every kind (SCAN, never KEYS), optionally matching a glob PATTERN.
     ///
-    /// One line per lock: NAME HOLDER REMAINING FENCE HOST PID SINCE COMMAND, `-` where
-    /// unknown; no cell but COMMAND (the last) has spaces. Not on memcache:// (no key
-    /// iteration) or postgres://…?mode=advisory (only hashes of names are stored).
+    /// One line per lock: NAME HOLDER REMAINING FENCE HOST PID SINCE KIND COMMAND, `-`
+    /// where unknown; no cell but COMMAND (the last) has spaces. KIND is lock, semaphore,
+    /// reentrant, rwlock or fair: each kind is a separate lock, so one NAME may have a
+    /// line per kind; where holders share a lock (semaphore, readers) HOLDER is `-` and
+    /// JSON has `holders`. Not on memcache:// (no key iteration) or
+    /// postgres://…?mode=advisory (only hashes of names are stored).
     List(ListArgs),
     /// Watch every held lock of every kind, refreshed in place (like top(1)).
     ///
@@ -176,6 +196,16 @@ pub(crate) enum Command {
     Top(TopArgs),
     /// Delete NAME whoever holds it. Dangerous: the holder keeps working until it notices.
     ForceUnlock(ForceUnlockArgs),
+    /// Set the permit count of the semaphore NAME (`dlock run --semaphore N`) for every
+    /// client.
+    ///
+    /// The count is stored with the semaphore: the first `dlock run --semaphore N` stores
+    /// its N, and a run whose N differs from the stored count is refused (exit 64) until
+    /// the count is changed here (or by a run with --set-permits). Holders above a lowered
+    /// count keep their permits until they exit; runs waiting with another N are refused
+    /// at their next attempt. On zk:// the count lives while the semaphore has holders or
+    /// waiters (ZooKeeper reaps its empty directory; the next run stores its own N).
+    SetPermits(SetPermitsArgs),
     /// Seed 003's oversell demo: worker processes deduct stock four ways.
     ///
     /// Runs the dlock-torture binary (see `dlock demo --help`).
@@ -217,25 +247,52 @@ pub(crate) struct RunArgs {
     /// Lease length, renewed every third of it while the command runs.
     #[arg(long, value_parser = parse_duration, default_value = "30s")]
     pub(crate) ttl: Duration,
-    /// After SIGTERM on a lost lock, how long before SIGKILL.
-    #[arg(long, value_parser = parse_duration, default_value = "10s")]
-    pub(crate) kill_grace: Duration,
-    /// At most N concurrent runs fleet-wide: take one of N permits instead of the lock (the
-    /// command then gets no DLOCK_FENCE: permit holders do not exclude each other).
+    /// How long the command has between SIGTERM and SIGKILL when renewals keep failing
+    /// (default 10s, or less where the lease needs it). SIGKILL lands at the latest 100ms
+    /// before the lease's validity ends, so the grace is at most ttl/3 - 100ms; a larger
+    /// value is refused.
+    #[arg(long, value_parser = parse_duration, value_name = "D")]
+    pub(crate) kill_grace: Option<Duration>,
+    /// Release the lock as soon as the command itself exits, even if processes it
+    /// started still run (by default the lock is held until the whole process group,
+    /// and every process holding DLOCK_HOLD_FD, has exited).
+    #[arg(long)]
+    pub(crate) release_on_exit: bool,
+    /// At most N concurrent runs fleet-wide: take one of N permits of the semaphore NAME
+    /// instead of the lock (the command then gets no DLOCK_FENCE: permit holders do not
+    /// exclude each other). N is stored by the first run; a run whose N differs from the
+    /// stored count is refused (exit 64, naming it): change it with `dlock set-permits
+    /// NAME N` or --set-permits. A separate lock from the plain, fair and read-write locks
+    /// NAME: it does not exclude them.
     #[arg(long, value_name = "N", conflicts_with_all = ["shared", "exclusive", "fair"])]
     pub(crate) semaphore: Option<u32>,
+    /// With --semaphore N: set the stored permit count to N for every client (as `dlock
+    /// set-permits`) instead of refusing another count; holders above a lowered count keep
+    /// their permits until they exit.
+    #[arg(long, requires = "semaphore")]
+    pub(crate) set_permits: bool,
     /// Take the read-write lock NAME for reading: shared with other --shared runs,
     /// excluded by --exclusive runs (writers first: a waiting writer holds new readers
-    /// back). No DLOCK_FENCE.
+    /// back). No DLOCK_FENCE. A separate lock from the plain, fair and semaphore NAME: it
+    /// does not exclude them.
     #[arg(long, conflicts_with_all = ["exclusive", "fair"])]
     pub(crate) shared: bool,
-    /// Take the read-write lock NAME for writing: alone, excluding --shared runs. (A plain
-    /// run without this flag uses a separate, plain lock.)
+    /// Take the read-write lock NAME for writing: alone, excluding --shared runs. A
+    /// separate lock from the plain, fair and semaphore NAME: a plain run (without this
+    /// flag) does not exclude it.
     #[arg(long, conflicts_with = "fair")]
     pub(crate) exclusive: bool,
-    /// Take the fair lock NAME: waiting --fair runs get it in arrival order.
+    /// Take the fair lock NAME: waiting --fair runs get it in arrival order. A separate
+    /// lock from the plain, semaphore and read-write NAME: it does not exclude them.
     #[arg(long)]
     pub(crate) fair: bool,
+    /// Once holding, if NAME is also held as another kind of lock (a separate lock that
+    /// does not exclude this one), refuse: give the lock back without running the command
+    /// and exit with the conflict code (75, or --conflict-exit-code). Default: run, with a
+    /// warning on stderr. Checked under each kind's default prefix only (not with
+    /// --prefix), on stores with every kind.
+    #[arg(long)]
+    pub(crate) refuse_other_kinds: bool,
     /// Print nothing on a conflict.
     #[arg(long, short)]
     pub(crate) quiet: bool,
@@ -285,9 +342,14 @@ pub(crate) struct ElectArgs {
     /// replaced within it.
     #[arg(long, value_parser = parse_duration, default_value = "30s")]
     pub(crate) ttl: Duration,
-    /// After SIGTERM on lost leadership, how long before SIGKILL.
-    #[arg(long, value_parser = parse_duration, default_value = "10s")]
-    pub(crate) kill_grace: Duration,
+    /// How long the command has between SIGTERM and SIGKILL when renewals keep failing
+    /// (default 10s, or less where the lease needs it; at most ttl/3 - 100ms).
+    #[arg(long, value_parser = parse_duration, value_name = "D")]
+    pub(crate) kill_grace: Option<Duration>,
+    /// Resign as soon as the command itself exits, even if processes it started still
+    /// run (by default dlock leads until its whole process group has exited).
+    #[arg(long)]
+    pub(crate) release_on_exit: bool,
     /// Print nothing when another candidate leads (--no-wait, --wait).
     #[arg(long, short)]
     pub(crate) quiet: bool,
@@ -366,12 +428,27 @@ pub(crate) struct StatusArgs {
 }
 
 #[derive(Debug, Args)]
+pub(crate) struct SetPermitsArgs {
+    /// The semaphore's name (as given to `dlock run --semaphore N NAME`).
+    pub(crate) name: String,
+    /// The new permit count, 1 to 1000000.
+    #[arg(value_name = "N")]
+    pub(crate) permits: u32,
+    #[command(flatten)]
+    pub(crate) store: Store,
+}
+
+#[derive(Debug, Args)]
 pub(crate) struct ListArgs {
     /// Glob over lock names (* and ?).
     #[arg(default_value = "*")]
     pub(crate) pattern: String,
     #[command(flatten)]
     pub(crate) store: Store,
+    /// Only these kinds of lock (repeat, or separate with commas); default: every kind the
+    /// store has (with a --prefix of your own: lock, unless named here).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub(crate) kind: Vec<Kind>,
     /// At most this many locks.
     #[arg(long, default_value_t = 1000)]
     pub(crate) limit: usize,

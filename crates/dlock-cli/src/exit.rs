@@ -47,7 +47,8 @@ impl Failure {
 impl From<dlock::Error> for Failure {
     fn from(err: dlock::Error) -> Failure {
         let code = match err.kind() {
-            ErrorKind::InvalidArgument => USAGE,
+            // A semaphore's count other than the stored one: the command line's to change.
+            ErrorKind::InvalidArgument | ErrorKind::PermitsMismatch => USAGE,
             ErrorKind::LockLost => LOST,
             _ => UNAVAILABLE,
         };

@@ -22,6 +22,15 @@ use crate::exit::Failure;
 use crate::target::{connect, connect_to_lock, with_election_backend};
 
 fn main() -> ExitCode {
+    // The reaper `dlock run` starts beside a command, and the gate in front of the command
+    // (which execs it, returning only on failure): internal, not user commands.
+    match std::env::args_os().nth(1) {
+        Some(a) if a == cmd::REAPER_ARG => return ExitCode::from(cmd::reaper_main()),
+        Some(a) if a == cmd::GATE_ARG => {
+            return ExitCode::from(cmd::gate_main(std::env::args_os().skip(2)));
+        }
+        _ => {}
+    }
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         // A usage error: one line, and the usage code.
@@ -99,6 +108,9 @@ async fn dispatch(command: Command) -> Result<u8, Failure> {
         Command::ForceUnlock(args) => {
             target::force_unlock(connect(&args.store, false).await?, args).await
         }
+        Command::SetPermits(args) => {
+            target::set_permits(connect(&args.store, false).await?, args).await
+        }
         Command::Torture(_) | Command::Demo(_) => Err(Failure::new(
             exit::CANNOT_EXECUTE,
             "dlock torture and dlock demo run the harness in place of dlock",
@@ -153,6 +165,9 @@ mod tests {
         "top --limit {}",
         "top --iterations {}",
         "force-unlock n --kind {}",
+        "list --kind {}",
+        "set-permits --url redis://h n {}",
+        "set-permits {} 3",
         "completions {}",
         "{}",
     ];
@@ -267,7 +282,7 @@ mod tests {
                 (Ok(cli), Some(d)) => {
                     let Command::Run(run) = cli.command else { panic!("not run") };
                     prop_assert_eq!(run.wait.wait, Some(d));
-                    prop_assert_eq!(run.kill_grace, d);
+                    prop_assert_eq!(run.kill_grace, Some(d));
                 }
                 (Err(f), None) => usage_without(&f, "")?,
                 (Ok(_), None) => prop_assert!(false, "{} overflowed into a value", text),

@@ -11,8 +11,8 @@ use dlock::raw::RawFencing;
 use dlock::{LockGuard, MIN_TTL};
 
 use crate::args::{
-    AcquireArgs, ExtendArgs, ForceUnlockArgs, ListArgs, RunArgs, StatusArgs, Store, TokenArgs,
-    TopArgs,
+    AcquireArgs, ExtendArgs, ForceUnlockArgs, ListArgs, RunArgs, SetPermitsArgs, StatusArgs, Store,
+    TokenArgs, TopArgs,
 };
 use crate::cmd::{self, Layout};
 use crate::exit::Failure;
@@ -229,14 +229,39 @@ pub(crate) async fn status(target: Target, args: StatusArgs) -> Result<u8, Failu
 /// `dlock list`.
 pub(crate) async fn list(target: Target, args: ListArgs) -> Result<u8, Failure> {
     match target {
-        Target::Redis(b) => cmd::list_cmd(b, Layout::AtKey, args).await,
-        Target::Memory(b) => cmd::list_cmd(b, Layout::AtKey, args).await,
-        Target::Postgres(b) => cmd::list_cmd(b, Layout::AtKey, args).await,
-        Target::Etcd(e) => cmd::list_cmd(e, Layout::QueueUnder, args).await,
-        Target::ZooKeeper(z) => cmd::list_cmd(z, Layout::Znodes, args).await,
-        Target::Quorum(q) => cmd::quorum::list_cmd(q, args).await,
+        Target::Redis(b) => cmd::list_every_kind(b, Layout::AtKey, true, args).await,
+        Target::Memory(b) => cmd::list_every_kind(b, Layout::AtKey, false, args).await,
+        Target::Postgres(b) => cmd::list_every_kind(b, Layout::AtKey, false, args).await,
+        Target::ZooKeeper(z) => cmd::list_every_kind(z, Layout::Znodes, false, args).await,
+        Target::Etcd(e) => {
+            cmd::only_locks(&args.kind, "etcd://")?;
+            cmd::list_cmd(e, Layout::QueueUnder, args).await
+        }
+        Target::Quorum(q) => {
+            cmd::only_locks(&args.kind, "redlock://")?;
+            cmd::quorum::list_cmd(q, args).await
+        }
         Target::Memcached(_) => Err(Failure::usage(MEMCACHED_NO_LIST)),
         Target::PgAdvisory(_) => Err(Failure::usage(ADVISORY_NO_LIST)),
+    }
+}
+
+/// `dlock set-permits`.
+pub(crate) async fn set_permits(target: Target, args: SetPermitsArgs) -> Result<u8, Failure> {
+    let plain_only = |store: &str| {
+        Err(Failure::usage(format!(
+            "{store} has the plain lock only: no semaphore to set the permits of"
+        )))
+    };
+    match target {
+        Target::Redis(b) => cmd::set_permits_cmd(b, args).await,
+        Target::Memory(b) => cmd::set_permits_cmd(b, args).await,
+        Target::Postgres(b) => cmd::set_permits_cmd(b, args).await,
+        Target::ZooKeeper(b) => cmd::set_permits_cmd(b, args).await,
+        Target::Memcached(_) => plain_only("memcache://"),
+        Target::Etcd(_) => plain_only("etcd://"),
+        Target::Quorum(_) => plain_only("redlock://"),
+        Target::PgAdvisory(_) => plain_only("postgres://…?mode=advisory"),
     }
 }
 

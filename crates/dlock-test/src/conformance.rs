@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use dlock::raw::{RawFencing, RawInspect, RawLock, RawSemaphore};
-use dlock::{ErrorKind, Lock, Retry, Semaphore};
+use dlock::{ErrorKind, Lock, OtherCount, Retry, Semaphore};
 use tokio::time::{Instant, sleep, timeout};
 
 /// A store under test.
@@ -1053,4 +1053,94 @@ where
 {
     run_all(target).await;
     inspection_and_administration(target).await;
+}
+
+/// A semaphore whose permit count differs from the one stored for its name is refused
+/// (`PermitsMismatch`, naming both counts; nothing taken, a wait ends at once), never run
+/// under the stored count; `OtherCount::Set` sets the count instead, `OtherCount::Adopt`
+/// uses the stored one; a semaphore's own `set_permits` makes the count its own.
+pub async fn semaphore_other_count_is_refused<T: Target>(target: &T)
+where
+    T::Backend: RawSemaphore,
+{
+    let name = unique("sem-count");
+    let five = Semaphore::new(target.client().await, &name, 5).expect("valid");
+    assert_eq!(
+        five.stored_permits().await.expect("store"),
+        None,
+        "none yet"
+    );
+    // Held throughout, so that ZooKeeper keeps the semaphore's directory (its count).
+    let held = five.try_acquire().await.expect("store").expect("free");
+    assert_eq!(five.stored_permits().await.expect("store"), Some(5));
+
+    let one = Semaphore::new(target.client().await, &name, 1).expect("valid");
+    let refused = |result: dlock::Result<Option<dlock::SemaphorePermit<T::Backend>>>,
+                   stored: u32,
+                   requested: u32| {
+        let err = result
+            .map(|p| p.map(|p| p.forget()))
+            .expect_err(&format!("{stored} stored, {requested} refused"));
+        assert_eq!(err.kind(), ErrorKind::PermitsMismatch, "{err}");
+        let counts = std::error::Error::source(&err)
+            .and_then(|s| s.downcast_ref::<dlock::PermitCounts>())
+            .copied()
+            .expect("the counts");
+        assert_eq!((counts.stored, counts.requested), (stored, requested));
+        assert!(err.to_string().contains(&stored.to_string()), "{err}");
+        assert!(!err.is_retryable());
+    };
+    refused(one.try_acquire().await, 5, 1);
+    refused(one.try_acquire_many(1).await, 5, 1);
+    refused(one.try_acquire_for(Duration::from_secs(30)).await, 5, 1);
+    let waited = timeout(Duration::from_secs(10), one.acquire())
+        .await
+        .expect("a wait is refused at once, not left waiting");
+    refused(waited.map(Some), 5, 1);
+    assert_eq!(
+        five.available_permits().await.expect("store"),
+        4,
+        "nothing taken"
+    );
+
+    // Adopt: the stored count is used.
+    let adopt = Semaphore::builder(target.client().await, &name, 1)
+        .on_other_count(OtherCount::Adopt)
+        .build()
+        .expect("valid");
+    let adopted = adopt
+        .try_acquire()
+        .await
+        .expect("store")
+        .expect("4 free of 5");
+    assert_eq!(five.available_permits().await.expect("store"), 3);
+    adopted.release().await.expect("release");
+    assert_eq!(five.stored_permits().await.expect("store"), Some(5));
+
+    // Set: the stored count becomes this one, then a permit is taken under it.
+    let two = Semaphore::builder(target.client().await, &name, 2)
+        .on_other_count(OtherCount::Set)
+        .build()
+        .expect("valid");
+    let second = two
+        .try_acquire()
+        .await
+        .expect("store")
+        .expect("1 free of 2");
+    assert_eq!(five.stored_permits().await.expect("store"), Some(2));
+    refused(five.try_acquire().await, 2, 5);
+    second.release().await.expect("release");
+
+    // An operator's set_permits through a semaphore makes the count its own.
+    one.set_permits(3).await.expect("operator");
+    assert_eq!(one.permits(), 3);
+    let third = one
+        .try_acquire()
+        .await
+        .expect("store")
+        .expect("2 free of 3");
+    let two = Semaphore::new(target.client().await, &name, 2).expect("valid");
+    refused(two.try_acquire().await, 3, 2);
+    third.release().await.expect("release");
+    held.release().await.expect("release");
 }

@@ -27,7 +27,9 @@ pub(crate) enum Command {
     /// schedule drawn from --seed. Every operation is recorded on CLOCK_MONOTONIC; the
     /// checkers then count overlapping holders, lost increments, stale writes accepted,
     /// fence order and reuse, time to reacquire after a crash, and orphan keys. The
-    /// seeds' broken locks run as controls and must be caught. Writes report.json and an
+    /// seeds' broken locks run as controls and must be caught. The run-* kinds' workers
+    /// are dlock processes instead, whose commands (and what they leave behind) write to
+    /// a file: a write after the next holder's grant is two holders at once. Writes report.json and an
     /// SVG timeline per kind to --out; exits 1 on any unexpected result.
     Torture(TortureArgs),
     /// One worker process of `dlock demo` (internal).
@@ -39,6 +41,9 @@ pub(crate) enum Command {
     /// The lease-holding client of `dlock torture --soak` (internal).
     #[command(hide = true)]
     SoakHolder(SoakHolderArgs),
+    /// One write of a command kind's command to its resource (internal).
+    #[command(hide = true)]
+    TortureAppend(AppendArgs),
 }
 
 #[derive(Debug, Args)]
@@ -110,7 +115,8 @@ pub(crate) struct TortureArgs {
     /// Seed of the fault schedule (a run is reproducible from it).
     #[arg(long, default_value_t = 1)]
     pub(crate) seed: u64,
-    /// Faults, comma-separated, or `all`: pause, kill, freeze, client-pause, restart,
+    /// Faults, comma-separated, or `all`: pause (on the run-* kinds: the dlock process, not
+    /// its command), kill, freeze, client-pause, restart,
     /// script-flush, delay, blackhole, close, failover (the sentinel and cluster kinds
     /// only: the replica frozen, a grant to the master alone, the master killed), and the
     /// clock faults clock-jump, clock-back, clock-fast (the lock server's wall clock, on
@@ -145,17 +151,23 @@ pub(crate) struct TortureArgs {
     /// their own, failed over before replication; the second with min_replicas 1),
     /// cluster-fenced (a 3-master Redis Cluster of its own; the lock slot's master fails
     /// over), redlock-delayed-restart (RedLock with the workers split in two halves that
-    /// share one node, which restarts empty only after 2 × ttl; ttl at least 3 s), memory,
-    /// and the controls setnx-expire, setnx-getset, get-del, plain-del and
+    /// share one node, which restarts empty only after 2 × ttl; ttl at least 3 s),
+    /// run-supervised and run-supervised-zookeeper (workers are `dlock run --ttl 3s`
+    /// processes of the dlock binary beside this one, their command ignoring SIGTERM and
+    /// leaving a writer in the background; the second on a ZooKeeper ensemble of its own
+    /// whose 3 s session makes a 2 s lease; skipped by `all` if dlock is missing), memory,
+    /// and the controls setnx-expire, setnx-getset, get-del, plain-del,
     /// redlock-immediate-restart (the same split, the shared node restarting empty at once
-    /// on a grant: seed 002's hazard, which must be caught).
+    /// on a grant: seed 002's hazard, which must be caught) and run-unsupervised (the
+    /// run-supervised command under `dlock acquire`'s lease, no supervisor).
     #[arg(long, default_value = "all")]
     pub(crate) kinds: String,
     /// Where report.json and the timelines go.
     #[arg(long, default_value = "dlock-torture")]
     pub(crate) out: std::path::PathBuf,
     /// The CI profile: about 30 s per dlock kind (the shortest run that injects each
-    /// kind's faults; 24 s for redlock), 12 s per control, 8 s for memory. With --kinds
+    /// kind's faults; 24 s for redlock, 40 s for run-supervised and
+    /// run-supervised-zookeeper), 12 s per control, 8 s for memory. With --kinds
     /// named (or $CI set), a clock fault that cannot run here fails the run.
     #[arg(long)]
     pub(crate) quick: bool,
@@ -197,6 +209,21 @@ pub(crate) struct TortureWorkerArgs {
     /// off the real one, at its start and whenever that moves by a second or more.
     #[arg(long, allow_hyphen_values = true)]
     pub(crate) real_wall_minus_monotonic_ns: Option<i64>,
+}
+
+/// `torture-append`: see `crate::command::append`.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct AppendArgs {
+    /// What the write is: the command's first (the grant), its own, or its background
+    /// process's.
+    #[arg(value_enum)]
+    pub(crate) event: crate::command::Event,
+    /// Wait this long before the first write.
+    #[arg(long, default_value_t = 0)]
+    pub(crate) after_ms: u64,
+    /// Write again every 50 ms for this long (0: once).
+    #[arg(long, default_value_t = 0)]
+    pub(crate) for_ms: u64,
 }
 
 #[derive(Debug, Clone, Args)]

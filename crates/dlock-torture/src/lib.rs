@@ -34,9 +34,12 @@
 //! | `sentinel-wait-fenced` | as `sentinel-fenced`, with `min_replicas(1)` | a failover excuses nothing: as `dlock-fenced` |
 //! | `cluster-fenced` | [`Lock`](dlock::Lock) on `redis+cluster://`: 3 masters with a replica each, of its own; the lock slot's master fails over as above | as `sentinel-fenced` |
 //! | `redlock-delayed-restart` | [`Lock`](dlock::Lock) over a 5-node quorum; the even workers reach nodes 0, 1, 2, the odd ones 2, 3, 4 (the others' links blackholed), so every majority includes node 2; a holder holds half a lease without renewing; node 2 is killed on a grant and started empty after 2 × ttl; ttl at least 3 s | no overlap at all: a delayed restart is RedLock's answer to the hazard below |
+//! | `run-supervised` | processes of the shipped `dlock` binary beside this one: `dlock run --ttl 3s` (at least; the default `--kill-grace`, 10 s) on the Redis lock server, its command a shell that ignores SIGTERM, writes for a lease and a third, and leaves a writer in the background that writes after it has exited; unfenced, to a file every write appends to with CLOCK_MONOTONIC (`command`); faults: a pause of the `dlock` process (not its command) and a partition of its links, each at a grant | no write of a command, nor of anything it started, after the next holder's grant, unless that holder's `dlock` was paused; stalls and orphans as `dlock` |
+//! | `run-supervised-zookeeper` | as `run-supervised`, on a 3-server ZooKeeper ensemble of its own, session timeout 3 s: a lease of two thirds of it (2 s), under the ttl; the partition cuts all three links | as `run-supervised` |
 //! | `memory` | [`Lock`](dlock::Lock) on the memory backend, threads, stalls only | as `dlock-fenced` |
 //! | `setnx-expire` … `plain-del` | the seeds' broken locks (controls) | must be caught by their own bug, or the run fails |
 //! | `redlock-immediate-restart` | control: as `redlock-delayed-restart`, but node 2 restarts empty at once, within the holder's ttl (seed 002's hazard: a combination, as neither the split nor the restart alone lets a second majority form) | must show an overlap only such a restart explains, or the run fails |
+//! | `run-unsupervised` | control: `run-supervised`'s command under `dlock acquire --ttl 3s` (no renewal, no supervisor), then `dlock release` | must show a write after the next holder's grant, or the run fails |
 //!
 //! A run must also test what it says it tested: a kind that exists for one fault (the
 //! controls; `redlock-*-restart`, the bridge node's restart; the `sentinel-*` and
@@ -93,13 +96,15 @@
 //! schedule and the fault injection) and `workers` (worker processes) ← `run` (the
 //! orchestrator) ← `soak` (`--soak`: rounds of every kind beside one client holding
 //! 10 000 leases, its memory and descriptors over time); `worker` is one worker
-//! process's loop, `checkers` turn a history into findings, `report` and `timelines`
+//! process's loop (`command` the command kinds' workers, their shell command and its
+//! writes), `checkers` turn a history into findings, `report` and `timelines`
 //! present them; `demo` is the oversell demo.
 
 #![forbid(unsafe_code)]
 
 mod args;
 mod checkers;
+mod command;
 mod demo;
 mod exit;
 mod failover;
@@ -165,6 +170,10 @@ pub fn main() -> ExitCode {
             return ExitCode::from(exit::SUCCESS);
         }
     };
+    // A command's write: no runtime, so that it starts and ends quickly.
+    if let Command::TortureAppend(args) = &cli.command {
+        return exit::finish(command::append(args));
+    }
     // A worker runs on one thread, so that a stall it simulates also stops its lease
     // renewal, as a real process pause would.
     let runtime = if matches!(
@@ -193,6 +202,7 @@ pub fn main() -> ExitCode {
             Command::Torture(args) => torture(args).await,
             Command::TortureWorker(args) => worker::run(args).await,
             Command::SoakHolder(args) => soak::holder(args).await,
+            Command::TortureAppend(args) => command::append(&args),
         }
     }))
 }

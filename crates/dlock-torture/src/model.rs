@@ -47,6 +47,9 @@ pub(crate) enum Kind {
     ClusterFenced,
     RedlockImmediateRestart,
     RedlockDelayedRestart,
+    RunSupervised,
+    RunSupervisedZookeeper,
+    RunUnsupervised,
 }
 
 /// How many independent masters the `redlock` kinds run over.
@@ -89,6 +92,12 @@ pub(crate) const ZOOKEEPER_MEMBERS: usize = 3;
 /// It also spaces faults as etcd's 2 s does, so the `--quick` run fits four.
 pub(crate) const ZOOKEEPER_MIN_TTL: Duration = Duration::from_secs(2);
 
+/// The least ttl of the command kinds (`run-supervised`, `run-supervised-zookeeper`,
+/// `run-unsupervised`): issue 25's reproduction, `dlock run --ttl 3s` with the default
+/// `--kill-grace` of 10 s; each `dlock` process and every write of its command is a
+/// process start, which a shorter lease would make the subject of the run.
+pub(crate) const RUN_MIN_TTL: Duration = Duration::from_secs(3);
+
 /// Where the `zookeeper-fenced` kind's locks live in its ensemble (a chroot exercised as
 /// users' URLs have them).
 pub(crate) const ZOOKEEPER_CHROOT: &str = "/dlock-torture";
@@ -100,7 +109,7 @@ pub(crate) const ZOOKEEPER_CHROOT: &str = "/dlock-torture";
 pub(crate) const ETCD_MIN_TTL: Duration = Duration::from_secs(2);
 
 impl Kind {
-    pub(crate) const ALL: [Kind; 21] = [
+    pub(crate) const ALL: [Kind; 24] = [
         Kind::Dlock,
         Kind::DlockFenced,
         Kind::FairFenced,
@@ -116,12 +125,15 @@ impl Kind {
         Kind::EtcdFenced,
         Kind::PostgresFenced,
         Kind::ZookeeperFenced,
+        Kind::RunSupervised,
+        Kind::RunSupervisedZookeeper,
         Kind::Memory,
         Kind::SetnxExpire,
         Kind::SetnxGetset,
         Kind::GetDel,
         Kind::PlainDel,
         Kind::RedlockImmediateRestart,
+        Kind::RunUnsupervised,
     ];
 
     pub(crate) fn id(self) -> &'static str {
@@ -147,7 +159,21 @@ impl Kind {
             Kind::SetnxGetset => "setnx-getset",
             Kind::GetDel => "get-del",
             Kind::PlainDel => "plain-del",
+            Kind::RunSupervised => "run-supervised",
+            Kind::RunSupervisedZookeeper => "run-supervised-zookeeper",
+            Kind::RunUnsupervised => "run-unsupervised",
         }
+    }
+
+    /// Whether the workers are `dlock` processes running a shell command (see
+    /// `crate::command`), rather than this crate's worker loop: `run-supervised` and
+    /// `run-supervised-zookeeper` (`dlock run`), and their control `run-unsupervised`
+    /// (`dlock acquire`, the command, `dlock release`).
+    pub(crate) fn runs_commands(self) -> bool {
+        matches!(
+            self,
+            Kind::RunSupervised | Kind::RunSupervisedZookeeper | Kind::RunUnsupervised
+        )
     }
 
     pub(crate) fn is_control(self) -> bool {
@@ -158,6 +184,7 @@ impl Kind {
                 | Kind::GetDel
                 | Kind::PlainDel
                 | Kind::RedlockImmediateRestart
+                | Kind::RunUnsupervised
         )
     }
 
@@ -197,14 +224,17 @@ impl Kind {
                 | Kind::EtcdFenced
                 | Kind::PostgresFenced
                 | Kind::ZookeeperFenced
+                | Kind::RunSupervisedZookeeper
         )
     }
 
     /// The kind's lease: memcached's one-second expiry clock needs at least
     /// [`MIN_TTL`](dlock::backend::memcached::MIN_TTL), etcd's whole-second leases
-    /// [`ETCD_MIN_TTL`], ZooKeeper's sessions [`ZOOKEEPER_MIN_TTL`].
+    /// [`ETCD_MIN_TTL`], ZooKeeper's sessions [`ZOOKEEPER_MIN_TTL`], the `dlock`
+    /// processes of the command kinds [`RUN_MIN_TTL`].
     pub(crate) fn ttl(self, ttl: Duration) -> Duration {
         match self {
+            k if k.runs_commands() => ttl.max(RUN_MIN_TTL),
             Kind::MemcachedFenced => ttl.max(dlock::backend::memcached::MIN_TTL),
             Kind::EtcdFenced => ttl.max(ETCD_MIN_TTL),
             Kind::ZookeeperFenced => ttl.max(ZOOKEEPER_MIN_TTL),
@@ -223,9 +253,10 @@ impl Kind {
     /// session a whole timeout again.
     pub(crate) fn expiry_slack(self) -> Duration {
         match self {
-            Kind::MemcachedFenced | Kind::EtcdFenced | Kind::ZookeeperFenced => {
-                Duration::from_secs(1)
-            }
+            Kind::MemcachedFenced
+            | Kind::EtcdFenced
+            | Kind::ZookeeperFenced
+            | Kind::RunSupervisedZookeeper => Duration::from_secs(1),
             _ => Duration::ZERO,
         }
     }
@@ -237,6 +268,8 @@ impl Kind {
     pub(crate) fn applies(self, fault: Fault) -> bool {
         match self {
             Kind::Memory => fault == Fault::Pause,
+            // The `dlock` process paused (not its command), or cut off from the store.
+            k if k.runs_commands() => matches!(fault, Fault::Pause | Fault::Blackhole),
             Kind::MemcachedFenced => !matches!(
                 fault,
                 Fault::Freeze | Fault::ClientPause | Fault::ScriptFlush | Fault::Failover
@@ -283,6 +316,10 @@ impl Kind {
     pub(crate) fn in_quick_run(self, fault: Fault) -> bool {
         match self {
             Kind::RedlockImmediateRestart | Kind::RedlockDelayedRestart => true,
+            // The control's short run has room for one: the partition of the reproduction
+            // (it is caught whatever the fault).
+            Kind::RunUnsupervised => fault == Fault::Blackhole,
+            Kind::RunSupervised | Kind::RunSupervisedZookeeper => true,
             // setnx-getset also under the workers' clock jump, which must catch it.
             k if k.is_control() => {
                 matches!(fault, Fault::Pause | Fault::Kill)
@@ -343,6 +380,9 @@ impl Kind {
     /// failover or a clock fault where SAFETY.md says the store gives way to it.
     pub(crate) fn excuses(self, fault: Fault) -> bool {
         match fault {
+            // A pause of a `dlock run` worker stops the supervisor, not the command: its
+            // reaper process must still kill the command before the lease ends.
+            Fault::Pause if self.runs_commands() => false,
             Fault::Pause | Fault::Restart => true,
             Fault::Failover => self.failover_excuses(),
             Fault::ClockJump | Fault::ClockBack | Fault::ClockFast => self.clock_excuses(),
@@ -737,6 +777,11 @@ impl Nodes {
 
     pub(crate) fn one(i: usize) -> Nodes {
         Nodes(1 << i.min(63))
+    }
+
+    /// All of `n` nodes (at most 64).
+    pub(crate) fn all(n: usize) -> Nodes {
+        Nodes(if n >= 64 { u64::MAX } else { (1 << n) - 1 })
     }
 
     pub(crate) fn iter(self) -> impl Iterator<Item = usize> {

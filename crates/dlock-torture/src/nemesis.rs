@@ -42,6 +42,9 @@ pub(crate) fn plan(config: &Config, kind: Kind) -> (Vec<Fault>, Duration) {
         _ if !config.quick => config.duration,
         Kind::Memory => Duration::from_secs(8),
         Kind::RedlockImmediateRestart | Kind::RedlockDelayedRestart => Duration::from_secs(30),
+        // Three ttls (9 s) apart, a pause's window lasting up to 3.5 of them and each
+        // fault waiting for a grant (a hold, a lease and a half, apart): room for three.
+        k if k.runs_commands() && !k.is_control() => Duration::from_secs(40),
         k if k.is_control() => Duration::from_secs(12),
         // Room for its seven quick faults, three ttls apart (see `schedule`).
         Kind::Redlock => Duration::from_secs(24),
@@ -160,6 +163,11 @@ impl Nemesis<'_> {
             Store::Quorum { nodes, .. } => Nodes::minority(nodes.len(), &mut self.node_rng),
             Store::Etcd { cluster, .. } if fault != Fault::Restart => {
                 Nodes::some(cluster.members.len(), &mut self.node_rng)
+            }
+            // The command kinds cut a `dlock` process off from the whole ensemble: a
+            // partition, not a fail-over to another server.
+            Store::ZooKeeper { ensemble, .. } if self.spawner.kind.runs_commands() => {
+                Nodes::all(ensemble.members.len())
             }
             Store::ZooKeeper { ensemble, .. } if fault != Fault::Restart => {
                 Nodes::some(ensemble.members.len(), &mut self.node_rng)

@@ -196,6 +196,12 @@ pub(crate) fn print_summary(reports: &[KindReport]) {
                 f.unexcused_fenced_lost
             );
         }
+        if f.kind.runs_commands() {
+            println!(
+                "{:<16} commands' writes after the next holder's grant: {} ({} by the writers they left in the background), the latest {} ms after it",
+                "", f.late_writes, f.late_writes_background, f.latest_late_write_ms,
+            );
+        }
         if f.kind == Kind::MemcachedFenced {
             println!(
                 "{:<16} restarts {} (fences start over at 1), fenced writes refused after one {}, overlaps only a restart explains {}",

@@ -385,6 +385,26 @@ pub(crate) async fn run_kinds(
                 "  (a ZooKeeper ensemble of {ZOOKEEPER_MEMBERS} of its own, ttl = session timeout {})",
                 humantime::format_duration(kind.ttl(config.ttl))
             ),
+            Kind::RunSupervised | Kind::RunSupervisedZookeeper | Kind::RunUnsupervised => {
+                let dlock = crate::command::dlock_binary();
+                let Some(dlock) = own_servers(config, kind, dlock, "the dlock command")? else {
+                    continue;
+                };
+                let ttl = humantime::format_duration(kind.ttl(config.ttl));
+                let how = match kind {
+                    Kind::RunUnsupervised => {
+                        format!("dlock acquire --ttl {ttl}, the command, dlock release")
+                    }
+                    Kind::RunSupervisedZookeeper => format!(
+                        "dlock run --ttl {ttl} on a ZooKeeper ensemble of {ZOOKEEPER_MEMBERS} of its own, session timeout {ttl}: a lease of 2/3 of it"
+                    ),
+                    _ => format!("dlock run --ttl {ttl}"),
+                };
+                format!(
+                    "  ({how}; {}; the command ignores SIGTERM and leaves a writer behind)",
+                    dlock.display()
+                )
+            }
             _ => String::new(),
         };
         let line = format!(
@@ -446,7 +466,7 @@ pub(crate) async fn run_kinds(
                 let store = Store::etcd(cluster).await?;
                 run_workers(config, kind, &kind_faults, duration, store, resource_server).await?
             }
-            Kind::ZookeeperFenced => {
+            Kind::ZookeeperFenced | Kind::RunSupervisedZookeeper => {
                 let started = start_zookeeper(kind_clock.clone()).await;
                 let needs = "ZooKeeper installed (java on PATH and Debian's zookeeper \
                              package, or $DLOCK_ZOOKEEPER_JAR)";
@@ -661,6 +681,32 @@ pub(crate) async fn run_workers(
             .map_err(|e| Failure::new(exit::UNAVAILABLE, format!("the client clock: {e}")))?,
         None => Vec::new(),
     };
+    // The command kinds' resource: a file the commands append to (see `command`).
+    let commands = if kind.runs_commands() {
+        let dlock = crate::command::dlock_binary().map_err(|e| {
+            Failure::new(
+                exit::UNAVAILABLE,
+                format!("the {} kind needs {e}", kind.id()),
+            )
+        })?;
+        let helper = std::env::current_exe().map_err(|e| {
+            Failure::new(
+                exit::CANNOT_EXECUTE,
+                format!("cannot find dlock-torture itself: {e}"),
+            )
+        })?;
+        Some(crate::command::Workers {
+            dlock,
+            helper,
+            resource: std::env::temp_dir()
+                .join(format!("dlock-torture-{run_id}-{}.writes", kind.id())),
+            name: keys.lock.clone(),
+            ttl,
+        })
+    } else {
+        None
+    };
+    let resource_file = commands.as_ref().map(|c| c.resource.clone());
     let spawner = Spawner {
         kind,
         urls,
@@ -673,6 +719,7 @@ pub(crate) async fn run_workers(
         // reached them.
         report_wall_clock: client_clock.is_some(),
         env: worker_env,
+        commands,
     };
     let running = (0..config.workers)
         .map(|i| spawner.spawn(i, i))
@@ -742,6 +789,11 @@ pub(crate) async fn run_workers(
                 // A kill, a failover's second step and the RedLock bridge's restart hit
                 // a holder just granted.
                 let trigger = match (&step, kind) {
+                    // A command kind's faults land at a grant (its command's first write),
+                    // so that they meet the command's whole run.
+                    (Step::Acquired { .. }, k) if k.runs_commands() => armed
+                        .map(|(f, _, _)| f)
+                        .filter(|f| matches!(f, Fault::Pause | Fault::Blackhole)),
                     (Step::Acquired { .. }, _) => {
                         Some(armed.map_or(Fault::Kill, |(f, _, _)| f)).filter(|f| {
                             matches!(f, Fault::Kill | Fault::Failover | Fault::Restart)
@@ -807,8 +859,11 @@ pub(crate) async fn run_workers(
         {
             if matches!(fault, Fault::Pause | Fault::Kill)
                 || (fault == Fault::Restart && kind.holds_long())
+                || (fault == Fault::Blackhole && kind.runs_commands())
             {
-                armed = Some((fault, now + 2 * ttl_ns, tries));
+                // A command kind's grants come a hold (a lease and a half) apart.
+                let wait = if kind.runs_commands() { 3 } else { 2 };
+                armed = Some((fault, now + wait * ttl_ns, tries));
             } else if fault == Fault::Failover {
                 // Freeze the replica now; the master dies at the next grant.
                 if n.prepare_failover() {
@@ -824,11 +879,32 @@ pub(crate) async fn run_workers(
                 }
             }
         }
+        let mut ended = Vec::new();
         for r in n.running.iter_mut().filter(|r| r.alive) {
             if let Ok(Some(status)) = r.child.try_wait() {
                 r.alive = false;
-                if !status.success() {
+                r.holding = false;
+                if !kind.runs_commands() && !status.success() {
                     worker_failures += 1;
+                } else if kind.runs_commands() && !crate::command::exit_ok(status) {
+                    eprintln!(
+                        "dlock: torture: {}: worker {} (a dlock process) ended with {status}",
+                        kind.id(),
+                        r.id
+                    );
+                    worker_failures += 1;
+                }
+                ended.push(r.slot);
+            }
+        }
+        // A command kind's worker is one `dlock` process, one grant at most: the next one
+        // in its slot (through the same links) asks for the lock while the run lasts.
+        if kind.runs_commands() {
+            for slot in ended {
+                if monotonic_ns() < until {
+                    let next = n.running.iter().map(|r| r.id).max().unwrap_or(0) + 1;
+                    let replacement = n.spawner.spawn(next, slot)?;
+                    n.running.push(replacement);
                 }
             }
         }
@@ -868,6 +944,18 @@ pub(crate) async fn run_workers(
         .map_or_else(|| vec![keys.lock.clone()], |k| kind.live_keys(k));
     let settle = ttl + kind.waiter_grace(ttl).unwrap_or_default() + kind.expiry_slack();
     tokio::time::sleep(settle + Duration::from_millis(1500)).await;
+    if let Some(file) = &resource_file {
+        // Every command has ended by now (each writes for less than two ttls), unless
+        // something is wrong: nothing of the run outlives it. Then the commands' writes
+        // are the history, with the grants their first writes mark (what the workers
+        // printed of them is the same).
+        crate::command::kill_groups(&crate::command::read(file));
+        let records = crate::command::read(file);
+        let _ = std::fs::remove_file(file);
+        history.retain(|(_, step)| !matches!(step, Step::Acquired { .. }));
+        history.extend(records.iter().map(|r| (r.worker, r.step())));
+        history.sort_by_key(|(_, step)| checkers::step_time(step));
+    }
     let orphans = n.store.count_present(&live_keys).await;
     let (counter, fenced, log): (Option<i64>, Option<i64>, Vec<u64>) = redis::pipe()
         .get(&keys.counter)

@@ -52,6 +52,10 @@ pub(crate) enum Step {
     },
     /// An acquire failed with an error (not contention).
     Error { t: u64, message: String },
+    /// A write to the command kinds' resource at `t` by a holder's command, or by the
+    /// process it left in the background (`late`): every write is a claim to hold the
+    /// lock (see `crate::command`).
+    Appended { t: u64, late: bool },
     /// How far the worker's wall clock is off the real one at `t`, in milliseconds
     /// (positive: ahead): reported at its start and whenever it moves by a second or more,
     /// by workers that run under a fake wall clock (the `client-clock` fault).

@@ -72,10 +72,15 @@ pub(crate) struct Spawner {
     /// The workers' environment beyond ours: the fake wall clock's, when the kind's
     /// workers run under one (the `client-clock` fault).
     pub(crate) env: Vec<(String, std::ffi::OsString)>,
+    /// The command kinds' workers (`dlock` processes), in place of this binary's.
+    pub(crate) commands: Option<crate::command::Workers>,
 }
 
 impl Spawner {
     pub(crate) fn spawn(&self, id: usize, slot: usize) -> Result<Running, Failure> {
+        if let Some(commands) = &self.commands {
+            return self.spawn_command(commands, id, slot);
+        }
         // The lock server's URL (with its password, if any) in the environment, not on
         // the command line.
         let mut args: Vec<String> = [
@@ -117,6 +122,75 @@ impl Spawner {
             slot,
             child,
             reader,
+            holding: false,
+            alive: true,
+            faulted: false,
+            killed: false,
+        })
+    }
+
+    /// A command kind's worker: a `dlock` process (the control: a shell script calling
+    /// `dlock`), in a process group of its own, the store's URL in its environment. Its
+    /// stdout carries the command's grant (`Acquired`, printed by its first write); each
+    /// line of its stderr (dlock's messages, the command's) becomes an `Error` step.
+    fn spawn_command(
+        &self,
+        commands: &crate::command::Workers,
+        id: usize,
+        slot: usize,
+    ) -> Result<Running, Failure> {
+        let worker = commands.worker(self.kind, id, self.until);
+        let mut child = tokio::process::Command::new(&worker.program)
+            .args(&worker.args)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .envs(worker.env)
+            .env("DLOCK_URL", &self.urls[slot])
+            .process_group(0)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| {
+                Failure::new(
+                    exit::CANNOT_EXECUTE,
+                    format!("cannot start {}: {e}", worker.program.display()),
+                )
+            })?;
+        let tx = self.tx.clone();
+        let errors = self.tx.clone();
+        let out = child.stdout.take();
+        let err = child.stderr.take();
+        let reader = tokio::spawn(async move {
+            let steps = async {
+                if let Some(out) = out {
+                    let mut lines = BufReader::new(out).lines();
+                    while let Ok(Some(line)) = lines.next_line().await {
+                        if let Ok(step) = serde_json::from_str::<Step>(line.trim()) {
+                            let _ = tx.send((id, step));
+                        }
+                    }
+                }
+            };
+            let messages = async {
+                if let Some(err) = err {
+                    let mut lines = BufReader::new(err).lines();
+                    while let Ok(Some(line)) = lines.next_line().await {
+                        let step = Step::Error {
+                            t: crate::model::monotonic_ns(),
+                            message: line.trim().to_owned(),
+                        };
+                        let _ = errors.send((id, step));
+                    }
+                }
+            };
+            tokio::join!(steps, messages);
+        });
+        Ok(Running {
+            id,
+            slot,
+            child,
+            reader: Some(reader),
             holding: false,
             alive: true,
             faulted: false,

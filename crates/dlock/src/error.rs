@@ -47,6 +47,14 @@ pub enum ErrorKind {
     /// ([`refuse_config_hazards`](crate::backend::refuse_config_hazards)). The message
     /// names each setting and how to change it.
     UnsafeConfig,
+    /// A semaphore's permit count differs from the count the store holds for its name,
+    /// and the semaphore was not told to set or adopt it (see
+    /// [`SemaphoreBuilder::on_other_count`](crate::SemaphoreBuilder::on_other_count)):
+    /// nothing was taken or queued. Both counts are reachable through
+    /// [`source`](std::error::Error::source) as [`PermitCounts`]. Change the stored count
+    /// with [`Semaphore::set_permits`](crate::Semaphore::set_permits) (every client of the
+    /// name shares it), or use the stored one.
+    PermitsMismatch,
 }
 
 impl ErrorKind {
@@ -61,6 +69,7 @@ impl ErrorKind {
             ErrorKind::NotReplicated => "not replicated",
             ErrorKind::QuorumNotReached => "quorum not reached",
             ErrorKind::UnsafeConfig => "unsafe store configuration",
+            ErrorKind::PermitsMismatch => "permit count mismatch",
         }
     }
 }
@@ -123,6 +132,18 @@ impl Error {
         Error::new(ErrorKind::InvalidArgument, message)
     }
 
+    /// A semaphore `name` of `requested` permits found `stored` in the store.
+    pub fn permits_mismatch(name: &str, stored: u32, requested: u32) -> Self {
+        Error::new(
+            ErrorKind::PermitsMismatch,
+            format!(
+                "semaphore {name:?} has {stored} permits in the store, not {requested}: change \
+                 the count for every client with set_permits({requested}), or use {stored}"
+            ),
+        )
+        .with_source(PermitCounts { stored, requested })
+    }
+
     pub(crate) fn lost(message: impl Into<Cow<'static, str>>) -> Self {
         Error::new(ErrorKind::LockLost, message)
     }
@@ -177,6 +198,44 @@ impl std::error::Error for Error {
             .map(|s| &**s as &(dyn std::error::Error + 'static))
     }
 }
+
+/// The two counts behind an [`ErrorKind::PermitsMismatch`] error (its
+/// [`source`](std::error::Error::source)).
+///
+/// ```
+/// # async fn demo(sem: dlock::Semaphore<dlock::backend::Memory>) -> dlock::Result<()> {
+/// use dlock::{ErrorKind, PermitCounts};
+/// if let Err(e) = sem.try_acquire().await {
+///     if e.kind() == ErrorKind::PermitsMismatch {
+///         let counts = std::error::Error::source(&e)
+///             .and_then(|s| s.downcast_ref::<PermitCounts>());
+///         if let Some(c) = counts {
+///             eprintln!("the store has {} permits, we asked for {}", c.stored, c.requested);
+///         }
+///     }
+/// }
+/// # Ok::<(), dlock::Error>(()) }
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PermitCounts {
+    /// The count the store holds for the semaphore's name.
+    pub stored: u32,
+    /// The count the semaphore was built with.
+    pub requested: u32,
+}
+
+impl fmt::Display for PermitCounts {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} permits stored, {} requested",
+            self.stored, self.requested
+        )
+    }
+}
+
+impl std::error::Error for PermitCounts {}
 
 /// Each node's error behind an [`ErrorKind::QuorumNotReached`] error (its
 /// [`source`](std::error::Error::source)): which node (its position in the quorum and its

@@ -132,7 +132,7 @@ pub use election::{
     DEFAULT_ELECTION_PREFIX, Election, ElectionBuilder, Leader, Leadership, MAX_VALUE_LEN, Observer,
 };
 pub use engine::wait::Retry;
-pub use error::{Error, ErrorKind, NodeErrors, Result};
+pub use error::{Error, ErrorKind, NodeErrors, PermitCounts, Result};
 pub use fair::{
     DEFAULT_FAIR_PREFIX, DEFAULT_WAITER_GRACE, FairGuard, FairLock, FairLockBuilder, Queued,
 };
@@ -149,6 +149,7 @@ pub use rwlock::{
     WriteGuard,
 };
 pub use semaphore::{
-    DEFAULT_SEMAPHORE_PREFIX, MAX_PERMITS, Permits, Semaphore, SemaphoreBuilder, SemaphorePermit,
+    DEFAULT_SEMAPHORE_PREFIX, MAX_PERMITS, OtherCount, Permits, Semaphore, SemaphoreBuilder,
+    SemaphorePermit,
 };
 pub use token::{FencingToken, Token};

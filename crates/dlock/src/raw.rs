@@ -267,18 +267,26 @@ pub trait RawFencing: RawLock {}
 /// `n` stay within the permit count — in one atomic step. Release and extend act only on
 /// a live lease under the given token. The permit count is stored with the semaphore: the
 /// first client's `permits` sets it, [`set_permits`](RawSemaphore::set_permits) changes it
-/// (holders above a lowered count keep their permits until they release).
+/// (holders above a lowered count keep their permits until they release). An attempt
+/// with `strict` that finds another count stored takes nothing, queues nothing, and fails
+/// with [`ErrorKind::PermitsMismatch`](crate::ErrorKind::PermitsMismatch)
+/// ([`Error::permits_mismatch`](crate::Error::permits_mismatch)), decided in the same
+/// atomic step as the grant where the store can.
 pub trait RawSemaphore: RawLock {
     /// Takes `n` permits under `token` for `ttl`, if free; else reports when the earliest
-    /// lease ends (`Held { remaining }`). With `queue` (the caller listens for its
-    /// wake-up), a store that wakes one waiter per release queues it, as
-    /// [`RawLock::acquire_or_queue`] does.
+    /// lease ends (`Held { remaining }`). `permits` is the count stored if none is yet;
+    /// with `strict`, a stored count other than `permits` refuses the attempt
+    /// ([`ErrorKind::PermitsMismatch`](crate::ErrorKind::PermitsMismatch)); without, the
+    /// stored count is used. With `queue` (the caller listens for its wake-up), a store
+    /// that wakes one waiter per release queues it, as [`RawLock::acquire_or_queue`] does.
+    #[allow(clippy::too_many_arguments)]
     fn acquire_permits(
         &self,
         keys: &LockKeys,
         token: &Token,
         n: u32,
         permits: u32,
+        strict: bool,
         ttl: Duration,
         queue: bool,
     ) -> impl Future<Output = Result<Acquire>> + Send;

@@ -1,5 +1,7 @@
 //! A counting semaphore whose permits are leases.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use crate::engine::{Engine, LeaseKind, Renewal};
@@ -16,14 +18,43 @@ pub const DEFAULT_SEMAPHORE_PREFIX: &str = "dlock-sem:";
 /// The most permits one semaphore can have.
 pub const MAX_PERMITS: u32 = 1_000_000;
 
+/// What a [`Semaphore`] does when the store holds a permit count for its name other than
+/// the one it was built with (see [`SemaphoreBuilder::on_other_count`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum OtherCount {
+    /// Every acquire refuses: [`ErrorKind::PermitsMismatch`](crate::ErrorKind::PermitsMismatch),
+    /// nothing taken or queued. The default.
+    #[default]
+    Refuse,
+    /// Every acquire (`acquire`, `try_acquire`, … — once per call, not per attempt) first
+    /// sets the stored count to this semaphore's, as
+    /// [`set_permits`](Semaphore::set_permits) does, then waits under whatever count is
+    /// stored (another client that sets it meanwhile wins).
+    Set,
+    /// Acquires use the stored count whatever this semaphore's is (this semaphore's
+    /// count is stored only where none is yet).
+    Adopt,
+}
+
 /// A backend seen through one semaphore: acquiring takes `count` permits. This is what
 /// lets a permit reuse the lock's guard, watchdog, `lost()` and waiting unchanged; its
 /// leases are renewed by the client's engine together with every other lease of it.
 #[derive(Clone, Debug)]
 pub struct Permits<B> {
     backend: B,
-    permits: u32,
+    /// The semaphore's own count, shared by its clones (its own `set_permits` and
+    /// `add_permits` change it).
+    permits: Arc<AtomicU32>,
     count: u32,
+    /// Refuse an attempt that finds another count stored.
+    strict: bool,
+}
+
+impl<B: RawSemaphore> Permits<B> {
+    fn permits(&self) -> u32 {
+        self.permits.load(Ordering::Relaxed)
+    }
 }
 
 impl<B: RawSemaphore> RawLock for Permits<B> {
@@ -34,7 +65,15 @@ impl<B: RawSemaphore> RawLock for Permits<B> {
 
     async fn acquire(&self, keys: &LockKeys, token: &Token, ttl: Duration) -> Result<Acquire> {
         self.backend
-            .acquire_permits(keys, token, self.count, self.permits, ttl, false)
+            .acquire_permits(
+                keys,
+                token,
+                self.count,
+                self.permits(),
+                self.strict,
+                ttl,
+                false,
+            )
             .await
     }
 
@@ -45,7 +84,15 @@ impl<B: RawSemaphore> RawLock for Permits<B> {
         ttl: Duration,
     ) -> Result<Acquire> {
         self.backend
-            .acquire_permits(keys, token, self.count, self.permits, ttl, true)
+            .acquire_permits(
+                keys,
+                token,
+                self.count,
+                self.permits(),
+                self.strict,
+                ttl,
+                true,
+            )
             .await
     }
 
@@ -75,7 +122,7 @@ impl<B: RawSemaphore> RawLock for Permits<B> {
 
     /// A woken waiter that got permits passes the wake-up on: more may be free.
     fn shares_grants(&self) -> bool {
-        self.permits > 1
+        self.permits() > 1
     }
 
     fn store_id(&self) -> String {
@@ -127,6 +174,41 @@ pub type SemaphorePermit<B> = LockGuard<Permits<B>>;
 /// # Ok(()) }
 /// ```
 ///
+/// # The permit count
+///
+/// The count is stored with the semaphore's name, shared by every client: the first to
+/// acquire stores its own, [`set_permits`](Semaphore::set_permits) and
+/// [`add_permits`](Semaphore::add_permits) change it. A semaphore built with another count
+/// than the stored one is **refused** by default: every acquire fails with
+/// [`ErrorKind::PermitsMismatch`](crate::ErrorKind::PermitsMismatch) (the message names
+/// the stored count) and takes nothing, rather than silently running under a count its
+/// caller did not ask for. [`SemaphoreBuilder::on_other_count`] sets the count instead
+/// ([`OtherCount::Set`]) or adopts the stored one ([`OtherCount::Adopt`]). A semaphore's
+/// own `set_permits` and `add_permits` make the new count its own too. A waiter whose
+/// count an operator changes meanwhile is refused at its next attempt.
+///
+/// On ZooKeeper the count lives in the semaphore's directory, which the server reaps once
+/// no holder or waiter is left in it: the next client then stores its own count.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> dlock::Result<()> {
+/// use dlock::{ErrorKind, OtherCount, Semaphore, backend::Memory};
+///
+/// let store = Memory::new();
+/// let five = Semaphore::new(store.client(), "exports", 5)?;
+/// let _permit = five.acquire().await?; // the store's count is now 5
+/// let one = Semaphore::new(store.client(), "exports", 1)?;
+/// let err = one.try_acquire().await.unwrap_err();
+/// assert_eq!(err.kind(), ErrorKind::PermitsMismatch);
+/// let one = Semaphore::builder(store.client(), "exports", 1)
+///     .on_other_count(OtherCount::Set)
+///     .build()?;
+/// assert!(one.try_acquire().await?.is_none()); // set to 1, held by the first
+/// assert_eq!(five.stored_permits().await?, Some(1));
+/// # Ok(()) }
+/// ```
+///
 /// # Correctness
 ///
 /// While the store keeps its keys, at most `permits` permits are held by leases that are
@@ -139,6 +221,8 @@ pub type SemaphorePermit<B> = LockGuard<Permits<B>>;
 pub struct Semaphore<B: RawSemaphore> {
     /// One permit seen as a lock; `acquire_many` reuses its options with another count.
     one: Lock<Permits<B>>,
+    /// [`OtherCount::Set`]: each acquire sets the stored count first.
+    sets_count: bool,
 }
 
 /// Options for a [`Semaphore`]; made by [`Semaphore::builder`].
@@ -147,12 +231,23 @@ pub struct Semaphore<B: RawSemaphore> {
 pub struct SemaphoreBuilder<B: RawSemaphore> {
     backend: B,
     permits: u32,
+    other_count: OtherCount,
     options: Options,
 }
 
 builder_options!(SemaphoreBuilder<B: RawSemaphore>, DEFAULT_SEMAPHORE_PREFIX);
 
 impl<B: RawSemaphore> SemaphoreBuilder<B> {
+    /// What acquiring does when the store holds another permit count for the name than
+    /// this semaphore's: refuse with
+    /// [`ErrorKind::PermitsMismatch`](crate::ErrorKind::PermitsMismatch) (the default),
+    /// set the stored count to this one, or adopt the stored one (see [`OtherCount`] and
+    /// [the permit count](Semaphore#the-permit-count)).
+    pub fn on_other_count(mut self, rule: OtherCount) -> Self {
+        self.other_count = rule;
+        self
+    }
+
     /// Checks the options and makes the semaphore.
     ///
     /// # Errors
@@ -162,11 +257,13 @@ impl<B: RawSemaphore> SemaphoreBuilder<B> {
         check_permits(self.permits)?;
         let adapter = Permits {
             backend: self.backend,
-            permits: self.permits,
+            permits: Arc::new(AtomicU32::new(self.permits)),
             count: 1,
+            strict: self.other_count == OtherCount::Refuse,
         };
         Ok(Semaphore {
             one: Lock::from_options(adapter, &self.options)?,
+            sets_count: self.other_count == OtherCount::Set,
         })
     }
 }
@@ -181,8 +278,10 @@ fn check_permits(permits: u32) -> Result<()> {
 }
 
 impl<B: RawSemaphore> Semaphore<B> {
-    /// A semaphore named `name` with `permits` permits (used if the store has no count for
-    /// it yet) and default options (30 s leases, watchdog on, prefix `dlock-sem:`).
+    /// A semaphore named `name` with `permits` permits (stored if the store has no count
+    /// for it yet; another stored count refuses its acquires, see
+    /// [the permit count](Semaphore#the-permit-count)) and default options (30 s leases,
+    /// watchdog on, prefix `dlock-sem:`).
     ///
     /// # Errors
     /// `InvalidArgument` for a bad name, or `permits` of 0 or above [`MAX_PERMITS`].
@@ -195,12 +294,24 @@ impl<B: RawSemaphore> Semaphore<B> {
         SemaphoreBuilder {
             backend,
             permits,
+            other_count: OtherCount::default(),
             options: Options::new(name.into(), DEFAULT_SEMAPHORE_PREFIX),
         }
     }
 
-    fn permits(&self) -> u32 {
-        self.one.backend().permits
+    /// This semaphore's own permit count: what it was built with, or last set (or added
+    /// to) through it.
+    pub fn permits(&self) -> u32 {
+        self.one.backend().permits()
+    }
+
+    /// With [`OtherCount::Set`], sets the stored count to this semaphore's (once per
+    /// acquire call).
+    async fn before_acquiring(&self) -> Result<()> {
+        if self.sets_count {
+            self.set_permits(self.permits()).await?;
+        }
+        Ok(())
     }
 
     /// The semaphore's name.
@@ -214,7 +325,10 @@ impl<B: RawSemaphore> Semaphore<B> {
     }
 
     /// One permit seen as a lock: what [`acquire`](Semaphore::acquire) and friends wait on
-    /// (for tools that handle locks and permits alike).
+    /// (for tools that handle locks and permits alike). Acquiring through it follows this
+    /// semaphore's rule for another stored count, except that it never sets the count
+    /// ([`OtherCount::Set`] is applied by the semaphore's own methods; through this lock
+    /// it adopts the stored count).
     pub fn permit_lock(&self) -> &Lock<Permits<B>> {
         &self.one
     }
@@ -235,33 +349,39 @@ impl<B: RawSemaphore> Semaphore<B> {
     /// Waits for one permit.
     ///
     /// # Errors
-    /// Store failures.
+    /// `PermitsMismatch` if the store holds another permit count (see
+    /// [the permit count](Semaphore#the-permit-count)); store failures.
     ///
     /// # Cancel safety
     /// Cancel-safe: a cancelled wait leaves no permit taken and no renewal behind.
     pub async fn acquire(&self) -> Result<SemaphorePermit<B>> {
+        self.before_acquiring().await?;
         self.one.lock().await
     }
 
     /// Waits for `n` permits, taken all at once.
     ///
     /// # Errors
-    /// `InvalidArgument` if `n` is 0 or more than the semaphore's permits; store failures.
+    /// `InvalidArgument` if `n` is 0 or more than the semaphore's permits; as
+    /// [`acquire`](Semaphore::acquire).
     ///
     /// # Cancel safety
     /// Cancel-safe, as [`acquire`](Semaphore::acquire).
     pub async fn acquire_many(&self, n: u32) -> Result<SemaphorePermit<B>> {
-        self.many(n)?.lock().await
+        let many = self.many(n)?;
+        self.before_acquiring().await?;
+        many.lock().await
     }
 
     /// One permit if one is free now.
     ///
     /// # Errors
-    /// Store failures.
+    /// As [`acquire`](Semaphore::acquire).
     ///
     /// # Cancel safety
     /// Cancel-safe, as [`acquire`](Semaphore::acquire).
     pub async fn try_acquire(&self) -> Result<Option<SemaphorePermit<B>>> {
+        self.before_acquiring().await?;
         self.one.try_lock().await
     }
 
@@ -273,17 +393,20 @@ impl<B: RawSemaphore> Semaphore<B> {
     /// # Cancel safety
     /// Cancel-safe, as [`acquire`](Semaphore::acquire).
     pub async fn try_acquire_many(&self, n: u32) -> Result<Option<SemaphorePermit<B>>> {
-        self.many(n)?.try_lock().await
+        let many = self.many(n)?;
+        self.before_acquiring().await?;
+        many.try_lock().await
     }
 
     /// One permit, waiting at most `timeout`.
     ///
     /// # Errors
-    /// Store failures.
+    /// As [`acquire`](Semaphore::acquire).
     ///
     /// # Cancel safety
     /// Cancel-safe, as [`acquire`](Semaphore::acquire).
     pub async fn try_acquire_for(&self, timeout: Duration) -> Result<Option<SemaphorePermit<B>>> {
+        self.before_acquiring().await?;
         self.one.try_lock_for(timeout).await
     }
 
@@ -305,8 +428,27 @@ impl<B: RawSemaphore> Semaphore<B> {
         Ok(permits.saturating_sub(used))
     }
 
-    /// Sets the permit count for every client of this semaphore (operators). Holders above
-    /// a lowered count keep their permits until they release them.
+    /// The permit count the store holds for this semaphore's name, `None` if none is
+    /// stored yet (nobody acquired it, or — ZooKeeper — its directory was reaped).
+    ///
+    /// # Errors
+    /// Store failures.
+    pub async fn stored_permits(&self) -> Result<Option<u32>> {
+        // No count is 0, which no stored count can be.
+        let (_, stored) = crate::observe::observed!(
+            self.one.obs(),
+            self.one.name(),
+            crate::observe::span::PERMITS,
+            crate::observe::op::PERMITS_IN_USE,
+            self.one.backend().backend.permits_in_use(self.keys(), 0)
+        )?;
+        Ok((stored > 0).then_some(stored))
+    }
+
+    /// Sets the permit count for every client of this semaphore (operators), and makes it
+    /// this semaphore's own count. Holders above a lowered count keep their permits until
+    /// they release them; other clients built with another count are refused from now on
+    /// (see [the permit count](Semaphore#the-permit-count)).
     ///
     /// # Errors
     /// `InvalidArgument` for 0 or more than [`MAX_PERMITS`]; store failures.
@@ -318,12 +460,15 @@ impl<B: RawSemaphore> Semaphore<B> {
             crate::observe::span::PERMITS,
             crate::observe::op::SET_PERMITS,
             self.one.backend().backend.set_permits(self.keys(), permits)
-        )
+        )?;
+        self.one.backend().permits.store(permits, Ordering::Relaxed);
+        Ok(())
     }
 
     /// Adds `n` permits (negative: removes them) to the stored count, atomically with
-    /// other operators' changes, and wakes waiters. Returns the new count. Holders above a
-    /// lowered count keep their permits until they release them.
+    /// other operators' changes, and wakes waiters. Returns the new count, which becomes
+    /// this semaphore's own. Holders above a lowered count keep their permits until they
+    /// release them.
     ///
     /// # Errors
     /// `InvalidArgument` if the count would leave 1 to [`MAX_PERMITS`] (nothing changes);
@@ -344,6 +489,7 @@ impl<B: RawSemaphore> Semaphore<B> {
                 "adding {n} permits would leave the semaphore outside 1 to {MAX_PERMITS}"
             ))
         })
+        .inspect(|&count| self.one.backend().permits.store(count, Ordering::Relaxed))
     }
 
     /// Permits in use (`hold_count`), live holders (`holders`) and the latest lease's

@@ -29,6 +29,7 @@ fn default_value() -> String {
 }
 
 pub(crate) async fn elect<B: RawElection>(backend: B, args: ElectArgs) -> Result<u8, Failure> {
+    crate::cmd::supervise::check_kill_grace(args.kill_grace, args.ttl)?;
     let election = Election::builder(backend, &args.name)
         .prefix(prefix(&args.store))
         .ttl(args.ttl)
@@ -62,6 +63,7 @@ pub(crate) async fn elect<B: RawElection>(backend: B, args: ElectArgs) -> Result
         name: &args.name,
         command: &args.command,
         kill_grace: args.kill_grace,
+        release_on_exit: args.release_on_exit,
         env: vec![
             ("DLOCK_TERM", term.to_string()),
             ("DLOCK_FENCE", term.to_string()),

@@ -14,6 +14,72 @@ pub(crate) trait AnyKind:
 }
 impl<B: RawInspect + RawSemaphore + RawReentrant + RawRwLock + RawFair> AnyKind for B {}
 
+impl Kind {
+    /// The kind as `--kind` and JSON name it.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Kind::Lock => "lock",
+            Kind::Semaphore => "semaphore",
+            Kind::Reentrant => "reentrant",
+            Kind::Rwlock => "rwlock",
+            Kind::Fair => "fair",
+        }
+    }
+
+    /// The kind in a sentence: "a lock", "a fair lock", …
+    pub(crate) fn described(self) -> &'static str {
+        match self {
+            Kind::Lock => "a lock",
+            Kind::Semaphore => "a semaphore",
+            Kind::Reentrant => "a reentrant lock",
+            Kind::Rwlock => "a read-write lock",
+            Kind::Fair => "a fair lock",
+        }
+    }
+}
+
+/// Every kind, in the order `list` shows them for one name.
+pub(crate) const ALL: [Kind; 5] = [
+    Kind::Lock,
+    Kind::Semaphore,
+    Kind::Reentrant,
+    Kind::Rwlock,
+    Kind::Fair,
+];
+
+/// The permit count stored for the semaphore `name` (`None`: none is stored).
+pub(crate) async fn stored_permits<B: AnyKind>(
+    backend: B,
+    prefix: &str,
+    name: &str,
+) -> Result<Option<u32>, Failure> {
+    let sem = Semaphore::builder(backend, name, 1)
+        .prefix(prefix_for(Kind::Semaphore, prefix))
+        .build()?;
+    Ok(sem.stored_permits().await?)
+}
+
+/// The kinds other than `mine` that `name` is held as now, each under its default
+/// prefix (none with a `--prefix` of the user's, which every kind would share).
+pub(crate) async fn held_as_others<B: AnyKind>(
+    backend: &B,
+    mine: Kind,
+    prefix: &str,
+    name: &str,
+) -> Result<Vec<Kind>, Failure> {
+    let mut held = Vec::new();
+    if prefix != dlock::keys::DEFAULT_PREFIX {
+        return Ok(held);
+    }
+    for kind in ALL.into_iter().filter(|k| *k != mine) {
+        let (_, state) = state_of(backend.clone(), kind, prefix, name).await?;
+        if is_held(&state) {
+            held.push(kind);
+        }
+    }
+    Ok(held)
+}
+
 /// `prefix` if the user chose one, else the kind's default.
 pub(crate) fn prefix_for(kind: Kind, prefix: &str) -> String {
     if prefix != dlock::keys::DEFAULT_PREFIX {

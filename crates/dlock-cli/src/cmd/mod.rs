@@ -4,7 +4,9 @@ pub(crate) mod elect;
 pub(crate) mod harness;
 mod kinds;
 pub(crate) mod quorum;
+mod reaper;
 mod run;
+mod supervise;
 pub(crate) mod top;
 
 use std::io::{BufRead, IsTerminal, Write};
@@ -16,11 +18,12 @@ use dlock::{HolderInfo, Lock, LockGuard, Token};
 use serde::Serialize;
 
 use crate::args::{
-    AcquireArgs, ExtendArgs, ForceUnlockArgs, HolderArgs, Kind, ListArgs, StatusArgs, TokenArgs,
-    Wait,
+    AcquireArgs, ExtendArgs, ForceUnlockArgs, HolderArgs, Kind, ListArgs, SetPermitsArgs,
+    StatusArgs, TokenArgs, Wait,
 };
 use crate::exit::{self, Failure};
 
+pub(crate) use reaper::{ARG as REAPER_ARG, GATE_ARG, gate_main, main as reaper_main};
 pub(crate) use run::{run, run_plain};
 
 /// Acquires as `--wait` / `--no-wait` say: `None` on conflict.
@@ -172,6 +175,8 @@ pub(crate) async fn extend_cmd<B: RawLock>(backend: B, args: ExtendArgs) -> Resu
 #[derive(Serialize)]
 struct Status {
     name: String,
+    /// Which kind of lock (each kind is a separate lock, even under one name).
+    kind: &'static str,
     key: String,
     held: bool,
     holder: Option<String>,
@@ -186,6 +191,9 @@ struct Status {
     holders: Option<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     queued: Option<u32>,
+    /// A semaphore's stored permit count (JSON null: none stored); absent for other kinds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    permits: Option<Option<u32>>,
     /// RedLock: every node's view.
     #[serde(skip_serializing_if = "Option::is_none")]
     quorum: Option<quorum::View>,
@@ -235,8 +243,14 @@ async fn status_of<B: kinds::AnyKind>(
     prefix: &str,
     name: &str,
 ) -> Result<Status, Failure> {
+    let permits = match kind {
+        Kind::Semaphore => Some(kinds::stored_permits(backend.clone(), prefix, name).await?),
+        _ => None,
+    };
     let (key, state) = kinds::state_of(backend, kind, prefix, name).await?;
-    Ok(Status::new(name, key, kind, &state))
+    let mut status = Status::new(name, key, kind, &state);
+    status.permits = permits;
+    Ok(status)
 }
 
 /// Where a store keeps a plain lock: what `status` and `list` show as its key.
@@ -286,6 +300,7 @@ impl Status {
     fn new(name: &str, key: String, kind: Kind, state: &dlock::raw::LockState) -> Status {
         Status {
             name: name.to_owned(),
+            kind: kind.name(),
             key,
             held: kinds::is_held(state),
             // Reentrant holders are owners, not secret tokens: shown whole.
@@ -304,6 +319,7 @@ impl Status {
             hold_count: state.hold_count,
             holders: state.holders,
             queued: state.queued,
+            permits: None,
             quorum: None,
             holder_is_token: kind != Kind::Reentrant,
         }
@@ -448,6 +464,7 @@ fn print_status(s: &Status, args: &StatusArgs) -> Result<u8, Failure> {
             Kind::Semaphore => {
                 println!("permits in use:  {}", or_dash(s.hold_count));
                 println!("holders:         {}", or_dash(s.holders));
+                println!("permits:         {}", or_dash(s.permits.flatten()));
             }
             Kind::Rwlock => {
                 println!("readers:         {}", or_dash(s.holders));
@@ -487,6 +504,104 @@ pub(crate) async fn list_cmd<B: RawInspect>(
     print_list(&rows, args.json)
 }
 
+/// `--kind` of `list` on a store with the plain lock only (`store` names it in errors).
+pub(crate) fn only_locks(kinds: &[Kind], store: &str) -> Result<(), Failure> {
+    kinds.iter().try_for_each(|k| lock_kind_only(*k, store))
+}
+
+/// The kinds `list` shows: `--kind`, else every kind; the plain lock only with a
+/// `--prefix` of the user's (a prefix belongs to one kind).
+fn listed_kinds(args: &ListArgs) -> Result<Vec<Kind>, Failure> {
+    let custom_prefix = args.store.prefix != dlock::keys::DEFAULT_PREFIX;
+    let mut kinds = if !args.kind.is_empty() {
+        args.kind.clone()
+    } else if custom_prefix {
+        vec![Kind::Lock]
+    } else {
+        kinds::ALL.to_vec()
+    };
+    let mut seen = Vec::new();
+    kinds.retain(|k| {
+        let new = !seen.contains(k);
+        seen.push(*k);
+        new
+    });
+    if custom_prefix && kinds.len() > 1 {
+        return Err(Failure::usage(
+            "--prefix is the key prefix of one kind of lock: name that kind with --kind",
+        ));
+    }
+    Ok(kinds)
+}
+
+/// `dlock list` on a store with every kind of lock: each held lock of each kind (one
+/// name may be held as several kinds: separate locks), by name, then kind. `layout` is
+/// where the store keeps a plain lock; `redis` where companion keys can look like locks.
+pub(crate) async fn list_every_kind<B: kinds::AnyKind>(
+    backend: B,
+    layout: Layout,
+    redis: bool,
+    args: ListArgs,
+) -> Result<u8, Failure> {
+    let kinds = listed_kinds(&args)?;
+    let prefix = &args.store.prefix;
+    let mut wanted = Vec::new();
+    for &kind in &kinds {
+        let room = args.limit.saturating_sub(wanted.len());
+        if room == 0 {
+            break;
+        }
+        let names = top::names_of(&backend, redis, kind, prefix, &args.pattern, room).await?;
+        wanted.extend(names.into_iter().map(|n| (n, kind)));
+    }
+    wanted.sort_by(|a, b| (&a.0, a.1 as u8).cmp(&(&b.0, b.1 as u8)));
+    let mut rows = Vec::with_capacity(wanted.len());
+    for (name, kind) in &wanted {
+        let status = match kind {
+            Kind::Lock => lock_status_of(backend.clone(), layout, prefix, name).await,
+            _ => status_of(backend.clone(), *kind, prefix, name).await,
+        };
+        match status {
+            Ok(s) if s.held => rows.push(s),
+            Ok(_) => {}
+            // Another kind's key, or a companion key of a lock, under the prefix.
+            Err(_) if top::is_companion(redis, *kind, prefix, name) => {}
+            Err(f) if *kind != Kind::Lock => eprintln!(
+                "dlock: warning: {} listed as {} but not readable as one: {}",
+                cell(Some(name)),
+                kind.described(),
+                f.message
+            ),
+            Err(f) => return Err(f),
+        }
+    }
+    print_list(&rows, args.json)
+}
+
+/// `dlock set-permits NAME N`: the semaphore's stored count, for every client.
+pub(crate) async fn set_permits_cmd<B: kinds::AnyKind>(
+    backend: B,
+    args: SetPermitsArgs,
+) -> Result<u8, Failure> {
+    let sem = dlock::Semaphore::builder(backend, &args.name, args.permits)
+        .prefix(kinds::prefix_for(Kind::Semaphore, &args.store.prefix))
+        .build()?;
+    let before = sem.stored_permits().await?;
+    sem.set_permits(args.permits).await?;
+    eprintln!(
+        "dlock: semaphore {:?} has {} {} (was {})",
+        args.name,
+        args.permits,
+        if args.permits == 1 {
+            "permit"
+        } else {
+            "permits"
+        },
+        before.map_or_else(|| "none stored".to_owned(), |n| n.to_string())
+    );
+    Ok(exit::SUCCESS)
+}
+
 /// `list`'s rows: JSON (an array of `status` objects), or a table whose cells are one
 /// word each but the last (COMMAND), so that `awk '{print $1}'` and friends keep working.
 fn print_list(rows: &[Status], json: bool) -> Result<u8, Failure> {
@@ -494,7 +609,9 @@ fn print_list(rows: &[Status], json: bool) -> Result<u8, Failure> {
         print_json(&rows)?;
         return Ok(exit::SUCCESS);
     }
-    let lines: Vec<[String; 8]> = rows
+    // KIND goes last but one: the columns before it keep their places from before it
+    // was added (`awk '{print $6}'` is still the PID).
+    let lines: Vec<[String; 9]> = rows
         .iter()
         .map(|r| {
             [
@@ -505,6 +622,7 @@ fn print_list(rows: &[Status], json: bool) -> Result<u8, Failure> {
                 cell(r.host()),
                 or_dash(r.pid()),
                 cell(r.since()),
+                r.kind.to_owned(),
                 last_cell(r.command()),
             ]
         })
@@ -517,6 +635,7 @@ fn print_list(rows: &[Status], json: bool) -> Result<u8, Failure> {
         "HOST",
         "PID",
         "SINCE",
+        "KIND",
         "COMMAND",
     ]
     .map(str::to_owned);
@@ -812,7 +931,7 @@ mod tests {
                     let found = store.list(prefix, name, 100).await.expect("a list");
                     prop_assert!(found.contains(name), "{:?} not in {:?}", name, found);
                 }
-                let args = ListArgs { pattern, store: store_of(), limit, json: false };
+                let args = ListArgs { pattern, store: store_of(), kind: Vec::new(), limit, json: false };
                 let listed = list_cmd(store.client(), Layout::AtKey, args).await;
                 prop_assert_eq!(listed.map_err(|f| f.message), Ok(exit::SUCCESS));
                 Ok::<(), TestCaseError>(())

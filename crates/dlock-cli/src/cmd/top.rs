@@ -205,6 +205,34 @@ impl<B: kinds::AnyKind> Inspector for EveryKind<B> {
     }
 }
 
+/// The names of the held locks of `kind` matching `pattern` (at most `limit`, sorted,
+/// each once), as `top` finds them: for `dlock list`.
+pub(crate) async fn names_of<B: kinds::AnyKind>(
+    backend: &B,
+    redis: bool,
+    kind: Kind,
+    prefix: &str,
+    pattern: &str,
+    limit: usize,
+) -> Result<Vec<String>, Failure> {
+    let src = EveryKind {
+        backend: backend.clone(),
+        redis,
+    };
+    let mut names = src.names(kind, prefix, pattern, limit).await?;
+    // SCAN may return a key twice.
+    names.sort();
+    names.dedup();
+    names.truncate(limit);
+    Ok(names)
+}
+
+/// Whether `name`, listed as a `kind` under `prefix` but unreadable as one, is one of a
+/// lock's companion keys (see [`redis_companion`]), not a lock.
+pub(crate) fn is_companion(redis: bool, kind: Kind, prefix: &str, name: &str) -> bool {
+    redis && redis_companion(&kinds::prefix_for(kind, prefix), name).is_some()
+}
+
 /// A store with the plain lock only (etcd), and its scheme for errors.
 #[derive(Clone)]
 struct PlainOnly<B>(B, &'static str);

@@ -145,7 +145,7 @@ fn elect_exit_codes_environment_and_leader_output() {
             "--ttl",
             "2s",
             "--kill-grace",
-            "1s",
+            "500ms",
             "--value",
             "beta",
             "codes",

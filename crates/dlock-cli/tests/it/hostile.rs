@@ -137,8 +137,9 @@ const BAD_DURATIONS: &[&str] = &[
     "🔒",
 ];
 
-/// Durations that parse but are absurd: a ttl over the library's cap is refused, a wait
-/// or kill grace that long is taken (the lock is free, so the command runs at once).
+/// Durations that parse but are absurd: a ttl over the library's cap and a kill grace
+/// over a third of the ttl are refused, a wait that long is taken (the lock is free, so
+/// the command runs at once).
 const HUGE_DURATIONS: &[&str] = &["99999999999999h", "18446744073709551615s", "100000d"];
 
 #[test]
@@ -153,7 +154,7 @@ fn hostile_durations_are_usage_errors() {
         .chain(
             HUGE_DURATIONS
                 .iter()
-                .map(|v| ((*v).to_owned(), [USAGE, 0, 0])),
+                .map(|v| ((*v).to_owned(), [USAGE, 0, USAGE])),
         )
         // Garbage may spell a valid duration now and then ("9h"): only typed, no panic.
         .chain((0..24).map(|_| (rng.garbage(8), [-1; 3])));

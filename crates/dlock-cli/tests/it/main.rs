@@ -10,7 +10,9 @@ use dlock_test::server::{RedisServer, free_port};
 mod elect;
 mod hazards;
 mod hostile;
+mod kinds;
 mod stores;
+mod supervise;
 mod top;
 
 const LOST: i32 = 76;
@@ -199,18 +201,7 @@ fn a_lost_lock_terminates_the_child_and_exits_with_the_lost_code() {
         pidfile.display()
     );
     let mut run = dlock(&server.url())
-        .args([
-            "run",
-            "--ttl",
-            "600ms",
-            "--kill-grace",
-            "1s",
-            "doomed",
-            "--",
-            "sh",
-            "-c",
-            &script,
-        ])
+        .args(["run", "--ttl", "600ms", "doomed", "--", "sh", "-c", &script])
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn");

@@ -300,6 +300,7 @@ mod semaphore_line {
         semaphore_permits_of_a_dead_holder_come_back,
         semaphore_many_permits_and_counts,
         semaphore_waiters_wake_and_lost_permits_fire,
+        semaphore_other_count_is_refused,
     );
 }
 

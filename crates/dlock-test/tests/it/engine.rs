@@ -296,7 +296,7 @@ async fn a_permit_waiter_that_leaves_after_the_hand_over_passes_the_permit_on() 
         .expect("subscribe");
     let head = Token::random().expect("token");
     let reply = client
-        .acquire_permits(sem.keys(), &head, 1, 1, ttl, true)
+        .acquire_permits(sem.keys(), &head, 1, 1, true, ttl, true)
         .await
         .expect("store");
     assert!(matches!(reply, Acquire::Held { .. }), "no permit free");

@@ -8,6 +8,7 @@ mod engine;
 mod etcd;
 mod fenced;
 mod hazards;
+mod kinds;
 mod memcached;
 mod memory;
 mod observe;
@@ -73,6 +74,7 @@ macro_rules! all_conformance_tests {
             semaphore_permits_of_a_dead_holder_come_back,
             semaphore_many_permits_and_counts,
             semaphore_waiters_wake_and_lost_permits_fire,
+            semaphore_other_count_is_refused,
         );
         $crate::family_tests!($target;
             reentrant_excludes_other_owners,

@@ -79,6 +79,13 @@ pub(crate) fn holds(
     end: u64,
 ) -> (Vec<Hold>, Vec<(usize, usize)>) {
     let mut holds = collect(history, kills, end, Side::Write);
+    let pairs = pairs(&mut holds);
+    (holds, pairs)
+}
+
+/// Every pair (by index) of overlapping holds of different workers in `holds` (sorted by
+/// start); both are marked.
+pub(crate) fn pairs(holds: &mut [Hold]) -> Vec<(usize, usize)> {
     // Sweep: a hold overlaps any other worker's hold that started before it ended.
     let mut pairs = Vec::new();
     for i in 0..holds.len() {
@@ -93,7 +100,7 @@ pub(crate) fn holds(
             }
         }
     }
-    (holds, pairs)
+    pairs
 }
 
 /// Every pair (read index, write index) of a read hold and another worker's write hold
@@ -133,6 +140,7 @@ pub(crate) fn step_time(step: &Step) -> u64 {
         | Step::ReadReleasing { t }
         | Step::Reentered { t, .. }
         | Step::Error { t, .. }
-        | Step::Clock { t, .. } => *t,
+        | Step::Clock { t, .. }
+        | Step::Appended { t, .. } => *t,
     }
 }

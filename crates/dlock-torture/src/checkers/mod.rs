@@ -2,7 +2,8 @@
 //! file — `holds` (the holds and their overlaps), `overlaps` (which a fault explains),
 //! `client_clock` (whether a jump of the workers' wall clock reached them),
 //! `resource` (lost increments, stale writes), `fences` (order and reuse), `reentry`,
-//! `liveness` (reacquire after a crash, stalls) — and the `verdict` per kind.
+//! `liveness` (reacquire after a crash, stalls), `supervised` (the command kinds' holds,
+//! from their commands' writes) — and the `verdict` per kind.
 
 mod client_clock;
 mod fences;
@@ -11,12 +12,13 @@ mod liveness;
 mod overlaps;
 mod reentry;
 mod resource;
+mod supervised;
 mod verdict;
 
 use serde::Serialize;
 
-pub(crate) use self::holds::holds;
 use self::holds::{Side, collect, read_write_pairs};
+pub(crate) use self::holds::{holds, step_time};
 use self::overlaps::{excused, explanation};
 use crate::model::{Fault, FaultWindow, Kind};
 use crate::worker::Step;
@@ -103,6 +105,12 @@ pub(crate) struct Findings {
     pub(crate) client_clock_workers: usize,
     /// Failovers that took effect.
     pub(crate) failovers: usize,
+    /// The command kinds: writes a command (or the process it left in the background)
+    /// made after the next holder's grant, in overlaps no fault excuses; of those, by
+    /// background processes; and how long after that grant the latest came, in ms.
+    pub(crate) late_writes: u64,
+    pub(crate) late_writes_background: u64,
+    pub(crate) latest_late_write_ms: u64,
     /// rwlock-fenced: read holds, those overlapping another worker's write hold, and those
     /// overlaps no pause or restart window explains.
     pub(crate) read_holds: usize,
@@ -195,6 +203,9 @@ fn describe_overlap(a: &Hold, b: &Hold, explained: Option<Fault>, input: &Input<
     // The hold's own steps, from its grant to how its release went.
     let steps = |h: &Hold| {
         let mut words = Vec::new();
+        // A command kind's writes, summed up: (count, last) of its own, of its background
+        // process's.
+        let mut appended = [(0usize, 0u64); 2];
         for (_, step) in input
             .history
             .iter()
@@ -203,9 +214,19 @@ fn describe_overlap(a: &Hold, b: &Hold, explained: Option<Fault>, input: &Input<
             if !words.is_empty() && matches!(step, Step::Acquired { .. }) {
                 break;
             }
+            if let Step::Appended { t, late } = step {
+                let a = &mut appended[usize::from(*late)];
+                *a = (a.0 + 1, a.1.max(*t));
+                continue;
+            }
             words.push(step_word(step, ms));
             if matches!(step, Step::Released { .. }) {
                 break;
+            }
+        }
+        for (&(n, last), whose) in appended.iter().zip(["", " in the background"]) {
+            if n > 0 {
+                words.push(format!("{n} writes{whose}, the last at {:.1}", ms(last)));
             }
         }
         words.join(", ")
@@ -251,12 +272,18 @@ fn step_word(step: &Step, ms: impl Fn(u64) -> f64) -> String {
             format!("error {short:?} at {t:.1}")
         }
         Step::Clock { offset_ms, .. } => format!("wall clock {offset_ms:+} ms off at {t:.1}"),
+        Step::Appended { late: false, .. } => format!("wrote at {t:.1}"),
+        Step::Appended { late: true, .. } => format!("wrote in the background at {t:.1}"),
     }
 }
 
 /// Runs every checker over one kind's run.
 pub(crate) fn check(input: &Input<'_>) -> (Findings, Holds) {
-    let (mut holds, pairs) = holds(input.history, input.kills, input.end);
+    let (mut holds, pairs) = if input.kind.runs_commands() {
+        supervised::holds(input.history)
+    } else {
+        holds(input.history, input.kills, input.end)
+    };
     let explained: Vec<Option<Fault>> = pairs
         .iter()
         .map(|&(i, j)| explanation(&holds[i], &holds[j], input.windows))
@@ -273,6 +300,9 @@ pub(crate) fn check(input: &Input<'_>) -> (Findings, Holds) {
         .take(UNEXCUSED_SAMPLES)
         .map(|(&(i, j), e)| describe_overlap(&holds[i], &holds[j], *e, input))
         .collect();
+    let late = supervised::late_writes(input.history, &holds, &pairs, |k| {
+        !explained[k].is_some_and(|f| kind.excuses(f))
+    });
     let clock_overlaps = explained
         .iter()
         .filter(|e| e.is_some_and(Fault::moves_store_clock))
@@ -341,6 +371,9 @@ pub(crate) fn check(input: &Input<'_>) -> (Findings, Holds) {
             .iter()
             .filter(|w| w.fault == Fault::Failover)
             .count(),
+        late_writes: late.writes,
+        late_writes_background: late.background,
+        latest_late_write_ms: late.latest_ms,
         read_holds: read_holds.len(),
         read_overlaps: read_pairs.len(),
         unexcused_read_overlaps,

@@ -57,6 +57,8 @@ pub(crate) fn verdict(f: &mut Findings) {
             | Kind::SentinelWaitFenced
             | Kind::ClusterFenced
             | Kind::RedlockDelayedRestart
+            | Kind::RunSupervised
+            | Kind::RunSupervisedZookeeper
             | Kind::Memory => {
                 let fenced = f.kind.is_fenced();
                 // Without WAIT, a failover before replication may take the fence
@@ -70,6 +72,14 @@ pub(crate) fn verdict(f: &mut Findings) {
                     } else {
                         "the fenced resource lost or accepted a stale write"
                     })
+                } else if f.kind.runs_commands() && f.unexcused_overlaps > 0 {
+                    fail(&format!(
+                        "two holders at once: a command (or a process it left in the background) \
+                         wrote after the next holder's grant ({} writes, {} of them in the \
+                         background, the latest {} ms after that grant): dlock run let its \
+                         command outlive its hold",
+                        f.late_writes, f.late_writes_background, f.latest_late_write_ms
+                    ))
                 } else if f.client_clock_overlaps > 0 {
                     fail("holders overlapped while the workers' wall clock was moved (client-clock): dlock must read only the monotonic clock")
                 } else if f.unexcused_overlaps > 0 {
@@ -116,6 +126,19 @@ pub(crate) fn verdict(f: &mut Findings) {
             ),
             Kind::RedlockImmediateRestart => fail(
                 "control not caught: an immediate restart of the bridge node let no second majority form",
+            ),
+            Kind::RunUnsupervised if f.unexcused_overlaps > 0 => (
+                true,
+                format!(
+                    "ok: control caught (a command under dlock acquire's lease, no supervisor, \
+                     wrote after the next holder's grant: {} writes, {} of them in the \
+                     background, the latest {} ms after it)",
+                    f.late_writes, f.late_writes_background, f.latest_late_write_ms
+                ),
+            ),
+            Kind::RunUnsupervised => fail(
+                "control not caught: a command that outlives its lease wrote nothing after the \
+                 next grant: the checker or the workload is broken",
             ),
             Kind::SetnxExpire if dead => (
                 true,

@@ -8,6 +8,7 @@ use std::time::Duration;
 use dlock_test::server::{RedisServer, free_port};
 
 mod secrets;
+mod supervised;
 
 /// The harness binary.
 fn harness() -> Command {

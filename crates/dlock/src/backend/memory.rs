@@ -423,6 +423,7 @@ impl RawSemaphore for Memory {
         token: &Token,
         n: u32,
         permits: u32,
+        strict: bool,
         ttl: Duration,
         _queue: bool,
     ) -> Result<Acquire> {
@@ -430,6 +431,9 @@ impl RawSemaphore for Memory {
         let mut state = self.state();
         let sem = state.semaphores.entry(keys.lock().to_owned()).or_default();
         let count = *sem.count.get_or_insert(permits);
+        if strict && count != permits {
+            return Err(Error::permits_mismatch(keys.name(), count, permits));
+        }
         let holders = sem.live(now);
         let used: u32 = holders
             .iter()

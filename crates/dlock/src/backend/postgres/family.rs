@@ -116,12 +116,14 @@ impl Postgres {
 
 /// The family's acquires as they run, to completion, inside [`Postgres::detached`].
 impl Postgres {
+    #[allow(clippy::too_many_arguments)]
     async fn acquire_permits_now(
         &self,
         keys: &LockKeys,
         token: &Token,
         n: u32,
         permits: u32,
+        strict: bool,
         ttl: Duration,
         queue: bool,
     ) -> Result<Acquire> {
@@ -139,6 +141,7 @@ impl Postgres {
                     &token.as_str(),
                     &as_int(n),
                     &as_int(permits),
+                    &strict,
                     &ttl_ms(ttl)?,
                     &(queue && channel.is_some()),
                     &channel,
@@ -148,6 +151,12 @@ impl Postgres {
                 "acquiring permits",
             )
             .await?;
+        if let Some(stored) = rows.first().and_then(|r| r.get::<_, Option<i32>>(3))
+            && stored != as_int(permits)
+        {
+            let stored = u32::try_from(stored).unwrap_or(0);
+            return Err(Error::permits_mismatch(keys.name(), stored, permits));
+        }
         granted(&rows, "acquiring permits")
     }
 
@@ -244,6 +253,7 @@ impl RawSemaphore for Postgres {
         token: &Token,
         n: u32,
         permits: u32,
+        strict: bool,
         ttl: Duration,
         queue: bool,
     ) -> Result<Acquire> {
@@ -251,7 +261,8 @@ impl RawSemaphore for Postgres {
             keys,
             token,
             move |pg, k, t, _| async move {
-                pg.acquire_permits_now(&k, &t, n, permits, ttl, queue).await
+                pg.acquire_permits_now(&k, &t, n, permits, strict, ttl, queue)
+                    .await
             },
             move |pg, gk, gt| async move {
                 let _ = pg.sem_release(&gk, gt.as_str(), "own").await;

@@ -311,8 +311,9 @@ impl Statements {
                                    WHERE e.key = l.key AND e.role <> 'h' AND e.expires_at > {live}))"
             ),
             sem_acquire: format!(
-                "SELECT granted, fence, wait_ms FROM {s}.sem_acquire($1::text, $2::text,
-                   $3::int, $4::int, $5::bigint, $6::boolean, $7::text, $8::bigint, $9::bigint)"
+                "SELECT granted, fence, wait_ms, stored FROM {s}.sem_acquire_checked($1::text,
+                   $2::text, $3::int, $4::int, $5::boolean, $6::bigint, $7::boolean, $8::text,
+                   $9::bigint, $10::bigint)"
             ),
             sem_release: format!(
                 "SELECT {s}.sem_release($1::text, $2::text, $3::text, $4::bigint)"
@@ -888,7 +889,8 @@ impl Postgres {
                     "SELECT current_setting('transaction_read_only') = 'on',
                             to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL
                             AND to_regclass($3) IS NOT NULL AND to_regclass($5) IS NOT NULL
-                            AND to_regprocedure($4) IS NOT NULL",
+                            AND to_regprocedure($4) IS NOT NULL
+                            AND to_regprocedure($6) IS NOT NULL",
                     &[
                         &format!("\"{schema}\".locks"),
                         &format!("\"{schema}\".waiters"),
@@ -898,6 +900,11 @@ impl Postgres {
                         &format!("\"{schema}\".schema_version_2()"),
                         // Added after version 2: a schema without it gets the file again.
                         &format!("\"{schema}\".records"),
+                        // Likewise (a semaphore's other permit count is refused).
+                        &format!(
+                            "\"{schema}\".sem_acquire_checked(text, text, int, int, boolean, \
+                             bigint, boolean, text, bigint, bigint)"
+                        ),
                     ],
                 )
                 .await

@@ -755,6 +755,32 @@ BEGIN
 END
 $fn$;
 
+-- sem_acquire, refusing (strict) when the stored permit count is not `start`: nothing is
+-- taken or queued, and the stored count is returned. Returns (granted, 0, wait_ms, the
+-- stored count or NULL if none was).
+CREATE OR REPLACE FUNCTION "S".sem_acquire_checked(k text, tok text, n int, start int,
+                                                   strict boolean, ttl_ms bigint,
+                                                   queue boolean, chan text, grace_ms bigint,
+                                                   wake_ms bigint)
+RETURNS TABLE (granted boolean, fence bigint, wait_ms bigint, stored int)
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    cap int;
+BEGIN
+    IF strict THEN
+        INSERT INTO "S".locks AS l (key, permits) VALUES (k, start)
+        ON CONFLICT (key) DO NOTHING;
+        SELECT l.permits INTO cap FROM "S".locks AS l WHERE l.key = k FOR UPDATE;
+        IF cap IS NOT NULL AND cap <> start THEN
+            RETURN QUERY SELECT false, 0::bigint, -1::bigint, cap;
+            RETURN;
+        END IF;
+    END IF;
+    RETURN QUERY SELECT a.granted, a.fence, a.wait_ms, start
+    FROM "S".sem_acquire(k, tok, n, start, ttl_ms, queue, chan, grace_ms, wake_ms) AS a;
+END
+$fn$;
+
 -- The schema's version, created last: a client that does not find it (a newer dlock
 -- names a newer one) runs this whole file again, every statement of which is idempotent.
 CREATE OR REPLACE FUNCTION "S".schema_version_2() RETURNS int

@@ -1396,6 +1396,7 @@ impl RawSemaphore for Redis {
         token: &Token,
         n: u32,
         permits: u32,
+        strict: bool,
         ttl: Duration,
         queue: bool,
     ) -> Result<Acquire> {
@@ -1416,11 +1417,17 @@ impl RawSemaphore for Redis {
                     &ttl_ms(WAKE_GRACE),
                     &self.waiter_id(),
                     &self.hand_over(),
+                    &if strict { "1" } else { "0" },
                     &self.publish_cmd(),
                 ],
                 "acquiring permits",
             )
             .await?;
+        if let [-2, stored] = reply.as_slice() {
+            // A count that is not a permit count (set by hand) is reported as it reads.
+            let stored = u32::try_from(*stored).unwrap_or(0);
+            return Err(Error::permits_mismatch(keys.name(), stored, permits));
+        }
         if queue && let [0, _, counter] = reply.as_slice() {
             self.raise_floor(keys, token, *counter);
         }

@@ -16,7 +16,8 @@
 //!   it keeps its place (no writer can come in between) and now counts as a reader.
 //! * **Semaphore** (`InterProcessSemaphoreV2`'s leases): a node `<N>+<token>-` per holder
 //!   or waiter of N permits; the directory's data is the permit count (the first client's,
-//!   changed by `set_permits` / `add_permits` by compare-and-set). The nodes are served
+//!   changed by `set_permits` / `add_permits` by compare-and-set; a client with another
+//!   count is refused after reading it, its node deleted at once). The nodes are served
 //!   in order: a node holds when the permits of the nodes up to and including it fit in
 //!   the count. A waiter depends on every node below it, so it watches the directory's
 //!   children and data and tries again when they change: a release wakes every waiting
@@ -684,6 +685,7 @@ impl RawSemaphore for ZooKeeper {
         token: &Token,
         n: u32,
         permits: u32,
+        strict: bool,
         ttl: Duration,
         _queue: bool,
     ) -> Result<Acquire> {
@@ -712,6 +714,11 @@ impl RawSemaphore for ZooKeeper {
             }
             None => permits,
         };
+        if strict && count != permits {
+            // Our node leaves the line: no permit was taken for us.
+            self.release(keys, token).await?;
+            return Err(Error::permits_mismatch(keys.name(), count, permits));
+        }
         if n > count {
             // It could never be served, and would hold up every waiter behind it.
             self.release(keys, token).await?;

@@ -15,8 +15,10 @@
 -- ARGV[9]  the caller's client's waiter id
 -- ARGV[10] '1': a release may hand permits over to the caller (its member is
 --          '<id>:=<ttl ms>,<N>:<token>'); '0': it is woken and comes itself ('<id>:<token>')
+-- ARGV[11] '1': refuse (take nothing, queue nothing) if the stored count is not ARGV[3]
 -- ARGV[#ARGV]  the publish command: PUBLISH, or SPUBLISH on a Redis Cluster (sharded)
 -- returns  {1, 0}     acquired (a repeat of a granted request is granted again, not twice)
+--          {-2, count}  refused: the stored permit count is another (ARGV[11] = '1')
 --          {0, wait, counter}  not now: not enough free permits, or the free ones are the
 --                      queue head's; wait = ms until the earliest lease or the head's
 --                      claim ends (-1 if no holder has a lease, i.e. N exceeds the permit
@@ -30,6 +32,9 @@ end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 redis.call('SET', KEYS[3], ARGV[3], 'NX')
 local capacity = tonumber(redis.call('GET', KEYS[3]))
+if ARGV[11] == '1' and capacity ~= tonumber(ARGV[3]) then
+  return {-2, capacity or -1}
+end
 local used = 0
 for _, n in ipairs(redis.call('HVALS', KEYS[2])) do
   used = used + tonumber(n)
