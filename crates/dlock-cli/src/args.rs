@@ -70,13 +70,27 @@ pub(crate) struct Store {
     /// redlock://host:port,host:port,host:port (RedLock: the plain lock, no fence),
     /// memcache://host:port and etcd://host:port,… (the plain lock), postgres://… (every
     /// kind; ?mode=advisory: session locks), zk://host:port,…/chroot. What a store cannot
-    /// do is a usage error that says why.
+    /// do is a usage error that says why. redis:// and redis+sentinel:// (and
+    /// rediss://, redis+unix://, redis+cluster://) take ?min_replicas=N: every grant and
+    /// renewal waits (WAIT) for N replicas to acknowledge it, and is refused (exit 69)
+    /// with fewer. A query parameter a store does not know is refused (exit 64), never
+    /// ignored.
     #[arg(long, env = "DLOCK_URL", hide_env_values = true)]
     pub(crate) url: Option<String>,
 
     /// Key prefix of the locks.
     #[arg(long, default_value = dlock::keys::DEFAULT_PREFIX)]
     pub(crate) prefix: String,
+
+    /// Take locks (run, elect, acquire) on a store configured so that it can drop a held
+    /// lock — Redis with maxmemory and an allkeys-* or volatile-* eviction policy,
+    /// memcached started without -M (it evicts when full) — which is otherwise refused
+    /// (exit 69, naming the setting): another holder could be granted while the first
+    /// still runs, and (allkeys-*, memcached) fences could start again at 1. Hazards that
+    /// cannot give two holders (Redis without AOF: fences restart after a restart) are
+    /// warnings on stderr.
+    #[arg(long)]
+    pub(crate) allow_unsafe_store: bool,
 }
 
 /// How long to wait for a held lock.

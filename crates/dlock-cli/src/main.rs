@@ -19,7 +19,7 @@ use clap::{CommandFactory, Parser};
 
 use crate::args::{Cli, Command};
 use crate::exit::Failure;
-use crate::target::{connect, with_election_backend};
+use crate::target::{connect, connect_to_lock, with_election_backend};
 
 fn main() -> ExitCode {
     // The reaper `dlock run` starts beside a command, and the gate in front of the command
@@ -86,9 +86,9 @@ fn usage_failure(err: &clap::Error) -> Failure {
 async fn dispatch(command: Command) -> Result<u8, Failure> {
     match command {
         // What each store can do, or why not: target.rs.
-        Command::Run(args) => target::run(connect(&args.store, false).await?, args).await,
+        Command::Run(args) => target::run(connect_to_lock(&args.store).await?, args).await,
         Command::Elect(args) => {
-            with_election_backend!(connect(&args.store, false).await?, |b| {
+            with_election_backend!(connect_to_lock(&args.store).await?, |b| {
                 cmd::elect::elect(b, args).await
             })
         }
@@ -97,7 +97,7 @@ async fn dispatch(command: Command) -> Result<u8, Failure> {
                 cmd::elect::leader(b, args).await
             })
         }
-        Command::Acquire(args) => target::acquire(connect(&args.store, false).await?, args).await,
+        Command::Acquire(args) => target::acquire(connect_to_lock(&args.store).await?, args).await,
         Command::Release(args) => target::release(connect(&args.store, false).await?, args).await,
         Command::Extend(args) => {
             target::extend(connect(&args.held.store, false).await?, args).await

@@ -4,7 +4,9 @@
 //! or a usage error that says why the store cannot do it. Keep these arms, `dlock --help`
 //! and the README's CLI section in step.
 
-use dlock::backend::{Etcd, Memcached, Memory, PgAdvisory, Postgres, Quorum, Redis, ZooKeeper};
+use dlock::backend::{
+    ConfigHazard, Etcd, Memcached, Memory, PgAdvisory, Postgres, Quorum, Redis, ZooKeeper,
+};
 use dlock::raw::RawFencing;
 use dlock::{LockGuard, MIN_TTL};
 
@@ -36,6 +38,53 @@ pub(crate) enum Target {
     /// ZooKeeper: every primitive, fenced; holds live in the client's session, so only
     /// commands that hold while they run (not acquire/release/extend).
     ZooKeeper(ZooKeeper),
+}
+
+impl Target {
+    /// What the store's configuration can do to locks and fences, as its client read it
+    /// on connect: Redis (every node of a RedLock) and memcached. etcd and ZooKeeper have
+    /// no such setting; PostgreSQL's session timeouts cannot drop a lease-mode lock (a row
+    /// with an expiry), and advisory-mode sessions turn the idle ones off for themselves.
+    fn config_hazards(&self) -> Vec<ConfigHazard> {
+        match self {
+            Target::Redis(r) => r.config_hazards(),
+            Target::Quorum(q) => q.nodes().iter().flat_map(Redis::config_hazards).collect(),
+            Target::Memcached(m) => m.config_hazards(),
+            Target::Memory(_)
+            | Target::Etcd(_)
+            | Target::Postgres(_)
+            | Target::PgAdvisory(_)
+            | Target::ZooKeeper(_) => Vec::new(),
+        }
+    }
+}
+
+/// Connects for a command that takes locks (`run`, `elect`, `acquire`) and checks what
+/// the store's configuration can do to them: a store that can drop a held lock (evict
+/// it) is refused with [`exit::UNAVAILABLE`](crate::exit::UNAVAILABLE) and the setting,
+/// unless `--allow-unsafe-store`; every other hazard (and, with that flag, those too) is
+/// a warning on stderr.
+pub(crate) async fn connect_to_lock(store: &Store) -> Result<Target, Failure> {
+    let target = connect(store, false).await?;
+    let (unsafe_, rest): (Vec<ConfigHazard>, Vec<ConfigHazard>) = target
+        .config_hazards()
+        .into_iter()
+        .partition(ConfigHazard::can_give_two_holders);
+    if !unsafe_.is_empty() && !store.allow_unsafe_store {
+        let found: Vec<String> = unsafe_.iter().map(ToString::to_string).collect();
+        return Err(Failure::new(
+            crate::exit::UNAVAILABLE,
+            format!(
+                "refusing to lock on a store configured to drop held locks: {} (pass \
+                 --allow-unsafe-store to lock there anyway)",
+                found.join("; ")
+            ),
+        ));
+    }
+    for hazard in unsafe_.iter().chain(&rest) {
+        eprintln!("dlock: warning: {hazard}");
+    }
+    Ok(target)
 }
 
 /// Why memcached cannot `list` (nor `top`).
@@ -305,10 +354,13 @@ fn named(url: Option<&str>, allow_memory: bool) -> Result<Named<'_>, Failure> {
         Some("redlock") => Ok(Named::Redlock(redlock_nodes(url)?)),
         Some("memcache" | "memcached") => Ok(Named::Memcached(url)),
         Some("etcd") => Ok(Named::Etcd(url)),
-        Some("postgres" | "postgresql") => Ok(match advisory_url(url) {
-            Some(url) => Named::PgAdvisory(url),
-            None => Named::Postgres(url),
-        }),
+        Some("postgres" | "postgresql") => {
+            pg_mode(url)?;
+            Ok(match advisory_url(url) {
+                Some(url) => Named::PgAdvisory(url),
+                None => Named::Postgres(url),
+            })
+        }
         Some("zk") => Ok(Named::ZooKeeper(url)),
         Some("memory") if allow_memory => Ok(Named::Memory),
         Some("memory") => Err(Failure::usage(
@@ -359,6 +411,23 @@ pub(crate) fn redact(text: &str) -> String {
         &text[..start],
         dlock::backend::redact_url(&text[at + 1..])
     )
+}
+
+/// Every `mode=` of a `postgres://` URL is `advisory` or `lease` (the default): any
+/// other would be dropped by [`advisory_url`] and do nothing.
+fn pg_mode(url: &str) -> Result<(), Failure> {
+    let Some((_, query)) = url.split_once('?') else {
+        return Ok(());
+    };
+    for mode in query.split('&').filter_map(|p| p.strip_prefix("mode=")) {
+        if !matches!(mode, "advisory" | "lease") {
+            return Err(Failure::usage(
+                "postgres:// takes mode=advisory (session locks) or mode=lease (the \
+                 default), no other mode",
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// A `postgres://` URL that asks for advisory-lock mode (`mode=advisory` among its query
@@ -506,9 +575,13 @@ mod tests {
                         Named::Memory => {}
                     }
                 }
-                // Only RedLock checks more than the scheme.
+                // Only RedLock (its hosts) and PostgreSQL (its `mode=`) check more than
+                // the scheme.
                 Err(f) => {
-                    prop_assert_eq!(expected, "redlock", "{}", f.message);
+                    prop_assert!(
+                        expected == "redlock" || (expected == "postgres" && url.contains("mode=")),
+                        "{}", f.message
+                    );
                     usage_without(&f, "")?;
                 }
             }
@@ -620,6 +693,22 @@ mod tests {
                 }
                 None => prop_assert!(!advisory),
             }
+        }
+    }
+
+    /// A `mode=` that is neither `advisory` nor `lease` is refused, not dropped (issue 25).
+    #[test]
+    fn an_unknown_postgres_mode_is_a_usage_error() {
+        for url in ["postgres://h/db?mode=advisroy", "postgres://h/db?x=1&mode="] {
+            let f = named(Some(url), false).expect_err(url);
+            assert_eq!(f.code, exit::USAGE);
+            assert!(f.message.contains("mode=advisory"), "{}", f.message);
+        }
+        for url in [
+            "postgres://h/db?mode=lease",
+            "postgres://h/db?mode=advisory",
+        ] {
+            assert!(named(Some(url), false).is_ok(), "{url}");
         }
     }
 

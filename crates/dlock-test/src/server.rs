@@ -426,7 +426,10 @@ impl Drop for SentinelServer {
     }
 }
 
-/// A private `memcached` on a free loopback port (64 MB, no UDP); killed when dropped.
+/// A private `memcached` on a free loopback port (64 MB, no UDP, no evictions: `-M`, the
+/// configuration dlock asks for); killed when dropped.
+/// [`start_evicting`](MemcachedServer::start_evicting) starts one with memcached's default
+/// (evictions on).
 #[derive(Debug)]
 pub struct MemcachedServer {
     child: Option<Child>,
@@ -449,6 +452,16 @@ impl MemcachedServer {
     /// # Errors
     /// As [`start`](MemcachedServer::start).
     pub fn start_with(extra: &[&str]) -> io::Result<MemcachedServer> {
+        MemcachedServer::start_inner(&with_no_evictions(extra), None)
+    }
+
+    /// As [`start_with`](MemcachedServer::start_with), with memcached's default eviction
+    /// (no `-M`): a full cache evicts items, held locks and fence counters among them
+    /// (e.g. `["-m", "1"]`).
+    ///
+    /// # Errors
+    /// As [`start`](MemcachedServer::start).
+    pub fn start_evicting(extra: &[&str]) -> io::Result<MemcachedServer> {
         MemcachedServer::start_inner(extra, None)
     }
 
@@ -460,7 +473,7 @@ impl MemcachedServer {
     /// # Errors
     /// As [`start`](MemcachedServer::start), or libfaketime is not installed.
     pub fn start_with_clock(clock: &FakeClock, extra: &[&str]) -> io::Result<MemcachedServer> {
-        MemcachedServer::start_inner(extra, Some(clock.clone()))
+        MemcachedServer::start_inner(&with_no_evictions(extra), Some(clock.clone()))
     }
 
     fn start_inner(extra: &[&str], clock: Option<FakeClock>) -> io::Result<MemcachedServer> {
@@ -569,6 +582,13 @@ impl MemcachedServer {
             }
         }
     }
+}
+
+/// `extra` with memcached's `-M` (no evictions) first.
+fn with_no_evictions<'a>(extra: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec!["-M"];
+    args.extend_from_slice(extra);
+    args
 }
 
 impl Drop for MemcachedServer {

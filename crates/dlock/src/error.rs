@@ -42,6 +42,11 @@ pub enum ErrorKind {
     /// or release took effect on the nodes that did not answer is unknown; retrying is
     /// safe.
     QuorumNotReached,
+    /// The store is configured so that it can drop a held lock (it may evict lock keys,
+    /// or end the sessions locks live in), and the caller asked to refuse such a store
+    /// ([`refuse_config_hazards`](crate::backend::refuse_config_hazards)). The message
+    /// names each setting and how to change it.
+    UnsafeConfig,
     /// A semaphore's permit count differs from the count the store holds for its name,
     /// and the semaphore was not told to set or adopt it (see
     /// [`SemaphoreBuilder::on_other_count`](crate::SemaphoreBuilder::on_other_count)):
@@ -63,6 +68,7 @@ impl ErrorKind {
             ErrorKind::LimitReached => "limit reached",
             ErrorKind::NotReplicated => "not replicated",
             ErrorKind::QuorumNotReached => "quorum not reached",
+            ErrorKind::UnsafeConfig => "unsafe store configuration",
             ErrorKind::PermitsMismatch => "permit count mismatch",
         }
     }

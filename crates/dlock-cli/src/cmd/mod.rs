@@ -984,6 +984,7 @@ mod tests {
         Store {
             url: None,
             prefix: dlock::keys::DEFAULT_PREFIX.to_owned(),
+            allow_unsafe_store: false,
         }
     }
 }

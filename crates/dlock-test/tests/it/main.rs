@@ -7,6 +7,7 @@ mod cluster;
 mod engine;
 mod etcd;
 mod fenced;
+mod hazards;
 mod kinds;
 mod memcached;
 mod memory;

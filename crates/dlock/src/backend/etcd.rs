@@ -274,6 +274,20 @@ fn parse_url(url: &str) -> Result<Vec<String>> {
     let hosts = url
         .strip_prefix("etcd://")
         .ok_or_else(|| bad("not etcd://"))?;
+    // etcd:// takes no parameter: one would do nothing, so none is accepted (the
+    // parameter's name only: its value could be a secret).
+    let hosts = match hosts.split_once('?').filter(|_| !url.contains('@')) {
+        Some((hosts, query)) => {
+            if let Some(pair) = query.split('&').find(|p| !p.is_empty()) {
+                let name = pair.split_once('=').map_or(pair, |(name, _)| name);
+                return Err(bad(&format!(
+                    "unknown parameter {name:?} (etcd:// takes none)"
+                )));
+            }
+            hosts
+        }
+        None => hosts,
+    };
     let hosts = hosts.strip_suffix('/').unwrap_or(hosts);
     let mut endpoints = Vec::new();
     for host in hosts.split(',').filter(|h| !h.is_empty()) {
@@ -1351,6 +1365,18 @@ mod props {
         ] {
             let err = parse_url(bad).expect_err(bad);
             assert_eq!(err.kind(), crate::ErrorKind::InvalidArgument, "{bad}");
+        }
+        // A parameter is named, whatever its value; none does nothing.
+        for (url, name) in [
+            ("etcd://h:1?min_replicas=1", "min_replicas"),
+            ("etcd://h:1/?x", "x"),
+        ] {
+            let err = parse_url(url).expect_err(url);
+            assert!(
+                err.to_string()
+                    .contains(&format!("unknown parameter {name:?}")),
+                "{err}"
+            );
         }
         let err = parse_url("etcd://root:s3cret!@h:1").expect_err("credentials");
         assert!(!format!("{err} {err:?}").contains("s3cret!"), "{err:?}");

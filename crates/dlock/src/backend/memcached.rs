@@ -64,8 +64,12 @@
 //! counter lives in memcached's memory — a restart, `flush_all` or an LRU eviction of the
 //! counter resets it to 1, and fences then repeat. Eviction can also drop a held lock key
 //! early under memory pressure: the holder learns it at its next renewal (`lost()`
-//! fires). Give memcached memory to spare, or use Redis with persistence where fencing
-//! must survive.
+//! fires), while another holder may already have been granted. Run memcached with `-M`
+//! (no evictions: a full cache refuses new items, so acquires fail instead of held locks
+//! vanishing) and memory to spare, or use Redis with persistence where fencing must
+//! survive. On connect the client reads `stats settings` and reports a server that
+//! evicts ([`Memcached::config_hazards`]; the `dlock` tool refuses it unless
+//! `--allow-unsafe-store`).
 //!
 //! # Elections
 //!
@@ -85,6 +89,7 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
+use crate::backend::hazard::{self, ConfigHazard};
 use crate::engine::Engine;
 use crate::error::{Error, ErrorKind, Result};
 use crate::keys::LockKeys;
@@ -142,6 +147,8 @@ struct Inner {
     /// Connections between calls, every reply of their last exchange read.
     idle: Mutex<Vec<Conn>>,
     engine: Engine,
+    /// What the server's configuration can do to locks, read on connect.
+    hazards: std::sync::OnceLock<Vec<ConfigHazard>>,
 }
 
 impl Inner {
@@ -296,10 +303,15 @@ impl Memcached {
     /// with `memcache://host:port?max_connections=N`, 1 to [`MAX_CONNECTIONS_LIMIT`]),
     /// while calls overlap.
     ///
+    /// On connect it also reads the server's `stats settings`: a server that evicts
+    /// (memcached's default; `-M` turns it off) can drop a held lock and a fence
+    /// counter under memory pressure, which [`config_hazards`](Memcached::config_hazards)
+    /// then reports (and a `tracing` warning says once).
+    ///
     /// # Errors
-    /// `InvalidArgument` for a malformed URL; `Unavailable` if the server cannot be
-    /// reached within 2 s; `Backend` if it does not speak the meta protocol (memcached
-    /// older than 1.6).
+    /// `InvalidArgument` for a malformed URL (an unknown parameter included);
+    /// `Unavailable` if the server cannot be reached within 2 s; `Backend` if it does not
+    /// speak the meta protocol (memcached older than 1.6).
     pub async fn connect(url: &str) -> Result<Memcached> {
         let (addr, max_connections) = parse_url(url)?;
         let mc = Memcached {
@@ -310,6 +322,7 @@ impl Memcached {
                 permits: Semaphore::new(max_connections),
                 idle: Mutex::new(Vec::with_capacity(max_connections)),
                 engine: Engine::new(),
+                hazards: std::sync::OnceLock::new(),
             }),
         };
         // Proves the server is there and speaks the meta protocol.
@@ -320,6 +333,17 @@ impl Memcached {
                 "the server does not speak memcached's meta protocol (memcached 1.6+ needed)",
             ));
         }
+        let hazards = match mc.read_settings().await {
+            Ok(text) => hazard::found(hazard::memcached_settings(&mc.inner.addr, &text)),
+            Err(e) => {
+                tracing::warn!(
+                    addr = %mc.inner.addr,
+                    "could not read memcached's settings ({e}): eviction was not checked"
+                );
+                Vec::new()
+            }
+        };
+        let _ = mc.inner.hazards.set(hazards);
         Ok(mc)
     }
 
@@ -331,6 +355,63 @@ impl Memcached {
     /// The most connections this client opens at once.
     pub fn max_connections(&self) -> usize {
         self.inner.max_connections
+    }
+
+    /// What the server's configuration can do to locks and fences, as read on connect
+    /// (`stats settings`): with evictions on (memcached's default) a full cache may
+    /// evict a held lock's item (another holder is then granted while the first still
+    /// runs; it learns at its next renewal) and a fence counter (fences start again at
+    /// 1): [`HazardKind::EvictsLocksAndFences`](crate::backend::HazardKind). Start
+    /// memcached with `-M` (a full cache then refuses new items: acquires fail, nothing
+    /// held is dropped). [`refuse_config_hazards`](crate::backend::refuse_config_hazards)
+    /// turns it into an error.
+    pub fn config_hazards(&self) -> Vec<ConfigHazard> {
+        self.inner.hazards.get().cloned().unwrap_or_default()
+    }
+
+    /// The `STAT` lines of memcached's `stats settings`, on a connection of the pool (the
+    /// reply's length is not known ahead, unlike the meta commands', so not through
+    /// [`call`](Memcached::call)), within the call bound.
+    async fn read_settings(&self) -> Result<String> {
+        /// `stats settings` has about 70 lines: more is no memcached.
+        const MAX_LINES: usize = 1000;
+        let inner = &*self.inner;
+        let _permit = inner
+            .permits
+            .acquire()
+            .await
+            .map_err(|_| Error::new(ErrorKind::Backend, "memcached client closed"))?;
+        let idle = inner.take_idle();
+        let read = async {
+            let mut conn = match idle {
+                Some(conn) => conn,
+                None => Conn::open(&inner.addr).await?,
+            };
+            conn.writer
+                .write_all(b"stats settings\r\n")
+                .await
+                .map_err(io_err)?;
+            let mut text = String::new();
+            for _ in 0..MAX_LINES {
+                let mut line = String::new();
+                if conn.reader.read_line(&mut line).await.map_err(io_err)? == 0 {
+                    return Err(io_err(std::io::ErrorKind::UnexpectedEof.into()));
+                }
+                if line.trim_end() == "END" {
+                    // Every line read: the connection can serve the next call.
+                    inner.put_idle(conn);
+                    return Ok(text);
+                }
+                if !line.starts_with("STAT ") {
+                    return Err(unexpected("stats settings", line.trim_end()));
+                }
+                text.push_str(&line);
+            }
+            Err(unexpected("stats settings", "too many lines"))
+        };
+        tokio::time::timeout(inner.timeout, read)
+            .await
+            .map_err(|_| Error::new(ErrorKind::TimedOut, "reading memcached's settings"))?
     }
 
     /// Sends `request` (one or more pipelined commands) and reads `replies` replies, on

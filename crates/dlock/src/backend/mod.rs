@@ -1,7 +1,9 @@
 //! The stores dlock runs on. Each implements the [`raw`](crate::raw) traits.
 
+pub mod hazard;
 mod memory;
 mod quorum;
+pub use hazard::{ConfigHazard, HazardKind, refuse_config_hazards};
 pub use memory::Memory;
 #[cfg(any(feature = "etcd", feature = "postgres", feature = "zookeeper"))]
 pub(crate) use memory::glob_match;

@@ -34,6 +34,13 @@ use crate::token::Token;
 ///   terminated backend) the lock is free at once, while the old holder learns it only at
 ///   its next check, up to a third of the ttl later;
 /// * one connection per held lock, on top of the client's pool: mind `max_connections`;
+/// * server settings that end sessions: each session turns `idle_session_timeout` and
+///   `idle_in_transaction_session_timeout` off for itself (set for the role or the
+///   database, either would end a holding session after it sat idle that long, freeing
+///   its lock at once); `statement_timeout` can only cancel one of dlock's short
+///   statements (an attempt or a check fails: no lock is freed by it); an operator's
+///   `pg_terminate_backend` or a pooler that closes idle server connections still ends a
+///   session (use lease mode, [`Postgres`](super::Postgres), where that matters);
 /// * with the watchdog off nothing checks the session, so the guard cannot vouch for the
 ///   hold past its ttl: it reports itself lost then, and its `release()` returns
 ///   `LockLost` although the unlock ran on the session and the lock is free (keep the
@@ -90,6 +97,13 @@ impl Session {
         self.closed.load(Ordering::SeqCst) || self.client.is_closed()
     }
 }
+
+/// Sets the idle timeouts PostgreSQL has (`idle_session_timeout` from version 14) to 0
+/// for the session, returning each one's value before.
+const NO_IDLE_TIMEOUTS: &str = "SELECT name::text, current_setting(name),
+       set_config(name, '0', false)
+  FROM pg_settings
+ WHERE name IN ('idle_session_timeout', 'idle_in_transaction_session_timeout')";
 
 /// How many idle sessions a client keeps.
 const MAX_IDLE: usize = 8;
@@ -176,6 +190,24 @@ impl PgAdvisory {
             .await
             .map_err(|_| Error::new(ErrorKind::TimedOut, format!("{doing}: no reply in time")))?
             .map_err(|e| map_err(&e, doing))?;
+        // The session holds its locks while it sits idle: a server that ends idle
+        // sessions would free them at once (another holder granted while this one still
+        // works). Both timeouts are the user's to set (for the role or database too), so
+        // the session turns them off for itself.
+        let doing = "turning off the session's idle timeouts";
+        let rows = tokio::time::timeout(CALL_TIMEOUT, client.query(NO_IDLE_TIMEOUTS, &[]))
+            .await
+            .map_err(|_| Error::new(ErrorKind::TimedOut, format!("{doing}: no reply in time")))?
+            .map_err(|e| map_err(&e, doing))?;
+        for row in rows {
+            let (name, was): (String, String) = (row.get(0), row.get(1));
+            if was != "0" {
+                tracing::debug!(
+                    "advisory-lock session: {name}={was} (the role's or database's) turned \
+                     off for this session: it would end the session and free its locks"
+                );
+            }
+        }
         Ok(Session { client, closed })
     }
 

@@ -111,6 +111,19 @@
 //! Everything else in the URL is libpq's (`postgres://user:pass@host:port/db`,
 //! `postgresql://…`, `?host=/run/postgresql` for a unix socket, `application_name`, …).
 //!
+//! # Session timeouts
+//!
+//! A lock here is a row with an expiry, not a session: a server setting that ends
+//! sessions (`idle_session_timeout`, `idle_in_transaction_session_timeout`, for the role
+//! or the database) frees no lock: the pool replaces an ended connection, and a session
+//! that ends while it keeps a name's gate (which only orders waiters) costs a failed call
+//! or a wait in the table until the lease runs out, never a second holder.
+//! `statement_timeout` shorter than a gate wait (at most half the waiter's ttl) cancels
+//! that wait: the call fails, nothing held is lost. So none of them is reported or
+//! refused (`dlock_test`'s `pg_lease_locks_do_not_depend_on_sessions` holds a lock across
+//! a 1 s idle timeout); advisory mode ([`PgAdvisory`]), whose locks are sessions, turns
+//! the idle timeouts off on its own sessions.
+//!
 //! # TLS (feature `postgres-tls`)
 //!
 //! `sslmode=require`, `verify-ca` or `verify-full` connects over TLS (rustls) — every

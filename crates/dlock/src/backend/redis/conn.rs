@@ -63,6 +63,44 @@ impl Conn {
         }
     }
 
+    /// `INFO` of the one server, or of every master of a cluster at once: each node's
+    /// address (`single` names the one server) and its reply.
+    pub(super) async fn info_everywhere(
+        &mut self,
+        single: &str,
+    ) -> redis::RedisResult<Vec<(String, redis::RedisResult<String>)>> {
+        match self {
+            Conn::Cluster(c) => {
+                let route = RoutingInfo::MultiNode((
+                    redis::cluster_routing::MultipleNodeRoutingInfo::AllMasters,
+                    None,
+                ));
+                let value = c.route_command(redis::cmd("INFO"), route).await?;
+                let Value::Map(pairs) = value else {
+                    return Err(redis::RedisError::from((
+                        redis::ErrorKind::UnexpectedReturnType,
+                        "INFO of every master: not a map of nodes",
+                    )));
+                };
+                Ok(pairs
+                    .into_iter()
+                    .map(|(node, reply)| {
+                        let node: String = redis::from_redis_value(node)
+                            .unwrap_or_else(|_| "a cluster node".to_owned());
+                        let text = reply
+                            .extract_error()
+                            .and_then(|v| Ok(redis::from_redis_value::<String>(v)?));
+                        (node, text)
+                    })
+                    .collect())
+            }
+            Conn::Single(c) => {
+                let text = redis::cmd("INFO").query_async::<String>(c).await;
+                Ok(vec![(single.to_owned(), text)])
+            }
+        }
+    }
+
     /// Runs the `count` commands of `pipe` on `node`, or as routed when `None`.
     pub(super) async fn pipe_on<T: redis::FromRedisValue>(
         &mut self,

@@ -38,6 +38,12 @@
 //! it, and fences may then repeat. Run Redis with `appendonly yes` and `appendfsync always`
 //! if fencing must survive restarts. A single Redis master loses locks on failover
 //! (replication is asynchronous); see the crate docs' safety section.
+//!
+//! A server with `maxmemory` and an eviction policy other than `noeviction` can evict a
+//! held lock's key (`volatile-*`: lock keys have a TTL) and, under `allkeys-*`, a fence
+//! counter too (fence counters never get a TTL, so `volatile-*` keeps them). The client
+//! reads `INFO` on connect and reports what it found ([`Redis::config_hazards`]; the
+//! `dlock` tool refuses such a server unless `--allow-unsafe-store`).
 
 mod conn;
 mod decode;
@@ -55,6 +61,7 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{RedisError, Script, ServerErrorKind};
 
+use crate::backend::hazard::{self, ConfigHazard};
 use crate::engine::{Engine, LeaseKind};
 use crate::error::{Error, ErrorKind, Result};
 use crate::keys::LockKeys;
@@ -103,6 +110,9 @@ struct Inner {
     /// release wakes a waiter on `<channel>:<id>`, one subscription per client and lock.
     waiter_id: String,
     addr: String,
+    /// What the servers' configuration can do to locks, read on connect (and again on
+    /// a sentinel failover).
+    hazards: std::sync::RwLock<Vec<ConfigHazard>>,
 }
 
 impl std::fmt::Debug for Redis {
@@ -122,6 +132,7 @@ pub struct RedisBuilder {
     response_timeout: Duration,
     min_replicas: u32,
     replica_timeout: Duration,
+    refuse_hazards: bool,
 }
 
 /// Where a builder's connection comes from.
@@ -200,23 +211,48 @@ impl RedisBuilder {
         self
     }
 
+    /// Fail [`connect`](RedisBuilder::connect) with [`ErrorKind::UnsafeConfig`] if a
+    /// server is configured so that it can drop a held lock (`maxmemory` with an
+    /// `allkeys-*` or `volatile-*` eviction policy: see
+    /// [`Redis::config_hazards`]). Default: connect, and warn (once, with `tracing`).
+    pub fn refuse_config_hazards(mut self, refuse: bool) -> Self {
+        self.refuse_hazards = refuse;
+        self
+    }
+
     /// How long `WAIT` waits for the replicas (default 100 ms).
     pub fn replica_timeout(mut self, timeout: Duration) -> Self {
         self.replica_timeout = timeout;
         self
     }
 
-    /// Connects and loads the scripts.
+    /// Connects, loads the scripts and reads the servers' configuration hazards
+    /// ([`Redis::config_hazards`]).
     ///
     /// # Errors
-    /// * `InvalidArgument`: malformed URL, unsupported scheme, `rediss://` without the
-    ///   `redis-tls` feature, zero timeouts;
+    /// * `InvalidArgument`: malformed URL, unsupported scheme, a query parameter dlock
+    ///   does not know (it would do nothing), `rediss://` without the `redis-tls`
+    ///   feature, zero timeouts;
     /// * `Unavailable`: the server could not be reached within the connect timeout;
-    /// * `Backend`: authentication failed, or the user may not run scripts.
-    pub async fn connect(self) -> Result<Redis> {
+    /// * `Backend`: authentication failed, or the user may not run scripts;
+    /// * `UnsafeConfig`: with [`refuse_config_hazards`](RedisBuilder::refuse_config_hazards),
+    ///   a server can evict held locks.
+    pub async fn connect(mut self) -> Result<Redis> {
         if self.connect_timeout.is_zero() || self.response_timeout.is_zero() {
             return Err(Error::invalid("redis timeouts must not be zero"));
         }
+        let (target, shared) = match &self.source {
+            Source::Url(url) => {
+                let (target, options) = parse_url(url)?;
+                if self.min_replicas == 0 {
+                    self.min_replicas = options.min_replicas.unwrap_or(0);
+                }
+                (target, None)
+            }
+            Source::Client(client, shared) => {
+                (Target::Node(Node::Single(client.clone())), shared.clone())
+            }
+        };
         if self.min_replicas > 0
             && (self.replica_timeout.is_zero() || self.replica_timeout >= self.response_timeout)
         {
@@ -228,12 +264,6 @@ impl RedisBuilder {
             replicas: self.min_replicas,
             timeout_ms: ttl_ms(self.replica_timeout),
         });
-        let (target, shared) = match &self.source {
-            Source::Url(url) => (parse_url(url)?, None),
-            Source::Client(client, shared) => {
-                (Target::Node(Node::Single(client.clone())), shared.clone())
-            }
-        };
         #[cfg(feature = "redis-tls")]
         if match &self.source {
             Source::Url(url) => url.starts_with("rediss://"),
@@ -331,9 +361,15 @@ impl RedisBuilder {
                 wait_pool,
                 waiter_id: Token::random()?.as_str()[..16].to_owned(),
                 addr,
+                hazards: std::sync::RwLock::new(Vec::new()),
             }),
         };
         redis.load_scripts().await?;
+        let hazards = redis.read_hazards(&master_addr).await;
+        if self.refuse_hazards {
+            hazard::refuse_config_hazards(&hazards)?;
+        }
+        redis.set_hazards(hazard::found(hazards));
         if let Some(url) = sentinel {
             sentinel::follow(
                 Arc::downgrade(&redis.inner),
@@ -348,7 +384,14 @@ impl RedisBuilder {
 
 impl Redis {
     /// Connects with default options. URLs: `redis://[user[:password]@]host[:port][/db]`,
-    /// `rediss://…` (TLS, with the `redis-tls` feature), `redis+unix:///path/to.sock`.
+    /// `rediss://…` (TLS, with the `redis-tls` feature), `redis+unix:///path/to.sock`,
+    /// `redis+sentinel://…`, `redis+cluster://…`.
+    ///
+    /// Query parameters: dlock's `min_replicas=N` (as [`RedisBuilder::min_replicas`],
+    /// which wins if set; every scheme), and redis-rs's own: `protocol=resp2|resp3`
+    /// (`redis://`, `rediss://`, `redis+unix://`) and `db`, `user`, `pass`
+    /// (`redis+unix://`). Any other parameter is refused (`InvalidArgument`, naming it),
+    /// rather than ignored.
     ///
     /// # Errors
     /// As [`RedisBuilder::connect`].
@@ -409,6 +452,7 @@ impl RedisBuilder {
             response_timeout: DEFAULT_RESPONSE_TIMEOUT,
             min_replicas: 0,
             replica_timeout: Duration::from_millis(100),
+            refuse_hazards: false,
         }
     }
 }
@@ -417,6 +461,62 @@ impl Redis {
     /// The server's address, as connected.
     pub fn addr(&self) -> &str {
         &self.inner.addr
+    }
+
+    /// What the servers' configuration can do to locks and fences, as read on connect
+    /// (`INFO`: `maxmemory`, `maxmemory_policy`, `aof_enabled`) on the server, the
+    /// master a sentinel names (read again after each failover it follows) or every
+    /// master of a cluster (`CLUSTER SLOTS`). Each was logged once as a `tracing`
+    /// warning. A user that may not run `INFO` gets a warning that nothing was checked,
+    /// and an empty list.
+    ///
+    /// * `maxmemory` > 0 with an `allkeys-*` policy: held locks and fence counters can be
+    ///   evicted ([`HazardKind::EvictsLocksAndFences`](crate::backend::HazardKind));
+    /// * `maxmemory` > 0 with a `volatile-*` policy: held locks can be evicted (their keys
+    ///   have a TTL); fence counters never get one, so they are kept
+    ///   ([`HazardKind::EvictsLocks`](crate::backend::HazardKind));
+    /// * no AOF: fences start again after a restart
+    ///   ([`HazardKind::FencesNotDurable`](crate::backend::HazardKind)).
+    ///
+    /// [`refuse_config_hazards`](crate::backend::refuse_config_hazards) turns the first
+    /// two into an error. The configuration can change after connect (`CONFIG SET`); it
+    /// is not read again.
+    pub fn config_hazards(&self) -> Vec<ConfigHazard> {
+        self.inner
+            .hazards
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    fn set_hazards(&self, hazards: Vec<ConfigHazard>) {
+        *self
+            .inner
+            .hazards
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = hazards;
+    }
+
+    /// Reads `INFO` on the server (`addr`: its address, for a single server or a
+    /// sentinel's master) or on every master of a cluster (at once), and returns the
+    /// hazards found.
+    async fn read_hazards(&self, addr: &str) -> Vec<ConfigHazard> {
+        let replies = match self.conn().info_everywhere(addr).await {
+            Ok(replies) => replies,
+            Err(e) => vec![(addr.to_owned(), Err(e))],
+        };
+        let mut out = Vec::new();
+        for (node, info) in replies {
+            match info {
+                Ok(text) => out.extend(hazard::redis_info(&node, &text)),
+                Err(e) => tracing::warn!(
+                    node = %node,
+                    "could not read the server's configuration (INFO: {e}): its eviction \
+                     policy and persistence were not checked"
+                ),
+            }
+        }
+        out
     }
 
     /// The nodes whose keys `list` scans: the one server, or every master of a cluster
@@ -670,16 +770,24 @@ enum Node {
 /// Parses a `redis://`, `rediss://`, `redis+unix://`, `redis+sentinel://` or
 /// `redis+cluster://` URL. Every malformed URL is `InvalidArgument`, its message without
 /// the password.
-fn parse_url(url: &str) -> Result<Target> {
+fn parse_url(url: &str) -> Result<(Target, UrlOptions)> {
     let scheme = url.split_once("://").map(|(scheme, _)| scheme);
-    match scheme {
+    // The parameters redis-rs takes itself, by scheme; dlock's own are taken off.
+    let passed: &[&str] = match scheme {
+        Some("redis" | "rediss") => &["protocol"],
+        Some("redis+unix" | "unix") => &["db", "user", "pass", "protocol"],
+        _ => &[],
+    };
+    let (url, options) = take_params(url, passed)?;
+    let url = url.as_str();
+    let target = match scheme {
         Some("redis+cluster") => {
             let nodes = conn::cluster_nodes(url)?;
             // Checks every node's URL (no connection is made).
             redis::cluster::ClusterClient::new(nodes.clone()).map_err(|e| {
                 Error::invalid(format!("bad cluster URL {:?}: {e}", redact(url))).with_source(e)
             })?;
-            Ok(Target::Cluster(nodes))
+            Ok::<_, Error>(Target::Cluster(nodes))
         }
         Some("redis+sentinel") => {
             let sentinel = sentinel::SentinelUrl::parse(url)?;
@@ -696,7 +804,67 @@ fn parse_url(url: &str) -> Result<Target> {
              redis+sentinel:// or redis+cluster://",
             redact(url)
         ))),
+    }?;
+    Ok((target, options))
+}
+
+/// dlock's own query parameters of a Redis URL.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct UrlOptions {
+    /// `min_replicas=N`: as [`RedisBuilder::min_replicas`].
+    min_replicas: Option<u32>,
+}
+
+/// Takes dlock's own query parameters (`min_replicas`) off `url`, keeps those in
+/// `passed` (redis-rs's own for the scheme), and refuses any other: redis-rs would
+/// ignore it, so an option the user meant would silently do nothing. The error names
+/// the parameter, never its value (it could be a secret) nor the URL's password.
+fn take_params(url: &str, passed: &[&str]) -> Result<(String, UrlOptions)> {
+    // The query starts at the first '?' after the user info (a password may hold one)
+    // and ends at the fragment (`rediss://…#insecure`).
+    let after_auth = url.rfind('@').map_or(0, |at| at + 1);
+    let fragment = url[after_auth..].find('#').map(|i| after_auth + i);
+    let Some(q) = url[after_auth..fragment.unwrap_or(url.len())]
+        .find('?')
+        .map(|i| after_auth + i)
+    else {
+        return Ok((url.to_owned(), UrlOptions::default()));
+    };
+    let end = fragment.unwrap_or(url.len());
+    let mut options = UrlOptions::default();
+    let mut kept = Vec::new();
+    for pair in url[q + 1..end].split('&').filter(|p| !p.is_empty()) {
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        // The URL up to its query: the values are not shown (one could be a secret).
+        let bad =
+            |why: String| Error::invalid(format!("bad redis URL {:?}: {why}", redact(&url[..q])));
+        match name {
+            "min_replicas" => {
+                let n = value.parse::<u32>().map_err(|_| {
+                    bad(format!(
+                        "min_replicas must be a whole number of replicas, not {value:?}"
+                    ))
+                })?;
+                options.min_replicas = Some(n);
+            }
+            _ if passed.contains(&name) => kept.push(pair),
+            _ => {
+                let mut known = vec!["min_replicas"];
+                known.extend_from_slice(passed);
+                return Err(bad(format!(
+                    "unknown parameter {name:?} (this scheme takes: {})",
+                    known.join(", ")
+                )));
+            }
+        }
     }
+    let mut out = url[..q].to_owned();
+    if !kept.is_empty() {
+        out.push('?');
+        out.push_str(&kept.join("&"));
+    }
+    out.push_str(&url[end..]);
+    Ok((out, options))
 }
 
 fn ttl_ms(ttl: Duration) -> u64 {
@@ -1606,10 +1774,93 @@ mod props {
             assert_eq!(err.kind(), crate::ErrorKind::InvalidArgument, "{url}");
         }
         // The cluster's address names its nodes, never their credentials.
-        let Ok(Target::Cluster(nodes)) = parse_url("redis+cluster://u:s3cret@a:1,b:2/") else {
+        let Ok((Target::Cluster(nodes), _)) = parse_url("redis+cluster://u:s3cret@a:1,b:2/") else {
             panic!("a cluster URL");
         };
         assert_eq!(super::conn::cluster_hosts(&nodes), ["a:1", "b:2"]);
+    }
+
+    /// dlock's `min_replicas` is taken off every scheme's URL; redis-rs's own parameters
+    /// go through; anything else is refused by name (issue 25: it would do nothing).
+    #[test]
+    fn query_parameters_are_known_or_refused() {
+        use super::{UrlOptions, take_params};
+        let some = |n| UrlOptions {
+            min_replicas: Some(n),
+        };
+        for (url, passed, out, options) in [
+            (
+                "redis://h/0",
+                &["protocol"][..],
+                "redis://h/0",
+                UrlOptions::default(),
+            ),
+            (
+                "redis://h/?min_replicas=2",
+                &["protocol"],
+                "redis://h/",
+                some(2),
+            ),
+            (
+                "redis://h/?protocol=resp3&min_replicas=1",
+                &["protocol"],
+                "redis://h/?protocol=resp3",
+                some(1),
+            ),
+            (
+                "rediss://h/?min_replicas=1#insecure",
+                &["protocol"],
+                "rediss://h/#insecure",
+                some(1),
+            ),
+            (
+                "redis://u:p?w@h/?min_replicas=0",
+                &["protocol"],
+                "redis://u:p?w@h/",
+                some(0),
+            ),
+            (
+                "redis+unix:///s?db=1&min_replicas=1&pass=x",
+                &["db", "pass"],
+                "redis+unix:///s?db=1&pass=x",
+                some(1),
+            ),
+            (
+                "redis+sentinel://h/m/1?min_replicas=3",
+                &[],
+                "redis+sentinel://h/m/1",
+                some(3),
+            ),
+        ] {
+            let (rest, got) = take_params(url, passed).expect(url);
+            assert_eq!((rest.as_str(), got), (out, options), "{url}");
+        }
+        for (url, name) in [
+            ("redis://h/?minreplicas=1", "minreplicas"),
+            ("redis://h/?protocol=3&x", "x"),
+            ("redis+cluster://a:1,b:2/?protocol=resp3", "protocol"),
+            ("redis+sentinel://h/m?db=1", "db"),
+        ] {
+            let err = parse_url(url).map(|_| ()).expect_err(url);
+            assert_eq!(err.kind(), crate::ErrorKind::InvalidArgument, "{url}");
+            assert!(
+                err.to_string()
+                    .contains(&format!("unknown parameter {name:?}")),
+                "{err}"
+            );
+        }
+        for bad in [
+            "redis://h/?min_replicas=",
+            "redis://h/?min_replicas=-1",
+            "redis://h/?min_replicas=x",
+        ] {
+            assert!(parse_url(bad).is_err(), "{bad}");
+        }
+        // The sentinel's master and db are parsed without the query.
+        let (target, options) =
+            parse_url("redis+sentinel://h:1/m/2?min_replicas=1").expect("valid");
+        assert!(matches!(target, Target::Node(super::Node::Sentinel(_))));
+        assert_eq!(options.min_replicas, Some(1));
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! Redis Sentinel: find the master by name, and follow it through failovers.
 //!
-//! URL: `redis+sentinel://[user:password@]host:port[,host:port…]/master-name[/db]`. The
-//! hosts are sentinels; the credentials and db are the data nodes'. A follower task asks
+//! URL: `redis+sentinel://[user:password@]host:port[,host:port…]/master-name[/db]
+//! [?min_replicas=N]`. The hosts are sentinels; the credentials and db are the data
+//! nodes'. A follower task asks
 //! a sentinel every [`POLL`] which address the master has; when it changes (after
 //! `+switch-master`), it verifies the new master, moves the client's connection and its
 //! pub/sub subscriptions there, and waiters retry at once.
@@ -219,6 +220,10 @@ pub(super) fn follow(inner: Weak<Inner>, url: SentinelUrl, mut current: String, 
                 pool.switch(client.clone());
             }
             inner.pubsub.switch(&client).await;
+            // The new master's configuration: what it can do to locks now.
+            let redis = super::Redis { inner };
+            let hazards = redis.read_hazards(&addr).await;
+            redis.set_hazards(super::hazard::found(hazards));
             current = addr;
         }
     });
