@@ -126,7 +126,9 @@ pub(crate) enum Command {
     /// sends SIGKILL. Like flock(1), the lock is held (renewed) until the command, every
     /// process of its group and every process that inherited the descriptor named in
     /// DLOCK_HOLD_FD have exited (--release-on-exit: when the command itself exits); with
-    /// --min-hold D, it is kept until D after that. The command
+    /// --min-hold D, it is kept until D after that. A store that can evict a held lock
+    /// (Redis maxmemory with allkeys-*/volatile-*, memcached without -M) is refused unless
+    /// --allow-unsafe-store. The command
     /// sees DLOCK_NAME, DLOCK_TOKEN and DLOCK_FENCE (the fencing token: pass it to the
     /// resource, which must reject writes with a smaller one). `dlock status` and `list`
     /// show this host, dlock's pid, the command's program name (or --info: its arguments
