@@ -6,7 +6,7 @@ use dlock::{Election, Leader, Leadership};
 use serde::Serialize;
 
 use crate::args::{ElectArgs, LeaderArgs, Store};
-use crate::cmd::print_json;
+use crate::cmd::{plain_text, print_json};
 use crate::cmd::run::{Job, Signals, supervise};
 use crate::exit::{self, Failure};
 
@@ -94,7 +94,8 @@ fn print_leader(args: &LeaderArgs, leader: Option<&Leader>) -> Result<(), Failur
     match leader {
         None => println!("no leader"),
         Some(l) => match &l.value {
-            Some(v) => println!("term {}: {v}", l.term),
+            // Another candidate's text: plain on one line (JSON escapes it instead).
+            Some(v) => println!("term {}: {}", l.term, plain_text(v)),
             None => println!("term {}: (elected; value not announced yet)", l.term),
         },
     }

@@ -9,6 +9,7 @@ use dlock_test::server::{RedisServer, free_port};
 
 mod elect;
 mod hostile;
+mod leader_text;
 mod stores;
 mod top;
 
