@@ -4,12 +4,11 @@
 
 use std::time::Duration;
 
-use dlock::backend::{PgAdvisory, Postgres};
-use dlock::{
-    Election, ErrorKind, FairLock, Lock, Owner, ReentrantLock, RwLock, Semaphore,
-};
+use dlock::backend::{PgAdvisory, Postgres, ZooKeeper};
+use dlock::{Election, ErrorKind, FairLock, Lock, Owner, ReentrantLock, RwLock, Semaphore};
 use dlock_test::conformance::unique;
 use dlock_test::postgres::PostgresServer;
+use tokio::time::{Instant, sleep, timeout};
 
 /// The kind of `result`'s error (`None`: it succeeded).
 fn kind_of<T>(result: dlock::Result<T>) -> Option<ErrorKind> {
@@ -65,4 +64,112 @@ async fn postgres_refuses_a_nul_in_a_name_before_the_store_is_touched() {
         .expect("store")
         .expect("free");
     guard.release().await.expect("release");
+}
+
+/// Connects to `url`, trying again while a shared server is still starting.
+async fn zk_connect(url: &str) -> ZooKeeper {
+    let mut last = None;
+    for _ in 0..50 {
+        match ZooKeeper::connect(url).await {
+            Ok(zk) => return zk,
+            Err(e) => last = Some(e),
+        }
+        sleep(Duration::from_millis(100)).await;
+    }
+    panic!("connect to {url}: {last:?}");
+}
+
+/// An operator's `deleteall` of every lock directory under `admin`'s chroot: its nodes,
+/// then the directory, in one multi-op (as zkCli's `deleteall` batches them).
+async fn delete_all(admin: &ZooKeeper) {
+    let client = admin.client();
+    for dir in client.list_children("/").await.expect("list the chroot") {
+        let dir = format!("/{dir}");
+        let mut multi = client.new_multi_writer();
+        for node in client.list_children(&dir).await.unwrap_or_default() {
+            multi
+                .add_delete(&format!("{dir}/{node}"), None)
+                .expect("a delete");
+        }
+        multi.add_delete(&dir, None).expect("a delete");
+        multi.commit().await.expect("deleteall");
+    }
+}
+
+/// Waits until the chroot of `admin` has `n` lock nodes in all (the waiters queued).
+async fn wait_for_nodes(admin: &ZooKeeper, n: usize) {
+    let client = admin.client();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let mut count = 0;
+        for dir in client.list_children("/").await.unwrap_or_default() {
+            count += client
+                .list_children(&format!("/{dir}"))
+                .await
+                .map_or(0, |c| c.len());
+        }
+        if count >= n {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{count} nodes, waiting for {n}");
+        sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A waiter whose lock directory an operator deleted (`deleteall`: the holder's node, the
+/// waiters' nodes and the directory) queues again — the directory and its node made anew —
+/// and is granted the lock (its holder's node went too), rather than failing with "node
+/// not exists". The plain lock and the read-write lock's writer (the family's way in).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_zookeeper_waiter_whose_directory_was_deleted_queues_again() {
+    let server = dlock_test::zookeeper::ZooKeeper::shared();
+    let url = server.url(&format!("/{}", unique("deleted")), "?session_timeout=4s");
+    let (holder, waiter, admin) = (
+        zk_connect(&url).await,
+        zk_connect(&url).await,
+        zk_connect(&url).await,
+    );
+
+    let name = unique("plain");
+    let held = Lock::new(holder.clone(), &name)
+        .expect("valid")
+        .try_lock()
+        .await
+        .expect("store")
+        .expect("free");
+    let lock = Lock::new(waiter.clone(), &name).expect("valid");
+    let waiting = tokio::spawn(async move { lock.try_lock_for(Duration::from_secs(30)).await });
+    wait_for_nodes(&admin, 2).await;
+    delete_all(&admin).await;
+    let granted = timeout(Duration::from_secs(40), waiting)
+        .await
+        .expect("the waiter's wait ends")
+        .expect("task")
+        .expect("no error: the waiter queues again")
+        .expect("granted: nobody else is left");
+    assert!(granted.fencing_token() > held.fencing_token());
+    timeout(Duration::from_secs(20), held.lost())
+        .await
+        .expect("the deleted holder learns it lost the lock");
+    granted.release().await.expect("release");
+
+    let name = unique("rw");
+    let read = RwLock::new(holder.clone(), &name)
+        .expect("valid")
+        .try_read()
+        .await
+        .expect("store")
+        .expect("free");
+    let rw = RwLock::new(waiter.clone(), &name).expect("valid");
+    let waiting = tokio::spawn(async move { rw.try_write_for(Duration::from_secs(30)).await });
+    wait_for_nodes(&admin, 2).await;
+    delete_all(&admin).await;
+    let write = timeout(Duration::from_secs(40), waiting)
+        .await
+        .expect("the writer's wait ends")
+        .expect("task")
+        .expect("no error: the writer queues again")
+        .expect("granted: the reader's node went too");
+    drop(read);
+    write.release().await.expect("release");
 }

@@ -102,10 +102,26 @@ impl ZooKeeper {
             }
         };
         place.ttl = ttl;
-        let place = self.placed(&prefix, place);
-        let children = self
-            .call("reading a lock's queue", s.client.list_children(&dir))
-            .await?;
+        let mut place = self.placed(&prefix, place);
+        let mut children = self.children(&s, &dir).await?;
+        if !in_line(&children).iter().any(|(seq, _)| *seq == place.seq) {
+            // Our node is gone: deleted by an operator (`deleteall` takes the directory
+            // too). Queue again, at the back of the line (`create` makes the directory
+            // anew).
+            let name = kind.name(token.as_str());
+            let (node, seq, czxid) = self.create(&s, &dir, &name, data).await?;
+            let again = Place {
+                node,
+                kind,
+                seq,
+                czxid,
+                session: s.id,
+                ttl,
+                moved: std::sync::Arc::default(),
+            };
+            place = self.placed(&prefix, again);
+            children = self.children(&s, &dir).await?;
+        }
         self.drop_ghosts(
             &s,
             &dir,

@@ -47,8 +47,11 @@
 //!   front (a waiter that left) — it watches that one; none — the lock is ours. A release
 //!   or an expired holder's session therefore wakes exactly the next waiter. When the
 //!   watched node was the only one in front, its deletion makes ours the lowest (no node
-//!   created later can have a lower sequence), and the task hands the grant over without
-//!   another round trip.
+//!   created later can have a lower sequence), and the task hands the grant over after
+//!   one read that finds our own node still there (an operator's `deleteall` takes it
+//!   with the one in front). A waiter whose node, or whole directory, an operator
+//!   deleted queues again: its next attempt makes the directory and a node anew, at the
+//!   back of the line.
 //! * **Sessions**: one per client. When the ensemble reports it expired, the next call
 //!   opens a new one; every hold of the old one has ended (its renewals fail).
 //! * **Operators**: [`inspect`](RawInspect::inspect) lists the directory (holder token,
@@ -855,6 +858,19 @@ impl ZooKeeper {
         ttl.min(session_lease(self.current().timeout))
     }
 
+    /// Whether our node `node` still exists (one read). The node in front of a waiter
+    /// goes either by itself (a release, its session's end) or with the waiter's own — an
+    /// operator's `deleteall`, one multi-op — and only in the first case is it the
+    /// waiter's turn; in the second it queues again. A failed read says no: the waiter's
+    /// task looks again.
+    async fn still_there(&self, s: &Session, node: &str) -> bool {
+        matches!(
+            self.call("reading our lock node", s.client.check_stat(node))
+                .await,
+            Ok(Some(_))
+        )
+    }
+
     /// The task behind [`RawLock::watch_for`]: follows the node just before ours, wakes
     /// our waiter when none is left before it. Signals `ready` after its first look.
     async fn follow(
@@ -895,10 +911,9 @@ impl ZooKeeper {
                 // Our node went with an old session: the waiter's next attempt queues anew.
                 wake.notify_one();
             } else {
-                match self
-                    .call("reading a lock's queue", s.client.list_children(&dir))
-                    .await
-                {
+                // A missing directory (an operator's `deleteall`) lists as empty: our node
+                // is gone, and the waiter queues again.
+                match self.children(&s, &dir).await {
                     Ok(children) => {
                         let line = in_line(&children);
                         let ours = line.iter().any(|(seq, _)| *seq == place.seq);
@@ -1011,6 +1026,7 @@ impl ZooKeeper {
                             if only
                                 && told != place.node
                                 && self.place(&prefix).is_some_and(|p| p.node == place.node)
+                                && self.still_there(&s, &place.node).await
                             {
                                 // The last node in front is gone: our turn, told at once.
                                 told.clone_from(&place.node);
@@ -1250,10 +1266,26 @@ impl RawLock for ZooKeeper {
             }
         };
         place.ttl = ttl;
-        let place = self.placed(&prefix, place);
-        let children = self
-            .call("reading a lock's queue", s.client.list_children(&dir))
-            .await?;
+        let mut place = self.placed(&prefix, place);
+        let mut children = self.children(&s, &dir).await?;
+        if !in_line(&children).iter().any(|(seq, _)| *seq == place.seq) {
+            // Our waiting node is gone: deleted by an operator (`deleteall` takes the
+            // directory too). Queue again, at the back of the line (`create` makes the
+            // directory anew).
+            let name = NodeKind::Plain.name(token.as_str());
+            let (node, seq, czxid) = self.create(&s, &dir, &name, token.as_str()).await?;
+            let again = Place {
+                node,
+                kind: NodeKind::Plain,
+                seq,
+                czxid,
+                session: s.id,
+                ttl,
+                moved: Arc::new(Notify::new()),
+            };
+            place = self.placed(&prefix, again);
+            children = self.children(&s, &dir).await?;
+        }
         let line = in_line(&children);
         self.drop_ghosts(&s, &dir, &line, &escape(token.as_str()), place.seq);
         match line.first() {
