@@ -19,7 +19,7 @@ use clap::{CommandFactory, Parser};
 
 use crate::args::{Cli, Command};
 use crate::exit::Failure;
-use crate::target::{connect, with_election_backend};
+use crate::target::{connect, connect_holding, with_election_backend};
 
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
@@ -77,9 +77,12 @@ fn usage_failure(err: &clap::Error) -> Failure {
 async fn dispatch(command: Command) -> Result<u8, Failure> {
     match command {
         // What each store can do, or why not: target.rs.
-        Command::Run(args) => target::run(connect(&args.store, false).await?, args).await,
+        // On zk://, --ttl is the session timeout (see target::connect_holding).
+        Command::Run(args) => {
+            target::run(connect_holding(&args.store, args.ttl).await?, args).await
+        }
         Command::Elect(args) => {
-            with_election_backend!(connect(&args.store, false).await?, |b| {
+            with_election_backend!(connect_holding(&args.store, args.ttl).await?, |b| {
                 cmd::elect::elect(b, args).await
             })
         }

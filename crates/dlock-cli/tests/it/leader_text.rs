@@ -86,3 +86,72 @@ fn signal_term(pid: u32) {
         .expect("kill");
     assert!(status.success());
 }
+
+/// On `zk://`, `--ttl` is what bounds a crashed dlock: it is dlock's session timeout, so a
+/// SIGKILLed `dlock run --ttl 3s` (no release, no renewal: its node lives as long as its
+/// session) is replaced within the ttl plus a margin — not the 10 s default session. A
+/// URL whose `?session_timeout=` is longer than `--ttl` is refused, saying why.
+#[test]
+fn on_zookeeper_ttl_bounds_a_sigkilled_holder() {
+    let zk = dlock_test::zookeeper::ZooKeeper::shared();
+    let url = zk.url("/dlock-cli-ttl", "");
+    let dir = scratch("zk-ttl");
+    let (started, child, next) = (dir.join("started"), dir.join("child"), dir.join("next"));
+    let hold = format!(
+        "echo $$ > {}; echo up > {}; exec sleep 60",
+        child.display(),
+        started.display()
+    );
+    let mut holder = dlock(&url)
+        .args(["run", "--ttl", "3s", "crashy", "--", "sh", "-c", &hold])
+        .spawn()
+        .expect("spawn the holder");
+    wait_for_file(&started, Duration::from_secs(20));
+    let take = format!("echo got > {}", next.display());
+    let mut waiter = dlock(&url)
+        .args(["run", "--ttl", "3s", "crashy", "--", "sh", "-c", &take])
+        .spawn()
+        .expect("spawn the waiter");
+    // The waiter queues behind the holder (its node is listed) before the holder dies.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let out = output(dlock(&url).args(["status", "--json", "crashy"]));
+        let status: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+        if status["waiting_clients"].as_u64().is_some_and(|n| n >= 1)
+            || status["queued"].as_u64().is_some_and(|n| n >= 1)
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the waiter never queued: {status}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    holder.kill().expect("SIGKILL the holder's dlock");
+    let killed = Instant::now();
+    let _ = holder.wait();
+    wait_for_file(&next, Duration::from_secs(30));
+    let waited = killed.elapsed();
+    assert!(wait_exit(&mut waiter, Duration::from_secs(10)).success());
+    let orphan = std::fs::read_to_string(&child).expect("child pid");
+    let _ = Command::new("kill").args(["-9", orphan.trim()]).status();
+    // A liveness bound (the ttl, plus a margin for a busy machine), not a speed: the 10 s
+    // default session it replaces is well outside it.
+    assert!(
+        waited < Duration::from_secs(3 + 4),
+        "a SIGKILLed --ttl 3s holder was replaced only after {waited:?}"
+    );
+
+    let longer = zk.url("/dlock-cli-ttl", "?session_timeout=10s");
+    let out = output(dlock(&longer).args(["run", "--ttl", "3s", "refused", "--", "true"]));
+    assert_eq!(out.status.code(), Some(USAGE), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("session") && stderr(&out).contains("--ttl"),
+        "{}",
+        stderr(&out)
+    );
+    let out = output(dlock(&longer).args(["elect", "--ttl", "3s", "refused", "--", "true"]));
+    assert_eq!(out.status.code(), Some(USAGE), "{}", stderr(&out));
+    // As long as --ttl, or shorter: accepted.
+    let out = output(dlock(&longer).args(["run", "--ttl", "10s", "fine", "--", "true"]));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -66,6 +66,7 @@ impl ZooKeeper {
         ttl: Duration,
     ) -> Result<(Session, Place, Vec<String>)> {
         let s = self.live().await?;
+        self.note_ttl(ttl);
         let dir = dir_path(keys);
         let prefix = node_prefix(&dir, token);
         let known = self.place(&prefix).filter(|p| p.session == s.id);

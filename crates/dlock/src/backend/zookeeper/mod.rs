@@ -38,6 +38,14 @@
 //!     as long as the session. This client deletes such nodes itself when their lease
 //!     ends (`min(ttl, ⅔ session timeout)` after the last renewal was sent); a crashed or
 //!     cut-off client's nodes go with its session.
+//!   - *A crashed holder is freed within the session timeout*, not the ttl: nothing of a
+//!     crashed process renews or deletes, and the ensemble deletes its nodes when its
+//!     session expires (the session timeout after it was last heard from, plus up to one
+//!     server tick). A ttl shorter than the session timeout is honoured only while the
+//!     holder lives (the client warns once when asked for one); for the ttl to bound a
+//!     crash too, ask for `?session_timeout=` no longer than the ttl — `dlock run` and
+//!     `dlock elect` make `--ttl` the session timeout
+//!     ([`session_timeout`](ZooKeeper::session_timeout)).
 //! * **Renewal**: a `sync` through the leader and one `exists` read of our node, checked
 //!   to belong to our session (a server cut off from the leader cannot answer the `sync`,
 //!   so it cannot vouch for a node the leader may have deleted). The
@@ -90,7 +98,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock, Weak};
 use std::time::Duration;
 
@@ -154,6 +162,8 @@ struct Inner {
     reaper: Arc<Reaper>,
     /// Node watches that fired for waiters (deletions of the node in front).
     watches_fired: AtomicU64,
+    /// Whether a ttl shorter than the session timeout was reported (once per client).
+    told_short_ttl: AtomicBool,
     engine: Engine,
 }
 
@@ -498,6 +508,7 @@ impl ZooKeeper {
                 grants: Arc::default(),
                 reaper,
                 watches_fired: AtomicU64::new(0),
+                told_short_ttl: AtomicBool::new(false),
                 engine: Engine::new(),
             }),
         };
@@ -505,9 +516,36 @@ impl ZooKeeper {
         Ok(zk)
     }
 
-    /// The session timeout the ensemble granted (the lease of every hold).
+    /// The session timeout the ensemble granted. It bounds every hold of this client two
+    /// ways, whatever the ttl asked for:
+    ///
+    /// * a hold counts on at most two thirds of it from each renewal
+    ///   ([`LockGuard::lease`](crate::LockGuard::lease) is `min(ttl, ⅔ session timeout)`);
+    /// * a holder that crashes, is killed or loses the ensemble keeps its locks until its
+    ///   session expires: **this long** after it was last heard from (plus up to one
+    ///   server tick), not `ttl`. A ttl shorter than the session timeout is honoured
+    ///   while the holder lives (a guard forgotten or left without its watchdog is
+    ///   deleted by this client when its lease ends), but not by a crashed holder: the
+    ///   client logs a warning (once) when asked for one. For the ttl to be the crash bound
+    ///   too, connect with `?session_timeout=` no longer than the ttl (`dlock run` and
+    ///   `dlock elect` do: their `--ttl` is the session timeout).
     pub fn session_timeout(&self) -> Duration {
         self.current().timeout
+    }
+
+    /// Reports, once per client, a ttl its session cannot honour for a crashed holder.
+    fn note_ttl(&self, ttl: Duration) {
+        let session = self.current().timeout;
+        if ttl < session && !self.inner.told_short_ttl.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                url = %self.inner.shown,
+                ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX),
+                session_timeout_ms = u64::try_from(session.as_millis()).unwrap_or(u64::MAX),
+                "a ttl shorter than the zookeeper session timeout: a holder that crashes \
+                 keeps its locks until its session expires (the session timeout), not the \
+                 ttl; connect with ?session_timeout= no longer than the ttl"
+            );
+        }
     }
 
     /// The current session's id.
@@ -1230,6 +1268,7 @@ impl RawLock for ZooKeeper {
     async fn acquire(&self, keys: &LockKeys, token: &Token, ttl: Duration) -> Result<Acquire> {
         let started = Instant::now();
         let s = self.live().await?;
+        self.note_ttl(ttl);
         let dir = dir_path(keys);
         let prefix = node_prefix(&dir, token);
         let known = self.place(&prefix).filter(|p| p.session == s.id);
