@@ -2,13 +2,17 @@
 //! PostgreSQL's waiter rows left by killed clients, a ZooKeeper lock directory deleted
 //! under its waiters, and a ZooKeeper holder that crashes.
 
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use dlock::backend::{PgAdvisory, Postgres, ZooKeeper};
 use dlock::{Election, ErrorKind, FairLock, Lock, Owner, ReentrantLock, RwLock, Semaphore};
 use dlock_test::conformance::unique;
 use dlock_test::postgres::PostgresServer;
+use dlock_test::proxy::{Fault, Proxy};
 use tokio::time::{Instant, sleep, timeout};
+use tracing::field::{Field, Visit};
+use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
 
 /// The kind of `result`'s error (`None`: it succeeded).
 fn kind_of<T>(result: dlock::Result<T>) -> Option<ErrorKind> {
@@ -172,4 +176,145 @@ async fn a_zookeeper_waiter_whose_directory_was_deleted_queues_again() {
         .expect("granted: the reader's node went too");
     drop(read);
     write.release().await.expect("release");
+}
+
+/// The messages of the `WARN` events the test's code logged.
+#[derive(Clone, Default)]
+struct Warnings(Arc<Mutex<Vec<String>>>);
+
+struct Message<'a>(&'a mut String);
+
+impl Visit for Message<'_> {
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        if field.name() == "message" {
+            *self.0 = format!("{value:?}");
+        }
+    }
+}
+
+impl<S: tracing::Subscriber> Layer<S> for Warnings {
+    fn on_event(&self, event: &tracing::Event<'_>, _ctx: Context<'_, S>) {
+        if *event.metadata().level() == tracing::Level::WARN {
+            let mut message = String::new();
+            event.record(&mut Message(&mut message));
+            self.0
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(message);
+        }
+    }
+}
+
+impl Warnings {
+    fn about_the_session(&self) -> usize {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .filter(|m| m.contains("session timeout"))
+            .count()
+    }
+}
+
+/// ZooKeeper: a ttl shorter than the session timeout cannot bound a crashed holder (its
+/// node lives until its session expires). The hold's lease says what a living holder may
+/// count on (`min(ttl, ⅔ session timeout)`), and the client warns, once, that the ttl is
+/// not the crash bound; with a session no longer than the ttl, nothing is said.
+#[test]
+fn a_zookeeper_ttl_shorter_than_the_session_is_reported() {
+    let server = dlock_test::zookeeper::ZooKeeper::shared();
+    let chroot = format!("/{}", unique("short-ttl"));
+    let warnings = Warnings::default();
+    let subscriber = tracing_subscriber::registry().with(warnings.clone());
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let ttl = Duration::from_secs(3);
+    tracing::subscriber::with_default(subscriber, || {
+        runtime.block_on(async {
+            let long = zk_connect(&server.url(&chroot, "?session_timeout=10s")).await;
+            assert!(long.session_timeout() > ttl, "{:?}", long.session_timeout());
+            for _ in 0..2 {
+                let guard = Lock::builder(long.clone(), unique("short"))
+                    .ttl(ttl)
+                    .build()
+                    .expect("valid")
+                    .try_lock()
+                    .await
+                    .expect("store")
+                    .expect("free");
+                assert!(guard.lease() <= ttl, "{:?}", guard.lease());
+                guard.release().await.expect("release");
+            }
+            assert_eq!(warnings.about_the_session(), 1, "one warning per client");
+
+            let fitting = zk_connect(&server.url(&chroot, "?session_timeout=3s")).await;
+            assert!(fitting.session_timeout() <= ttl);
+            let guard = Lock::builder(fitting.clone(), unique("fits"))
+                .ttl(ttl)
+                .build()
+                .expect("valid")
+                .try_lock()
+                .await
+                .expect("store")
+                .expect("free");
+            // The ⅔-of-session cap: the lease a renewal buys is shorter than the ttl.
+            assert!(guard.lease() <= fitting.session_timeout() * 2 / 3);
+            guard.release().await.expect("release");
+            assert_eq!(warnings.about_the_session(), 1, "a fitting session: no warning");
+        });
+    });
+}
+
+/// ZooKeeper: a holder with `.ttl(3s)` on a 3 s session whose connection goes dead (its
+/// process frozen or cut off: no release, no renewal) is replaced within the bound the
+/// API states — the session timeout (`ZooKeeper::session_timeout`), plus a margin for the
+/// server's tick and a busy machine. A liveness bound, not a speed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_zookeeper_holder_is_replaced_within_its_session_timeout() {
+    let server = dlock_test::zookeeper::ZooKeeper::shared();
+    let chroot = format!("/{}", unique("dead-holder"));
+    let proxy = Proxy::start(server.members[0].addr().parse().expect("addr"))
+        .await
+        .expect("proxy");
+    let holder = zk_connect(&format!(
+        "zk://{}{chroot}?session_timeout=3s",
+        proxy.addr()
+    ))
+    .await;
+    let other = zk_connect(&server.url(&chroot, "?session_timeout=3s")).await;
+    let name = unique("dead");
+    let ttl = Duration::from_secs(3);
+    let guard = Lock::builder(holder.clone(), &name)
+        .ttl(ttl)
+        .build()
+        .expect("valid")
+        .try_lock()
+        .await
+        .expect("store")
+        .expect("free");
+    let bound = holder.session_timeout();
+    assert!(bound <= ttl, "the session asked for is the ttl: {bound:?}");
+    let next = Lock::builder(other, &name)
+        .ttl(ttl)
+        .build()
+        .expect("valid");
+    let waiting = tokio::spawn(async move { next.try_lock_for(Duration::from_secs(30)).await });
+    sleep(Duration::from_millis(200)).await;
+    proxy.set_fault(Fault::Blackhole);
+    let dead = Instant::now();
+    let granted = waiting
+        .await
+        .expect("task")
+        .expect("store")
+        .expect("granted once the dead holder's session expired");
+    let waited = dead.elapsed();
+    assert!(
+        waited <= bound + Duration::from_secs(3),
+        "replaced after {waited:?}; the stated bound is the session timeout {bound:?}"
+    );
+    assert!(granted.fencing_token() > guard.fencing_token());
+    granted.release().await.expect("release");
+    proxy.set_fault(Fault::Pass);
 }
