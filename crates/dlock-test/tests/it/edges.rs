@@ -318,3 +318,145 @@ async fn a_dead_zookeeper_holder_is_replaced_within_its_session_timeout() {
     granted.release().await.expect("release");
     proxy.set_fault(Fault::Pass);
 }
+
+/// How many rows of `dlock.waiters` match `filter` (an SQL condition on `q`).
+async fn waiter_rows(admin: &tokio_postgres::Client, filter: &str, key: &str) -> i64 {
+    admin
+        .query_one(
+            &format!("SELECT count(*) FROM dlock.waiters AS q WHERE {filter}"),
+            &[&key],
+        )
+        .await
+        .expect("count the waiters")
+        .get(0)
+}
+
+/// A listener pid no session has (PostgreSQL's pids are far below it).
+const DEAD_LISTENER: i32 = 2_147_483_000;
+
+/// PostgreSQL lease mode: the places killed clients left in the waiters table are cleaned
+/// by the store's own calls, not by an operator. Lapsed places of the lock's name go at
+/// its first call; lapsed places of names nobody asks for again go in bounded batches
+/// (256 per call); places whose client's `LISTEN` session is gone go all at once at the
+/// next hand-over. Rows are counted exactly before and after, and the live waiters are
+/// granted in turn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_cleans_the_waiter_rows_killed_clients_left() {
+    let server = PostgresServer::start().expect("postgres");
+    let url = server.url();
+    let pg = Postgres::connect(&url).await.expect("connect");
+    let admin = server.admin().await;
+    let name = unique("stale");
+    let ttl = Duration::from_secs(2);
+    let lock = Lock::builder(pg.clone(), &name)
+        .ttl(ttl)
+        .build()
+        .expect("valid");
+    let key = lock.keys().lock().to_owned();
+    admin
+        .execute(
+            "INSERT INTO dlock.waiters (key, token, claim_until, ttl_ms, channel, lpid)
+             SELECT $1, 'lapsed-' || g, now() - interval '1 minute', 2000, 'dlk_gone', $2
+             FROM generate_series(1, 3000) AS g",
+            &[&key, &DEAD_LISTENER],
+        )
+        .await
+        .expect("plant the name's lapsed places");
+    admin
+        .execute(
+            "INSERT INTO dlock.waiters (key, token, claim_until, ttl_ms, channel, lpid)
+             SELECT 'dlock:abandoned-' || (g % 100), 'lapsed-' || g,
+                    now() - interval '1 minute', 2000, 'dlk_gone', $1
+             FROM generate_series(1, 2000) AS g",
+            &[&DEAD_LISTENER],
+        )
+        .await
+        .expect("plant lapsed places of names nobody asks for");
+    assert_eq!(waiter_rows(&admin, "q.key = $1", &key).await, 3000);
+    assert_eq!(waiter_rows(&admin, "q.key <> $1", &key).await, 2000);
+
+    // One call on the name: its lapsed places go, and one batch of the others.
+    let holder = lock.try_lock().await.expect("store").expect("free");
+    assert_eq!(waiter_rows(&admin, "q.key = $1", &key).await, 0);
+    assert_eq!(waiter_rows(&admin, "q.key <> $1", &key).await, 2000 - 256);
+
+    // Live waiters (a client each, as processes) queue behind the holder, between places
+    // of killed clients whose claims have not lapsed but whose listeners are gone.
+    let plant_dead = |count: i32| {
+        let (admin, key) = (&admin, &key);
+        async move {
+            admin
+                .execute(
+                    "INSERT INTO dlock.waiters (key, token, claim_until, ttl_ms, channel, lpid)
+                     SELECT $1, 'gone-' || gen_random_uuid(), now() + interval '1 hour',
+                            2000, 'dlk_gone', $2
+                     FROM generate_series(1, $3) AS g",
+                    &[key, &DEAD_LISTENER, &count],
+                )
+                .await
+                .expect("plant places of clients whose listener is gone");
+        }
+    };
+    plant_dead(1000).await;
+    // Each live waiter, once granted, says so and holds until told to go on.
+    let (granted_tx, mut granted) = tokio::sync::mpsc::unbounded_channel();
+    let (go_tx, go) = tokio::sync::watch::channel(false);
+    let mut waiting = Vec::new();
+    for _ in 0..3 {
+        let client = Postgres::connect(&url).await.expect("connect");
+        let lock = Lock::builder(client, &name)
+            .ttl(ttl)
+            .build()
+            .expect("valid");
+        let (granted_tx, mut go) = (granted_tx.clone(), go.clone());
+        waiting.push(tokio::spawn(async move {
+            let guard = lock
+                .try_lock_for(Duration::from_secs(60))
+                .await
+                .expect("store")
+                .expect("granted");
+            let _ = granted_tx.send(());
+            go.wait_for(|go| *go).await.expect("told to go on");
+            guard.release().await.expect("release");
+        }));
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while waiter_rows(&admin, "q.key = $1 AND q.token NOT LIKE 'gone-%'", &key).await < 3 {
+        assert!(Instant::now() < deadline, "the waiters never queued");
+        sleep(Duration::from_millis(50)).await;
+    }
+    plant_dead(1000).await;
+    assert_eq!(
+        waiter_rows(&admin, "q.key = $1 AND q.lpid = 2147483000", &key).await,
+        2000
+    );
+    holder.release().await.expect("release");
+    timeout(Duration::from_secs(60), granted.recv())
+        .await
+        .expect("the first live waiter is handed the lock")
+        .expect("a waiter");
+    // That one hand-over dropped every place whose listener is gone, behind the live
+    // waiters as well as in front of them.
+    assert_eq!(
+        waiter_rows(&admin, "q.key = $1 AND q.lpid = 2147483000", &key).await,
+        0
+    );
+    go_tx.send(true).expect("the waiters listen");
+    for w in waiting {
+        timeout(Duration::from_secs(90), w)
+            .await
+            .expect("every live waiter is granted in turn")
+            .expect("waiter task");
+    }
+    assert_eq!(waiter_rows(&admin, "q.key = $1", &key).await, 0);
+
+    // The abandoned names' lapsed places go in batches as calls go on.
+    for _ in 0..20 {
+        if waiter_rows(&admin, "true OR q.key = $1", &key).await == 0 {
+            break;
+        }
+        let guard = lock.try_lock().await.expect("store").expect("free");
+        guard.release().await.expect("release");
+    }
+    assert_eq!(waiter_rows(&admin, "true OR q.key = $1", &key).await, 0);
+}

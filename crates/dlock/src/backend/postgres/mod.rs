@@ -910,7 +910,7 @@ impl Postgres {
                         &format!("\"{schema}\".leases"),
                         // Created last, and named for this version: an older schema (or
                         // one whose creation stopped half-way) gets the whole file again.
-                        &format!("\"{schema}\".schema_version_2()"),
+                        &format!("\"{schema}\".schema_version_3()"),
                         // Added after version 2: a schema without it gets the file again.
                         &format!("\"{schema}\".records"),
                     ],
