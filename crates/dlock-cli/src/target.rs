@@ -268,21 +268,27 @@ pub(crate) async fn connect_holding(
     let asked = if set_in_url {
         url.to_owned()
     } else {
-        // At most the 10 minutes a URL may ask for: shorter than --ttl is no harm.
-        let ms = ttl.min(std::time::Duration::from_secs(600)).as_millis();
+        // At most the 10 minutes a URL may ask for: shorter than --ttl is no harm. (A
+        // --ttl under MIN_TTL is refused by the command, saying so.)
+        let ms = ttl
+            .clamp(MIN_TTL, std::time::Duration::from_secs(600))
+            .as_millis();
         let sep = if url.contains('?') { '&' } else { '?' };
         format!("{url}{sep}session_timeout={ms}ms")
     };
     let zk = ZooKeeper::connect(&asked).await?;
     let session = zk.session_timeout();
-    if session > ttl {
+    if session > ttl && ttl >= MIN_TTL {
         let (why, fix) = if set_in_url {
             (
                 "the URL's ?session_timeout=",
                 ", or drop ?session_timeout= from the URL (--ttl then sets it)",
             )
         } else {
-            ("the shortest the ensemble grants: its minSessionTimeout", "")
+            (
+                "the shortest the ensemble grants: its minSessionTimeout",
+                "",
+            )
         };
         return Err(Failure::usage(format!(
             "--ttl {ttl:?} is shorter than dlock's ZooKeeper session ({session:?}, {why}): a \

@@ -6,8 +6,8 @@ use dlock::{Election, Leader, Leadership};
 use serde::Serialize;
 
 use crate::args::{ElectArgs, LeaderArgs, Store};
-use crate::cmd::{plain_text, print_json};
 use crate::cmd::run::{Job, Signals, supervise};
+use crate::cmd::{plain_text, print_json};
 use crate::exit::{self, Failure};
 
 /// The election's key prefix: [`dlock::DEFAULT_ELECTION_PREFIX`] unless `--prefix` was

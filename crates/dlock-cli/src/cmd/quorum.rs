@@ -16,8 +16,8 @@ use dlock::{Error, Lock};
 use serde::Serialize;
 
 use super::{
-    Status, abbreviate, plain_text, confirm_force_unlock, lock_kind_only, millis, print_list, print_status,
-    remaining, report_force_unlock,
+    Status, abbreviate, confirm_force_unlock, lock_kind_only, millis, plain_text, print_list,
+    print_status, remaining, report_force_unlock,
 };
 use crate::args::{ForceUnlockArgs, Kind, ListArgs, StatusArgs};
 use crate::exit::{self, Failure};

@@ -72,7 +72,10 @@ fn leader_shows_a_hostile_value_as_plain_text() {
     let line = String::from_utf8(line).expect("utf-8");
     let line = line.strip_suffix('\n').expect("a whole line");
     assert!(!has_control(line), "raw control characters: {line:?}");
-    assert!(line.starts_with("term ") && line.contains("evil"), "{line:?}");
+    assert!(
+        line.starts_with("term ") && line.contains("evil"),
+        "{line:?}"
+    );
 
     signal_term(elector.id());
     wait_exit(&mut elector, Duration::from_secs(10));
@@ -122,7 +125,10 @@ fn on_zookeeper_ttl_bounds_a_sigkilled_holder() {
         {
             break;
         }
-        assert!(Instant::now() < deadline, "the waiter never queued: {status}");
+        assert!(
+            Instant::now() < deadline,
+            "the waiter never queued: {status}"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     holder.kill().expect("SIGKILL the holder's dlock");

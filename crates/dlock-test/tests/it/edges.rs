@@ -51,7 +51,11 @@ async fn postgres_refuses_a_nul_in_a_name_before_the_store_is_touched() {
     let owner = Owner::new("edges").expect("owner");
     assert_eq!(kind_of(re.try_lock(&owner).await), invalid, "reentrant");
     let election = Election::new(pg.clone(), &bad).expect("valid");
-    assert_eq!(kind_of(election.try_campaign("v").await), invalid, "campaign");
+    assert_eq!(
+        kind_of(election.try_campaign("v").await),
+        invalid,
+        "campaign"
+    );
     assert_eq!(kind_of(election.leader().await), invalid, "leader");
 
     let advisory = PgAdvisory::connect(&server.url()).await.expect("advisory");
@@ -262,7 +266,11 @@ fn a_zookeeper_ttl_shorter_than_the_session_is_reported() {
             // The ⅔-of-session cap: the lease a renewal buys is shorter than the ttl.
             assert!(guard.lease() <= fitting.session_timeout() * 2 / 3);
             guard.release().await.expect("release");
-            assert_eq!(warnings.about_the_session(), 1, "a fitting session: no warning");
+            assert_eq!(
+                warnings.about_the_session(),
+                1,
+                "a fitting session: no warning"
+            );
         });
     });
 }
@@ -278,11 +286,7 @@ async fn a_dead_zookeeper_holder_is_replaced_within_its_session_timeout() {
     let proxy = Proxy::start(server.members[0].addr().parse().expect("addr"))
         .await
         .expect("proxy");
-    let holder = zk_connect(&format!(
-        "zk://{}{chroot}?session_timeout=3s",
-        proxy.addr()
-    ))
-    .await;
+    let holder = zk_connect(&format!("zk://{}{chroot}?session_timeout=3s", proxy.addr())).await;
     let other = zk_connect(&server.url(&chroot, "?session_timeout=3s")).await;
     let name = unique("dead");
     let ttl = Duration::from_secs(3);
@@ -296,10 +300,7 @@ async fn a_dead_zookeeper_holder_is_replaced_within_its_session_timeout() {
         .expect("free");
     let bound = holder.session_timeout();
     assert!(bound <= ttl, "the session asked for is the ttl: {bound:?}");
-    let next = Lock::builder(other, &name)
-        .ttl(ttl)
-        .build()
-        .expect("valid");
+    let next = Lock::builder(other, &name).ttl(ttl).build().expect("valid");
     let waiting = tokio::spawn(async move { next.try_lock_for(Duration::from_secs(30)).await });
     sleep(Duration::from_millis(200)).await;
     proxy.set_fault(Fault::Blackhole);

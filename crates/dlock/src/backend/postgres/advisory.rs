@@ -6,9 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use super::{
-    CALL_TIMEOUT, Connector, check_key, check_read_write, map_err, parse_config, redact,
-};
+use super::{CALL_TIMEOUT, Connector, check_key, check_read_write, map_err, parse_config, redact};
 use crate::engine::Engine;
 use crate::error::{Error, ErrorKind, Result};
 use crate::keys::LockKeys;

@@ -6,9 +6,7 @@ use std::time::Duration;
 
 use tokio_postgres::Row;
 
-use super::{
-    Postgres, WAKE_GRACE, check_key, check_text, fence_of, granted, ttl_ms, waiter_grace,
-};
+use super::{Postgres, WAKE_GRACE, check_key, check_text, fence_of, granted, ttl_ms, waiter_grace};
 use crate::engine::LeaseKind;
 use crate::error::{Error, ErrorKind, Result};
 use crate::keys::LockKeys;
