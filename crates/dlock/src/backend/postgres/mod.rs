@@ -28,6 +28,13 @@
 //!   waits. A free lock goes to the head only (no barging); the family's primitives wake
 //!   their head instead (it then calls `acquire`), and every waiter also wakes at the
 //!   holder's remaining lease, so a lost notification costs time, never liveness.
+//!   Places whose waiters stopped coming (killed clients) are cleaned by the store's own
+//!   calls, never left to an operator: every call that looks at a name's queue drops that
+//!   name's lapsed places (found through an index on `(key, claim_until)`, without
+//!   visiting the live ones) and up to 256 lapsed places of any name (an index on
+//!   `claim_until`; rows another call holds are skipped), and the first hand-over that
+//!   meets a head whose `LISTEN` session is gone drops every place of the name whose
+//!   session is gone, not one per turn.
 //!   PostgreSQL signals every listening session of the database on each `NOTIFY`, so a
 //!   hand-off this way costs more as more clients wait — which is why a plain lock's
 //!   waiters normally wait inside the server instead:
