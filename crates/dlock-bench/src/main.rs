@@ -16,8 +16,10 @@
 //!
 //! Sections (`--only` takes a comma-separated subset): `uncontended`, `contended`,
 //! `redlock` (RedLock over 3 and 5 servers), `watchdog`, `memory`, `memcached`, `etcd`,
-//! `postgres`, `zookeeper`, `primitives` (Semaphore, ReentrantLock, RwLock, FairLock,
-//! MultiLock), `replicas` (`WAIT` on a master with a replica), `cluster` (a 3-master Redis
+//! `postgres`, `pg-stale` (PostgreSQL's 3 000 waiters at ttl 2 s on a clean waiters table
+//! and on one with 5 000 places of killed clients), `zookeeper`, `primitives` (Semaphore,
+//! ReentrantLock, RwLock, FairLock, MultiLock), `replicas` (`WAIT` on a master with a
+//! replica), `cluster` (a 3-master Redis
 //! Cluster), `election` (leader election's takeover after a resign and after a crash, on
 //! every store, beside the plain lock's). The store sections also start `memcached`,
 //! `etcd`, PostgreSQL, a standalone ZooKeeper (a JVM) and `redis-cli --cluster create`.
@@ -32,6 +34,7 @@ mod election;
 mod etcd;
 mod measure;
 mod memcached;
+mod pg_stale;
 mod postgres;
 mod primitives;
 mod redlock;
@@ -183,7 +186,7 @@ impl Profile {
 const SHORT_TTL: Duration = Duration::from_secs(3);
 
 /// The benchmark sections, in the order they run.
-const SECTIONS: [&str; 13] = [
+const SECTIONS: [&str; 14] = [
     "uncontended",
     "contended",
     "redlock",
@@ -192,6 +195,7 @@ const SECTIONS: [&str; 13] = [
     "memcached",
     "etcd",
     "postgres",
+    "pg-stale",
     "zookeeper",
     "primitives",
     "replicas",
@@ -207,7 +211,7 @@ struct Args {
 }
 
 const USAGE: &str = "usage: dlock-bench [--quick] [--out DIR] \
-     [--only uncontended,contended,redlock,watchdog,memory,memcached,etcd,postgres,zookeeper,\
+     [--only uncontended,contended,redlock,watchdog,memory,memcached,etcd,postgres,pg-stale,zookeeper,\
      primitives,replicas,cluster,election]";
 
 fn parse_args() -> std::result::Result<Args, String> {
@@ -325,6 +329,9 @@ async fn run(args: &Args) -> Result<bool> {
     if wants("postgres") {
         steps += postgres::steps(profile);
     }
+    if wants("pg-stale") {
+        steps += pg_stale::steps(profile);
+    }
     if wants("zookeeper") {
         steps += zookeeper::steps(profile);
     }
@@ -390,6 +397,10 @@ async fn run(args: &Args) -> Result<bool> {
     }
     if wants("postgres") {
         let section = postgres::bench(profile, &bar).await?;
+        md.push_str(&section.markdown());
+    }
+    if wants("pg-stale") {
+        let section = pg_stale::bench(profile, &bar).await?;
         md.push_str(&section.markdown());
     }
     if wants("zookeeper") {

@@ -540,8 +540,10 @@ impl Section {
              `<lock key>/<token>-<sequence>` lives in its session, and each waiter watches \
              only the node just before its own (an `exists` watch), so a release (a \
              `delete`) wakes one waiter; when the deleted node was the only one in front, \
-             the waiter holds the lock without another round trip. The limit does exactly \
-             that by hand; dlock adds its engine (a follower task per waiter, the grant \
+             the waiter holds the lock without listing the queue again. The limit does \
+             that by hand; dlock adds one `exists` read of the waiter's own node (an \
+             operator's `deleteall` takes it with the one in front: then it queues again, \
+             not holds) and its engine (a follower task per waiter, the grant \
              handed to the waiting `lock()` call, the watchdog). `p50 × limit` = dlock's \
              hand-off p50 over the limit's, `p50 × peer` over dlock's etcd lock's, in the \
              same run.\n\n",

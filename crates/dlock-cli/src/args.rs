@@ -246,7 +246,9 @@ pub(crate) struct RunArgs {
     pub(crate) store: Store,
     #[command(flatten)]
     pub(crate) wait: Wait,
-    /// Lease length, renewed every third of it while the command runs.
+    /// Lease length, renewed every third of it while the command runs: a crashed dlock's
+    /// lock is freed within it. On zk:// it is dlock's session timeout (a URL's
+    /// ?session_timeout= wins, and must not be longer).
     #[arg(long, value_parser = parse_duration, default_value = "30s")]
     pub(crate) ttl: Duration,
     /// How long the command has between SIGTERM and SIGKILL when renewals keep failing
@@ -341,7 +343,8 @@ pub(crate) struct ElectArgs {
     #[arg(long)]
     pub(crate) value: Option<String>,
     /// Lease length, renewed every third of it while leading: a crashed leader is
-    /// replaced within it.
+    /// replaced within it. On zk:// it is dlock's session timeout (a URL's
+    /// ?session_timeout= wins, and must not be longer).
     #[arg(long, value_parser = parse_duration, default_value = "30s")]
     pub(crate) ttl: Duration,
     /// How long the command has between SIGTERM and SIGKILL when renewals keep failing

@@ -61,7 +61,14 @@ pub(crate) fn finish(result: Result<u8, Failure>) -> ExitCode {
     match result {
         Ok(code) => ExitCode::from(code),
         Err(failure) => {
-            eprintln!("dlock: {}", failure.message.replace('\n', " "));
+            // One line, whatever the message quotes (a store's reply, a name): no control
+            // character reaches the terminal.
+            let line: String = failure
+                .message
+                .chars()
+                .map(|c| if c.is_control() { ' ' } else { c })
+                .collect();
+            eprintln!("dlock: {line}");
             ExitCode::from(failure.code)
         }
     }

@@ -86,9 +86,12 @@ fn usage_failure(err: &clap::Error) -> Failure {
 async fn dispatch(command: Command) -> Result<u8, Failure> {
     match command {
         // What each store can do, or why not: target.rs.
-        Command::Run(args) => target::run(connect_to_lock(&args.store).await?, args).await,
+        // On zk://, --ttl is the session timeout (see target::connect_holding).
+        Command::Run(args) => {
+            target::run(connect_to_lock(&args.store, Some(args.ttl)).await?, args).await
+        }
         Command::Elect(args) => {
-            with_election_backend!(connect_to_lock(&args.store).await?, |b| {
+            with_election_backend!(connect_to_lock(&args.store, Some(args.ttl)).await?, |b| {
                 cmd::elect::elect(b, args).await
             })
         }
@@ -97,7 +100,9 @@ async fn dispatch(command: Command) -> Result<u8, Failure> {
                 cmd::elect::leader(b, args).await
             })
         }
-        Command::Acquire(args) => target::acquire(connect_to_lock(&args.store).await?, args).await,
+        Command::Acquire(args) => {
+            target::acquire(connect_to_lock(&args.store, None).await?, args).await
+        }
         Command::Release(args) => target::release(connect(&args.store, false).await?, args).await,
         Command::Extend(args) => {
             target::extend(connect(&args.held.store, false).await?, args).await

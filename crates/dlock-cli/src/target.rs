@@ -63,9 +63,16 @@ impl Target {
 /// the store's configuration can do to them: a store that can drop a held lock (evict
 /// it) is refused with [`exit::UNAVAILABLE`](crate::exit::UNAVAILABLE) and the setting,
 /// unless `--allow-unsafe-store`; every other hazard (and, with that flag, those too) is
-/// a warning on stderr.
-pub(crate) async fn connect_to_lock(store: &Store) -> Result<Target, Failure> {
-    let target = connect(store, false).await?;
+/// a warning on stderr. `holding`: the `--ttl` of a command that holds while it runs
+/// (`run`, `elect`), which on `zk://` is the session timeout ([`connect_holding`]).
+pub(crate) async fn connect_to_lock(
+    store: &Store,
+    holding: Option<std::time::Duration>,
+) -> Result<Target, Failure> {
+    let target = match holding {
+        Some(ttl) => connect_holding(store, ttl).await?,
+        None => connect(store, false).await?,
+    };
     let (unsafe_, rest): (Vec<ConfigHazard>, Vec<ConfigHazard>) = target
         .config_hazards()
         .into_iter()
@@ -319,6 +326,58 @@ pub(crate) async fn connect(store: &Store, allow_memory: bool) -> Result<Target,
         Named::ZooKeeper(url) => Target::ZooKeeper(ZooKeeper::connect(url).await?),
         Named::Memory => Target::Memory(Memory::new()),
     })
+}
+
+/// Connects for a command that holds while it runs (`dlock run`, `dlock elect`): every
+/// store as [`connect`], except `zk://`. There the hold lives in dlock's ZooKeeper
+/// session, which a crashed or killed dlock keeps until it expires, so `--ttl` is the
+/// session timeout asked for — unless the URL's `?session_timeout=` sets one, which wins
+/// — and a session longer than `--ttl` (the URL's, or the shortest the ensemble grants)
+/// is refused: a crashed dlock's lock would outlive `--ttl`.
+pub(crate) async fn connect_holding(
+    store: &Store,
+    ttl: std::time::Duration,
+) -> Result<Target, Failure> {
+    let Named::ZooKeeper(url) = named(store.url.as_deref(), false)? else {
+        return connect(store, false).await;
+    };
+    let set_in_url = url.split_once('?').is_some_and(|(_, query)| {
+        query
+            .split('&')
+            .any(|p| p.split_once('=').map_or(p, |(name, _)| name) == "session_timeout")
+    });
+    let asked = if set_in_url {
+        url.to_owned()
+    } else {
+        // At most the 10 minutes a URL may ask for: shorter than --ttl is no harm. (A
+        // --ttl under MIN_TTL is refused by the command, saying so.)
+        let ms = ttl
+            .clamp(MIN_TTL, std::time::Duration::from_secs(600))
+            .as_millis();
+        let sep = if url.contains('?') { '&' } else { '?' };
+        format!("{url}{sep}session_timeout={ms}ms")
+    };
+    let zk = ZooKeeper::connect(&asked).await?;
+    let session = zk.session_timeout();
+    if session > ttl && ttl >= MIN_TTL {
+        let (why, fix) = if set_in_url {
+            (
+                "the URL's ?session_timeout=",
+                ", or drop ?session_timeout= from the URL (--ttl then sets it)",
+            )
+        } else {
+            (
+                "the shortest the ensemble grants: its minSessionTimeout",
+                "",
+            )
+        };
+        return Err(Failure::usage(format!(
+            "--ttl {ttl:?} is shorter than dlock's ZooKeeper session ({session:?}, {why}): a \
+             dlock that crashes keeps its lock until its session expires, so --ttl would not \
+             bound it; use --ttl {session:?} or longer{fix}"
+        )));
+    }
+    Ok(Target::ZooKeeper(zk))
 }
 
 /// The store a `--url` names, before anything connects: which connector gets which URL.

@@ -138,8 +138,9 @@ impl<B: RawElection> Election<B> {
 
     /// Waits until this candidate leads, then advertises `value` and returns the
     /// leadership. Candidates are served in arrival order where the store queues waiters
-    /// (Redis, etcd, PostgreSQL, ZooKeeper); a leader that crashes is replaced within its
-    /// lease.
+    /// (Redis, etcd, PostgreSQL, ZooKeeper); a leader that crashes is replaced within the
+    /// ttl — on ZooKeeper within its session timeout instead, when that is longer (see the
+    /// builder's `ttl`).
     ///
     /// # Errors
     /// `InvalidArgument` for a value over [`MAX_VALUE_LEN`] bytes; `LockLost` if the

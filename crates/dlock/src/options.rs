@@ -61,8 +61,18 @@ macro_rules! builder_options {
         impl<B: $bound> $builder<B> {
             /// Lease length (default 30 s, at least [`MIN_TTL`](crate::MIN_TTL), at most
             /// [`MAX_TTL`](crate::MAX_TTL)). With the watchdog on, every hold is renewed
-            /// every `ttl / 3` and a crashed holder's is freed within `ttl`; with it off,
-            /// a hold lasts at most `ttl`.
+            /// every third of its lease and a crashed holder's is freed within `ttl`; with
+            /// it off, a hold lasts at most `ttl`.
+            ///
+            /// **ZooKeeper** holds live in the client's session, which changes both
+            /// bounds: a hold's lease ([`LockGuard::lease`](crate::LockGuard::lease)) is
+            /// `min(ttl, ⅔ of the session timeout)`, and a holder that crashes (or loses
+            /// the ensemble) is freed when its session expires — within the **session
+            /// timeout** (`ZooKeeper::session_timeout`, 10 s unless the URL's
+            /// `?session_timeout=` says otherwise), not within `ttl`. A ttl shorter than
+            /// the session timeout therefore bounds holders that live, not crashed ones
+            /// (the client warns once); connect with a session timeout no longer than the
+            /// ttl for the ttl to bound both.
             pub fn ttl(mut self, ttl: std::time::Duration) -> Self {
                 self.options.ttl = ttl;
                 self

@@ -6,8 +6,8 @@ use dlock::{Election, Leader, Leadership};
 use serde::Serialize;
 
 use crate::args::{ElectArgs, LeaderArgs, Store};
-use crate::cmd::print_json;
 use crate::cmd::run::{Job, Signals, supervise};
+use crate::cmd::{plain_text, print_json};
 use crate::exit::{self, Failure};
 
 /// The election's key prefix: [`dlock::DEFAULT_ELECTION_PREFIX`] unless `--prefix` was
@@ -96,7 +96,8 @@ fn print_leader(args: &LeaderArgs, leader: Option<&Leader>) -> Result<(), Failur
     match leader {
         None => println!("no leader"),
         Some(l) => match &l.value {
-            Some(v) => println!("term {}: {v}", l.term),
+            // Another candidate's text: plain on one line (JSON escapes it instead).
+            Some(v) => println!("term {}: {}", l.term, plain_text(v)),
             None => println!("term {}: (elected; value not announced yet)", l.term),
         },
     }

@@ -394,13 +394,21 @@ fn cell(v: Option<&str>) -> String {
     }
 }
 
+/// Text from the store (another process wrote it: it can hold anything) as it may reach a
+/// terminal: on one line, its control characters (C0, DEL, C1: escape sequences, carriage
+/// returns, newlines) made spaces, so it cannot move the cursor, restyle or retitle the
+/// screen, or fake a line of output. Every human-readable output of store-held text goes
+/// through it (JSON output escapes instead).
+pub(crate) fn plain_text(v: &str) -> String {
+    v.chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect()
+}
+
 /// The last cell of a line: free text, on one line.
 fn last_cell(v: Option<&str>) -> String {
     match v {
-        Some(v) if !v.is_empty() => v
-            .chars()
-            .map(|c| if c.is_control() { ' ' } else { c })
-            .collect(),
+        Some(v) if !v.is_empty() => plain_text(v),
         _ => "-".to_owned(),
     }
 }
@@ -727,7 +735,7 @@ async fn confirm_force_unlock(
         return Ok(true);
     }
     let by = match (&s.holder, s.holders) {
-        (Some(h), _) => format!("held by {h}"),
+        (Some(h), _) => format!("held by {}", plain_text(h)),
         (None, n) => format!("held by {} holders", or_dash(n)),
     };
     eprint!(

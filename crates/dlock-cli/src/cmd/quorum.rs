@@ -16,8 +16,8 @@ use dlock::{Error, Lock};
 use serde::Serialize;
 
 use super::{
-    Status, abbreviate, confirm_force_unlock, lock_kind_only, millis, print_list, print_status,
-    remaining, report_force_unlock,
+    Status, abbreviate, confirm_force_unlock, lock_kind_only, millis, plain_text, print_list,
+    print_status, remaining, report_force_unlock,
 };
 use crate::args::{ForceUnlockArgs, Kind, ListArgs, StatusArgs};
 use crate::exit::{self, Failure};
@@ -53,13 +53,13 @@ impl View {
         );
         for n in &self.nodes {
             match &n.error {
-                Some(err) => println!("  node {}: error: {err}", n.node),
+                Some(err) => println!("  node {}: error: {}", n.node, plain_text(err)),
                 None => println!(
                     "  node {}: {}, remaining {}",
                     n.node,
                     n.holder
                         .as_deref()
-                        .map_or_else(|| "free".to_owned(), |h| format!("token {h}")),
+                        .map_or_else(|| "free".to_owned(), |h| format!("token {}", plain_text(h))),
                     remaining(n.remaining_ms)
                 ),
             }

@@ -11,6 +11,7 @@ mod elect;
 mod hazards;
 mod hostile;
 mod kinds;
+mod leader_text;
 mod stores;
 mod supervise;
 mod top;

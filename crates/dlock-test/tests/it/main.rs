@@ -4,6 +4,7 @@ mod acl;
 mod blocking;
 mod clock;
 mod cluster;
+mod edges;
 mod engine;
 mod etcd;
 mod fenced;

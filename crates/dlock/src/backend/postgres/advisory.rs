@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use super::{CALL_TIMEOUT, Connector, check_read_write, map_err, parse_config, redact};
+use super::{CALL_TIMEOUT, Connector, check_key, check_read_write, map_err, parse_config, redact};
 use crate::engine::Engine;
 use crate::error::{Error, ErrorKind, Result};
 use crate::keys::LockKeys;
@@ -274,6 +274,7 @@ pub(super) fn advisory_key(keys: &LockKeys) -> Result<&str> {
 
 impl RawLock for PgAdvisory {
     async fn acquire(&self, keys: &LockKeys, token: &Token, _ttl: Duration) -> Result<Acquire> {
+        check_key(keys)?;
         if let Some(session) = self.held().get(token.as_str())
             && !session.is_closed()
         {
@@ -306,6 +307,7 @@ impl RawLock for PgAdvisory {
     }
 
     async fn release(&self, keys: &LockKeys, token: &Token) -> Result<bool> {
+        check_key(keys)?;
         let Some(session) = self.held().remove(token.as_str()) else {
             return Ok(false);
         };
@@ -329,6 +331,7 @@ impl RawLock for PgAdvisory {
 
     /// A liveness check: the session still holds the lock.
     async fn extend(&self, keys: &LockKeys, token: &Token, _ttl: Duration) -> Result<bool> {
+        check_key(keys)?;
         let session = match self.held().get(token.as_str()) {
             Some(session) if !session.is_closed() => Arc::clone(session),
             _ => return Ok(false),
@@ -366,6 +369,7 @@ impl RawInspect for PgAdvisory {
     /// shared holders); waiting clients are sessions blocked in `pg_advisory_lock` on the
     /// same key (dlock's own waiters poll, and are not counted). No ttl, no fence.
     async fn inspect(&self, keys: &LockKeys) -> Result<LockState> {
+        check_key(keys)?;
         let session = self.session().await?;
         let sql = format!(
             "SELECT count(*) FILTER (WHERE granted), count(*) FILTER (WHERE NOT granted),
@@ -399,6 +403,7 @@ impl RawInspect for PgAdvisory {
     /// Terminates the sessions holding the lock (`pg_terminate_backend`): the only way to
     /// take an advisory lock from its holder. Needs the privilege to signal those backends.
     async fn force_unlock(&self, keys: &LockKeys) -> Result<bool> {
+        check_key(keys)?;
         let session = self.session().await?;
         let sql = format!(
             "SELECT coalesce(bool_or(pg_terminate_backend(pid)), false)

@@ -1,6 +1,6 @@
 //! Elections' records: one row of `<schema>.records` per election, keyed by its lock key.
 
-use super::Postgres;
+use super::{Postgres, check_key};
 use crate::error::{Error, ErrorKind, Result};
 use crate::keys::LockKeys;
 use crate::raw::{RawElection, ReleaseWatch};
@@ -14,6 +14,7 @@ use crate::token::Token;
 /// client's `LISTEN` connection.
 impl RawElection for Postgres {
     async fn publish(&self, keys: &LockKeys, token: &Token, term: u64, data: &str) -> Result<bool> {
+        check_key(keys)?;
         let term = i64::try_from(term).map_err(|_| {
             Error::invalid(format!(
                 "election {:?}: term {term} does not fit PostgreSQL's bigint",
@@ -38,6 +39,7 @@ impl RawElection for Postgres {
     }
 
     async fn record(&self, keys: &LockKeys) -> Result<Option<(u64, String)>> {
+        check_key(keys)?;
         let doing = "reading an election's record";
         let rows = self
             .query(&self.inner.sql.record, &[&keys.lock()], doing)
@@ -61,6 +63,7 @@ impl RawElection for Postgres {
     /// (`dlk_records`, the lock key as payload), which this client's `LISTEN` connection
     /// listens on from the first observer on.
     async fn watch_record(&self, keys: &LockKeys) -> Result<ReleaseWatch> {
+        check_key(keys)?;
         self.inner.listener.watch_record(keys.lock()).await
     }
 }

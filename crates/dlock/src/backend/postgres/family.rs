@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tokio_postgres::Row;
 
-use super::{Postgres, WAKE_GRACE, fence_of, granted, ttl_ms, waiter_grace};
+use super::{Postgres, WAKE_GRACE, check_key, check_text, fence_of, granted, ttl_ms, waiter_grace};
 use crate::engine::LeaseKind;
 use crate::error::{Error, ErrorKind, Result};
 use crate::keys::LockKeys;
@@ -257,6 +257,7 @@ impl RawSemaphore for Postgres {
         ttl: Duration,
         queue: bool,
     ) -> Result<Acquire> {
+        check_key(keys)?;
         self.detached(
             keys,
             token,
@@ -278,6 +279,7 @@ impl RawSemaphore for Postgres {
         _n: u32,
         _ttl: Duration,
     ) -> Result<()> {
+        check_key(keys)?;
         self.settled(token).await;
         self.sem_release(keys, token.as_str(), "leave")
             .await
@@ -285,15 +287,18 @@ impl RawSemaphore for Postgres {
     }
 
     async fn release_permits(&self, keys: &LockKeys, token: &Token) -> Result<bool> {
+        check_key(keys)?;
         self.settled(token).await;
         self.sem_release(keys, token.as_str(), "own").await
     }
 
     async fn extend_permits(&self, keys: &LockKeys, token: &Token, ttl: Duration) -> Result<bool> {
+        check_key(keys)?;
         self.extend_kind(LeaseKind::Permits, keys, token, ttl).await
     }
 
     async fn permits_in_use(&self, keys: &LockKeys, permits: u32) -> Result<(u32, u32)> {
+        check_key(keys)?;
         let rows = self
             .query(
                 &self.inner.sql.sem_inspect,
@@ -312,6 +317,7 @@ impl RawSemaphore for Postgres {
     }
 
     async fn set_permits(&self, keys: &LockKeys, permits: u32) -> Result<()> {
+        check_key(keys)?;
         self.sem_resize(keys, Some(permits), 0, permits, permits)
             .await
             .map(|_| ())
@@ -324,10 +330,12 @@ impl RawSemaphore for Postgres {
         permits: u32,
         max: u32,
     ) -> Result<Option<u32>> {
+        check_key(keys)?;
         self.sem_resize(keys, None, delta, permits, max).await
     }
 
     async fn inspect_permits(&self, keys: &LockKeys) -> Result<LockState> {
+        check_key(keys)?;
         let rows = self
             .query(
                 &self.inner.sql.sem_inspect,
@@ -345,6 +353,7 @@ impl RawSemaphore for Postgres {
     }
 
     async fn force_unlock_permits(&self, keys: &LockKeys) -> Result<bool> {
+        check_key(keys)?;
         self.sem_release(keys, "", "force").await
     }
 }
@@ -361,6 +370,8 @@ impl RawReentrant for Postgres {
         limit: u32,
         queue: bool,
     ) -> Result<Acquire> {
+        check_key(keys)?;
+        check_text(owner, "reentrant lock's owner")?;
         let (o, go) = (owner.to_owned(), owner.to_owned());
         self.detached(
             keys,
@@ -377,6 +388,8 @@ impl RawReentrant for Postgres {
     }
 
     async fn release_reentrant(&self, keys: &LockKeys, owner: &str, token: &Token) -> Result<bool> {
+        check_key(keys)?;
+        check_text(owner, "reentrant lock's owner")?;
         self.settled(token).await;
         self.re_release(keys, owner, token.as_str(), "own").await
     }
@@ -387,11 +400,13 @@ impl RawReentrant for Postgres {
         token: &Token,
         ttl: Duration,
     ) -> Result<bool> {
+        check_key(keys)?;
         self.extend_kind(LeaseKind::Reentrant, keys, token, ttl)
             .await
     }
 
     async fn inspect_reentrant(&self, keys: &LockKeys) -> Result<LockState> {
+        check_key(keys)?;
         let rows = self
             .query(
                 &self.inner.sql.re_inspect,
@@ -415,6 +430,7 @@ impl RawReentrant for Postgres {
     }
 
     async fn force_unlock_reentrant(&self, keys: &LockKeys) -> Result<bool> {
+        check_key(keys)?;
         self.re_release(keys, "", "", "force").await
     }
 }
@@ -431,6 +447,7 @@ impl RawRwLock for Postgres {
         ttl: Duration,
         grace: Duration,
     ) -> Result<Acquire> {
+        check_key(keys)?;
         self.detached(
             keys,
             token,
@@ -443,22 +460,26 @@ impl RawRwLock for Postgres {
     }
 
     async fn release_rw(&self, keys: &LockKeys, token: &Token) -> Result<bool> {
+        check_key(keys)?;
         self.settled(token).await;
         self.rw_release(keys, token.as_str(), "own", WAKE_GRACE)
             .await
     }
 
     async fn extend_rw(&self, keys: &LockKeys, token: &Token, ttl: Duration) -> Result<bool> {
+        check_key(keys)?;
         self.extend_kind(LeaseKind::ReadWrite, keys, token, ttl)
             .await
     }
 
     async fn downgrade_rw(&self, keys: &LockKeys, token: &Token, ttl: Duration) -> Result<bool> {
+        check_key(keys)?;
         self.rw_release(keys, token.as_str(), "downgrade", ttl)
             .await
     }
 
     async fn abandon_rw(&self, keys: &LockKeys, token: &Token) -> Result<()> {
+        check_key(keys)?;
         self.settled(token).await;
         self.rw_release(keys, token.as_str(), "leave", WAKE_GRACE)
             .await
@@ -466,6 +487,7 @@ impl RawRwLock for Postgres {
     }
 
     async fn inspect_rw(&self, keys: &LockKeys) -> Result<LockState> {
+        check_key(keys)?;
         let rows = self
             .query(
                 &self.inner.sql.rw_inspect,
@@ -491,6 +513,7 @@ impl RawRwLock for Postgres {
     }
 
     async fn force_unlock_rw(&self, keys: &LockKeys) -> Result<bool> {
+        check_key(keys)?;
         self.rw_release(keys, "", "force", WAKE_GRACE).await
     }
 }
@@ -505,6 +528,7 @@ impl RawFair for Postgres {
         ttl: Duration,
         grace: Duration,
     ) -> Result<Acquire> {
+        check_key(keys)?;
         self.detached(
             keys,
             token,
@@ -521,18 +545,22 @@ impl RawFair for Postgres {
     }
 
     async fn release_fair(&self, keys: &LockKeys, token: &Token) -> Result<bool> {
+        check_key(keys)?;
         self.release(keys, token).await
     }
 
     async fn abandon_fair(&self, keys: &LockKeys, token: &Token) -> Result<()> {
+        check_key(keys)?;
         self.abandon(keys, token, Duration::ZERO).await
     }
 
     async fn inspect_fair(&self, keys: &LockKeys) -> Result<LockState> {
+        check_key(keys)?;
         self.inspect(keys).await
     }
 
     async fn force_unlock_fair(&self, keys: &LockKeys) -> Result<bool> {
+        check_key(keys)?;
         self.force_unlock(keys).await
     }
 }

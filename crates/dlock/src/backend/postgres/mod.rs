@@ -28,6 +28,13 @@
 //!   waits. A free lock goes to the head only (no barging); the family's primitives wake
 //!   their head instead (it then calls `acquire`), and every waiter also wakes at the
 //!   holder's remaining lease, so a lost notification costs time, never liveness.
+//!   Places whose waiters stopped coming (killed clients) are cleaned by the store's own
+//!   calls, never left to an operator: every call that looks at a name's queue drops that
+//!   name's lapsed places (found through an index on `(key, claim_until)`, without
+//!   visiting the live ones) and up to 256 lapsed places of any name (an index on
+//!   `claim_until`; rows another call holds are skipped), and the first hand-over that
+//!   meets a head whose `LISTEN` session is gone drops every place of the name whose
+//!   session is gone, not one per turn.
 //!   PostgreSQL signals every listening session of the database on each `NOTIFY`, so a
 //!   hand-off this way costs more as more clients wait — which is why a plain lock's
 //!   waiters normally wait inside the server instead:
@@ -93,6 +100,10 @@
 //! are serialised by a transaction-scoped advisory lock). [`schema_sql`] returns the
 //! statements, for a DBA who prefers to run them by hand (a schema made by an earlier
 //! version without `records` is completed on connect, which needs `CREATE` once).
+//!
+//! Keys are `text`, which cannot hold a NUL character: a name, key prefix or reentrant
+//! owner with one is [`ErrorKind::InvalidArgument`] before the store is touched, in lease
+//! and advisory mode alike, as the other limits on names are.
 //!
 //! The schema name is `dlock` unless the URL says `?schema=<name>` (lowercase letters,
 //! digits and `_`, at most 63 bytes). If everything exists already, nothing is created, so
@@ -756,6 +767,30 @@ fn map_pool_err(err: PoolError, doing: &str) -> Error {
     }
 }
 
+/// A key PostgreSQL's `text` can hold: a NUL character in the name or the prefix is
+/// [`ErrorKind::InvalidArgument`] before the store is touched (the server would refuse
+/// the statement with "invalid byte sequence", a backend error), as the other limits on
+/// names are. Every operation of every primitive, in both modes, checks its key.
+pub(super) fn check_key(keys: &LockKeys) -> Result<()> {
+    if keys.lock().contains('\0') {
+        return Err(Error::invalid(format!(
+            "lock {:?}: PostgreSQL cannot store a name or key prefix with a NUL character",
+            keys.name()
+        )));
+    }
+    Ok(())
+}
+
+/// The same for other text an operation stores or matches (`what` names it).
+pub(super) fn check_text(text: &str, what: &str) -> Result<()> {
+    if text.contains('\0') {
+        return Err(Error::invalid(format!(
+            "{what} {text:?}: PostgreSQL cannot store text with a NUL character"
+        )));
+    }
+    Ok(())
+}
+
 fn ttl_ms(ttl: Duration) -> Result<i64> {
     let ms = i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX);
     if ms < 1 {
@@ -897,7 +932,7 @@ impl Postgres {
                         &format!("\"{schema}\".leases"),
                         // Created last, and named for this version: an older schema (or
                         // one whose creation stopped half-way) gets the whole file again.
-                        &format!("\"{schema}\".schema_version_2()"),
+                        &format!("\"{schema}\".schema_version_3()"),
                         // Added after version 2: a schema without it gets the file again.
                         &format!("\"{schema}\".records"),
                         // Likewise (a semaphore's other permit count is refused).
@@ -967,6 +1002,7 @@ impl RawLock for Postgres {
     const WAITS_IN_STORE: bool = true;
 
     async fn acquire(&self, keys: &LockKeys, token: &Token, ttl: Duration) -> Result<Acquire> {
+        check_key(keys)?;
         self.acquire_lock(keys, token, ttl, false).await
     }
 
@@ -976,15 +1012,18 @@ impl RawLock for Postgres {
         token: &Token,
         ttl: Duration,
     ) -> Result<Acquire> {
+        check_key(keys)?;
         self.acquire_lock(keys, token, ttl, true).await
     }
 
     async fn release(&self, keys: &LockKeys, token: &Token) -> Result<bool> {
+        check_key(keys)?;
         self.settled(token).await;
         self.release_lock(keys, token.as_str(), "own").await
     }
 
     async fn abandon(&self, keys: &LockKeys, token: &Token, _ttl: Duration) -> Result<()> {
+        check_key(keys)?;
         self.settled(token).await;
         self.release_lock(keys, token.as_str(), "leave")
             .await
@@ -994,6 +1033,7 @@ impl RawLock for Postgres {
     /// Fair-lock waiters and blocked readers listen for `keys`' own name (a fair lock's
     /// side key per waiter; a read-write lock's readers' side): the release names it.
     async fn watch(&self, keys: &LockKeys) -> Result<ReleaseWatch> {
+        check_key(keys)?;
         self.inner.listener.watch(keys.lock()).await
     }
 
@@ -1010,6 +1050,7 @@ impl RawLock for Postgres {
     }
 
     async fn extend(&self, keys: &LockKeys, token: &Token, ttl: Duration) -> Result<bool> {
+        check_key(keys)?;
         self.extend_kind(LeaseKind::Lock, keys, token, ttl).await
     }
 
@@ -1463,6 +1504,7 @@ impl RawFencing for Postgres {}
 
 impl RawInspect for Postgres {
     async fn inspect(&self, keys: &LockKeys) -> Result<LockState> {
+        check_key(keys)?;
         let rows = self
             .query(
                 &self.inner.sql.inspect,
@@ -1489,10 +1531,13 @@ impl RawInspect for Postgres {
     }
 
     async fn force_unlock(&self, keys: &LockKeys) -> Result<bool> {
+        check_key(keys)?;
         self.release_lock(keys, "", "force").await
     }
 
     async fn list(&self, prefix: &str, pattern: &str, limit: usize) -> Result<Vec<String>> {
+        check_text(prefix, "key prefix")?;
+        check_text(pattern, "pattern")?;
         crate::observe::listed(&self.store_id(), pattern, async move {
             let rows = self
                 .query(&self.inner.sql.list, &[&prefix], "listing locks")

@@ -40,6 +40,11 @@ CREATE TABLE IF NOT EXISTS "S".waiters (
     PRIMARY KEY (key, token)
 );
 CREATE INDEX IF NOT EXISTS waiters_in_order ON "S".waiters (key, arrival);
+-- Lapsed places, found without visiting the live ones: a name's (dropped by every call that
+-- looks at its queue) and any name's (a bounded sweep in every such call, so the places
+-- killed clients left on names nobody asks for again go too). See queue_head.
+CREATE INDEX IF NOT EXISTS waiters_lapsed ON "S".waiters (key, claim_until);
+CREATE INDEX IF NOT EXISTS waiters_by_claim ON "S".waiters (claim_until);
 -- A waiter a release may hand the lock over to: the lease it asks for, and the backend pid
 -- of its client's LISTEN session (a head whose session is gone is skipped).
 ALTER TABLE "S".waiters ADD COLUMN IF NOT EXISTS ttl_ms bigint;
@@ -61,14 +66,30 @@ LANGUAGE sql IMMUTABLE AS $fn$
     SELECT greatest(0, ceil(extract(epoch FROM t - now_ts) * 1000))::bigint
 $fn$;
 
--- Drops k's lapsed waiters (claims ended by now_ts) and returns the head of its queue
--- (role 'l'; a row of nulls when nobody waits).
+-- Drops up to 256 lapsed waiters of any name (claims ended by now_ts, the oldest first;
+-- rows another call has locked are left to it): places left by killed clients on names
+-- nobody asks for again go without an operator, a bounded cost per call.
+CREATE OR REPLACE FUNCTION "S".sweep_waiters(now_ts timestamptz) RETURNS void
+LANGUAGE sql AS $fn$
+    DELETE FROM "S".waiters AS q
+    WHERE q.ctid = ANY (ARRAY(
+        SELECT s.ctid FROM "S".waiters AS s
+        WHERE s.claim_until <= now_ts
+        ORDER BY s.claim_until
+        LIMIT 256
+        FOR UPDATE SKIP LOCKED))
+$fn$;
+
+-- Drops k's lapsed waiters (claims ended by now_ts; through waiters_lapsed, without
+-- visiting the live ones) and a bounded batch of any name's, and returns the head of k's
+-- queue (role 'l'; a row of nulls when nobody waits).
 CREATE OR REPLACE FUNCTION "S".queue_head(k text, now_ts timestamptz) RETURNS "S".waiters
 LANGUAGE plpgsql AS $fn$
 DECLARE
     head "S".waiters%ROWTYPE;
 BEGIN
     DELETE FROM "S".waiters AS q WHERE q.key = k AND q.claim_until <= now_ts;
+    PERFORM "S".sweep_waiters(now_ts);
     SELECT * INTO head FROM "S".waiters AS q
     WHERE q.key = k AND q.role = 'l' ORDER BY q.arrival LIMIT 1;
     RETURN head;
@@ -127,8 +148,14 @@ BEGIN
                               '!' || f || ':' || coalesce(head.wake, head.token));
             RETURN true;
         END IF;
-        -- Its client no longer listens: it would never learn that it holds the lock.
+        -- Its client no longer listens: it would never learn that it holds the lock. Nor
+        -- would any other waiter of k whose client's LISTEN session is gone (killed
+        -- clients leave many): all go at once, not one per turn of this loop.
         DELETE FROM "S".waiters AS q WHERE q.key = k AND q.token = head.token;
+        DELETE FROM "S".waiters AS q
+        WHERE q.key = k AND q.lpid IS NOT NULL
+          AND q.lpid NOT IN (SELECT a.pid FROM pg_stat_get_activity(NULL) AS a
+                             WHERE a.pid IS NOT NULL);
     END LOOP;
 END
 $fn$;
@@ -783,7 +810,13 @@ $fn$;
 
 -- The schema's version, created last: a client that does not find it (a newer dlock
 -- names a newer one) runs this whole file again, every statement of which is idempotent.
+-- Version 2's is kept, so that a client of that version finds its own and leaves the
+-- newer functions alone. Version 3: waiters_lapsed, waiters_by_claim, sweep_waiters.
 CREATE OR REPLACE FUNCTION "S".schema_version_2() RETURNS int
 LANGUAGE sql IMMUTABLE AS $fn$
     SELECT 2
+$fn$;
+CREATE OR REPLACE FUNCTION "S".schema_version_3() RETURNS int
+LANGUAGE sql IMMUTABLE AS $fn$
+    SELECT 3
 $fn$;

@@ -67,6 +67,7 @@ impl ZooKeeper {
         ttl: Duration,
     ) -> Result<(Session, Place, Vec<String>)> {
         let s = self.live().await?;
+        self.note_ttl(ttl);
         let dir = dir_path(keys);
         let prefix = node_prefix(&dir, token);
         let known = self.place(&prefix).filter(|p| p.session == s.id);
@@ -103,10 +104,26 @@ impl ZooKeeper {
             }
         };
         place.ttl = ttl;
-        let place = self.placed(&prefix, place);
-        let children = self
-            .call("reading a lock's queue", s.client.list_children(&dir))
-            .await?;
+        let mut place = self.placed(&prefix, place);
+        let mut children = self.children(&s, &dir).await?;
+        if !in_line(&children).iter().any(|(seq, _)| *seq == place.seq) {
+            // Our node is gone: deleted by an operator (`deleteall` takes the directory
+            // too). Queue again, at the back of the line (`create` makes the directory
+            // anew).
+            let name = kind.name(token.as_str());
+            let (node, seq, czxid) = self.create(&s, &dir, &name, data).await?;
+            let again = Place {
+                node,
+                kind,
+                seq,
+                czxid,
+                session: s.id,
+                ttl,
+                moved: std::sync::Arc::default(),
+            };
+            place = self.placed(&prefix, again);
+            children = self.children(&s, &dir).await?;
+        }
         self.drop_ghosts(
             &s,
             &dir,

@@ -38,6 +38,14 @@
 //!     as long as the session. This client deletes such nodes itself when their lease
 //!     ends (`min(ttl, ⅔ session timeout)` after the last renewal was sent); a crashed or
 //!     cut-off client's nodes go with its session.
+//!   - *A crashed holder is freed within the session timeout*, not the ttl: nothing of a
+//!     crashed process renews or deletes, and the ensemble deletes its nodes when its
+//!     session expires (the session timeout after it was last heard from, plus up to one
+//!     server tick). A ttl shorter than the session timeout is honoured only while the
+//!     holder lives (the client warns once when asked for one); for the ttl to bound a
+//!     crash too, ask for `?session_timeout=` no longer than the ttl — `dlock run` and
+//!     `dlock elect` make `--ttl` the session timeout
+//!     ([`session_timeout`](ZooKeeper::session_timeout)).
 //! * **Renewal**: a `sync` through the leader and one `exists` read of our node, checked
 //!   to belong to our session (a server cut off from the leader cannot answer the `sync`,
 //!   so it cannot vouch for a node the leader may have deleted). The
@@ -47,8 +55,11 @@
 //!   front (a waiter that left) — it watches that one; none — the lock is ours. A release
 //!   or an expired holder's session therefore wakes exactly the next waiter. When the
 //!   watched node was the only one in front, its deletion makes ours the lowest (no node
-//!   created later can have a lower sequence), and the task hands the grant over without
-//!   another round trip.
+//!   created later can have a lower sequence), and the task hands the grant over after
+//!   one read that finds our own node still there (an operator's `deleteall` takes it
+//!   with the one in front). A waiter whose node, or whole directory, an operator
+//!   deleted queues again: its next attempt makes the directory and a node anew, at the
+//!   back of the line.
 //! * **Sessions**: one per client. When the ensemble reports it expired, the next call
 //!   opens a new one; every hold of the old one has ended (its renewals fail).
 //! * **Operators**: [`inspect`](RawInspect::inspect) lists the directory (holder token,
@@ -87,7 +98,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock, Weak};
 use std::time::Duration;
 
@@ -151,6 +162,8 @@ struct Inner {
     reaper: Arc<Reaper>,
     /// Node watches that fired for waiters (deletions of the node in front).
     watches_fired: AtomicU64,
+    /// Whether a ttl shorter than the session timeout was reported (once per client).
+    told_short_ttl: AtomicBool,
     engine: Engine,
 }
 
@@ -521,6 +534,7 @@ impl ZooKeeper {
                 grants: Arc::default(),
                 reaper,
                 watches_fired: AtomicU64::new(0),
+                told_short_ttl: AtomicBool::new(false),
                 engine: Engine::new(),
             }),
         };
@@ -528,9 +542,36 @@ impl ZooKeeper {
         Ok(zk)
     }
 
-    /// The session timeout the ensemble granted (the lease of every hold).
+    /// The session timeout the ensemble granted. It bounds every hold of this client two
+    /// ways, whatever the ttl asked for:
+    ///
+    /// * a hold counts on at most two thirds of it from each renewal
+    ///   ([`LockGuard::lease`](crate::LockGuard::lease) is `min(ttl, ⅔ session timeout)`);
+    /// * a holder that crashes, is killed or loses the ensemble keeps its locks until its
+    ///   session expires: **this long** after it was last heard from (plus up to one
+    ///   server tick), not `ttl`. A ttl shorter than the session timeout is honoured
+    ///   while the holder lives (a guard forgotten or left without its watchdog is
+    ///   deleted by this client when its lease ends), but not by a crashed holder: the
+    ///   client logs a warning (once) when asked for one. For the ttl to be the crash bound
+    ///   too, connect with `?session_timeout=` no longer than the ttl (`dlock run` and
+    ///   `dlock elect` do: their `--ttl` is the session timeout).
     pub fn session_timeout(&self) -> Duration {
         self.current().timeout
+    }
+
+    /// Reports, once per client, a ttl its session cannot honour for a crashed holder.
+    fn note_ttl(&self, ttl: Duration) {
+        let session = self.current().timeout;
+        if ttl < session && !self.inner.told_short_ttl.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                url = %self.inner.shown,
+                ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX),
+                session_timeout_ms = u64::try_from(session.as_millis()).unwrap_or(u64::MAX),
+                "a ttl shorter than the zookeeper session timeout: a holder that crashes \
+                 keeps its locks until its session expires (the session timeout), not the \
+                 ttl; connect with ?session_timeout= no longer than the ttl"
+            );
+        }
     }
 
     /// The current session's id.
@@ -881,6 +922,19 @@ impl ZooKeeper {
         ttl.min(session_lease(self.current().timeout))
     }
 
+    /// Whether our node `node` still exists (one read). The node in front of a waiter
+    /// goes either by itself (a release, its session's end) or with the waiter's own — an
+    /// operator's `deleteall`, one multi-op — and only in the first case is it the
+    /// waiter's turn; in the second it queues again. A failed read says no: the waiter's
+    /// task looks again.
+    async fn still_there(&self, s: &Session, node: &str) -> bool {
+        matches!(
+            self.call("reading our lock node", s.client.check_stat(node))
+                .await,
+            Ok(Some(_))
+        )
+    }
+
     /// The task behind [`RawLock::watch_for`]: follows the node just before ours, wakes
     /// our waiter when none is left before it. Signals `ready` after its first look.
     async fn follow(
@@ -921,10 +975,9 @@ impl ZooKeeper {
                 // Our node went with an old session: the waiter's next attempt queues anew.
                 wake.notify_one();
             } else {
-                match self
-                    .call("reading a lock's queue", s.client.list_children(&dir))
-                    .await
-                {
+                // A missing directory (an operator's `deleteall`) lists as empty: our node
+                // is gone, and the waiter queues again.
+                match self.children(&s, &dir).await {
                     Ok(children) => {
                         let line = in_line(&children);
                         let ours = line.iter().any(|(seq, _)| *seq == place.seq);
@@ -1037,6 +1090,7 @@ impl ZooKeeper {
                             if only
                                 && told != place.node
                                 && self.place(&prefix).is_some_and(|p| p.node == place.node)
+                                && self.still_there(&s, &place.node).await
                             {
                                 // The last node in front is gone: our turn, told at once.
                                 told.clone_from(&place.node);
@@ -1240,6 +1294,7 @@ impl RawLock for ZooKeeper {
     async fn acquire(&self, keys: &LockKeys, token: &Token, ttl: Duration) -> Result<Acquire> {
         let started = Instant::now();
         let s = self.live().await?;
+        self.note_ttl(ttl);
         let dir = dir_path(keys);
         let prefix = node_prefix(&dir, token);
         let known = self.place(&prefix).filter(|p| p.session == s.id);
@@ -1276,10 +1331,26 @@ impl RawLock for ZooKeeper {
             }
         };
         place.ttl = ttl;
-        let place = self.placed(&prefix, place);
-        let children = self
-            .call("reading a lock's queue", s.client.list_children(&dir))
-            .await?;
+        let mut place = self.placed(&prefix, place);
+        let mut children = self.children(&s, &dir).await?;
+        if !in_line(&children).iter().any(|(seq, _)| *seq == place.seq) {
+            // Our waiting node is gone: deleted by an operator (`deleteall` takes the
+            // directory too). Queue again, at the back of the line (`create` makes the
+            // directory anew).
+            let name = NodeKind::Plain.name(token.as_str());
+            let (node, seq, czxid) = self.create(&s, &dir, &name, token.as_str()).await?;
+            let again = Place {
+                node,
+                kind: NodeKind::Plain,
+                seq,
+                czxid,
+                session: s.id,
+                ttl,
+                moved: Arc::new(Notify::new()),
+            };
+            place = self.placed(&prefix, again);
+            children = self.children(&s, &dir).await?;
+        }
         let line = in_line(&children);
         self.drop_ghosts(&s, &dir, &line, &escape(token.as_str()), place.seq);
         match line.first() {
