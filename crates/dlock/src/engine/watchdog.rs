@@ -248,7 +248,19 @@ impl Registry {
                 "the lease watchdog needs a tokio runtime",
             )
         })?;
-        let due = Instant::now() + lease.renewal_period(lease.snapshot().ttl);
+        // As every later renewal: a third of the way into the validity the grant bought,
+        // counted from its request's send time — which for a hand-over (the waiter's
+        // latest attempt) or a slow reply may be well before now. From now, a hold handed
+        // over late would start with under two thirds of its validity left and reach a
+        // third of it before its first renewal: `dlock run` takes that for failing
+        // renewals and kills its command.
+        let s = lease.snapshot();
+        let now = Instant::now();
+        let due = s
+            .valid_until
+            .checked_sub(2 * lease.renewal_period(s.ttl))
+            .unwrap_or(now)
+            .max(now);
         let mut state = self.lock();
         let at = state.tick(due);
         let (slot, generation) = state.insert(lease, at);
@@ -578,6 +590,56 @@ mod tests {
                 false,
             ),
         ))
+    }
+
+    fn lease_sent(ttl: Duration, sent: Instant) -> Arc<Lease> {
+        Arc::new(Lease::new(
+            LockKeys::new("t:", "handover").expect("keys"),
+            Token::random().expect("rng"),
+            sent,
+            ttl,
+            crate::validity::Drift::DEFAULT,
+            LeaseKind::Lock,
+            crate::observe::Obs::new(
+                "memory:0x1",
+                crate::observe::primitive::LOCK,
+                "handover",
+                false,
+            ),
+        ))
+    }
+
+    /// A hold handed over from a waiter's attempt sent 0.9 s before the grant (2 s lease)
+    /// is renewed at once: with every renewal confirmed, its remaining validity never
+    /// falls to a third of the lease (where `dlock run` decides renewals are failing).
+    /// Scheduled from the grant instead, it fell there 0.41 s after the grant.
+    #[tokio::test(start_paused = true)]
+    async fn a_lease_granted_from_an_old_send_time_keeps_two_thirds_with_renewals_confirmed() {
+        let registry = Arc::new(Registry::default());
+        let ttl = Duration::from_secs(2);
+        for behind in [0, 300, 900, 1400] {
+            let sent = Instant::now() - Duration::from_millis(behind);
+            let lease = lease_sent(ttl, sent);
+            let id = registry
+                .register(&Confirm, Arc::clone(&lease))
+                .expect("register");
+            // (At the grant itself a hold 1.4 s behind has 0.58 s left: renewed at once.)
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            let end = Instant::now() + 2 * ttl;
+            while Instant::now() < end {
+                assert!(
+                    !lease.is_lost_at(Instant::now()),
+                    "lost ({behind} ms behind)"
+                );
+                let left = lease
+                    .snapshot()
+                    .valid_until
+                    .saturating_duration_since(Instant::now());
+                assert!(left > ttl / 3, "{left:?} left ({behind} ms behind)");
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            registry.deregister(id);
+        }
     }
 
     #[tokio::test]
