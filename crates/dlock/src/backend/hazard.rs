@@ -124,13 +124,16 @@ impl ConfigHazard {
         self.kind.can_give_two_holders()
     }
 
-    /// Logs it as a `tracing` warning (once, on connect).
+    /// Logs it as a `tracing` warning (once, on connect). Without the node's address,
+    /// which dlock never records (docs/observability.md); `config_hazards()` has it.
     pub(crate) fn warn(&self) {
         tracing::warn!(
-            node = %self.node,
             setting = %self.setting,
             two_holders = self.can_give_two_holders(),
-            "store configuration hazard: {self}"
+            "store configuration hazard: {}: {}; {}",
+            self.setting,
+            self.kind.what(),
+            self.fix
         );
     }
 }

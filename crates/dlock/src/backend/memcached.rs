@@ -337,7 +337,6 @@ impl Memcached {
             Ok(text) => hazard::found(hazard::memcached_settings(&mc.inner.addr, &text)),
             Err(e) => {
                 tracing::warn!(
-                    addr = %mc.inner.addr,
                     "could not read memcached's settings ({e}): eviction was not checked"
                 );
                 Vec::new()

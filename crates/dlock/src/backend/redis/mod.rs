@@ -510,8 +510,7 @@ impl Redis {
             match info {
                 Ok(text) => out.extend(hazard::redis_info(&node, &text)),
                 Err(e) => tracing::warn!(
-                    node = %node,
-                    "could not read the server's configuration (INFO: {e}): its eviction \
+                    "could not read a server's configuration (INFO: {e}): its eviction \
                      policy and persistence were not checked"
                 ),
             }
