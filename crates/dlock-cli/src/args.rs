@@ -116,7 +116,8 @@ pub(crate) enum Command {
     /// The lease is renewed while the command runs. Without a terminal the command gets
     /// a process group of its own, and every signal below goes to the whole group. If
     /// renewals keep failing until the remaining validity is down to --kill-grace + 100ms,
-    /// the group gets SIGTERM, then SIGKILL after the grace — at the latest 100ms before
+    /// the group gets SIGTERM, then SIGKILL after the grace — at the latest 100ms (a sixth
+    /// of leases under 600ms) before
     /// the validity ends, by the lease's own clock, so nothing of the command runs when
     /// another holder can be granted the lock; a separate reaper process keeps that
     /// deadline even if dlock itself is paused or killed. If the store says the lock is
@@ -253,7 +254,7 @@ pub(crate) struct RunArgs {
     pub(crate) ttl: Duration,
     /// How long the command has between SIGTERM and SIGKILL when renewals keep failing
     /// (default 10s, or less where the lease needs it). SIGKILL lands at the latest 100ms
-    /// before the lease's validity ends, so the grace is at most ttl/3 - 100ms; a larger
+    /// (a sixth of leases under 600ms) before the lease's validity ends, so the grace is at most ttl/3 - 100ms; a larger
     /// value is refused.
     #[arg(long, value_parser = parse_duration, value_name = "D")]
     pub(crate) kill_grace: Option<Duration>,

@@ -307,8 +307,8 @@ pub(crate) async fn supervise_run<X: RawLock>(
             None if remaining <= grace + margin => {
                 let kill_at = (now + grace).min(validity_end.checked_sub(margin).unwrap_or(now));
                 eprintln!(
-                    "dlock: {} {:?}: renewals failed, {} of validity left; terminating the \
-                     command (SIGTERM, SIGKILL after {})",
+                    "dlock: {} {:?}: the lease is running out (renewals failing or late), {} of \
+                     validity left; terminating the command (SIGTERM, SIGKILL after {})",
                     job.what,
                     job.name,
                     humantime::format_duration(round_ms(remaining)),
