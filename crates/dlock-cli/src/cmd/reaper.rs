@@ -151,7 +151,10 @@ impl Reaper {
     }
 
     /// Kill the target at `deadline` (CLOCK_MONOTONIC ns) unless moved before.
+    /// Floored to the millisecond (earlier, never later), so that the same deadline,
+    /// re-read every tick through two clocks, is sent once per change, not once per tick.
     pub(crate) fn deadline(&mut self, deadline: i64) {
+        let deadline = deadline - deadline.rem_euclid(1_000_000);
         if deadline != self.sent {
             self.sent = deadline;
             self.send(&format!("D {deadline}\n"));
