@@ -97,7 +97,7 @@ pub(crate) struct Store {
 #[derive(Debug, Clone, Args)]
 pub(crate) struct Wait {
     /// Wait at most this long for the lock (e.g. 30s, 5m); default: wait forever.
-    #[arg(long, value_parser = parse_duration, conflicts_with = "no_wait")]
+    #[arg(long, value_parser = parse_wait, conflicts_with = "no_wait")]
     pub(crate) wait: Option<Duration>,
 
     /// Do not wait: if the lock is held, exit with the conflict code (like flock -n).
@@ -250,7 +250,7 @@ pub(crate) struct RunArgs {
     /// Lease length, renewed every third of it while the command runs: a crashed dlock's
     /// lock is freed within it. On zk:// it is dlock's session timeout (a URL's
     /// ?session_timeout= wins, and must not be longer).
-    #[arg(long, value_parser = parse_duration, default_value = "30s")]
+    #[arg(long, value_parser = parse_renewed_ttl, default_value = "30s")]
     pub(crate) ttl: Duration,
     /// How long the command has between SIGTERM and SIGKILL when renewals keep failing
     /// (default 10s, or less where the lease needs it). SIGKILL lands at the latest 100ms
@@ -346,7 +346,7 @@ pub(crate) struct ElectArgs {
     /// Lease length, renewed every third of it while leading: a crashed leader is
     /// replaced within it. On zk:// it is dlock's session timeout (a URL's
     /// ?session_timeout= wins, and must not be longer).
-    #[arg(long, value_parser = parse_duration, default_value = "30s")]
+    #[arg(long, value_parser = parse_renewed_ttl, default_value = "30s")]
     pub(crate) ttl: Duration,
     /// How long the command has between SIGTERM and SIGKILL when renewals keep failing
     /// (default 10s, or less where the lease needs it; at most ttl/3 - 100ms).
@@ -387,7 +387,7 @@ pub(crate) struct AcquireArgs {
     #[command(flatten)]
     pub(crate) wait: Wait,
     /// Lease length (nothing renews it: extend or release before it runs out).
-    #[arg(long, value_parser = parse_duration, default_value = "30s")]
+    #[arg(long, value_parser = parse_lease, default_value = "30s")]
     pub(crate) ttl: Duration,
     #[command(flatten)]
     pub(crate) holder: HolderArgs,
@@ -415,7 +415,7 @@ pub(crate) struct ExtendArgs {
     #[command(flatten)]
     pub(crate) held: TokenArgs,
     /// The new lease length, from now.
-    #[arg(long, value_parser = parse_duration)]
+    #[arg(long, value_parser = parse_lease)]
     pub(crate) ttl: Duration,
 }
 
@@ -497,6 +497,43 @@ pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
         sum_of_spans(s.trim()).map_err(|e| format!("{e} (expected e.g. 500ms, 30s, 5m, 2h)"))?;
     if d.is_zero() {
         return Err("must be greater than zero".into());
+    }
+    Ok(d)
+}
+
+/// `--wait`: a duration above zero; `0` points to `--no-wait`.
+fn parse_wait(s: &str) -> Result<Duration, String> {
+    match sum_of_spans(s.trim()) {
+        Ok(d) if d.is_zero() => {
+            Err("0 does not wait: use --no-wait (-n) to give up at once when the lock is held".into())
+        }
+        _ => parse_duration(s),
+    }
+}
+
+/// `--ttl` of the commands that renew their lease while their command runs (`run`,
+/// `elect`): up to the longest lease, and a longer one is never needed.
+fn parse_renewed_ttl(s: &str) -> Result<Duration, String> {
+    capped(s, "the lease is renewed every third of --ttl for as long as the command runs, \
+        so the lock is held however long that takes: --ttl is only how long the lock \
+        outlives a dlock that crashed (default 30s)")
+}
+
+/// `--ttl` of `acquire` and `extend`, whose lease nothing renews.
+fn parse_lease(s: &str) -> Result<Duration, String> {
+    capped(s, "nothing renews this lease: extend it before it ends (dlock extend NAME --token \
+        TOKEN --ttl D), or hold the lock with dlock run, which renews it while its command runs")
+}
+
+/// A lease length up to [`dlock::MAX_TTL`]; above it, an error that says `why` no longer
+/// one is needed.
+fn capped(s: &str, why: &str) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    if d > dlock::MAX_TTL {
+        return Err(format!(
+            "at most {}h (the longest lease); {why}",
+            dlock::MAX_TTL.as_secs() / 3600
+        ));
     }
     Ok(d)
 }
