@@ -403,8 +403,8 @@ fn connect_hint(scheme: &str, message: &str) -> Option<&'static str> {
              client port (2379 by default)",
         ),
         "etcd" if says(&["in time", "timed out", "cancel", "Cancel"]) => Some(
-            "etcd did not answer: is it an etcd client port (2379 by default), and is a \
-             majority of the cluster's members up? Without one, etcd answers nothing",
+            "is it an etcd client port (2379 by default), and is a majority of the \
+             cluster's members up? Without one, etcd answers nothing",
         ),
         "zk" if says(&["no available hosts"]) => Some(
             "is ZooKeeper running there, and is the port its client port (2181 by default)?",

@@ -979,8 +979,8 @@ fn report_force_unlock(args: &ForceUnlockArgs, done: bool) -> Result<u8, Failure
         return Err(Failure::new(
             exit::NOT_HELD,
             format!(
-                "{name} is not held{kind}: nothing to force-unlock (dlock list shows what is \
-                 held, each name as it is typed)"
+                "{name} is not held{kind}: nothing to force-unlock (dlock list shows the held \
+                 locks, each name as it pastes back into a shell)"
             ),
         ));
     }

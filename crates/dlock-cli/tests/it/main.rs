@@ -12,6 +12,7 @@ mod hazards;
 mod hostile;
 mod kinds;
 mod leader_text;
+mod messages;
 mod stores;
 mod supervise;
 mod top;
