@@ -51,9 +51,14 @@ Exit codes:
   69     backend unavailable or failed
   75     conflict: the lock is held, or another candidate leads (--no-wait, or --wait ran
          out), or (dlock run --refuse-other-kinds) NAME is held as another kind of lock;
-         see --conflict-exit-code
-  76     lock or leadership lost while held (the command was terminated), or not ours at
-         release
+         see --conflict-exit-code. The message says who holds it (host, pid, command,
+         since)
+  76     lock or leadership lost while held (the command was terminated)
+  77     dlock release / extend: another token holds NAME, not --token (a mistyped token,
+         or its lease ran out and another holder took the lock)
+  79     nobody holds NAME: dlock force-unlock found nothing to unlock; dlock release /
+         extend found it held under no token (for a token that held it: its lease ran out,
+         or it was force-unlocked)
   1      dlock torture: an unexpected result (see its report)
   126    the command could not be executed
   127    the command was not found
@@ -169,20 +174,33 @@ pub(crate) enum Command {
     /// or postgres://…?mode=advisory: their holds end with the process that took them.
     Acquire(AcquireArgs),
     /// Release NAME held under --token.
+    ///
+    /// Exit 77 if another token holds NAME, 79 if none does (the message says which, and
+    /// who holds it).
     Release(TokenArgs),
     /// Reset the lease of NAME held under --token to --ttl from now.
+    ///
+    /// Exit 77 if another token holds NAME, 79 if none does (the message says which, and
+    /// who holds it).
     Extend(ExtendArgs),
     /// Show who holds NAME: token (abbreviated), host, pid, command and since when (as the
     /// holder told), remaining ttl, last fence, waiting clients.
     ///
     /// With --kind semaphore: also the permits in use, the holders and the stored permit
     /// count (`permits`; `-` if none is stored). On redlock:// it shows every node's view
-    /// and the majority's.
+    /// and the majority's. On postgres://…?mode=advisory the holder is a PostgreSQL
+    /// session, shown by its backend pid (a server process, not a process of the holder's;
+    /// JSON: `backend_pid`). NAME and the key are shown as `dlock list` shows names.
     Status(StatusArgs),
     /// List held locks of every kind (SCAN, never KEYS), optionally matching a glob PATTERN.
     ///
     /// One line per lock: NAME HOLDER REMAINING FENCE HOST PID SINCE KIND COMMAND, `-`
-    /// where unknown; no cell but COMMAND (the last) has spaces. KIND is lock, semaphore,
+    /// where unknown; no cell but COMMAND (the last) has spaces. NAME pastes back into a
+    /// shell (bash, zsh, ksh) as the name itself: as it is when made of letters, digits and
+    /// - _ . : / @ + , %; else in single quotes ('a*b'); or, if it has blanks, control or
+    /// invisible characters, ' \ or !, as $'…' with those escaped (\n, \t, \r, \', \\,
+    /// \xHH, \uHHHH; a space is \x20): "my job" shows as $'my\x20job'. JSON has names as
+    /// they are. KIND is lock, semaphore,
     /// reentrant, rwlock or fair: each kind is a separate lock, so one NAME may have a
     /// line per kind; where holders share a lock (semaphore, readers) HOLDER is `-` and
     /// JSON has `holders`. Not on memcache:// (no key iteration) or
@@ -190,7 +208,8 @@ pub(crate) enum Command {
     List(ListArgs),
     /// Watch every held lock of every kind, refreshed in place (like top(1)).
     ///
-    /// One row per lock matching PATTERN: kind, name, holder (abbreviated token), its host,
+    /// One row per lock matching PATTERN: kind, name (as `dlock list` shows it, pasteable
+    /// into a shell), holder (abbreviated token), its host,
     /// pid and since when, remaining ttl, last fence, holds (hold count, permits in use,
     /// readers), waiters, command. On a terminal: q or Ctrl-C quits, s changes the order.
     /// Otherwise, or with --json, one JSON object per refresh per line. Not on memcache://
@@ -198,6 +217,9 @@ pub(crate) enum Command {
     /// node).
     Top(TopArgs),
     /// Delete NAME whoever holds it. Dangerous: the holder keeps working until it notices.
+    ///
+    /// Exit 79 if nobody holds NAME (as that kind): check the name (`dlock list` shows
+    /// each as it pastes back into a shell).
     ForceUnlock(ForceUnlockArgs),
     /// Set the permit count of the semaphore NAME (`dlock run --semaphore N`) for every
     /// client.

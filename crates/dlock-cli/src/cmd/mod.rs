@@ -1110,7 +1110,7 @@ mod tests {
         }
 
         /// Any `--token` (`DLOCK_TOKEN`) text: released, or a usage error (not a token:
-        /// empty, over 256 bytes) or "lost" (not held under it); extend likewise.
+        /// empty, over 256 bytes) or "not held" (nobody holds it); extend likewise.
         #[test]
         fn any_token_text_is_a_token_or_a_typed_error(
             token in prop_oneof![any::<String>(), ".{250,260}", Just(String::new())],
@@ -1130,7 +1130,7 @@ mod tests {
             });
             for result in [released, extended] {
                 let f = result.expect_err("nothing is held");
-                let expected = if valid { exit::LOST } else { exit::USAGE };
+                let expected = if valid { exit::NOT_HELD } else { exit::USAGE };
                 prop_assert_eq!(f.code, expected, "{}", f.message);
             }
         }
@@ -1210,6 +1210,70 @@ mod tests {
             let text = compact(Duration::new(secs, nanos));
             prop_assert!(!text.is_empty() && !text.contains(' '), "{}", text);
             prop_assert!(!remaining(Some(secs)).is_empty());
+        }
+    }
+
+    /// Shell words, read back by bash: `printf '%s\0' WORD…` prints each word's value.
+    fn read_back_by_bash(words: &[String]) -> Vec<String> {
+        let script = format!("printf '%s\\0' {}", words.join(" "));
+        let out = std::process::Command::new("bash")
+            .args(["-c", &script])
+            .env("LC_ALL", "C.UTF-8")
+            .output()
+            .expect("bash");
+        assert!(out.status.success(), "{script:?}: {out:?}");
+        let text = String::from_utf8(out.stdout).expect("UTF-8 from bash");
+        let mut values: Vec<String> = text.split('\0').map(str::to_owned).collect();
+        values.pop();
+        values
+    }
+
+    proptest! {
+        #![proptest_config(cases(32))]
+
+        /// Any name (but NUL, which no argument can hold) is shown as one word, without
+        /// blanks or controls, that bash reads back as the name itself.
+        #[test]
+        fn shown_names_read_back_as_themselves(
+            names in prop::collection::vec(
+                prop_oneof![
+                    any::<String>(),
+                    "[a-z ,:/@%'\\\\!*?$`\"(){};&|<>#~=\t\n\r\u{1b}\u{7f}\u{85}\u{a0}\u{200b}\u{202e}é日🔒-]{0,12}",
+                ]
+                .prop_map(|n| n.replace('\0', "")),
+                1..24,
+            ),
+        ) {
+            let words: Vec<String> = names.iter().map(|n| shown(n)).collect();
+            for word in &words {
+                prop_assert!(
+                    !word.contains(|c: char| c.is_whitespace() || c.is_control() || invisible(c)),
+                    "{:?}", word
+                );
+            }
+            prop_assert_eq!(read_back_by_bash(&words), names);
+        }
+    }
+
+    #[test]
+    fn names_are_shown_as_documented() {
+        for (name, word) in [
+            ("deploy-prod", "deploy-prod"),
+            ("ns:job/1@host+x,y%", "ns:job/1@host+x,y%"),
+            ("ünï", "ünï"),
+            ("", "''"),
+            ("a*b", "'a*b'"),
+            ("-", "-"),
+            ("my job", "$'my\\x20job'"),
+            ("new\nline", "$'new\\nline'"),
+            ("it's", "$'it\\'s'"),
+            ("a\\b", "$'a\\\\b'"),
+            ("hi!", "$'hi\\x21'"),
+            ("\u{1b}[2J", "$'\\x1b[2J'"),
+            ("\u{202e}txt", "$'\\u202etxt'"),
+            ("tag\u{e0041}", "$'tag\\U000e0041'"),
+        ] {
+            assert_eq!(shown(name), word, "{name:?}");
         }
     }
 

@@ -1016,6 +1016,23 @@ mod tests {
     use super::*;
     use crate::hostile::cases;
 
+    /// A row's name is shown as `list` shows it: one word that pastes back into a shell.
+    #[test]
+    fn names_in_rows_paste_back() {
+        for (name, shown) in [
+            ("my job", "$'my\\x20job'"),
+            ("new\nline", "$'new\\nline'"),
+            ("plain", "plain"),
+        ] {
+            let row = Row {
+                kind: Kind::Lock,
+                name: name.to_owned(),
+                state: LockState::new(Some("0123456789abcdef".into()), None, None),
+            };
+            assert_eq!(cells(&row)[1], shown);
+        }
+    }
+
     #[test]
     fn redis_companions_of_hash_tagged_names_are_told_apart() {
         assert_eq!(
