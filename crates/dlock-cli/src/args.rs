@@ -195,16 +195,17 @@ pub(crate) enum Command {
     /// List held locks of every kind (SCAN, never KEYS), optionally matching a glob PATTERN.
     ///
     /// One line per lock: NAME HOLDER REMAINING FENCE HOST PID SINCE KIND COMMAND, `-`
-    /// where unknown; no cell but COMMAND (the last) has spaces. NAME pastes back into a
-    /// shell (bash, zsh, ksh) as the name itself: as it is when made of letters, digits and
-    /// - _ . : / @ + , %; else in single quotes ('a*b'); or, if it has blanks, control or
-    /// invisible characters, ' \ or !, as $'…' with those escaped (\n, \t, \r, \', \\,
-    /// \xHH, \uHHHH; a space is \x20): "my job" shows as $'my\x20job'. JSON has names as
-    /// they are. KIND is lock, semaphore,
+    /// where unknown; no cell but COMMAND (the last) has spaces. KIND is lock, semaphore,
     /// reentrant, rwlock or fair: each kind is a separate lock, so one NAME may have a
     /// line per kind; where holders share a lock (semaphore, readers) HOLDER is `-` and
     /// JSON has `holders`. Not on memcache:// (no key iteration) or
     /// postgres://…?mode=advisory (only hashes of names are stored).
+    ///
+    /// NAME pastes back into a shell (bash, zsh, ksh) as the name itself: as it is when
+    /// made of letters, digits and `-_.:/@+,%`; else in single quotes ('a*b'); or, if it
+    /// has blanks, control or invisible characters, `'`, `\` or `!`, as $'…' with those
+    /// escaped (\n, \t, \r, \', \\, \xHH, \uHHHH; a space is \x20): "my job" shows as
+    /// $'my\x20job'. JSON has names as they are.
     List(ListArgs),
     /// Watch every held lock of every kind, refreshed in place (like top(1)).
     ///
@@ -526,9 +527,9 @@ pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
 /// `--wait`: a duration above zero; `0` points to `--no-wait`.
 fn parse_wait(s: &str) -> Result<Duration, String> {
     match sum_of_spans(s.trim()) {
-        Ok(d) if d.is_zero() => {
-            Err("0 does not wait: use --no-wait (-n) to give up at once when the lock is held".into())
-        }
+        Ok(d) if d.is_zero() => Err(
+            "0 does not wait: use --no-wait (-n) to give up at once when the lock is held".into(),
+        ),
         _ => parse_duration(s),
     }
 }
@@ -536,15 +537,21 @@ fn parse_wait(s: &str) -> Result<Duration, String> {
 /// `--ttl` of the commands that renew their lease while their command runs (`run`,
 /// `elect`): up to the longest lease, and a longer one is never needed.
 fn parse_renewed_ttl(s: &str) -> Result<Duration, String> {
-    capped(s, "the lease is renewed every third of --ttl for as long as the command runs, \
+    capped(
+        s,
+        "the lease is renewed every third of --ttl for as long as the command runs, \
         so the lock is held however long that takes: --ttl is only how long the lock \
-        outlives a dlock that crashed (default 30s)")
+        outlives a dlock that crashed (default 30s)",
+    )
 }
 
 /// `--ttl` of `acquire` and `extend`, whose lease nothing renews.
 fn parse_lease(s: &str) -> Result<Duration, String> {
-    capped(s, "nothing renews this lease: extend it before it ends (dlock extend NAME --token \
-        TOKEN --ttl D), or hold the lock with dlock run, which renews it while its command runs")
+    capped(
+        s,
+        "nothing renews this lease: extend it before it ends (dlock extend NAME --token \
+        TOKEN --ttl D), or hold the lock with dlock run, which renews it while its command runs",
+    )
 }
 
 /// A lease length up to [`dlock::MAX_TTL`]; above it, an error that says `why` no longer

@@ -90,7 +90,11 @@ fn usage_failure(err: &clap::Error) -> Failure {
     );
     match usage {
         Some(usage) if forgot_dashes => {
-            let command = usage.split_whitespace().take(2).collect::<Vec<_>>().join(" ");
+            let command = usage
+                .split_whitespace()
+                .take(2)
+                .collect::<Vec<_>>()
+                .join(" ");
             Failure::usage(format!(
                 "{line}: the command goes after --, as in: {usage} (see {command} --help)"
             ))

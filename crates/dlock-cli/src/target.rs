@@ -365,13 +365,29 @@ fn connect_hint(scheme: &str, message: &str) -> Option<&'static str> {
         "redis" | "rediss" | "redis+unix" | "unix" | "redis+sentinel" | "redis+cluster" | "redlock"
     );
     let tls = scheme == "rediss";
-    if redis && says(&["Parse error", "Incompatible type", "invalid type", "Protocol"]) {
+    if redis
+        && says(&[
+            "Parse error",
+            "Incompatible type",
+            "invalid type",
+            "Protocol",
+        ])
+    {
         return Some(
             "the server there does not answer as Redis does: check that the host and port \
              are a Redis server's (not memcached's, an HTTP server's or another service's)",
         );
     }
-    if tls && says(&["within", "timed out", "TLS", "tls", "handshake", "certificate"]) {
+    if tls
+        && says(&[
+            "within",
+            "timed out",
+            "TLS",
+            "tls",
+            "handshake",
+            "certificate",
+        ])
+    {
         return Some(
             "rediss:// connects with TLS: check that the port is one where the server takes \
              TLS (Redis's tls-port); a server without TLS is redis://",
@@ -395,9 +411,9 @@ fn connect_hint(scheme: &str, message: &str) -> Option<&'static str> {
         "postgres" | "postgresql" if says(&["does not exist"]) => {
             Some("check the user and the database (the URL's path) on the server")
         }
-        "postgres" | "postgresql" if says(&["in time"]) => Some(
-            "no answer in time: is it a PostgreSQL server, reachable from here?",
-        ),
+        "postgres" | "postgresql" if says(&["in time"]) => {
+            Some("no answer in time: is it a PostgreSQL server, reachable from here?")
+        }
         "etcd" if says(&["protocol error", "h2 "]) => Some(
             "the server there does not answer as etcd does: check that the port is an etcd \
              client port (2379 by default)",
@@ -406,9 +422,9 @@ fn connect_hint(scheme: &str, message: &str) -> Option<&'static str> {
             "is it an etcd client port (2379 by default), and is a majority of the \
              cluster's members up? Without one, etcd answers nothing",
         ),
-        "zk" if says(&["no available hosts"]) => Some(
-            "is ZooKeeper running there, and is the port its client port (2181 by default)?",
-        ),
+        "zk" if says(&["no available hosts"]) => {
+            Some("is ZooKeeper running there, and is the port its client port (2181 by default)?")
+        }
         _ => None,
     }
 }

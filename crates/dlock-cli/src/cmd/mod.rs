@@ -114,7 +114,10 @@ pub(crate) async fn acquire_cmd<B: Holders>(
     }
     let lock = builder.build()?;
     let Some(guard) = acquire(&lock, &args.wait).await? else {
-        let held = lock.backend().lock_status(&args.store.prefix, &args.name).await;
+        let held = lock
+            .backend()
+            .lock_status(&args.store.prefix, &args.name)
+            .await;
         eprintln!("dlock: {}", conflict(&args.name, &args.wait, held));
         return Ok(args.wait.conflict_exit_code);
     };
@@ -296,7 +299,10 @@ fn held_by(s: &Status) -> String {
     }
     match &s.holder {
         Some(h) if s.holder_is_token => {
-            format!("token {} (a holder that told nothing about itself)", plain_text(h))
+            format!(
+                "token {} (a holder that told nothing about itself)",
+                plain_text(h)
+            )
         }
         Some(h) => plain_text(h),
         None if s.holders == Some(1) => "1 holder".to_owned(),
@@ -559,7 +565,9 @@ pub(crate) fn plain_text(v: &str) -> String {
 /// (a space is `\x20`, so that the name stays one word of a table) and `\uHHHH` /
 /// `\UHHHHHHHH`. Nothing of it can reach a terminal as a control character.
 pub(crate) fn shown(name: &str) -> String {
-    let plain = |c: char| c.is_alphanumeric() || matches!(c, '-' | '_' | '.' | ':' | '/' | '@' | '+' | ',' | '%');
+    let plain = |c: char| {
+        c.is_alphanumeric() || matches!(c, '-' | '_' | '.' | ':' | '/' | '@' | '+' | ',' | '%')
+    };
     let escaped = |c: char| {
         c.is_control() || c.is_whitespace() || invisible(c) || matches!(c, '\'' | '\\' | '!')
     };

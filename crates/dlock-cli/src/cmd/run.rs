@@ -235,7 +235,12 @@ pub(crate) async fn run<B: RawFencing + AnyKind>(
             builder = builder.holder_info(info);
         }
         let sem = builder.build()?;
-        let held = status_of(checker.clone(), Kind::Semaphore, &args.store.prefix, &args.name);
+        let held = status_of(
+            checker.clone(),
+            Kind::Semaphore,
+            &args.store.prefix,
+            &args.name,
+        );
         return match wait_for_permit(&sem, &args, &mut signals, held).await? {
             Waited::Got(guard) => {
                 let Some(guard) = alone(guard, &checker, Kind::Semaphore, &args).await else {
@@ -254,7 +259,12 @@ pub(crate) async fn run<B: RawFencing + AnyKind>(
             builder = builder.holder_info(info);
         }
         let rw = builder.build()?;
-        let held = status_of(checker.clone(), Kind::Rwlock, &args.store.prefix, &args.name);
+        let held = status_of(
+            checker.clone(),
+            Kind::Rwlock,
+            &args.store.prefix,
+            &args.name,
+        );
         if args.shared {
             return match wait_for(rw.read_lock(), &args, &mut signals, held).await? {
                 Waited::Got(guard) => {

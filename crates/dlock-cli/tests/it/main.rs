@@ -307,7 +307,11 @@ fn acquire_status_list_extend_release_round_trip() {
     let out = output(dlock(&url).args(["release", "job-a", "--token", &token]));
     assert!(out.status.success(), "{}", stderr(&out));
     let out = output(dlock(&url).args(["release", "job-a", "--token", &token]));
-    assert_eq!(out.status.code(), Some(79), "released twice: nobody holds it");
+    assert_eq!(
+        out.status.code(),
+        Some(79),
+        "released twice: nobody holds it"
+    );
     let out = output(
         dlock(&url)
             .env("DLOCK_TOKEN", &token_b)

@@ -82,7 +82,13 @@ fn listed_names_paste_back_into_a_shell() {
         .collect();
     assert_eq!(
         shown,
-        ["'a*b'", "$'it\\'s'", "$'my\\x20job'", "$'new\\nline'", "plain-name"],
+        [
+            "'a*b'",
+            "$'it\\'s'",
+            "$'my\\x20job'",
+            "$'new\\nline'",
+            "plain-name"
+        ],
         "{table}"
     );
     // Every row has its 9 columns: a name is one word.
@@ -112,7 +118,10 @@ fn listed_names_paste_back_into_a_shell() {
 
     // Pasted into a shell as shown, each frees the real lock.
     let bin = env!("CARGO_BIN_EXE_dlock");
-    for (word, name) in shown.iter().zip(["a*b", "it's", "my job", "new\nline", "plain-name"]) {
+    for (word, name) in shown
+        .iter()
+        .zip(["a*b", "it's", "my job", "new\nline", "plain-name"])
+    {
         let out = output(
             Command::new("bash")
                 .args(["-c", &format!("{bin} force-unlock --yes -- {word}")])
@@ -318,7 +327,10 @@ fn etcd_failures_are_words_and_a_hint() {
     let mut etcd = EtcdCluster::start(3).expect("etcd");
     let url = etcd.url();
     let deadline = Instant::now() + Duration::from_secs(20);
-    while !output(dlock(&url).args(["status", "ready"])).status.success() {
+    while !output(dlock(&url).args(["status", "ready"]))
+        .status
+        .success()
+    {
         assert!(Instant::now() < deadline, "etcd never answered");
         std::thread::sleep(Duration::from_millis(200));
     }
@@ -328,7 +340,10 @@ fn etcd_failures_are_words_and_a_hint() {
     let out = output(dlock(&format!("etcd://{first}")).args(["status", "x"]));
     assert_eq!(out.status.code(), Some(UNAVAILABLE), "{}", stderr(&out));
     let text = said(&out);
-    assert!(!text.contains("tonic") && !text.contains("source:"), "{text}");
+    assert!(
+        !text.contains("tonic") && !text.contains("source:"),
+        "{text}"
+    );
     assert_eq!(
         text,
         format!(
