@@ -386,6 +386,8 @@ fn connect_hint(scheme: &str, message: &str) -> Option<&'static str> {
             "tls",
             "handshake",
             "certificate",
+            "corrupt",
+            "InvalidContentType",
         ])
     {
         return Some(

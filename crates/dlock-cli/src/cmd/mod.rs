@@ -252,19 +252,29 @@ impl Holders for Quorum<Redis> {
 /// What `run` and `acquire` say when `name` is held (`--no-wait`, or `--wait` ran out):
 /// who holds it, as `status` shows it (`held`), and what to do.
 pub(crate) fn conflict(name: &str, wait: &Wait, held: Result<Status, Failure>) -> String {
-    let by = match &held {
-        Ok(s) if s.held => held_by(s),
-        _ => "another process".to_owned(),
+    let (by, semaphore) = match &held {
+        Ok(s) if s.held => (held_by(s), s.kind == Kind::Semaphore.name()),
+        Ok(s) => (
+            "another process".to_owned(),
+            s.kind == Kind::Semaphore.name(),
+        ),
+        Err(_) => ("another process".to_owned(), false),
     };
     let name = shown(name);
+    // A semaphore is full, not held.
+    let (what, is) = if semaphore {
+        (format!("every permit of semaphore {name}"), "taken")
+    } else {
+        (name, "held")
+    };
     match wait.wait {
         Some(d) => format!(
-            "{name} is still held after --wait {}, by {by}: a longer --wait waits longer, \
+            "{what} is still {is} after --wait {}, by {by}: a longer --wait waits longer, \
              and without --wait dlock waits until it is free",
             humantime::format_duration(d)
         ),
         None => format!(
-            "{name} is held by {by}: not waiting (--no-wait); --wait D waits up to D for it"
+            "{what} is {is} by {by}: not waiting (--no-wait); --wait D waits up to D for it"
         ),
     }
 }

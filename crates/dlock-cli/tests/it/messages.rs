@@ -25,6 +25,15 @@ fn said(out: &Output) -> String {
         .join("\n")
 }
 
+/// Stops a `dlock run` as an operator would (SIGTERM: forwarded to its command, which
+/// exits, then the lock is released) and waits for it.
+fn stop(run: &mut std::process::Child) {
+    let _ = Command::new("kill")
+        .args(["-TERM", &run.id().to_string()])
+        .status();
+    wait_exit(run, Duration::from_secs(20));
+}
+
 fn stdout(out: &Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
@@ -236,6 +245,29 @@ fn a_conflict_says_who_holds_the_lock() {
              waits longer, and without --wait dlock waits until it is free"
         )
     );
+    // A full semaphore: its holders.
+    let mut slot = dlock(&url)
+        .args(["run", "--semaphore", "1", "slots", "--", "sleep", "30"])
+        .spawn()
+        .expect("spawn dlock run");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let out = output(dlock(&url).args(["status", "--json", "--kind", "semaphore", "slots"]));
+        let s: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+        if s["held"] == true {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never held: {s}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = output(dlock(&url).args(["run", "--semaphore", "1", "-n", "slots", "--", "true"]));
+    assert_eq!(out.status.code(), Some(CONFLICT), "{}", stderr(&out));
+    assert_eq!(
+        said(&out),
+        "dlock: every permit of semaphore slots is taken by 1 holder: not waiting (--no-wait); \
+         --wait D waits up to D for it"
+    );
+    stop(&mut slot);
     // A holder that told nothing: its abbreviated token.
     let token = acquire(&url, "quiet", &["--no-info"]);
     let out = output(dlock(&url).args(["run", "-n", "quiet", "--", "true"]));
@@ -448,6 +480,5 @@ fn advisory_status_labels_the_backend_pid() {
         format!("held:            yes, by a PostgreSQL session, backend pid {backend}"),
         "{text}"
     );
-    let _ = run.kill();
-    let _ = run.wait();
+    stop(&mut run);
 }
