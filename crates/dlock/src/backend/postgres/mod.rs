@@ -700,12 +700,6 @@ const READ_ONLY: &str =
 pub(crate) fn map_err(err: &tokio_postgres::Error, doing: &str) -> Error {
     let detail = err.to_string();
     let Some(code) = err.code() else {
-        // The client's words name the step ("error connecting to server"), its cause says
-        // why (connection refused, no such host, a TLS failure).
-        let detail = match std::error::Error::source(err) {
-            Some(cause) => format!("{detail}: {cause}"),
-            None => detail,
-        };
         // No SQLSTATE: the connection (I/O, closed, TLS), or the client itself (a value
         // it could not encode or decode: dlock's bug, not the network's).
         let io = std::error::Error::source(err).is_some_and(|s| s.is::<std::io::Error>());
@@ -715,6 +709,12 @@ pub(crate) fn map_err(err: &tokio_postgres::Error, doing: &str) -> Error {
             ErrorKind::Unavailable
         } else {
             ErrorKind::Backend
+        };
+        // The client's words name the step ("error connecting to server"), its cause says
+        // why (connection refused, no such host, an untrusted certificate).
+        let detail = match std::error::Error::source(err) {
+            Some(cause) => format!("{detail}: {cause}"),
+            None => detail,
         };
         return Error::new(kind, format!("{doing}: {detail}"));
     };
