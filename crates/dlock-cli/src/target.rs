@@ -416,7 +416,7 @@ fn connect_hint(scheme: &str, message: &str) -> Option<&'static str> {
         "postgres" | "postgresql" if says(&["in time"]) => {
             Some("no answer in time: is it a PostgreSQL server, reachable from here?")
         }
-        "etcd" if says(&["protocol error", "h2 "]) => Some(
+        "etcd" if says(&["protocol error", "h2 ", "connection closed"]) => Some(
             "the server there does not answer as etcd does: check that the port is an etcd \
              client port (2379 by default)",
         ),

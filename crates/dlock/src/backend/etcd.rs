@@ -227,12 +227,17 @@ fn map_err(e: etcd_client::Error, doing: &str) -> Error {
 }
 
 /// What etcd's client said, in words: a gRPC status as its code's description, its
-/// message and the innermost cause (tonic's own `Display` shows the causes' `Debug` dumps);
-/// anything else as the client shows it.
+/// message and the innermost cause (tonic's own `Display` shows the causes' `Debug` dumps),
+/// a timeout as one; anything else as the client shows it.
 fn etcd_said(e: &etcd_client::Error) -> String {
     let etcd_client::Error::GRpcStatus(status) = e else {
         return e.to_string();
     };
+    // The client's own timeout, as dlock's bound on a call says it.
+    let timeout = status.code() == tonic::Code::Cancelled && status.message() == "Timeout expired";
+    if timeout || status.code() == tonic::Code::DeadlineExceeded {
+        return "etcd did not answer in time".to_owned();
+    }
     let mut said = status.code().description().to_owned();
     if !status.message().is_empty() {
         said.push_str(": ");
