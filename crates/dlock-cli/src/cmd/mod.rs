@@ -966,10 +966,8 @@ async fn confirm_force_unlock(
         // Nothing to ask about: the force-unlock finds nothing, and says so.
         return Ok(true);
     }
-    let by = match (&s.holder, s.holders) {
-        (Some(h), _) => format!("held by {}", plain_text(h)),
-        (None, n) => format!("held by {} holders", or_dash(n)),
-    };
+    // Who, as a conflict says it: host, pid, command, since.
+    let by = format!("held by {}", held_by(&s));
     eprint!(
         "Force-unlock {}, {by}? Its holders keep running until they notice. [y/N] ",
         shown(&args.name),
