@@ -22,6 +22,7 @@ use crate::exit::Failure;
 use crate::target::{connect, connect_to_lock, with_election_backend};
 
 fn main() -> ExitCode {
+    exit_quietly_on_broken_pipe();
     // The reaper `dlock run` starts beside a command, and the gate in front of the command
     // (which execs it, returning only on failure): internal, not user commands.
     match std::env::args_os().nth(1) {
@@ -59,6 +60,27 @@ fn main() -> ExitCode {
         }
     };
     exit::finish(runtime.block_on(dispatch(command)))
+}
+
+/// `dlock list | head -1`: a reader that closed stdout ends dlock as SIGPIPE ends a C
+/// tool (status 141, nothing on stderr), not with `println!`'s panic message. (Rust
+/// ignores SIGPIPE, so the write fails with EPIPE instead.)
+fn exit_quietly_on_broken_pipe() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let payload = info.payload();
+        let message = payload
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| payload.downcast_ref::<&str>().copied())
+            .unwrap_or("");
+        // println!'s "failed printing to stdout: Broken pipe (os error 32)", clap_complete's
+        // "failed to write completion file: Os { .., kind: BrokenPipe, .. }".
+        if message.contains("Broken pipe") || message.contains("kind: BrokenPipe") {
+            std::process::exit(141);
+        }
+        default(info);
+    }));
 }
 
 /// A usage error of clap's as one line (its first paragraph), without a secret it

@@ -493,3 +493,27 @@ fn advisory_status_labels_the_backend_pid() {
     );
     stop(&mut run);
 }
+
+/// A reader that closes the pipe early (`dlock list | head -1`) ends dlock quietly with
+/// SIGPIPE's status, 141, as it ends a C tool — not with a panic message.
+#[test]
+fn a_closed_stdout_ends_dlock_quietly() {
+    use std::process::Stdio;
+    let server = RedisServer::start().expect("redis-server");
+    let url = server.url();
+    acquire(&url, "held", &[]);
+    // clap_complete's write, and println! in `list`.
+    for args in [&["completions", "bash"][..], &["list"][..]] {
+        // A pipe whose reader is gone before dlock starts: its first write fails.
+        let (reader, writer) = std::io::pipe().expect("a pipe");
+        drop(reader);
+        let out = dlock(&url)
+            .args(args)
+            .stdout(writer)
+            .stderr(Stdio::piped())
+            .output()
+            .expect("dlock runs");
+        assert_eq!(out.status.code(), Some(141), "{args:?}: {}", stderr(&out));
+        assert_eq!(stderr(&out), "", "{args:?}: nothing on stderr");
+    }
+}
