@@ -932,7 +932,7 @@ impl Postgres {
                         &format!("\"{schema}\".leases"),
                         // Created last, and named for this version: an older schema (or
                         // one whose creation stopped half-way) gets the whole file again.
-                        &format!("\"{schema}\".schema_version_3()"),
+                        &format!("\"{schema}\".schema_version_4()"),
                         // Added after version 2: a schema without it gets the file again.
                         &format!("\"{schema}\".records"),
                         // Likewise (a semaphore's other permit count is refused).
