@@ -83,11 +83,19 @@ LANGUAGE sql VOLATILE AS $fn$
     SELECT (least(greatest(ttl_ms * 10, 10000), 40000) * (1 + random() / 2))::bigint
 $fn$;
 
+-- The functions that look at a queue (sweep_waiters, queue_head, hand_head, wake_head,
+-- acquire) run with sorts and bitmap scans off, so that the planner takes the queue's
+-- indexes in their order whatever its statistics say: a name's head is then one index
+-- entry away, not a sort of the whole queue. A table whose statistics were taken while
+-- its queues were short (or never: a new table) otherwise gets plans that read every
+-- place of the name in every call, and thousands of waiters made each attempt
+-- milliseconds long while it kept the name's row.
 -- Drops up to 256 lapsed waiters of any name (claims ended by now_ts, the oldest first;
 -- rows another call has locked are left to it): places left by killed clients on names
 -- nobody asks for again go without an operator, a bounded cost per call.
 CREATE OR REPLACE FUNCTION "S".sweep_waiters(now_ts timestamptz) RETURNS void
-LANGUAGE sql AS $fn$
+LANGUAGE sql
+SET enable_sort TO off SET enable_bitmapscan TO off AS $fn$
     DELETE FROM "S".waiters AS q
     WHERE q.ctid = ANY (ARRAY(
         SELECT s.ctid FROM "S".waiters AS s
@@ -101,7 +109,8 @@ $fn$;
 -- visiting the live ones) and a bounded batch of any name's, and returns the head of k's
 -- queue (role 'l'; a row of nulls when nobody waits).
 CREATE OR REPLACE FUNCTION "S".queue_head(k text, now_ts timestamptz) RETURNS "S".waiters
-LANGUAGE plpgsql AS $fn$
+LANGUAGE plpgsql
+SET enable_sort TO off SET enable_bitmapscan TO off AS $fn$
 DECLARE
     head "S".waiters%ROWTYPE;
 BEGIN
@@ -137,7 +146,8 @@ $fn$;
 -- the next one tried; a head of the wake form (no lease given) is woken instead.
 -- Returns whether a head was served.
 CREATE OR REPLACE FUNCTION "S".hand_head(k text, wake_ms bigint) RETURNS boolean
-LANGUAGE plpgsql AS $fn$
+LANGUAGE plpgsql
+SET enable_sort TO off SET enable_bitmapscan TO off AS $fn$
 DECLARE
     head   "S".waiters%ROWTYPE;
     now_ts timestamptz;
@@ -190,7 +200,8 @@ $fn$;
 -- Drops k's lapsed waiters, then wakes the head of its queue (role 'l') and gives it
 -- wake_ms to come. Returns whether there was one.
 CREATE OR REPLACE FUNCTION "S".wake_head(k text, wake_ms bigint) RETURNS boolean
-LANGUAGE plpgsql AS $fn$
+LANGUAGE plpgsql
+SET enable_sort TO off SET enable_bitmapscan TO off AS $fn$
 DECLARE
     head   "S".waiters%ROWTYPE;
     now_ts timestamptz := clock_timestamp();
@@ -248,7 +259,8 @@ CREATE OR REPLACE FUNCTION "S".acquire(k text, tok text, ttl_ms bigint, queue bo
                                        chan text, wk text, grace_ms bigint,
                                        hand boolean, listener int)
 RETURNS TABLE (granted boolean, fence bigint, wait_ms bigint)
-LANGUAGE plpgsql AS $fn$
+LANGUAGE plpgsql
+SET enable_sort TO off SET enable_bitmapscan TO off AS $fn$
 DECLARE
     r      "S".locks%ROWTYPE;
     head   "S".waiters%ROWTYPE;
