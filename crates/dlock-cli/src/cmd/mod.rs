@@ -260,6 +260,7 @@ pub(crate) enum Layout {
     AtKey,
     /// In a queue under `<lock key>/`, one key `<lock key>/<token>` per holder or waiter,
     /// nothing at the lock key (etcd): shown as the prefix `<lock key>/`.
+    #[cfg_attr(not(feature = "etcd"), allow(dead_code, reason = "etcd:// only"))]
     QueueUnder,
     /// Ephemeral sequential nodes in the directory `/<lock key, escaped>/` under the
     /// chroot (ZooKeeper).
@@ -493,6 +494,7 @@ fn print_status(s: &Status, args: &StatusArgs) -> Result<u8, Failure> {
     Ok(exit::SUCCESS)
 }
 
+#[cfg_attr(not(feature = "etcd"), allow(dead_code, reason = "etcd:// only"))]
 pub(crate) async fn list_cmd<B: RawInspect>(
     backend: B,
     layout: Layout,
