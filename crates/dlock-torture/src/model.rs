@@ -840,17 +840,18 @@ mod tests {
     /// is a usage error that says how to get it. Every other kind parses either way.
     #[test]
     fn etcd_fenced_needs_a_harness_built_with_the_etcd_feature() {
-        match Kind::parse("etcd-fenced") {
-            Ok(kind) => assert!(cfg!(feature = "etcd") && kind == Kind::EtcdFenced),
-            Err(f) => {
-                assert!(cfg!(not(feature = "etcd")), "{}", f.message);
-                assert_eq!(f.code, crate::exit::USAGE);
-                assert!(
-                    f.message.contains("--features etcd") && f.message.contains("protoc"),
-                    "{}",
-                    f.message
-                );
-            }
+        let parsed = Kind::parse("etcd-fenced");
+        #[cfg(feature = "etcd")]
+        assert_eq!(parsed.expect("etcd-fenced"), Kind::EtcdFenced);
+        #[cfg(not(feature = "etcd"))]
+        {
+            let f = parsed.expect_err("no etcd support");
+            assert_eq!(f.code, crate::exit::USAGE);
+            assert!(
+                f.message.contains("--features etcd") && f.message.contains("protoc"),
+                "{}",
+                f.message
+            );
         }
         for kind in Kind::ALL.into_iter().filter(|&k| k != Kind::EtcdFenced) {
             assert_eq!(Kind::parse(kind.id()).expect("parses"), kind);
