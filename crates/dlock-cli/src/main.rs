@@ -77,10 +77,30 @@ fn usage_failure(err: &clap::Error) -> Failure {
         .split_whitespace()
         .collect::<Vec<_>>()
         .join(" ");
-    Failure::usage(format!(
-        "{} (see dlock --help)",
-        line.trim_start_matches("error: ")
-    ))
+    let line = line.trim_start_matches("error: ");
+    // `dlock run NAME COMMAND`, the `--` forgotten: the command's words are taken for
+    // dlock's (or missing), whatever clap calls it. Its usage line shows where they go.
+    let usage = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Usage: "))
+        .filter(|u| u.contains(" -- <COMMAND>"));
+    let forgot_dashes = matches!(
+        err.kind(),
+        clap::error::ErrorKind::UnknownArgument | clap::error::ErrorKind::MissingRequiredArgument
+    );
+    match usage {
+        Some(usage) if forgot_dashes => {
+            let command = usage
+                .split_whitespace()
+                .take(2)
+                .collect::<Vec<_>>()
+                .join(" ");
+            Failure::usage(format!(
+                "{line}: the command goes after --, as in: {usage} (see {command} --help)"
+            ))
+        }
+        _ => Failure::usage(format!("{line} (see dlock --help)")),
+    }
 }
 
 async fn dispatch(command: Command) -> Result<u8, Failure> {

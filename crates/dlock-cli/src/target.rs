@@ -10,7 +10,7 @@ use dlock::backend::{
     ConfigHazard, Memcached, Memory, PgAdvisory, Postgres, Quorum, Redis, ZooKeeper,
 };
 use dlock::raw::RawFencing;
-use dlock::{LockGuard, MIN_TTL};
+use dlock::{ErrorKind, LockGuard, MIN_TTL};
 
 use crate::args::{
     AcquireArgs, ExtendArgs, ForceUnlockArgs, ListArgs, RunArgs, SetPermitsArgs, StatusArgs, Store,
@@ -335,17 +335,120 @@ pub(crate) async fn top(target: Target, args: TopArgs) -> Result<u8, Failure> {
 /// accepted only where `allow_memory` says so: a lock in one process's memory excludes
 /// nobody else.
 pub(crate) async fn connect(store: &Store, allow_memory: bool) -> Result<Target, Failure> {
-    Ok(match named(store.url.as_deref(), allow_memory)? {
-        Named::Redis(url) => Target::Redis(Redis::connect(url).await?),
-        Named::Redlock(nodes) => Target::Quorum(redlock(nodes).await?),
-        Named::Memcached(url) => Target::Memcached(Memcached::connect(url).await?),
+    let url = store.url.as_deref().unwrap_or_default();
+    let named = named(store.url.as_deref(), allow_memory)?;
+    let connected = match named {
+        Named::Redis(url) => Redis::connect(url).await.map(Target::Redis),
+        Named::Redlock(nodes) => redlock(nodes).await.map(Target::Quorum),
+        Named::Memcached(url) => Memcached::connect(url).await.map(Target::Memcached),
         #[cfg(feature = "etcd")]
-        Named::Etcd(url) => Target::Etcd(Etcd::connect(url).await?),
-        Named::Postgres(url) => Target::Postgres(Postgres::connect(url).await?),
-        Named::PgAdvisory(url) => Target::PgAdvisory(PgAdvisory::connect(&url).await?),
-        Named::ZooKeeper(url) => Target::ZooKeeper(ZooKeeper::connect(url).await?),
-        Named::Memory => Target::Memory(Memory::new()),
-    })
+        Named::Etcd(url) => Etcd::connect(url).await.map(Target::Etcd),
+        Named::Postgres(url) => Postgres::connect(url).await.map(Target::Postgres),
+        Named::PgAdvisory(url) => PgAdvisory::connect(&url).await.map(Target::PgAdvisory),
+        Named::ZooKeeper(url) => ZooKeeper::connect(url).await.map(Target::ZooKeeper),
+        Named::Memory => Ok(Target::Memory(Memory::new())),
+    };
+    connected.map_err(|e| not_connected(url, e))
+}
+
+/// A failure to connect to the store at `url`: what dlock was doing (connecting, to
+/// which store), what the store's client said and its cause, and a hint at what to check
+/// where the error says enough to give one.
+fn not_connected(url: &str, err: dlock::Error) -> Failure {
+    // A bad URL, or a store refused for its configuration: the message says what to change.
+    let wrapped = matches!(
+        err.kind(),
+        ErrorKind::Unavailable | ErrorKind::TimedOut | ErrorKind::Backend
+    );
+    let failure = Failure::from(err);
+    if !wrapped {
+        return failure;
+    }
+    let message = failure.message.trim_end();
+    let hint = connect_hint(scheme(url).unwrap_or_default(), message);
+    let hint = hint.map(|h| format!(": {h}")).unwrap_or_default();
+    // Most store clients say what they were connecting to; where one does not, dlock does.
+    let doing = if message.contains("connecting to") {
+        String::new()
+    } else {
+        format!("connecting to {}: ", redact(url))
+    };
+    Failure::new(failure.code, format!("{doing}{message}{hint}"))
+}
+
+/// What to check, for the error `message` of a connection to a store of `scheme`; `None`
+/// where the message says it all.
+fn connect_hint(scheme: &str, message: &str) -> Option<&'static str> {
+    let says = |words: &[&str]| words.iter().any(|w| message.contains(w));
+    let redis = matches!(
+        scheme,
+        "redis" | "rediss" | "redis+unix" | "unix" | "redis+sentinel" | "redis+cluster" | "redlock"
+    );
+    let tls = scheme == "rediss";
+    if redis
+        && says(&[
+            "Parse error",
+            "Incompatible type",
+            "invalid type",
+            "Protocol",
+        ])
+    {
+        return Some(
+            "the server there does not answer as Redis does: check that the host and port \
+             are a Redis server's (not memcached's, an HTTP server's or another service's)",
+        );
+    }
+    if tls
+        && says(&[
+            "within",
+            "timed out",
+            "TLS",
+            "tls",
+            "handshake",
+            "certificate",
+            "corrupt",
+            "InvalidContentType",
+        ])
+    {
+        return Some(
+            "rediss:// connects with TLS: check that the port is one where the server takes \
+             TLS (Redis's tls-port); a server without TLS is redis://",
+        );
+    }
+    if says(&["Connection refused", "connection refused"]) {
+        return Some(
+            "nothing listens there: is the server running, and are the host and port right?",
+        );
+    }
+    if redis && says(&["within"]) {
+        return Some(
+            "no answer in time: is it a Redis server, reachable from here? One that takes TLS \
+             only is rediss://",
+        );
+    }
+    match scheme {
+        "postgres" | "postgresql" if says(&["password authentication failed", "no password"]) => {
+            Some("check the user name and password in the URL")
+        }
+        "postgres" | "postgresql" if says(&["does not exist"]) => {
+            Some("check the user and the database (the URL's path) on the server")
+        }
+        "postgres" | "postgresql" if says(&["in time"]) => {
+            Some("no answer in time: is it a PostgreSQL server, reachable from here?")
+        }
+        "etcd" if says(&["protocol error", "h2 ", "connection closed"]) => Some(
+            "the server there does not answer as etcd does: check that the port is an etcd \
+             client port (2379 by default)",
+        ),
+        "etcd" if says(&["in time", "timed out", "cancel", "Cancel"]) => Some(
+            "is it an etcd client port (2379 by default), and is a majority of the \
+             cluster's members up? Without one, etcd answers nothing",
+        ),
+        "zk" if says(&["no available hosts"]) => {
+            Some("is ZooKeeper running there, and is the port its client port (2181 by default)?")
+        }
+        _ => None,
+    }
 }
 
 /// Connects for a command that holds while it runs (`dlock run`, `dlock elect`): every
@@ -377,7 +480,9 @@ pub(crate) async fn connect_holding(
         let sep = if url.contains('?') { '&' } else { '?' };
         format!("{url}{sep}session_timeout={ms}ms")
     };
-    let zk = ZooKeeper::connect(&asked).await?;
+    let zk = ZooKeeper::connect(&asked)
+        .await
+        .map_err(|e| not_connected(url, e))?;
     let session = zk.session_timeout();
     if session > ttl && ttl >= MIN_TTL {
         let (why, fix) = if set_in_url {
@@ -561,12 +666,12 @@ fn redlock_nodes(url: &str) -> Result<Vec<String>, Failure> {
 }
 
 /// RedLock over the masters at `nodes` (`redis://` URLs).
-async fn redlock(nodes: Vec<String>) -> Result<Quorum<Redis>, Failure> {
+async fn redlock(nodes: Vec<String>) -> dlock::Result<Quorum<Redis>> {
     let mut connected = Vec::with_capacity(nodes.len());
     for node in nodes {
         connected.push(Redis::connect(node).await?);
     }
-    Ok(Quorum::new(connected)?)
+    Quorum::new(connected)
 }
 
 #[cfg(test)]

@@ -93,7 +93,7 @@ pub(crate) const ZOOKEEPER_MEMBERS: usize = 3;
 pub(crate) const ZOOKEEPER_MIN_TTL: Duration = Duration::from_secs(2);
 
 /// The least ttl of the command kinds (`run-supervised`, `run-supervised-zookeeper`,
-/// `run-unsupervised`): issue 25's reproduction, `dlock run --ttl 3s` with the default
+/// `run-unsupervised`): the reported reproduction, `dlock run --ttl 3s` with the default
 /// `--kill-grace` of 10 s; each `dlock` process and every write of its command is a
 /// process start, which a shorter lease would make the subject of the run.
 pub(crate) const RUN_MIN_TTL: Duration = Duration::from_secs(3);

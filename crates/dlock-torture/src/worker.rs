@@ -212,7 +212,7 @@ pub(crate) async fn run(args: TortureWorkerArgs) -> Result<u8, Failure> {
                 Quorum::new(nodes)?
             };
             // The restart kinds hold half a lease without renewing (as `dlock acquire`
-            // does): seed 002's scenario, where nothing but the lease's validity speaks for
+            // does): the RedLock restart scenario, where nothing but the lease's validity speaks for
             // the holder while the bridge node restarts.
             let lock = Lock::builder(quorum, name)
                 .prefix(prefix)

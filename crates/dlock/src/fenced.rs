@@ -1,5 +1,5 @@
 //! The resource side of fencing: writes that the resource itself refuses when they carry a
-//! fence below the highest it has seen (seed 000's "database optimistic lock").
+//! fence below the highest it has seen (the "database optimistic lock" of the classic articles).
 //!
 //! A lease lock cannot stop a holder that stalls past its lease between checking its lock
 //! and writing (a GC pause, a stalled VM): only the resource can, by remembering the

@@ -13,6 +13,7 @@ mod hazards;
 mod hostile;
 mod kinds;
 mod leader_text;
+mod messages;
 mod stores;
 mod supervise;
 mod top;
@@ -303,11 +304,15 @@ fn acquire_status_list_extend_release_round_trip() {
     let out = output(dlock(&url).args(["extend", "job-a", "--token", &token, "--ttl", "1m"]));
     assert!(out.status.success(), "{}", stderr(&out));
     let out = output(dlock(&url).args(["extend", "job-a", "--token", &token_b, "--ttl", "1m"]));
-    assert_eq!(out.status.code(), Some(LOST), "someone else's token");
+    assert_eq!(out.status.code(), Some(77), "someone else's token");
     let out = output(dlock(&url).args(["release", "job-a", "--token", &token]));
     assert!(out.status.success(), "{}", stderr(&out));
     let out = output(dlock(&url).args(["release", "job-a", "--token", &token]));
-    assert_eq!(out.status.code(), Some(LOST), "released twice");
+    assert_eq!(
+        out.status.code(),
+        Some(79),
+        "released twice: nobody holds it"
+    );
     let out = output(
         dlock(&url)
             .env("DLOCK_TOKEN", &token_b)

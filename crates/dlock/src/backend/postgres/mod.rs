@@ -710,6 +710,12 @@ pub(crate) fn map_err(err: &tokio_postgres::Error, doing: &str) -> Error {
         } else {
             ErrorKind::Backend
         };
+        // The client's words name the step ("error connecting to server"), its cause says
+        // why (connection refused, no such host, an untrusted certificate).
+        let detail = match std::error::Error::source(err) {
+            Some(cause) => format!("{detail}: {cause}"),
+            None => detail,
+        };
         return Error::new(kind, format!("{doing}: {detail}"));
     };
     let db = err
