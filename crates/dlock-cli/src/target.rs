@@ -4,8 +4,10 @@
 //! or a usage error that says why the store cannot do it. Keep these arms, `dlock --help`
 //! and the README's CLI section in step.
 
+#[cfg(feature = "etcd")]
+use dlock::backend::Etcd;
 use dlock::backend::{
-    ConfigHazard, Etcd, Memcached, Memory, PgAdvisory, Postgres, Quorum, Redis, ZooKeeper,
+    ConfigHazard, Memcached, Memory, PgAdvisory, Postgres, Quorum, Redis, ZooKeeper,
 };
 use dlock::raw::RawFencing;
 use dlock::{ErrorKind, LockGuard, MIN_TTL};
@@ -29,6 +31,7 @@ pub(crate) enum Target {
     /// Memcached: the plain lock (fenced); no `list` (no key iteration).
     Memcached(Memcached),
     /// etcd: the plain lock (fenced).
+    #[cfg(feature = "etcd")]
     Etcd(Etcd),
     /// PostgreSQL: every primitive, every command.
     Postgres(Postgres),
@@ -50,8 +53,9 @@ impl Target {
             Target::Redis(r) => r.config_hazards(),
             Target::Quorum(q) => q.nodes().iter().flat_map(Redis::config_hazards).collect(),
             Target::Memcached(m) => m.config_hazards(),
+            #[cfg(feature = "etcd")]
+            Target::Etcd(_) => Vec::new(),
             Target::Memory(_)
-            | Target::Etcd(_)
             | Target::Postgres(_)
             | Target::PgAdvisory(_)
             | Target::ZooKeeper(_) => Vec::new(),
@@ -120,6 +124,7 @@ macro_rules! with_election_backend {
             $crate::target::Target::Memory($b) => $body,
             $crate::target::Target::Postgres($b) => $body,
             $crate::target::Target::Memcached($b) => $body,
+            #[cfg(feature = "etcd")]
             $crate::target::Target::Etcd($b) => $body,
             $crate::target::Target::ZooKeeper($b) => $body,
             $crate::target::Target::Quorum(_) => Err($crate::exit::Failure::usage(
@@ -167,6 +172,7 @@ pub(crate) async fn run(target: Target, args: RunArgs) -> Result<u8, Failure> {
             let shortest = dlock::backend::memcached::MIN_TTL;
             cmd::run_plain(m, args, fence, shortest).await
         }
+        #[cfg(feature = "etcd")]
         Target::Etcd(e) => cmd::run_plain(e, args, fence, MIN_TTL).await,
         Target::PgAdvisory(p) => {
             outlives_dlock(&args, "postgres://…?mode=advisory")?;
@@ -182,6 +188,7 @@ pub(crate) async fn acquire(target: Target, args: AcquireArgs) -> Result<u8, Fai
         Target::Memory(b) => cmd::acquire_cmd(b, args, fence).await,
         Target::Postgres(b) => cmd::acquire_cmd(b, args, fence).await,
         Target::Memcached(b) => cmd::acquire_cmd(b, args, fence).await,
+        #[cfg(feature = "etcd")]
         Target::Etcd(b) => cmd::acquire_cmd(b, args, fence).await,
         // No fencing token on a quorum of independent counters: `TOKEN -`.
         Target::Quorum(q) => cmd::acquire_cmd(q, args, |_| None).await,
@@ -199,6 +206,7 @@ macro_rules! with_token_holds {
             Target::Memory($b) => $body,
             Target::Postgres($b) => $body,
             Target::Memcached($b) => $body,
+            #[cfg(feature = "etcd")]
             Target::Etcd($b) => $body,
             Target::Quorum($b) => $body,
             Target::ZooKeeper(_) => Err(Failure::usage(ZK_SESSION)),
@@ -225,6 +233,7 @@ pub(crate) async fn status(target: Target, args: StatusArgs) -> Result<u8, Failu
         Target::Postgres(b) => cmd::status_cmd(b, args).await,
         Target::ZooKeeper(b) => cmd::status_cmd(b, args).await,
         Target::Memcached(m) => cmd::lock_status_cmd(m, Layout::AtKey, "memcache://", args).await,
+        #[cfg(feature = "etcd")]
         Target::Etcd(e) => cmd::lock_status_cmd(e, Layout::QueueUnder, "etcd://", args).await,
         Target::PgAdvisory(p) => {
             cmd::lock_status_cmd(p, Layout::Session, "postgres://…?mode=advisory", args).await
@@ -240,6 +249,7 @@ pub(crate) async fn list(target: Target, args: ListArgs) -> Result<u8, Failure> 
         Target::Memory(b) => cmd::list_every_kind(b, Layout::AtKey, false, args).await,
         Target::Postgres(b) => cmd::list_every_kind(b, Layout::AtKey, false, args).await,
         Target::ZooKeeper(z) => cmd::list_every_kind(z, Layout::Znodes, false, args).await,
+        #[cfg(feature = "etcd")]
         Target::Etcd(e) => {
             cmd::only_locks(&args.kind, "etcd://")?;
             cmd::list_cmd(e, Layout::QueueUnder, args).await
@@ -266,6 +276,7 @@ pub(crate) async fn set_permits(target: Target, args: SetPermitsArgs) -> Result<
         Target::Postgres(b) => cmd::set_permits_cmd(b, args).await,
         Target::ZooKeeper(b) => cmd::set_permits_cmd(b, args).await,
         Target::Memcached(_) => plain_only("memcache://"),
+        #[cfg(feature = "etcd")]
         Target::Etcd(_) => plain_only("etcd://"),
         Target::Quorum(_) => plain_only("redlock://"),
         Target::PgAdvisory(_) => plain_only("postgres://…?mode=advisory"),
@@ -282,6 +293,7 @@ pub(crate) async fn force_unlock(target: Target, args: ForceUnlockArgs) -> Resul
         Target::Memcached(m) => {
             cmd::lock_force_unlock_cmd(m, Layout::AtKey, "memcache://", args).await
         }
+        #[cfg(feature = "etcd")]
         Target::Etcd(e) => cmd::lock_force_unlock_cmd(e, Layout::QueueUnder, "etcd://", args).await,
         // Terminates the holding sessions (pg_terminate_backend).
         Target::PgAdvisory(p) => {
@@ -290,6 +302,12 @@ pub(crate) async fn force_unlock(target: Target, args: ForceUnlockArgs) -> Resul
         Target::Quorum(q) => cmd::quorum::force_unlock_cmd(q, args).await,
     }
 }
+
+/// Why `etcd://` is refused by a dlock built without the `etcd` feature.
+#[cfg(not(feature = "etcd"))]
+pub(crate) const NO_ETCD: &str = "this dlock was built without etcd support: rebuild it with \
+     `--features etcd` (e.g. `cargo install --path crates/dlock-cli --features etcd`), which \
+     needs protoc, the Protocol Buffers compiler, on PATH";
 
 /// The URL schemes `--url` accepts.
 const SCHEMES: &str = "redis://, rediss://, redis+unix://, redis+sentinel://, \
@@ -302,6 +320,7 @@ pub(crate) async fn top(target: Target, args: TopArgs) -> Result<u8, Failure> {
         Target::Memory(b) => cmd::top::every_kind(b, false, args).await,
         Target::Postgres(b) => cmd::top::every_kind(b, false, args).await,
         Target::ZooKeeper(z) => cmd::top::every_kind(z, false, args).await,
+        #[cfg(feature = "etcd")]
         Target::Etcd(e) => cmd::top::plain_only(e, "etcd://", args).await,
         Target::Quorum(_) => Err(Failure::usage(
             "redlock:// is several independent stores, and dlock top watches one: watch each \
@@ -322,6 +341,7 @@ pub(crate) async fn connect(store: &Store, allow_memory: bool) -> Result<Target,
         Named::Redis(url) => Redis::connect(url).await.map(Target::Redis),
         Named::Redlock(nodes) => redlock(nodes).await.map(Target::Quorum),
         Named::Memcached(url) => Memcached::connect(url).await.map(Target::Memcached),
+        #[cfg(feature = "etcd")]
         Named::Etcd(url) => Etcd::connect(url).await.map(Target::Etcd),
         Named::Postgres(url) => Postgres::connect(url).await.map(Target::Postgres),
         Named::PgAdvisory(url) => PgAdvisory::connect(&url).await.map(Target::PgAdvisory),
@@ -494,6 +514,7 @@ enum Named<'a> {
     /// `redlock://`: one `redis://` URL per independent master.
     Redlock(Vec<String>),
     Memcached(&'a str),
+    #[cfg(feature = "etcd")]
     Etcd(&'a str),
     /// `postgres://` in lease mode (the default).
     Postgres(&'a str),
@@ -517,7 +538,10 @@ fn named(url: Option<&str>, allow_memory: bool) -> Result<Named<'_>, Failure> {
         }
         Some("redlock") => Ok(Named::Redlock(redlock_nodes(url)?)),
         Some("memcache" | "memcached") => Ok(Named::Memcached(url)),
+        #[cfg(feature = "etcd")]
         Some("etcd") => Ok(Named::Etcd(url)),
+        #[cfg(not(feature = "etcd"))]
+        Some("etcd") => Err(Failure::usage(NO_ETCD)),
         Some("postgres" | "postgresql") => {
             pg_mode(url)?;
             Ok(match advisory_url(url) {
@@ -684,6 +708,7 @@ mod tests {
             Named::Redis(_) => "redis",
             Named::Redlock(_) => "redlock",
             Named::Memcached(_) => "memcached",
+            #[cfg(feature = "etcd")]
             Named::Etcd(_) => "etcd",
             Named::Postgres(_) | Named::PgAdvisory(_) => "postgres",
             Named::ZooKeeper(_) => "zk",
@@ -727,9 +752,10 @@ mod tests {
                 Ok(named) => {
                     prop_assert_eq!(connector(&named), expected);
                     match named {
+                        #[cfg(feature = "etcd")]
+                        Named::Etcd(u) => prop_assert_eq!(u, url.as_str()),
                         Named::Redis(u)
                         | Named::Memcached(u)
-                        | Named::Etcd(u)
                         | Named::Postgres(u)
                         | Named::ZooKeeper(u) => prop_assert_eq!(u, url.as_str()),
                         Named::PgAdvisory(u) => prop_assert_eq!(Some(u), advisory_url(&url)),
@@ -740,10 +766,12 @@ mod tests {
                     }
                 }
                 // Only RedLock (its hosts) and PostgreSQL (its `mode=`) check more than
-                // the scheme.
+                // the scheme; a build without etcd support refuses every etcd URL.
                 Err(f) => {
                     prop_assert!(
-                        expected == "redlock" || (expected == "postgres" && url.contains("mode=")),
+                        expected == "redlock"
+                            || (expected == "postgres" && url.contains("mode="))
+                            || (expected == "etcd" && cfg!(not(feature = "etcd"))),
                         "{}", f.message
                     );
                     usage_without(&f, "")?;
@@ -923,5 +951,28 @@ mod tests {
             redlock_nodes("redlock://u:p@a,b,c/2").expect("nodes"),
             ["redis://u:p@a/2", "redis://u:p@b/2", "redis://u:p@c/2"]
         );
+    }
+
+    /// `etcd://` connects where dlock is built with etcd support, and is otherwise a usage
+    /// error that says how to get it (and never shows the URL's secrets).
+    #[test]
+    fn etcd_urls_need_the_etcd_feature() {
+        let named = named(Some("etcd://root:s3cret@127.0.0.1:2379"), false);
+        #[cfg(feature = "etcd")]
+        assert!(
+            matches!(named, Ok(Named::Etcd("etcd://root:s3cret@127.0.0.1:2379"))),
+            "{named:?}"
+        );
+        #[cfg(not(feature = "etcd"))]
+        {
+            let f = named.expect_err("no etcd support");
+            assert_eq!(f.code, crate::exit::USAGE);
+            assert!(
+                f.message.contains("--features etcd") && f.message.contains("protoc"),
+                "{}",
+                f.message
+            );
+            assert!(!f.message.contains("s3cret"));
+        }
     }
 }

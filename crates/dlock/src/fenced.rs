@@ -16,6 +16,14 @@
 //!
 //! A fence is accepted if it is **at least** the highest seen: the same holder may access
 //! the resource many times under one grant.
+//!
+// Without their features, the helpers above link to this module's page (docs.rs, with
+// every feature, shows them all).
+#![cfg_attr(not(feature = "redis"), doc = "[`RedisFenced`]: self")]
+#![cfg_attr(
+    not(feature = "postgres"),
+    doc = "[`PgFencedTable`]: self\n[`PgFencedTable::migration_sql`]: self"
+)]
 
 use std::fmt;
 

@@ -13,7 +13,9 @@ use std::fmt::Write as _;
 use std::io::{BufRead, IsTerminal, Write};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use dlock::backend::{Etcd, Memcached, Memory, PgAdvisory, Postgres, Quorum, Redis, ZooKeeper};
+#[cfg(feature = "etcd")]
+use dlock::backend::Etcd;
+use dlock::backend::{Memcached, Memory, PgAdvisory, Postgres, Quorum, Redis, ZooKeeper};
 use dlock::keys::LockKeys;
 use dlock::raw::{RawInspect, RawLock};
 use dlock::{ErrorKind, HolderInfo, Lock, LockGuard, Token};
@@ -238,9 +240,13 @@ holders! {
     Memory => Layout::AtKey,
     Postgres => Layout::AtKey,
     Memcached => Layout::AtKey,
-    Etcd => Layout::QueueUnder,
     ZooKeeper => Layout::Znodes,
     PgAdvisory => Layout::Session,
+}
+
+#[cfg(feature = "etcd")]
+holders! {
+    Etcd => Layout::QueueUnder,
 }
 
 impl Holders for Quorum<Redis> {
@@ -416,6 +422,7 @@ pub(crate) enum Layout {
     AtKey,
     /// In a queue under `<lock key>/`, one key `<lock key>/<token>` per holder or waiter,
     /// nothing at the lock key (etcd): shown as the prefix `<lock key>/`.
+    #[cfg_attr(not(feature = "etcd"), allow(dead_code, reason = "etcd:// only"))]
     QueueUnder,
     /// Ephemeral sequential nodes in the directory `/<lock key, escaped>/` under the
     /// chroot (ZooKeeper).
@@ -725,6 +732,7 @@ fn print_status(s: &Status, args: &StatusArgs) -> Result<u8, Failure> {
     Ok(exit::SUCCESS)
 }
 
+#[cfg_attr(not(feature = "etcd"), allow(dead_code, reason = "etcd:// only"))]
 pub(crate) async fn list_cmd<B: RawInspect>(
     backend: B,
     layout: Layout,

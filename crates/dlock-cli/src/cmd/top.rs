@@ -87,6 +87,7 @@ pub(crate) async fn every_kind<B: kinds::AnyKind>(
 }
 
 /// `dlock top` on a store with the plain lock only (etcd); `scheme` names it in errors.
+#[cfg_attr(not(feature = "etcd"), allow(dead_code, reason = "etcd:// only"))]
 pub(crate) async fn plain_only<B: RawInspect>(
     backend: B,
     scheme: &'static str,
@@ -235,6 +236,7 @@ pub(crate) fn is_companion(redis: bool, kind: Kind, prefix: &str, name: &str) ->
 
 /// A store with the plain lock only (etcd), and its scheme for errors.
 #[derive(Clone)]
+#[cfg_attr(not(feature = "etcd"), allow(dead_code, reason = "etcd:// only"))]
 struct PlainOnly<B>(B, &'static str);
 
 impl<B: RawInspect> Inspector for PlainOnly<B> {

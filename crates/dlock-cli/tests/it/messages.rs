@@ -7,7 +7,9 @@
 use std::process::Command;
 
 use dlock_test::postgres::PostgresServer;
-use dlock_test::server::{EtcdCluster, MemcachedServer, RedisServer, free_port};
+#[cfg(feature = "etcd")]
+use dlock_test::server::EtcdCluster;
+use dlock_test::server::{MemcachedServer, RedisServer, free_port};
 
 use super::*;
 
@@ -354,6 +356,7 @@ fn postgres_connect_failures_say_why() {
 
 /// etcd without a majority of its members, and an etcd URL at a port that is not etcd's:
 /// one line in words (no debug dump of the client's errors), and what to check.
+#[cfg(feature = "etcd")]
 #[test]
 fn etcd_failures_are_words_and_a_hint() {
     let mut etcd = EtcdCluster::start(3).expect("etcd");

@@ -4,7 +4,9 @@
 
 use super::*;
 
-use dlock_test::server::{EtcdCluster, MemcachedServer, SentinelServer};
+#[cfg(feature = "etcd")]
+use dlock_test::server::EtcdCluster;
+use dlock_test::server::{MemcachedServer, SentinelServer};
 
 /// A store whose holds outlive their process (acquire/release/extend by token work).
 struct Case {
@@ -533,6 +535,7 @@ fn memcached_every_command_but_list() {
     assert_refused(&out, USAGE, "plain lock only");
 }
 
+#[cfg(feature = "etcd")]
 #[test]
 fn etcd_every_command() {
     let cluster = EtcdCluster::start(1).expect("etcd");
