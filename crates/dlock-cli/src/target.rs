@@ -888,7 +888,7 @@ mod tests {
         }
     }
 
-    /// A `mode=` that is neither `advisory` nor `lease` is refused, not dropped (issue 25).
+    /// A `mode=` that is neither `advisory` nor `lease` is refused, not dropped.
     #[test]
     fn an_unknown_postgres_mode_is_a_usage_error() {
         for url in ["postgres://h/db?mode=advisroy", "postgres://h/db?x=1&mode="] {

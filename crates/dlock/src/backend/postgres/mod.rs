@@ -1,4 +1,4 @@
-//! PostgreSQL: seed 000's database lock, as a lease with a durable fence.
+//! PostgreSQL: the classic database lock, as a lease with a durable fence.
 //!
 //! Each lock name is one row of `<schema>.locks` (`key`, `holder`, `expires_at`, `fence`),
 //! and every operation is **one statement** on a pooled connection, so it is atomic by
