@@ -181,6 +181,16 @@ pub mod validity;
 #[doc = include_str!("../../../README.md")]
 struct ReadmeDoctests;
 
+/// The examples of docs/library.md compile (and run, where they need no server).
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/library.md")]
+struct LibraryDocDoctests;
+
+/// The examples of docs/stores.md compile.
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/stores.md")]
+struct StoresDocDoctests;
+
 pub use election::{
     DEFAULT_ELECTION_PREFIX, Election, ElectionBuilder, Leader, Leadership, MAX_VALUE_LEN, Observer,
 };
