@@ -158,8 +158,13 @@ pub(crate) enum Command {
     Elect(ElectArgs),
     /// Show who leads the election NAME: its term and value (`no leader` if nobody).
     ///
-    /// With --watch, keep printing every change of leader or advertised value, as it
-    /// happens, until interrupted.
+    /// With --watch, print the state now, then every change as it happens, until
+    /// interrupted: `term T: VALUE` for a leader (a new one, or a new value), and `no
+    /// leader (last term T, since TIME)` when the seat empties — at once when the leader
+    /// resigns (`since` is when it did), at the latest a lease's length after a leader
+    /// that crashed or was cut off (then without `since`). `no leader` alone: nobody ever
+    /// led. With --json, one object per line: {"name","leader":true,"term","value"} or
+    /// {"name","leader":false,"last_term","since","since_ms"} (absent keys: not known).
     Leader(LeaderArgs),
     /// Acquire NAME and print `TOKEN FENCE`; the lease lasts --ttl (no renewal).
     ///
