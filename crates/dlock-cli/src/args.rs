@@ -60,7 +60,28 @@ Exit codes:
 
 Environment:
   DLOCK_URL    the store, as for --url (redis://host:port/db, redlock://, memcache://,
-               etcd://, postgres://, zk://)";
+               etcd://, postgres://, zk://); without it and --url: redis://127.0.0.1:6379";
+
+/// `--prefix` of the commands on a plain lock.
+pub(crate) const PREFIX_LOCK: &str = "Key prefix of the lock, used as given [default: dlock:]";
+/// `--prefix` of `dlock run`: each kind of lock has its own default.
+pub(crate) const PREFIX_RUN: &str = "Key prefix of the lock, used as given [default: dlock:; \
+     with --semaphore dlock-sem:, with --shared or --exclusive dlock-rw:, with --fair \
+     dlock-fair:]";
+/// `--prefix` of `dlock elect` and `dlock leader`.
+pub(crate) const PREFIX_ELECTION: &str =
+    "Key prefix of the election, used as given [default: dlock-election:]";
+/// `--prefix` of the commands that name a `--kind`.
+pub(crate) const PREFIX_KIND: &str = "Key prefix of NAME, used as given [default: the \
+     --kind's own: dlock: (lock), dlock-sem: (semaphore), dlock-re: (reentrant), dlock-rw: \
+     (rwlock), dlock-fair: (fair)]";
+/// `--prefix` of `dlock list` and `dlock top`.
+pub(crate) const PREFIX_LIST: &str = "Key prefix of the kind listed, used as given (one kind: \
+     the plain lock, or the one --kind names) [default: each kind's own: dlock: (lock), \
+     dlock-sem: (semaphore), dlock-re: (reentrant), dlock-rw: (rwlock), dlock-fair: (fair)]";
+/// `--prefix` of `dlock set-permits`.
+pub(crate) const PREFIX_SEMAPHORE: &str =
+    "Key prefix of the semaphore, used as given [default: dlock-sem:]";
 
 /// Where the locks live.
 #[derive(Debug, Clone, Args)]
@@ -74,13 +95,14 @@ pub(crate) struct Store {
     /// rediss://, redis+unix://, redis+cluster://) take ?min_replicas=N: every grant and
     /// renewal waits (WAIT) for N replicas to acknowledge it, and is refused (exit 69)
     /// with fewer. A query parameter a store does not know is refused (exit 64), never
-    /// ignored.
+    /// ignored. Without --url and DLOCK_URL: redis://127.0.0.1:6379, a Redis server on
+    /// this machine.
     #[arg(long, env = "DLOCK_URL", hide_env_values = true)]
     pub(crate) url: Option<String>,
 
-    /// Key prefix of the locks.
-    #[arg(long, default_value = dlock::keys::DEFAULT_PREFIX)]
-    pub(crate) prefix: String,
+    /// Key prefix of the locks, used as given (each command's --help says its default).
+    #[arg(long, value_name = "PREFIX")]
+    pub(crate) prefix: Option<String>,
 
     /// Take locks (run, elect, acquire) on a store configured so that it can drop a held
     /// lock — Redis with maxmemory and an allkeys-* or volatile-* eviction policy,
@@ -91,6 +113,18 @@ pub(crate) struct Store {
     /// warnings on stderr.
     #[arg(long)]
     pub(crate) allow_unsafe_store: bool,
+}
+
+impl Store {
+    /// The key prefix of a plain lock: `--prefix`, else [`dlock::keys::DEFAULT_PREFIX`].
+    pub(crate) fn lock_prefix(&self) -> &str {
+        self.prefix_or(dlock::keys::DEFAULT_PREFIX)
+    }
+
+    /// `--prefix`, else `default` (the primitive's own default prefix).
+    pub(crate) fn prefix_or<'a>(&'a self, default: &'a str) -> &'a str {
+        self.prefix.as_deref().unwrap_or(default)
+    }
 }
 
 /// How long to wait for a held lock.
@@ -141,6 +175,7 @@ pub(crate) enum Command {
     /// other. Once it holds its lock, dlock checks the other kinds of NAME and warns on
     /// stderr if one is held (--refuse-other-kinds: refuses instead, exit 75); `dlock
     /// list` shows each held lock with its kind.
+    #[command(mut_arg("prefix", |a| a.help(PREFIX_RUN)))]
     Run(RunArgs),
     /// Campaign in the election NAME and run a command only while leading.
     ///
@@ -155,6 +190,7 @@ pub(crate) enum Command {
     /// the lease can end), and dlock exits 76. SIGTERM, SIGHUP (and SIGINT off a terminal) sent to dlock are
     /// forwarded to the command; dlock resigns once it has exited, so a standby takes
     /// over well before the lease could run out.
+    #[command(mut_arg("prefix", |a| a.help(PREFIX_ELECTION)))]
     Elect(ElectArgs),
     /// Show who leads the election NAME: its term and value (`no leader` if nobody).
     ///
@@ -165,6 +201,7 @@ pub(crate) enum Command {
     /// that crashed or was cut off (then without `since`). `no leader` alone: nobody ever
     /// led. With --json, one object per line: {"name","leader":true,"term","value"} or
     /// {"name","leader":false,"last_term","since","since_ms"} (absent keys: not known).
+    #[command(mut_arg("prefix", |a| a.help(PREFIX_ELECTION)))]
     Leader(LeaderArgs),
     /// Acquire NAME and print `TOKEN FENCE`; the lease lasts --ttl (no renewal).
     ///
@@ -172,10 +209,13 @@ pub(crate) enum Command {
     /// `dlock status` and `list` show this host, the pid of the process that called dlock
     /// acquire (the script that holds the lock) and --info as its command. Not on zk://
     /// or postgres://…?mode=advisory: their holds end with the process that took them.
+    #[command(mut_arg("prefix", |a| a.help(PREFIX_LOCK)))]
     Acquire(AcquireArgs),
     /// Release NAME held under --token.
+    #[command(mut_arg("prefix", |a| a.help(PREFIX_LOCK)))]
     Release(TokenArgs),
     /// Reset the lease of NAME held under --token to --ttl from now.
+    #[command(mut_arg("prefix", |a| a.help(PREFIX_LOCK)))]
     Extend(ExtendArgs),
     /// Show who holds NAME: token (abbreviated), host, pid, command and since when (as the
     /// holder told), remaining ttl, last fence, waiting clients.
@@ -183,6 +223,7 @@ pub(crate) enum Command {
     /// With --kind semaphore: also the permits in use, the holders and the stored permit
     /// count (`permits`; `-` if none is stored). On redlock:// it shows every node's view
     /// and the majority's.
+    #[command(mut_arg("prefix", |a| a.help(PREFIX_KIND)))]
     Status(StatusArgs),
     /// List held locks of every kind (SCAN, never KEYS), optionally matching a glob PATTERN.
     ///
@@ -192,6 +233,7 @@ pub(crate) enum Command {
     /// line per kind; where holders share a lock (semaphore, readers) HOLDER is `-` and
     /// JSON has `holders`. Not on memcache:// (no key iteration) or
     /// postgres://…?mode=advisory (only hashes of names are stored).
+    #[command(mut_arg("prefix", |a| a.help(PREFIX_LIST)))]
     List(ListArgs),
     /// Watch every held lock of every kind, refreshed in place (like top(1)).
     ///
@@ -201,8 +243,10 @@ pub(crate) enum Command {
     /// Otherwise, or with --json, one JSON object per refresh per line. Not on memcache://
     /// or postgres://…?mode=advisory (they cannot list locks), nor redlock:// (watch each
     /// node).
+    #[command(mut_arg("prefix", |a| a.help(PREFIX_LIST)))]
     Top(TopArgs),
     /// Delete NAME whoever holds it. Dangerous: the holder keeps working until it notices.
+    #[command(mut_arg("prefix", |a| a.help(PREFIX_KIND)))]
     ForceUnlock(ForceUnlockArgs),
     /// Set the permit count of the semaphore NAME (`dlock run --semaphore N`) for every
     /// client.
@@ -213,6 +257,7 @@ pub(crate) enum Command {
     /// count keep their permits until they exit; runs waiting with another N are refused
     /// at their next attempt. On zk:// the count lives while the semaphore has holders or
     /// waiters (ZooKeeper reaps its empty directory; the next run stores its own N).
+    #[command(mut_arg("prefix", |a| a.help(PREFIX_SEMAPHORE)))]
     SetPermits(SetPermitsArgs),
     /// Seed 003's oversell demo: worker processes deduct stock four ways.
     ///

@@ -316,7 +316,33 @@ pub(crate) async fn top(target: Target, args: TopArgs) -> Result<u8, Failure> {
 /// accepted only where `allow_memory` says so: a lock in one process's memory excludes
 /// nobody else.
 pub(crate) async fn connect(store: &Store, allow_memory: bool) -> Result<Target, Failure> {
-    Ok(match named(store.url.as_deref(), allow_memory)? {
+    let connected = connect_to(store.url.as_deref(), allow_memory).await;
+    match connected {
+        Err(failure) if given(store.url.as_deref()).is_none() => Err(Failure::new(
+            failure.code,
+            format!(
+                "no store named (neither --url nor DLOCK_URL is set), and the default, \
+                 {DEFAULT_URL}, failed: {}; start Redis there, or name the store with --url \
+                 or DLOCK_URL (e.g. --url redis://host:6379, etcd://host:2379)",
+                failure.message
+            ),
+        )),
+        connected => connected,
+    }
+}
+
+/// The store when neither `--url` nor `DLOCK_URL` names one: a Redis server on this
+/// machine, at its default port (as `etcdctl` and `consul` default to the local agent).
+pub(crate) const DEFAULT_URL: &str = "redis://127.0.0.1:6379";
+
+/// The URL given (`--url`, else `DLOCK_URL`), if any: an empty one is none.
+fn given(url: Option<&str>) -> Option<&str> {
+    url.filter(|u| !u.is_empty())
+}
+
+/// [`connect`] to `url`, [`DEFAULT_URL`] if none is given.
+async fn connect_to(url: Option<&str>, allow_memory: bool) -> Result<Target, Failure> {
+    Ok(match named(url, allow_memory)? {
         Named::Redis(url) => Target::Redis(Redis::connect(url).await?),
         Named::Redlock(nodes) => Target::Quorum(redlock(nodes).await?),
         Named::Memcached(url) => Target::Memcached(Memcached::connect(url).await?),
@@ -398,14 +424,11 @@ enum Named<'a> {
     Memory,
 }
 
-/// Which store `url` names (`--url`, else `DLOCK_URL`), by its scheme; a usage error for
-/// none, an unknown scheme or text that is no URL, which never shows a secret of it.
+/// Which store `url` names (`--url`, else `DLOCK_URL`, else [`DEFAULT_URL`]), by its
+/// scheme; a usage error for an unknown scheme or text that is no URL, which never shows
+/// a secret of it.
 fn named(url: Option<&str>, allow_memory: bool) -> Result<Named<'_>, Failure> {
-    let Some(url) = url.filter(|u| !u.is_empty()) else {
-        return Err(Failure::usage(format!(
-            "no store given: pass --url or set DLOCK_URL ({SCHEMES})"
-        )));
-    };
+    let url = given(url).unwrap_or(DEFAULT_URL);
     match scheme(url) {
         Some("redis" | "rediss" | "redis+unix" | "unix" | "redis+sentinel" | "redis+cluster") => {
             Ok(Named::Redis(url))

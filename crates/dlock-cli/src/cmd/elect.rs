@@ -12,14 +12,10 @@ use crate::cmd::run::{Job, Signals, supervise};
 use crate::cmd::{plain_text, print_json};
 use crate::exit::{self, Failure};
 
-/// The election's key prefix: [`dlock::DEFAULT_ELECTION_PREFIX`] unless `--prefix` was
-/// given (the store's default prefix is the plain lock's).
+/// The election's key prefix: `--prefix` as given, else
+/// [`dlock::DEFAULT_ELECTION_PREFIX`].
 fn prefix(store: &Store) -> &str {
-    if store.prefix == dlock::keys::DEFAULT_PREFIX {
-        dlock::DEFAULT_ELECTION_PREFIX
-    } else {
-        &store.prefix
-    }
+    store.prefix_or(dlock::DEFAULT_ELECTION_PREFIX)
 }
 
 /// The value a candidate advertises when `--value` is not given: `host:pid`.

@@ -104,7 +104,7 @@ pub(crate) async fn acquire_cmd<B: RawLock>(
     fence: impl Fn(&LockGuard<B>) -> Option<u64>,
 ) -> Result<u8, Failure> {
     let mut builder = Lock::builder(backend, &args.name)
-        .prefix(&args.store.prefix)
+        .prefix(args.store.lock_prefix())
         .ttl(args.ttl)
         .watchdog(false);
     if let Some(info) = acquire_holder(&args.holder) {
@@ -141,7 +141,7 @@ struct Done<'a> {
 
 fn token_lock<B: RawLock>(backend: B, args: &TokenArgs) -> Result<(Lock<B>, Token), Failure> {
     let lock = Lock::builder(backend, &args.name)
-        .prefix(&args.store.prefix)
+        .prefix(args.store.lock_prefix())
         .build()?;
     Ok((lock, Token::from_string(args.token.clone())?))
 }
@@ -240,7 +240,7 @@ impl Holder {
 async fn status_of<B: kinds::AnyKind>(
     backend: B,
     kind: Kind,
-    prefix: &str,
+    prefix: Option<&str>,
     name: &str,
 ) -> Result<Status, Failure> {
     let permits = match kind {
@@ -417,7 +417,7 @@ pub(crate) async fn status_cmd<B: kinds::AnyKind>(
     backend: B,
     args: StatusArgs,
 ) -> Result<u8, Failure> {
-    let s = status_of(backend, args.kind, &args.store.prefix, &args.name).await?;
+    let s = status_of(backend, args.kind, args.store.prefix.as_deref(), &args.name).await?;
     print_status(&s, &args)
 }
 
@@ -429,7 +429,7 @@ pub(crate) async fn lock_status_cmd<B: RawInspect>(
     args: StatusArgs,
 ) -> Result<u8, Failure> {
     lock_kind_only(args.kind, store)?;
-    let s = lock_status_of(backend, layout, &args.store.prefix, &args.name).await?;
+    let s = lock_status_of(backend, layout, args.store.lock_prefix(), &args.name).await?;
     print_status(&s, &args)
 }
 
@@ -499,12 +499,12 @@ pub(crate) async fn list_cmd<B: RawInspect>(
     args: ListArgs,
 ) -> Result<u8, Failure> {
     let mut names = backend
-        .list(&args.store.prefix, &args.pattern, args.limit)
+        .list(args.store.lock_prefix(), &args.pattern, args.limit)
         .await?;
     names.sort();
     let mut rows = Vec::with_capacity(names.len());
     for name in &names {
-        let s = lock_status_of(backend.clone(), layout, &args.store.prefix, name).await?;
+        let s = lock_status_of(backend.clone(), layout, args.store.lock_prefix(), name).await?;
         if s.held {
             rows.push(s);
         }
@@ -520,7 +520,7 @@ pub(crate) fn only_locks(kinds: &[Kind], store: &str) -> Result<(), Failure> {
 /// The kinds `list` shows: `--kind`, else every kind; the plain lock only with a
 /// `--prefix` of the user's (a prefix belongs to one kind).
 fn listed_kinds(args: &ListArgs) -> Result<Vec<Kind>, Failure> {
-    let custom_prefix = args.store.prefix != dlock::keys::DEFAULT_PREFIX;
+    let custom_prefix = args.store.prefix.is_some();
     let mut kinds = if !args.kind.is_empty() {
         args.kind.clone()
     } else if custom_prefix {
@@ -552,7 +552,7 @@ pub(crate) async fn list_every_kind<B: kinds::AnyKind>(
     args: ListArgs,
 ) -> Result<u8, Failure> {
     let kinds = listed_kinds(&args)?;
-    let prefix = &args.store.prefix;
+    let prefix = args.store.prefix.as_deref();
     let mut wanted = Vec::new();
     for &kind in &kinds {
         let room = args.limit.saturating_sub(wanted.len());
@@ -566,7 +566,7 @@ pub(crate) async fn list_every_kind<B: kinds::AnyKind>(
     let mut rows = Vec::with_capacity(wanted.len());
     for (name, kind) in &wanted {
         let status = match kind {
-            Kind::Lock => lock_status_of(backend.clone(), layout, prefix, name).await,
+            Kind::Lock => lock_status_of(backend.clone(), layout, args.store.lock_prefix(), name).await,
             _ => status_of(backend.clone(), *kind, prefix, name).await,
         };
         match status {
@@ -592,7 +592,7 @@ pub(crate) async fn set_permits_cmd<B: kinds::AnyKind>(
     args: SetPermitsArgs,
 ) -> Result<u8, Failure> {
     let sem = dlock::Semaphore::builder(backend, &args.name, args.permits)
-        .prefix(kinds::prefix_for(Kind::Semaphore, &args.store.prefix))
+        .prefix(kinds::prefix_for(Kind::Semaphore, args.store.prefix.as_deref()))
         .build()?;
     let before = sem.stored_permits().await?;
     sem.set_permits(args.permits).await?;
@@ -682,13 +682,13 @@ pub(crate) async fn force_unlock_cmd<B: kinds::AnyKind>(
 ) -> Result<u8, Failure> {
     if !confirm_force_unlock(
         &args,
-        status_of(backend.clone(), args.kind, &args.store.prefix, &args.name),
+        status_of(backend.clone(), args.kind, args.store.prefix.as_deref(), &args.name),
     )
     .await?
     {
         return Ok(exit::CONFLICT);
     }
-    let done = kinds::force_unlock(backend, args.kind, &args.store.prefix, &args.name).await?;
+    let done = kinds::force_unlock(backend, args.kind, args.store.prefix.as_deref(), &args.name).await?;
     report_force_unlock(&args, done)
 }
 
@@ -702,14 +702,14 @@ pub(crate) async fn lock_force_unlock_cmd<B: RawInspect>(
     lock_kind_only(args.kind, store)?;
     if !confirm_force_unlock(
         &args,
-        lock_status_of(backend.clone(), layout, &args.store.prefix, &args.name),
+        lock_status_of(backend.clone(), layout, args.store.lock_prefix(), &args.name),
     )
     .await?
     {
         return Ok(exit::CONFLICT);
     }
     let lock = Lock::builder(backend, &args.name)
-        .prefix(&args.store.prefix)
+        .prefix(args.store.lock_prefix())
         .build()?;
     let done = lock.force_unlock().await?;
     report_force_unlock(&args, done)
@@ -991,7 +991,7 @@ mod tests {
     fn store_of() -> Store {
         Store {
             url: None,
-            prefix: dlock::keys::DEFAULT_PREFIX.to_owned(),
+            prefix: None,
             allow_unsafe_store: false,
         }
     }

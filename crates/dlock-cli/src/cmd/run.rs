@@ -166,7 +166,7 @@ async fn alone<X: RawLock, B: AnyKind>(
     mine: Kind,
     args: &RunArgs,
 ) -> Option<LockGuard<X>> {
-    let others = match kinds::held_as_others(backend, mine, &args.store.prefix, &args.name).await {
+    let others = match kinds::held_as_others(backend, mine, args.store.prefix.as_deref(), &args.name).await {
         Ok(others) => others,
         Err(failure) => {
             eprintln!(
@@ -217,13 +217,7 @@ pub(crate) async fn run<B: RawFencing + AnyKind>(
     let checker = backend.clone();
     // Each kind has its own default prefix, so that names of different kinds never
     // collide; an explicit --prefix is used as given.
-    let prefix = |default: &'static str| {
-        if args.store.prefix == dlock::keys::DEFAULT_PREFIX {
-            default.to_owned()
-        } else {
-            args.store.prefix.clone()
-        }
-    };
+    let prefix = |default: &'static str| args.store.prefix_or(default).to_owned();
     check_kill_grace(args.kill_grace, args.ttl)?;
     let holder = run_holder(&args);
     let min_hold = MinHold::of(args.min_hold, shortest, &backend);
@@ -322,7 +316,7 @@ fn plain_lock<B: RawLock>(
     holder: Option<HolderInfo>,
 ) -> Result<Lock<B>, Failure> {
     let mut builder = Lock::builder(backend, &args.name)
-        .prefix(&args.store.prefix)
+        .prefix(args.store.lock_prefix())
         .ttl(args.ttl);
     if let Some(info) = holder {
         builder = builder.holder_info(info);
