@@ -209,6 +209,24 @@ pub(crate) enum Command {
     /// `dlock status` and `list` show this host, the pid of the process that called dlock
     /// acquire (the script that holds the lock) and --info as its command. Not on zk://
     /// or postgres://…?mode=advisory: their holds end with the process that took them.
+    /// Hold the lock NAME, renewed, until dlock is killed or its parent exits: for a shell
+    /// script that holds a lock across many commands (as `etcdctl lock NAME` does).
+    ///
+    /// Prints `TOKEN FENCE` on one line as soon as the lock is held (FENCE is `-` on a
+    /// store without fences; --json: one object), then renews the lease until dlock gets
+    /// SIGTERM, SIGINT or SIGHUP, or the process that started it exits (the script
+    /// ended, or was killed); then releases the lock and exits 0. If the lock is lost
+    /// while held (deleted, force-unlocked, or renewals failed until the lease ran out),
+    /// dlock exits 76 at once: nothing kills the script, so a script that must stop then
+    /// waits on dlock (or wraps its work in `dlock run`, which kills it in time). `dlock
+    /// status` shows this host, dlock hold's pid (kill it to release) and --info.
+    ///
+    ///   coproc HOLD { dlock hold --wait 5m migrate; }
+    ///   read -r token fence <&"${HOLD[0]}" || exit 75   # nothing read: not held
+    ///   ./migrate --fence "$fence"
+    ///   kill "$HOLD_PID"; wait "$HOLD_PID"
+    #[command(mut_arg("prefix", |a| a.help(PREFIX_LOCK)))]
+    Hold(HoldArgs),
     #[command(mut_arg("prefix", |a| a.help(PREFIX_LOCK)))]
     Acquire(AcquireArgs),
     /// Release NAME held under --token.
@@ -444,6 +462,29 @@ pub(crate) struct AcquireArgs {
     /// Print JSON.
     #[arg(long)]
     pub(crate) json: bool,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct HoldArgs {
+    /// The lock's name.
+    pub(crate) name: String,
+    #[command(flatten)]
+    pub(crate) store: Store,
+    #[command(flatten)]
+    pub(crate) wait: Wait,
+    /// Lease length; renewed at a third of it while dlock holds the lock, so another
+    /// client can have it at most this long after dlock stops renewing (killed with
+    /// SIGKILL, its machine down).
+    #[arg(long, value_parser = parse_duration, default_value = "30s")]
+    pub(crate) ttl: Duration,
+    #[command(flatten)]
+    pub(crate) holder: HolderArgs,
+    /// Print JSON: {"name","key","token","fence","ttl_ms"}.
+    #[arg(long)]
+    pub(crate) json: bool,
+    /// No message when the lock is held by another process (only the exit code).
+    #[arg(long, short)]
+    pub(crate) quiet: bool,
 }
 
 #[derive(Debug, Args)]

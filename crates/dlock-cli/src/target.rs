@@ -11,7 +11,7 @@ use dlock::raw::RawFencing;
 use dlock::{LockGuard, MIN_TTL};
 
 use crate::args::{
-    AcquireArgs, ExtendArgs, ForceUnlockArgs, ListArgs, RunArgs, SetPermitsArgs, StatusArgs, Store,
+    AcquireArgs, ExtendArgs, ForceUnlockArgs, HoldArgs, ListArgs, RunArgs, SetPermitsArgs, StatusArgs, Store,
     TokenArgs, TopArgs,
 };
 use crate::cmd::{self, Layout};
@@ -187,6 +187,22 @@ pub(crate) async fn acquire(target: Target, args: AcquireArgs) -> Result<u8, Fai
         Target::Quorum(q) => cmd::acquire_cmd(q, args, |_| None).await,
         Target::ZooKeeper(_) => Err(Failure::usage(ZK_SESSION)),
         Target::PgAdvisory(_) => Err(Failure::usage(ADVISORY_SESSION)),
+    }
+}
+
+/// `dlock hold`: the plain lock on every store (a hold that is dlock's session — ZooKeeper,
+/// PostgreSQL advisory locks — lives exactly as long as dlock hold does).
+pub(crate) async fn hold(target: Target, args: HoldArgs) -> Result<u8, Failure> {
+    match target {
+        Target::Redis(b) => cmd::hold::hold(b, args, fence).await,
+        Target::Memory(b) => cmd::hold::hold(b, args, fence).await,
+        Target::Postgres(b) => cmd::hold::hold(b, args, fence).await,
+        Target::Memcached(b) => cmd::hold::hold(b, args, fence).await,
+        Target::Etcd(b) => cmd::hold::hold(b, args, fence).await,
+        Target::ZooKeeper(b) => cmd::hold::hold(b, args, fence).await,
+        // No fencing token on a quorum of independent counters, nor on a session lock.
+        Target::Quorum(q) => cmd::hold::hold(q, args, |_| None).await,
+        Target::PgAdvisory(p) => cmd::hold::hold(p, args, |_| None).await,
     }
 }
 

@@ -2,6 +2,7 @@
 
 pub(crate) mod elect;
 pub(crate) mod harness;
+pub(crate) mod hold;
 mod kinds;
 pub(crate) mod quorum;
 mod reaper;
