@@ -65,9 +65,9 @@ Environment:
 /// `--prefix` of the commands on a plain lock.
 pub(crate) const PREFIX_LOCK: &str = "Key prefix of the lock, used as given [default: dlock:]";
 /// `--prefix` of `dlock run`: each kind of lock has its own default.
-pub(crate) const PREFIX_RUN: &str = "Key prefix of the lock, used as given [default: dlock:; \
-     with --semaphore dlock-sem:, with --shared or --exclusive dlock-rw:, with --fair \
-     dlock-fair:]";
+pub(crate) const PREFIX_RUN: &str = "Key prefix of the lock, used as given [default: dlock:, \
+     or the kind's own: dlock-sem: (--semaphore), dlock-rw: (--shared, --exclusive), \
+     dlock-fair: (--fair)]";
 /// `--prefix` of `dlock elect` and `dlock leader`.
 pub(crate) const PREFIX_ELECTION: &str =
     "Key prefix of the election, used as given [default: dlock-election:]";
@@ -96,7 +96,7 @@ pub(crate) struct Store {
     /// renewal waits (WAIT) for N replicas to acknowledge it, and is refused (exit 69)
     /// with fewer. A query parameter a store does not know is refused (exit 64), never
     /// ignored. Without --url and DLOCK_URL: redis://127.0.0.1:6379, a Redis server on
-    /// this machine.
+    /// this machine (an empty one is refused).
     #[arg(long, env = "DLOCK_URL", hide_env_values = true)]
     pub(crate) url: Option<String>,
 

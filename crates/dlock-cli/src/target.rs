@@ -334,7 +334,7 @@ pub(crate) async fn top(target: Target, args: TopArgs) -> Result<u8, Failure> {
 pub(crate) async fn connect(store: &Store, allow_memory: bool) -> Result<Target, Failure> {
     let connected = connect_to(store.url.as_deref(), allow_memory).await;
     match connected {
-        Err(failure) if given(store.url.as_deref()).is_none() => Err(Failure::new(
+        Err(failure) if store.url.is_none() => Err(Failure::new(
             failure.code,
             format!(
                 "no store named (neither --url nor DLOCK_URL is set), and the default, \
@@ -351,10 +351,6 @@ pub(crate) async fn connect(store: &Store, allow_memory: bool) -> Result<Target,
 /// machine, at its default port (as `etcdctl` and `consul` default to the local agent).
 pub(crate) const DEFAULT_URL: &str = "redis://127.0.0.1:6379";
 
-/// The URL given (`--url`, else `DLOCK_URL`), if any: an empty one is none.
-fn given(url: Option<&str>) -> Option<&str> {
-    url.filter(|u| !u.is_empty())
-}
 
 /// [`connect`] to `url`, [`DEFAULT_URL`] if none is given.
 async fn connect_to(url: Option<&str>, allow_memory: bool) -> Result<Target, Failure> {
@@ -441,10 +437,19 @@ enum Named<'a> {
 }
 
 /// Which store `url` names (`--url`, else `DLOCK_URL`, else [`DEFAULT_URL`]), by its
-/// scheme; a usage error for an unknown scheme or text that is no URL, which never shows
-/// a secret of it.
+/// scheme; a usage error for an empty one, an unknown scheme or text that is no URL, which
+/// never shows a secret of it.
 fn named(url: Option<&str>, allow_memory: bool) -> Result<Named<'_>, Failure> {
-    let url = given(url).unwrap_or(DEFAULT_URL);
+    let url = match url {
+        None => DEFAULT_URL,
+        Some("") => {
+            return Err(Failure::usage(format!(
+                "empty --url or DLOCK_URL: name a store, or leave both unset for the default, \
+                 {DEFAULT_URL}"
+            )));
+        }
+        Some(url) => url,
+    };
     match scheme(url) {
         Some("redis" | "rediss" | "redis+unix" | "unix" | "redis+sentinel" | "redis+cluster") => {
             Ok(Named::Redis(url))
@@ -810,13 +815,14 @@ mod tests {
         }
     }
 
+    /// No URL: the default store; an empty one: a usage error that names the default.
     #[test]
-    fn no_url_is_a_usage_error() {
-        for url in [None, Some("")] {
-            let f = named(url, true).expect_err("no store");
-            assert_eq!(f.code, exit::USAGE);
-            assert!(f.message.contains("DLOCK_URL"), "{}", f.message);
-        }
+    fn no_url_is_the_default_and_an_empty_one_a_usage_error() {
+        assert_eq!(named(None, false).expect("default"), Named::Redis(DEFAULT_URL));
+        let f = named(Some(""), true).expect_err("empty");
+        assert_eq!(f.code, exit::USAGE);
+        assert!(f.message.contains("DLOCK_URL"), "{}", f.message);
+        assert!(f.message.contains(DEFAULT_URL), "{}", f.message);
         let f = named(Some("memory://"), false).expect_err("not in-process");
         assert_eq!(f.code, exit::USAGE);
     }

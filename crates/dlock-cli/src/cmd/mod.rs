@@ -812,7 +812,7 @@ mod tests {
             name in text(),
         ) {
             let (by_kind, by_layout) = block_on(async {
-                let kind_status = status_of(Memory::new(), kind, &prefix, &name).await;
+                let kind_status = status_of(Memory::new(), kind, Some(&prefix), &name).await;
                 let mut layouts = Vec::new();
                 for layout in [Layout::AtKey, Layout::QueueUnder, Layout::Znodes, Layout::Session] {
                     layouts.push(lock_status_of(Memory::new(), layout, &prefix, &name).await);

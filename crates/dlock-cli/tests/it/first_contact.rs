@@ -170,9 +170,9 @@ fn help_states_each_commands_default_prefix() {
     let text = help(&["run", "--help"]);
     assert!(
         text.contains(
-            "--prefix <PREFIX> Key prefix of the lock, used as given [default: dlock:; with \
-             --semaphore dlock-sem:, with --shared or --exclusive dlock-rw:, with --fair \
-             dlock-fair:]"
+            "--prefix <PREFIX> Key prefix of the lock, used as given [default: dlock:, or the \
+             kind's own: dlock-sem: (--semaphore), dlock-rw: (--shared, --exclusive), \
+             dlock-fair: (--fair)]"
         ),
         "{text}"
     );
@@ -278,10 +278,14 @@ fn without_a_url_the_store_is_the_local_redis() {
         ),
         "{err}"
     );
-    // An empty DLOCK_URL is none.
+    // An empty DLOCK_URL (a variable that was meant to be set) is refused, not the default.
     let out = output(no_url().env("DLOCK_URL", "").args(["status", "local"]));
-    assert_eq!(out.status.code(), Some(UNAVAILABLE), "{}", stderr(&out));
-    assert!(stderr(&out).contains("the default, redis://127.0.0.1:6379"));
+    assert_eq!(out.status.code(), Some(crate::USAGE), "{}", stderr(&out));
+    assert_eq!(
+        stderr(&out),
+        "dlock: empty --url or DLOCK_URL: name a store, or leave both unset for the default, \
+         redis://127.0.0.1:6379\n"
+    );
 
     let help = output(no_url().args(["status", "--help"]));
     let help = String::from_utf8_lossy(&help.stdout)
@@ -291,7 +295,7 @@ fn without_a_url_the_store_is_the_local_redis() {
     assert!(
         help.contains(
             "Without --url and DLOCK_URL: redis://127.0.0.1:6379, a Redis server on this \
-             machine [env: DLOCK_URL]"
+             machine (an empty one is refused) [env: DLOCK_URL]"
         ),
         "{help}"
     );
