@@ -11,8 +11,8 @@ use dlock::raw::RawFencing;
 use dlock::{LockGuard, MIN_TTL};
 
 use crate::args::{
-    AcquireArgs, ExtendArgs, ForceUnlockArgs, HoldArgs, ListArgs, RunArgs, SetPermitsArgs, StatusArgs, Store,
-    TokenArgs, TopArgs,
+    AcquireArgs, ExtendArgs, ForceUnlockArgs, HoldArgs, ListArgs, RunArgs, SetPermitsArgs,
+    StatusArgs, Store, TokenArgs, TopArgs,
 };
 use crate::cmd::{self, Layout};
 use crate::exit::Failure;
@@ -350,7 +350,6 @@ pub(crate) async fn connect(store: &Store, allow_memory: bool) -> Result<Target,
 /// The store when neither `--url` nor `DLOCK_URL` names one: a Redis server on this
 /// machine, at its default port (as `etcdctl` and `consul` default to the local agent).
 pub(crate) const DEFAULT_URL: &str = "redis://127.0.0.1:6379";
-
 
 /// [`connect`] to `url`, [`DEFAULT_URL`] if none is given.
 async fn connect_to(url: Option<&str>, allow_memory: bool) -> Result<Target, Failure> {
@@ -818,7 +817,10 @@ mod tests {
     /// No URL: the default store; an empty one: a usage error that names the default.
     #[test]
     fn no_url_is_the_default_and_an_empty_one_a_usage_error() {
-        assert_eq!(named(None, false).expect("default"), Named::Redis(DEFAULT_URL));
+        assert_eq!(
+            named(None, false).expect("default"),
+            Named::Redis(DEFAULT_URL)
+        );
         let f = named(Some(""), true).expect_err("empty");
         assert_eq!(f.code, exit::USAGE);
         assert!(f.message.contains("DLOCK_URL"), "{}", f.message);

@@ -296,12 +296,7 @@ impl<B: RawElection> Election<B> {
             self.lock.backend().record(self.lock.keys())
         )?;
         let last_term = record.as_ref().map(|(term, _)| FencingToken::new(*term));
-        let vacated = |since| {
-            Some(LeaderChange::Vacant(Vacancy {
-                last_term,
-                since,
-            }))
-        };
+        let vacated = |since| Some(LeaderChange::Vacant(Vacancy { last_term, since }));
         let Some(holder) = state.holder else {
             let since = record
                 .as_ref()
@@ -589,7 +584,9 @@ struct Observing<B: RawElection> {
 /// value, or a vacancy after the same term.
 fn same_seat(a: &LeaderChange, b: &LeaderChange) -> bool {
     match (a, b) {
-        (LeaderChange::Leader(a), LeaderChange::Leader(b)) => a.term == b.term && a.value == b.value,
+        (LeaderChange::Leader(a), LeaderChange::Leader(b)) => {
+            a.term == b.term && a.value == b.value
+        }
         (LeaderChange::Vacant(a), LeaderChange::Vacant(b)) => a.last_term == b.last_term,
         _ => false,
     }
@@ -725,10 +722,7 @@ impl<B: RawElection> Unpin for Observer<B> {}
 impl<B: RawElection> futures_core::Stream for Observer<B> {
     type Item = Result<LeaderChange>;
 
-    fn poll_next(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<LeaderChange>>> {
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<LeaderChange>>> {
         self.get_mut().poll_change(cx).map(Some)
     }
 }

@@ -129,8 +129,8 @@ pub mod validity;
 struct ReadmeDoctests;
 
 pub use election::{
-    DEFAULT_ELECTION_PREFIX, Election, ElectionBuilder, Leader, LeaderChange, Leadership, MAX_VALUE_LEN,
-    Observer, Vacancy,
+    DEFAULT_ELECTION_PREFIX, Election, ElectionBuilder, Leader, LeaderChange, Leadership,
+    MAX_VALUE_LEN, Observer, Vacancy,
 };
 pub use engine::wait::Retry;
 pub use error::{Error, ErrorKind, NodeErrors, PermitCounts, Result};

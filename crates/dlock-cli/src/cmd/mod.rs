@@ -567,7 +567,9 @@ pub(crate) async fn list_every_kind<B: kinds::AnyKind>(
     let mut rows = Vec::with_capacity(wanted.len());
     for (name, kind) in &wanted {
         let status = match kind {
-            Kind::Lock => lock_status_of(backend.clone(), layout, args.store.lock_prefix(), name).await,
+            Kind::Lock => {
+                lock_status_of(backend.clone(), layout, args.store.lock_prefix(), name).await
+            }
             _ => status_of(backend.clone(), *kind, prefix, name).await,
         };
         match status {
@@ -593,7 +595,10 @@ pub(crate) async fn set_permits_cmd<B: kinds::AnyKind>(
     args: SetPermitsArgs,
 ) -> Result<u8, Failure> {
     let sem = dlock::Semaphore::builder(backend, &args.name, args.permits)
-        .prefix(kinds::prefix_for(Kind::Semaphore, args.store.prefix.as_deref()))
+        .prefix(kinds::prefix_for(
+            Kind::Semaphore,
+            args.store.prefix.as_deref(),
+        ))
         .build()?;
     let before = sem.stored_permits().await?;
     sem.set_permits(args.permits).await?;
@@ -683,13 +688,19 @@ pub(crate) async fn force_unlock_cmd<B: kinds::AnyKind>(
 ) -> Result<u8, Failure> {
     if !confirm_force_unlock(
         &args,
-        status_of(backend.clone(), args.kind, args.store.prefix.as_deref(), &args.name),
+        status_of(
+            backend.clone(),
+            args.kind,
+            args.store.prefix.as_deref(),
+            &args.name,
+        ),
     )
     .await?
     {
         return Ok(exit::CONFLICT);
     }
-    let done = kinds::force_unlock(backend, args.kind, args.store.prefix.as_deref(), &args.name).await?;
+    let done =
+        kinds::force_unlock(backend, args.kind, args.store.prefix.as_deref(), &args.name).await?;
     report_force_unlock(&args, done)
 }
 
@@ -703,7 +714,12 @@ pub(crate) async fn lock_force_unlock_cmd<B: RawInspect>(
     lock_kind_only(args.kind, store)?;
     if !confirm_force_unlock(
         &args,
-        lock_status_of(backend.clone(), layout, args.store.lock_prefix(), &args.name),
+        lock_status_of(
+            backend.clone(),
+            layout,
+            args.store.lock_prefix(),
+            &args.name,
+        ),
     )
     .await?
     {

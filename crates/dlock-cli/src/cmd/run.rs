@@ -166,7 +166,14 @@ async fn alone<X: RawLock, B: AnyKind>(
     mine: Kind,
     args: &RunArgs,
 ) -> Option<LockGuard<X>> {
-    let others = match kinds::held_as_others(backend, mine, args.store.prefix.as_deref(), &args.name).await {
+    let others = match kinds::held_as_others(
+        backend,
+        mine,
+        args.store.prefix.as_deref(),
+        &args.name,
+    )
+    .await
+    {
         Ok(others) => others,
         Err(failure) => {
             eprintln!(

@@ -195,7 +195,12 @@ impl<B: kinds::AnyKind> Inspector for EveryKind<B> {
         Ok(names)
     }
 
-    async fn state(&self, kind: Kind, prefix: Option<&str>, name: &str) -> Result<LockState, Failure> {
+    async fn state(
+        &self,
+        kind: Kind,
+        prefix: Option<&str>,
+        name: &str,
+    ) -> Result<LockState, Failure> {
         let (_, state) = kinds::state_of(self.backend.clone(), kind, prefix, name).await?;
         Ok(state)
     }
@@ -462,7 +467,8 @@ async fn snapshot<I: Inspector>(
                     rows.push(row);
                 }
             }
-            Ok((kind, name, Err(_))) if src.companion(kind, args.store.prefix.as_deref(), &name) => {}
+            Ok((kind, name, Err(_)))
+                if src.companion(kind, args.store.prefix.as_deref(), &name) => {}
             Ok((kind, name, Err(failure))) => unreadable.push(Unreadable {
                 kind: kind_name(kind),
                 name,

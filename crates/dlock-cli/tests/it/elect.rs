@@ -223,7 +223,10 @@ fn leader_watch_prints_every_change() {
         let term = seen["term"].as_u64().expect("term");
         terms.push(term);
         let gone = next();
-        assert_eq!((&gone["leader"], &gone["last_term"]), (&false.into(), &term.into()));
+        assert_eq!(
+            (&gone["leader"], &gone["last_term"]),
+            (&false.into(), &term.into())
+        );
     }
     assert!(terms.windows(2).all(|w| w[0] < w[1]), "{terms:?}");
     signal("-TERM", watch.id());

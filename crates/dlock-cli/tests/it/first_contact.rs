@@ -10,7 +10,9 @@ use std::time::{Duration, Instant, SystemTime};
 
 use dlock_test::server::RedisServer;
 
-use crate::{CONFLICT, LOST, UNAVAILABLE, dlock, output, scratch, stderr, wait_exit, wait_for_file};
+use crate::{
+    CONFLICT, LOST, UNAVAILABLE, dlock, output, scratch, stderr, wait_exit, wait_for_file,
+};
 
 /// The lines a child prints, read on a thread, so that waiting for one is bounded.
 struct Lines(Receiver<String>);
@@ -35,6 +37,30 @@ impl Lines {
         self.0
             .recv_timeout(within)
             .unwrap_or_else(|e| panic!("no line for {what} within {within:?}: {e}"))
+    }
+}
+
+/// A child killed (SIGKILL) and reaped when dropped: a failed test leaves no process
+/// behind.
+struct Reaped(Child);
+
+impl std::ops::Deref for Reaped {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Reaped {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.0
+    }
+}
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
     }
 }
 
@@ -74,12 +100,14 @@ fn leader_watch_reports_the_empty_seat() {
     let url = server.url();
     for json in [false, true] {
         let name = if json { "seat-json" } else { "seat-text" };
-        let mut watch = dlock(&url)
-            .args(["leader", "--watch", name])
-            .args(json.then_some("--json"))
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("spawn watch");
+        let mut watch = Reaped(
+            dlock(&url)
+                .args(["leader", "--watch", name])
+                .args(json.then_some("--json"))
+                .stdout(Stdio::piped())
+                .spawn()
+                .expect("spawn watch"),
+        );
         let lines = Lines::of(&mut watch);
         let quick = Duration::from_secs(10);
         let first = lines.next(quick, "the seat at the start");
@@ -218,7 +246,11 @@ fn an_explicit_prefix_is_used_as_given() {
     assert_eq!(status["key"], "dlock:chosen");
     assert_eq!(status["held"], true, "{status}");
     assert_eq!(read("leader"), "term 1: v\n");
-    assert_eq!(read("default"), "no leader\n", "the default prefix is another election");
+    assert_eq!(
+        read("default"),
+        "no leader\n",
+        "the default prefix is another election"
+    );
 
     // `run --fair --prefix dlock:` takes the fair lock at dlock:NAME; `status --kind fair
     // --prefix dlock:` reads it there.
@@ -327,11 +359,13 @@ fn without_a_url_the_store_is_the_local_redis() {
 fn hold_prints_token_and_fence_holds_and_releases_on_sigterm() {
     let server = RedisServer::start().expect("redis-server");
     let url = server.url();
-    let mut hold = dlock(&url)
-        .args(["hold", "--ttl", "3s", "script-lock"])
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("spawn hold");
+    let mut hold = Reaped(
+        dlock(&url)
+            .args(["hold", "--ttl", "3s", "script-lock"])
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn hold"),
+    );
     let lines = Lines::of(&mut hold);
     let line = lines.next(Duration::from_secs(10), "TOKEN FENCE");
     let (token, fence) = line.split_once(' ').expect("TOKEN FENCE");
@@ -344,7 +378,10 @@ fn hold_prints_token_and_fence_holds_and_releases_on_sigterm() {
         "the holder is dlock hold: kill it to release"
     );
     let shown = seen["holder"].as_str().expect("holder");
-    assert!(token.starts_with(shown.trim_end_matches('…')), "{token} {shown}");
+    assert!(
+        token.starts_with(shown.trim_end_matches('…')),
+        "{token} {shown}"
+    );
     // Renewed: still held after more than a lease.
     std::thread::sleep(Duration::from_secs(4));
     assert_eq!(status(&url, "script-lock", &[])["held"], true);
@@ -356,18 +393,23 @@ fn hold_prints_token_and_fence_holds_and_releases_on_sigterm() {
         stderr(&other)
     );
     signal("-TERM", hold.id());
-    assert_eq!(wait_exit(&mut hold, Duration::from_secs(10)).code(), Some(0));
+    assert_eq!(
+        wait_exit(&mut hold, Duration::from_secs(10)).code(),
+        Some(0)
+    );
     assert_eq!(
         status(&url, "script-lock", &[])["held"],
         false,
         "released on exit"
     );
     // --json: the same as `dlock acquire --json`.
-    let mut hold = dlock(&url)
-        .args(["hold", "--json", "script-lock"])
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("spawn hold");
+    let mut hold = Reaped(
+        dlock(&url)
+            .args(["hold", "--json", "script-lock"])
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn hold"),
+    );
     let lines = Lines::of(&mut hold);
     let line = lines.next(Duration::from_secs(10), "JSON");
     let held: serde_json::Value = serde_json::from_str(&line).expect("JSON");
@@ -375,7 +417,10 @@ fn hold_prints_token_and_fence_holds_and_releases_on_sigterm() {
     assert_eq!(held["fence"], 2);
     assert_eq!(held["ttl_ms"], 30_000);
     signal("-INT", hold.id());
-    assert_eq!(wait_exit(&mut hold, Duration::from_secs(10)).code(), Some(0));
+    assert_eq!(
+        wait_exit(&mut hold, Duration::from_secs(10)).code(),
+        Some(0)
+    );
 }
 
 /// `dlock hold` started by a script releases the lock when the script exits.
@@ -390,16 +435,27 @@ fn hold_releases_when_its_parent_exits() {
         held.display(),
         go.display()
     );
-    let mut parent = Command::new("sh")
-        .env("DLOCK_URL", &url)
-        .args(["-c", &script, env!("CARGO_BIN_EXE_dlock")])
-        .stdin(Stdio::null())
-        .spawn()
-        .expect("spawn the script");
+    // The script's loop ends once `go` exists (also when the test fails: dropped), and
+    // then dlock hold's parent is gone.
+    struct Go(std::path::PathBuf);
+    impl Drop for Go {
+        fn drop(&mut self) {
+            let _ = std::fs::write(&self.0, "");
+        }
+    }
+    let go_on_drop = Go(go.clone());
+    let mut parent = Reaped(
+        Command::new("sh")
+            .env("DLOCK_URL", &url)
+            .args(["-c", &script, env!("CARGO_BIN_EXE_dlock")])
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("spawn the script"),
+    );
     let line = wait_for_file(&held, Duration::from_secs(10));
     assert!(line.ends_with(" 1\n"), "{line:?}");
     assert_eq!(status(&url, "parent-lock", &[])["held"], true);
-    std::fs::write(&go, "").expect("go");
+    drop(go_on_drop);
     assert!(wait_exit(&mut parent, Duration::from_secs(10)).success());
     until_held(&url, "parent-lock", false, Duration::from_secs(10));
     let _ = std::fs::remove_dir_all(dir);
@@ -411,12 +467,14 @@ fn hold_releases_when_its_parent_exits() {
 fn hold_exits_with_the_lost_code_when_the_lock_is_lost() {
     let server = RedisServer::start().expect("redis-server");
     let url = server.url();
-    let mut hold = dlock(&url)
-        .args(["hold", "--ttl", "3s", "lost-lock"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn hold");
+    let mut hold = Reaped(
+        dlock(&url)
+            .args(["hold", "--ttl", "3s", "lost-lock"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn hold"),
+    );
     let lines = Lines::of(&mut hold);
     lines.next(Duration::from_secs(10), "TOKEN FENCE");
     let deleted = Command::new("redis-cli")

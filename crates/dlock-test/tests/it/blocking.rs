@@ -621,7 +621,10 @@ fn inside_a_runtime_is_a_typed_error<S: Store>(store: &S) {
         let held = tokio::task::spawn_blocking(move || inner.try_lock().map(|g| g.is_some()))
             .await
             .expect("no panic");
-        assert!(!held.expect("blocking works in spawn_blocking"), "held by the guard");
+        assert!(
+            !held.expect("blocking works in spawn_blocking"),
+            "held by the guard"
+        );
         // A guard dropped here is released in the background, without blocking.
         let started = std::time::Instant::now();
         drop(guard);

@@ -1376,7 +1376,11 @@ fn an_observer_on_a_store_without_announcements_is_woken_by_its_poll() {
             let mut observer = watched.observe();
             // Its first report: nobody leads (nobody ever did).
             let first = observer.next().await.expect("store");
-            assert_eq!(first.vacancy().map(|v| v.last_term), Some(None), "{first:?}");
+            assert_eq!(
+                first.vacancy().map(|v| v.last_term),
+                Some(None),
+                "{first:?}"
+            );
             let observing = tokio::spawn(async move { next_leader(&mut observer).await });
             // It has polled at least once and found nobody leading.
             until("the observer to poll", || {

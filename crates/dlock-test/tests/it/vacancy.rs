@@ -59,7 +59,10 @@ async fn while_asleep<B: RawElection, F: Future<Output = ()>>(
     });
     // Time to read and fall asleep (nothing to report: it must wait for a change).
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert!(!waiting.is_finished(), "reported a change that did not happen");
+    assert!(
+        !waiting.is_finished(),
+        "reported a change that did not happen"
+    );
     end.await;
     timeout(Duration::from_secs(10), waiting)
         .await
@@ -99,7 +102,9 @@ where
     let first = candidate.campaign("host-a:1").await.expect("campaign");
     let term = first.term();
     match next(&mut observer, quick, "the first leader").await {
-        LeaderChange::Leader(l) => assert_eq!((l.term, l.value.as_deref()), (term, Some("host-a:1"))),
+        LeaderChange::Leader(l) => {
+            assert_eq!((l.term, l.value.as_deref()), (term, Some("host-a:1")))
+        }
         other => panic!("expected the leader, got {other:?}"),
     }
     let before = SystemTime::now();
@@ -127,7 +132,9 @@ where
     let second = candidate.campaign("host-a:2").await.expect("campaign");
     let term = second.term();
     match next(&mut observer, quick, "the second leader").await {
-        LeaderChange::Leader(l) => assert_eq!((l.term, l.value.as_deref()), (term, Some("host-a:2"))),
+        LeaderChange::Leader(l) => {
+            assert_eq!((l.term, l.value.as_deref()), (term, Some("host-a:2")))
+        }
         other => panic!("expected the leader, got {other:?}"),
     }
     let before = SystemTime::now();

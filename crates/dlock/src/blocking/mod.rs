@@ -510,7 +510,10 @@ mod tests {
                 assert!(tokio::task::coop::has_budget_remaining());
                 let task = inner.clone();
                 let in_task = tokio::spawn(async move { lock_of(&task).try_lock().map(drop) });
-                let err = in_task.await.expect("no panic").expect_err("refused in a task");
+                let err = in_task
+                    .await
+                    .expect("no panic")
+                    .expect_err("refused in a task");
                 assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
                 let worker = inner.clone();
                 tokio::task::spawn_blocking(move || lock_and_release(&worker))
@@ -519,9 +522,9 @@ mod tests {
                     .expect("blocking works in spawn_blocking");
                 if multi {
                     let task = inner.clone();
-                    tokio::spawn(async move {
-                        tokio::task::block_in_place(|| lock_and_release(&task))
-                    })
+                    tokio::spawn(
+                        async move { tokio::task::block_in_place(|| lock_and_release(&task)) },
+                    )
                     .await
                     .expect("no panic")
                     .expect("blocking works in block_in_place");
