@@ -218,8 +218,10 @@ pub(crate) enum Command {
     /// ended, or was killed); then releases the lock and exits 0. If the lock is lost
     /// while held (deleted, force-unlocked, or renewals failed until the lease ran out),
     /// dlock exits 76 at once: nothing kills the script, so a script that must stop then
-    /// waits on dlock (or wraps its work in `dlock run`, which kills it in time). `dlock
-    /// status` shows this host, dlock hold's pid (kill it to release) and --info.
+    /// waits on dlock (or wraps its work in `dlock run`, which kills it in time). Held by
+    /// another process: exit 75 (--no-wait, or --wait ran out); a signal while waiting:
+    /// 128+N, nothing held. `dlock status` shows this host, dlock hold's pid (kill it to
+    /// release) and --info.
     ///
     ///   coproc HOLD { dlock hold --wait 5m migrate; }
     ///   read -r token fence <&"${HOLD[0]}" || exit 75   # nothing read: not held

@@ -253,7 +253,8 @@ impl<B: RawElection> Election<B> {
         Ok(leadership)
     }
 
-    /// The current leader's term and value, or `None` if nobody leads.
+    /// The current leader's term and value, or `None` if nobody leads (also from the moment
+    /// a leader announces its resignation until its release).
     ///
     /// # Errors
     /// Store failures.

@@ -1,6 +1,7 @@
 //! `dlock hold NAME`: a lock held (renewed) across a shell script's commands, until dlock
 //! is signalled or its parent exits.
 
+use std::io::Write as _;
 use std::time::Duration;
 
 use dlock::raw::RawLock;
@@ -9,7 +10,7 @@ use nix::unistd::{Pid, getppid};
 
 use crate::args::HoldArgs;
 use crate::cmd::run::Signals;
-use crate::cmd::{Acquired, acquire, millis, or_dash, print_json};
+use crate::cmd::{Acquired, acquire, millis, or_dash};
 use crate::exit::{self, Failure};
 
 /// How often dlock looks whether its parent is still there.
@@ -66,21 +67,34 @@ pub(crate) async fn hold<B: RawLock>(
         return Ok(args.wait.conflict_exit_code);
     };
     let fence = fence(&guard);
-    let printed = if args.json {
-        print_json(&Acquired {
+    let line = if args.json {
+        serde_json::to_string(&Acquired {
             name: &args.name,
             key: lock.keys().lock(),
             token: guard.token().as_str(),
             fence,
             ttl_ms: millis(args.ttl),
         })
+        .map_err(|e| e.to_string())
     } else {
-        println!("{} {}", guard.token(), or_dash(fence));
-        Ok(())
+        Ok(format!("{} {}", guard.token(), or_dash(fence)))
     };
-    if let Err(failure) = printed {
+    // Nobody reads the line (its reader is gone): give the lock back at once.
+    let printed = line.and_then(|line| {
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "{line}")
+            .and_then(|()| out.flush())
+            .map_err(|e| e.to_string())
+    });
+    if let Err(err) = printed {
         drop(guard.release().await);
-        return Err(failure);
+        return Err(Failure::new(
+            exit::UNAVAILABLE,
+            format!(
+                "printing the token of {:?} failed ({err}); released it",
+                args.name
+            ),
+        ));
     }
     let lost = guard.lost();
     tokio::pin!(lost);
