@@ -733,7 +733,7 @@ impl Section {
         counts
     }
 
-    /// Issue 13's rows 2-4: a client per waiter at 64 and 8 waiters (step-aside mode),
+    /// The rows 2-4: a client per waiter at 64 and 8 waiters (step-aside mode),
     /// beside the BLPOP scheme of the same run.
     pub(crate) fn targets(&self, targets: &mut Targets) {
         let mode = Mode::StepAside;

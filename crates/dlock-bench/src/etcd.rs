@@ -315,7 +315,7 @@ impl Section {
         ]
     }
 
-    /// Issue 13's row 6: dlock's etcd hand-off against etcd's lock service at 8 and 64
+    /// The row 6: dlock's etcd hand-off against etcd's lock service at 8 and 64
     /// waiters (a client per waiter), and its fairness.
     pub(crate) fn targets(&self, targets: &mut Targets) {
         for n in [8, 64] {

@@ -23,7 +23,7 @@
 //! Cluster), `election` (leader election's takeover after a resign and after a crash, on
 //! every store, beside the plain lock's). The store sections also start `memcached`,
 //! `etcd`, PostgreSQL, a standalone ZooKeeper (a JVM) and `redis-cli --cluster create`.
-//! The last table judges issue 13's targets on the figures of this run (see `targets`).
+//! The last table judges the targets on the figures of this run (see `targets`).
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]

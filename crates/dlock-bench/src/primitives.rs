@@ -388,7 +388,7 @@ pub(crate) enum Contender {
     /// `FairLock`, a client per waiter.
     Fair,
     /// One permit of a semaphore of one permit (a lock by another name), a client per
-    /// waiter: issue 13 holds it to the lock's targets.
+    /// waiter: it is held to the lock's targets.
     Semaphore1,
     /// One permit of a semaphore of [`PERMITS`], a client per waiter.
     Semaphore,
@@ -789,7 +789,7 @@ impl Section {
             .find(|c| c.client == client && c.waiters == waiters)
     }
 
-    /// Issue 13's row 5: the semaphore of one permit at 64 waiters in 64 clients, held to
+    /// The row 5: the semaphore of one permit at 64 waiters in 64 clients, held to
     /// the lock's targets, beside the `BLPOP` hand-off of the same run.
     pub(crate) fn targets(&self, targets: &mut Targets) {
         const N: usize = 64;

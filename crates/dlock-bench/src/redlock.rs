@@ -240,7 +240,7 @@ fn rows() -> Vec<Row> {
 }
 
 impl Section {
-    /// Issue 13's row 7: dlock's RedLock over 3 and 5 nodes against rslock's, at each task
+    /// The row 7: dlock's RedLock over 3 and 5 nodes against rslock's, at each task
     /// count of the run.
     pub(crate) fn targets(&self, targets: &mut Targets) {
         let mut tasks: Vec<usize> = self.cells.iter().map(|c| c.n).collect();

@@ -318,7 +318,7 @@ impl WatchdogSection {
         self.runs.iter().all(|r| r.lost == 0)
     }
 
-    /// Issue 13's row 8: 100 000 leases of mixed primitives on one client at ttl 30 s.
+    /// The row 8: 100 000 leases of mixed primitives on one client at ttl 30 s.
     pub(crate) fn targets(&self, targets: &mut Targets) {
         const LEASES: usize = 100_000;
         const TTL: Duration = Duration::from_secs(30);
@@ -548,11 +548,11 @@ pub(crate) async fn memory(profile: &Profile, bar: &ProgressBar) -> Result<Memor
     })
 }
 
-/// Issue 13's target for the client heap per held lock, in bytes.
+/// The target for the client heap per held lock, in bytes.
 const HEAP_PER_LOCK_TARGET: f64 = 400.0;
 
 impl MemorySection {
-    /// Issue 13's row 9: client heap per held plain `Lock` (watchdog on).
+    /// The row 9: client heap per held plain `Lock` (watchdog on).
     pub(crate) fn targets(&self, targets: &mut Targets) {
         targets.judge(
             9,
@@ -580,7 +580,7 @@ impl MemorySection {
              is the plain `Lock` with default options, 30 s ttl and watchdog on, and its \
              figure includes the guard, the lease and its renewal entry; rslock does not \
              renew). Waiters are parked on one held name and counted after {:.1} s.\n\n\
-             | | **dlock** | rslock 0.10 | issue 13 target (dlock) |\n\
+             | | **dlock** | rslock 0.10 | target (dlock) |\n\
              |---|---:|---:|---:|\n\
              | per held lock ({} locks) | {} | {} | ≤ {} |\n\
              | per waiter (dlock {} waiters, rslock {}) | {} | {} | – |\n",

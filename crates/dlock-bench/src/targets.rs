@@ -1,4 +1,4 @@
-//! Issue 13's targets, judged on THIS run: every section that measures one of them adds
+//! The performance targets, judged on THIS run: every section that measures one of them adds
 //! its figure here, and the last table of the results puts each figure beside its target
 //! with a verdict computed from the figure (met / missed). Nothing is asserted: a missed
 //! target is reported, never an error. A target whose section (or whose condition, such
@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use crate::report::{fmt_dur, fmt_rate};
 
-/// The rows of issue 13's table, in its order: `(row, section that measures it, figure,
+/// The rows of the table, in its order: `(row, section that measures it, figure,
 /// target)`. A row no section reported on is printed as not measured.
 const ISSUE_ROWS: [(u32, &str, &str, &str); 9] = [
     (
@@ -154,11 +154,11 @@ impl Targets {
         });
     }
 
-    /// The closing table, issue 13's rows in order; rows that no section of this run
+    /// The closing table, the rows in order; rows that no section of this run
     /// measured say which section to run.
     pub(crate) fn markdown(&self, quick: bool) -> String {
         let mut md = format!(
-            "\n## Issue 13's targets, judged on this run\n\n\
+            "\n## The performance targets, judged on this run\n\n\
              Every figure below is taken from the tables above ({} profile{}); each verdict \
              is computed from its figure and nothing else. RT = the PING round trip of the \
              figure's own section.\n\n\

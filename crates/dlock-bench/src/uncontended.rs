@@ -375,7 +375,7 @@ impl Section {
             .find(|c| c.client == client && c.tasks == tasks)
     }
 
-    /// Issue 13's row 1: dlock (defaults: fencing and watchdog on) against rslock at 1, 16
+    /// The row 1: dlock (defaults: fencing and watchdog on) against rslock at 1, 16
     /// and 64 tasks.
     pub(crate) fn targets(&self, targets: &mut Targets) {
         const TARGET: &str = "≥ 1.0×";

@@ -51,9 +51,14 @@ Exit codes:
   69     backend unavailable or failed
   75     conflict: the lock is held, or another candidate leads (--no-wait, or --wait ran
          out), or (dlock run --refuse-other-kinds) NAME is held as another kind of lock;
-         see --conflict-exit-code
-  76     lock or leadership lost while held (the command was terminated), or not ours at
-         release
+         see --conflict-exit-code. The message says who holds it (host, pid, command,
+         since)
+  76     lock or leadership lost while held (the command was terminated)
+  77     dlock release / extend: another token holds NAME, not --token (a mistyped token,
+         or its lease ran out and another holder took the lock)
+  79     nobody holds NAME: dlock force-unlock found nothing to unlock; dlock release /
+         extend found it held under no token (for a token that held it: its lease ran out,
+         or it was force-unlocked)
   1      dlock torture: an unexpected result (see its report)
   126    the command could not be executed
   127    the command was not found
@@ -89,8 +94,9 @@ pub(crate) struct Store {
     /// The store: redis://[user:pass@]host:port/db, rediss://… (TLS), redis+unix:///path,
     /// redis+sentinel://host:port,…/master-name, redis+cluster://host:port,…,
     /// redlock://host:port,host:port,host:port (RedLock: the plain lock, no fence),
-    /// memcache://host:port and etcd://host:port,… (the plain lock), postgres://… (every
-    /// kind; ?mode=advisory: session locks), zk://host:port,…/chroot. What a store cannot
+    /// memcache://host:port and etcd://host:port,… (the plain lock; etcd:// in a dlock
+    /// built with `--features etcd`), postgres://… (every kind; ?mode=advisory: session
+    /// locks), zk://host:port,…/chroot. What a store cannot
     /// do is a usage error that says why. redis:// and redis+sentinel:// (and
     /// rediss://, redis+unix://, redis+cluster://) take ?min_replicas=N: every grant and
     /// renewal waits (WAIT) for N replicas to acknowledge it, and is refused (exit 69)
@@ -131,7 +137,7 @@ impl Store {
 #[derive(Debug, Clone, Args)]
 pub(crate) struct Wait {
     /// Wait at most this long for the lock (e.g. 30s, 5m); default: wait forever.
-    #[arg(long, value_parser = parse_duration, conflicts_with = "no_wait")]
+    #[arg(long, value_parser = parse_wait, conflicts_with = "no_wait")]
     pub(crate) wait: Option<Duration>,
 
     /// Do not wait: if the lock is held, exit with the conflict code (like flock -n).
@@ -232,9 +238,15 @@ pub(crate) enum Command {
     #[command(mut_arg("prefix", |a| a.help(PREFIX_LOCK)))]
     Acquire(AcquireArgs),
     /// Release NAME held under --token.
+    ///
+    /// Exit 77 if another token holds NAME, 79 if none does (the message says which, and
+    /// who holds it).
     #[command(mut_arg("prefix", |a| a.help(PREFIX_LOCK)))]
     Release(TokenArgs),
     /// Reset the lease of NAME held under --token to --ttl from now.
+    ///
+    /// Exit 77 if another token holds NAME, 79 if none does (the message says which, and
+    /// who holds it).
     #[command(mut_arg("prefix", |a| a.help(PREFIX_LOCK)))]
     Extend(ExtendArgs),
     /// Show who holds NAME: token (abbreviated), host, pid, command and since when (as the
@@ -242,7 +254,9 @@ pub(crate) enum Command {
     ///
     /// With --kind semaphore: also the permits in use, the holders and the stored permit
     /// count (`permits`; `-` if none is stored). On redlock:// it shows every node's view
-    /// and the majority's.
+    /// and the majority's. On postgres://…?mode=advisory the holder is a PostgreSQL
+    /// session, shown by its backend pid (a server process, not a process of the holder's;
+    /// JSON: `backend_pid`). NAME and the key are shown as `dlock list` shows names.
     #[command(mut_arg("prefix", |a| a.help(PREFIX_KIND)))]
     Status(StatusArgs),
     /// List held locks of every kind (SCAN, never KEYS), optionally matching a glob PATTERN.
@@ -253,11 +267,18 @@ pub(crate) enum Command {
     /// line per kind; where holders share a lock (semaphore, readers) HOLDER is `-` and
     /// JSON has `holders`. Not on memcache:// (no key iteration) or
     /// postgres://…?mode=advisory (only hashes of names are stored).
+    ///
+    /// NAME pastes back into a shell (bash, zsh, ksh) as the name itself: as it is when
+    /// made of letters, digits and `-_.:/@+,%`; else in single quotes ('a*b'); or, if it
+    /// has blanks, control or invisible characters, `'`, `\` or `!`, as $'…' with those
+    /// escaped (\n, \t, \r, \', \\, \xHH, \uHHHH; a space is \x20): "my job" shows as
+    /// $'my\x20job'. JSON has names as they are.
     #[command(mut_arg("prefix", |a| a.help(PREFIX_LIST)))]
     List(ListArgs),
     /// Watch every held lock of every kind, refreshed in place (like top(1)).
     ///
-    /// One row per lock matching PATTERN: kind, name, holder (abbreviated token), its host,
+    /// One row per lock matching PATTERN: kind, name (as `dlock list` shows it, pasteable
+    /// into a shell), holder (abbreviated token), its host,
     /// pid and since when, remaining ttl, last fence, holds (hold count, permits in use,
     /// readers), waiters, command. On a terminal: q or Ctrl-C quits, s changes the order.
     /// Otherwise, or with --json, one JSON object per refresh per line. Not on memcache://
@@ -266,6 +287,9 @@ pub(crate) enum Command {
     #[command(mut_arg("prefix", |a| a.help(PREFIX_LIST)))]
     Top(TopArgs),
     /// Delete NAME whoever holds it. Dangerous: the holder keeps working until it notices.
+    ///
+    /// Exit 79 if nobody holds NAME (as that kind): check the name (`dlock list` shows
+    /// each as it pastes back into a shell).
     #[command(mut_arg("prefix", |a| a.help(PREFIX_KIND)))]
     ForceUnlock(ForceUnlockArgs),
     /// Set the permit count of the semaphore NAME (`dlock run --semaphore N`) for every
@@ -320,7 +344,7 @@ pub(crate) struct RunArgs {
     /// Lease length, renewed every third of it while the command runs: a crashed dlock's
     /// lock is freed within it. On zk:// it is dlock's session timeout (a URL's
     /// ?session_timeout= wins, and must not be longer).
-    #[arg(long, value_parser = parse_duration, default_value = "30s")]
+    #[arg(long, value_parser = parse_renewed_ttl, default_value = "30s")]
     pub(crate) ttl: Duration,
     /// How long the command has between SIGTERM and SIGKILL when renewals keep failing
     /// (default 10s, or less where the lease needs it). SIGKILL lands at the latest 100ms
@@ -416,7 +440,7 @@ pub(crate) struct ElectArgs {
     /// Lease length, renewed every third of it while leading: a crashed leader is
     /// replaced within it. On zk:// it is dlock's session timeout (a URL's
     /// ?session_timeout= wins, and must not be longer).
-    #[arg(long, value_parser = parse_duration, default_value = "30s")]
+    #[arg(long, value_parser = parse_renewed_ttl, default_value = "30s")]
     pub(crate) ttl: Duration,
     /// How long the command has between SIGTERM and SIGKILL when renewals keep failing
     /// (default 10s, or less where the lease needs it; at most ttl/3 - 100ms).
@@ -457,7 +481,7 @@ pub(crate) struct AcquireArgs {
     #[command(flatten)]
     pub(crate) wait: Wait,
     /// Lease length (nothing renews it: extend or release before it runs out).
-    #[arg(long, value_parser = parse_duration, default_value = "30s")]
+    #[arg(long, value_parser = parse_lease, default_value = "30s")]
     pub(crate) ttl: Duration,
     #[command(flatten)]
     pub(crate) holder: HolderArgs,
@@ -508,7 +532,7 @@ pub(crate) struct ExtendArgs {
     #[command(flatten)]
     pub(crate) held: TokenArgs,
     /// The new lease length, from now.
-    #[arg(long, value_parser = parse_duration)]
+    #[arg(long, value_parser = parse_lease)]
     pub(crate) ttl: Duration,
 }
 
@@ -590,6 +614,49 @@ pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
         sum_of_spans(s.trim()).map_err(|e| format!("{e} (expected e.g. 500ms, 30s, 5m, 2h)"))?;
     if d.is_zero() {
         return Err("must be greater than zero".into());
+    }
+    Ok(d)
+}
+
+/// `--wait`: a duration above zero; `0` points to `--no-wait`.
+fn parse_wait(s: &str) -> Result<Duration, String> {
+    match sum_of_spans(s.trim()) {
+        Ok(d) if d.is_zero() => Err(
+            "0 does not wait: use --no-wait (-n) to give up at once when the lock is held".into(),
+        ),
+        _ => parse_duration(s),
+    }
+}
+
+/// `--ttl` of the commands that renew their lease while their command runs (`run`,
+/// `elect`): up to the longest lease, and a longer one is never needed.
+fn parse_renewed_ttl(s: &str) -> Result<Duration, String> {
+    capped(
+        s,
+        "the lease is renewed every third of --ttl for as long as the command runs, \
+        so the lock is held however long that takes: --ttl is only how long the lock \
+        outlives a dlock that crashed (default 30s)",
+    )
+}
+
+/// `--ttl` of `acquire` and `extend`, whose lease nothing renews.
+fn parse_lease(s: &str) -> Result<Duration, String> {
+    capped(
+        s,
+        "nothing renews this lease: extend it before it ends (dlock extend NAME --token \
+        TOKEN --ttl D), or hold the lock with dlock run, which renews it while its command runs",
+    )
+}
+
+/// A lease length up to [`dlock::MAX_TTL`]; above it, an error that says `why` no longer
+/// one is needed.
+fn capped(s: &str, why: &str) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    if d > dlock::MAX_TTL {
+        return Err(format!(
+            "at most {}h (the longest lease); {why}",
+            dlock::MAX_TTL.as_secs() / 3600
+        ));
     }
     Ok(d)
 }

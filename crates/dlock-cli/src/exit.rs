@@ -16,9 +16,16 @@ pub(crate) const UNAVAILABLE: u8 = 69;
 /// The lock is held: `--no-wait`, or `--wait` ran out (`EX_TEMPFAIL`; `--conflict-exit-code`
 /// changes it).
 pub(crate) const CONFLICT: u8 = 75;
-/// The lock was lost while held: the child was terminated, or a release found the lock no
-/// longer ours.
+/// The lock was lost while held: the child was terminated.
 pub(crate) const LOST: u8 = 76;
+/// `release` or `extend` with a token that does not hold the lock, which another token
+/// holds: a mistyped token, or the lease ran out and another holder took the lock
+/// (`EX_NOPERM`).
+pub(crate) const NOT_OURS: u8 = 77;
+/// Nobody holds the lock: `force-unlock`, or `release` / `extend` (under any token) found
+/// nothing to act on; for a token that did hold it, its lease ran out or it was
+/// force-unlocked. Past the `sysexits.h` range, as no code there means it.
+pub(crate) const NOT_HELD: u8 = 79;
 /// The command could not be executed (as in POSIX shells).
 pub(crate) const CANNOT_EXECUTE: u8 = 126;
 /// The command was not found (as in POSIX shells).

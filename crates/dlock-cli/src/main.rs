@@ -22,6 +22,7 @@ use crate::exit::Failure;
 use crate::target::{connect, connect_to_lock, with_election_backend};
 
 fn main() -> ExitCode {
+    exit_quietly_on_broken_pipe();
     // The reaper `dlock run` starts beside a command, and the gate in front of the command
     // (which execs it, returning only on failure): internal, not user commands.
     match std::env::args_os().nth(1) {
@@ -61,6 +62,27 @@ fn main() -> ExitCode {
     exit::finish(runtime.block_on(dispatch(command)))
 }
 
+/// `dlock list | head -1`: a reader that closed stdout ends dlock as SIGPIPE ends a C
+/// tool (status 141, nothing on stderr), not with `println!`'s panic message. (Rust
+/// ignores SIGPIPE, so the write fails with EPIPE instead.)
+fn exit_quietly_on_broken_pipe() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let payload = info.payload();
+        let message = payload
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| payload.downcast_ref::<&str>().copied())
+            .unwrap_or("");
+        // println!'s "failed printing to stdout: Broken pipe (os error 32)", clap_complete's
+        // "failed to write completion file: Os { .., kind: BrokenPipe, .. }".
+        if message.contains("Broken pipe") || message.contains("kind: BrokenPipe") {
+            std::process::exit(141);
+        }
+        default(info);
+    }));
+}
+
 /// A usage error of clap's as one line (its first paragraph), without a secret it
 /// echoes: clap quotes the value it refuses, which may be a URL given where a name or a
 /// duration goes (`dlock status NAME "$DLOCK_URL"`, the `--url` forgotten).
@@ -77,10 +99,30 @@ fn usage_failure(err: &clap::Error) -> Failure {
         .split_whitespace()
         .collect::<Vec<_>>()
         .join(" ");
-    Failure::usage(format!(
-        "{} (see dlock --help)",
-        line.trim_start_matches("error: ")
-    ))
+    let line = line.trim_start_matches("error: ");
+    // `dlock run NAME COMMAND`, the `--` forgotten: the command's words are taken for
+    // dlock's (or missing), whatever clap calls it. Its usage line shows where they go.
+    let usage = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Usage: "))
+        .filter(|u| u.contains(" -- <COMMAND>"));
+    let forgot_dashes = matches!(
+        err.kind(),
+        clap::error::ErrorKind::UnknownArgument | clap::error::ErrorKind::MissingRequiredArgument
+    );
+    match usage {
+        Some(usage) if forgot_dashes => {
+            let command = usage
+                .split_whitespace()
+                .take(2)
+                .collect::<Vec<_>>()
+                .join(" ");
+            Failure::usage(format!(
+                "{line}: the command goes after --, as in: {usage} (see {command} --help)"
+            ))
+        }
+        _ => Failure::usage(format!("{line} (see dlock --help)")),
+    }
 }
 
 async fn dispatch(command: Command) -> Result<u8, Failure> {

@@ -4,11 +4,13 @@
 //! or a usage error that says why the store cannot do it. Keep these arms, `dlock --help`
 //! and the README's CLI section in step.
 
+#[cfg(feature = "etcd")]
+use dlock::backend::Etcd;
 use dlock::backend::{
-    ConfigHazard, Etcd, Memcached, Memory, PgAdvisory, Postgres, Quorum, Redis, ZooKeeper,
+    ConfigHazard, Memcached, Memory, PgAdvisory, Postgres, Quorum, Redis, ZooKeeper,
 };
 use dlock::raw::RawFencing;
-use dlock::{LockGuard, MIN_TTL};
+use dlock::{ErrorKind, LockGuard, MIN_TTL};
 
 use crate::args::{
     AcquireArgs, ExtendArgs, ForceUnlockArgs, HoldArgs, ListArgs, RunArgs, SetPermitsArgs,
@@ -29,6 +31,7 @@ pub(crate) enum Target {
     /// Memcached: the plain lock (fenced); no `list` (no key iteration).
     Memcached(Memcached),
     /// etcd: the plain lock (fenced).
+    #[cfg(feature = "etcd")]
     Etcd(Etcd),
     /// PostgreSQL: every primitive, every command.
     Postgres(Postgres),
@@ -50,8 +53,9 @@ impl Target {
             Target::Redis(r) => r.config_hazards(),
             Target::Quorum(q) => q.nodes().iter().flat_map(Redis::config_hazards).collect(),
             Target::Memcached(m) => m.config_hazards(),
+            #[cfg(feature = "etcd")]
+            Target::Etcd(_) => Vec::new(),
             Target::Memory(_)
-            | Target::Etcd(_)
             | Target::Postgres(_)
             | Target::PgAdvisory(_)
             | Target::ZooKeeper(_) => Vec::new(),
@@ -120,6 +124,7 @@ macro_rules! with_election_backend {
             $crate::target::Target::Memory($b) => $body,
             $crate::target::Target::Postgres($b) => $body,
             $crate::target::Target::Memcached($b) => $body,
+            #[cfg(feature = "etcd")]
             $crate::target::Target::Etcd($b) => $body,
             $crate::target::Target::ZooKeeper($b) => $body,
             $crate::target::Target::Quorum(_) => Err($crate::exit::Failure::usage(
@@ -167,6 +172,7 @@ pub(crate) async fn run(target: Target, args: RunArgs) -> Result<u8, Failure> {
             let shortest = dlock::backend::memcached::MIN_TTL;
             cmd::run_plain(m, args, fence, shortest).await
         }
+        #[cfg(feature = "etcd")]
         Target::Etcd(e) => cmd::run_plain(e, args, fence, MIN_TTL).await,
         Target::PgAdvisory(p) => {
             outlives_dlock(&args, "postgres://…?mode=advisory")?;
@@ -182,6 +188,7 @@ pub(crate) async fn acquire(target: Target, args: AcquireArgs) -> Result<u8, Fai
         Target::Memory(b) => cmd::acquire_cmd(b, args, fence).await,
         Target::Postgres(b) => cmd::acquire_cmd(b, args, fence).await,
         Target::Memcached(b) => cmd::acquire_cmd(b, args, fence).await,
+        #[cfg(feature = "etcd")]
         Target::Etcd(b) => cmd::acquire_cmd(b, args, fence).await,
         // No fencing token on a quorum of independent counters: `TOKEN -`.
         Target::Quorum(q) => cmd::acquire_cmd(q, args, |_| None).await,
@@ -198,6 +205,7 @@ pub(crate) async fn hold(target: Target, args: HoldArgs) -> Result<u8, Failure> 
         Target::Memory(b) => cmd::hold::hold(b, args, fence).await,
         Target::Postgres(b) => cmd::hold::hold(b, args, fence).await,
         Target::Memcached(b) => cmd::hold::hold(b, args, fence).await,
+        #[cfg(feature = "etcd")]
         Target::Etcd(b) => cmd::hold::hold(b, args, fence).await,
         Target::ZooKeeper(b) => cmd::hold::hold(b, args, fence).await,
         // No fencing token on a quorum of independent counters, nor on a session lock.
@@ -215,6 +223,7 @@ macro_rules! with_token_holds {
             Target::Memory($b) => $body,
             Target::Postgres($b) => $body,
             Target::Memcached($b) => $body,
+            #[cfg(feature = "etcd")]
             Target::Etcd($b) => $body,
             Target::Quorum($b) => $body,
             Target::ZooKeeper(_) => Err(Failure::usage(ZK_SESSION)),
@@ -241,6 +250,7 @@ pub(crate) async fn status(target: Target, args: StatusArgs) -> Result<u8, Failu
         Target::Postgres(b) => cmd::status_cmd(b, args).await,
         Target::ZooKeeper(b) => cmd::status_cmd(b, args).await,
         Target::Memcached(m) => cmd::lock_status_cmd(m, Layout::AtKey, "memcache://", args).await,
+        #[cfg(feature = "etcd")]
         Target::Etcd(e) => cmd::lock_status_cmd(e, Layout::QueueUnder, "etcd://", args).await,
         Target::PgAdvisory(p) => {
             cmd::lock_status_cmd(p, Layout::Session, "postgres://…?mode=advisory", args).await
@@ -256,6 +266,7 @@ pub(crate) async fn list(target: Target, args: ListArgs) -> Result<u8, Failure> 
         Target::Memory(b) => cmd::list_every_kind(b, Layout::AtKey, false, args).await,
         Target::Postgres(b) => cmd::list_every_kind(b, Layout::AtKey, false, args).await,
         Target::ZooKeeper(z) => cmd::list_every_kind(z, Layout::Znodes, false, args).await,
+        #[cfg(feature = "etcd")]
         Target::Etcd(e) => {
             cmd::only_locks(&args.kind, "etcd://")?;
             cmd::list_cmd(e, Layout::QueueUnder, args).await
@@ -282,6 +293,7 @@ pub(crate) async fn set_permits(target: Target, args: SetPermitsArgs) -> Result<
         Target::Postgres(b) => cmd::set_permits_cmd(b, args).await,
         Target::ZooKeeper(b) => cmd::set_permits_cmd(b, args).await,
         Target::Memcached(_) => plain_only("memcache://"),
+        #[cfg(feature = "etcd")]
         Target::Etcd(_) => plain_only("etcd://"),
         Target::Quorum(_) => plain_only("redlock://"),
         Target::PgAdvisory(_) => plain_only("postgres://…?mode=advisory"),
@@ -298,6 +310,7 @@ pub(crate) async fn force_unlock(target: Target, args: ForceUnlockArgs) -> Resul
         Target::Memcached(m) => {
             cmd::lock_force_unlock_cmd(m, Layout::AtKey, "memcache://", args).await
         }
+        #[cfg(feature = "etcd")]
         Target::Etcd(e) => cmd::lock_force_unlock_cmd(e, Layout::QueueUnder, "etcd://", args).await,
         // Terminates the holding sessions (pg_terminate_backend).
         Target::PgAdvisory(p) => {
@@ -306,6 +319,12 @@ pub(crate) async fn force_unlock(target: Target, args: ForceUnlockArgs) -> Resul
         Target::Quorum(q) => cmd::quorum::force_unlock_cmd(q, args).await,
     }
 }
+
+/// Why `etcd://` is refused by a dlock built without the `etcd` feature.
+#[cfg(not(feature = "etcd"))]
+pub(crate) const NO_ETCD: &str = "this dlock was built without etcd support: rebuild it with \
+     `--features etcd` (e.g. `cargo install --path crates/dlock-cli --features etcd`), which \
+     needs protoc, the Protocol Buffers compiler, on PATH";
 
 /// The URL schemes `--url` accepts.
 const SCHEMES: &str = "redis://, rediss://, redis+unix://, redis+sentinel://, \
@@ -318,6 +337,7 @@ pub(crate) async fn top(target: Target, args: TopArgs) -> Result<u8, Failure> {
         Target::Memory(b) => cmd::top::every_kind(b, false, args).await,
         Target::Postgres(b) => cmd::top::every_kind(b, false, args).await,
         Target::ZooKeeper(z) => cmd::top::every_kind(z, false, args).await,
+        #[cfg(feature = "etcd")]
         Target::Etcd(e) => cmd::top::plain_only(e, "etcd://", args).await,
         Target::Quorum(_) => Err(Failure::usage(
             "redlock:// is several independent stores, and dlock top watches one: watch each \
@@ -353,16 +373,120 @@ pub(crate) const DEFAULT_URL: &str = "redis://127.0.0.1:6379";
 
 /// [`connect`] to `url`, [`DEFAULT_URL`] if none is given.
 async fn connect_to(url: Option<&str>, allow_memory: bool) -> Result<Target, Failure> {
-    Ok(match named(url, allow_memory)? {
-        Named::Redis(url) => Target::Redis(Redis::connect(url).await?),
-        Named::Redlock(nodes) => Target::Quorum(redlock(nodes).await?),
-        Named::Memcached(url) => Target::Memcached(Memcached::connect(url).await?),
-        Named::Etcd(url) => Target::Etcd(Etcd::connect(url).await?),
-        Named::Postgres(url) => Target::Postgres(Postgres::connect(url).await?),
-        Named::PgAdvisory(url) => Target::PgAdvisory(PgAdvisory::connect(&url).await?),
-        Named::ZooKeeper(url) => Target::ZooKeeper(ZooKeeper::connect(url).await?),
-        Named::Memory => Target::Memory(Memory::new()),
-    })
+    let named = named(url, allow_memory)?;
+    let url = url.unwrap_or(DEFAULT_URL);
+    let connected = match named {
+        Named::Redis(url) => Redis::connect(url).await.map(Target::Redis),
+        Named::Redlock(nodes) => redlock(nodes).await.map(Target::Quorum),
+        Named::Memcached(url) => Memcached::connect(url).await.map(Target::Memcached),
+        #[cfg(feature = "etcd")]
+        Named::Etcd(url) => Etcd::connect(url).await.map(Target::Etcd),
+        Named::Postgres(url) => Postgres::connect(url).await.map(Target::Postgres),
+        Named::PgAdvisory(url) => PgAdvisory::connect(&url).await.map(Target::PgAdvisory),
+        Named::ZooKeeper(url) => ZooKeeper::connect(url).await.map(Target::ZooKeeper),
+        Named::Memory => Ok(Target::Memory(Memory::new())),
+    };
+    connected.map_err(|e| not_connected(url, e))
+}
+
+/// A failure to connect to the store at `url`: what dlock was doing (connecting, to
+/// which store), what the store's client said and its cause, and a hint at what to check
+/// where the error says enough to give one.
+fn not_connected(url: &str, err: dlock::Error) -> Failure {
+    // A bad URL, or a store refused for its configuration: the message says what to change.
+    let wrapped = matches!(
+        err.kind(),
+        ErrorKind::Unavailable | ErrorKind::TimedOut | ErrorKind::Backend
+    );
+    let failure = Failure::from(err);
+    if !wrapped {
+        return failure;
+    }
+    let message = failure.message.trim_end();
+    let hint = connect_hint(scheme(url).unwrap_or_default(), message);
+    let hint = hint.map(|h| format!(": {h}")).unwrap_or_default();
+    // Most store clients say what they were connecting to; where one does not, dlock does.
+    let doing = if message.contains("connecting to") {
+        String::new()
+    } else {
+        format!("connecting to {}: ", redact(url))
+    };
+    Failure::new(failure.code, format!("{doing}{message}{hint}"))
+}
+
+/// What to check, for the error `message` of a connection to a store of `scheme`; `None`
+/// where the message says it all.
+fn connect_hint(scheme: &str, message: &str) -> Option<&'static str> {
+    let says = |words: &[&str]| words.iter().any(|w| message.contains(w));
+    let redis = matches!(
+        scheme,
+        "redis" | "rediss" | "redis+unix" | "unix" | "redis+sentinel" | "redis+cluster" | "redlock"
+    );
+    let tls = scheme == "rediss";
+    if redis
+        && says(&[
+            "Parse error",
+            "Incompatible type",
+            "invalid type",
+            "Protocol",
+        ])
+    {
+        return Some(
+            "the server there does not answer as Redis does: check that the host and port \
+             are a Redis server's (not memcached's, an HTTP server's or another service's)",
+        );
+    }
+    if tls
+        && says(&[
+            "within",
+            "timed out",
+            "TLS",
+            "tls",
+            "handshake",
+            "certificate",
+            "corrupt",
+            "InvalidContentType",
+        ])
+    {
+        return Some(
+            "rediss:// connects with TLS: check that the port is one where the server takes \
+             TLS (Redis's tls-port); a server without TLS is redis://",
+        );
+    }
+    if says(&["Connection refused", "connection refused"]) {
+        return Some(
+            "nothing listens there: is the server running, and are the host and port right?",
+        );
+    }
+    if redis && says(&["within"]) {
+        return Some(
+            "no answer in time: is it a Redis server, reachable from here? One that takes TLS \
+             only is rediss://",
+        );
+    }
+    match scheme {
+        "postgres" | "postgresql" if says(&["password authentication failed", "no password"]) => {
+            Some("check the user name and password in the URL")
+        }
+        "postgres" | "postgresql" if says(&["does not exist"]) => {
+            Some("check the user and the database (the URL's path) on the server")
+        }
+        "postgres" | "postgresql" if says(&["in time"]) => {
+            Some("no answer in time: is it a PostgreSQL server, reachable from here?")
+        }
+        "etcd" if says(&["protocol error", "h2 ", "connection closed"]) => Some(
+            "the server there does not answer as etcd does: check that the port is an etcd \
+             client port (2379 by default)",
+        ),
+        "etcd" if says(&["in time", "timed out", "cancel", "Cancel"]) => Some(
+            "is it an etcd client port (2379 by default), and is a majority of the \
+             cluster's members up? Without one, etcd answers nothing",
+        ),
+        "zk" if says(&["no available hosts"]) => {
+            Some("is ZooKeeper running there, and is the port its client port (2181 by default)?")
+        }
+        _ => None,
+    }
 }
 
 /// Connects for a command that holds while it runs (`dlock run`, `dlock elect`): every
@@ -394,7 +518,9 @@ pub(crate) async fn connect_holding(
         let sep = if url.contains('?') { '&' } else { '?' };
         format!("{url}{sep}session_timeout={ms}ms")
     };
-    let zk = ZooKeeper::connect(&asked).await?;
+    let zk = ZooKeeper::connect(&asked)
+        .await
+        .map_err(|e| not_connected(url, e))?;
     let session = zk.session_timeout();
     if session > ttl && ttl >= MIN_TTL {
         let (why, fix) = if set_in_url {
@@ -426,6 +552,7 @@ enum Named<'a> {
     /// `redlock://`: one `redis://` URL per independent master.
     Redlock(Vec<String>),
     Memcached(&'a str),
+    #[cfg(feature = "etcd")]
     Etcd(&'a str),
     /// `postgres://` in lease mode (the default).
     Postgres(&'a str),
@@ -455,7 +582,10 @@ fn named(url: Option<&str>, allow_memory: bool) -> Result<Named<'_>, Failure> {
         }
         Some("redlock") => Ok(Named::Redlock(redlock_nodes(url)?)),
         Some("memcache" | "memcached") => Ok(Named::Memcached(url)),
+        #[cfg(feature = "etcd")]
         Some("etcd") => Ok(Named::Etcd(url)),
+        #[cfg(not(feature = "etcd"))]
+        Some("etcd") => Err(Failure::usage(NO_ETCD)),
         Some("postgres" | "postgresql") => {
             pg_mode(url)?;
             Ok(match advisory_url(url) {
@@ -580,12 +710,12 @@ fn redlock_nodes(url: &str) -> Result<Vec<String>, Failure> {
 }
 
 /// RedLock over the masters at `nodes` (`redis://` URLs).
-async fn redlock(nodes: Vec<String>) -> Result<Quorum<Redis>, Failure> {
+async fn redlock(nodes: Vec<String>) -> dlock::Result<Quorum<Redis>> {
     let mut connected = Vec::with_capacity(nodes.len());
     for node in nodes {
         connected.push(Redis::connect(node).await?);
     }
-    Ok(Quorum::new(connected)?)
+    Quorum::new(connected)
 }
 
 #[cfg(test)]
@@ -622,6 +752,7 @@ mod tests {
             Named::Redis(_) => "redis",
             Named::Redlock(_) => "redlock",
             Named::Memcached(_) => "memcached",
+            #[cfg(feature = "etcd")]
             Named::Etcd(_) => "etcd",
             Named::Postgres(_) | Named::PgAdvisory(_) => "postgres",
             Named::ZooKeeper(_) => "zk",
@@ -665,9 +796,10 @@ mod tests {
                 Ok(named) => {
                     prop_assert_eq!(connector(&named), expected);
                     match named {
+                        #[cfg(feature = "etcd")]
+                        Named::Etcd(u) => prop_assert_eq!(u, url.as_str()),
                         Named::Redis(u)
                         | Named::Memcached(u)
-                        | Named::Etcd(u)
                         | Named::Postgres(u)
                         | Named::ZooKeeper(u) => prop_assert_eq!(u, url.as_str()),
                         Named::PgAdvisory(u) => prop_assert_eq!(Some(u), advisory_url(&url)),
@@ -678,10 +810,12 @@ mod tests {
                     }
                 }
                 // Only RedLock (its hosts) and PostgreSQL (its `mode=`) check more than
-                // the scheme.
+                // the scheme; a build without etcd support refuses every etcd URL.
                 Err(f) => {
                     prop_assert!(
-                        expected == "redlock" || (expected == "postgres" && url.contains("mode=")),
+                        expected == "redlock"
+                            || (expected == "postgres" && url.contains("mode="))
+                            || (expected == "etcd" && cfg!(not(feature = "etcd"))),
                         "{}", f.message
                     );
                     usage_without(&f, "")?;
@@ -798,7 +932,7 @@ mod tests {
         }
     }
 
-    /// A `mode=` that is neither `advisory` nor `lease` is refused, not dropped (issue 25).
+    /// A `mode=` that is neither `advisory` nor `lease` is refused, not dropped.
     #[test]
     fn an_unknown_postgres_mode_is_a_usage_error() {
         for url in ["postgres://h/db?mode=advisroy", "postgres://h/db?x=1&mode="] {
@@ -865,5 +999,28 @@ mod tests {
             redlock_nodes("redlock://u:p@a,b,c/2").expect("nodes"),
             ["redis://u:p@a/2", "redis://u:p@b/2", "redis://u:p@c/2"]
         );
+    }
+
+    /// `etcd://` connects where dlock is built with etcd support, and is otherwise a usage
+    /// error that says how to get it (and never shows the URL's secrets).
+    #[test]
+    fn etcd_urls_need_the_etcd_feature() {
+        let named = named(Some("etcd://root:s3cret@127.0.0.1:2379"), false);
+        #[cfg(feature = "etcd")]
+        assert!(
+            matches!(named, Ok(Named::Etcd("etcd://root:s3cret@127.0.0.1:2379"))),
+            "{named:?}"
+        );
+        #[cfg(not(feature = "etcd"))]
+        {
+            let f = named.expect_err("no etcd support");
+            assert_eq!(f.code, crate::exit::USAGE);
+            assert!(
+                f.message.contains("--features etcd") && f.message.contains("protoc"),
+                "{}",
+                f.message
+            );
+            assert!(!f.message.contains("s3cret"));
+        }
     }
 }

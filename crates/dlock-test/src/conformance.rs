@@ -287,7 +287,7 @@ pub async fn killed_holder_frees_within_ttl<T: Target>(target: &T) {
     guard.release().await.expect("release");
 }
 
-/// Seed 000's "GET then DEL" failure is impossible: releasing after our lease expired and
+/// The classic "GET then DEL" failure is impossible: releasing after our lease expired and
 /// someone else acquired returns `LockLost` and leaves the new holder's lock intact.
 pub async fn release_after_expiry_is_lock_lost<T: Target>(target: &T) {
     let name = unique("late-release");

@@ -168,12 +168,14 @@ impl Target for MemcachedTarget {
 }
 
 /// A private etcd (one member); each client is its own gRPC channel.
+#[cfg(feature = "etcd")]
 #[derive(Debug)]
 pub struct EtcdTarget {
     /// The cluster (public so tests can kill members).
     pub cluster: crate::server::EtcdCluster,
 }
 
+#[cfg(feature = "etcd")]
 impl EtcdTarget {
     /// Starts a single-member etcd.
     ///
@@ -187,6 +189,7 @@ impl EtcdTarget {
     }
 }
 
+#[cfg(feature = "etcd")]
 impl Target for EtcdTarget {
     type Backend = dlock::backend::Etcd;
 

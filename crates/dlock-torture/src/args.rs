@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
-/// dlock-torture: dlock's safety harness (`dlock torture`) and seed 003's oversell demo
+/// dlock-torture: dlock's safety harness (`dlock torture`) and the oversell demo
 /// (`dlock demo`). The `dlock` command runs this binary for those two subcommands, so that
 /// the lock tool users install does not carry the test kit.
 #[derive(Debug, Parser)]
@@ -17,7 +17,7 @@ pub(crate) struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum Command {
-    /// Seed 003's oversell demo: worker processes deduct stock four ways.
+    /// The oversell demo: worker processes deduct stock four ways.
     Demo(DemoArgs),
     /// Jepsen-style safety check: worker processes, a fault-injecting nemesis, checkers.
     ///
@@ -143,7 +143,7 @@ pub(crate) struct TortureArgs {
     /// ttl at least 2 s; 30 s under --quick; skipped by `all` if memcached is missing),
     /// etcd-fenced (a 3-member etcd cluster of its own whose leader is killed and
     /// restarted, ttl at least 2 s; 30 s under --quick; skipped by `all` if etcd is
-    /// missing), postgres-fenced (a PostgreSQL of its own, restarted as a crash; skipped by
+    /// missing; only in a harness built with `--features etcd`), postgres-fenced (a PostgreSQL of its own, restarted as a crash; skipped by
     /// `all` if PostgreSQL is missing), zookeeper-fenced (a 3-server ZooKeeper ensemble of
     /// its own whose leader is killed and restarted, ttl = session timeout at least 2 s;
     /// 30 s under --quick; skipped by `all` if java or ZooKeeper is missing),
@@ -158,7 +158,7 @@ pub(crate) struct TortureArgs {
     /// whose 3 s session makes a 2 s lease; skipped by `all` if dlock is missing), memory,
     /// and the controls setnx-expire, setnx-getset, get-del, plain-del,
     /// redlock-immediate-restart (the same split, the shared node restarting empty at once
-    /// on a grant: seed 002's hazard, which must be caught) and run-unsupervised (the
+    /// on a grant: RedLock's restart hazard, which must be caught) and run-unsupervised (the
     /// run-supervised command under `dlock acquire`'s lease, no supervisor).
     #[arg(long, default_value = "all")]
     pub(crate) kinds: String,

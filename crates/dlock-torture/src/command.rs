@@ -1,6 +1,6 @@
 //! The command kinds (`run-supervised`, `run-supervised-zookeeper`, and their control
 //! `run-unsupervised`): the workers are processes of the shipped `dlock` binary, each
-//! running a shell command that behaves as the commands of issue 25 did — it ignores
+//! running a shell command that behaves as the commands of a user's reproduction did — it ignores
 //! SIGTERM, writes to the resource for longer than a lease, and leaves a process in the
 //! background that writes again after the command itself has exited. None of its writes
 //! carries a fence: only `dlock run`'s supervision can keep them inside the lock.
@@ -177,7 +177,7 @@ impl Workers {
                 env,
             };
         }
-        // `dlock run` with its defaults (--kill-grace 10 s) but a short ttl: issue 25's
+        // `dlock run` with its defaults (--kill-grace 10 s) but a short ttl: the reproduction's
         // reproduction.
         let args = [
             "run",

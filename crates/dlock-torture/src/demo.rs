@@ -1,4 +1,4 @@
-//! `dlock demo`: seed 003's oversell scenario, run by real worker processes.
+//! `dlock demo`: the oversell scenario (buyers deducting one stock), run by real worker processes.
 //!
 //! Workers place orders: read the stock, check it, write stock − 1. Now and then a worker
 //! stalls for longer than the lease *after* checking that its lock is still valid and
@@ -6,7 +6,7 @@
 //! renews its lease). Four ways:
 //!
 //! * no lock;
-//! * the seed's `SETNX` + `GETSET` lock (client-clock expiry, plain `DEL` release);
+//! * the `SETNX` + `GETSET` lock of the classic blog recipe (client-clock expiry, plain `DEL` release);
 //! * dlock without fencing — correct lease, but a stalled holder still writes late;
 //! * dlock with fencing — the stock store rejects any access carrying a fence below the
 //!   highest it has seen, so the stalled holder's late write is refused.
@@ -55,7 +55,7 @@ impl Scenario {
     fn id(self) -> &'static str {
         match self {
             Scenario::NoLock => "no-lock",
-            Scenario::Seed => "seed",
+            Scenario::Seed => "recipe",
             Scenario::Dlock => "dlock",
             Scenario::Fenced => "dlock-fenced",
         }
@@ -64,7 +64,7 @@ impl Scenario {
     fn label(self) -> &'static str {
         match self {
             Scenario::NoLock => "no lock",
-            Scenario::Seed => "seed SETNX+GETSET lock",
+            Scenario::Seed => "SETNX+GETSET recipe",
             Scenario::Dlock => "dlock, no fencing",
             Scenario::Fenced => "dlock + fenced stock",
         }
@@ -119,7 +119,7 @@ fn pg_err(e: tokio_postgres::Error) -> Failure {
     Failure::new(exit::UNAVAILABLE, format!("demo store: {e}"))
 }
 
-/// The stock and the seed lock's key: in this process, in Redis, or in a PostgreSQL table
+/// The stock and the recipe lock's key: in this process, in Redis, or in a PostgreSQL table
 /// (`<schema>.demo_stock` beside dlock's own tables, its fence in a `dlock_fence` column).
 #[derive(Clone)]
 enum Kv {
@@ -245,7 +245,7 @@ impl Kv {
                 .local()
                 .and_then(|mut m| m.insert(key.to_owned(), value.to_owned()))),
             // The old value under the row lock, then the new one (a missing row stays
-            // missing: the seed's lock only GETSETs a key it has just read).
+            // missing: the recipe's lock only GETSETs a key it has just read).
             Kv::Postgres(pg, _) => Ok(Kv::first(
                 &Kv::pg_query(
                     pg,
@@ -357,7 +357,7 @@ fn wall_ms() -> u128 {
         .map_or(0, |d| d.as_millis())
 }
 
-/// Seed 003's lock, as the seed writes it (a control: broken by design).
+/// The blog recipe's SETNX + GETSET lock, as it is written there (a control: broken by design).
 async fn seed_lock(kv: &Kv, key: &str) -> Result<(), Failure> {
     loop {
         let expires = (wall_ms() + LEASE.as_millis() + 1).to_string();
@@ -637,7 +637,7 @@ pub(crate) async fn demo(args: DemoArgs) -> Result<u8, Failure> {
         },
     };
     println!(
-        "Seed 003 oversell demo: {} workers × {} orders, stock {}, lease {}; a few orders stall {} \
+        "Oversell demo: {} workers × {} orders, stock {}, lease {}; a few orders stall {} \
          between checking the lock and writing.\nStore: {described}\n",
         args.workers,
         args.orders,

@@ -93,7 +93,7 @@ pub(crate) const ZOOKEEPER_MEMBERS: usize = 3;
 pub(crate) const ZOOKEEPER_MIN_TTL: Duration = Duration::from_secs(2);
 
 /// The least ttl of the command kinds (`run-supervised`, `run-supervised-zookeeper`,
-/// `run-unsupervised`): issue 25's reproduction, `dlock run --ttl 3s` with the default
+/// `run-unsupervised`): the reported reproduction, `dlock run --ttl 3s` with the default
 /// `--kill-grace` of 10 s; each `dlock` process and every write of its command is a
 /// process start, which a shorter lease would make the subject of the run.
 pub(crate) const RUN_MIN_TTL: Duration = Duration::from_secs(3);
@@ -107,6 +107,11 @@ pub(crate) const ZOOKEEPER_CHROOT: &str = "/dlock-torture";
 /// are revoked on the leader's 500 ms tick, so a 1 s lease may last half as long again
 /// as its ttl, or twice as long.
 pub(crate) const ETCD_MIN_TTL: Duration = Duration::from_secs(2);
+
+/// Why the `etcd-fenced` kind does not run in a harness built without the `etcd` feature.
+pub(crate) const NO_ETCD: &str = "this dlock-torture was built without etcd support: rebuild \
+     it with `--features etcd` (e.g. `cargo install --path crates/dlock-torture --features \
+     etcd`), which needs protoc, the Protocol Buffers compiler, on PATH";
 
 impl Kind {
     pub(crate) const ALL: [Kind; 24] = [
@@ -474,11 +479,17 @@ impl Kind {
         }
     }
 
+    /// The kind named `s`; a usage error for an unknown one, and for `etcd-fenced` in a
+    /// harness built without etcd support ([`NO_ETCD`]).
     pub(crate) fn parse(s: &str) -> Result<Kind, Failure> {
-        Kind::ALL
+        let kind = Kind::ALL
             .into_iter()
             .find(|k| k.id() == s)
-            .ok_or_else(|| Failure::usage(format!("unknown lock kind {s:?}")))
+            .ok_or_else(|| Failure::usage(format!("unknown lock kind {s:?}")))?;
+        if kind == Kind::EtcdFenced && !cfg!(feature = "etcd") {
+            return Err(Failure::usage(format!("the etcd-fenced kind: {NO_ETCD}")));
+        }
+        Ok(kind)
     }
 }
 
@@ -824,6 +835,28 @@ impl Nodes {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `etcd-fenced` is a kind of a harness built with etcd support; without it, naming it
+    /// is a usage error that says how to get it. Every other kind parses either way.
+    #[test]
+    fn etcd_fenced_needs_a_harness_built_with_the_etcd_feature() {
+        let parsed = Kind::parse("etcd-fenced");
+        #[cfg(feature = "etcd")]
+        assert_eq!(parsed.expect("etcd-fenced"), Kind::EtcdFenced);
+        #[cfg(not(feature = "etcd"))]
+        {
+            let f = parsed.expect_err("no etcd support");
+            assert_eq!(f.code, crate::exit::USAGE);
+            assert!(
+                f.message.contains("--features etcd") && f.message.contains("protoc"),
+                "{}",
+                f.message
+            );
+        }
+        for kind in Kind::ALL.into_iter().filter(|&k| k != Kind::EtcdFenced) {
+            assert_eq!(Kind::parse(kind.id()).expect("parses"), kind);
+        }
+    }
 
     #[test]
     fn etcd_network_faults_hit_one_two_or_all_three_of_a_worker_s_links() {

@@ -14,7 +14,9 @@ use crate::model::{
     CLIENT_JUMP, Config, Fault, FaultWindow, Kind, Nodes, REDLOCK_BRIDGE, ResourceKeys, Rng,
     monotonic_ns,
 };
-use crate::stores::{LockServer, Store, etcd_victim, zookeeper_victim};
+#[cfg(feature = "etcd")]
+use crate::stores::etcd_victim;
+use crate::stores::{LockServer, Store, zookeeper_victim};
 use crate::workers::{Running, Spawner};
 
 /// How fast the lock server's clock runs under `clock-fast`.
@@ -161,6 +163,7 @@ impl Nemesis<'_> {
             // The node every majority of either half includes.
             Store::Quorum { .. } if self.spawner.kind.holds_long() => Nodes::one(REDLOCK_BRIDGE),
             Store::Quorum { nodes, .. } => Nodes::minority(nodes.len(), &mut self.node_rng),
+            #[cfg(feature = "etcd")]
             Store::Etcd { cluster, .. } if fault != Fault::Restart => {
                 Nodes::some(cluster.members.len(), &mut self.node_rng)
             }
@@ -278,8 +281,9 @@ impl Nemesis<'_> {
                         }
                         any
                     }
+                    #[cfg(feature = "etcd")]
+                    Store::Etcd { .. } => false,
                     Store::Memcached(_)
-                    | Store::Etcd { .. }
                     | Store::Postgres { .. }
                     | Store::Sentinel(_)
                     | Store::Cluster(_)
@@ -337,6 +341,7 @@ impl Nemesis<'_> {
                 }
                 // The server `--url` named is not ours to restart.
                 Store::Postgres { server: None, .. } => (false, None, None),
+                #[cfg(feature = "etcd")]
                 Store::Etcd { cluster, admins } => {
                     self.node_restarts += 1;
                     let leader_turn = self.node_restarts % 2 == 1;
@@ -383,8 +388,9 @@ impl Nemesis<'_> {
                         }
                         any
                     }
+                    #[cfg(feature = "etcd")]
+                    Store::Etcd { .. } => false,
                     Store::Memcached(_)
-                    | Store::Etcd { .. }
                     | Store::Postgres { .. }
                     | Store::Sentinel(_)
                     | Store::Cluster(_)
@@ -685,8 +691,9 @@ impl Undo {
                         .iter()
                         .filter_map(|i| admins.get(i).cloned())
                         .collect(),
+                    #[cfg(feature = "etcd")]
+                    Store::Etcd { .. } => Vec::new(),
                     Store::Memcached(_)
-                    | Store::Etcd { .. }
                     | Store::Postgres { .. }
                     | Store::Sentinel(_)
                     | Store::Cluster(_)
@@ -716,6 +723,7 @@ impl Undo {
                     }
                 }
             }
+            #[cfg(feature = "etcd")]
             (Undo::Revive(nodes), Store::Etcd { cluster, .. }) => {
                 for i in nodes.iter() {
                     if let Some(Err(e)) = cluster.members.get_mut(i).map(|m| m.restart()) {

@@ -12,7 +12,9 @@ use dlock::backend::Memory;
 use dlock_test::clock::{FakeClock, Interposer};
 use dlock_test::postgres::PostgresServer;
 use dlock_test::proxy::Proxy;
-use dlock_test::server::{EtcdCluster, MemcachedServer, RedisServer};
+#[cfg(feature = "etcd")]
+use dlock_test::server::EtcdCluster;
+use dlock_test::server::{MemcachedServer, RedisServer};
 
 use crate::args::TortureArgs;
 use crate::checkers::{self, Resources};
@@ -457,6 +459,13 @@ pub(crate) async fn run_kinds(
                 let store = Store::Memcached(server);
                 run_workers(config, kind, &kind_faults, duration, store, resource_server).await?
             }
+            // Named by `--kinds`, it was refused with the same reason (`Kind::parse`).
+            #[cfg(not(feature = "etcd"))]
+            Kind::EtcdFenced => {
+                println!("  {:<16} skipped: {}", kind.id(), crate::model::NO_ETCD);
+                continue;
+            }
+            #[cfg(feature = "etcd")]
             Kind::EtcdFenced => {
                 let started = EtcdCluster::start(ETCD_MEMBERS);
                 let Some(cluster) = own_servers(config, kind, started, "etcd on PATH")? else {

@@ -10,7 +10,9 @@ use dlock::keys::LockKeys;
 use dlock_test::clock::FakeClock;
 use dlock_test::postgres::PostgresServer;
 use dlock_test::proxy::Proxy;
-use dlock_test::server::{EtcdCluster, MemcachedServer, RedisServer};
+#[cfg(feature = "etcd")]
+use dlock_test::server::EtcdCluster;
+use dlock_test::server::{MemcachedServer, RedisServer};
 use dlock_test::zookeeper::ZooKeeper as ZkEnsemble;
 
 use crate::exit::{self, Failure};
@@ -95,6 +97,7 @@ pub(crate) enum Store<'a> {
     },
     /// An etcd cluster of our own, with an admin client per member (straight to it, not
     /// through a proxy) to find the leader and audit the keys.
+    #[cfg(feature = "etcd")]
     Etcd {
         cluster: EtcdCluster,
         admins: Vec<etcd_client::Client>,
@@ -112,13 +115,16 @@ pub(crate) enum Store<'a> {
 }
 
 /// How long an admin call to one etcd member may take.
+#[cfg(feature = "etcd")]
 pub(crate) const ETCD_ADMIN_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// How long a new etcd cluster may take to elect its first leader.
+#[cfg(feature = "etcd")]
 pub(crate) const ETCD_ELECTION_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The member etcd's running members name as their leader, if any: the one whose
 /// `status` says it leads itself.
+#[cfg(feature = "etcd")]
 pub(crate) async fn etcd_leader(
     cluster: &EtcdCluster,
     admins: &[etcd_client::Client],
@@ -141,6 +147,7 @@ pub(crate) async fn etcd_leader(
 /// The etcd member a restart kills, and whether it leads: the leader on its turn (waiting
 /// up to a second for one, as the last restart may have left an election under way), else
 /// a running follower at random.
+#[cfg(feature = "etcd")]
 pub(crate) async fn etcd_victim(
     cluster: &EtcdCluster,
     admins: &[etcd_client::Client],
@@ -217,6 +224,7 @@ pub(crate) async fn postgres_count(admin: &dlock::backend::Postgres, keys: &[Str
 /// stores nothing at the lock key itself, so after the run any key at either place is an
 /// orphan; each is named on stderr. A key no member could be asked about counts as
 /// present: an audit that could not look must not pass.
+#[cfg(feature = "etcd")]
 pub(crate) async fn etcd_count(
     cluster: &EtcdCluster,
     admins: &[etcd_client::Client],
@@ -287,7 +295,7 @@ pub(crate) fn zookeeper_leader(ensemble: &ZkEnsemble) -> Option<usize> {
 
 /// The ZooKeeper server a restart kills, and whether it leads: the leader on its turn
 /// (waiting up to a second for one, as the last restart may have left an election under
-/// way), else a running follower at random — as [`etcd_victim`].
+/// way), else a running follower at random — as `etcd_victim`.
 pub(crate) async fn zookeeper_victim(
     ensemble: &ZkEnsemble,
     leader_turn: bool,
@@ -502,6 +510,7 @@ impl<'a> Store<'a> {
 
     /// The cluster with an admin client per member, once its members have elected a
     /// leader (the workers' first calls would fail before).
+    #[cfg(feature = "etcd")]
     pub(crate) async fn etcd(cluster: EtcdCluster) -> Result<Store<'a>, Failure> {
         let mut admins = Vec::with_capacity(cluster.members.len());
         for member in &cluster.members {
@@ -532,10 +541,12 @@ impl<'a> Store<'a> {
     /// Whether the store has several servers that faults hit one by one (RedLock's nodes,
     /// etcd's members), whose indexes a fault window records.
     pub(crate) fn has_nodes(&self) -> bool {
-        matches!(
-            self,
-            Store::Quorum { .. } | Store::Etcd { .. } | Store::ZooKeeper { .. }
-        )
+        match self {
+            Store::Quorum { .. } | Store::ZooKeeper { .. } => true,
+            #[cfg(feature = "etcd")]
+            Store::Etcd { .. } => true,
+            _ => false,
+        }
     }
 
     /// Where each lock server listens, for the proxies (none for a server given by a URL
@@ -553,6 +564,7 @@ impl<'a> Store<'a> {
             Store::Postgres {
                 server: None, url, ..
             } => postgres_upstream(url).into_iter().collect(),
+            #[cfg(feature = "etcd")]
             Store::Etcd { cluster, .. } => cluster
                 .members
                 .iter()
@@ -593,6 +605,7 @@ impl<'a> Store<'a> {
                 .first()
                 .and_then(|p| postgres_via(url, p.addr()))
                 .unwrap_or_else(|| url.clone()),
+            #[cfg(feature = "etcd")]
             Store::Etcd { .. } => format!(
                 "etcd://{}",
                 proxies
@@ -687,6 +700,7 @@ impl<'a> Store<'a> {
                         .is_ok_and(|r| r.starts_with("HD"))
                 })
                 .count(),
+            #[cfg(feature = "etcd")]
             Store::Etcd { cluster, admins } => etcd_count(cluster, admins, keys).await,
             Store::ZooKeeper { ensemble, .. } => zookeeper_count(ensemble, keys).await,
             Store::Sentinel(sentinel) => match admin_connection(&sentinel.master().url()).await {

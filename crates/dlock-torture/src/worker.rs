@@ -11,7 +11,9 @@
 use std::io::Write as _;
 use std::time::Duration;
 
-use dlock::backend::{Etcd, Memcached, Postgres, Quorum, Redis, ZooKeeper};
+#[cfg(feature = "etcd")]
+use dlock::backend::Etcd;
+use dlock::backend::{Memcached, Postgres, Quorum, Redis, ZooKeeper};
 use dlock::fenced::RedisFenced;
 use dlock::raw::{RawFencing, RawLock};
 use dlock::{
@@ -210,7 +212,7 @@ pub(crate) async fn run(args: TortureWorkerArgs) -> Result<u8, Failure> {
                 Quorum::new(nodes)?
             };
             // The restart kinds hold half a lease without renewing (as `dlock acquire`
-            // does): seed 002's scenario, where nothing but the lease's validity speaks for
+            // does): the RedLock restart scenario, where nothing but the lease's validity speaks for
             // the holder while the bridge node restarts.
             let lock = Lock::builder(quorum, name)
                 .prefix(prefix)
@@ -239,6 +241,7 @@ pub(crate) async fn run(args: TortureWorkerArgs) -> Result<u8, Failure> {
             return Ok(exit::SUCCESS);
         }
         // One endpoint per member, comma-separated.
+        #[cfg(feature = "etcd")]
         Kind::EtcdFenced => {
             let etcd = connect_retrying(|| Etcd::connect(&args.lock_url)).await?;
             let lock = Lock::builder(etcd, name).prefix(prefix).ttl(ttl).build()?;

@@ -1,11 +1,11 @@
-//! Seed 003's scenario: concurrent buyers deduct stock; how many orders oversell?
+//! The oversell scenario: concurrent buyers deduct stock; how many orders oversell?
 //!
 //! Each buyer places orders: read the stock, check it is positive, take a moment to
 //! process the order (now and then a slow one: a GC pause, a slow payment call), write
 //! stock − 1. Run three ways:
 //!
 //! * no lock;
-//! * the seed's `SETNX` + `GETSET` lock (expiry decided by the client's clock, released by
+//! * the `SETNX` + `GETSET` lock of the classic blog recipe (expiry decided by the client's clock, released by
 //!   plain `DEL`);
 //! * dlock (atomic `SET NX PX`, owner-checked release, watchdog renewal).
 //!
@@ -37,7 +37,7 @@ fn is_slow(buyer: usize, order: usize) -> bool {
     (buyer * 5 + order) % 17 == 3
 }
 
-/// Where the stock and the seed lock's key live: this process, or Redis.
+/// Where the stock and the recipe lock's key live: this process, or Redis.
 #[derive(Clone)]
 enum Kv {
     Local(Arc<std::sync::Mutex<HashMap<String, String>>>),
@@ -125,7 +125,7 @@ fn wall_ms() -> u128 {
         .map_or(0, |d| d.as_millis())
 }
 
-/// Seed 003's lock as the seed writes it: SETNX a client-clock expiry; if held and the
+/// The blog recipe's lock as it is written there: SETNX a client-clock expiry; if held and the
 /// stored expiry has passed, GETSET a new one and take the lock if the old value was the
 /// expired one; release by plain DEL. (A test control only: it is broken by design.)
 async fn seed_lock(kv: &Kv, key: &str) {
@@ -158,7 +158,7 @@ impl Scenario {
     fn label(self) -> &'static str {
         match self {
             Scenario::NoLock => "no lock",
-            Scenario::SeedLock => "seed SETNX+GETSET lock",
+            Scenario::SeedLock => "SETNX+GETSET recipe",
             Scenario::Dlock => "dlock",
         }
     }
@@ -324,7 +324,7 @@ async fn real_main() -> dlock::Result<()> {
     };
     let run_id = dlock::Token::random()?.as_str()[..8].to_owned();
     println!(
-        "Seed 003: {BUYERS} buyers × {ORDERS_PER_BUYER} orders, stock {STOCK}, lease {LEASE:?}, \
+        "Oversell: {BUYERS} buyers × {ORDERS_PER_BUYER} orders, stock {STOCK}, lease {LEASE:?}, \
          some orders take {SLOW_ORDER:?}; store: {where_}\n"
     );
     println!(

@@ -1,5 +1,5 @@
 //! The resource side of fencing: writes that the resource itself refuses when they carry a
-//! fence below the highest it has seen (seed 000's "database optimistic lock").
+//! fence below the highest it has seen (the "database optimistic lock" of the classic articles).
 //!
 //! A lease lock cannot stop a holder that stalls past its lease between checking its lock
 //! and writing (a GC pause, a stalled VM): only the resource can, by remembering the
@@ -16,6 +16,14 @@
 //!
 //! A fence is accepted if it is **at least** the highest seen: the same holder may access
 //! the resource many times under one grant.
+//!
+// Without their features, the helpers above link to this module's page (docs.rs, with
+// every feature, shows them all).
+#![cfg_attr(not(feature = "redis"), doc = "[`RedisFenced`]: self")]
+#![cfg_attr(
+    not(feature = "postgres"),
+    doc = "[`PgFencedTable`]: self\n[`PgFencedTable::migration_sql`]: self"
+)]
 
 use std::fmt;
 

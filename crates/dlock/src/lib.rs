@@ -1,9 +1,42 @@
 //! Distributed locks that say what they guarantee.
 //!
 //! dlock gives many processes on many machines mutual exclusion over one resource: a
-//! lease in a shared store (Redis, or in-process [`Memory`](backend::Memory) for tests and
-//! single-process programs), renewed by a watchdog while you hold it, with a fencing token
-//! that lets the resource itself reject a holder whose lease silently ran out.
+//! lease in a shared store (Redis, memcached, etcd, PostgreSQL or ZooKeeper, or in-process
+//! [`Memory`](backend::Memory) for tests and single-process programs), renewed by a
+//! watchdog while you hold it, with a fencing token that lets the resource itself reject a
+//! holder whose lease silently ran out.
+//!
+//! # Stores and features
+//!
+//! Each store is a cargo feature; only `redis` is on by default.
+//!
+//! | Feature | Store | URL |
+//! |---|---|---|
+//! | `redis` (default) | [`backend::Redis`]; [`backend::Quorum`] of several masters is RedLock | `redis://`, `redis+unix://`, `redis+sentinel://`, `redis+cluster://` |
+//! | `redis-tls` | TLS for Redis (rustls) | `rediss://` |
+//! | `memcached` | [`backend::Memcached`] (memcached 1.6+) | `memcache://` |
+//! | `etcd` | [`backend::Etcd`] (building it needs `protoc` on `PATH`) | `etcd://` |
+//! | `postgres` | [`backend::Postgres`] (leases in rows), [`backend::PgAdvisory`] (session advisory locks), [`fenced::PgFencedTable`] | `postgres://`, `postgresql://` |
+//! | `postgres-tls` | TLS for PostgreSQL (rustls) | `?sslmode=require`, `verify-ca`, `verify-full` |
+//! | `zookeeper` | [`backend::ZooKeeper`] | `zk://` |
+//! | (always) | [`backend::Memory`] (in-process), [`backend::Quorum`] over any of them | |
+//!
+//! ```toml
+//! [dependencies]
+//! dlock = { version = "0.1", features = ["redis", "postgres", "zookeeper"] }
+//! ```
+//!
+//! # Which primitive runs where
+//!
+//! | Store | [`Lock`] (fenced) | [`ReentrantLock`], [`RwLock`], [`FairLock`], [`Semaphore`] | [`Election`] |
+//! |---|---|---|---|
+//! | Redis, PostgreSQL, ZooKeeper, memory | yes | yes | yes |
+//! | memcached, etcd | yes | no | yes |
+//! | RedLock ([`backend::Quorum`]), PostgreSQL advisory locks | yes, without a fence | no | no |
+//!
+//! [`MultiLock`] takes several locks of any of these at once; [`blocking`] runs every one
+//! from synchronous code; [`fenced`] has resource-side fence checks (a Redis value, rows
+//! of a PostgreSQL table); [`raw`] has the traits a store implements.
 //!
 //! # Deduct stock without overselling
 //!
@@ -99,7 +132,27 @@
 //! node's creation zxid, which survives restarts and elections. The memory backend
 //! is exact within one process and nothing outside it. `SAFETY.md` in the repository has
 //! the whole table, fault by fault.
+//!
 
+// Without a store's feature, its items in the tables above link to the `backend` (or
+// `fenced`) module, whose page lists them on docs.rs, where every feature is on.
+#![cfg_attr(not(feature = "redis"), doc = "[`backend::Redis`]: crate::backend")]
+#![cfg_attr(
+    not(feature = "memcached"),
+    doc = "[`backend::Memcached`]: crate::backend"
+)]
+#![cfg_attr(not(feature = "etcd"), doc = "[`backend::Etcd`]: crate::backend")]
+#![cfg_attr(
+    not(feature = "postgres"),
+    doc = "[`backend::Postgres`]: crate::backend\n[`backend::PgAdvisory`]: \
+           crate::backend\n[`fenced::PgFencedTable`]: crate::fenced"
+)]
+#![cfg_attr(
+    not(feature = "zookeeper"),
+    doc = "[`backend::ZooKeeper`]: crate::backend"
+)]
+// docs.rs (nightly) marks each item with the features it needs.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 

@@ -46,7 +46,7 @@ pub enum Acquire {
 ///
 /// 1. **Atomic acquire with expiry.** [`acquire`](RawLock::acquire) sets the key to the
 ///    token *and* its expiry in one indivisible step, and only if the key is absent. There
-///    must be no moment at which the key exists without an expiry (seed 000's
+///    must be no moment at which the key exists without an expiry (the classic articles'
 ///    `SETNX`-then-`EXPIRE` is the bug this rules out).
 /// 2. **Owner-checked mutation.** [`release`](RawLock::release) and
 ///    [`extend`](RawLock::extend) act only if the key still holds *this* token, checked

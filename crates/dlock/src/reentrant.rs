@@ -194,7 +194,7 @@ pub type ReentrantGuard<B> = LockGuard<Holds<B>>;
 ///
 /// The owner is an explicit [`Owner`], not a thread: pass it down the call chain. Each
 /// hold is a guard with its own lease (renewed by the watchdog); the store keeps the
-/// owner's hold count, the first grant's fence and the expiry in one hash (seed 004's
+/// owner's hold count, the first grant's fence and the expiry in one hash (Redisson's
 /// layout), so every hold of the owner renews the same key.
 ///
 /// ```

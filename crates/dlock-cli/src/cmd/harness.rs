@@ -16,23 +16,31 @@ const HARNESS: &str = "dlock-torture";
 /// Set for the harness, so that its usage and help name `dlock torture` / `dlock demo`.
 const VIA_DLOCK: &str = "DLOCK_TORTURE_VIA_DLOCK";
 
-/// Where the harness is: `$DLOCK_TORTURE` if set, else beside this executable (as `cargo
-/// build` and `cargo install` of both crates leave them), else on `PATH`.
-fn harness() -> PathBuf {
-    if let Some(path) = std::env::var_os("DLOCK_TORTURE").filter(|p| !p.is_empty()) {
-        return PathBuf::from(path);
-    }
+/// Where `cargo build` and `cargo install` put the harness: beside this executable (in the
+/// same profile directory of whatever target directory cargo used, or in cargo's bin
+/// directory), as found through the running executable's own path.
+fn beside_dlock() -> Option<PathBuf> {
     std::env::current_exe()
         .ok()
         .map(|exe| exe.with_file_name(HARNESS))
-        .filter(|sibling| sibling.is_file())
-        .unwrap_or_else(|| PathBuf::from(HARNESS))
+}
+
+/// Where the harness is: `$DLOCK_TORTURE` if set, else beside this executable, else on
+/// `PATH` (the bare name); and whether it is the last (nothing given, nothing beside).
+fn harness() -> (PathBuf, bool) {
+    if let Some(path) = std::env::var_os("DLOCK_TORTURE").filter(|p| !p.is_empty()) {
+        return (PathBuf::from(path), false);
+    }
+    match beside_dlock().filter(|sibling| sibling.is_file()) {
+        Some(sibling) => (sibling, false),
+        None => (PathBuf::from(HARNESS), true),
+    }
 }
 
 /// Runs `dlock-torture <subcommand> <args>` in place of this process; returns only if it
 /// could not be started.
 pub(crate) fn exec(subcommand: &str, args: Vec<OsString>) -> Failure {
-    let path = harness();
+    let (path, on_path) = harness();
     let err = Command::new(&path)
         .arg(subcommand)
         .args(args)
@@ -43,13 +51,19 @@ pub(crate) fn exec(subcommand: &str, args: Vec<OsString>) -> Failure {
     } else {
         (exit::CANNOT_EXECUTE, "could not be started")
     };
+    let looked = if on_path {
+        let beside = beside_dlock().map_or_else(|| "?".to_owned(), |p| p.display().to_string());
+        format!("neither beside dlock, as {beside}, nor on PATH: {err}")
+    } else {
+        format!("{}: {err}", path.display())
+    };
     Failure::new(
         code,
         format!(
-            "dlock {subcommand} runs the {HARNESS} binary, which {what} ({}: {err}); build it \
-             with `cargo build --release -p dlock-torture` (it goes beside dlock), install it \
-             with `cargo install --path crates/dlock-torture`, or point DLOCK_TORTURE at it",
-            path.display()
+            "dlock {subcommand} runs the {HARNESS} binary, which {what} ({looked}); build both \
+             with `cargo build --release` in dlock's source tree (it goes beside dlock, in any \
+             target directory), install it beside dlock with `cargo install --path \
+             crates/dlock-torture`, or point DLOCK_TORTURE at it"
         ),
     )
 }

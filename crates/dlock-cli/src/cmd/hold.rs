@@ -4,13 +4,12 @@
 use std::io::Write as _;
 use std::time::Duration;
 
-use dlock::raw::RawLock;
 use dlock::{HolderInfo, Lock, LockGuard};
 use nix::unistd::{Pid, getppid};
 
 use crate::args::HoldArgs;
 use crate::cmd::run::Signals;
-use crate::cmd::{Acquired, acquire, millis, or_dash};
+use crate::cmd::{Acquired, Holders, acquire, conflict, millis, or_dash};
 use crate::exit::{self, Failure};
 
 /// How often dlock looks whether its parent is still there.
@@ -38,7 +37,7 @@ enum Ended {
 }
 
 /// `dlock hold`; `fence` reads the grant's fence where the store mints one.
-pub(crate) async fn hold<B: RawLock>(
+pub(crate) async fn hold<B: Holders>(
     backend: B,
     args: HoldArgs,
     fence: impl Fn(&LockGuard<B>) -> Option<u64>,
@@ -62,7 +61,11 @@ pub(crate) async fn hold<B: RawLock>(
     };
     let Some(guard) = acquired else {
         if !args.quiet {
-            eprintln!("dlock: {:?} is held by another process", args.name);
+            let held = lock
+                .backend()
+                .lock_status(args.store.lock_prefix(), &args.name)
+                .await;
+            eprintln!("dlock: {}", conflict(&args.name, &args.wait, held));
         }
         return Ok(args.wait.conflict_exit_code);
     };

@@ -10,12 +10,16 @@ mod run;
 mod supervise;
 pub(crate) mod top;
 
+use std::fmt::Write as _;
 use std::io::{BufRead, IsTerminal, Write};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+#[cfg(feature = "etcd")]
+use dlock::backend::Etcd;
+use dlock::backend::{Memcached, Memory, PgAdvisory, Postgres, Quorum, Redis, ZooKeeper};
 use dlock::keys::LockKeys;
 use dlock::raw::{RawInspect, RawLock};
-use dlock::{HolderInfo, Lock, LockGuard, Token};
+use dlock::{ErrorKind, HolderInfo, Lock, LockGuard, Token};
 use serde::Serialize;
 
 use crate::args::{
@@ -99,7 +103,7 @@ struct Acquired<'a> {
 
 /// `dlock acquire`; `fence` reads the grant's fence where the store mints one. Prints
 /// `TOKEN FENCE`, or `TOKEN -` without a fence.
-pub(crate) async fn acquire_cmd<B: RawLock>(
+pub(crate) async fn acquire_cmd<B: Holders>(
     backend: B,
     args: AcquireArgs,
     fence: impl Fn(&LockGuard<B>) -> Option<u64>,
@@ -113,7 +117,11 @@ pub(crate) async fn acquire_cmd<B: RawLock>(
     }
     let lock = builder.build()?;
     let Some(guard) = acquire(&lock, &args.wait).await? else {
-        eprintln!("dlock: {:?} is held by another process", args.name);
+        let held = lock
+            .backend()
+            .lock_status(args.store.lock_prefix(), &args.name)
+            .await;
+        eprintln!("dlock: {}", conflict(&args.name, &args.wait, held));
         return Ok(args.wait.conflict_exit_code);
     };
     let fence = fence(&guard);
@@ -147,9 +155,14 @@ fn token_lock<B: RawLock>(backend: B, args: &TokenArgs) -> Result<(Lock<B>, Toke
     Ok((lock, Token::from_string(args.token.clone())?))
 }
 
-pub(crate) async fn release_cmd<B: RawLock>(backend: B, args: TokenArgs) -> Result<u8, Failure> {
+pub(crate) async fn release_cmd<B: Holders>(backend: B, args: TokenArgs) -> Result<u8, Failure> {
     let (lock, token) = token_lock(backend, &args)?;
-    lock.release_token(&token).await?;
+    match lock.release_token(&token).await {
+        Err(e) if e.kind() == ErrorKind::LockLost => {
+            return Err(not_ours(lock.backend(), &args, "release", "released").await);
+        }
+        result => result?,
+    }
     if args.json {
         print_json(&Done {
             name: &args.name,
@@ -160,9 +173,14 @@ pub(crate) async fn release_cmd<B: RawLock>(backend: B, args: TokenArgs) -> Resu
     Ok(exit::SUCCESS)
 }
 
-pub(crate) async fn extend_cmd<B: RawLock>(backend: B, args: ExtendArgs) -> Result<u8, Failure> {
+pub(crate) async fn extend_cmd<B: Holders>(backend: B, args: ExtendArgs) -> Result<u8, Failure> {
     let (lock, token) = token_lock(backend, &args.held)?;
-    lock.extend_token(&token, args.ttl).await?;
+    match lock.extend_token(&token, args.ttl).await {
+        Err(e) if e.kind() == ErrorKind::LockLost => {
+            return Err(not_ours(lock.backend(), &args.held, "extend", "extended").await);
+        }
+        result => result?,
+    }
     if args.held.json {
         print_json(&Done {
             name: &args.held.name,
@@ -173,8 +191,151 @@ pub(crate) async fn extend_cmd<B: RawLock>(backend: B, args: ExtendArgs) -> Resu
     Ok(exit::SUCCESS)
 }
 
+/// Why `release` or `extend` under `args.token` found the lock not held under it: held
+/// under another token ([`exit::NOT_OURS`], naming its holder), or by nobody
+/// ([`exit::NOT_HELD`]). The store cannot tell a mistyped token from one whose lease ran
+/// out; the message says both.
+async fn not_ours<B: Holders>(backend: &B, args: &TokenArgs, verb: &str, done: &str) -> Failure {
+    let name = shown(&args.name);
+    match backend
+        .lock_status(args.store.lock_prefix(), &args.name)
+        .await
+    {
+        Ok(s) if s.held => Failure::new(
+            exit::NOT_OURS,
+            format!(
+                "{name} is held under another token, by {}: not {done}; if this token held \
+                 it, its lease ran out and another holder took the lock",
+                held_by(&s)
+            ),
+        ),
+        Ok(_) => Failure::new(
+            exit::NOT_HELD,
+            format!(
+                "{name} is not held, under this token or any other: nothing to {verb}; if this \
+                 token held it, its lease ran out or it was force-unlocked"
+            ),
+        ),
+        Err(f) => f,
+    }
+}
+
+/// A store whose plain lock can be looked up (as `status` does), to say who holds it
+/// when it is not ours: a conflict, a `release` or `extend` under a token that does not
+/// hold it.
+pub(crate) trait Holders: RawLock {
+    /// The plain lock `name`'s status under `prefix`.
+    async fn lock_status(&self, prefix: &str, name: &str) -> Result<Status, Failure>;
+}
+
+/// [`Holders`] for stores that inspect a plain lock themselves, keeping it as `layout`.
+macro_rules! holders {
+    ($($store:ty => $layout:expr),* $(,)?) => {$(
+        impl Holders for $store {
+            async fn lock_status(&self, prefix: &str, name: &str) -> Result<Status, Failure> {
+                lock_status_of(self.clone(), $layout, prefix, name).await
+            }
+        }
+    )*};
+}
+
+holders! {
+    Redis => Layout::AtKey,
+    Memory => Layout::AtKey,
+    Postgres => Layout::AtKey,
+    Memcached => Layout::AtKey,
+    ZooKeeper => Layout::Znodes,
+    PgAdvisory => Layout::Session,
+}
+
+#[cfg(feature = "etcd")]
+holders! {
+    Etcd => Layout::QueueUnder,
+}
+
+impl Holders for Quorum<Redis> {
+    async fn lock_status(&self, prefix: &str, name: &str) -> Result<Status, Failure> {
+        quorum::status_of(self, prefix, name).await
+    }
+}
+
+/// What `run` and `acquire` say when `name` is held (`--no-wait`, or `--wait` ran out):
+/// who holds it, as `status` shows it (`held`), and what to do.
+pub(crate) fn conflict(name: &str, wait: &Wait, held: Result<Status, Failure>) -> String {
+    let (by, semaphore) = match &held {
+        Ok(s) if s.held => (held_by(s), s.kind == Kind::Semaphore.name()),
+        Ok(s) => (
+            "another process".to_owned(),
+            s.kind == Kind::Semaphore.name(),
+        ),
+        Err(_) => ("another process".to_owned(), false),
+    };
+    let name = shown(name);
+    // A semaphore is full, not held.
+    let (what, is) = if semaphore {
+        (format!("every permit of semaphore {name}"), "taken")
+    } else {
+        (name, "held")
+    };
+    match wait.wait {
+        Some(d) => format!(
+            "{what} is still {is} after --wait {}, by {by}: a longer --wait waits longer, \
+             and without --wait dlock waits until it is free",
+            humantime::format_duration(d)
+        ),
+        None => format!(
+            "{what} is {is} by {by}: not waiting (--no-wait); --wait D waits up to D for it"
+        ),
+    }
+}
+
+/// Who holds a lock, in words: the holder's host, pid, command and since when, as it told
+/// them; else its session, owner, abbreviated token or number of holders.
+fn held_by(s: &Status) -> String {
+    if let Some(pid) = s.backend_pid {
+        return format!("{} {pid}", BACKEND_PID);
+    }
+    match s.holders {
+        Some(n) if n > 1 => return format!("{n} holders"),
+        _ => {}
+    }
+    if let Some(h) = &s.holder_info {
+        let mut told = Vec::new();
+        if let Some(host) = &h.host {
+            told.push(format!("host {}", plain_text(host)));
+        }
+        if let Some(pid) = h.pid {
+            told.push(format!("pid {pid}"));
+        }
+        if let Some(command) = &h.command {
+            told.push(format!("command {:?}", plain_text(command)));
+        }
+        if let Some(since) = &h.since {
+            told.push(format!("since {since}"));
+        }
+        if !told.is_empty() {
+            return told.join(", ");
+        }
+    }
+    match &s.holder {
+        Some(h) if s.holder_is_token => {
+            format!(
+                "token {} (a holder that told nothing about itself)",
+                plain_text(h)
+            )
+        }
+        Some(h) => plain_text(h),
+        None if s.holders == Some(1) => "1 holder".to_owned(),
+        None => "another process".to_owned(),
+    }
+}
+
+/// How `status` and messages name an advisory lock's holder: a server process of
+/// PostgreSQL's, not a process of the holder's.
+const BACKEND_PID: &str = "a PostgreSQL session, backend pid";
+
 #[derive(Serialize)]
-struct Status {
+pub(crate) struct Status {
     name: String,
     /// Which kind of lock (each kind is a separate lock, even under one name).
     kind: &'static str,
@@ -198,6 +359,10 @@ struct Status {
     /// RedLock: every node's view.
     #[serde(skip_serializing_if = "Option::is_none")]
     quorum: Option<quorum::View>,
+    /// Advisory mode: the process id of the PostgreSQL server process (backend) whose
+    /// session holds the lock, not of a process of the holder's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    backend_pid: Option<u32>,
     /// Whether `holder` is an abbreviated token (else an owner or a session, shown whole).
     #[serde(skip)]
     holder_is_token: bool,
@@ -261,6 +426,7 @@ pub(crate) enum Layout {
     AtKey,
     /// In a queue under `<lock key>/`, one key `<lock key>/<token>` per holder or waiter,
     /// nothing at the lock key (etcd): shown as the prefix `<lock key>/`.
+    #[cfg_attr(not(feature = "etcd"), allow(dead_code, reason = "etcd:// only"))]
     QueueUnder,
     /// Ephemeral sequential nodes in the directory `/<lock key, escaped>/` under the
     /// chroot (ZooKeeper).
@@ -293,6 +459,11 @@ async fn lock_status_of<B: RawInspect>(
     if layout == Layout::Session {
         status.holder.clone_from(&state.holder);
         status.holder_is_token = false;
+        status.backend_pid = state
+            .holder
+            .as_deref()
+            .and_then(|h| h.strip_prefix("pid "))
+            .and_then(|pid| pid.parse().ok());
     }
     Ok(status)
 }
@@ -322,6 +493,7 @@ impl Status {
             queued: state.queued,
             permits: None,
             quorum: None,
+            backend_pid: None,
             holder_is_token: kind != Kind::Reentrant,
         }
     }
@@ -406,6 +578,75 @@ pub(crate) fn plain_text(v: &str) -> String {
         .collect()
 }
 
+/// A lock's name (or key) as `list`, `top`, `status` and messages show it: one shell word
+/// that pastes back into a command line (bash, zsh, ksh) as the name itself. A name made
+/// only of letters, digits and `-_.:/@+,%` is shown as it is; any other in single quotes
+/// (`'a*b'`), or, when it has blanks, control or invisible characters, `'`, `\` or `!`,
+/// as `$'…'` with those characters escaped: `\n`, `\t`, `\r`, `\'`, `\\`, `\xHH`
+/// (a space is `\x20`, so that the name stays one word of a table) and `\uHHHH` /
+/// `\UHHHHHHHH`. Nothing of it can reach a terminal as a control character.
+pub(crate) fn shown(name: &str) -> String {
+    let plain = |c: char| {
+        c.is_alphanumeric() || matches!(c, '-' | '_' | '.' | ':' | '/' | '@' | '+' | ',' | '%')
+    };
+    let escaped = |c: char| {
+        c.is_control() || c.is_whitespace() || invisible(c) || matches!(c, '\'' | '\\' | '!')
+    };
+    if !name.is_empty() && name.chars().all(|c| plain(c) && !invisible(c)) {
+        return name.to_owned();
+    }
+    if !name.chars().any(escaped) {
+        return format!("'{name}'");
+    }
+    let mut out = String::from("$'");
+    for c in name.chars() {
+        match c {
+            '\n' => out.push_str("\\n"),
+            '\t' => out.push_str("\\t"),
+            '\r' => out.push_str("\\r"),
+            '\'' => out.push_str("\\'"),
+            '\\' => out.push_str("\\\\"),
+            c if c.is_ascii() && escaped(c) => {
+                let _ = write!(out, "\\x{:02x}", u32::from(c));
+            }
+            c if escaped(c) && u32::from(c) <= 0xffff => {
+                let _ = write!(out, "\\u{:04x}", u32::from(c));
+            }
+            c if escaped(c) => {
+                let _ = write!(out, "\\U{:08x}", u32::from(c));
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('\'');
+    out
+}
+
+/// Characters that show as nothing, or change how the text around them shows, though
+/// they are neither controls nor blanks: soft hyphens, zero-width and direction marks,
+/// bidirectional overrides and isolates, variation selectors, byte-order marks, tags.
+fn invisible(c: char) -> bool {
+    matches!(
+        u32::from(c),
+        0x00ad
+            | 0x034f
+            | 0x061c
+            | 0x115f..=0x1160
+            | 0x17b4..=0x17b5
+            | 0x180b..=0x180f
+            | 0x200b..=0x200f
+            | 0x2028..=0x202e
+            | 0x2060..=0x206f
+            | 0x3164
+            | 0xfe00..=0xfe0f
+            | 0xfeff
+            | 0xffa0
+            | 0xfff0..=0xfffb
+            | 0x1d173..=0x1d17a
+            | 0xe0000..=0xe0fff
+    )
+}
+
 /// The last cell of a line: free text, on one line.
 fn last_cell(v: Option<&str>) -> String {
     match v {
@@ -438,14 +679,15 @@ fn print_status(s: &Status, args: &StatusArgs) -> Result<u8, Failure> {
     if args.json {
         print_json(s)?;
     } else {
-        println!("name:            {}", s.name);
-        println!("key:             {}", s.key);
+        println!("name:            {}", shown(&s.name));
+        println!("key:             {}", shown(&s.key));
         println!(
             "held:            {}",
             match (&s.holder, s.holders) {
                 (Some(h), _) if args.kind == Kind::Reentrant => {
                     format!("yes, by owner {}", last_cell(Some(h)))
                 }
+                (Some(_), _) if s.backend_pid.is_some() => format!("yes, by {}", held_by(s)),
                 (Some(h), _) if !s.holder_is_token => format!("yes, by {}", last_cell(Some(h))),
                 (Some(h), _) => format!("yes, token {}", last_cell(Some(h))),
                 (None, Some(n)) if n > 0 => format!("yes, by {n} holders"),
@@ -494,6 +736,7 @@ fn print_status(s: &Status, args: &StatusArgs) -> Result<u8, Failure> {
     Ok(exit::SUCCESS)
 }
 
+#[cfg_attr(not(feature = "etcd"), allow(dead_code, reason = "etcd:// only"))]
 pub(crate) async fn list_cmd<B: RawInspect>(
     backend: B,
     layout: Layout,
@@ -579,7 +822,7 @@ pub(crate) async fn list_every_kind<B: kinds::AnyKind>(
             Err(_) if top::is_companion(redis, *kind, prefix, name) => {}
             Err(f) if *kind != Kind::Lock => eprintln!(
                 "dlock: warning: {} listed as {} but not readable as one: {}",
-                cell(Some(name)),
+                shown(name),
                 kind.described(),
                 f.message
             ),
@@ -629,7 +872,7 @@ fn print_list(rows: &[Status], json: bool) -> Result<u8, Failure> {
         .iter()
         .map(|r| {
             [
-                cell(Some(&r.name)),
+                shown(&r.name),
                 cell(r.holder.as_deref()),
                 or_dash(r.remaining_ms.map(|ms| compact(Duration::from_millis(ms)))),
                 or_dash(r.last_fence),
@@ -748,16 +991,14 @@ async fn confirm_force_unlock(
     }
     let s = status.await?;
     if !s.held {
-        eprintln!("dlock: {:?} is not held", args.name);
+        // Nothing to ask about: the force-unlock finds nothing, and says so.
         return Ok(true);
     }
-    let by = match (&s.holder, s.holders) {
-        (Some(h), _) => format!("held by {}", plain_text(h)),
-        (None, n) => format!("held by {} holders", or_dash(n)),
-    };
+    // Who, as a conflict says it: host, pid, command, since.
+    let by = format!("held by {}", held_by(&s));
     eprint!(
-        "Force-unlock {:?}, {by}? Its holders keep running until they notice. [y/N] ",
-        args.name,
+        "Force-unlock {}, {by}? Its holders keep running until they notice. [y/N] ",
+        shown(&args.name),
     );
     std::io::stderr().flush().ok();
     let mut answer = String::new();
@@ -770,12 +1011,24 @@ async fn confirm_force_unlock(
     }
 }
 
+/// `force-unlock`'s outcome: success, or [`exit::NOT_HELD`] when nothing was held (a
+/// mistyped name, or its holder was done already).
 fn report_force_unlock(args: &ForceUnlockArgs, done: bool) -> Result<u8, Failure> {
-    if done {
-        eprintln!("dlock: {:?} force-unlocked", args.name);
-    } else {
-        eprintln!("dlock: {:?} was not held", args.name);
+    let name = shown(&args.name);
+    if !done {
+        let kind = match args.kind {
+            Kind::Lock => String::new(),
+            kind => format!(" as {}", kind.described()),
+        };
+        return Err(Failure::new(
+            exit::NOT_HELD,
+            format!(
+                "{name} is not held{kind}: nothing to force-unlock (dlock list shows the held \
+                 locks, each name as it pastes back into a shell)"
+            ),
+        ));
     }
+    eprintln!("dlock: {name} force-unlocked");
     Ok(exit::SUCCESS)
 }
 
@@ -901,7 +1154,7 @@ mod tests {
         }
 
         /// Any `--token` (`DLOCK_TOKEN`) text: released, or a usage error (not a token:
-        /// empty, over 256 bytes) or "lost" (not held under it); extend likewise.
+        /// empty, over 256 bytes) or "not held" (nobody holds it); extend likewise.
         #[test]
         fn any_token_text_is_a_token_or_a_typed_error(
             token in prop_oneof![any::<String>(), ".{250,260}", Just(String::new())],
@@ -921,7 +1174,7 @@ mod tests {
             });
             for result in [released, extended] {
                 let f = result.expect_err("nothing is held");
-                let expected = if valid { exit::LOST } else { exit::USAGE };
+                let expected = if valid { exit::NOT_HELD } else { exit::USAGE };
                 prop_assert_eq!(f.code, expected, "{}", f.message);
             }
         }
@@ -1001,6 +1254,70 @@ mod tests {
             let text = compact(Duration::new(secs, nanos));
             prop_assert!(!text.is_empty() && !text.contains(' '), "{}", text);
             prop_assert!(!remaining(Some(secs)).is_empty());
+        }
+    }
+
+    /// Shell words, read back by bash: `printf '%s\0' WORD…` prints each word's value.
+    fn read_back_by_bash(words: &[String]) -> Vec<String> {
+        let script = format!("printf '%s\\0' {}", words.join(" "));
+        let out = std::process::Command::new("bash")
+            .args(["-c", &script])
+            .env("LC_ALL", "C.UTF-8")
+            .output()
+            .expect("bash");
+        assert!(out.status.success(), "{script:?}: {out:?}");
+        let text = String::from_utf8(out.stdout).expect("UTF-8 from bash");
+        let mut values: Vec<String> = text.split('\0').map(str::to_owned).collect();
+        values.pop();
+        values
+    }
+
+    proptest! {
+        #![proptest_config(cases(32))]
+
+        /// Any name (but NUL, which no argument can hold) is shown as one word, without
+        /// blanks or controls, that bash reads back as the name itself.
+        #[test]
+        fn shown_names_read_back_as_themselves(
+            names in prop::collection::vec(
+                prop_oneof![
+                    any::<String>(),
+                    "[a-z ,:/@%'\\\\!*?$`\"(){};&|<>#~=\t\n\r\u{1b}\u{7f}\u{85}\u{a0}\u{200b}\u{202e}é日🔒-]{0,12}",
+                ]
+                .prop_map(|n| n.replace('\0', "")),
+                1..24,
+            ),
+        ) {
+            let words: Vec<String> = names.iter().map(|n| shown(n)).collect();
+            for word in &words {
+                prop_assert!(
+                    !word.contains(|c: char| c.is_whitespace() || c.is_control() || invisible(c)),
+                    "{:?}", word
+                );
+            }
+            prop_assert_eq!(read_back_by_bash(&words), names);
+        }
+    }
+
+    #[test]
+    fn names_are_shown_as_documented() {
+        for (name, word) in [
+            ("deploy-prod", "deploy-prod"),
+            ("ns:job/1@host+x,y%", "ns:job/1@host+x,y%"),
+            ("ünï", "ünï"),
+            ("", "''"),
+            ("a*b", "'a*b'"),
+            ("-", "-"),
+            ("my job", "$'my\\x20job'"),
+            ("new\nline", "$'new\\nline'"),
+            ("it's", "$'it\\'s'"),
+            ("a\\b", "$'a\\\\b'"),
+            ("hi!", "$'hi\\x21'"),
+            ("\u{1b}[2J", "$'\\x1b[2J'"),
+            ("\u{202e}txt", "$'\\u202etxt'"),
+            ("tag\u{e0041}", "$'tag\\U000e0041'"),
+        ] {
+            assert_eq!(shown(name), word, "{name:?}");
         }
     }
 

@@ -156,7 +156,11 @@ fn view(answers: &[Answer], needed: usize) -> View {
     }
 }
 
-async fn status_of(q: &Quorum<Redis>, prefix: &str, name: &str) -> Result<Status, Failure> {
+pub(super) async fn status_of(
+    q: &Quorum<Redis>,
+    prefix: &str,
+    name: &str,
+) -> Result<Status, Failure> {
     let answers = ask_every_node(q, prefix, name).await?;
     let state =
         majority(&answers, q.quorum(), name)?.unwrap_or_else(|| LockState::new(None, None, None));

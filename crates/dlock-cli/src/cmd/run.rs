@@ -12,8 +12,8 @@ use dlock::{
 pub(crate) use super::supervise::{Job, Signals, supervise};
 use super::supervise::{MinHold, check_kill_grace, supervise_run};
 use crate::args::{Kind, RunArgs};
-use crate::cmd::acquire;
 use crate::cmd::kinds::{self, AnyKind};
+use crate::cmd::{Holders, Status, acquire, conflict, shown, status_of};
 use crate::exit::Failure;
 
 impl<'a> Job<'a> {
@@ -67,10 +67,13 @@ enum Waited<X: RawLock> {
     Exit(u8),
 }
 
+/// Waits for `lock` as `--wait` / `--no-wait` say; on a conflict, says who holds it
+/// (`held`: its status) unless `--quiet`.
 async fn wait_for<X: RawLock>(
     lock: &Lock<X>,
     args: &RunArgs,
     signals: &mut Signals,
+    held: impl Future<Output = Result<Status, Failure>>,
 ) -> Result<Waited<X>, Failure> {
     let acquired = tokio::select! {
         acquired = acquire(lock, &args.wait) => acquired?,
@@ -78,13 +81,19 @@ async fn wait_for<X: RawLock>(
     };
     match acquired {
         Some(guard) => Ok(Waited::Got(guard)),
-        None => {
-            if !args.quiet {
-                eprintln!("dlock: {:?} is held by another process", args.name);
-            }
-            Ok(Waited::Exit(args.wait.conflict_exit_code))
-        }
+        None => held_by_another(args, held).await,
     }
+}
+
+/// A conflict: who holds the lock (unless `--quiet`), and the conflict code.
+async fn held_by_another<X: RawLock>(
+    args: &RunArgs,
+    held: impl Future<Output = Result<Status, Failure>>,
+) -> Result<Waited<X>, Failure> {
+    if !args.quiet {
+        eprintln!("dlock: {}", conflict(&args.name, &args.wait, held.await));
+    }
+    Ok(Waited::Exit(args.wait.conflict_exit_code))
 }
 
 /// `--semaphore N`: one permit, as `--wait` / `--no-wait` say (`None` on conflict),
@@ -108,6 +117,7 @@ async fn wait_for_permit<B: RawSemaphore>(
     sem: &Semaphore<B>,
     args: &RunArgs,
     signals: &mut Signals,
+    held: impl Future<Output = Result<Status, Failure>>,
 ) -> Result<Waited<Permits<B>>, Failure> {
     let acquired = tokio::select! {
         acquired = acquire_permit(sem, args) => acquired,
@@ -115,12 +125,7 @@ async fn wait_for_permit<B: RawSemaphore>(
     };
     match acquired {
         Ok(Some(guard)) => Ok(Waited::Got(guard)),
-        Ok(None) => {
-            if !args.quiet {
-                eprintln!("dlock: {:?} is held by another process", args.name);
-            }
-            Ok(Waited::Exit(args.wait.conflict_exit_code))
-        }
+        Ok(None) => held_by_another(args, held).await,
         Err(err) if err.kind() == ErrorKind::PermitsMismatch => {
             let counts = std::error::Error::source(&err)
                 .and_then(|s| s.downcast_ref::<PermitCounts>())
@@ -137,23 +142,10 @@ async fn wait_for_permit<B: RawSemaphore>(
                  with --semaphore {stored}, or change the count for every run with `dlock \
                  set-permits {} {requested}` (or --set-permits)",
                 args.name,
-                shell_word(&args.name)
+                shown(&args.name)
             )))
         }
         Err(err) => Err(err.into()),
-    }
-}
-
-/// `word` as one shell word (quoted unless it is plain).
-fn shell_word(word: &str) -> String {
-    let plain = !word.is_empty()
-        && word
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '/' | ':' | '@'));
-    if plain {
-        word.to_owned()
-    } else {
-        format!("'{}'", word.replace('\'', "'\\''"))
     }
 }
 
@@ -244,7 +236,13 @@ pub(crate) async fn run<B: RawFencing + AnyKind>(
             builder = builder.holder_info(info);
         }
         let sem = builder.build()?;
-        return match wait_for_permit(&sem, &args, &mut signals).await? {
+        let held = status_of(
+            checker.clone(),
+            Kind::Semaphore,
+            args.store.prefix.as_deref(),
+            &args.name,
+        );
+        return match wait_for_permit(&sem, &args, &mut signals, held).await? {
             Waited::Got(guard) => {
                 let Some(guard) = alone(guard, &checker, Kind::Semaphore, &args).await else {
                     return Ok(conflict);
@@ -262,8 +260,14 @@ pub(crate) async fn run<B: RawFencing + AnyKind>(
             builder = builder.holder_info(info);
         }
         let rw = builder.build()?;
+        let held = status_of(
+            checker.clone(),
+            Kind::Rwlock,
+            args.store.prefix.as_deref(),
+            &args.name,
+        );
         if args.shared {
-            return match wait_for(rw.read_lock(), &args, &mut signals).await? {
+            return match wait_for(rw.read_lock(), &args, &mut signals, held).await? {
                 Waited::Got(guard) => {
                     let Some(guard) = alone(guard, &checker, Kind::Rwlock, &args).await else {
                         return Ok(conflict);
@@ -273,7 +277,7 @@ pub(crate) async fn run<B: RawFencing + AnyKind>(
                 Waited::Exit(code) => Ok(code),
             };
         }
-        return match wait_for(rw.write_lock(), &args, &mut signals).await? {
+        return match wait_for(rw.write_lock(), &args, &mut signals, held).await? {
             Waited::Got(guard) => {
                 let Some(guard) = alone(guard, &checker, Kind::Rwlock, &args).await else {
                     return Ok(conflict);
@@ -292,7 +296,13 @@ pub(crate) async fn run<B: RawFencing + AnyKind>(
             builder = builder.holder_info(info);
         }
         let fair = builder.build()?;
-        return match wait_for(fair.as_lock(), &args, &mut signals).await? {
+        let held = status_of(
+            checker.clone(),
+            Kind::Fair,
+            args.store.prefix.as_deref(),
+            &args.name,
+        );
+        return match wait_for(fair.as_lock(), &args, &mut signals, held).await? {
             Waited::Got(guard) => {
                 let Some(guard) = alone(guard, &checker, Kind::Fair, &args).await else {
                     return Ok(conflict);
@@ -304,7 +314,13 @@ pub(crate) async fn run<B: RawFencing + AnyKind>(
         };
     }
     let lock = plain_lock(backend, &args, holder)?;
-    match wait_for(&lock, &args, &mut signals).await? {
+    let held = status_of(
+        checker.clone(),
+        Kind::Lock,
+        args.store.prefix.as_deref(),
+        &args.name,
+    );
+    match wait_for(&lock, &args, &mut signals, held).await? {
         Waited::Got(guard) => {
             let Some(guard) = alone(guard, &checker, Kind::Lock, &args).await else {
                 return Ok(conflict);
@@ -334,7 +350,7 @@ fn plain_lock<B: RawLock>(
 /// `dlock run` on a store that has only the plain lock (RedLock, memcached, etcd,
 /// advisory mode); `fence` reads the guard's fence where the store mints one; `shortest`
 /// is the shortest lease the store takes (for `--min-hold`).
-pub(crate) async fn run_plain<B: RawLock>(
+pub(crate) async fn run_plain<B: Holders>(
     backend: B,
     args: RunArgs,
     fence: impl Fn(&LockGuard<B>) -> Option<u64>,
@@ -350,7 +366,10 @@ pub(crate) async fn run_plain<B: RawLock>(
     let mut signals = Signals::install()?;
     let min_hold = MinHold::of(args.min_hold, shortest, &backend);
     let lock = plain_lock(backend, &args, run_holder(&args))?;
-    match wait_for(&lock, &args, &mut signals).await? {
+    let held = lock
+        .backend()
+        .lock_status(args.store.lock_prefix(), &args.name);
+    match wait_for(&lock, &args, &mut signals, held).await? {
         Waited::Got(guard) => {
             let fence = fence(&guard);
             supervise_run(guard, &Job::of_run(&args, fence), signals, min_hold).await

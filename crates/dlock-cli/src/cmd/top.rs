@@ -26,7 +26,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use super::{abbreviate, compact, kinds, last_cell, millis, or_dash};
+use super::{abbreviate, compact, kinds, last_cell, millis, or_dash, shown};
 use crate::args::{Kind, SortBy, TopArgs};
 use crate::exit::{self, Failure};
 
@@ -87,6 +87,7 @@ pub(crate) async fn every_kind<B: kinds::AnyKind>(
 }
 
 /// `dlock top` on a store with the plain lock only (etcd); `scheme` names it in errors.
+#[cfg_attr(not(feature = "etcd"), allow(dead_code, reason = "etcd:// only"))]
 pub(crate) async fn plain_only<B: RawInspect>(
     backend: B,
     scheme: &'static str,
@@ -240,6 +241,7 @@ pub(crate) fn is_companion(redis: bool, kind: Kind, prefix: Option<&str>, name: 
 
 /// A store with the plain lock only (etcd), and its scheme for errors.
 #[derive(Clone)]
+#[cfg_attr(not(feature = "etcd"), allow(dead_code, reason = "etcd:// only"))]
 struct PlainOnly<B>(B, &'static str);
 
 impl<B: RawInspect> Inspector for PlainOnly<B> {
@@ -862,12 +864,13 @@ const RIGHT: [bool; 11] = [
 ];
 
 /// A row's cells; text from the store (another holder's metadata can hold anything) with
-/// its control characters made spaces, so it cannot move the cursor or restyle the screen.
+/// its control characters made spaces, so it cannot move the cursor or restyle the screen;
+/// the name as it is typed (see [`shown`]).
 fn cells(row: &Row) -> [String; 11] {
     let info = row.info();
     [
         kind_name(row.kind).to_owned(),
-        fit(&last_cell(Some(&row.name)), NAME_WIDTH),
+        fit(&shown(&row.name), NAME_WIDTH),
         or_dash(row.holder()),
         fit(&last_cell(info.and_then(|i| i.host.as_deref())), 24),
         or_dash(info.and_then(|i| i.pid)),
@@ -929,7 +932,7 @@ fn header(
                     "{} listed but unreadable, e.g. {} {}: {}",
                     s.unreadable.len(),
                     u.kind,
-                    last_cell(Some(&u.name)),
+                    shown(&u.name),
                     last_cell(Some(&u.error))
                 ));
             }
@@ -1027,6 +1030,23 @@ mod tests {
 
     use super::*;
     use crate::hostile::cases;
+
+    /// A row's name is shown as `list` shows it: one word that pastes back into a shell.
+    #[test]
+    fn names_in_rows_paste_back() {
+        for (name, shown) in [
+            ("my job", "$'my\\x20job'"),
+            ("new\nline", "$'new\\nline'"),
+            ("plain", "plain"),
+        ] {
+            let row = Row {
+                kind: Kind::Lock,
+                name: name.to_owned(),
+                state: LockState::new(Some("0123456789abcdef".into()), None, None),
+            };
+            assert_eq!(cells(&row)[1], shown);
+        }
+    }
 
     #[test]
     fn redis_companions_of_hash_tagged_names_are_told_apart() {

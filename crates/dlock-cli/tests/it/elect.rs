@@ -238,11 +238,13 @@ fn leader_watch_prints_every_change() {
 #[test]
 fn elect_and_leader_on_memcached_etcd_postgres_and_zookeeper() {
     let mc = dlock_test::server::MemcachedServer::start().expect("memcached");
+    #[cfg(feature = "etcd")]
     let etcd = dlock_test::server::EtcdCluster::start(1).expect("etcd");
     let pg = dlock_test::postgres::PostgresServer::start().expect("postgres");
     let zk = dlock_test::zookeeper::ZooKeeper::standalone().expect("zookeeper");
     let urls = [
         mc.url(),
+        #[cfg(feature = "etcd")]
         etcd.url(),
         pg.url(),
         zk.url("/elect", "?session_timeout=2s"),

@@ -387,10 +387,17 @@ fn hold_prints_token_and_fence_holds_and_releases_on_sigterm() {
     assert_eq!(status(&url, "script-lock", &[])["held"], true);
     let other = output(dlock(&url).args(["hold", "--no-wait", "script-lock"]));
     assert_eq!(other.status.code(), Some(CONFLICT), "{}", stderr(&other));
+    // Who holds it, as `dlock run` and `dlock acquire` say.
+    let expected = format!(
+        "dlock: script-lock is held by host {}, pid {}, since ",
+        seen["holder_info"]["host"].as_str().expect("host"),
+        hold.id()
+    );
+    let err = stderr(&other);
+    assert!(err.contains(&expected), "{err}");
     assert!(
-        stderr(&other).ends_with("dlock: \"script-lock\" is held by another process\n"),
-        "{}",
-        stderr(&other)
+        err.ends_with(": not waiting (--no-wait); --wait D waits up to D for it\n"),
+        "{err}"
     );
     signal("-TERM", hold.id());
     assert_eq!(

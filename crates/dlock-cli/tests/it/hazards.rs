@@ -157,6 +157,7 @@ fn every_scheme_refuses_unknown_parameters() {
         "redis+cluster://127.0.0.1:1/?bogus=1",
         "redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3?bogus=1",
         "memcache://127.0.0.1:1?bogus=1",
+        #[cfg(feature = "etcd")]
         "etcd://127.0.0.1:1?bogus=1",
         "postgres://u:s3cret@127.0.0.1:1/db?bogus=1",
         "postgres://u:s3cret@127.0.0.1:1/db?mode=advisory&bogus=1",

@@ -14,6 +14,7 @@ mod memcached;
 mod memory;
 mod namespace;
 mod observe;
+mod pg_waiters;
 mod postgres;
 mod quorum;
 mod redis;

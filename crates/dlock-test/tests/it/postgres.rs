@@ -1125,7 +1125,7 @@ async fn an_older_schema_is_brought_up_to_date_on_connect() {
     let admin = t.server.admin().await;
     admin
         .batch_execute(
-            "DROP FUNCTION dlock.schema_version_3();
+            "DROP FUNCTION dlock.schema_version_4();
              CREATE OR REPLACE FUNCTION dlock.gate_busy(k text) RETURNS boolean
              LANGUAGE sql AS 'SELECT true';",
         )
@@ -1134,12 +1134,12 @@ async fn an_older_schema_is_brought_up_to_date_on_connect() {
     let _second = t.client().await;
     let row = admin
         .query_one(
-            "SELECT dlock.schema_version_3(), dlock.gate_busy('nobody-waits')",
+            "SELECT dlock.schema_version_4(), dlock.gate_busy('nobody-waits')",
             &[],
         )
         .await
         .expect("the current schema");
-    assert_eq!((row.get::<_, i32>(0), row.get::<_, bool>(1)), (3, false));
+    assert_eq!((row.get::<_, i32>(0), row.get::<_, bool>(1)), (4, false));
     // Up to date: the next client creates nothing (a body changed by hand stays).
     admin
         .batch_execute(

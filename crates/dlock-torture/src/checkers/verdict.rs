@@ -121,7 +121,7 @@ pub(crate) fn verdict(f: &mut Findings) {
             }
             Kind::RedlockImmediateRestart if f.restart_overlaps > 0 => (
                 true,
-                "ok: control caught (the bridge node restarted empty within the ttl and the other half formed a second majority: seed 002's hazard)"
+                "ok: control caught (the bridge node restarted empty within the ttl and the other half formed a second majority: RedLock's restart hazard)"
                     .to_owned(),
             ),
             Kind::RedlockImmediateRestart => fail(

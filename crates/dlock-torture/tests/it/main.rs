@@ -262,6 +262,7 @@ fn torture_holds_redlock_and_memcached_to_their_promises() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+#[cfg(feature = "etcd")]
 #[test]
 fn torture_holds_etcd_to_its_fences_and_its_lock_across_a_leader_restart() {
     let dir = scratch("torture-etcd");
@@ -953,6 +954,33 @@ fn a_kind_named_without_the_fault_it_exists_for_is_a_usage_error() {
     assert!(
         err.contains("needs a Redis lock server") && !err.contains(":pw@"),
         "{err}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A harness built without the `etcd` feature refuses `--kinds etcd-fenced` before it
+/// starts anything, saying how to get it (with the feature, the kind runs: above).
+#[cfg(not(feature = "etcd"))]
+#[test]
+fn etcd_fenced_is_refused_by_a_harness_built_without_etcd_support() {
+    let dir = scratch("torture-no-etcd");
+    let out = output(harness().args([
+        "torture",
+        "--kinds",
+        "memory,etcd-fenced",
+        "--out",
+        dir.to_str().expect("utf-8 path"),
+    ]));
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(64), "{err}");
+    assert!(
+        err.contains("etcd-fenced") && err.contains("--features etcd") && err.contains("protoc"),
+        "{err}"
+    );
+    assert!(
+        out.stdout.is_empty(),
+        "nothing ran: {}",
+        String::from_utf8_lossy(&out.stdout)
     );
     let _ = std::fs::remove_dir_all(dir);
 }

@@ -221,9 +221,41 @@ fn map_err(e: etcd_client::Error, doing: &str) -> Error {
         E::InvalidArgs(_) | E::InvalidUri(_) => (ErrorKind::InvalidArgument, false),
         _ => (ErrorKind::Backend, false),
     };
-    Error::new(kind, format!("{doing}: {e}"))
+    Error::new(kind, format!("{doing}: {}", etcd_said(&e)))
         .retryable(retryable)
         .with_source(e)
+}
+
+/// What etcd's client said, in words: a gRPC status as its code's description, its
+/// message and the innermost cause (tonic's own `Display` shows the causes' `Debug` dumps),
+/// a timeout as one; anything else as the client shows it.
+fn etcd_said(e: &etcd_client::Error) -> String {
+    let etcd_client::Error::GRpcStatus(status) = e else {
+        return e.to_string();
+    };
+    // The client's own timeout, as dlock's bound on a call says it.
+    let timeout = status.code() == tonic::Code::Cancelled && status.message() == "Timeout expired";
+    if timeout || status.code() == tonic::Code::DeadlineExceeded {
+        return "etcd did not answer in time".to_owned();
+    }
+    let mut said = status.code().description().to_owned();
+    if !status.message().is_empty() {
+        said.push_str(": ");
+        said.push_str(status.message());
+    }
+    let mut cause = std::error::Error::source(status);
+    let mut innermost = None;
+    while let Some(c) = cause {
+        innermost = Some(c);
+        cause = c.source();
+    }
+    if let Some(c) = innermost.map(ToString::to_string)
+        && !said.contains(&c)
+    {
+        said.push_str(": ");
+        said.push_str(&c);
+    }
+    said
 }
 
 /// Lease seconds for `ttl`: rounded up, at least 1.

@@ -1,4 +1,4 @@
-//! Memcached: seed 001's `add` lock, done right, over the meta protocol (memcached 1.6+).
+//! Memcached: the classic `add` lock, done right, over the meta protocol (memcached 1.6+).
 //!
 //! * **Acquire** is ONE round trip: `ms <key> … ME` (add: stored only if the key is
 //!   absent, with its expiry in the same command), then, pipelined behind it, `ma` on the
@@ -6,7 +6,7 @@
 //!   *and* the key still held our token when the fence was minted (see
 //!   [fences](#fences)).
 //! * **Release** is compare-and-delete by CAS: `mg` (value + CAS), then `md <key> C<cas>`
-//!   only if the value is our token — never a blind `delete` (seed 001's scheme deletes
+//!   only if the value is our token — never a blind `delete` (the classic recipe deletes
 //!   whatever is there).
 //! * **Extend** is compare-and-set by CAS: `ms <key> … C<cas> MS` with our token again and
 //!   the new expiry.

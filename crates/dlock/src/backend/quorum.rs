@@ -23,7 +23,7 @@ pub const DEFAULT_NODE_TIMEOUT_FRACTION: f64 = 0.1;
 /// Longest a release waits for one node.
 const RELEASE_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// RedLock over `N` independent stores (seed 002): a lock is held while a majority
+/// RedLock over `N` independent stores (Kleppmann's analysis and antirez's reply): a lock is held while a majority
 /// (`N/2 + 1`) of the nodes hold our token, granted within the lease's validity.
 ///
 /// * **Acquire** asks every node at once, each bounded by a node timeout (a fraction of
@@ -55,7 +55,7 @@ const RELEASE_TIMEOUT: Duration = Duration::from_secs(2);
 /// Safe while a majority of nodes keep their keys for the lease and the clocks of client
 /// and nodes run at rates within the drift allowance. A node that restarts without
 /// persistence and forgets our key lets a second holder assemble a majority with it
-/// (seed 002: delay restarts by more than the ttl, or persist with `appendfsync always`).
+/// (delay restarts by more than the ttl, or persist with `appendfsync always`).
 /// A holder paused past its validity is the same hazard as with one store — and here no
 /// fence can stop its late writes (the Kleppmann/antirez dispute): use a single fenced
 /// store where stale writes must be refused.

@@ -1,4 +1,4 @@
-//! PostgreSQL: seed 000's database lock, as a lease with a durable fence.
+//! PostgreSQL: the classic database lock, as a lease with a durable fence.
 //!
 //! Each lock name is one row of `<schema>.locks` (`key`, `holder`, `expires_at`, `fence`),
 //! and every operation is **one statement** on a pooled connection, so it is atomic by
@@ -26,8 +26,22 @@
 //!   (`pg_stat_get_activity`) is skipped. Each client `LISTEN`s on one channel of its
 //!   own, on one extra connection opened at its first wait; nothing is sent when nobody
 //!   waits. A free lock goes to the head only (no barging); the family's primitives wake
-//!   their head instead (it then calls `acquire`), and every waiter also wakes at the
-//!   holder's remaining lease, so a lost notification costs time, never liveness.
+//!   their head instead (it then calls `acquire`). A lock whose lease lapsed without a
+//!   release (its holder crashed or stalled) is handed over to the head by the first call
+//!   that sees it, as a release would have.
+//!   **What the waiters send while they wait** does not grow with their number: the head
+//!   of a plain lock's queue and the next one look again when the holder's lease would
+//!   end (so a holder that crashes is followed within its lease, and a lost notification
+//!   costs time, never liveness); a waiter with two or more places ahead of it looks
+//!   again only after ten of its leases (10 s ..= 40 s, and up to half as much again at
+//!   random), its place claimed that long plus its grace, and the hand-over that makes it
+//!   the head wakes it to look again. (Every waiter used to look again once per lease of
+//!   the holder's: thousands of them kept the name's row busy with their attempts until
+//!   the head could no longer come within its grace, and grants all but stopped.) The
+//!   functions that read a queue take its indexes in order whatever the table's
+//!   statistics say, so finding a name's head costs the same with ten places or ten
+//!   thousand. A fair lock's and the family's waiters look again at the holder's
+//!   remaining lease, as before.
 //!   Places whose waiters stopped coming (killed clients) are cleaned by the store's own
 //!   calls, never left to an operator: every call that looks at a name's queue drops that
 //!   name's lapsed places (found through an index on `(key, claim_until)`, without
@@ -169,7 +183,9 @@ mod listen;
 pub use advisory::PgAdvisory;
 
 /// How long a queued waiter's place outlives its next expected attempt: ttl / 3, within
-/// 200 ms ..= 5 s. A crashed waiter leaves the queue by itself after that.
+/// 200 ms ..= 5 s. A crashed waiter's place lapses that long after the attempt it missed
+/// (for a plain lock's waiter far from the head, up to a minute on), and goes at once when
+/// a hand-over meets it: its client's `LISTEN` session is gone.
 fn waiter_grace(ttl: Duration) -> Duration {
     (ttl / 3).clamp(Duration::from_millis(200), Duration::from_secs(5))
 }
@@ -710,6 +726,12 @@ pub(crate) fn map_err(err: &tokio_postgres::Error, doing: &str) -> Error {
         } else {
             ErrorKind::Backend
         };
+        // The client's words name the step ("error connecting to server"), its cause says
+        // why (connection refused, no such host, an untrusted certificate).
+        let detail = match std::error::Error::source(err) {
+            Some(cause) => format!("{detail}: {cause}"),
+            None => detail,
+        };
         return Error::new(kind, format!("{doing}: {detail}"));
     };
     let db = err
@@ -932,7 +954,7 @@ impl Postgres {
                         &format!("\"{schema}\".leases"),
                         // Created last, and named for this version: an older schema (or
                         // one whose creation stopped half-way) gets the whole file again.
-                        &format!("\"{schema}\".schema_version_3()"),
+                        &format!("\"{schema}\".schema_version_4()"),
                         // Added after version 2: a schema without it gets the file again.
                         &format!("\"{schema}\".records"),
                         // Likewise (a semaphore's other permit count is refused).

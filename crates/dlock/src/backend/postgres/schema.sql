@@ -49,6 +49,9 @@ CREATE INDEX IF NOT EXISTS waiters_by_claim ON "S".waiters (claim_until);
 -- of its client's LISTEN session (a head whose session is gone is skipped).
 ALTER TABLE "S".waiters ADD COLUMN IF NOT EXISTS ttl_ms bigint;
 ALTER TABLE "S".waiters ADD COLUMN IF NOT EXISTS lpid int;
+-- Whether the waiter was told, at its latest attempt, that it was far from the head of the
+-- queue (and sleeps long, see far_wait): the hand-over that makes it the head wakes it.
+ALTER TABLE "S".waiters ADD COLUMN IF NOT EXISTS far boolean NOT NULL DEFAULT false;
 
 -- One row per election (key: its lock's key): the leader's record, written only while the
 -- writer holds the lock (terms are not compared), and announced on the channel dlk_records
@@ -66,11 +69,33 @@ LANGUAGE sql IMMUTABLE AS $fn$
     SELECT greatest(0, ceil(extract(epoch FROM t - now_ts) * 1000))::bigint
 $fn$;
 
+-- How long a plain lock's waiter that is neither the head of the queue nor the next one
+-- sleeps before it looks again (its place is claimed that long, plus its grace): ten of its
+-- leases, within 10 s ..= 40 s, and up to half as much again at random, so that waiters
+-- that queued together do not come back together. It needs no earlier look: a release hands
+-- the lock to the head, and the hand-over that makes a far waiter the head wakes it
+-- (hand_head), so it then looks again once per lease of the holder's, as the head does.
+-- Without this, every waiter looked again once per lease of the holder's, and thousands of
+-- them kept the name's row busy with their attempts until the head of the queue could no
+-- longer come within its grace.
+CREATE OR REPLACE FUNCTION "S".far_wait(ttl_ms bigint) RETURNS bigint
+LANGUAGE sql VOLATILE AS $fn$
+    SELECT (least(greatest(ttl_ms * 10, 10000), 40000) * (1 + random() / 2))::bigint
+$fn$;
+
+-- The functions that look at a queue (sweep_waiters, queue_head, hand_head, wake_head,
+-- acquire) run with sorts and bitmap scans off, so that the planner takes the queue's
+-- indexes in their order whatever its statistics say: a name's head is then one index
+-- entry away, not a sort of the whole queue. A table whose statistics were taken while
+-- its queues were short (or never: a new table) otherwise gets plans that read every
+-- place of the name in every call, and thousands of waiters made each attempt
+-- milliseconds long while it kept the name's row.
 -- Drops up to 256 lapsed waiters of any name (claims ended by now_ts, the oldest first;
 -- rows another call has locked are left to it): places left by killed clients on names
 -- nobody asks for again go without an operator, a bounded cost per call.
 CREATE OR REPLACE FUNCTION "S".sweep_waiters(now_ts timestamptz) RETURNS void
-LANGUAGE sql AS $fn$
+LANGUAGE sql
+SET enable_sort TO off SET enable_bitmapscan TO off AS $fn$
     DELETE FROM "S".waiters AS q
     WHERE q.ctid = ANY (ARRAY(
         SELECT s.ctid FROM "S".waiters AS s
@@ -84,7 +109,8 @@ $fn$;
 -- visiting the live ones) and a bounded batch of any name's, and returns the head of k's
 -- queue (role 'l'; a row of nulls when nobody waits).
 CREATE OR REPLACE FUNCTION "S".queue_head(k text, now_ts timestamptz) RETURNS "S".waiters
-LANGUAGE plpgsql AS $fn$
+LANGUAGE plpgsql
+SET enable_sort TO off SET enable_bitmapscan TO off AS $fn$
 DECLARE
     head "S".waiters%ROWTYPE;
 BEGIN
@@ -120,7 +146,8 @@ $fn$;
 -- the next one tried; a head of the wake form (no lease given) is woken instead.
 -- Returns whether a head was served.
 CREATE OR REPLACE FUNCTION "S".hand_head(k text, wake_ms bigint) RETURNS boolean
-LANGUAGE plpgsql AS $fn$
+LANGUAGE plpgsql
+SET enable_sort TO off SET enable_bitmapscan TO off AS $fn$
 DECLARE
     head   "S".waiters%ROWTYPE;
     now_ts timestamptz;
@@ -146,6 +173,16 @@ BEGIN
             DELETE FROM "S".waiters AS q WHERE q.key = k AND q.token = head.token;
             PERFORM pg_notify(head.channel,
                               '!' || f || ':' || coalesce(head.wake, head.token));
+            -- The next in line is the head now: if it sleeps long (far), it is woken to
+            -- look again, and then looks once per lease of the new holder's, so that a
+            -- holder that crashes is followed within its lease.
+            SELECT * INTO head FROM "S".waiters AS q
+            WHERE q.key = k AND q.role = 'l' ORDER BY q.arrival LIMIT 1;
+            IF head.far AND head.channel IS NOT NULL THEN
+                UPDATE "S".waiters AS q SET far = false
+                WHERE q.key = k AND q.token = head.token;
+                PERFORM pg_notify(head.channel, coalesce(head.wake, head.token));
+            END IF;
             RETURN true;
         END IF;
         -- Its client no longer listens: it would never learn that it holds the lock. Nor
@@ -163,7 +200,8 @@ $fn$;
 -- Drops k's lapsed waiters, then wakes the head of its queue (role 'l') and gives it
 -- wake_ms to come. Returns whether there was one.
 CREATE OR REPLACE FUNCTION "S".wake_head(k text, wake_ms bigint) RETURNS boolean
-LANGUAGE plpgsql AS $fn$
+LANGUAGE plpgsql
+SET enable_sort TO off SET enable_bitmapscan TO off AS $fn$
 DECLARE
     head   "S".waiters%ROWTYPE;
     now_ts timestamptz := clock_timestamp();
@@ -209,20 +247,26 @@ $fn$;
 -- next attempt plus grace_ms, told on chan with wk (null: its token) — with hand, by a
 -- hand-over of the lock (see hand_head; listener: its LISTEN session's pid), else by a
 -- wake-up; a free lock goes to the head of the queue only (no barging), and while a
--- waiter woken at its gate is taking it, to that waiter (see gate_busy). A repeat of a
--- granted request renews it and
--- reports the same fence. Returns (granted, fence, wait_ms): the grant's fence or the
--- name's latest.
+-- waiter woken at its gate is taking it, to that waiter (see gate_busy). A lock whose
+-- lease lapsed without a release (its holder crashed or stalled) is handed over to the
+-- head of the queue by the first call that sees it, as a release would have. A repeat of
+-- a granted request renews it and reports the same fence. A plain lock's waiter that is
+-- handed the lock (hand, no wk) and has two places ahead of it is told to wait
+-- far_wait (the hand-over that makes it the head wakes it); the head and the next are told
+-- the holder's remaining lease. Returns (granted, fence, wait_ms): the grant's fence or
+-- the name's latest.
 CREATE OR REPLACE FUNCTION "S".acquire(k text, tok text, ttl_ms bigint, queue boolean,
                                        chan text, wk text, grace_ms bigint,
                                        hand boolean, listener int)
 RETURNS TABLE (granted boolean, fence bigint, wait_ms bigint)
-LANGUAGE plpgsql AS $fn$
+LANGUAGE plpgsql
+SET enable_sort TO off SET enable_bitmapscan TO off AS $fn$
 DECLARE
     r      "S".locks%ROWTYPE;
     head   "S".waiters%ROWTYPE;
     now_ts timestamptz;
     w      bigint;
+    distant boolean := false;
 BEGIN
     -- The row lock serialises every operation on k; the clock is read after it.
     SELECT * INTO r FROM "S".locks AS l WHERE l.key = k FOR UPDATE;
@@ -238,6 +282,20 @@ BEGIN
         RETURN;
     END IF;
     head := "S".queue_head(k, now_ts);
+    IF (r.holder IS NULL OR r.expires_at <= now_ts) AND head.token <> tok
+       AND head.ttl_ms IS NOT NULL AND head.channel IS NOT NULL THEN
+        -- Lapsed with no release: nobody was handed it. The head is, now (or, when the
+        -- places ahead were of gone clients, this caller).
+        PERFORM "S".hand_head(k, 1000);
+        SELECT * INTO r FROM "S".locks AS l WHERE l.key = k;
+        now_ts := clock_timestamp();
+        IF r.holder = tok AND r.expires_at > now_ts THEN
+            RETURN QUERY SELECT true, r.fence, 0::bigint;
+            RETURN;
+        END IF;
+        SELECT * INTO head FROM "S".waiters AS q
+        WHERE q.key = k AND q.role = 'l' ORDER BY q.arrival LIMIT 1;
+    END IF;
     IF (r.holder IS NULL OR r.expires_at <= now_ts)
        AND (head.token = tok OR (head.token IS NULL AND NOT "S".gate_busy(k))) THEN
         UPDATE "S".locks AS l
@@ -258,10 +316,25 @@ BEGIN
         -- behind a head that never comes must not chain).
         w := least(ttl_ms, "S".ms_until(head.claim_until, now_ts));
     END IF;
+    IF queue AND hand AND wk IS NULL THEN
+        -- Two places ahead (this caller's own, if it has one, or the end of the queue).
+        SELECT count(*) >= 2 INTO distant FROM (
+            SELECT 1 FROM "S".waiters AS q
+            WHERE q.key = k AND q.role = 'l' AND q.token <> tok
+              AND q.arrival < coalesce((SELECT p.arrival FROM "S".waiters AS p
+                                        WHERE p.key = k AND p.token = tok),
+                                       9223372036854775807)
+            ORDER BY q.arrival LIMIT 2) AS ahead;
+        IF distant THEN
+            w := greatest(w, "S".far_wait(ttl_ms));
+        END IF;
+    END IF;
     IF queue THEN
         PERFORM "S".wait_in_line(k, tok, 'l', 1, chan, wk,
                                  now_ts + (w + grace_ms) * interval '1 millisecond',
                                  CASE WHEN hand THEN ttl_ms END, listener);
+        UPDATE "S".waiters AS q SET far = distant
+        WHERE q.key = k AND q.token = tok AND q.far <> distant;
     END IF;
     RETURN QUERY SELECT false, r.fence, w;
 END
@@ -812,6 +885,7 @@ $fn$;
 -- names a newer one) runs this whole file again, every statement of which is idempotent.
 -- Version 2's is kept, so that a client of that version finds its own and leaves the
 -- newer functions alone. Version 3: waiters_lapsed, waiters_by_claim, sweep_waiters.
+-- Version 4: waiters.far, far_wait; acquire hands a lapsed lock over to the head.
 CREATE OR REPLACE FUNCTION "S".schema_version_2() RETURNS int
 LANGUAGE sql IMMUTABLE AS $fn$
     SELECT 2
@@ -819,4 +893,8 @@ $fn$;
 CREATE OR REPLACE FUNCTION "S".schema_version_3() RETURNS int
 LANGUAGE sql IMMUTABLE AS $fn$
     SELECT 3
+$fn$;
+CREATE OR REPLACE FUNCTION "S".schema_version_4() RETURNS int
+LANGUAGE sql IMMUTABLE AS $fn$
+    SELECT 4
 $fn$;

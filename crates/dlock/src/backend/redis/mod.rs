@@ -1,4 +1,4 @@
-//! Redis: the lock of seed 000, done right, plus fencing and release notification.
+//! Redis: the `SET NX PX` lock of the well-known articles, done right, plus fencing and release notification.
 //!
 //! * Acquire is ONE round trip: a script does `SET key token NX PX ttl` and, only on
 //!   success, `INCR` of the fence counter, returning the fence (or the holder's `PTTL`).
@@ -1780,7 +1780,7 @@ mod props {
     }
 
     /// dlock's `min_replicas` is taken off every scheme's URL; redis-rs's own parameters
-    /// go through; anything else is refused by name (issue 25: it would do nothing).
+    /// go through; anything else is refused by name (it would do nothing).
     #[test]
     fn query_parameters_are_known_or_refused() {
         use super::{UrlOptions, take_params};

@@ -1,4 +1,4 @@
-//! Reentrant locks on Redis: seed 004's hash of owner -> hold count, plus the tenure's
+//! Reentrant locks on Redis: Redisson's hash of owner -> hold count, plus the tenure's
 //! fence and one field per live hold.
 
 use std::time::Duration;
