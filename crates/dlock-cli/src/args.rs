@@ -65,7 +65,28 @@ Exit codes:
 
 Environment:
   DLOCK_URL    the store, as for --url (redis://host:port/db, redlock://, memcache://,
-               etcd://, postgres://, zk://)";
+               etcd://, postgres://, zk://); without it and --url: redis://127.0.0.1:6379";
+
+/// `--prefix` of the commands on a plain lock.
+pub(crate) const PREFIX_LOCK: &str = "Key prefix of the lock, used as given [default: dlock:]";
+/// `--prefix` of `dlock run`: each kind of lock has its own default.
+pub(crate) const PREFIX_RUN: &str = "Key prefix of the lock, used as given [default: dlock:, \
+     or the kind's own: dlock-sem: (--semaphore), dlock-rw: (--shared, --exclusive), \
+     dlock-fair: (--fair)]";
+/// `--prefix` of `dlock elect` and `dlock leader`.
+pub(crate) const PREFIX_ELECTION: &str =
+    "Key prefix of the election, used as given [default: dlock-election:]";
+/// `--prefix` of the commands that name a `--kind`.
+pub(crate) const PREFIX_KIND: &str = "Key prefix of NAME, used as given [default: the \
+     --kind's own: dlock: (lock), dlock-sem: (semaphore), dlock-re: (reentrant), dlock-rw: \
+     (rwlock), dlock-fair: (fair)]";
+/// `--prefix` of `dlock list` and `dlock top`.
+pub(crate) const PREFIX_LIST: &str = "Key prefix of the kind listed, used as given (one kind: \
+     the plain lock, or the one --kind names) [default: each kind's own: dlock: (lock), \
+     dlock-sem: (semaphore), dlock-re: (reentrant), dlock-rw: (rwlock), dlock-fair: (fair)]";
+/// `--prefix` of `dlock set-permits`.
+pub(crate) const PREFIX_SEMAPHORE: &str =
+    "Key prefix of the semaphore, used as given [default: dlock-sem:]";
 
 /// Where the locks live.
 #[derive(Debug, Clone, Args)]
@@ -80,13 +101,14 @@ pub(crate) struct Store {
     /// rediss://, redis+unix://, redis+cluster://) take ?min_replicas=N: every grant and
     /// renewal waits (WAIT) for N replicas to acknowledge it, and is refused (exit 69)
     /// with fewer. A query parameter a store does not know is refused (exit 64), never
-    /// ignored.
+    /// ignored. Without --url and DLOCK_URL: redis://127.0.0.1:6379, a Redis server on
+    /// this machine (an empty one is refused).
     #[arg(long, env = "DLOCK_URL", hide_env_values = true)]
     pub(crate) url: Option<String>,
 
-    /// Key prefix of the locks.
-    #[arg(long, default_value = dlock::keys::DEFAULT_PREFIX)]
-    pub(crate) prefix: String,
+    /// Key prefix of the locks, used as given (each command's --help says its default).
+    #[arg(long, value_name = "PREFIX")]
+    pub(crate) prefix: Option<String>,
 
     /// Take locks (run, elect, acquire) on a store configured so that it can drop a held
     /// lock — Redis with maxmemory and an allkeys-* or volatile-* eviction policy,
@@ -97,6 +119,18 @@ pub(crate) struct Store {
     /// warnings on stderr.
     #[arg(long)]
     pub(crate) allow_unsafe_store: bool,
+}
+
+impl Store {
+    /// The key prefix of a plain lock: `--prefix`, else [`dlock::keys::DEFAULT_PREFIX`].
+    pub(crate) fn lock_prefix(&self) -> &str {
+        self.prefix_or(dlock::keys::DEFAULT_PREFIX)
+    }
+
+    /// `--prefix`, else `default` (the primitive's own default prefix).
+    pub(crate) fn prefix_or<'a>(&'a self, default: &'a str) -> &'a str {
+        self.prefix.as_deref().unwrap_or(default)
+    }
 }
 
 /// How long to wait for a held lock.
@@ -147,6 +181,7 @@ pub(crate) enum Command {
     /// other. Once it holds its lock, dlock checks the other kinds of NAME and warns on
     /// stderr if one is held (--refuse-other-kinds: refuses instead, exit 75); `dlock
     /// list` shows each held lock with its kind.
+    #[command(mut_arg("prefix", |a| a.help(PREFIX_RUN)))]
     Run(RunArgs),
     /// Campaign in the election NAME and run a command only while leading.
     ///
@@ -161,11 +196,18 @@ pub(crate) enum Command {
     /// the lease can end), and dlock exits 76. SIGTERM, SIGHUP (and SIGINT off a terminal) sent to dlock are
     /// forwarded to the command; dlock resigns once it has exited, so a standby takes
     /// over well before the lease could run out.
+    #[command(mut_arg("prefix", |a| a.help(PREFIX_ELECTION)))]
     Elect(ElectArgs),
     /// Show who leads the election NAME: its term and value (`no leader` if nobody).
     ///
-    /// With --watch, keep printing every change of leader or advertised value, as it
-    /// happens, until interrupted.
+    /// With --watch, print the state now, then every change as it happens, until
+    /// interrupted: `term T: VALUE` for a leader (a new one, or a new value), and `no
+    /// leader (last term T, since TIME)` when the seat empties — at once when the leader
+    /// resigns (`since` is when it did), at the latest a lease's length after a leader
+    /// that crashed or was cut off (then without `since`). `no leader` alone: nobody ever
+    /// led. With --json, one object per line: {"name","leader":true,"term","value"} or
+    /// {"name","leader":false,"last_term","since","since_ms"} (absent keys: not known).
+    #[command(mut_arg("prefix", |a| a.help(PREFIX_ELECTION)))]
     Leader(LeaderArgs),
     /// Acquire NAME and print `TOKEN FENCE`; the lease lasts --ttl (no renewal).
     ///
@@ -173,16 +215,39 @@ pub(crate) enum Command {
     /// `dlock status` and `list` show this host, the pid of the process that called dlock
     /// acquire (the script that holds the lock) and --info as its command. Not on zk://
     /// or postgres://…?mode=advisory: their holds end with the process that took them.
+    /// Hold the lock NAME, renewed, until dlock is killed or its parent exits: for a shell
+    /// script that holds a lock across many commands (as `etcdctl lock NAME` does).
+    ///
+    /// Prints `TOKEN FENCE` on one line as soon as the lock is held (FENCE is `-` on a
+    /// store without fences; --json: one object), then renews the lease until dlock gets
+    /// SIGTERM, SIGINT or SIGHUP, or the process that started it exits (the script
+    /// ended, or was killed); then releases the lock and exits 0. If the lock is lost
+    /// while held (deleted, force-unlocked, or renewals failed until the lease ran out),
+    /// dlock exits 76 at once: nothing kills the script, so a script that must stop then
+    /// waits on dlock (or wraps its work in `dlock run`, which kills it in time). Held by
+    /// another process: exit 75 (--no-wait, or --wait ran out); a signal while waiting:
+    /// 128+N, nothing held. `dlock status` shows this host, dlock hold's pid (kill it to
+    /// release) and --info.
+    ///
+    ///   coproc HOLD { dlock hold --wait 5m migrate; }
+    ///   read -r token fence <&"${HOLD[0]}" || exit 75   # nothing read: not held
+    ///   ./migrate --fence "$fence"
+    ///   kill "$HOLD_PID"; wait "$HOLD_PID"
+    #[command(mut_arg("prefix", |a| a.help(PREFIX_LOCK)))]
+    Hold(HoldArgs),
+    #[command(mut_arg("prefix", |a| a.help(PREFIX_LOCK)))]
     Acquire(AcquireArgs),
     /// Release NAME held under --token.
     ///
     /// Exit 77 if another token holds NAME, 79 if none does (the message says which, and
     /// who holds it).
+    #[command(mut_arg("prefix", |a| a.help(PREFIX_LOCK)))]
     Release(TokenArgs),
     /// Reset the lease of NAME held under --token to --ttl from now.
     ///
     /// Exit 77 if another token holds NAME, 79 if none does (the message says which, and
     /// who holds it).
+    #[command(mut_arg("prefix", |a| a.help(PREFIX_LOCK)))]
     Extend(ExtendArgs),
     /// Show who holds NAME: token (abbreviated), host, pid, command and since when (as the
     /// holder told), remaining ttl, last fence, waiting clients.
@@ -192,6 +257,7 @@ pub(crate) enum Command {
     /// and the majority's. On postgres://…?mode=advisory the holder is a PostgreSQL
     /// session, shown by its backend pid (a server process, not a process of the holder's;
     /// JSON: `backend_pid`). NAME and the key are shown as `dlock list` shows names.
+    #[command(mut_arg("prefix", |a| a.help(PREFIX_KIND)))]
     Status(StatusArgs),
     /// List held locks of every kind (SCAN, never KEYS), optionally matching a glob PATTERN.
     ///
@@ -207,6 +273,7 @@ pub(crate) enum Command {
     /// has blanks, control or invisible characters, `'`, `\` or `!`, as $'…' with those
     /// escaped (\n, \t, \r, \', \\, \xHH, \uHHHH; a space is \x20): "my job" shows as
     /// $'my\x20job'. JSON has names as they are.
+    #[command(mut_arg("prefix", |a| a.help(PREFIX_LIST)))]
     List(ListArgs),
     /// Watch every held lock of every kind, refreshed in place (like top(1)).
     ///
@@ -217,11 +284,13 @@ pub(crate) enum Command {
     /// Otherwise, or with --json, one JSON object per refresh per line. Not on memcache://
     /// or postgres://…?mode=advisory (they cannot list locks), nor redlock:// (watch each
     /// node).
+    #[command(mut_arg("prefix", |a| a.help(PREFIX_LIST)))]
     Top(TopArgs),
     /// Delete NAME whoever holds it. Dangerous: the holder keeps working until it notices.
     ///
     /// Exit 79 if nobody holds NAME (as that kind): check the name (`dlock list` shows
     /// each as it pastes back into a shell).
+    #[command(mut_arg("prefix", |a| a.help(PREFIX_KIND)))]
     ForceUnlock(ForceUnlockArgs),
     /// Set the permit count of the semaphore NAME (`dlock run --semaphore N`) for every
     /// client.
@@ -232,6 +301,7 @@ pub(crate) enum Command {
     /// count keep their permits until they exit; runs waiting with another N are refused
     /// at their next attempt. On zk:// the count lives while the semaphore has holders or
     /// waiters (ZooKeeper reaps its empty directory; the next run stores its own N).
+    #[command(mut_arg("prefix", |a| a.help(PREFIX_SEMAPHORE)))]
     SetPermits(SetPermitsArgs),
     /// Seed 003's oversell demo: worker processes deduct stock four ways.
     ///
@@ -418,6 +488,29 @@ pub(crate) struct AcquireArgs {
     /// Print JSON.
     #[arg(long)]
     pub(crate) json: bool,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct HoldArgs {
+    /// The lock's name.
+    pub(crate) name: String,
+    #[command(flatten)]
+    pub(crate) store: Store,
+    #[command(flatten)]
+    pub(crate) wait: Wait,
+    /// Lease length; renewed at a third of it while dlock holds the lock, so another
+    /// client can have it at most this long after dlock stops renewing (killed with
+    /// SIGKILL, its machine down).
+    #[arg(long, value_parser = parse_duration, default_value = "30s")]
+    pub(crate) ttl: Duration,
+    #[command(flatten)]
+    pub(crate) holder: HolderArgs,
+    /// Print JSON: {"name","key","token","fence","ttl_ms"}.
+    #[arg(long)]
+    pub(crate) json: bool,
+    /// No message when the lock is held by another process (only the exit code).
+    #[arg(long, short)]
+    pub(crate) quiet: bool,
 }
 
 #[derive(Debug, Args)]

@@ -145,6 +145,9 @@ async fn dispatch(command: Command) -> Result<u8, Failure> {
         Command::Acquire(args) => {
             target::acquire(connect_to_lock(&args.store, None).await?, args).await
         }
+        Command::Hold(args) => {
+            target::hold(connect_to_lock(&args.store, Some(args.ttl)).await?, args).await
+        }
         Command::Release(args) => target::release(connect(&args.store, false).await?, args).await,
         Command::Extend(args) => {
             target::extend(connect(&args.held.store, false).await?, args).await

@@ -13,8 +13,8 @@ use dlock::raw::RawFencing;
 use dlock::{ErrorKind, LockGuard, MIN_TTL};
 
 use crate::args::{
-    AcquireArgs, ExtendArgs, ForceUnlockArgs, ListArgs, RunArgs, SetPermitsArgs, StatusArgs, Store,
-    TokenArgs, TopArgs,
+    AcquireArgs, ExtendArgs, ForceUnlockArgs, HoldArgs, ListArgs, RunArgs, SetPermitsArgs,
+    StatusArgs, Store, TokenArgs, TopArgs,
 };
 use crate::cmd::{self, Layout};
 use crate::exit::Failure;
@@ -197,6 +197,23 @@ pub(crate) async fn acquire(target: Target, args: AcquireArgs) -> Result<u8, Fai
     }
 }
 
+/// `dlock hold`: the plain lock on every store (a hold that is dlock's session — ZooKeeper,
+/// PostgreSQL advisory locks — lives exactly as long as dlock hold does).
+pub(crate) async fn hold(target: Target, args: HoldArgs) -> Result<u8, Failure> {
+    match target {
+        Target::Redis(b) => cmd::hold::hold(b, args, fence).await,
+        Target::Memory(b) => cmd::hold::hold(b, args, fence).await,
+        Target::Postgres(b) => cmd::hold::hold(b, args, fence).await,
+        Target::Memcached(b) => cmd::hold::hold(b, args, fence).await,
+        #[cfg(feature = "etcd")]
+        Target::Etcd(b) => cmd::hold::hold(b, args, fence).await,
+        Target::ZooKeeper(b) => cmd::hold::hold(b, args, fence).await,
+        // No fencing token on a quorum of independent counters, nor on a session lock.
+        Target::Quorum(q) => cmd::hold::hold(q, args, |_| None).await,
+        Target::PgAdvisory(p) => cmd::hold::hold(p, args, |_| None).await,
+    }
+}
+
 /// Runs `$body` with `$b` bound to the backend of `$target` on every store whose holds
 /// outlive their process (release and extend by token from another one).
 macro_rules! with_token_holds {
@@ -335,8 +352,29 @@ pub(crate) async fn top(target: Target, args: TopArgs) -> Result<u8, Failure> {
 /// accepted only where `allow_memory` says so: a lock in one process's memory excludes
 /// nobody else.
 pub(crate) async fn connect(store: &Store, allow_memory: bool) -> Result<Target, Failure> {
-    let url = store.url.as_deref().unwrap_or_default();
-    let named = named(store.url.as_deref(), allow_memory)?;
+    let connected = connect_to(store.url.as_deref(), allow_memory).await;
+    match connected {
+        Err(failure) if store.url.is_none() => Err(Failure::new(
+            failure.code,
+            format!(
+                "no store named (neither --url nor DLOCK_URL is set), and the default, \
+                 {DEFAULT_URL}, failed: {}; start Redis there, or name the store with --url \
+                 or DLOCK_URL (e.g. --url redis://host:6379, etcd://host:2379)",
+                failure.message
+            ),
+        )),
+        connected => connected,
+    }
+}
+
+/// The store when neither `--url` nor `DLOCK_URL` names one: a Redis server on this
+/// machine, at its default port (as `etcdctl` and `consul` default to the local agent).
+pub(crate) const DEFAULT_URL: &str = "redis://127.0.0.1:6379";
+
+/// [`connect`] to `url`, [`DEFAULT_URL`] if none is given.
+async fn connect_to(url: Option<&str>, allow_memory: bool) -> Result<Target, Failure> {
+    let named = named(url, allow_memory)?;
+    let url = url.unwrap_or(DEFAULT_URL);
     let connected = match named {
         Named::Redis(url) => Redis::connect(url).await.map(Target::Redis),
         Named::Redlock(nodes) => redlock(nodes).await.map(Target::Quorum),
@@ -524,13 +562,19 @@ enum Named<'a> {
     Memory,
 }
 
-/// Which store `url` names (`--url`, else `DLOCK_URL`), by its scheme; a usage error for
-/// none, an unknown scheme or text that is no URL, which never shows a secret of it.
+/// Which store `url` names (`--url`, else `DLOCK_URL`, else [`DEFAULT_URL`]), by its
+/// scheme; a usage error for an empty one, an unknown scheme or text that is no URL, which
+/// never shows a secret of it.
 fn named(url: Option<&str>, allow_memory: bool) -> Result<Named<'_>, Failure> {
-    let Some(url) = url.filter(|u| !u.is_empty()) else {
-        return Err(Failure::usage(format!(
-            "no store given: pass --url or set DLOCK_URL ({SCHEMES})"
-        )));
+    let url = match url {
+        None => DEFAULT_URL,
+        Some("") => {
+            return Err(Failure::usage(format!(
+                "empty --url or DLOCK_URL: name a store, or leave both unset for the default, \
+                 {DEFAULT_URL}"
+            )));
+        }
+        Some(url) => url,
     };
     match scheme(url) {
         Some("redis" | "rediss" | "redis+unix" | "unix" | "redis+sentinel" | "redis+cluster") => {
@@ -904,13 +948,17 @@ mod tests {
         }
     }
 
+    /// No URL: the default store; an empty one: a usage error that names the default.
     #[test]
-    fn no_url_is_a_usage_error() {
-        for url in [None, Some("")] {
-            let f = named(url, true).expect_err("no store");
-            assert_eq!(f.code, exit::USAGE);
-            assert!(f.message.contains("DLOCK_URL"), "{}", f.message);
-        }
+    fn no_url_is_the_default_and_an_empty_one_a_usage_error() {
+        assert_eq!(
+            named(None, false).expect("default"),
+            Named::Redis(DEFAULT_URL)
+        );
+        let f = named(Some(""), true).expect_err("empty");
+        assert_eq!(f.code, exit::USAGE);
+        assert!(f.message.contains("DLOCK_URL"), "{}", f.message);
+        assert!(f.message.contains(DEFAULT_URL), "{}", f.message);
         let f = named(Some("memory://"), false).expect_err("not in-process");
         assert_eq!(f.code, exit::USAGE);
     }

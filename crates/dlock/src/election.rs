@@ -9,7 +9,7 @@
 use std::future::poll_fn;
 use std::pin::Pin;
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::time::Instant;
 
@@ -102,6 +102,50 @@ pub struct Leader {
     pub value: Option<String>,
 }
 
+/// What an [`Observer`] reports: who leads now, or that nobody does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LeaderChange {
+    /// A leader leads: a new one, or the same one (same term) advertising a new value.
+    /// Its [`value`](Leader::value) is always `Some`.
+    Leader(Leader),
+    /// Nobody leads: nobody ever did, or the last leader resigned, or its lease ran out
+    /// (it crashed, or lost the store) and no candidate has been elected since.
+    Vacant(Vacancy),
+}
+
+impl LeaderChange {
+    /// The leader, if somebody leads.
+    pub fn leader(&self) -> Option<&Leader> {
+        match self {
+            LeaderChange::Leader(leader) => Some(leader),
+            LeaderChange::Vacant(_) => None,
+        }
+    }
+
+    /// The vacancy, if nobody leads.
+    pub fn vacancy(&self) -> Option<&Vacancy> {
+        match self {
+            LeaderChange::Leader(_) => None,
+            LeaderChange::Vacant(vacancy) => Some(vacancy),
+        }
+    }
+}
+
+/// An empty seat, as an [`Observer`] reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Vacancy {
+    /// The term of the last leader that announced itself (the term that ended), or `None`
+    /// if nobody ever led this election (or its record was deleted).
+    pub last_term: Option<FencingToken>,
+    /// Since when nobody leads, where known: the moment the last leader resigned, by its
+    /// own clock ([`Leadership::resign`], or the release of the guard from
+    /// [`Leadership::into_guard`], record it). `None` when the seat emptied without a
+    /// resignation (a dropped leadership, a crash, a lapsed lease), or was never taken:
+    /// the observer then only knows that it is empty now.
+    pub since: Option<SystemTime>,
+}
+
 impl<B: RawElection> Election<B> {
     /// An election named `name` with default options (30 s lease, watchdog on, prefix
     /// [`DEFAULT_ELECTION_PREFIX`]).
@@ -185,7 +229,21 @@ impl<B: RawElection> Election<B> {
     }
 
     /// Announces a fresh grant's value under its term.
-    async fn lead(&self, guard: LockGuard<B>, value: String) -> Result<Leadership<B>> {
+    async fn lead(&self, mut guard: LockGuard<B>, value: String) -> Result<Leadership<B>> {
+        // Leaving the seat is announced before the release, under this term, so that
+        // observers report the vacancy at once (a release alone wakes no observer).
+        let backend = self.lock.backend().clone();
+        let keys = self.lock.keys().clone();
+        let token = guard.token().clone();
+        let term = guard.fencing_token().get();
+        guard.before_release(Box::new(move || {
+            Box::pin(async move {
+                let record = vacated_record(&token, SystemTime::now());
+                // Best effort: an observer that misses it finds the seat empty at its
+                // next read (at the latest a lease's length later).
+                let _ = backend.publish(&keys, &token, term, &record).await;
+            })
+        }));
         let mut leadership = Leadership {
             guard,
             election: self.clone(),
@@ -195,7 +253,8 @@ impl<B: RawElection> Election<B> {
         Ok(leadership)
     }
 
-    /// The current leader's term and value, or `None` if nobody leads.
+    /// The current leader's term and value, or `None` if nobody leads (also from the moment
+    /// a leader announces its resignation until its release).
     ///
     /// # Errors
     /// Store failures.
@@ -211,29 +270,68 @@ impl<B: RawElection> Election<B> {
             crate::observe::op::RECORD,
             self.lock.backend().record(self.lock.keys())
         )?;
-        if let Some((term, data)) = record
-            && let Some((token, value)) = data.split_once('\n')
-            && token == holder
-        {
-            return Ok(Some(Leader {
+        Ok(match read_seat(&holder, record.as_ref()) {
+            Seat::Led(term, value) => Some(Leader {
                 term: FencingToken::new(term),
                 value: Some(value.to_owned()),
-            }));
-        }
-        // Granted, not announced yet: the term is the lock's latest fence.
-        Ok(Some(Leader {
-            term: FencingToken::new(state.last_fence.unwrap_or(0)),
-            value: None,
-        }))
+            }),
+            // Its holder resigned: the seat is empty, the release on its way.
+            Seat::Vacated(_) => None,
+            // Granted, not announced yet: the term is the lock's latest fence.
+            Seat::Unannounced => Some(Leader {
+                term: FencingToken::new(state.last_fence.unwrap_or(0)),
+                value: None,
+            }),
+        })
+    }
+
+    /// What an observer reports now: the leader, the vacancy, or `None` while a fresh
+    /// leader has not announced itself yet (its announcement follows in one round trip).
+    async fn change_now(&self) -> Result<Option<LeaderChange>> {
+        let state = self.lock.state().await?;
+        let record = crate::observe::observed!(
+            self.lock.obs(),
+            self.lock.name(),
+            crate::observe::span::RECORD,
+            crate::observe::op::RECORD,
+            self.lock.backend().record(self.lock.keys())
+        )?;
+        let last_term = record.as_ref().map(|(term, _)| FencingToken::new(*term));
+        let vacated = |since| Some(LeaderChange::Vacant(Vacancy { last_term, since }));
+        let Some(holder) = state.holder else {
+            let since = record
+                .as_ref()
+                .and_then(|(_, data)| parse_vacated(data))
+                .map(|(_, since)| since);
+            return Ok(vacated(since));
+        };
+        Ok(match read_seat(&holder, record.as_ref()) {
+            Seat::Led(term, value) => Some(LeaderChange::Leader(Leader {
+                term: FencingToken::new(term),
+                value: Some(value.to_owned()),
+            })),
+            Seat::Vacated(since) => vacated(Some(since)),
+            Seat::Unannounced => None,
+        })
     }
 
     /// Follows the leader: a [`Stream`](futures_core::Stream) (and
-    /// [`Observer::next`]) of every change of leader or advertised value, each reported
-    /// once and in order (terms increase, unless the store's fence counter was reset). It sleeps until the store announces a
-    /// change where the store can (every store but memcached, which is read again at a
-    /// short interval), and reads again at the lease's length in case an announcement was
-    /// lost. A leader that led and left between two reads of a slow observer may be
-    /// passed over: an observer always catches up with the latest leader.
+    /// [`Observer::next`]) of [`LeaderChange`]s — every change of leader or advertised
+    /// value, and every time the seat empties — each reported once and in order (terms
+    /// increase, unless the store's fence counter was reset). The first item is the state
+    /// when it is first polled: the leader, or [`LeaderChange::Vacant`] if nobody leads.
+    ///
+    /// It sleeps until the store announces a change where the store can (every store but
+    /// memcached, which is read again at a short interval), and reads again at the lease's
+    /// length in case an announcement was lost. A resigning leader announces that it
+    /// leaves ([`Leadership::resign`], or releasing the guard of
+    /// [`Leadership::into_guard`]), so the vacancy is reported at once, with the moment it
+    /// resigned; a seat that empties otherwise (a dropped leadership, a crashed leader, a
+    /// lapsed lease) is reported at the next read, at the latest a lease's length after its
+    /// lease ended. A resignation handed straight on to a queued candidate may be
+    /// reported as a vacancy just before the next leader. A leader that led and left
+    /// between two reads of a slow observer may be passed over: an observer always catches
+    /// up with the latest state.
     ///
     /// Each sleep between two reads is a `dlock.wait` span (`primitive` `election`) whose
     /// `woken_by` says what ended it: `change`, `fallback`, `backoff` or `outage` (see
@@ -260,6 +358,54 @@ fn check_value(value: String) -> Result<String> {
         )));
     }
     Ok(value)
+}
+
+/// What an election's record says of the lock's holder `holder`.
+enum Seat<'a> {
+    /// It leads under this term, advertising this value.
+    Led(u64, &'a str),
+    /// It resigned at this time; its release is on its way.
+    Vacated(SystemTime),
+    /// It has not announced itself (yet): the record is an earlier leader's.
+    Unannounced,
+}
+
+fn read_seat<'a>(holder: &str, record: Option<&'a (u64, String)>) -> Seat<'a> {
+    let Some((term, data)) = record else {
+        return Seat::Unannounced;
+    };
+    if let Some((token, value)) = data.split_once('\n') {
+        if token == holder {
+            return Seat::Led(*term, value);
+        }
+    } else if let Some((token, since)) = parse_vacated(data)
+        && token == holder
+    {
+        return Seat::Vacated(since);
+    }
+    Seat::Unannounced
+}
+
+/// The word between a resigning leader's token and the time in its last record.
+const VACATED: &str = " vacated ";
+
+/// The record a resigning leader leaves under its term: `<token> vacated <unix ms>`. It
+/// has no line break, so that a reader takes it for no announced value (never for one).
+fn vacated_record(token: &Token, at: SystemTime) -> String {
+    let ms = at
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    format!("{}{VACATED}{ms}", token.as_str())
+}
+
+/// The token and time of a record left by [`vacated_record`].
+fn parse_vacated(data: &str) -> Option<(&str, SystemTime)> {
+    if data.contains('\n') {
+        return None;
+    }
+    let (token, ms) = data.rsplit_once(VACATED)?;
+    let ms: u64 = ms.parse().ok()?;
+    Some((token, UNIX_EPOCH.checked_add(Duration::from_millis(ms))?))
 }
 
 /// Proof that this candidate leads; resigns in the background when dropped.
@@ -381,8 +527,9 @@ impl<B: RawElection> Leadership<B> {
         Ok(())
     }
 
-    /// Steps down: the lease is released at once and the next candidate in line is woken
-    /// (no wait for the lease to run out).
+    /// Steps down: announces that the seat is empty (observers report
+    /// [`LeaderChange::Vacant`] at once), then releases the lease, and the next candidate
+    /// in line is woken (no wait for the lease to run out).
     ///
     /// # Errors
     /// `LockLost` if the leadership had already been lost (the work done as leader may
@@ -398,8 +545,10 @@ impl<B: RawElection> Leadership<B> {
     }
 
     /// The lock guard underneath, for code that supervises any guard (releasing it
-    /// resigns; dropping it resigns in the background). The advertised value stays
-    /// recorded under this term until a successor announces its own.
+    /// resigns as [`resign`](Leadership::resign) does, announcing the vacancy first;
+    /// dropping it resigns in the background, without announcing: observers find the seat
+    /// empty at their next read). The advertised value stays recorded under this term
+    /// until the release or a successor's announcement.
     pub fn into_guard(self) -> LockGuard<B> {
         self.guard
     }
@@ -407,13 +556,13 @@ impl<B: RawElection> Leadership<B> {
 
 /// A stream of leader changes; made by [`Election::observe`].
 ///
-/// It is a [`futures_core::Stream`] of `Result<Leader>` that never ends (an error is one
+/// It is a [`futures_core::Stream`] of `Result<LeaderChange>` that never ends (an error is one
 /// item; the next poll reads again), and has an inherent [`next`](Observer::next) for
 /// code without a stream combinator crate.
 #[must_use = "an observer does nothing unless polled"]
 pub struct Observer<B: RawElection> {
     state: Option<Observing<B>>,
-    pending: Option<BoxFuture<'static, (Observing<B>, Result<Leader>)>>,
+    pending: Option<BoxFuture<'static, (Observing<B>, Result<LeaderChange>)>>,
 }
 
 impl<B: RawElection> std::fmt::Debug for Observer<B> {
@@ -425,11 +574,23 @@ impl<B: RawElection> std::fmt::Debug for Observer<B> {
 /// An observer's state between changes.
 struct Observing<B: RawElection> {
     election: Election<B>,
-    /// The last change reported: its term and value.
-    last: Option<(FencingToken, String)>,
+    /// The last change reported.
+    last: Option<LeaderChange>,
     watch: Option<ReleaseWatch>,
     /// Whether the last call failed: the next one pauses before reading again.
     failed: bool,
+}
+
+/// Whether two reports are of the same state: the same leader (term) advertising the same
+/// value, or a vacancy after the same term.
+fn same_seat(a: &LeaderChange, b: &LeaderChange) -> bool {
+    match (a, b) {
+        (LeaderChange::Leader(a), LeaderChange::Leader(b)) => {
+            a.term == b.term && a.value == b.value
+        }
+        (LeaderChange::Vacant(a), LeaderChange::Vacant(b)) => a.last_term == b.last_term,
+        _ => false,
+    }
 }
 
 impl<B: RawElection> Observing<B> {
@@ -455,7 +616,7 @@ impl<B: RawElection> Observing<B> {
     }
 
     /// Waits for the next change after the last one reported.
-    async fn change(&mut self) -> Result<Leader> {
+    async fn change(&mut self) -> Result<LeaderChange> {
         if std::mem::take(&mut self.failed) {
             let pause = self.fallback(false);
             self.wait(pause, async {
@@ -473,7 +634,7 @@ impl<B: RawElection> Observing<B> {
         change
     }
 
-    async fn next_change(&mut self) -> Result<Leader> {
+    async fn next_change(&mut self) -> Result<LeaderChange> {
         loop {
             // Listen before reading, so that a change after the read is heard.
             if self.watch.is_none() {
@@ -487,19 +648,14 @@ impl<B: RawElection> Observing<B> {
                     lock.backend().watch_record(keys)
                 )?);
             }
-            if let Some(leader) = self.election.leader().await?
-                && let Some(value) = &leader.value
-            {
+            if let Some(now) = self.election.change_now().await? {
                 // Any difference is a change: reads are in order, so this is the latest
                 // state (a term lower than the last one reported means the store's fence
                 // counter was reset, and the new leader must still be reported).
-                let changed = self
-                    .last
-                    .as_ref()
-                    .is_none_or(|(term, last)| leader.term != *term || value != last);
+                let changed = self.last.as_ref().is_none_or(|last| !same_seat(last, &now));
                 if changed {
-                    self.last = Some((leader.term, value.clone()));
-                    return Ok(leader);
+                    self.last = Some(now.clone());
+                    return Ok(now);
                 }
             }
             let watch = self.watch.as_ref().expect("set above");
@@ -526,18 +682,18 @@ impl<B: RawElection> Observing<B> {
 }
 
 impl<B: RawElection> Observer<B> {
-    /// The next change of leader or advertised value.
+    /// The next change: of leader or advertised value, or the seat emptied.
     ///
     /// # Errors
     /// Store failures (the observer stays usable: the next call reads again).
     ///
     /// # Cancel safety
     /// Cancel-safe: a change found by a cancelled call is returned by the next one.
-    pub async fn next(&mut self) -> Result<Leader> {
+    pub async fn next(&mut self) -> Result<LeaderChange> {
         poll_fn(|cx| self.poll_change(cx)).await
     }
 
-    fn poll_change(&mut self, cx: &mut Context<'_>) -> Poll<Result<Leader>> {
+    fn poll_change(&mut self, cx: &mut Context<'_>) -> Poll<Result<LeaderChange>> {
         if self.pending.is_none() {
             let mut state = self
                 .state
@@ -565,9 +721,9 @@ impl<B: RawElection> Observer<B> {
 impl<B: RawElection> Unpin for Observer<B> {}
 
 impl<B: RawElection> futures_core::Stream for Observer<B> {
-    type Item = Result<Leader>;
+    type Item = Result<LeaderChange>;
 
-    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Leader>>> {
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<LeaderChange>>> {
         self.get_mut().poll_change(cx).map(Some)
     }
 }

@@ -192,7 +192,8 @@ struct LibraryDocDoctests;
 struct StoresDocDoctests;
 
 pub use election::{
-    DEFAULT_ELECTION_PREFIX, Election, ElectionBuilder, Leader, Leadership, MAX_VALUE_LEN, Observer,
+    DEFAULT_ELECTION_PREFIX, Election, ElectionBuilder, Leader, LeaderChange, Leadership,
+    MAX_VALUE_LEN, Observer, Vacancy,
 };
 pub use engine::wait::Retry;
 pub use error::{Error, ErrorKind, NodeErrors, PermitCounts, Result};

@@ -707,6 +707,7 @@ impl<B: RawLock> Lock<B> {
             fence,
             registration,
             armed: true,
+            before_release: None,
         })
     }
 }
@@ -961,7 +962,14 @@ pub struct LockGuard<B: RawLock> {
     /// nothing).
     registration: Option<std::num::NonZeroU64>,
     armed: bool,
+    /// Sent (while the lease is valid) just before [`release`](LockGuard::release): an
+    /// election's leader announces there that it leaves the seat.
+    before_release: Option<BeforeRelease>,
 }
+
+/// A step a guard takes just before its release (see `LockGuard::before_release`).
+pub(crate) type BeforeRelease =
+    Box<dyn FnOnce() -> crate::multi::BoxFuture<'static, ()> + Send + Sync>;
 
 impl<B: RawLock> std::fmt::Debug for LockGuard<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -1112,6 +1120,13 @@ impl<B: RawLock> LockGuard<B> {
     /// If cancelled before the store answered, the release is sent again in the
     /// background; the lease is out of renewal either way.
     pub async fn release(mut self) -> Result<()> {
+        // Still renewed while the step before the release runs (cancelled, `Drop`
+        // releases as for any cancelled release).
+        if let Some(before) = self.before_release.take()
+            && !self.is_lost()
+        {
+            before().await;
+        }
         // Out of renewal now; `armed` stays set until the reply, so that a cancelled
         // release still gives the lock back from `Drop`.
         if let Some(id) = self.registration.take() {
@@ -1188,6 +1203,12 @@ impl<B: RawLock> LockGuard<B> {
     /// Futures from [`lost`](LockGuard::lost) still resolve when the lease runs out.
     pub fn forget(mut self) {
         self.disarm();
+    }
+
+    /// Sets the step [`release`](LockGuard::release) takes first, while the lease is
+    /// still valid (not on a drop, which releases in the background).
+    pub(crate) fn before_release(&mut self, step: BeforeRelease) {
+        self.before_release = Some(step);
     }
 
     fn disarm(&mut self) {

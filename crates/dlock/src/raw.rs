@@ -557,8 +557,11 @@ pub const RECORD: &str = "leader";
 /// The leader's record of an election: who leads, in which term, advertising what.
 ///
 /// [`Election`](crate::Election) is the plain lock (its queue of candidates, its lease, its
-/// fence as the term) plus this one record, written by the leader after its grant and on
-/// every [`proclaim`](crate::Leadership::proclaim).
+/// fence as the term) plus this one record, written by the leader after its grant, on
+/// every [`proclaim`](crate::Leadership::proclaim), and once more just before the release
+/// of a resignation ([`resign`](crate::Leadership::resign)): then without a value (no line
+/// break in `data`), saying since when the seat is empty, so that observers woken by its
+/// announcement report the vacancy at once.
 ///
 /// # Correctness
 ///

@@ -2,7 +2,9 @@
 //! `dlock leader NAME` (who leads, once or as it changes).
 
 use dlock::raw::RawElection;
-use dlock::{Election, Leader, Leadership};
+use std::time::UNIX_EPOCH;
+
+use dlock::{Election, Leader, LeaderChange, Leadership, Vacancy};
 use serde::Serialize;
 
 use crate::args::{ElectArgs, LeaderArgs, Store};
@@ -10,14 +12,10 @@ use crate::cmd::run::{Job, Signals, supervise};
 use crate::cmd::{plain_text, print_json};
 use crate::exit::{self, Failure};
 
-/// The election's key prefix: [`dlock::DEFAULT_ELECTION_PREFIX`] unless `--prefix` was
-/// given (the store's default prefix is the plain lock's).
+/// The election's key prefix: `--prefix` as given, else
+/// [`dlock::DEFAULT_ELECTION_PREFIX`].
 fn prefix(store: &Store) -> &str {
-    if store.prefix == dlock::keys::DEFAULT_PREFIX {
-        dlock::DEFAULT_ELECTION_PREFIX
-    } else {
-        &store.prefix
-    }
+    store.prefix_or(dlock::DEFAULT_ELECTION_PREFIX)
 }
 
 /// The value a candidate advertises when `--value` is not given: `host:pid`.
@@ -82,16 +80,34 @@ struct LeaderJson<'a> {
     term: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     value: Option<&'a str>,
+    /// A vacancy's: the term that ended (the last leader's).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    last_term: Option<u64>,
+    /// A vacancy's: since when nobody leads, where known (RFC 3339, UTC).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    since: Option<String>,
+    /// The same, in milliseconds since the Unix epoch.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    since_ms: Option<u64>,
+}
+
+impl<'a> LeaderJson<'a> {
+    fn of(name: &'a str, leader: Option<&'a Leader>) -> LeaderJson<'a> {
+        LeaderJson {
+            name,
+            leader: leader.is_some(),
+            term: leader.map(|l| l.term.get()),
+            value: leader.and_then(|l| l.value.as_deref()),
+            last_term: None,
+            since: None,
+            since_ms: None,
+        }
+    }
 }
 
 fn print_leader(args: &LeaderArgs, leader: Option<&Leader>) -> Result<(), Failure> {
     if args.json {
-        return print_json(&LeaderJson {
-            name: &args.name,
-            leader: leader.is_some(),
-            term: leader.map(|l| l.term.get()),
-            value: leader.and_then(|l| l.value.as_deref()),
-        });
+        return print_json(&LeaderJson::of(&args.name, leader));
     }
     match leader {
         None => println!("no leader"),
@@ -100,6 +116,33 @@ fn print_leader(args: &LeaderArgs, leader: Option<&Leader>) -> Result<(), Failur
             Some(v) => println!("term {}: {}", l.term, plain_text(v)),
             None => println!("term {}: (elected; value not announced yet)", l.term),
         },
+    }
+    Ok(())
+}
+
+/// `--watch`'s line for an empty seat: `no leader`, then what is known of it —
+/// `(last term T, since TIME)`, `(last term T)`.
+fn print_vacancy(args: &LeaderArgs, vacancy: &Vacancy) -> Result<(), Failure> {
+    let last_term = vacancy.last_term.map(|t| t.get());
+    let since = vacancy
+        .since
+        .map(|t| humantime::format_rfc3339_seconds(t).to_string());
+    if args.json {
+        return print_json(&LeaderJson {
+            last_term,
+            since_ms: vacancy
+                .since
+                .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+                .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+            since,
+            ..LeaderJson::of(&args.name, None)
+        });
+    }
+    match (last_term, since) {
+        (Some(term), Some(since)) => println!("no leader (last term {term}, since {since})"),
+        (Some(term), None) => println!("no leader (last term {term})"),
+        (None, Some(since)) => println!("no leader (since {since})"),
+        (None, None) => println!("no leader"),
     }
     Ok(())
 }
@@ -114,9 +157,7 @@ pub(crate) async fn leader<B: RawElection>(backend: B, args: LeaderArgs) -> Resu
         return Ok(exit::SUCCESS);
     }
     let mut signals = Signals::install()?;
-    if election.leader().await?.is_none() {
-        print_leader(&args, None)?;
-    }
+    // The first change is the state now: the leader, or nobody.
     let mut observer = election.observe();
     loop {
         let change = tokio::select! {
@@ -124,7 +165,8 @@ pub(crate) async fn leader<B: RawElection>(backend: B, args: LeaderArgs) -> Resu
             sig = signals.recv() => return Ok(128 + sig as u8),
         };
         match change {
-            Ok(leader) => print_leader(&args, Some(&leader))?,
+            Ok(LeaderChange::Leader(leader)) => print_leader(&args, Some(&leader))?,
+            Ok(LeaderChange::Vacant(vacancy)) => print_vacancy(&args, &vacancy)?,
             // The observer reads again on the next call; say why the view may lag.
             Err(err) => eprintln!("dlock: reading the leader failed ({err}); retrying"),
         }

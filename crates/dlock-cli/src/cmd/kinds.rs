@@ -50,7 +50,7 @@ pub(crate) const ALL: [Kind; 5] = [
 /// The permit count stored for the semaphore `name` (`None`: none is stored).
 pub(crate) async fn stored_permits<B: AnyKind>(
     backend: B,
-    prefix: &str,
+    prefix: Option<&str>,
     name: &str,
 ) -> Result<Option<u32>, Failure> {
     let sem = Semaphore::builder(backend, name, 1)
@@ -64,11 +64,11 @@ pub(crate) async fn stored_permits<B: AnyKind>(
 pub(crate) async fn held_as_others<B: AnyKind>(
     backend: &B,
     mine: Kind,
-    prefix: &str,
+    prefix: Option<&str>,
     name: &str,
 ) -> Result<Vec<Kind>, Failure> {
     let mut held = Vec::new();
-    if prefix != dlock::keys::DEFAULT_PREFIX {
+    if prefix.is_some() {
         return Ok(held);
     }
     for kind in ALL.into_iter().filter(|k| *k != mine) {
@@ -80,9 +80,9 @@ pub(crate) async fn held_as_others<B: AnyKind>(
     Ok(held)
 }
 
-/// `prefix` if the user chose one, else the kind's default.
-pub(crate) fn prefix_for(kind: Kind, prefix: &str) -> String {
-    if prefix != dlock::keys::DEFAULT_PREFIX {
+/// `prefix` if the user chose one (whatever it is), else the kind's default.
+pub(crate) fn prefix_for(kind: Kind, prefix: Option<&str>) -> String {
+    if let Some(prefix) = prefix {
         return prefix.to_owned();
     }
     match kind {
@@ -99,7 +99,7 @@ pub(crate) fn prefix_for(kind: Kind, prefix: &str) -> String {
 pub(crate) async fn state_of<B: AnyKind>(
     backend: B,
     kind: Kind,
-    prefix: &str,
+    prefix: Option<&str>,
     name: &str,
 ) -> Result<(String, LockState), Failure> {
     let prefix = prefix_for(kind, prefix);
@@ -140,7 +140,7 @@ pub(crate) fn is_held(state: &LockState) -> bool {
 pub(crate) async fn force_unlock<B: AnyKind>(
     backend: B,
     kind: Kind,
-    prefix: &str,
+    prefix: Option<&str>,
     name: &str,
 ) -> Result<bool, Failure> {
     let prefix = prefix_for(kind, prefix);

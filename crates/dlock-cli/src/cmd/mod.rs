@@ -2,6 +2,7 @@
 
 pub(crate) mod elect;
 pub(crate) mod harness;
+pub(crate) mod hold;
 mod kinds;
 pub(crate) mod quorum;
 mod reaper;
@@ -108,7 +109,7 @@ pub(crate) async fn acquire_cmd<B: Holders>(
     fence: impl Fn(&LockGuard<B>) -> Option<u64>,
 ) -> Result<u8, Failure> {
     let mut builder = Lock::builder(backend, &args.name)
-        .prefix(&args.store.prefix)
+        .prefix(args.store.lock_prefix())
         .ttl(args.ttl)
         .watchdog(false);
     if let Some(info) = acquire_holder(&args.holder) {
@@ -118,7 +119,7 @@ pub(crate) async fn acquire_cmd<B: Holders>(
     let Some(guard) = acquire(&lock, &args.wait).await? else {
         let held = lock
             .backend()
-            .lock_status(&args.store.prefix, &args.name)
+            .lock_status(args.store.lock_prefix(), &args.name)
             .await;
         eprintln!("dlock: {}", conflict(&args.name, &args.wait, held));
         return Ok(args.wait.conflict_exit_code);
@@ -149,7 +150,7 @@ struct Done<'a> {
 
 fn token_lock<B: RawLock>(backend: B, args: &TokenArgs) -> Result<(Lock<B>, Token), Failure> {
     let lock = Lock::builder(backend, &args.name)
-        .prefix(&args.store.prefix)
+        .prefix(args.store.lock_prefix())
         .build()?;
     Ok((lock, Token::from_string(args.token.clone())?))
 }
@@ -196,7 +197,10 @@ pub(crate) async fn extend_cmd<B: Holders>(backend: B, args: ExtendArgs) -> Resu
 /// out; the message says both.
 async fn not_ours<B: Holders>(backend: &B, args: &TokenArgs, verb: &str, done: &str) -> Failure {
     let name = shown(&args.name);
-    match backend.lock_status(&args.store.prefix, &args.name).await {
+    match backend
+        .lock_status(args.store.lock_prefix(), &args.name)
+        .await
+    {
         Ok(s) if s.held => Failure::new(
             exit::NOT_OURS,
             format!(
@@ -402,7 +406,7 @@ impl Holder {
 async fn status_of<B: kinds::AnyKind>(
     backend: B,
     kind: Kind,
-    prefix: &str,
+    prefix: Option<&str>,
     name: &str,
 ) -> Result<Status, Failure> {
     let permits = match kind {
@@ -655,7 +659,7 @@ pub(crate) async fn status_cmd<B: kinds::AnyKind>(
     backend: B,
     args: StatusArgs,
 ) -> Result<u8, Failure> {
-    let s = status_of(backend, args.kind, &args.store.prefix, &args.name).await?;
+    let s = status_of(backend, args.kind, args.store.prefix.as_deref(), &args.name).await?;
     print_status(&s, &args)
 }
 
@@ -667,7 +671,7 @@ pub(crate) async fn lock_status_cmd<B: RawInspect>(
     args: StatusArgs,
 ) -> Result<u8, Failure> {
     lock_kind_only(args.kind, store)?;
-    let s = lock_status_of(backend, layout, &args.store.prefix, &args.name).await?;
+    let s = lock_status_of(backend, layout, args.store.lock_prefix(), &args.name).await?;
     print_status(&s, &args)
 }
 
@@ -739,12 +743,12 @@ pub(crate) async fn list_cmd<B: RawInspect>(
     args: ListArgs,
 ) -> Result<u8, Failure> {
     let mut names = backend
-        .list(&args.store.prefix, &args.pattern, args.limit)
+        .list(args.store.lock_prefix(), &args.pattern, args.limit)
         .await?;
     names.sort();
     let mut rows = Vec::with_capacity(names.len());
     for name in &names {
-        let s = lock_status_of(backend.clone(), layout, &args.store.prefix, name).await?;
+        let s = lock_status_of(backend.clone(), layout, args.store.lock_prefix(), name).await?;
         if s.held {
             rows.push(s);
         }
@@ -760,7 +764,7 @@ pub(crate) fn only_locks(kinds: &[Kind], store: &str) -> Result<(), Failure> {
 /// The kinds `list` shows: `--kind`, else every kind; the plain lock only with a
 /// `--prefix` of the user's (a prefix belongs to one kind).
 fn listed_kinds(args: &ListArgs) -> Result<Vec<Kind>, Failure> {
-    let custom_prefix = args.store.prefix != dlock::keys::DEFAULT_PREFIX;
+    let custom_prefix = args.store.prefix.is_some();
     let mut kinds = if !args.kind.is_empty() {
         args.kind.clone()
     } else if custom_prefix {
@@ -792,7 +796,7 @@ pub(crate) async fn list_every_kind<B: kinds::AnyKind>(
     args: ListArgs,
 ) -> Result<u8, Failure> {
     let kinds = listed_kinds(&args)?;
-    let prefix = &args.store.prefix;
+    let prefix = args.store.prefix.as_deref();
     let mut wanted = Vec::new();
     for &kind in &kinds {
         let room = args.limit.saturating_sub(wanted.len());
@@ -806,7 +810,9 @@ pub(crate) async fn list_every_kind<B: kinds::AnyKind>(
     let mut rows = Vec::with_capacity(wanted.len());
     for (name, kind) in &wanted {
         let status = match kind {
-            Kind::Lock => lock_status_of(backend.clone(), layout, prefix, name).await,
+            Kind::Lock => {
+                lock_status_of(backend.clone(), layout, args.store.lock_prefix(), name).await
+            }
             _ => status_of(backend.clone(), *kind, prefix, name).await,
         };
         match status {
@@ -832,7 +838,10 @@ pub(crate) async fn set_permits_cmd<B: kinds::AnyKind>(
     args: SetPermitsArgs,
 ) -> Result<u8, Failure> {
     let sem = dlock::Semaphore::builder(backend, &args.name, args.permits)
-        .prefix(kinds::prefix_for(Kind::Semaphore, &args.store.prefix))
+        .prefix(kinds::prefix_for(
+            Kind::Semaphore,
+            args.store.prefix.as_deref(),
+        ))
         .build()?;
     let before = sem.stored_permits().await?;
     sem.set_permits(args.permits).await?;
@@ -922,13 +931,19 @@ pub(crate) async fn force_unlock_cmd<B: kinds::AnyKind>(
 ) -> Result<u8, Failure> {
     if !confirm_force_unlock(
         &args,
-        status_of(backend.clone(), args.kind, &args.store.prefix, &args.name),
+        status_of(
+            backend.clone(),
+            args.kind,
+            args.store.prefix.as_deref(),
+            &args.name,
+        ),
     )
     .await?
     {
         return Ok(exit::CONFLICT);
     }
-    let done = kinds::force_unlock(backend, args.kind, &args.store.prefix, &args.name).await?;
+    let done =
+        kinds::force_unlock(backend, args.kind, args.store.prefix.as_deref(), &args.name).await?;
     report_force_unlock(&args, done)
 }
 
@@ -942,14 +957,19 @@ pub(crate) async fn lock_force_unlock_cmd<B: RawInspect>(
     lock_kind_only(args.kind, store)?;
     if !confirm_force_unlock(
         &args,
-        lock_status_of(backend.clone(), layout, &args.store.prefix, &args.name),
+        lock_status_of(
+            backend.clone(),
+            layout,
+            args.store.lock_prefix(),
+            &args.name,
+        ),
     )
     .await?
     {
         return Ok(exit::CONFLICT);
     }
     let lock = Lock::builder(backend, &args.name)
-        .prefix(&args.store.prefix)
+        .prefix(args.store.lock_prefix())
         .build()?;
     let done = lock.force_unlock().await?;
     report_force_unlock(&args, done)
@@ -1061,7 +1081,7 @@ mod tests {
             name in text(),
         ) {
             let (by_kind, by_layout) = block_on(async {
-                let kind_status = status_of(Memory::new(), kind, &prefix, &name).await;
+                let kind_status = status_of(Memory::new(), kind, Some(&prefix), &name).await;
                 let mut layouts = Vec::new();
                 for layout in [Layout::AtKey, Layout::QueueUnder, Layout::Znodes, Layout::Session] {
                     layouts.push(lock_status_of(Memory::new(), layout, &prefix, &name).await);
@@ -1305,7 +1325,7 @@ mod tests {
     fn store_of() -> Store {
         Store {
             url: None,
-            prefix: dlock::keys::DEFAULT_PREFIX.to_owned(),
+            prefix: None,
             allow_unsafe_store: false,
         }
     }

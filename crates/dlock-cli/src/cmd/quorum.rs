@@ -178,7 +178,7 @@ pub(super) async fn status_of(
 /// `dlock status` on RedLock.
 pub(crate) async fn status_cmd(q: Quorum<Redis>, args: StatusArgs) -> Result<u8, Failure> {
     lock_kind_only(args.kind, STORE)?;
-    let s = status_of(&q, &args.store.prefix, &args.name).await?;
+    let s = status_of(&q, args.store.lock_prefix(), &args.name).await?;
     print_status(&s, &args)
 }
 
@@ -190,7 +190,7 @@ pub(crate) async fn list_cmd(q: Quorum<Redis>, args: ListArgs) -> Result<u8, Fai
     let mut failed = Vec::new();
     for node in q.nodes() {
         match node
-            .list(&args.store.prefix, &args.pattern, args.limit)
+            .list(args.store.lock_prefix(), &args.pattern, args.limit)
             .await
         {
             Ok(found) => names.extend(found),
@@ -211,7 +211,7 @@ pub(crate) async fn list_cmd(q: Quorum<Redis>, args: ListArgs) -> Result<u8, Fai
     }
     let mut rows = Vec::new();
     for name in names.into_iter().take(args.limit) {
-        let s = status_of(&q, &args.store.prefix, &name).await?;
+        let s = status_of(&q, args.store.lock_prefix(), &name).await?;
         if s.held {
             rows.push(s);
         }
@@ -225,14 +225,14 @@ pub(crate) async fn force_unlock_cmd(
     args: ForceUnlockArgs,
 ) -> Result<u8, Failure> {
     lock_kind_only(args.kind, STORE)?;
-    if !confirm_force_unlock(&args, status_of(&q, &args.store.prefix, &args.name)).await? {
+    if !confirm_force_unlock(&args, status_of(&q, args.store.lock_prefix(), &args.name)).await? {
         return Ok(exit::CONFLICT);
     }
     let mut deleted = 0;
     let mut failed = Vec::new();
     for node in q.nodes() {
         let lock = Lock::builder(node.clone(), &args.name)
-            .prefix(&args.store.prefix)
+            .prefix(args.store.lock_prefix())
             .build()?;
         match lock.force_unlock().await {
             Ok(true) => deleted += 1,

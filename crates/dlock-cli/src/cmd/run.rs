@@ -158,7 +158,14 @@ async fn alone<X: RawLock, B: AnyKind>(
     mine: Kind,
     args: &RunArgs,
 ) -> Option<LockGuard<X>> {
-    let others = match kinds::held_as_others(backend, mine, &args.store.prefix, &args.name).await {
+    let others = match kinds::held_as_others(
+        backend,
+        mine,
+        args.store.prefix.as_deref(),
+        &args.name,
+    )
+    .await
+    {
         Ok(others) => others,
         Err(failure) => {
             eprintln!(
@@ -209,13 +216,7 @@ pub(crate) async fn run<B: RawFencing + AnyKind>(
     let checker = backend.clone();
     // Each kind has its own default prefix, so that names of different kinds never
     // collide; an explicit --prefix is used as given.
-    let prefix = |default: &'static str| {
-        if args.store.prefix == dlock::keys::DEFAULT_PREFIX {
-            default.to_owned()
-        } else {
-            args.store.prefix.clone()
-        }
-    };
+    let prefix = |default: &'static str| args.store.prefix_or(default).to_owned();
     check_kill_grace(args.kill_grace, args.ttl)?;
     let holder = run_holder(&args);
     let min_hold = MinHold::of(args.min_hold, shortest, &backend);
@@ -238,7 +239,7 @@ pub(crate) async fn run<B: RawFencing + AnyKind>(
         let held = status_of(
             checker.clone(),
             Kind::Semaphore,
-            &args.store.prefix,
+            args.store.prefix.as_deref(),
             &args.name,
         );
         return match wait_for_permit(&sem, &args, &mut signals, held).await? {
@@ -262,7 +263,7 @@ pub(crate) async fn run<B: RawFencing + AnyKind>(
         let held = status_of(
             checker.clone(),
             Kind::Rwlock,
-            &args.store.prefix,
+            args.store.prefix.as_deref(),
             &args.name,
         );
         if args.shared {
@@ -295,7 +296,12 @@ pub(crate) async fn run<B: RawFencing + AnyKind>(
             builder = builder.holder_info(info);
         }
         let fair = builder.build()?;
-        let held = status_of(checker.clone(), Kind::Fair, &args.store.prefix, &args.name);
+        let held = status_of(
+            checker.clone(),
+            Kind::Fair,
+            args.store.prefix.as_deref(),
+            &args.name,
+        );
         return match wait_for(fair.as_lock(), &args, &mut signals, held).await? {
             Waited::Got(guard) => {
                 let Some(guard) = alone(guard, &checker, Kind::Fair, &args).await else {
@@ -308,7 +314,12 @@ pub(crate) async fn run<B: RawFencing + AnyKind>(
         };
     }
     let lock = plain_lock(backend, &args, holder)?;
-    let held = status_of(checker.clone(), Kind::Lock, &args.store.prefix, &args.name);
+    let held = status_of(
+        checker.clone(),
+        Kind::Lock,
+        args.store.prefix.as_deref(),
+        &args.name,
+    );
     match wait_for(&lock, &args, &mut signals, held).await? {
         Waited::Got(guard) => {
             let Some(guard) = alone(guard, &checker, Kind::Lock, &args).await else {
@@ -328,7 +339,7 @@ fn plain_lock<B: RawLock>(
     holder: Option<HolderInfo>,
 ) -> Result<Lock<B>, Failure> {
     let mut builder = Lock::builder(backend, &args.name)
-        .prefix(&args.store.prefix)
+        .prefix(args.store.lock_prefix())
         .ttl(args.ttl);
     if let Some(info) = holder {
         builder = builder.holder_info(info);
@@ -355,7 +366,9 @@ pub(crate) async fn run_plain<B: Holders>(
     let mut signals = Signals::install()?;
     let min_hold = MinHold::of(args.min_hold, shortest, &backend);
     let lock = plain_lock(backend, &args, run_holder(&args))?;
-    let held = lock.backend().lock_status(&args.store.prefix, &args.name);
+    let held = lock
+        .backend()
+        .lock_status(args.store.lock_prefix(), &args.name);
     match wait_for(&lock, &args, &mut signals, held).await? {
         Waited::Got(guard) => {
             let fence = fence(&guard);

@@ -104,7 +104,7 @@ trait Inspector: Clone + Send + Sync + 'static {
     fn names(
         &self,
         kind: Kind,
-        prefix: &str,
+        prefix: Option<&str>,
         pattern: &str,
         limit: usize,
     ) -> impl Future<Output = Result<Vec<String>, Failure>> + Send;
@@ -112,7 +112,7 @@ trait Inspector: Clone + Send + Sync + 'static {
     fn state(
         &self,
         kind: Kind,
-        prefix: &str,
+        prefix: Option<&str>,
         name: &str,
     ) -> impl Future<Output = Result<LockState, Failure>> + Send;
 
@@ -123,7 +123,7 @@ trait Inspector: Clone + Send + Sync + 'static {
 
     /// Whether `name`, listed under `prefix` but unreadable as a `kind`, is one of a lock's
     /// companion keys rather than a lock (not shown).
-    fn companion(&self, _kind: Kind, _prefix: &str, _name: &str) -> bool {
+    fn companion(&self, _kind: Kind, _prefix: Option<&str>, _name: &str) -> bool {
         false
     }
 }
@@ -158,7 +158,7 @@ impl<B: kinds::AnyKind> Inspector for EveryKind<B> {
     async fn names(
         &self,
         kind: Kind,
-        prefix: &str,
+        prefix: Option<&str>,
         pattern: &str,
         limit: usize,
     ) -> Result<Vec<String>, Failure> {
@@ -196,12 +196,17 @@ impl<B: kinds::AnyKind> Inspector for EveryKind<B> {
         Ok(names)
     }
 
-    async fn state(&self, kind: Kind, prefix: &str, name: &str) -> Result<LockState, Failure> {
+    async fn state(
+        &self,
+        kind: Kind,
+        prefix: Option<&str>,
+        name: &str,
+    ) -> Result<LockState, Failure> {
         let (_, state) = kinds::state_of(self.backend.clone(), kind, prefix, name).await?;
         Ok(state)
     }
 
-    fn companion(&self, kind: Kind, prefix: &str, name: &str) -> bool {
+    fn companion(&self, kind: Kind, prefix: Option<&str>, name: &str) -> bool {
         self.redis && redis_companion(&kinds::prefix_for(kind, prefix), name).is_some()
     }
 }
@@ -212,7 +217,7 @@ pub(crate) async fn names_of<B: kinds::AnyKind>(
     backend: &B,
     redis: bool,
     kind: Kind,
-    prefix: &str,
+    prefix: Option<&str>,
     pattern: &str,
     limit: usize,
 ) -> Result<Vec<String>, Failure> {
@@ -230,7 +235,7 @@ pub(crate) async fn names_of<B: kinds::AnyKind>(
 
 /// Whether `name`, listed as a `kind` under `prefix` but unreadable as one, is one of a
 /// lock's companion keys (see [`redis_companion`]), not a lock.
-pub(crate) fn is_companion(redis: bool, kind: Kind, prefix: &str, name: &str) -> bool {
+pub(crate) fn is_companion(redis: bool, kind: Kind, prefix: Option<&str>, name: &str) -> bool {
     redis && redis_companion(&kinds::prefix_for(kind, prefix), name).is_some()
 }
 
@@ -245,14 +250,21 @@ impl<B: RawInspect> Inspector for PlainOnly<B> {
     async fn names(
         &self,
         _kind: Kind,
-        prefix: &str,
+        prefix: Option<&str>,
         pattern: &str,
         limit: usize,
     ) -> Result<Vec<String>, Failure> {
+        let prefix = prefix.unwrap_or(dlock::keys::DEFAULT_PREFIX);
         Ok(self.0.list(prefix, pattern, limit).await?)
     }
 
-    async fn state(&self, _kind: Kind, prefix: &str, name: &str) -> Result<LockState, Failure> {
+    async fn state(
+        &self,
+        _kind: Kind,
+        prefix: Option<&str>,
+        name: &str,
+    ) -> Result<LockState, Failure> {
+        let prefix = prefix.unwrap_or(dlock::keys::DEFAULT_PREFIX);
         let lock = Lock::builder(self.0.clone(), name).prefix(prefix).build()?;
         Ok(lock.state().await?)
     }
@@ -266,7 +278,7 @@ impl<B: RawInspect> Inspector for PlainOnly<B> {
 /// `--prefix` of the user's (a prefix belongs to one kind).
 fn selected_kinds<I: Inspector>(src: &I, args: &TopArgs) -> Result<Vec<Kind>, Failure> {
     let has = I::KINDS;
-    let custom_prefix = args.store.prefix != dlock::keys::DEFAULT_PREFIX;
+    let custom_prefix = args.store.prefix.is_some();
     let mut kinds: Vec<Kind> = if !args.kind.is_empty() {
         args.kind.clone()
     } else if custom_prefix {
@@ -422,7 +434,7 @@ async fn snapshot<I: Inspector>(
             break;
         }
         let mut names = src
-            .names(kind, &args.store.prefix, &args.pattern, room)
+            .names(kind, args.store.prefix.as_deref(), &args.pattern, room)
             .await?;
         truncated |= names.len() >= room;
         // SCAN may return a key twice.
@@ -442,7 +454,7 @@ async fn snapshot<I: Inspector>(
             };
             let (src, prefix) = (src.clone(), args.store.prefix.clone());
             running.spawn(async move {
-                let state = src.state(kind, &prefix, &name).await;
+                let state = src.state(kind, prefix.as_deref(), &name).await;
                 (kind, name, state)
             });
         }
@@ -457,7 +469,8 @@ async fn snapshot<I: Inspector>(
                     rows.push(row);
                 }
             }
-            Ok((kind, name, Err(_))) if src.companion(kind, &args.store.prefix, &name) => {}
+            Ok((kind, name, Err(_)))
+                if src.companion(kind, args.store.prefix.as_deref(), &name) => {}
             Ok((kind, name, Err(failure))) => unreadable.push(Unreadable {
                 kind: kind_name(kind),
                 name,

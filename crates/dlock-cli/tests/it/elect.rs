@@ -196,7 +196,8 @@ fn elect_exit_codes_environment_and_leader_output() {
 }
 
 /// `dlock leader --watch --json` prints nobody, then every leader and proclaimed value
-/// as it changes, one line each, until SIGTERM.
+/// as it changes, one line each (each leader's resignation as a vacancy after its term),
+/// until SIGTERM.
 #[test]
 fn leader_watch_prints_every_change() {
     let server = RedisServer::start().expect("redis-server");
@@ -219,7 +220,13 @@ fn leader_watch_prints_every_change() {
         assert!(out.status.success(), "{}", stderr(&out));
         let seen = next();
         assert_eq!(seen["value"], value);
-        terms.push(seen["term"].as_u64().expect("term"));
+        let term = seen["term"].as_u64().expect("term");
+        terms.push(term);
+        let gone = next();
+        assert_eq!(
+            (&gone["leader"], &gone["last_term"]),
+            (&false.into(), &term.into())
+        );
     }
     assert!(terms.windows(2).all(|w| w[0] < w[1]), "{terms:?}");
     signal("-TERM", watch.id());

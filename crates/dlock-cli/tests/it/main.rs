@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use dlock_test::server::{RedisServer, free_port};
 
 mod elect;
+mod first_contact;
 mod harness;
 mod hazards;
 mod hostile;

@@ -712,12 +712,14 @@ async fn election_observers_hear_the_record_through_a_watch_that_survives_a_rest
         .await
         .expect("heard")
         .expect("observe");
+    let seen = seen.leader().expect("a leader");
     assert_eq!(seen.value.as_deref(), Some("v1"));
     leadership.proclaim("v2").await.expect("proclaim");
     let seen = timeout(quick, observer.next())
         .await
         .expect("woken by the watch, not the lease-long fallback")
         .expect("observe");
+    let seen = seen.leader().expect("a leader");
     assert_eq!(
         (seen.term, seen.value.as_deref()),
         (leadership.term(), Some("v2"))
@@ -758,6 +760,7 @@ async fn election_observers_hear_the_record_through_a_watch_that_survives_a_rest
         .expect("the watch works again after the restart")
         .expect("task")
         .expect("observe");
+    let seen = seen.leader().expect("a leader");
     assert_eq!(
         (seen.term, seen.value.as_deref()),
         (leadership.term(), Some("v3"))

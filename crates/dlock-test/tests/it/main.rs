@@ -19,6 +19,7 @@ mod postgres;
 mod quorum;
 mod redis;
 mod sentinel;
+mod vacancy;
 mod zookeeper;
 
 /// One `#[tokio::test]` per conformance behaviour, against a fresh target each.

@@ -222,6 +222,7 @@ async fn an_election_over_sentinel_hands_over_on_resign() {
         .await
         .expect("the observer sees the first leader")
         .expect("observe");
+    let change = change.leader().expect("a leader");
     assert_eq!(
         (change.term, change.value.as_deref()),
         (first.term(), Some("host-a:8080"))
@@ -251,6 +252,7 @@ async fn an_election_over_sentinel_hands_over_on_resign() {
         .await
         .expect("the observer sees the hand-over")
         .expect("observe");
+    let change = change.leader().expect("a leader");
     assert_eq!(
         (change.term, change.value.as_deref()),
         (second.term(), Some("host-b:8080"))

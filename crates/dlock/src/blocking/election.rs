@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{Client, Lock, LockGuard, Runtime, forward_options};
-use crate::election::Leader;
+use crate::election::{Leader, LeaderChange};
 use crate::error::Result;
 use crate::raw::RawElection;
 use crate::token::{FencingToken, Token};
@@ -140,8 +140,8 @@ impl<B: RawElection> Election<B> {
         self.runtime.call(|| self.election.leader())
     }
 
-    /// Follows the leader: an [`Iterator`] over every change of leader or advertised value
-    /// (as [`crate::Election::observe`]); it never ends.
+    /// Follows the leader: an [`Iterator`] over every change of leader or advertised value,
+    /// and every vacancy (as [`crate::Election::observe`]); it never ends.
     pub fn observe(&self) -> Observer<B> {
         Observer {
             observer: self.election.observe(),
@@ -269,7 +269,7 @@ impl<B: RawElection> Drop for Leadership<B> {
 }
 
 /// Leader changes of an [`Election`], as a never-ending [`Iterator`] of
-/// `Result<Leader>`; made by [`Election::observe`].
+/// `Result<LeaderChange>`; made by [`Election::observe`].
 ///
 /// Each `next()` blocks until the next change (an error is one item: the next call reads
 /// again; inside a runtime every item is the `InvalidArgument` error).
@@ -290,7 +290,7 @@ impl<B: RawElection> Observer<B> {
     ///
     /// # Errors
     /// Store failures; `InvalidArgument` inside a runtime.
-    pub fn next_timeout(&mut self, timeout: Duration) -> Result<Option<Leader>> {
+    pub fn next_timeout(&mut self, timeout: Duration) -> Result<Option<LeaderChange>> {
         let observer = &mut self.observer;
         self.runtime.run(|| async move {
             match tokio::time::timeout(timeout, observer.next()).await {
@@ -302,9 +302,9 @@ impl<B: RawElection> Observer<B> {
 }
 
 impl<B: RawElection> Iterator for Observer<B> {
-    type Item = Result<Leader>;
+    type Item = Result<LeaderChange>;
 
-    fn next(&mut self) -> Option<Result<Leader>> {
+    fn next(&mut self) -> Option<Result<LeaderChange>> {
         let observer = &mut self.observer;
         Some(self.runtime.call(|| observer.next()))
     }

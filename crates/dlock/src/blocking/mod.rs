@@ -43,12 +43,19 @@
 //!
 //! # Calling from async code
 //!
-//! A blocking call inside a tokio runtime would stall the runtime's thread, so every
-//! blocking method checks first and returns [`ErrorKind::InvalidArgument`] — never a panic
-//! — when the calling thread is in a tokio runtime's context: an async task, `block_on`,
-//! `spawn_blocking`, or under `Runtime::enter`. Use the async API there
+//! Blocking is fine on any thread that is not running async code: a plain thread, a
+//! `tokio::task::spawn_blocking` closure (where synchronous code in async programs usually
+//! lives), `tokio::task::block_in_place`, or under `Runtime::enter`. There a blocking call
+//! works as anywhere else (as `reqwest::blocking` does).
+//!
+//! A blocking call made while the thread polls an async task or a `block_on` future would
+//! stall that runtime's thread, so every blocking method checks first and returns
+//! [`ErrorKind::InvalidArgument`] — never a panic — there. Use the async API in async code
 //! ([`Lock::as_async`] hands out the same lock). This is the `InvalidArgument` every
-//! `# Errors` section below means by "inside a runtime".
+//! `# Errors` section below means by "inside a runtime". The check reads tokio's
+//! cooperative budget, which tokio gives every task poll and `block_on`: async code run
+//! under `tokio::task::coop::unconstrained` has none, and is not recognised (a blocking
+//! call there blocks the runtime's thread until it is answered).
 //!
 //! # Drop never blocks for long
 //!
@@ -56,10 +63,10 @@
 //! store's answer at most [`DROP_RELEASE_WAIT`] (2 s), so that the next holder usually finds
 //! the lock free as soon as `drop` returns. A store that does not answer in time (down,
 //! frozen, partitioned) is left to the async guard's bounded background release, or the
-//! lease's expiry. Dropped inside a tokio runtime, a guard does not wait at all (its release
-//! runs in the background). When the dropped value is the last user of its client's
-//! runtime, shutting the runtime down takes at most [`SHUTDOWN_WAIT`] (1 s) more; inside a
-//! tokio runtime that shutdown does not wait, and may cut a background release short (the
+//! lease's expiry. Dropped in async code (see above), a guard does not wait at all (its
+//! release runs in the background). When the dropped value is the last user of its client's
+//! runtime, shutting the runtime down takes at most [`SHUTDOWN_WAIT`] (1 s) more; in async
+//! code that shutdown does not wait, and may cut a background release short (the
 //! lease then expires at its ttl).
 //!
 //! # Sharing a backend with async code
@@ -245,18 +252,78 @@ impl Client<crate::backend::ZooKeeper> {
     }
 }
 
-/// `InvalidArgument` when the calling thread is in a tokio runtime's context, where
-/// blocking would stall the runtime (and `Handle::block_on` would panic).
+/// `InvalidArgument` when the calling thread is running async code (a task's poll or a
+/// `block_on` future), where blocking would stall a runtime's thread; `Ok` on plain
+/// threads, in `spawn_blocking` and `block_in_place`, and under `Runtime::enter`.
 fn outside_runtime() -> Result<()> {
-    if Handle::try_current().is_ok() {
+    if in_async_code() {
         return Err(Error::new(
             ErrorKind::InvalidArgument,
-            "dlock::blocking was called inside a tokio runtime (an async task, block_on, \
-             spawn_blocking or Runtime::enter), where blocking would stall the runtime: \
-             use dlock's async API there",
+            "dlock::blocking was called from async code (a task or a block_on future), \
+             where blocking would stall the runtime's thread: use dlock's async API there, \
+             or move the blocking code into tokio::task::spawn_blocking",
         ));
     }
     Ok(())
+}
+
+/// The most cooperative budget tokio gives a task poll (or a `block_on` future).
+const MAX_TASK_BUDGET: usize = 128;
+
+/// Whether this thread is running async code: polling a task or a `block_on` future.
+///
+/// Tokio gives every task poll and `block_on` a cooperative budget, and no budget
+/// (unconstrained) to plain threads, `spawn_blocking` closures, `block_in_place` and code
+/// under `Runtime::enter`. The budget is not readable, so this spends it one unit at a
+/// time until tokio says it is exhausted (async code) or more has been spent than any
+/// budget holds (no budget), then gives every unit back: the caller's budget is left as
+/// it was.
+fn in_async_code() -> bool {
+    if Handle::try_current().is_err() {
+        return false; // not even in a runtime's context: a plain thread
+    }
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    let mut spent = Vec::with_capacity(MAX_TASK_BUDGET + 1);
+    let limited = loop {
+        if spent.len() > MAX_TASK_BUDGET {
+            break false;
+        }
+        match tokio::task::coop::poll_proceed(&mut cx) {
+            std::task::Poll::Ready(unit) => spent.push(unit),
+            std::task::Poll::Pending => break true,
+        }
+    };
+    // Each unit restores the budget it found: the last spent first, back to the start.
+    while let Some(unit) = spent.pop() {
+        drop(unit);
+    }
+    limited
+}
+
+/// Runs `future` to completion on this thread (parking it between polls), in `handle`'s
+/// context, so that the runtime's worker drives the future's timers and IO. Unlike
+/// `Handle::block_on`, it never panics, whatever the thread's context.
+fn park_on<F: Future>(handle: &Handle, future: F) -> F::Output {
+    struct Unpark(std::thread::Thread);
+    impl std::task::Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+        fn wake_by_ref(self: &Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let _entered = handle.enter();
+    let waker = std::task::Waker::from(Arc::new(Unpark(std::thread::current())));
+    let mut cx = std::task::Context::from_waker(&waker);
+    let mut future = std::pin::pin!(future);
+    loop {
+        if let std::task::Poll::Ready(out) = future.as_mut().poll(&mut cx) {
+            return out;
+        }
+        // A wake-up between the poll and the park leaves the token: park returns at once.
+        std::thread::park();
+    }
 }
 
 /// A client's runtime: one worker thread that drives the store's connections, the
@@ -302,7 +369,7 @@ impl Runtime {
     /// and IO. `make` is not called inside a runtime (the caller's values stay untouched).
     fn run<F: Future>(&self, make: impl FnOnce() -> F) -> Result<F::Output> {
         outside_runtime()?;
-        Ok(self.handle.block_on(make()))
+        Ok(park_on(&self.handle, make()))
     }
 
     /// [`run`](Runtime::run) for a fallible future.
@@ -311,16 +378,16 @@ impl Runtime {
     }
 
     /// Runs `end` (a dropped guard's release) for at most [`DROP_RELEASE_WAIT`], on the
-    /// runtime, so that whatever it spawns when cut short lands there. Inside a runtime it
+    /// runtime, so that whatever it spawns when cut short lands there. In async code it
     /// is dropped unpolled instead: the async guard's drop releases in the background.
     fn settle(&self, end: impl Future<Output = ()>) {
-        let nested = Handle::try_current().is_ok();
+        let nested = in_async_code();
         let _entered = self.handle.enter();
         if nested {
             drop(end);
             return;
         }
-        self.handle.block_on(async {
+        park_on(&self.handle, async {
             // Cut short, `end` is dropped here, inside the runtime: the async guard then
             // sends its bounded release in the background.
             let _ = tokio::time::timeout(DROP_RELEASE_WAIT, end).await;
@@ -331,8 +398,8 @@ impl Runtime {
 impl Drop for Runtime {
     fn drop(&mut self) {
         if let Some(runtime) = self.runtime.take() {
-            if Handle::try_current().is_ok() {
-                // Waiting is not allowed (and would stall) inside a runtime.
+            if in_async_code() {
+                // Waiting is not allowed (and would stall) in async code.
                 runtime.shutdown_background();
             } else {
                 runtime.shutdown_timeout(SHUTDOWN_WAIT);
@@ -396,3 +463,76 @@ macro_rules! forward_options {
     };
 }
 use forward_options;
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::backend::Memory;
+
+    fn lock_of(client: &Client<Memory>) -> Lock<Memory> {
+        Lock::builder(client, "blocking-contexts")
+            .ttl(Duration::from_secs(10))
+            .build()
+            .expect("valid")
+    }
+
+    /// A hold taken and released, and a client made and dropped, on this thread.
+    fn lock_and_release(client: &Client<Memory>) -> Result<()> {
+        let guard = lock_of(client).try_lock()?.expect("free");
+        guard.release()?;
+        let own = Client::from_backend(Memory::new())?;
+        lock_of(&own).try_lock()?.expect("free").release()?;
+        drop(own);
+        Ok(())
+    }
+
+    /// Synchronous code in async programs lives in `spawn_blocking` and `block_in_place`:
+    /// blocking works there, on both kinds of runtime; in a task it is refused.
+    #[test]
+    fn blocking_works_in_spawn_blocking_and_is_refused_in_tasks() {
+        let client = Client::from_backend(Memory::new()).expect("client");
+        for multi in [false, true] {
+            let mut builder = if multi {
+                tokio::runtime::Builder::new_multi_thread()
+            } else {
+                tokio::runtime::Builder::new_current_thread()
+            };
+            let rt = builder.enable_all().build().expect("runtime");
+            let inner = client.clone();
+            rt.block_on(async move {
+                let refused = lock_of(&inner).try_lock().map(drop);
+                let err = refused.expect_err("refused in a block_on future");
+                assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+                assert!(err.to_string().contains("spawn_blocking"), "{err}");
+                // The check gives back the budget it spent.
+                assert!(tokio::task::coop::has_budget_remaining());
+                let task = inner.clone();
+                let in_task = tokio::spawn(async move { lock_of(&task).try_lock().map(drop) });
+                let err = in_task
+                    .await
+                    .expect("no panic")
+                    .expect_err("refused in a task");
+                assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+                let worker = inner.clone();
+                tokio::task::spawn_blocking(move || lock_and_release(&worker))
+                    .await
+                    .expect("no panic")
+                    .expect("blocking works in spawn_blocking");
+                if multi {
+                    let task = inner.clone();
+                    tokio::spawn(
+                        async move { tokio::task::block_in_place(|| lock_and_release(&task)) },
+                    )
+                    .await
+                    .expect("no panic")
+                    .expect("blocking works in block_in_place");
+                }
+            });
+            // Under Runtime::enter (no task polled): allowed.
+            let _entered = rt.enter();
+            lock_and_release(&client).expect("blocking works under Runtime::enter");
+        }
+    }
+}
