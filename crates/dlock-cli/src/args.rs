@@ -303,7 +303,7 @@ pub(crate) enum Command {
     /// waiters (ZooKeeper reaps its empty directory; the next run stores its own N).
     #[command(mut_arg("prefix", |a| a.help(PREFIX_SEMAPHORE)))]
     SetPermits(SetPermitsArgs),
-    /// Seed 003's oversell demo: worker processes deduct stock four ways.
+    /// The oversell demo: worker processes deduct stock four ways.
     ///
     /// Runs the dlock-torture binary (see `dlock demo --help`).
     #[command(disable_help_flag = true)]
