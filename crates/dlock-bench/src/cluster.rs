@@ -6,9 +6,9 @@
 
 use std::time::Duration;
 
-use dlock::backend::Redis;
 use dlock_test::cluster::RedisCluster;
 use dlock_test::server::RedisServer;
+use fencelock::backend::Redis;
 use indicatif::ProgressBar;
 use redis::aio::ConnectionManager;
 use redis::cluster_async::ClusterConnection;

@@ -22,9 +22,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use dlock::backend::{Etcd, Memcached, Redis, ZooKeeper};
-use dlock::{FairGuard, FairLock, Lock, LockGuard, Semaphore, SemaphorePermit};
 use dlock_test::server::RedisServer;
+use fencelock::backend::{Etcd, Memcached, Redis, ZooKeeper};
+use fencelock::{FairGuard, FairLock, Lock, LockGuard, Semaphore, SemaphorePermit};
 use indicatif::ProgressBar;
 use redis::AsyncConnectionConfig;
 use redis::aio::MultiplexedConnection;
@@ -137,7 +137,7 @@ pub(crate) enum Waiter {
     /// dlock's lock on memcached (no notification: waiters back off).
     Memcached(Memcached),
     /// dlock's lock on PostgreSQL, a client of its own.
-    Postgres(dlock::backend::Postgres),
+    Postgres(fencelock::backend::Postgres),
     /// distributed-lock-postgres, a provider (and pool) of its own.
     PgPeer(std::sync::Arc<distributed_lock_postgres::PostgresLockProvider>),
     /// dlock's lock on etcd (waiters watch the key).
@@ -220,7 +220,7 @@ enum Held {
     Memcached(LockGuard<Memcached>),
     Etcd(LockGuard<Etcd>),
     EtcdNative { key: Vec<u8>, lease: i64 },
-    Postgres(LockGuard<dlock::backend::Postgres>),
+    Postgres(LockGuard<fencelock::backend::Postgres>),
     PgPeer(distributed_lock_postgres::handle::PostgresLockHandle),
     ZooKeeper(LockGuard<ZooKeeper>),
     ZkBare(String),

@@ -18,12 +18,12 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use dlock::backend::{Etcd, Memcached, Memory, Postgres, Redis, ZooKeeper};
-use dlock::raw::RawElection;
-use dlock::{Election, Leadership, Lock, LockGuard};
 use dlock_test::postgres::PostgresServer;
 use dlock_test::server::{EtcdCluster, MemcachedServer, RedisServer};
 use dlock_test::zookeeper::ZooKeeper as ZkServer;
+use fencelock::backend::{Etcd, Memcached, Memory, Postgres, Redis, ZooKeeper};
+use fencelock::raw::RawElection;
+use fencelock::{Election, Leadership, Lock, LockGuard};
 use indicatif::ProgressBar;
 use tokio::task::JoinHandle;
 

@@ -14,8 +14,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use dlock::backend::{Etcd, Redis};
 use dlock_test::server::{EtcdCluster, RedisServer};
+use fencelock::backend::{Etcd, Redis};
 use indicatif::ProgressBar;
 use redis::aio::ConnectionManager;
 

@@ -12,8 +12,8 @@
 
 use std::time::Duration;
 
-use dlock::backend::{Memcached, Redis};
 use dlock_test::server::{MemcachedServer, RedisServer};
+use fencelock::backend::{Memcached, Redis};
 use indicatif::ProgressBar;
 use redis::aio::ConnectionManager;
 

@@ -11,9 +11,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use dlock::Lock;
-use dlock::backend::Postgres;
 use dlock_test::postgres::PostgresServer;
+use fencelock::Lock;
+use fencelock::backend::Postgres;
 use indicatif::ProgressBar;
 
 use crate::report::fmt_dur;

@@ -16,9 +16,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use distributed_lock_postgres::PostgresLockProvider;
-use dlock::backend::{Postgres, Redis};
 use dlock_test::postgres::PostgresServer;
 use dlock_test::server::RedisServer;
+use fencelock::backend::{Postgres, Redis};
 use indicatif::ProgressBar;
 use redis::aio::ConnectionManager;
 

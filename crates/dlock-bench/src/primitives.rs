@@ -20,9 +20,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use dlock::backend::Redis;
-use dlock::{FairLock, Lock, MultiLock, Owner, ReentrantGuard, ReentrantLock, RwLock, Semaphore};
 use dlock_test::server::RedisServer;
+use fencelock::backend::Redis;
+use fencelock::{
+    FairLock, Lock, MultiLock, Owner, ReentrantGuard, ReentrantLock, RwLock, Semaphore,
+};
 use indicatif::ProgressBar;
 use redis::aio::ConnectionManager;
 

@@ -11,8 +11,8 @@
 
 use std::time::Duration;
 
-use dlock::backend::{Quorum, Redis};
 use dlock_test::server::RedisServer;
+use fencelock::backend::{Quorum, Redis};
 use indicatif::ProgressBar;
 use redis::aio::ConnectionManager;
 

@@ -6,8 +6,8 @@
 
 use std::time::{Duration, Instant};
 
-use dlock::backend::Redis;
 use dlock_test::server::RedisServer;
+use fencelock::backend::Redis;
 use indicatif::ProgressBar;
 use redis::aio::ConnectionManager;
 

@@ -4,13 +4,13 @@
 
 use std::time::{Duration, Instant};
 
-use dlock::backend::Redis;
-use dlock::raw::RawLock;
-use dlock::{
+use dlock_test::server::RedisServer;
+use fencelock::backend::Redis;
+use fencelock::raw::RawLock;
+use fencelock::{
     FairGuard, FairLock, Lock, LockGuard, Owner, ReadGuard, ReentrantGuard, ReentrantLock, RwLock,
     Semaphore, SemaphorePermit, WriteGuard,
 };
-use dlock_test::server::RedisServer;
 use indicatif::ProgressBar;
 use redis::aio::ConnectionManager;
 

@@ -13,8 +13,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use dlock::Lock;
-use dlock::raw::RawLock;
+use fencelock::Lock;
+use fencelock::raw::RawLock;
 use redis::aio::ConnectionLike;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufStream};
 use tokio::net::TcpStream;
@@ -606,10 +606,10 @@ pub(crate) async fn etcd_client_with(
 }
 
 /// dlock's etcd client, retried while a fresh member elects itself.
-pub(crate) async fn etcd_connect(url: &str) -> Result<dlock::backend::Etcd> {
+pub(crate) async fn etcd_connect(url: &str) -> Result<fencelock::backend::Etcd> {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        match dlock::backend::Etcd::connect(url).await {
+        match fencelock::backend::Etcd::connect(url).await {
             Ok(etcd) => return Ok(etcd),
             Err(_) if Instant::now() < deadline => {
                 tokio::time::sleep(Duration::from_millis(100)).await;

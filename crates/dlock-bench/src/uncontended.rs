@@ -14,9 +14,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use dlock::Lock;
-use dlock::backend::Redis;
 use dlock_test::server::RedisServer;
+use fencelock::Lock;
+use fencelock::backend::Redis;
 use indicatif::ProgressBar;
 use redis::aio::ConnectionManager;
 

@@ -15,10 +15,10 @@
 
 use std::time::{Duration, Instant};
 
-use dlock::backend::zookeeper::escape;
-use dlock::backend::{Etcd, Redis, ZooKeeper};
 use dlock_test::server::{EtcdCluster, RedisServer};
 use dlock_test::zookeeper::ZooKeeper as ZkServer;
+use fencelock::backend::zookeeper::escape;
+use fencelock::backend::{Etcd, Redis, ZooKeeper};
 use indicatif::ProgressBar;
 use zookeeper_client as zk;
 
@@ -42,7 +42,7 @@ const CHROOT: &str = "/bench";
 
 /// The session timeout every client asks for (dlock's default): the lease of a hold is
 /// `min(ttl, session timeout)`.
-const SESSION_TIMEOUT: Duration = dlock::backend::zookeeper::DEFAULT_SESSION_TIMEOUT;
+const SESSION_TIMEOUT: Duration = fencelock::backend::zookeeper::DEFAULT_SESSION_TIMEOUT;
 
 /// A bare zookeeper-client session under [`CHROOT`] on `hosts`.
 async fn bare_session(hosts: &str) -> Result<zk::Client> {

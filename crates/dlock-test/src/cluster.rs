@@ -115,7 +115,7 @@ impl RedisCluster {
     /// # Errors
     /// No node could say.
     pub fn master_of(&self, key: &str) -> io::Result<usize> {
-        let slot = i64::from(dlock::keys::cluster_slot(key.as_bytes()));
+        let slot = i64::from(fencelock::keys::cluster_slot(key.as_bytes()));
         for n in self.nodes.iter().filter(|n| n.pid().is_some()) {
             let Ok(mut c) = n.client().get_connection() else {
                 continue;

@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use dlock::raw::{RawFencing, RawInspect, RawLock, RawSemaphore};
-use dlock::{ErrorKind, Lock, OtherCount, Retry, Semaphore};
+use fencelock::raw::{RawFencing, RawInspect, RawLock, RawSemaphore};
+use fencelock::{ErrorKind, Lock, OtherCount, Retry, Semaphore};
 use tokio::time::{Instant, sleep, timeout};
 
 /// A store under test.
@@ -42,7 +42,7 @@ pub trait Target: Send + Sync + 'static {
 /// A lock name no other test uses.
 pub fn unique(what: &str) -> String {
     static N: AtomicU64 = AtomicU64::new(0);
-    let token = dlock::Token::random().expect("os rng");
+    let token = fencelock::Token::random().expect("os rng");
     format!(
         "{what}-{}-{}",
         N.fetch_add(1, Ordering::Relaxed),
@@ -469,7 +469,7 @@ pub async fn extreme_waits<T: Target>(target: &T) {
 /// a lock and not contention, and the grant is given back.
 pub async fn late_grant_is_timed_out_and_given_back<T: Target>(target: &T) {
     let name = unique("late-grant");
-    let ttl = target.ttl(dlock::MIN_TTL);
+    let ttl = target.ttl(fencelock::MIN_TTL);
     let slow = SlowReply {
         inner: target.client().await,
         delay: ttl + Duration::from_millis(150),
@@ -575,10 +575,10 @@ pub struct SlowReply<B> {
 impl<B: RawLock> RawLock for SlowReply<B> {
     async fn acquire(
         &self,
-        keys: &dlock::keys::LockKeys,
-        token: &dlock::Token,
+        keys: &fencelock::keys::LockKeys,
+        token: &fencelock::Token,
         ttl: Duration,
-    ) -> dlock::Result<dlock::raw::Acquire> {
+    ) -> fencelock::Result<fencelock::raw::Acquire> {
         let granted = self.inner.acquire(keys, token, ttl).await;
         sleep(self.delay).await;
         granted
@@ -586,22 +586,22 @@ impl<B: RawLock> RawLock for SlowReply<B> {
 
     async fn release(
         &self,
-        keys: &dlock::keys::LockKeys,
-        token: &dlock::Token,
-    ) -> dlock::Result<bool> {
+        keys: &fencelock::keys::LockKeys,
+        token: &fencelock::Token,
+    ) -> fencelock::Result<bool> {
         self.inner.release(keys, token).await
     }
 
     async fn extend(
         &self,
-        keys: &dlock::keys::LockKeys,
-        token: &dlock::Token,
+        keys: &fencelock::keys::LockKeys,
+        token: &fencelock::Token,
         ttl: Duration,
-    ) -> dlock::Result<bool> {
+    ) -> fencelock::Result<bool> {
         self.inner.extend(keys, token, ttl).await
     }
 
-    fn engine(&self) -> &dlock::engine::Engine {
+    fn engine(&self) -> &fencelock::engine::Engine {
         self.inner.engine()
     }
 }
@@ -703,14 +703,14 @@ pub async fn extend_resets_lease<T: Target>(target: &T) {
 /// Bad options get `InvalidArgument`, before anything reaches the store.
 pub async fn bad_input_is_rejected<T: Target>(target: &T) {
     let b = target.client().await;
-    let invalid = |r: dlock::Result<Lock<T::Backend>>| match r {
+    let invalid = |r: fencelock::Result<Lock<T::Backend>>| match r {
         Ok(_) => panic!("accepted a bad option"),
         Err(e) => assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}"),
     };
     invalid(Lock::new(b.clone(), ""));
     invalid(Lock::new(
         b.clone(),
-        "x".repeat(dlock::keys::MAX_NAME_LEN + 1),
+        "x".repeat(fencelock::keys::MAX_NAME_LEN + 1),
     ));
     invalid(Lock::builder(b.clone(), "n").ttl(Duration::ZERO).build());
     invalid(
@@ -720,7 +720,7 @@ pub async fn bad_input_is_rejected<T: Target>(target: &T) {
     );
     invalid(
         Lock::builder(b.clone(), "n")
-            .ttl(dlock::MAX_TTL + Duration::from_secs(1))
+            .ttl(fencelock::MAX_TTL + Duration::from_secs(1))
             .build(),
     );
     invalid(
@@ -742,8 +742,8 @@ pub async fn bad_input_is_rejected<T: Target>(target: &T) {
             .build(),
     );
     // At the limits, accepted.
-    let lock = Lock::builder(b, "x".repeat(dlock::keys::MAX_NAME_LEN))
-        .ttl(target.ttl(dlock::MIN_TTL))
+    let lock = Lock::builder(b, "x".repeat(fencelock::keys::MAX_NAME_LEN))
+        .ttl(target.ttl(fencelock::MIN_TTL))
         .build()
         .expect("limits are inclusive");
     let guard = lock.try_lock().await.expect("store").expect("free");
@@ -786,7 +786,7 @@ where
     assert!(lock.is_locked().await.expect("store"));
 
     let admin = target.client().await;
-    let prefix = dlock::keys::DEFAULT_PREFIX;
+    let prefix = fencelock::keys::DEFAULT_PREFIX;
     let listed = admin.list(prefix, "inspect-*", 1000).await.expect("store");
     assert!(listed.contains(&name), "{name} not in {listed:?}");
     assert!(
@@ -801,7 +801,7 @@ where
 
     // Another process holding only the token can extend and release.
     let elsewhere = Lock::new(target.client().await, &name).expect("valid");
-    let wrong = dlock::Token::random().expect("rng");
+    let wrong = fencelock::Token::random().expect("rng");
     let err = elsewhere
         .extend_token(&wrong, ttl)
         .await
@@ -1075,7 +1075,7 @@ where
     assert_eq!(five.stored_permits().await.expect("store"), Some(5));
 
     let one = Semaphore::new(target.client().await, &name, 1).expect("valid");
-    let refused = |result: dlock::Result<Option<dlock::SemaphorePermit<T::Backend>>>,
+    let refused = |result: fencelock::Result<Option<fencelock::SemaphorePermit<T::Backend>>>,
                    stored: u32,
                    requested: u32| {
         let err = result
@@ -1083,7 +1083,7 @@ where
             .expect_err(&format!("{stored} stored, {requested} refused"));
         assert_eq!(err.kind(), ErrorKind::PermitsMismatch, "{err}");
         let counts = std::error::Error::source(&err)
-            .and_then(|s| s.downcast_ref::<dlock::PermitCounts>())
+            .and_then(|s| s.downcast_ref::<fencelock::PermitCounts>())
             .copied()
             .expect("the counts");
         assert_eq!((counts.stored, counts.requested), (stored, requested));

@@ -1,12 +1,12 @@
-//! Conformance behaviours of leader election ([`dlock::Election`]). Each panics if the
+//! Conformance behaviours of leader election ([`fencelock::Election`]). Each panics if the
 //! backend misbehaves.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use dlock::raw::{RawElection, RawLock};
-use dlock::{Election, ErrorKind, Leader, LeaderChange, MAX_VALUE_LEN};
+use fencelock::raw::{RawElection, RawLock};
+use fencelock::{Election, ErrorKind, Leader, LeaderChange, MAX_VALUE_LEN};
 use tokio::time::{Instant, sleep, timeout};
 
 use crate::conformance::{Target, dies_after, unique};
@@ -168,7 +168,7 @@ where
 /// Waits for an observer's next leader, at most 10 s, passing over vacancies (a
 /// resignation handed straight on to a queued candidate may be reported as a vacancy
 /// just before the next leader).
-async fn next_change<B: RawElection>(observer: &mut dlock::Observer<B>) -> Leader {
+async fn next_change<B: RawElection>(observer: &mut fencelock::Observer<B>) -> Leader {
     timeout(Duration::from_secs(10), async {
         loop {
             match observer.next().await.expect("observe") {
@@ -377,7 +377,7 @@ where
     let ghost_term = first.term().get() + 1_000_000;
     let backend = a.lock().backend();
     let keys = a.lock().keys();
-    let stranger = dlock::Token::random().expect("rng");
+    let stranger = fencelock::Token::random().expect("rng");
     assert!(
         !backend
             .publish(

@@ -5,9 +5,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use dlock::raw::RawSemaphore;
-use dlock::raw::{RawFair, RawReentrant, RawRwLock};
-use dlock::{ErrorKind, FairLock, Lock, MultiLock, Owner, ReentrantLock, RwLock, Semaphore, Token};
+use fencelock::raw::RawSemaphore;
+use fencelock::raw::{RawFair, RawReentrant, RawRwLock};
+use fencelock::{
+    ErrorKind, FairLock, Lock, MultiLock, Owner, ReentrantLock, RwLock, Semaphore, Token,
+};
 use tokio::time::{Instant, sleep, timeout};
 
 use crate::conformance::{Target, unique};
@@ -498,7 +500,7 @@ where
         .acquire_fair(holder.keys(), &dead, ttl, grace)
         .await
         .expect("store");
-    assert!(matches!(attempt, dlock::raw::Acquire::Held { .. }));
+    assert!(matches!(attempt, fencelock::raw::Acquire::Held { .. }));
     let live = tokio::spawn(async move { waiter.lock().await.map(|g| (Instant::now(), g)) });
     sleep(Duration::from_millis(100)).await;
     assert_eq!(holder.state().await.expect("store").queued, Some(2));
@@ -525,7 +527,7 @@ where
 /// left held; members may be different primitives on different backends.
 pub async fn multi_lock_is_all_or_nothing<T: Target>(target: &T)
 where
-    T::Backend: RawSemaphore + dlock::raw::RawInspect,
+    T::Backend: RawSemaphore + fencelock::raw::RawInspect,
 {
     let name = unique("multi");
     let client = target.client().await;
@@ -538,7 +540,8 @@ where
     let a = short(format!("{name}-a"));
     let b = short(format!("{name}-b"));
     let sem = Semaphore::new(client.clone(), format!("{name}-sem"), 1).expect("valid");
-    let local = Lock::new(dlock::backend::Memory::new(), format!("{name}-local")).expect("valid");
+    let local =
+        Lock::new(fencelock::backend::Memory::new(), format!("{name}-local")).expect("valid");
     let multi = MultiLock::new()
         .with(b.clone())
         .with(local.clone())

@@ -1,6 +1,6 @@
 //! Conformance targets for the built-in backends.
 
-use dlock::backend::{Memory, Redis};
+use fencelock::backend::{Memory, Redis};
 
 use crate::conformance::Target;
 use crate::server::RedisServer;
@@ -140,16 +140,16 @@ impl MemcachedTarget {
 }
 
 impl Target for MemcachedTarget {
-    type Backend = dlock::backend::Memcached;
+    type Backend = fencelock::backend::Memcached;
 
-    async fn client(&self) -> dlock::backend::Memcached {
-        dlock::backend::Memcached::connect(&self.server.url())
+    async fn client(&self) -> fencelock::backend::Memcached {
+        fencelock::backend::Memcached::connect(&self.server.url())
             .await
             .expect("connect to the test memcached")
     }
 
     async fn delete_key(&self, key: &str) {
-        let key = dlock::backend::memcached::memcached_key(key);
+        let key = fencelock::backend::memcached::memcached_key(key);
         let reply = self.server.command(&format!("md {key}\r\n")).expect("md");
         assert!(
             reply.starts_with("HD") || reply.starts_with("NF"),
@@ -191,13 +191,13 @@ impl EtcdTarget {
 
 #[cfg(feature = "etcd")]
 impl Target for EtcdTarget {
-    type Backend = dlock::backend::Etcd;
+    type Backend = fencelock::backend::Etcd;
 
-    async fn client(&self) -> dlock::backend::Etcd {
+    async fn client(&self) -> fencelock::backend::Etcd {
         // The member may still be electing itself: retry for a few seconds.
         let mut last = None;
         for _ in 0..50 {
-            match dlock::backend::Etcd::connect(&self.cluster.url()).await {
+            match fencelock::backend::Etcd::connect(&self.cluster.url()).await {
                 Ok(c) => return c,
                 Err(e) => last = Some(e),
             }
@@ -254,10 +254,10 @@ impl PostgresTarget {
 }
 
 impl Target for PostgresTarget {
-    type Backend = dlock::backend::Postgres;
+    type Backend = fencelock::backend::Postgres;
 
-    async fn client(&self) -> dlock::backend::Postgres {
-        dlock::backend::Postgres::connect(&self.server.url())
+    async fn client(&self) -> fencelock::backend::Postgres {
+        fencelock::backend::Postgres::connect(&self.server.url())
             .await
             .expect("connect to the test postgres")
     }
@@ -311,10 +311,10 @@ impl ZooKeeperTarget {
 }
 
 impl Target for ZooKeeperTarget {
-    type Backend = dlock::backend::ZooKeeper;
+    type Backend = fencelock::backend::ZooKeeper;
 
-    async fn client(&self) -> dlock::backend::ZooKeeper {
-        dlock::backend::ZooKeeper::connect(&self.url())
+    async fn client(&self) -> fencelock::backend::ZooKeeper {
+        fencelock::backend::ZooKeeper::connect(&self.url())
             .await
             .expect("connect to the test zookeeper")
     }
@@ -323,7 +323,7 @@ impl Target for ZooKeeperTarget {
     /// waiters'.
     async fn delete_key(&self, key: &str) {
         let admin = self.client().await.client();
-        let dir = format!("/{}", dlock::backend::zookeeper::escape(key));
+        let dir = format!("/{}", fencelock::backend::zookeeper::escape(key));
         let children = admin.list_children(&dir).await.unwrap_or_default();
         for c in children {
             let _ = admin.delete(&format!("{dir}/{c}"), None).await;

@@ -127,7 +127,7 @@ pub(crate) fn dlock_binary() -> Result<PathBuf, String> {
         .ok_or_else(|| {
             format!(
                 "the dlock binary, which is neither beside dlock-torture ({}) nor on PATH \
-                 (cargo build -p dlock-cli)",
+                 (cargo build -p fencelock-cli)",
                 beside.display()
             )
         })

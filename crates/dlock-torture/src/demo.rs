@@ -16,9 +16,9 @@ use std::io::Write as _;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use dlock::backend::{Memory, Postgres, Redis};
-use dlock::fenced::{PgFencedTable, RedisFenced};
-use dlock::{Lock, LockGuard};
+use fencelock::backend::{Memory, Postgres, Redis};
+use fencelock::fenced::{PgFencedTable, RedisFenced};
+use fencelock::{Lock, LockGuard};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::args::{DemoArgs, DemoWorkerArgs};
@@ -314,9 +314,9 @@ impl Kv {
                     None => Ok(m.get(stock).cloned()),
                 }
             }
-            // The library's fenced resources (dlock::fenced): the row keeps its own fence.
+            // The library's fenced resources (fencelock::fenced): the row keeps its own fence.
             Kv::Postgres(pg, table) => {
-                let fence = dlock::FencingToken::new(fence);
+                let fence = fencelock::FencingToken::new(fence);
                 let client = pg.client().await?;
                 Ok(match new_value {
                     Some(v) => table
@@ -333,7 +333,7 @@ impl Kv {
             }
             Kv::Redis(c) => {
                 let resource = RedisFenced::new(stock).fence_key(highest);
-                let fence = dlock::FencingToken::new(fence);
+                let fence = fencelock::FencingToken::new(fence);
                 let mut conn = c.clone();
                 Ok(match new_value {
                     Some(v) => resource
@@ -645,7 +645,7 @@ pub(crate) async fn demo(args: DemoArgs) -> Result<u8, Failure> {
         humantime::format_duration(LEASE),
         humantime::format_duration(STALL),
     );
-    let run_id = dlock::Token::random()?.as_str()[..8].to_owned();
+    let run_id = fencelock::Token::random()?.as_str()[..8].to_owned();
     let mut rows = Vec::new();
     for scenario in Scenario::ALL {
         let keys = Keys::new(&run_id, scenario);

@@ -3,7 +3,7 @@
 
 use std::process::ExitCode;
 
-use dlock::ErrorKind;
+use fencelock::ErrorKind;
 
 /// Success: every kind showed what it must.
 pub(crate) const SUCCESS: u8 = 0;
@@ -37,8 +37,8 @@ impl Failure {
     }
 }
 
-impl From<dlock::Error> for Failure {
-    fn from(err: dlock::Error) -> Failure {
+impl From<fencelock::Error> for Failure {
+    fn from(err: fencelock::Error) -> Failure {
         let code = match err.kind() {
             ErrorKind::InvalidArgument => USAGE,
             _ => UNAVAILABLE,
@@ -61,5 +61,5 @@ pub(crate) fn finish(result: Result<u8, Failure>) -> ExitCode {
 /// `url` with any password replaced by `***`, for everything the harness prints or
 /// writes (its summary, report.json, errors).
 pub(crate) fn redact(url: &str) -> String {
-    dlock::backend::redact_url(url)
+    fencelock::backend::redact_url(url)
 }

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use dlock::keys::LockKeys;
+use fencelock::keys::LockKeys;
 use serde::Serialize;
 
 use crate::exit::Failure;
@@ -234,13 +234,13 @@ impl Kind {
     }
 
     /// The kind's lease: memcached's one-second expiry clock needs at least
-    /// [`MIN_TTL`](dlock::backend::memcached::MIN_TTL), etcd's whole-second leases
+    /// [`MIN_TTL`](fencelock::backend::memcached::MIN_TTL), etcd's whole-second leases
     /// [`ETCD_MIN_TTL`], ZooKeeper's sessions [`ZOOKEEPER_MIN_TTL`], the `dlock`
     /// processes of the command kinds [`RUN_MIN_TTL`].
     pub(crate) fn ttl(self, ttl: Duration) -> Duration {
         match self {
             k if k.runs_commands() => ttl.max(RUN_MIN_TTL),
-            Kind::MemcachedFenced => ttl.max(dlock::backend::memcached::MIN_TTL),
+            Kind::MemcachedFenced => ttl.max(fencelock::backend::memcached::MIN_TTL),
             Kind::EtcdFenced => ttl.max(ETCD_MIN_TTL),
             Kind::ZookeeperFenced => ttl.max(ZOOKEEPER_MIN_TTL),
             Kind::RedlockImmediateRestart | Kind::RedlockDelayedRestart => {
@@ -418,10 +418,10 @@ impl Kind {
     /// none for plain locks and controls (which share the standard protocol's key).
     pub(crate) fn lock_prefix(self) -> &'static str {
         match self {
-            Kind::FairFenced => dlock::DEFAULT_FAIR_PREFIX,
-            Kind::RwlockFenced => dlock::DEFAULT_RWLOCK_PREFIX,
-            Kind::ReentrantFenced => dlock::DEFAULT_REENTRANT_PREFIX,
-            Kind::ElectionFenced => dlock::DEFAULT_ELECTION_PREFIX,
+            Kind::FairFenced => fencelock::DEFAULT_FAIR_PREFIX,
+            Kind::RwlockFenced => fencelock::DEFAULT_RWLOCK_PREFIX,
+            Kind::ReentrantFenced => fencelock::DEFAULT_REENTRANT_PREFIX,
+            Kind::ElectionFenced => fencelock::DEFAULT_ELECTION_PREFIX,
             _ => "",
         }
     }
@@ -452,7 +452,7 @@ impl Kind {
     pub(crate) fn lasting_keys(self, lock: &LockKeys) -> Vec<String> {
         let mut keys = vec![lock.fence().to_owned()];
         if self == Kind::ElectionFenced {
-            keys.push(lock.companion(dlock::raw::RECORD));
+            keys.push(lock.companion(fencelock::raw::RECORD));
         }
         keys
     }

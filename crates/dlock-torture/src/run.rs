@@ -7,14 +7,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use dlock::Lock;
-use dlock::backend::Memory;
 use dlock_test::clock::{FakeClock, Interposer};
 use dlock_test::postgres::PostgresServer;
 use dlock_test::proxy::Proxy;
 #[cfg(feature = "etcd")]
 use dlock_test::server::EtcdCluster;
 use dlock_test::server::{MemcachedServer, RedisServer};
+use fencelock::Lock;
+use fencelock::backend::Memory;
 
 use crate::args::TortureArgs;
 use crate::checkers::{self, Resources};
@@ -89,10 +89,10 @@ pub(crate) async fn setup(args: &TortureArgs) -> Result<Setup, Failure> {
     if args.workers < 2 {
         return Err(Failure::usage("--workers must be at least 2"));
     }
-    if args.ttl < dlock::MIN_TTL {
+    if args.ttl < fencelock::MIN_TTL {
         return Err(Failure::usage(format!(
             "--ttl must be at least {:?}",
-            dlock::MIN_TTL
+            fencelock::MIN_TTL
         )));
     }
     let mut not_on_given = Vec::new();
@@ -630,7 +630,7 @@ pub(crate) async fn run_workers(
     store: Store<'_>,
     resources: &RedisServer,
 ) -> Result<KindReport, Failure> {
-    let run_id = dlock::Token::random()?.as_str()[..8].to_owned();
+    let run_id = fencelock::Token::random()?.as_str()[..8].to_owned();
     let keys = ResourceKeys::parse(&format!("torture:{run_id}:{}", kind.id()));
     let ttl = kind.ttl(config.ttl);
     let mut res = resources

@@ -19,9 +19,9 @@ use std::path::Path;
 use std::process::ExitStatus;
 use std::time::Duration;
 
-use dlock::backend::Redis;
-use dlock::{ErrorKind, Lock, LockGuard};
 use dlock_test::server::RedisServer;
+use fencelock::backend::Redis;
+use fencelock::{ErrorKind, Lock, LockGuard};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde::{Deserialize, Serialize};
@@ -574,7 +574,7 @@ async fn rounds(
 ) -> Result<Outcome, Failure> {
     // The holder's server: never faulted, its own.
     let holder_server = start_server(None)?;
-    let run = dlock::Token::random()?.as_str()[..8].to_owned();
+    let run = fencelock::Token::random()?.as_str()[..8].to_owned();
     let start = monotonic_ns();
     let end = start + ns(soak);
     // A bound on the holder's life should this process vanish without killing it: the

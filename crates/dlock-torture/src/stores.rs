@@ -6,7 +6,6 @@
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::time::Duration;
 
-use dlock::keys::LockKeys;
 use dlock_test::clock::FakeClock;
 use dlock_test::postgres::PostgresServer;
 use dlock_test::proxy::Proxy;
@@ -14,6 +13,7 @@ use dlock_test::proxy::Proxy;
 use dlock_test::server::EtcdCluster;
 use dlock_test::server::{MemcachedServer, RedisServer};
 use dlock_test::zookeeper::ZooKeeper as ZkEnsemble;
+use fencelock::keys::LockKeys;
 
 use crate::exit::{self, Failure};
 use crate::failover::{Cluster, Sentinel};
@@ -93,7 +93,7 @@ pub(crate) enum Store<'a> {
     Postgres {
         server: Option<PostgresServer>,
         url: String,
-        admin: dlock::backend::Postgres,
+        admin: fencelock::backend::Postgres,
     },
     /// An etcd cluster of our own, with an admin client per member (straight to it, not
     /// through a proxy) to find the leader and audit the keys.
@@ -176,7 +176,7 @@ pub(crate) async fn etcd_victim(
 /// How many of `keys` PostgreSQL still holds anything for: a live holder, a live lease or
 /// a waiter's live place (each named on stderr). A key it could not be asked about counts
 /// as present: an audit that could not look must not pass.
-pub(crate) async fn postgres_count(admin: &dlock::backend::Postgres, keys: &[String]) -> usize {
+pub(crate) async fn postgres_count(admin: &fencelock::backend::Postgres, keys: &[String]) -> usize {
     let client = match admin.client().await {
         Ok(client) => client,
         Err(e) => {
@@ -331,11 +331,11 @@ pub(crate) const ZOOKEEPER_AUDIT_TIMEOUT: Duration = Duration::from_secs(10);
 /// token). A key that could not be looked at counts as present: an audit that could not
 /// look must not pass.
 pub(crate) async fn zookeeper_count(ensemble: &ZkEnsemble, keys: &[String]) -> usize {
-    use dlock::raw::RawInspect as _;
+    use fencelock::raw::RawInspect as _;
     let url = ensemble.url(ZOOKEEPER_CHROOT, "");
     let admin = match tokio::time::timeout(
         ZOOKEEPER_AUDIT_TIMEOUT,
-        dlock::backend::ZooKeeper::connect(&url),
+        fencelock::backend::ZooKeeper::connect(&url),
     )
     .await
     {
@@ -357,7 +357,7 @@ pub(crate) async fn zookeeper_count(ensemble: &ZkEnsemble, keys: &[String]) -> u
     for key in keys {
         let dir = format!(
             "{ZOOKEEPER_CHROOT}/{}",
-            dlock::backend::zookeeper::escape(key)
+            fencelock::backend::zookeeper::escape(key)
         );
         let Ok(lock_keys) = LockKeys::new("", key) else {
             eprintln!("dlock: torture: {key:?} is no lock key; counted as left");
@@ -404,7 +404,7 @@ pub(crate) async fn admin_connection(url: &str) -> Result<redis::aio::Connection
 /// Deletes what a run left of `keys` in a PostgreSQL it does not own (the lock's row, its
 /// fence with it: the names are the run's own, never used again; leases and waiters'
 /// places).
-async fn postgres_remove(admin: &dlock::backend::Postgres, keys: &[String]) {
+async fn postgres_remove(admin: &fencelock::backend::Postgres, keys: &[String]) {
     let Ok(client) = admin.client().await else {
         return;
     };
@@ -486,12 +486,14 @@ impl<'a> Store<'a> {
                 ));
             }
         };
-        let admin = dlock::backend::Postgres::connect(&url).await.map_err(|e| {
-            Failure::new(
-                exit::UNAVAILABLE,
-                format!("torture: the PostgreSQL admin connection: {e}"),
-            )
-        })?;
+        let admin = fencelock::backend::Postgres::connect(&url)
+            .await
+            .map_err(|e| {
+                Failure::new(
+                    exit::UNAVAILABLE,
+                    format!("torture: the PostgreSQL admin connection: {e}"),
+                )
+            })?;
         Ok(Store::Postgres { server, url, admin })
     }
 
@@ -694,7 +696,7 @@ impl<'a> Store<'a> {
             Store::Memcached(server) => keys
                 .iter()
                 .filter(|k| {
-                    let key = dlock::backend::memcached::memcached_key(k);
+                    let key = fencelock::backend::memcached::memcached_key(k);
                     server
                         .command(&format!("mg {key}\r\n"))
                         .is_ok_and(|r| r.starts_with("HD"))

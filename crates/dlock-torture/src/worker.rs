@@ -12,11 +12,11 @@ use std::io::Write as _;
 use std::time::Duration;
 
 #[cfg(feature = "etcd")]
-use dlock::backend::Etcd;
-use dlock::backend::{Memcached, Postgres, Quorum, Redis, ZooKeeper};
-use dlock::fenced::RedisFenced;
-use dlock::raw::{RawFencing, RawLock};
-use dlock::{
+use fencelock::backend::Etcd;
+use fencelock::backend::{Memcached, Postgres, Quorum, Redis, ZooKeeper};
+use fencelock::fenced::RedisFenced;
+use fencelock::raw::{RawFencing, RawLock};
+use fencelock::{
     Election, FairLock, FencingToken, Lock, LockGuard, Owner, ReentrantLock, RwLock, RwSide, Token,
 };
 use serde::Serialize;
@@ -84,7 +84,7 @@ fn error(message: impl Into<String>) {
 }
 
 /// A release's outcome: `Some(true)` ours, `Some(false)` not ours, `None` unknown.
-fn released(outcome: dlock::Result<()>) -> Option<bool> {
+fn released(outcome: fencelock::Result<()>) -> Option<bool> {
     match outcome {
         Ok(()) => Some(true),
         Err(e) if e.is_lock_lost() => Some(false),
@@ -272,7 +272,7 @@ pub(crate) async fn run(args: TortureWorkerArgs) -> Result<u8, Failure> {
     // Some for the kinds that use it.
     let grace = kind
         .waiter_grace(ttl)
-        .unwrap_or(dlock::DEFAULT_WAITER_GRACE);
+        .unwrap_or(fencelock::DEFAULT_WAITER_GRACE);
     match kind {
         Kind::FairFenced => {
             let fair = FairLock::builder(redis, name)
@@ -329,14 +329,14 @@ const CONNECT_FOR: Duration = Duration::from_secs(10);
 /// PostgreSQL restarts after a crash (a replacement after a kill).
 async fn connect_retrying<T, Fut>(connect: impl Fn() -> Fut) -> Result<T, Failure>
 where
-    Fut: std::future::Future<Output = dlock::Result<T>>,
+    Fut: std::future::Future<Output = fencelock::Result<T>>,
 {
     let deadline = tokio::time::Instant::now() + CONNECT_FOR;
     loop {
         match connect().await {
             Ok(client) => return Ok(client),
             Err(e)
-                if e.kind() != dlock::ErrorKind::InvalidArgument
+                if e.kind() != fencelock::ErrorKind::InvalidArgument
                     && tokio::time::Instant::now() < deadline =>
             {
                 tokio::time::sleep(Duration::from_millis(100)).await;
@@ -676,7 +676,7 @@ impl Worker {
     async fn critical_section(&mut self, fence: u64) -> Result<(), Failure> {
         let r = &mut self.resource;
         if self.kind.is_fenced() {
-            // The library's fenced resource (dlock::fenced), journaling accepted fences for
+            // The library's fenced resource (fencelock::fenced), journaling accepted fences for
             // the checker.
             let fence = FencingToken::new(fence);
             let value = match self.fenced.read(r, fence).await? {

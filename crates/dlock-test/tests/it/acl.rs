@@ -9,11 +9,11 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use dlock::backend::Redis;
-use dlock::{ErrorKind, Lock, Semaphore};
 use dlock_test::cluster::RedisCluster;
 use dlock_test::conformance::{Target, unique};
 use dlock_test::server::{RedisServer, SentinelServer};
+use fencelock::backend::Redis;
+use fencelock::{ErrorKind, Lock, Semaphore};
 
 /// The page the ACL lines come from.
 const DOC: &str = include_str!("../../../../docs/redis-acl.md");
@@ -412,7 +412,7 @@ async fn the_plain_line_inspects_force_unlocks_and_serves_redlock() {
     for n in &nodes {
         members.push(n.client().await);
     }
-    let quorum = dlock::backend::Quorum::new(members).expect("quorum");
+    let quorum = fencelock::backend::Quorum::new(members).expect("quorum");
     let lock = Lock::new(quorum, unique("acl-redlock")).expect("valid");
     let guard = lock.try_lock().await.expect("store").expect("free");
     guard.extend(Duration::from_secs(5)).await.expect("extend");
@@ -430,7 +430,7 @@ async fn redis_fenced_and_wait_with_their_add_ons() {
     let lock = Lock::new(t.client().await, unique("acl-fenced")).expect("valid");
     let guard = lock.try_lock().await.expect("store").expect("free");
     let fence = guard.fencing_token();
-    let stock = dlock::fenced::RedisFenced::new(format!("fenced:{}", unique("stock")))
+    let stock = fencelock::fenced::RedisFenced::new(format!("fenced:{}", unique("stock")))
         .journal(format!("fenced:{}", unique("journal")));
     let mut conn = t.user_connection().await;
     stock
@@ -438,7 +438,7 @@ async fn redis_fenced_and_wait_with_their_add_ons() {
         .await
         .expect("store")
         .expect("fresh fence");
-    let newer = dlock::FencingToken::new(fence.get() + 1);
+    let newer = fencelock::FencingToken::new(fence.get() + 1);
     stock
         .write(&mut conn, newer, "6")
         .await
@@ -598,7 +598,7 @@ async fn every_rule_of_the_plain_line_is_needed() {
         // of its own (under `{…}<length>:dlock:{…}`, the page's patterns for such names).
         // Refused, not merely failed: a wait that timed out on a loaded machine proves
         // nothing about the rule.
-        let refused = |r: dlock::Result<()>| {
+        let refused = |r: fencelock::Result<()>| {
             r.err().is_some_and(|e| {
                 let text = format!("{e} {e:?}").to_ascii_lowercase();
                 text.contains("noperm") || text.contains("no permissions")
@@ -616,13 +616,12 @@ async fn every_rule_of_the_plain_line_is_needed() {
 }
 
 /// The plain lock's operations, each through the store; the first error ends it.
-pub(crate) async fn plain_lock_life(t: &AclTarget, name: &str) -> dlock::Result<()> {
+pub(crate) async fn plain_lock_life(t: &AclTarget, name: &str) -> fencelock::Result<()> {
     let client = Redis::connect(t.url()).await?;
     let lock = Lock::new(client.clone(), name)?;
-    let guard = lock
-        .try_lock()
-        .await?
-        .ok_or_else(|| dlock::Error::new(ErrorKind::InvalidArgument, "the fresh name was held"))?;
+    let guard = lock.try_lock().await?.ok_or_else(|| {
+        fencelock::Error::new(ErrorKind::InvalidArgument, "the fresh name was held")
+    })?;
     lock.state().await?;
     guard.extend(Duration::from_secs(10)).await?;
     // Two waiters, so that one queues behind the other: the release wakes the head, whose
@@ -634,7 +633,8 @@ pub(crate) async fn plain_lock_life(t: &AclTarget, name: &str) -> dlock::Result<
             let next = waiter.try_lock_for(Duration::from_secs(3)).await?;
             // A waiter that was never woken by the release still gets the lock from its
             // fallback timer later; only the release's wake-up comes within the bound.
-            let next = next.ok_or_else(|| dlock::Error::new(ErrorKind::TimedOut, "not woken"))?;
+            let next =
+                next.ok_or_else(|| fencelock::Error::new(ErrorKind::TimedOut, "not woken"))?;
             tokio::time::sleep(Duration::from_millis(100)).await;
             next.release().await
         }));
@@ -647,7 +647,7 @@ pub(crate) async fn plain_lock_life(t: &AclTarget, name: &str) -> dlock::Result<
     let next = lock
         .try_lock()
         .await?
-        .ok_or_else(|| dlock::Error::new(ErrorKind::InvalidArgument, "released, yet held"))?;
+        .ok_or_else(|| fencelock::Error::new(ErrorKind::InvalidArgument, "released, yet held"))?;
     lock.force_unlock().await?;
     let _ = next.release().await;
     Ok(())
@@ -695,10 +695,14 @@ async fn the_cluster_line_inspects_and_lists_every_master() {
         assert!(lock.is_locked().await.expect("state"));
         names.push(name);
     }
-    let listed =
-        dlock::raw::RawInspect::list(&redis, dlock::keys::DEFAULT_PREFIX, "acl-cluster-*", 100)
-            .await
-            .expect("list");
+    let listed = fencelock::raw::RawInspect::list(
+        &redis,
+        fencelock::keys::DEFAULT_PREFIX,
+        "acl-cluster-*",
+        100,
+    )
+    .await
+    .expect("list");
     for name in &names {
         assert!(listed.contains(name), "{name} not in {listed:?}");
     }

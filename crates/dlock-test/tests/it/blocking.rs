@@ -6,16 +6,16 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use dlock::backend::{Etcd, Memcached, Memory, Postgres, Redis, ZooKeeper};
-use dlock::blocking::{
-    Client, DROP_RELEASE_WAIT, Election, FairLock, Lock, ReentrantLock, RwLock, SHUTDOWN_WAIT,
-    Semaphore, current_thread_owner,
-};
-use dlock::raw::{RawElection, RawFair, RawLock, RawReentrant, RawRwLock, RawSemaphore};
-use dlock::{ErrorKind, Owner};
 use dlock_test::conformance::{Target, unique};
 use dlock_test::server::{MemcachedServer, RedisServer};
 use dlock_test::targets::{EtcdTarget, PostgresTarget, ZooKeeperTarget};
+use fencelock::backend::{Etcd, Memcached, Memory, Postgres, Redis, ZooKeeper};
+use fencelock::blocking::{
+    Client, DROP_RELEASE_WAIT, Election, FairLock, Lock, ReentrantLock, RwLock, SHUTDOWN_WAIT,
+    Semaphore, current_thread_owner,
+};
+use fencelock::raw::{RawElection, RawFair, RawLock, RawReentrant, RawRwLock, RawSemaphore};
+use fencelock::{ErrorKind, Owner};
 
 /// A store that blocking clients connect to.
 trait Store {
@@ -105,7 +105,7 @@ impl Store for MemcachedStore {
     }
 
     fn delete_key(&self, key: &str) {
-        let key = dlock::backend::memcached::memcached_key(key);
+        let key = fencelock::backend::memcached::memcached_key(key);
         let reply = self.server.command(&format!("md {key}\r\n")).expect("md");
         assert!(reply.starts_with("HD"), "{reply}");
     }
@@ -120,7 +120,7 @@ impl Store for MemcachedStore {
 /// clients connect with `connect`, keys are deleted and ttls chosen as the target does.
 struct TargetStore<T: Target> {
     target: T,
-    connect: fn(&T) -> dlock::Result<Client<T::Backend>>,
+    connect: fn(&T) -> fencelock::Result<Client<T::Backend>>,
 }
 
 impl<T: Target> Store for TargetStore<T>
@@ -599,7 +599,7 @@ fn inside_a_runtime_is_a_typed_error<S: Store>(store: &S) {
     let client = store.client();
     let lock = lock_on(&client, &name, Duration::from_secs(10));
     let guard = lock.try_lock().expect("store").expect("free");
-    let invalid = |r: dlock::Result<()>| {
+    let invalid = |r: fencelock::Result<()>| {
         let err = r.expect_err("refused inside a runtime");
         assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
     };
@@ -842,15 +842,15 @@ where
 
 /// The next leader `observer` reports within 5 s, passing over vacancies (a resignation
 /// handed on to a waiting candidate may be reported as one just before it).
-fn next_leader<B: dlock::raw::RawElection>(
-    observer: &mut dlock::blocking::Observer<B>,
-) -> dlock::Leader {
+fn next_leader<B: fencelock::raw::RawElection>(
+    observer: &mut fencelock::blocking::Observer<B>,
+) -> fencelock::Leader {
     for _ in 0..3 {
         let seen = observer
             .next_timeout(Duration::from_secs(5))
             .expect("store")
             .expect("the observer sees the leader");
-        if let dlock::LeaderChange::Leader(leader) = seen {
+        if let fencelock::LeaderChange::Leader(leader) = seen {
             return leader;
         }
     }
@@ -922,11 +922,11 @@ fn drop_returns_while_the_store_is_frozen(store: &mut RedisStore) {
     // blocked on the frozen store would never return. Generous for a busy machine.
     let margin = Duration::from_secs(5);
     assert!(
-        dropped < dlock::blocking::DROP_RELEASE_WAIT + margin,
+        dropped < fencelock::blocking::DROP_RELEASE_WAIT + margin,
         "drop blocked {dropped:?} on a frozen store"
     );
     assert!(
-        shut_down < dlock::blocking::SHUTDOWN_WAIT + margin,
+        shut_down < fencelock::blocking::SHUTDOWN_WAIT + margin,
         "dropping the client blocked {shut_down:?} on a frozen store"
     );
     // The lease expires by itself (or was released once the server woke).
@@ -999,7 +999,7 @@ fn clients_guards_and_locks_are_send_and_sync() {
     fn send_sync<T: Send + Sync>() {}
     send_sync::<Client<Redis>>();
     send_sync::<Lock<Redis>>();
-    send_sync::<dlock::blocking::LockGuard<Redis>>();
-    send_sync::<dlock::blocking::Leadership<Redis>>();
+    send_sync::<fencelock::blocking::LockGuard<Redis>>();
+    send_sync::<fencelock::blocking::Leadership<Redis>>();
     send_sync::<Semaphore<Redis>>();
 }

@@ -7,13 +7,13 @@
 
 use std::time::Duration;
 
-use dlock::fenced::RedisFenced;
-use dlock::{ErrorKind, Lock, LockGuard};
 use dlock_test::clock::FakeClock;
 use dlock_test::conformance::unique;
 use dlock_test::postgres::PostgresServer;
 use dlock_test::server::{EtcdCluster, MemcachedServer, RedisServer};
 use dlock_test::zookeeper::ZooKeeper;
+use fencelock::fenced::RedisFenced;
+use fencelock::{ErrorKind, Lock, LockGuard};
 use tokio::time::{Instant, sleep, timeout};
 
 const SECOND: Duration = Duration::from_secs(1);
@@ -26,7 +26,12 @@ fn now_secs() -> f64 {
 }
 
 /// The lock `name` on `backend`, with `ttl` and the watchdog on or off.
-fn lock<B: dlock::raw::RawLock>(backend: B, name: &str, ttl: Duration, watchdog: bool) -> Lock<B> {
+fn lock<B: fencelock::raw::RawLock>(
+    backend: B,
+    name: &str,
+    ttl: Duration,
+    watchdog: bool,
+) -> Lock<B> {
     Lock::builder(backend, name)
         .ttl(ttl)
         .watchdog(watchdog)
@@ -38,7 +43,7 @@ fn lock<B: dlock::raw::RawLock>(backend: B, name: &str, ttl: Duration, watchdog:
 /// faked clock: the holder's key is gone at once, a second client is granted the lock with
 /// a higher fence while the first still counts validity left, and the first's release
 /// reports the loss.
-async fn second_holder_gets_a_higher_fence<B: dlock::raw::RawFencing>(
+async fn second_holder_gets_a_higher_fence<B: fencelock::raw::RawFencing>(
     first: &LockGuard<B>,
     contender: &Lock<B>,
 ) -> LockGuard<B> {
@@ -100,7 +105,7 @@ async fn redis_forward_jump_expires_keys_and_frees_a_lock_early_fencing_refuses_
     let clock = FakeClock::wall().expect("clock");
     let server = RedisServer::start_with_clock(&clock, &[]).expect("redis-server under the clock");
     let mut conn = redis_conn(&server).await;
-    let backend = dlock::backend::Redis::connect(server.url())
+    let backend = fencelock::backend::Redis::connect(server.url())
         .await
         .expect("connect");
     let name = unique("jump");
@@ -168,7 +173,7 @@ async fn redis_backward_jump_keeps_keys_and_locks_longer_and_fences_still_increa
     let clock = FakeClock::wall().expect("clock");
     let server = RedisServer::start_with_clock(&clock, &[]).expect("redis-server under the clock");
     let mut conn = redis_conn(&server).await;
-    let backend = dlock::backend::Redis::connect(server.url())
+    let backend = fencelock::backend::Redis::connect(server.url())
         .await
         .expect("connect");
     let (renewed_name, idle_name) = (unique("renewed"), unique("idle"));
@@ -239,7 +244,7 @@ async fn redis_fast_clock_shortens_keys_and_a_lock_is_granted_twice_with_higher_
     let clock = FakeClock::wall().expect("clock");
     let server = RedisServer::start_with_clock(&clock, &[]).expect("redis-server under the clock");
     let mut conn = redis_conn(&server).await;
-    let backend = dlock::backend::Redis::connect(server.url())
+    let backend = fencelock::backend::Redis::connect(server.url())
         .await
         .expect("connect");
     clock.run_fast(5.0).expect("rate");
@@ -310,7 +315,7 @@ async fn mc_clock_reaches(server: &MemcachedServer, at: f64, within: Duration) -
 async fn memcached_ignores_a_wall_clock_jump_and_a_fast_wall_clock() {
     let clock = FakeClock::wall().expect("clock");
     let server = MemcachedServer::start_with_clock(&clock, &[]).expect("memcached under the clock");
-    let backend = dlock::backend::Memcached::connect(&server.url())
+    let backend = fencelock::backend::Memcached::connect(&server.url())
         .await
         .expect("connect");
     let name = unique("wall");
@@ -359,7 +364,7 @@ async fn memcached_ignores_a_wall_clock_jump_and_a_fast_wall_clock() {
 async fn memcached_monotonic_jump_forward_and_fast_clock_expire_keys_and_locks_early() {
     let clock = FakeClock::wall_and_monotonic().expect("clock");
     let server = MemcachedServer::start_with_clock(&clock, &[]).expect("memcached under the clock");
-    let backend = dlock::backend::Memcached::connect(&server.url())
+    let backend = fencelock::backend::Memcached::connect(&server.url())
         .await
         .expect("connect");
     let name = unique("mono");
@@ -427,7 +432,7 @@ async fn memcached_monotonic_jump_forward_and_fast_clock_expire_keys_and_locks_e
 async fn memcached_monotonic_jump_back_stops_its_clock_and_keeps_keys_and_locks() {
     let clock = FakeClock::wall_and_monotonic().expect("clock");
     let server = MemcachedServer::start_with_clock(&clock, &[]).expect("memcached under the clock");
-    let backend = dlock::backend::Memcached::connect(&server.url())
+    let backend = fencelock::backend::Memcached::connect(&server.url())
         .await
         .expect("connect");
     let name = unique("back");
@@ -489,7 +494,7 @@ async fn postgres_clock_timestamp_follows_the_clock_and_a_forward_jump_frees_a_l
     let skew = pg_clock(&admin).await - now_secs();
     assert!(skew.abs() < 1.0, "{skew}");
 
-    let backend = dlock::backend::Postgres::connect(&server.url())
+    let backend = fencelock::backend::Postgres::connect(&server.url())
         .await
         .expect("connect");
     let name = unique("pg-jump");
@@ -557,7 +562,7 @@ async fn postgres_clock_timestamp_follows_the_clock_and_a_forward_jump_frees_a_l
 async fn postgres_backward_jump_keeps_leases_longer_and_fences_still_increase() {
     let clock = FakeClock::wall().expect("clock");
     let server = PostgresServer::start_with_clock(&clock).expect("postgres under the clock");
-    let backend = dlock::backend::Postgres::connect(&server.url())
+    let backend = fencelock::backend::Postgres::connect(&server.url())
         .await
         .expect("connect");
     let (renewed_name, idle_name) = (unique("pg-renewed"), unique("pg-idle"));
@@ -622,7 +627,7 @@ async fn etcd_ignores_the_fake_clock_leases_keep_their_ttl() {
         let mut last = None;
         let mut connected = None;
         for _ in 0..50 {
-            match dlock::backend::Etcd::connect(&cluster.url()).await {
+            match fencelock::backend::Etcd::connect(&cluster.url()).await {
                 Ok(c) => {
                     connected = Some(c);
                     break;
@@ -673,10 +678,10 @@ async fn etcd_ignores_the_fake_clock_leases_keep_their_ttl() {
 
 // ------------------------------------------------------------------------ zookeeper
 
-async fn zk_connect(url: &str) -> dlock::backend::ZooKeeper {
+async fn zk_connect(url: &str) -> fencelock::backend::ZooKeeper {
     let mut last = None;
     for _ in 0..50 {
-        match dlock::backend::ZooKeeper::connect(url).await {
+        match fencelock::backend::ZooKeeper::connect(url).await {
             Ok(zk) => return zk,
             Err(e) => last = Some(e),
         }

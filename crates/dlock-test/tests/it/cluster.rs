@@ -11,10 +11,10 @@ mod election {
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use dlock::backend::Redis;
-use dlock::{ErrorKind, Lock};
 use dlock_test::cluster::RedisCluster;
 use dlock_test::conformance::unique;
+use fencelock::backend::Redis;
+use fencelock::{ErrorKind, Lock};
 use tokio::time::{Instant, sleep};
 
 /// One hold as its worker saw it: from the grant to the start of the release, and

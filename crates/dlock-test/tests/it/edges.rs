@@ -5,17 +5,17 @@
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use dlock::backend::{PgAdvisory, Postgres, ZooKeeper};
-use dlock::{Election, ErrorKind, FairLock, Lock, Owner, ReentrantLock, RwLock, Semaphore};
 use dlock_test::conformance::unique;
 use dlock_test::postgres::PostgresServer;
 use dlock_test::proxy::{Fault, Proxy};
+use fencelock::backend::{PgAdvisory, Postgres, ZooKeeper};
+use fencelock::{Election, ErrorKind, FairLock, Lock, Owner, ReentrantLock, RwLock, Semaphore};
 use tokio::time::{Instant, sleep, timeout};
 use tracing::field::{Field, Visit};
 use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
 
 /// The kind of `result`'s error (`None`: it succeeded).
-fn kind_of<T>(result: dlock::Result<T>) -> Option<ErrorKind> {
+fn kind_of<T>(result: fencelock::Result<T>) -> Option<ErrorKind> {
     result.err().map(|e| e.kind())
 }
 

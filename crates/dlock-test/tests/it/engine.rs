@@ -3,11 +3,11 @@
 
 use std::time::Duration;
 
-use dlock::backend::{Memory, Redis};
-use dlock::raw::{Acquire, RawLock};
-use dlock::{FairLock, Lock, Owner, ReentrantLock, RwLock, Semaphore, Token};
 use dlock_test::conformance::{Target, unique};
 use dlock_test::targets::RedisTarget;
+use fencelock::backend::{Memory, Redis};
+use fencelock::raw::{Acquire, RawLock};
+use fencelock::{FairLock, Lock, Owner, ReentrantLock, RwLock, Semaphore, Token};
 
 use crate::redis::calls;
 use tokio::time::{sleep, timeout};
@@ -16,10 +16,10 @@ use tokio::time::{sleep, timeout};
 /// while, and checks that one task renewed all of it, in shared batches.
 async fn every_primitive_renewed_by_one_task<B>(client: B)
 where
-    B: dlock::raw::RawSemaphore
-        + dlock::raw::RawReentrant
-        + dlock::raw::RawRwLock
-        + dlock::raw::RawFair,
+    B: fencelock::raw::RawSemaphore
+        + fencelock::raw::RawReentrant
+        + fencelock::raw::RawRwLock
+        + fencelock::raw::RawFair,
 {
     let ttl = Duration::from_millis(600);
     let lock = Lock::builder(client.clone(), unique("mix-lock"))
@@ -138,7 +138,7 @@ async fn queue_a_crashed_waiter(client: &Redis, lock: &Lock<Redis>, token: &Toke
 
 /// Makes `client` listen on its waiter channel of `lock`, as a client with a live waiter
 /// does (the watch keeps the subscription while it is held).
-async fn listening(client: &Redis, lock: &Lock<Redis>) -> dlock::raw::ReleaseWatch {
+async fn listening(client: &Redis, lock: &Lock<Redis>) -> fencelock::raw::ReleaseWatch {
     let watch = client
         .watch_for(lock.keys(), &Token::random().expect("token"))
         .await
@@ -280,7 +280,7 @@ async fn a_head_that_leaves_after_the_hand_over_passes_the_lock_on() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_permit_waiter_that_leaves_after_the_hand_over_passes_the_permit_on() {
-    use dlock::raw::RawSemaphore;
+    use fencelock::raw::RawSemaphore;
     let t = RedisTarget::start();
     let ttl = Duration::from_secs(30); // a fallback timer would take this long
     let client = t.client().await;
@@ -658,11 +658,11 @@ async fn a_second_wait_reuses_the_subscription_and_queues_at_once() {
 mod on_postgres {
     use std::time::Duration;
 
-    use dlock::backend::Postgres;
-    use dlock::raw::{Acquire, RawLock};
-    use dlock::{Lock, Token};
     use dlock_test::conformance::{dies_after, unique};
     use dlock_test::targets::PostgresTarget;
+    use fencelock::backend::Postgres;
+    use fencelock::raw::{Acquire, RawLock};
+    use fencelock::{Lock, Token};
     use tokio::time::{sleep, timeout};
 
     use crate::postgres::gate_in;

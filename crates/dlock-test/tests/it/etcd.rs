@@ -8,13 +8,13 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use dlock::backend::Etcd;
-use dlock::keys::LockKeys;
-use dlock::raw::{Acquire, RECORD, RawElection, RawFencing, RawLock, ReleaseWatch};
-use dlock::{Election, ErrorKind, Lock, Token};
 use dlock_test::conformance::unique;
 use dlock_test::server::EtcdCluster;
 use etcd_client::{GetOptions, LockOptions, SortOrder, SortTarget};
+use fencelock::backend::Etcd;
+use fencelock::keys::LockKeys;
+use fencelock::raw::{Acquire, RECORD, RawElection, RawFencing, RawLock, ReleaseWatch};
+use fencelock::{Election, ErrorKind, Lock, Token};
 use tokio::time::{Instant, sleep, timeout};
 
 mod conformance {
@@ -115,20 +115,25 @@ impl RawLock for Counted {
         keys: &LockKeys,
         token: &Token,
         ttl: Duration,
-    ) -> dlock::Result<Acquire> {
+    ) -> fencelock::Result<Acquire> {
         self.attempts.fetch_add(1, Ordering::SeqCst);
         self.inner.acquire(keys, token, ttl).await
     }
 
-    async fn release(&self, keys: &LockKeys, token: &Token) -> dlock::Result<bool> {
+    async fn release(&self, keys: &LockKeys, token: &Token) -> fencelock::Result<bool> {
         self.inner.release(keys, token).await
     }
 
-    async fn extend(&self, keys: &LockKeys, token: &Token, ttl: Duration) -> dlock::Result<bool> {
+    async fn extend(
+        &self,
+        keys: &LockKeys,
+        token: &Token,
+        ttl: Duration,
+    ) -> fencelock::Result<bool> {
         self.inner.extend(keys, token, ttl).await
     }
 
-    async fn watch_for(&self, keys: &LockKeys, token: &Token) -> dlock::Result<ReleaseWatch> {
+    async fn watch_for(&self, keys: &LockKeys, token: &Token) -> fencelock::Result<ReleaseWatch> {
         self.inner.watch_for(keys, token).await
     }
 
@@ -137,11 +142,11 @@ impl RawLock for Counted {
         keys: &LockKeys,
         token: &Token,
         ttl: std::time::Duration,
-    ) -> dlock::Result<()> {
+    ) -> fencelock::Result<()> {
         self.inner.abandon(keys, token, ttl).await
     }
 
-    fn engine(&self) -> &dlock::engine::Engine {
+    fn engine(&self) -> &fencelock::engine::Engine {
         self.inner.engine()
     }
 }
@@ -317,7 +322,7 @@ async fn queue_up(
     ttl: Duration,
 ) -> (
     Counted,
-    tokio::task::JoinHandle<(Instant, dlock::LockGuard<Counted>)>,
+    tokio::task::JoinHandle<(Instant, fencelock::LockGuard<Counted>)>,
 ) {
     let backend = Counted::new(connect(&cluster.url()).await);
     let lock = Lock::builder(backend.clone(), name)

@@ -1,9 +1,9 @@
-//! The resource side of fencing: dlock::fenced on real Redis and PostgreSQL servers.
+//! The resource side of fencing: fencelock::fenced on real Redis and PostgreSQL servers.
 
-use dlock::fenced::{PgFencedTable, RedisFenced, StaleFence};
-use dlock::{FencingToken, Lock};
 use dlock_test::conformance::{Target, unique};
 use dlock_test::targets::{PostgresTarget, RedisTarget};
+use fencelock::fenced::{PgFencedTable, RedisFenced, StaleFence};
+use fencelock::{FencingToken, Lock};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redis_value_refuses_fences_below_the_highest_it_saw() {
@@ -199,7 +199,7 @@ async fn a_deposed_leader_s_writes_are_refused_by_term() {
                 .get_multiplexed_async_connection()
                 .await
                 .expect("connection");
-            let election = dlock::Election::builder(old_client, &name2)
+            let election = fencelock::Election::builder(old_client, &name2)
                 .ttl(ttl)
                 .build()
                 .expect("valid");
@@ -222,7 +222,7 @@ async fn a_deposed_leader_s_writes_are_refused_by_term() {
         })
     });
     let old_term = led_rx.recv().expect("old leads");
-    let election = dlock::Election::builder(t.client().await, &name)
+    let election = fencelock::Election::builder(t.client().await, &name)
         .ttl(ttl)
         .build()
         .expect("valid");

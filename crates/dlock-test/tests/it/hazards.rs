@@ -6,13 +6,13 @@ use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
-use dlock::backend::{
-    ConfigHazard, HazardKind, Memcached, PgAdvisory, Postgres, Redis, refuse_config_hazards,
-};
-use dlock::{ErrorKind, FairLock, Lock, RwLock};
 use dlock_test::conformance::unique;
 use dlock_test::postgres::PostgresServer;
 use dlock_test::server::{MemcachedServer, RedisServer};
+use fencelock::backend::{
+    ConfigHazard, HazardKind, Memcached, PgAdvisory, Postgres, Redis, refuse_config_hazards,
+};
+use fencelock::{ErrorKind, FairLock, Lock, RwLock};
 
 fn kinds(hazards: &[ConfigHazard]) -> Vec<HazardKind> {
     hazards.iter().map(ConfigHazard::kind).collect()
@@ -401,7 +401,7 @@ async fn pg_lease_locks_do_not_depend_on_sessions() {
 /// anything connects (no server needed: nothing listens on port 1).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_scheme_refuses_unknown_parameters() {
-    let check = |url: &str, err: dlock::Error| {
+    let check = |url: &str, err: fencelock::Error| {
         assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{url}: {err}");
         assert!(err.to_string().contains("bogus"), "{url}: {err}");
         assert!(!err.to_string().contains("s3cret"), "{url}: {err}");
@@ -422,7 +422,7 @@ async fn every_scheme_refuses_unknown_parameters() {
     let url = "etcd://127.0.0.1:1?bogus=1";
     check(
         url,
-        dlock::backend::Etcd::connect(url).await.expect_err(url),
+        fencelock::backend::Etcd::connect(url).await.expect_err(url),
     );
     let url = "postgres://u:s3cret@127.0.0.1:1/db?bogus=1";
     check(url, Postgres::connect(url).await.expect_err(url));
@@ -430,7 +430,7 @@ async fn every_scheme_refuses_unknown_parameters() {
     let url = "zk://127.0.0.1:1/chroot?bogus=1";
     check(
         url,
-        dlock::backend::ZooKeeper::connect(url)
+        fencelock::backend::ZooKeeper::connect(url)
             .await
             .expect_err(url),
     );

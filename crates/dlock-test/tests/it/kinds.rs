@@ -1,9 +1,9 @@
 //! Issue 25, part 4, store by store: what the conformance behaviour
 //! `semaphore_other_count_is_refused` cannot see.
 
-use dlock::Semaphore;
 use dlock_test::conformance::{Target, unique};
 use dlock_test::targets::PostgresTarget;
+use fencelock::Semaphore;
 
 /// A schema made by the release before the permit-count check (no
 /// `sem_acquire_checked`) is completed by the next client that connects, whose
@@ -33,5 +33,5 @@ async fn postgres_schema_without_the_permit_check_is_completed_on_connect() {
         .await
         .map(|_| ())
         .expect_err("another count");
-    assert_eq!(err.kind(), dlock::ErrorKind::PermitsMismatch, "{err}");
+    assert_eq!(err.kind(), fencelock::ErrorKind::PermitsMismatch, "{err}");
 }

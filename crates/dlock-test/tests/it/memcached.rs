@@ -2,10 +2,10 @@
 
 use std::time::Duration;
 
-use dlock::raw::RawElection;
-use dlock::{Election, ErrorKind, Lock};
 use dlock_test::conformance::{Target, unique};
 use dlock_test::targets::MemcachedTarget;
+use fencelock::raw::RawElection;
+use fencelock::{Election, ErrorKind, Lock};
 use tokio::time::{Instant, sleep, timeout};
 
 mod conformance {
@@ -63,7 +63,7 @@ async fn ttls_memcached_cannot_express_are_refused_and_validity_is_a_second_shor
         );
     }
     assert_eq!(
-        dlock::backend::memcached::expiry_seconds(Duration::from_secs(30 * 24 * 3600 + 1))
+        fencelock::backend::memcached::expiry_seconds(Duration::from_secs(30 * 24 * 3600 + 1))
             .map_err(|e| e.kind()),
         Err(ErrorKind::InvalidArgument),
         "30 days + 1 s would be read as an absolute time"
@@ -75,8 +75,8 @@ async fn any_name_works_even_10_kb_with_spaces_and_names_do_not_collide() {
     let target = MemcachedTarget::start();
     let mc = target.client().await;
     let long = format!("{} with spaces\tand tabs é", "x".repeat(10_000));
-    let keys = dlock::keys::LockKeys::new("", &long[..1000]).expect("keys");
-    let mapped = dlock::backend::memcached::memcached_key(keys.lock());
+    let keys = fencelock::keys::LockKeys::new("", &long[..1000]).expect("keys");
+    let mapped = fencelock::backend::memcached::memcached_key(keys.lock());
     assert!(mapped.len() <= 250, "{mapped}");
     let a = Lock::builder(mc.clone(), &long[..1000])
         .build()
@@ -193,7 +193,7 @@ async fn a_cancelled_call_leaves_no_replies_for_the_next_one() {
     )
     .await
     .expect("proxy");
-    let mc = dlock::backend::Memcached::connect(&format!("memcache://{}", proxy.addr()))
+    let mc = fencelock::backend::Memcached::connect(&format!("memcache://{}", proxy.addr()))
         .await
         .expect("connect");
     let name = unique("cancelled");
@@ -354,8 +354,8 @@ impl Drop for HoldProxy {
 
 /// How many of `locks` the store shows held (asked directly, not through their client).
 async fn held_count(
-    direct: &dlock::backend::Memcached,
-    locks: &[Lock<dlock::backend::Memcached>],
+    direct: &fencelock::backend::Memcached,
+    locks: &[Lock<fencelock::backend::Memcached>],
 ) -> usize {
     let mut n = 0;
     for lock in locks {
@@ -366,7 +366,7 @@ async fn held_count(
 }
 
 /// Polls the store (not through the client under test) until `name` is held.
-async fn until_held(direct: &dlock::backend::Memcached, name: &str) {
+async fn until_held(direct: &fencelock::backend::Memcached, name: &str) {
     let lock = Lock::new(direct.clone(), name).expect("valid");
     timeout(Duration::from_secs(5), async {
         while !lock.is_locked().await.expect("store") {
@@ -382,13 +382,13 @@ async fn one_client_serves_a_call_while_another_waits_for_its_reply() {
     let target = MemcachedTarget::start();
     let direct = target.client().await;
     let proxy = HoldProxy::start(target.server.port()).await;
-    let mc = dlock::backend::Memcached::connect(&proxy.url(""))
+    let mc = fencelock::backend::Memcached::connect(&proxy.url(""))
         .await
         .expect("connect");
     assert_eq!(proxy.connections(), 1, "connect opens one connection");
     assert_eq!(
         mc.max_connections(),
-        dlock::backend::memcached::DEFAULT_MAX_CONNECTIONS
+        fencelock::backend::memcached::DEFAULT_MAX_CONNECTIONS
     );
     let slow = Lock::builder(mc.clone(), unique("slow"))
         .ttl(Duration::from_secs(10))
@@ -448,7 +448,7 @@ async fn connections_are_bounded_by_max_connections_and_reused() {
     let target = MemcachedTarget::start();
     let direct = target.client().await;
     let proxy = HoldProxy::start(target.server.port()).await;
-    let mc = dlock::backend::Memcached::connect(&proxy.url("?max_connections=3"))
+    let mc = fencelock::backend::Memcached::connect(&proxy.url("?max_connections=3"))
         .await
         .expect("connect");
     assert_eq!(mc.max_connections(), 3);
@@ -517,7 +517,7 @@ async fn many_calls_some_cancelled_mid_exchange_each_read_their_own_replies() {
     )
     .await
     .expect("proxy");
-    let mc = dlock::backend::Memcached::connect(&format!(
+    let mc = fencelock::backend::Memcached::connect(&format!(
         "memcache://{}?max_connections=4",
         proxy.addr()
     ))
@@ -623,9 +623,9 @@ async fn many_calls_some_cancelled_mid_exchange_each_read_their_own_replies() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn extend_many_renews_exactly_the_leases_still_ours() {
-    use dlock::Token;
-    use dlock::keys::LockKeys;
-    use dlock::raw::{Acquire, RawInspect, RawLock, Renewal};
+    use fencelock::Token;
+    use fencelock::keys::LockKeys;
+    use fencelock::raw::{Acquire, RawInspect, RawLock, Renewal};
     let target = MemcachedTarget::start();
     let mc = target.client().await;
     let short = Duration::from_secs(3);
@@ -638,7 +638,12 @@ async fn extend_many_renews_exactly_the_leases_still_ours() {
             mc.acquire(&keys, &token, short).await.expect("store"),
             Acquire::Acquired { .. }
         ));
-        renewals.push(Renewal::new(keys, token, long, dlock::raw::LeaseKind::Lock));
+        renewals.push(Renewal::new(
+            keys,
+            token,
+            long,
+            fencelock::raw::LeaseKind::Lock,
+        ));
     }
     let foreign = LockKeys::new("", &unique("foreign")).expect("keys");
     let holder = Token::random().expect("rng");
@@ -650,13 +655,13 @@ async fn extend_many_renews_exactly_the_leases_still_ours() {
         foreign.clone(),
         Token::random().expect("rng"),
         long,
-        dlock::raw::LeaseKind::Lock,
+        fencelock::raw::LeaseKind::Lock,
     ));
     renewals.push(Renewal::new(
         LockKeys::new("", &unique("absent")).expect("keys"),
         Token::random().expect("rng"),
         long,
-        dlock::raw::LeaseKind::Lock,
+        fencelock::raw::LeaseKind::Lock,
     ));
     let mut bad_ttl = renewals[0].clone();
     bad_ttl.ttl = Duration::from_secs(1);
@@ -670,7 +675,7 @@ async fn extend_many_renews_exactly_the_leases_still_ours() {
     assert!(matches!(results[2000], Ok(false)), "someone else's lease");
     assert!(matches!(results[2001], Ok(false)), "no lease");
     assert_eq!(
-        results[2002].as_ref().map_err(dlock::Error::kind).err(),
+        results[2002].as_ref().map_err(fencelock::Error::kind).err(),
         Some(ErrorKind::InvalidArgument)
     );
     for r in renewals.iter().take(2000).step_by(100) {

@@ -2,9 +2,9 @@
 
 use std::time::Duration;
 
-use dlock::backend::Memory;
-use dlock::{Lock, LockGuard};
 use dlock_test::targets::MemoryTarget;
+use fencelock::backend::Memory;
+use fencelock::{Lock, LockGuard};
 
 mod conformance {
     crate::all_conformance_tests!(dlock_test::targets::MemoryTarget::default());

@@ -4,10 +4,10 @@
 
 use std::time::Duration;
 
-use dlock::backend::Redis;
-use dlock::{ErrorKind, FairLock, Lock, Owner, ReentrantLock, RwLock, Semaphore};
 use dlock_test::conformance::Target;
 use dlock_test::targets::RedisTarget;
+use fencelock::backend::Redis;
+use fencelock::{ErrorKind, FairLock, Lock, Owner, ReentrantLock, RwLock, Semaphore};
 use tokio::time::timeout;
 
 async fn cmd<T: redis::FromRedisValue>(
@@ -84,7 +84,7 @@ async fn a_hold_of_any_companion_name_leaves_every_primitive_working() {
     let t = RedisTarget::start();
     let client = t.client().await;
     let owner = Owner::new("namespace-test").expect("owner");
-    for suffix in dlock::keys::COMPANION_SUFFIXES {
+    for suffix in fencelock::keys::COMPANION_SUFFIXES {
         let squat = format!("{{t}}:{suffix}");
         let what = |kind: &str| format!("{kind} {{t}} beside a held {squat}");
 
@@ -172,26 +172,26 @@ async fn a_fence_counter_of_the_old_layout_carries_over() {
     let mut admin = t.admin().await;
     let owner = Owner::new("upgrade").expect("owner");
     for prefix in [
-        dlock::keys::DEFAULT_PREFIX,
-        dlock::DEFAULT_FAIR_PREFIX,
-        dlock::DEFAULT_RWLOCK_PREFIX,
-        dlock::DEFAULT_REENTRANT_PREFIX,
+        fencelock::keys::DEFAULT_PREFIX,
+        fencelock::DEFAULT_FAIR_PREFIX,
+        fencelock::DEFAULT_RWLOCK_PREFIX,
+        fencelock::DEFAULT_REENTRANT_PREFIX,
     ] {
         let old = format!("{prefix}{{m}}:fence");
         let _: () = cmd(&mut admin, &["SET", &old, "41"]).await;
-        let fence = if prefix == dlock::DEFAULT_FAIR_PREFIX {
+        let fence = if prefix == fencelock::DEFAULT_FAIR_PREFIX {
             let l = FairLock::new(client.clone(), "{m}").expect("valid");
             let g = l.try_lock().await.expect("acquire").expect("free");
             let f = g.fencing_token().get();
             g.release().await.expect("release");
             f
-        } else if prefix == dlock::DEFAULT_RWLOCK_PREFIX {
+        } else if prefix == fencelock::DEFAULT_RWLOCK_PREFIX {
             let l = RwLock::new(client.clone(), "{m}").expect("valid");
             let g = l.try_write().await.expect("acquire").expect("free");
             let f = g.fencing_token().get();
             g.release().await.expect("release");
             f
-        } else if prefix == dlock::DEFAULT_REENTRANT_PREFIX {
+        } else if prefix == fencelock::DEFAULT_REENTRANT_PREFIX {
             let l = ReentrantLock::new(client.clone(), "{m}").expect("valid");
             let g = l.try_lock(&owner).await.expect("acquire").expect("free");
             let f = g.fencing_token().get();
@@ -227,7 +227,7 @@ async fn a_hand_over_after_an_old_layout_hold_carries_the_counter_over() {
     let lock = Lock::new(client.clone(), "{h}").expect("valid");
     let waiter = tokio::spawn(async move { lock.lock().await });
     // Let the waiter queue (bounded), then force the old hold out.
-    let queue = dlock::keys::LockKeys::new(dlock::keys::DEFAULT_PREFIX, "{h}")
+    let queue = fencelock::keys::LockKeys::new(fencelock::keys::DEFAULT_PREFIX, "{h}")
         .expect("valid")
         .companion("waiters");
     for _ in 0..100 {
@@ -292,7 +292,7 @@ async fn fence_of_with(client: &Redis, prefix: &str, name: &str) -> u64 {
 /// pattern exactly when the server's own glob (`KEYS`) matches its lock key.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_listing_names_each_held_lock_once_as_the_server_matches_it() {
-    use dlock::raw::RawInspect;
+    use fencelock::raw::RawInspect;
     let t = RedisTarget::start();
     let client = t.client().await;
     let mut admin = t.admin().await;
@@ -328,7 +328,7 @@ async fn a_listing_names_each_held_lock_once_as_the_server_matches_it() {
         "*", "job", "jo?", "{o}*", "a[b]c", "a\\[b]c", "[aq]*", "[^j]*", "*:*", "x}*",
     ] {
         let mut listed = client
-            .list(dlock::keys::DEFAULT_PREFIX, pattern, 1000)
+            .list(fencelock::keys::DEFAULT_PREFIX, pattern, 1000)
             .await
             .expect("list");
         listed.sort();
@@ -342,7 +342,7 @@ async fn a_listing_names_each_held_lock_once_as_the_server_matches_it() {
         assert_eq!(listed, want, "pattern {pattern:?}");
     }
     let mut listed = client
-        .list(dlock::DEFAULT_RWLOCK_PREFIX, "*", 1000)
+        .list(fencelock::DEFAULT_RWLOCK_PREFIX, "*", 1000)
         .await
         .expect("list");
     listed.sort();
@@ -368,7 +368,7 @@ async fn a_listing_names_each_held_lock_once_as_the_server_matches_it() {
 async fn a_hash_tagged_name_needs_and_has_its_documented_acl_patterns() {
     use crate::acl::{AclTarget, plain, plain_lock_life, tagged};
     let name = format!("{{{}}}:x", dlock_test::conformance::unique("acl-tag"));
-    let t = AclTarget::start(&[plain(), tagged(dlock::keys::DEFAULT_PREFIX)].concat());
+    let t = AclTarget::start(&[plain(), tagged(fencelock::keys::DEFAULT_PREFIX)].concat());
     plain_lock_life(&t, &name)
         .await
         .expect("the tagged name's life");

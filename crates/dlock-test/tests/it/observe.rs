@@ -9,11 +9,11 @@ use std::future::Future;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use dlock::observe::{field, metric, span};
-use dlock::{ErrorKind, Lock, RwLock};
 use dlock_test::conformance::{Target, unique};
 use dlock_test::proxy::{Fault, Proxy};
 use dlock_test::targets::RedisTarget;
+use fencelock::observe::{field, metric, span};
+use fencelock::{ErrorKind, Lock, RwLock};
 use metrics_util::MetricKind;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use tokio::time::{sleep, timeout};
@@ -307,7 +307,7 @@ fn a_lock_and_its_release_are_spans_with_the_documented_fields_and_no_secret() {
         async move {
             let lock = Lock::builder(t.client().await, &name)
                 .ttl(Duration::from_secs(10))
-                .holder_info(dlock::HolderInfo::current().command("nightly-secret-job"))
+                .holder_info(fencelock::HolderInfo::current().command("nightly-secret-job"))
                 .build()
                 .expect("valid");
             let guard = lock.lock().await.expect("free");
@@ -545,7 +545,7 @@ fn requests_whose_reply_is_lost_are_retried_and_counted() {
                 .parse()
                 .expect("addr");
             let proxy = Proxy::start(upstream).await.expect("proxy");
-            let client = dlock::backend::Redis::builder(format!("redis://{}/", proxy.addr()))
+            let client = fencelock::backend::Redis::builder(format!("redis://{}/", proxy.addr()))
                 .response_timeout(Duration::from_millis(200))
                 .connect()
                 .await
@@ -752,14 +752,14 @@ fn a_quorum_call_has_a_span_per_node_naming_the_failing_one() {
                 proxy.addr().to_string(),
             ] {
                 nodes.push(
-                    dlock::backend::Redis::builder(format!("redis://{addr}/"))
+                    fencelock::backend::Redis::builder(format!("redis://{addr}/"))
                         .response_timeout(Duration::from_millis(300))
                         .connect()
                         .await
                         .expect("connect"),
                 );
             }
-            let quorum = dlock::backend::Quorum::new(nodes).expect("valid");
+            let quorum = fencelock::backend::Quorum::new(nodes).expect("valid");
             let lock = Lock::builder(quorum, &name)
                 .ttl(Duration::from_secs(2))
                 .build()
@@ -816,17 +816,17 @@ fn election_records_permit_counts_and_downgrades_are_spans() {
         let name = name.clone();
         let t = &t;
         async move {
-            let election = dlock::Election::new(t.client().await, &name).expect("valid");
+            let election = fencelock::Election::new(t.client().await, &name).expect("valid");
             let leadership = election.campaign("node-a").await.expect("leads");
             let leader = election.leader().await.expect("store").expect("a leader");
             assert_eq!(leader.value.as_deref(), Some("node-a"));
             leadership.resign().await.expect("resign");
 
-            let sem = dlock::Semaphore::new(t.client().await, &name, 3).expect("valid");
+            let sem = fencelock::Semaphore::new(t.client().await, &name, 3).expect("valid");
             sem.set_permits(5).await.expect("set");
             assert_eq!(sem.available_permits().await.expect("count"), 5);
             assert!(sem.state().await.expect("state").holder.is_none());
-            let reentrant = dlock::ReentrantLock::new(t.client().await, &name).expect("valid");
+            let reentrant = fencelock::ReentrantLock::new(t.client().await, &name).expect("valid");
             assert!(
                 !reentrant.force_unlock().await.expect("force"),
                 "nothing held"
@@ -985,7 +985,7 @@ fn a_waiter_cut_off_from_the_store_pauses_and_the_pause_is_woken_by_the_outage()
                 .parse()
                 .expect("addr");
             let proxy = Proxy::start(upstream).await.expect("proxy");
-            let cut_off = dlock::backend::Redis::builder(format!("redis://{}/", proxy.addr()))
+            let cut_off = fencelock::backend::Redis::builder(format!("redis://{}/", proxy.addr()))
                 .response_timeout(Duration::from_millis(200))
                 .connect()
                 .await
@@ -1136,9 +1136,9 @@ fn an_observers_wait_is_woken_by_the_records_announcement() {
         let name = name.clone();
         let t = &t;
         async move {
-            let first = dlock::Election::new(t.client().await, &name).expect("valid");
-            let second = dlock::Election::new(t.client().await, &name).expect("valid");
-            let watched = dlock::Election::new(t.client().await, &name).expect("valid");
+            let first = fencelock::Election::new(t.client().await, &name).expect("valid");
+            let second = fencelock::Election::new(t.client().await, &name).expect("valid");
+            let watched = fencelock::Election::new(t.client().await, &name).expect("valid");
             let a = first.campaign("node-a").await.expect("leads");
             let mut observer = watched.observe();
             let seen = next_leader(&mut observer).await.expect("store");
@@ -1236,8 +1236,8 @@ fn an_observer_that_misses_the_announcement_is_woken_by_its_fallback_read() {
         let name = name.clone();
         let t = &t;
         async move {
-            let leading = dlock::Election::new(t.client().await, &name).expect("valid");
-            let watched = dlock::Election::builder(t.client().await, &name)
+            let leading = fencelock::Election::new(t.client().await, &name).expect("valid");
+            let watched = fencelock::Election::builder(t.client().await, &name)
                 .ttl(Duration::from_secs(1))
                 .build()
                 .expect("valid");
@@ -1252,7 +1252,7 @@ fn an_observer_that_misses_the_announcement_is_woken_by_its_fallback_read() {
             .await;
             // The leader's new value, written as its announcement would be but without
             // telling anyone (the record is a hash `term`, `data` = token, '\n', value).
-            let record = leading.lock().keys().companion(dlock::raw::RECORD);
+            let record = leading.lock().keys().companion(fencelock::raw::RECORD);
             let data = format!("{}\nnode-a2", leader.token().as_str());
             let _: () = redis::cmd("HSET")
                 .arg(&record)
@@ -1299,13 +1299,13 @@ fn an_observer_cut_off_from_the_store_pauses_and_the_pause_is_woken_by_the_outag
                 .parse()
                 .expect("addr");
             let proxy = Proxy::start(upstream).await.expect("proxy");
-            let cut_off = dlock::backend::Redis::builder(format!("redis://{}/", proxy.addr()))
+            let cut_off = fencelock::backend::Redis::builder(format!("redis://{}/", proxy.addr()))
                 .response_timeout(Duration::from_millis(200))
                 .connect()
                 .await
                 .expect("connect through the proxy");
-            let leading = dlock::Election::new(t.client().await, &name).expect("valid");
-            let watched = dlock::Election::builder(cut_off, &name)
+            let leading = fencelock::Election::new(t.client().await, &name).expect("valid");
+            let watched = fencelock::Election::builder(cut_off, &name)
                 .ttl(Duration::from_secs(1))
                 .build()
                 .expect("valid");
@@ -1344,11 +1344,11 @@ fn an_observer_cut_off_from_the_store_pauses_and_the_pause_is_woken_by_the_outag
 }
 
 /// An observer's next leader, passing over vacancies.
-async fn next_leader<B: dlock::raw::RawElection>(
-    observer: &mut dlock::Observer<B>,
-) -> dlock::Result<dlock::Leader> {
+async fn next_leader<B: fencelock::raw::RawElection>(
+    observer: &mut fencelock::Observer<B>,
+) -> fencelock::Result<fencelock::Leader> {
     loop {
-        if let dlock::LeaderChange::Leader(leader) = observer.next().await? {
+        if let fencelock::LeaderChange::Leader(leader) = observer.next().await? {
             return Ok(leader);
         }
     }
@@ -1365,11 +1365,11 @@ fn an_observer_on_a_store_without_announcements_is_woken_by_its_poll() {
         let name = name.clone();
         let t = &t;
         async move {
-            let leading = dlock::Election::builder(t.client().await, &name)
+            let leading = fencelock::Election::builder(t.client().await, &name)
                 .ttl(ttl)
                 .build()
                 .expect("valid");
-            let watched = dlock::Election::builder(t.client().await, &name)
+            let watched = fencelock::Election::builder(t.client().await, &name)
                 .ttl(ttl)
                 .build()
                 .expect("valid");
@@ -1444,7 +1444,7 @@ fn a_wait_inside_postgres_is_a_wait_span_woken_by_the_release() {
         let t = &t;
         async move {
             let admin = t.server.admin().await;
-            let key = format!("{}{name}", dlock::keys::DEFAULT_PREFIX);
+            let key = format!("{}{name}", fencelock::keys::DEFAULT_PREFIX);
             let lock = |client| {
                 Lock::builder(client, &name)
                     .ttl(Duration::from_secs(30))
@@ -1562,7 +1562,7 @@ fn a_wait_inside_postgres_is_a_wait_span_woken_by_the_release() {
 /// Listing the held locks (`dlock list`, `dlock top`) is a span too.
 #[test]
 fn listing_locks_is_a_span() {
-    use dlock::raw::RawInspect;
+    use fencelock::raw::RawInspect;
     let t = RedisTarget::start();
     let name = unique("observe-list");
     let (capture, _) = observed(|_, _| {
@@ -1578,21 +1578,21 @@ fn listing_locks_is_a_span() {
                             .await
                             .expect("free");
                         let found = redis
-                            .list(dlock::keys::DEFAULT_PREFIX, "observe-list-*", 100)
+                            .list(fencelock::keys::DEFAULT_PREFIX, "observe-list-*", 100)
                             .await
                             .expect("list");
                         guard.release().await.expect("release");
                         found
                     }
                     None => {
-                        let memory = dlock::backend::Memory::new();
+                        let memory = fencelock::backend::Memory::new();
                         let guard = Lock::new(memory.clone(), &name)
                             .expect("valid")
                             .lock()
                             .await
                             .expect("free");
                         let found = memory
-                            .list(dlock::keys::DEFAULT_PREFIX, "observe-list-*", 100)
+                            .list(fencelock::keys::DEFAULT_PREFIX, "observe-list-*", 100)
                             .await
                             .expect("list");
                         guard.release().await.expect("release");
@@ -1662,7 +1662,7 @@ fn a_password_in_the_store_url_never_appears_in_a_field() {
             let proxy = Proxy::start(upstream).await.expect("proxy");
             let url = format!("redis://observed:{PASSWORD}@{}/", proxy.addr());
             let connect = || {
-                dlock::backend::Redis::builder(url.clone())
+                fencelock::backend::Redis::builder(url.clone())
                     .response_timeout(Duration::from_millis(200))
                     .connect()
             };
@@ -1693,8 +1693,8 @@ fn a_password_in_the_store_url_never_appears_in_a_field() {
             guard.release().await.expect("release");
             waiting.await.expect("waiter");
             assert!(!holder.is_locked().await.expect("state"));
-            use dlock::raw::RawInspect;
-            a.list(dlock::keys::DEFAULT_PREFIX, "*", 10)
+            use fencelock::raw::RawInspect;
+            a.list(fencelock::keys::DEFAULT_PREFIX, "*", 10)
                 .await
                 .expect("list");
             assert!(!holder.force_unlock().await.expect("force"));
@@ -1704,7 +1704,7 @@ fn a_password_in_the_store_url_never_appears_in_a_field() {
             assert!(err.is_retryable(), "{err}");
             proxy.set_fault(Fault::Pass);
             let wrong = format!("redis://observed:{PASSWORD}-wrong@{}/", proxy.addr());
-            dlock::backend::Redis::connect(wrong)
+            fencelock::backend::Redis::connect(wrong)
                 .await
                 .expect_err("wrong password");
         }

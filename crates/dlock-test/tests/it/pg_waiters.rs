@@ -8,9 +8,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use dlock::Lock;
-use dlock::backend::Postgres;
 use dlock_test::postgres::PostgresServer;
+use fencelock::Lock;
+use fencelock::backend::Postgres;
 use tokio::time::{sleep, timeout};
 
 /// Waiters queued behind the holder.

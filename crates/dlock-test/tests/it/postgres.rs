@@ -10,12 +10,12 @@ mod election {
 
 use std::time::Duration;
 
-use dlock::backend::Postgres;
-use dlock::backend::postgres::schema_sql;
-use dlock::{ErrorKind, Lock};
 use dlock_test::conformance::{Target, unique};
 use dlock_test::server::free_port;
 use dlock_test::targets::PostgresTarget;
+use fencelock::backend::Postgres;
+use fencelock::backend::postgres::schema_sql;
+use fencelock::{ErrorKind, Lock};
 use tokio::time::{Instant, sleep, timeout};
 
 /// Each queued waiter's claim, by token: a waiter's every attempt rewrites its claim, so
@@ -65,8 +65,8 @@ async fn eight_waiters(
     url_params: &str,
 ) -> (
     Lock<Postgres>,
-    dlock::LockGuard<Postgres>,
-    tokio::sync::mpsc::UnboundedReceiver<(u32, dlock::LockGuard<Postgres>)>,
+    fencelock::LockGuard<Postgres>,
+    tokio::sync::mpsc::UnboundedReceiver<(u32, fencelock::LockGuard<Postgres>)>,
     String,
 ) {
     let ttl = Duration::from_secs(30);
@@ -74,7 +74,7 @@ async fn eight_waiters(
         .ttl(ttl)
         .build()
         .expect("valid");
-    let key = format!("{}{name}", dlock::keys::DEFAULT_PREFIX);
+    let key = format!("{}{name}", fencelock::keys::DEFAULT_PREFIX);
     let guard = holder.try_lock().await.expect("store").expect("free");
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     for i in 0..8 {
@@ -102,8 +102,8 @@ async fn eight_waiters(
 /// Releases `g` and each grant after it; the order in which the waiters got the lock.
 async fn pass_it_round(
     first: u32,
-    mut g: dlock::LockGuard<Postgres>,
-    rx: &mut tokio::sync::mpsc::UnboundedReceiver<(u32, dlock::LockGuard<Postgres>)>,
+    mut g: fencelock::LockGuard<Postgres>,
+    rx: &mut tokio::sync::mpsc::UnboundedReceiver<(u32, fencelock::LockGuard<Postgres>)>,
 ) -> Vec<u32> {
     let mut order = vec![first];
     for _ in 1..8 {
@@ -215,7 +215,7 @@ async fn a_wait_in_the_server_ends_at_its_deadline_or_cancellation_and_leaves_no
             .expect("valid")
     };
     let holder = lock(t.client().await);
-    let key = format!("{}{name}", dlock::keys::DEFAULT_PREFIX);
+    let key = format!("{}{name}", fencelock::keys::DEFAULT_PREFIX);
     let admin = t.server.admin().await;
     let guard = holder.try_lock().await.expect("store").expect("free");
     // The head takes the gate and queues; the second waits for the gate in the server.
@@ -738,10 +738,10 @@ async fn a_partitioned_holder_loses_its_lease_and_closed_connections_recover() {
 mod advisory {
     use std::time::Duration;
 
-    use dlock::backend::PgAdvisory;
-    use dlock::{ErrorKind, Lock};
     use dlock_test::conformance::unique;
     use dlock_test::targets::PostgresTarget;
+    use fencelock::backend::PgAdvisory;
+    use fencelock::{ErrorKind, Lock};
     use tokio::time::{sleep, timeout};
 
     async fn client(t: &PostgresTarget) -> PgAdvisory {
@@ -982,7 +982,7 @@ mod advisory {
             .get(0);
         let guard = lock.try_lock().await.expect("store").expect("free");
         guard.release().await.expect("release");
-        let err = dlock::backend::PgAdvisory::connect("postgres://h/db?max_connections=0")
+        let err = fencelock::backend::PgAdvisory::connect("postgres://h/db?max_connections=0")
             .await
             .expect_err("bad URL");
         assert_eq!(err.kind(), ErrorKind::InvalidArgument);
@@ -1105,7 +1105,7 @@ async fn tls_verifies_the_server_certificate() {
         .await
         .expect_err("unknown sslmode");
     assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
-    let err = dlock::backend::PgAdvisory::connect(&format!(
+    let err = fencelock::backend::PgAdvisory::connect(&format!(
         "{url}?sslmode=require&sslrootcert={}",
         ca.display()
     ))

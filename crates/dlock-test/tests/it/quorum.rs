@@ -4,12 +4,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use dlock::backend::{Quorum, Redis};
-use dlock::raw::{Acquire, RawLock};
-use dlock::{ErrorKind, Lock, NodeErrors, Token};
 use dlock_test::conformance::unique;
 use dlock_test::proxy::{Fault, Proxy};
 use dlock_test::server::RedisServer;
+use fencelock::backend::{Quorum, Redis};
+use fencelock::raw::{Acquire, RawLock};
+use fencelock::{ErrorKind, Lock, NodeErrors, Token};
 use tokio::time::{Instant, sleep, timeout};
 
 /// Five servers, each reached through its own proxy.
@@ -93,7 +93,7 @@ async fn quorum_acquires_iff_a_majority_of_nodes_is_reachable() {
     let ttl = Duration::from_secs(2);
     for mask in 0u32..32 {
         let down = mask.count_ones() as usize;
-        let keys = dlock::keys::LockKeys::new("dlock:", &unique("subset")).expect("keys");
+        let keys = fencelock::keys::LockKeys::new("dlock:", &unique("subset")).expect("keys");
         let token = Token::random().expect("rng");
         five.faults(mask, Fault::Blackhole);
         let outcome = q.acquire(&keys, &token, ttl).await;
@@ -154,7 +154,7 @@ async fn quorum_subtracts_a_slow_majority_from_the_validity_and_gives_grants_bac
     .build()
     .expect("valid");
     let ttl = Duration::from_millis(1000);
-    let keys = dlock::keys::LockKeys::new("dlock:", &unique("slow")).expect("keys");
+    let keys = fencelock::keys::LockKeys::new("dlock:", &unique("slow")).expect("keys");
     let token = Token::random().expect("rng");
     five.faults(0b00111, Fault::Delay(Duration::from_millis(350)));
     let started = Instant::now();
@@ -254,7 +254,7 @@ async fn a_quorum_lease_is_lost_when_a_majority_stops_answering() {
     five.servers[1].thaw().expect("SIGCONT");
     five.faults(0, Fault::Pass);
     let err = guard.release().await.expect_err("the lease lapsed");
-    assert_eq!(err.kind(), dlock::ErrorKind::LockLost);
+    assert_eq!(err.kind(), fencelock::ErrorKind::LockLost);
 }
 
 /// Each node gets only what RedLock needs: one `SET NX PX` to acquire and one

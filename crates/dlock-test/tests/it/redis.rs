@@ -2,11 +2,11 @@
 
 use std::time::Duration;
 
-use dlock::backend::Redis;
-use dlock::{ErrorKind, Lock};
 use dlock_test::conformance::{Target, unique};
 use dlock_test::server::{RedisServer, free_port};
 use dlock_test::targets::RedisTarget;
+use fencelock::backend::Redis;
+use fencelock::{ErrorKind, Lock};
 use tokio::time::{Instant, sleep, timeout};
 
 mod conformance {
@@ -93,7 +93,7 @@ async fn acquire_and_release_are_one_round_trip_each() {
 /// a read-write lock held by readers alone (no lock key) is listed by its readers key.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn listing_names_with_a_hash_tag_shows_each_lock_once() {
-    use dlock::raw::RawInspect;
+    use fencelock::raw::RawInspect;
     let t = RedisTarget::start();
     let tag = unique("tag");
     let job = format!("{{{tag}}}job");
@@ -117,10 +117,10 @@ async fn listing_names_with_a_hash_tag_shows_each_lock_once() {
 
     // A read-write lock held by a reader alone: only its readers key is there.
     let report = format!("{{{tag}}}report");
-    let rw = dlock::RwLock::new(t.client().await, &report).expect("valid");
+    let rw = fencelock::RwLock::new(t.client().await, &report).expect("valid");
     let read = rw.read().await.expect("read");
     let listed = admin
-        .list(dlock::DEFAULT_RWLOCK_PREFIX, &pattern, 100)
+        .list(fencelock::DEFAULT_RWLOCK_PREFIX, &pattern, 100)
         .await
         .expect("list");
     assert_eq!(listed, vec![report.clone()]);
@@ -406,7 +406,7 @@ async fn a_fair_release_wakes_only_the_next_waiter_across_clients() {
     let t = RedisTarget::start();
     let name = unique("fair-herd");
     let ttl = Duration::from_secs(30);
-    let holder = dlock::FairLock::builder(t.client().await, &name)
+    let holder = fencelock::FairLock::builder(t.client().await, &name)
         .ttl(ttl)
         .build()
         .expect("valid");
@@ -414,7 +414,7 @@ async fn a_fair_release_wakes_only_the_next_waiter_across_clients() {
     // Four waiters, each in its own client (as four processes would be).
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     for i in 0..4 {
-        let fair = dlock::FairLock::builder(t.client().await, &name)
+        let fair = fencelock::FairLock::builder(t.client().await, &name)
             .ttl(ttl)
             .build()
             .expect("valid");
@@ -452,17 +452,18 @@ async fn a_fair_release_wakes_only_the_next_waiter_across_clients() {
 /// front, and the queue's keys would outlive every waiter (the torture's orphan audit).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_behind_a_dead_head_claims_at_most_a_lease_and_a_grace() {
-    use dlock::raw::{Acquire, RawFair};
+    use fencelock::raw::{Acquire, RawFair};
     let t = RedisTarget::start();
     let client = t.client().await;
-    let keys = dlock::keys::LockKeys::new(dlock::DEFAULT_FAIR_PREFIX, &unique("fair-chain"))
-        .expect("valid");
+    let keys =
+        fencelock::keys::LockKeys::new(fencelock::DEFAULT_FAIR_PREFIX, &unique("fair-chain"))
+            .expect("valid");
     let (long, grace, short) = (
         Duration::from_secs(20),
         Duration::from_millis(500),
         Duration::from_millis(300),
     );
-    let token = || dlock::Token::random().expect("token");
+    let token = || fencelock::Token::random().expect("token");
     let holder = token();
     let granted = client.acquire_fair(&keys, &holder, long, grace).await;
     assert!(
@@ -516,13 +517,13 @@ async fn watchdog_pipelines_renewals_of_many_leases() {
             .expect("valid");
         guards.push(lock.try_lock().await.expect("store").expect("free"));
     }
-    assert_eq!(dlock::raw::RawLock::engine(&backend).leases(), 200);
+    assert_eq!(fencelock::raw::RawLock::engine(&backend).leases(), 200);
     sleep(ttl * 3).await;
     assert!(guards.iter().all(|g| !g.is_lost()), "every lease renewed");
     for g in guards {
         g.release().await.expect("release");
     }
-    assert!(dlock::raw::RawLock::engine(&backend).leases() == 0);
+    assert!(fencelock::raw::RawLock::engine(&backend).leases() == 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -550,14 +551,15 @@ async fn a_non_string_at_the_lock_key_is_a_typed_error() {
 /// exactly; a record that dlock did not write is a typed error.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_election_record_is_written_by_the_holder_only_in_one_round_trip() {
-    use dlock::raw::{RECORD, RawElection};
+    use fencelock::raw::{RECORD, RawElection};
     let t = RedisTarget::start();
     let client = t.client().await;
     let name = unique("record");
-    let keys = dlock::keys::LockKeys::new(dlock::DEFAULT_ELECTION_PREFIX, &name).expect("valid");
+    let keys =
+        fencelock::keys::LockKeys::new(fencelock::DEFAULT_ELECTION_PREFIX, &name).expect("valid");
     assert_eq!(client.record(&keys).await.expect("read"), None);
-    let lock = dlock::Lock::builder(client.clone(), &name)
-        .prefix(dlock::DEFAULT_ELECTION_PREFIX)
+    let lock = fencelock::Lock::builder(client.clone(), &name)
+        .prefix(fencelock::DEFAULT_ELECTION_PREFIX)
         .build()
         .expect("valid");
     let guard = lock.try_lock().await.expect("store").expect("free");
@@ -591,7 +593,7 @@ async fn the_election_record_is_written_by_the_holder_only_in_one_round_trip() {
             .await
             .expect("publish")
     );
-    let other = dlock::Token::random().expect("rng");
+    let other = fencelock::Token::random().expect("rng");
     let _: () = cmd(&mut admin, &["CONFIG", "RESETSTAT"]).await;
     assert!(
         !client
@@ -844,11 +846,11 @@ async fn impatient_client(t: &RedisTarget) -> Redis {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retried_reentrant_calls_are_applied_once() {
     let t = RedisTarget::start();
-    let lock = dlock::ReentrantLock::builder(impatient_client(&t).await, unique("re-retry"))
+    let lock = fencelock::ReentrantLock::builder(impatient_client(&t).await, unique("re-retry"))
         .ttl(Duration::from_secs(20))
         .build()
         .expect("valid");
-    let me = dlock::Owner::new("me").expect("owner");
+    let me = fencelock::Owner::new("me").expect("owner");
     let outer = lock.lock(&me).await.expect("lock");
     let inner = retried_through_a_pause(&t, lock.lock(&me))
         .await
@@ -895,7 +897,7 @@ async fn retried_lock_calls_are_applied_once() {
         .expect("a repeated release is not LockLost");
     assert!(!lock.is_locked().await.expect("store"));
     // Semaphore permits: a repeated acquire takes one permit, not two.
-    let sem = dlock::Semaphore::builder(impatient_client(&t).await, &name, 2)
+    let sem = fencelock::Semaphore::builder(impatient_client(&t).await, &name, 2)
         .ttl(Duration::from_secs(20))
         .build()
         .expect("valid");

@@ -2,10 +2,10 @@
 
 use std::time::Duration;
 
-use dlock::backend::Redis;
-use dlock::{Election, Lock};
 use dlock_test::conformance::unique;
 use dlock_test::server::{RedisServer, SentinelServer};
+use fencelock::backend::Redis;
+use fencelock::{Election, Lock};
 use tokio::time::{Instant, sleep, timeout};
 
 async fn info(client: &redis::Client, section: &str) -> String {

@@ -6,9 +6,9 @@
 use std::future::Future;
 use std::time::{Duration, SystemTime};
 
-use dlock::raw::RawElection;
-use dlock::{Election, LeaderChange, Vacancy};
 use dlock_test::conformance::{Target, unique};
+use fencelock::raw::RawElection;
+use fencelock::{Election, LeaderChange, Vacancy};
 use tokio::time::timeout;
 
 /// An election on a new client of `target`.
@@ -24,7 +24,7 @@ where
 
 /// The observer's next report, within `within`.
 async fn next<B: RawElection>(
-    observer: &mut dlock::Observer<B>,
+    observer: &mut fencelock::Observer<B>,
     within: Duration,
     what: &str,
 ) -> LeaderChange {
@@ -36,7 +36,7 @@ async fn next<B: RawElection>(
 
 /// The vacancy reported next (a leader reported instead fails the test).
 async fn vacancy<B: RawElection>(
-    observer: &mut dlock::Observer<B>,
+    observer: &mut fencelock::Observer<B>,
     within: Duration,
     what: &str,
 ) -> Vacancy {
@@ -49,9 +49,9 @@ async fn vacancy<B: RawElection>(
 /// Runs `end` while `observer` sleeps, waiting for the next change: the report that
 /// follows must come from the store's announcement (or the observer's fallback read).
 async fn while_asleep<B: RawElection, F: Future<Output = ()>>(
-    observer: dlock::Observer<B>,
+    observer: fencelock::Observer<B>,
     end: F,
-) -> (dlock::Observer<B>, LeaderChange) {
+) -> (fencelock::Observer<B>, LeaderChange) {
     let mut observer = observer;
     let waiting = tokio::spawn(async move {
         let change = observer.next().await.expect("observe");

@@ -14,12 +14,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use dlock::backend::ZooKeeper;
-use dlock::raw::RawInspect;
-use dlock::{ErrorKind, Lock};
 use dlock_test::conformance::unique;
 use dlock_test::proxy::{Fault, Proxy};
 use dlock_test::zookeeper::ZooKeeper as Server;
+use fencelock::backend::ZooKeeper;
+use fencelock::raw::RawInspect;
+use fencelock::{ErrorKind, Lock};
 use tokio::time::{Instant, sleep, timeout};
 
 async fn connect(url: &str) -> ZooKeeper {

@@ -1,0 +1,1457 @@
+//! etcd: a linearizable lock whose waiters queue in revision order (etcd's own concurrency
+//! recipe), with the holder's queue position as the fence.
+//!
+//! # Layout
+//!
+//! Every client that wants the lock at key `K` (prefix + name) puts a key of its own,
+//! `K/<token>`, holding its token and attached to a lease of its own. The live key under
+//! `K/` with the lowest create revision holds the lock; the others wait behind it in
+//! create-revision order. Keys whose rest after `K/` contains another `/` belong to other
+//! locks (the queue of `K/x`) and are ignored. Nothing is stored at `K` itself. etcd's own
+//! lock recipe (`concurrency.Mutex`, behind `etcdctl lock K` and etcd's lock service)
+//! queues keys `K/<lease id in hex>` under the same rule, so it and dlock exclude each other
+//! on one name and share one queue (tested against etcd's lock service).
+//! Older dlock versions held the lock at `K` itself: the two layouts do not exclude each
+//! other, so every client of a name must move to this version together.
+//!
+//! # Operations
+//!
+//! * **Acquire** (one attempt, two round trips): (1) a lease that starts now for the full
+//!   ttl — the first attempt of a wait grants one (`LeaseGrant`, whole seconds rounded up);
+//!   later attempts send a keep-alive for it, which restarts its whole ttl, and grant a new
+//!   one if it is gone. (2) ONE transaction puts our key with our token on that lease and
+//!   reads the queue at the same revision. A key that exists keeps its create revision (its
+//!   place); a key that vanished (its lease ran out while the waiter was cut off, an operator
+//!   deleted it) is created anew, at the back. We hold the lock iff our key is the first of
+//!   that snapshot; otherwise the attempt reports the first key's remaining lease.
+//! * **Never granted on a vanished key** (etcd issue 11456, where etcd's lock API told a
+//!   waiter whose lease had expired that it held the lock): the grant is read from the same
+//!   transaction that wrote our key with our token, so at that revision our key exists and
+//!   is the lowest. No key created later can have a lower create revision, so it stays the
+//!   holder until it is deleted.
+//! * **Validity**: [`Lock`](crate::Lock) counts a grant's validity from the moment the
+//!   attempt was sent, for the requested ttl. Step (1) is sent after that moment and
+//!   restarts the lease for at least the ttl (rounded up to whole seconds) on the leader's
+//!   clock, and step (2) attaches our key to exactly that lease, so the key cannot expire
+//!   before `sent + ttl` (less the drift allowance; a new leader extends leases, never
+//!   shortens them). Whatever the lease went through while its owner waited does not count.
+//! * **Fence**: the holder key's create revision. The holder is always the lowest live key,
+//!   keys created later get higher revisions and a deleted key never returns with its old
+//!   revision, so grants go in create-revision order and fences strictly increase per name —
+//!   through restarts and leader changes, because revisions are persisted by raft.
+//! * **Repeats**: the key is a function of the token, so an attempt repeated after a lost
+//!   reply finds the same key (same place, same fence) and never queues twice. Release,
+//!   extend and withdrawal compare the token stored at the key.
+//! * **Waiting**: [`RawLock::watch_for`] starts one task per waiter. It finds the key just
+//!   before ours (by create revision) and watches it for deletion from the revision it was
+//!   read at, so a deletion in between is not missed. When it is deleted the task looks
+//!   again: another key still in front (a waiter that left) — it watches that one; none —
+//!   the lock is its waiter's. A release therefore wakes one waiter, the next in line, and
+//!   no other waiter sends anything. The holder's remaining ttl stays the fallback timer of
+//!   [`Lock`](crate::Lock).
+//! * **Taking the turn without an attempt**: when the watched key was the only one in
+//!   front at the task's last read, its deletion alone makes ours the first key (no key
+//!   can be created before ours later: revisions only grow), so the task hands its waiter
+//!   the grant at once — the fence is our key's create revision — without another read or
+//!   attempt; otherwise the read that finds nothing in front (and our key still there) does.
+//!   The waiter's lease runs for at least its ttl from the send time of its latest attempt
+//!   (each attempt restarts the lease after that moment; renewals only push its end later),
+//!   so the grant's validity counts from there, as an attempt's would. A grant the task
+//!   found for a key that a later attempt re-created at the back is void (its create
+//!   revision is older than the new key's).
+//! * **Waiters' leases**: a waiter's lease has the lock's ttl (whole seconds, at least
+//!   etcd's minimum); its task renews it every third of that and each attempt renews it too.
+//!   A live waiter thus loses its place only if it cannot reach etcd for two thirds of its
+//!   lease — the rule that ends a holder's lease too. The task then wakes it, and its next
+//!   attempt queues it at the back under a new lease. A crashed waiter's key goes with its
+//!   lease: it holds up the waiters behind it for at most one lease.
+//! * **Leaving**: a waiter that stops waiting (`try_lock` on a held lock, a deadline, a
+//!   cancellation, through [`RawLock::abandon`]) deletes its key (compared on its token) and
+//!   revokes its lease; the next in line is watching that key and moves up. Release does the
+//!   same for the holder.
+//! * **Extend**: a keep-alive of our own lease (it holds only our key), confirmed by reading
+//!   our token on that lease at our key; another ttl moves the key to a new lease of that
+//!   ttl in a compare-on-token transaction (its create revision, hence the fence, stays),
+//!   so a shorter ttl shortens the hold (a keep-alive would restart the old, longer one).
+//!   A holder in another process that was handed the token (`dlock extend`) finds the
+//!   lease on the key and its granted ttl by reading them.
+//! * **Operators**: [`inspect`](RawInspect::inspect) reads the queue (holder, its lease's
+//!   remaining ttl, its create revision as the last fence, the number queued behind it);
+//!   [`force_unlock`](RawInspect::force_unlock) deletes the first key (compared on its create
+//!   revision), which wakes the next in line; [`list`](RawInspect::list) names every lock
+//!   whose queue has a key.
+//! * **Elections** ([`RawElection`]): the leader's record is one key, `{K}:leader/` (its
+//!   companion key plus `/`), with no lease: it outlives its leader, as the term does, and
+//!   readers compare its holder with the queue's first key. The trailing `/` keeps it out
+//!   of every lock's queue. A publish is one transaction that puts the record only if the
+//!   publisher's queue key is the first of the queue (it has the create revision it was
+//!   granted with, and no key under `K/` is older); terms are not compared. Observers
+//!   watch the key's puts.
+//!
+//! Costs: an attempt is a lease call and a transaction (plus a lease read when the lock is
+//! held); a waiter keeps one watch stream open and sends a keep-alive every third of its
+//! ttl; reading the queue costs one key per waiter.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, DeleteOptions, EventType, GetOptions, KeyValue,
+    PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse, WatchFilterType, WatchOptions,
+    WatchStream,
+};
+use tokio::sync::{Notify, oneshot};
+use tokio::time::{Instant, MissedTickBehavior};
+
+use crate::engine::Engine;
+use crate::engine::wait::GrantSlot;
+use crate::error::{Error, ErrorKind, Result};
+use crate::keys::LockKeys;
+use crate::raw::{
+    Acquire, LockState, RECORD, RawElection, RawFencing, RawInspect, RawLock, ReleaseWatch,
+};
+use crate::token::Token;
+
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
+/// Pause before a waiter's task looks at the queue again after etcd failed it.
+const FOLLOW_RETRY: Duration = Duration::from_millis(200);
+
+/// An etcd client for locks. Cheap to clone; clones share the gRPC channel and the
+/// watchdog.
+///
+/// ```no_run
+/// # async fn demo() -> fencelock::Result<()> {
+/// let etcd = fencelock::backend::Etcd::connect("etcd://127.0.0.1:2379").await?;
+/// let guard = fencelock::Lock::new(etcd, "leader")?.lock().await?;
+/// println!("fence {} (the create revision of our queue key)", guard.fencing_token());
+/// guard.release().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Etcd {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    client: Client,
+    endpoints: Vec<String>,
+    timeout: Duration,
+    /// Our queue keys (waiting or holding), by key.
+    places: Mutex<HashMap<String, Place>>,
+    /// Where each waiting key's task leaves the grant when the key's turn came (its fence:
+    /// the key's create revision), by key: one per wait, kept while the waiter watches,
+    /// whatever happens to the key meanwhile (a key re-created at the back reports its
+    /// new place here, which voids a grant found for the old one).
+    grants: Arc<Mutex<HashMap<String, Arc<GrantSlot>>>>,
+    engine: Engine,
+}
+
+/// What this client knows about one of its queue keys.
+#[derive(Clone)]
+struct Place {
+    /// The lease the key is (or is being) attached to; 0 for none yet.
+    lease: i64,
+    /// That lease's requested ttl in seconds.
+    secs: i64,
+    /// The key's create revision as last seen (0: not yet).
+    rev: i64,
+    /// Told when `rev` changes (the key was created anew at the back).
+    moved: Arc<Notify>,
+}
+
+impl Place {
+    fn new() -> Place {
+        Place {
+            lease: 0,
+            secs: 0,
+            rev: 0,
+            moved: Arc::new(Notify::new()),
+        }
+    }
+}
+
+/// One key of a lock's queue.
+struct Queued {
+    key: Vec<u8>,
+    value: Vec<u8>,
+    created: i64,
+    lease: i64,
+}
+
+impl Queued {
+    /// Who this key says holds or waits: its token, or for a key of etcd's lock service
+    /// (empty value) the rest of its key (the session's lease id).
+    fn owner(&self, prefix: &str) -> String {
+        if self.value.is_empty() {
+            String::from_utf8_lossy(&self.key[prefix.len()..]).into_owned()
+        } else {
+            String::from_utf8_lossy(&self.value).into_owned()
+        }
+    }
+
+    /// Whether dlock wrote it (the value is the token the key is named after), so its lease
+    /// holds nothing else and may be revoked with it.
+    fn is_ours(&self, prefix: &str) -> bool {
+        self.key[prefix.len()..] == self.value[..]
+    }
+}
+
+impl std::fmt::Debug for Etcd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Etcd")
+            .field("endpoints", &self.inner.endpoints)
+            .finish_non_exhaustive()
+    }
+}
+
+fn map_err(e: etcd_client::Error, doing: &str) -> Error {
+    use etcd_client::Error as E;
+    let (kind, retryable) = match &e {
+        E::GRpcStatus(s) => match s.code() {
+            tonic::Code::Unavailable => (ErrorKind::Unavailable, true),
+            tonic::Code::DeadlineExceeded => (ErrorKind::TimedOut, true),
+            // A request cut off by the client's timeout, or a broken connection that
+            // tonic reports without a status of its own: the outcome is unknown.
+            tonic::Code::Cancelled => (ErrorKind::TimedOut, true),
+            tonic::Code::Unknown => (ErrorKind::Unavailable, true),
+            _ => (ErrorKind::Backend, false),
+        },
+        E::TransportError(_) | E::IoError(_) => (ErrorKind::Unavailable, true),
+        E::InvalidArgs(_) | E::InvalidUri(_) => (ErrorKind::InvalidArgument, false),
+        _ => (ErrorKind::Backend, false),
+    };
+    Error::new(kind, format!("{doing}: {}", etcd_said(&e)))
+        .retryable(retryable)
+        .with_source(e)
+}
+
+/// What etcd's client said, in words: a gRPC status as its code's description, its
+/// message and the innermost cause (tonic's own `Display` shows the causes' `Debug` dumps),
+/// a timeout as one; anything else as the client shows it.
+fn etcd_said(e: &etcd_client::Error) -> String {
+    let etcd_client::Error::GRpcStatus(status) = e else {
+        return e.to_string();
+    };
+    // The client's own timeout, as dlock's bound on a call says it.
+    let timeout = status.code() == tonic::Code::Cancelled && status.message() == "Timeout expired";
+    if timeout || status.code() == tonic::Code::DeadlineExceeded {
+        return "etcd did not answer in time".to_owned();
+    }
+    let mut said = status.code().description().to_owned();
+    if !status.message().is_empty() {
+        said.push_str(": ");
+        said.push_str(status.message());
+    }
+    let mut cause = std::error::Error::source(status);
+    let mut innermost = None;
+    while let Some(c) = cause {
+        innermost = Some(c);
+        cause = c.source();
+    }
+    if let Some(c) = innermost.map(ToString::to_string)
+        && !said.contains(&c)
+    {
+        said.push_str(": ");
+        said.push_str(&c);
+    }
+    said
+}
+
+/// Lease seconds for `ttl`: rounded up, at least 1.
+fn lease_seconds(ttl: Duration) -> i64 {
+    let whole = ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0);
+    i64::try_from(whole.max(1)).unwrap_or(i64::MAX)
+}
+
+/// The prefix of a lock's queue: `K/`.
+fn queue_prefix(keys: &LockKeys) -> String {
+    format!("{}/", keys.lock())
+}
+
+/// The queue key of `token`: `K/<token>`.
+fn queue_key(keys: &LockKeys, token: &Token) -> String {
+    format!("{}/{}", keys.lock(), token.as_str())
+}
+
+/// Whether `key` is in the queue under `prefix` (not in the queue of a lock named below it).
+fn in_queue(prefix: &[u8], key: &[u8]) -> bool {
+    key.strip_prefix(prefix)
+        .is_some_and(|rest| !rest.is_empty() && !rest.contains(&b'/'))
+}
+
+/// The keys of `kvs` that are in the queue under `prefix`, in the order given.
+fn queued(kvs: &[KeyValue], prefix: &str) -> Vec<Queued> {
+    kvs.iter()
+        .filter(|kv| in_queue(prefix.as_bytes(), kv.key()))
+        .map(|kv| Queued {
+            key: kv.key().to_vec(),
+            value: kv.value().to_vec(),
+            created: kv.create_revision(),
+            lease: kv.lease(),
+        })
+        .collect()
+}
+
+/// The endpoints (`http://host:port`) of an `etcd://host:port[,host:port…]` URL. Each
+/// member must be a plain `host:port`: no credentials (messages show the URL redacted),
+/// no path, nothing the gRPC client would take for something else.
+fn parse_url(url: &str) -> Result<Vec<String>> {
+    let bad = |why: &str| {
+        Error::invalid(format!(
+            "bad etcd URL {:?}: {why}; expected etcd://host:port[,host:port…]",
+            super::redact_url(url)
+        ))
+    };
+    let hosts = url
+        .strip_prefix("etcd://")
+        .ok_or_else(|| bad("not etcd://"))?;
+    // etcd:// takes no parameter: one would do nothing, so none is accepted (the
+    // parameter's name only: its value could be a secret).
+    let hosts = match hosts.split_once('?').filter(|_| !url.contains('@')) {
+        Some((hosts, query)) => {
+            if let Some(pair) = query.split('&').find(|p| !p.is_empty()) {
+                let name = pair.split_once('=').map_or(pair, |(name, _)| name);
+                return Err(bad(&format!(
+                    "unknown parameter {name:?} (etcd:// takes none)"
+                )));
+            }
+            hosts
+        }
+        None => hosts,
+    };
+    let hosts = hosts.strip_suffix('/').unwrap_or(hosts);
+    let mut endpoints = Vec::new();
+    for host in hosts.split(',').filter(|h| !h.is_empty()) {
+        let plain = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_');
+        let ok = match host.rsplit_once(':') {
+            Some((name, port)) => {
+                port.parse::<u16>().is_ok()
+                    && match name.strip_prefix('[').and_then(|n| n.strip_suffix(']')) {
+                        Some(v6) => v6.parse::<std::net::Ipv6Addr>().is_ok(),
+                        None => !name.is_empty() && name.chars().all(plain),
+                    }
+            }
+            None => false,
+        };
+        if !ok {
+            return Err(bad("every member is host:port"));
+        }
+        endpoints.push(format!("http://{host}"));
+    }
+    if endpoints.is_empty() {
+        return Err(bad("no member"));
+    }
+    Ok(endpoints)
+}
+
+/// Reads a queue in line order (create revision, lowest first).
+fn queue_read() -> GetOptions {
+    GetOptions::new()
+        .with_prefix()
+        .with_sort(SortTarget::Create, SortOrder::Ascend)
+}
+
+impl Etcd {
+    /// Connects to `etcd://host:port[,host:port…]` (every member as an endpoint).
+    ///
+    /// # Errors
+    /// `InvalidArgument` for a malformed URL; `Unavailable` if no endpoint answers within
+    /// 2 s.
+    pub async fn connect(url: &str) -> Result<Etcd> {
+        let endpoints = parse_url(url)?;
+        let options = ConnectOptions::new()
+            .with_connect_timeout(DEFAULT_TIMEOUT)
+            .with_timeout(DEFAULT_TIMEOUT)
+            .with_require_leader(true);
+        let client = tokio::time::timeout(
+            DEFAULT_TIMEOUT,
+            Client::connect(endpoints.clone(), Some(options)),
+        )
+        .await
+        .map_err(|_| {
+            Error::new(
+                ErrorKind::Unavailable,
+                format!("no etcd endpoint of {endpoints:?} answered within {DEFAULT_TIMEOUT:?}"),
+            )
+        })?
+        .map_err(|e| map_err(e, "connecting to etcd"))?;
+        let etcd = Etcd {
+            inner: Arc::new(Inner {
+                client,
+                endpoints,
+                timeout: DEFAULT_TIMEOUT,
+                places: Mutex::new(HashMap::new()),
+                grants: Arc::default(),
+                engine: Engine::new(),
+            }),
+        };
+        // One read proves a member answers.
+        etcd.call("reaching etcd", |mut c| async move {
+            c.get("dlock", None).await
+        })
+        .await?;
+        Ok(etcd)
+    }
+
+    /// The endpoints.
+    pub fn endpoints(&self) -> &[String] {
+        &self.inner.endpoints
+    }
+
+    /// Runs one etcd call on a clone of the client, bounded in time.
+    async fn call<T, F, Fut>(&self, doing: &str, f: F) -> Result<T>
+    where
+        F: FnOnce(Client) -> Fut,
+        Fut: Future<Output = std::result::Result<T, etcd_client::Error>>,
+    {
+        match tokio::time::timeout(self.inner.timeout, f(self.inner.client.clone())).await {
+            Ok(r) => r.map_err(|e| map_err(e, doing)),
+            Err(_) => Err(Error::new(
+                ErrorKind::TimedOut,
+                format!("{doing}: etcd did not answer in time"),
+            )
+            .retryable(true)),
+        }
+    }
+
+    fn places(&self) -> std::sync::MutexGuard<'_, HashMap<String, Place>> {
+        self.inner
+            .places
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn place(&self, key: &str) -> Option<Place> {
+        self.places().get(key).cloned()
+    }
+
+    /// Records that `key` is (being) attached to `lease`; returns the lease it had before.
+    fn set_lease(&self, key: &str, lease: i64, secs: i64) -> Option<i64> {
+        let mut places = self.places();
+        let place = places.entry(key.to_owned()).or_insert_with(Place::new);
+        let old = place.lease;
+        place.lease = lease;
+        place.secs = secs;
+        (old != 0 && old != lease).then_some(old)
+    }
+
+    /// Records `key`'s create revision, telling its waiter's task if it changed.
+    fn placed(&self, key: &str, rev: i64) {
+        let mut places = self.places();
+        let place = places.entry(key.to_owned()).or_insert_with(Place::new);
+        if place.rev != rev {
+            place.rev = rev;
+            place.moved.notify_one();
+        }
+    }
+
+    /// The grant slot of the wait of `key`, if its waiter watches.
+    fn grants(&self, key: &str) -> Option<Arc<GrantSlot>> {
+        self.inner
+            .grants
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(key)
+            .cloned()
+    }
+
+    /// Hands the waiter of `key` (create revision `rev`) the grant: its turn came.
+    fn grant_turn(&self, key: &str, rev: i64) {
+        if let Some(slot) = self.grants(key) {
+            slot.offer(u64::try_from(rev).unwrap_or(0));
+        }
+    }
+
+    fn forget(&self, key: &str) -> Option<Place> {
+        self.places().remove(key)
+    }
+
+    /// Revokes `lease` in the background (it expires by itself if that fails).
+    fn revoke_later(&self, lease: i64) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let etcd = self.clone();
+        runtime.spawn(async move {
+            let _ = etcd
+                .call("revoking a lease", |mut c| async move {
+                    c.lease_revoke(lease).await
+                })
+                .await;
+        });
+    }
+
+    /// The key's value, create revision and lease, if it exists.
+    async fn read(&self, key: &str) -> Result<Option<(Vec<u8>, i64, i64)>> {
+        let key = key.to_owned();
+        let resp = self
+            .call(
+                "reading a lock",
+                |mut c| async move { c.get(key, None).await },
+            )
+            .await?;
+        Ok(resp
+            .kvs()
+            .first()
+            .map(|kv| (kv.value().to_vec(), kv.create_revision(), kv.lease())))
+    }
+
+    /// The queue of `keys`, first (the holder) first.
+    async fn queue(&self, keys: &LockKeys) -> Result<(String, Vec<Queued>)> {
+        let prefix = queue_prefix(keys);
+        let from = prefix.clone();
+        let resp = self
+            .call("reading a lock's queue", |mut c| async move {
+                c.get(from, Some(queue_read())).await
+            })
+            .await?;
+        let queue = queued(resp.kvs(), &prefix);
+        Ok((prefix, queue))
+    }
+
+    /// Puts `value` at `record` in one transaction if every compare holds. Returns
+    /// whether it did.
+    async fn put_if(&self, compares: Vec<Compare>, record: &str, value: &str) -> Result<bool> {
+        let txn = Txn::new()
+            .when(compares)
+            .and_then([TxnOp::put(record, value, None)]);
+        let resp = self
+            .call("publishing an election record", |mut c| async move {
+                c.txn(txn).await
+            })
+            .await?;
+        Ok(resp.succeeded())
+    }
+
+    /// The remaining ttl of `lease`, if it is alive (`None` for 0: a key without lease).
+    async fn lease_remaining(&self, lease: i64) -> Result<Option<Duration>> {
+        if lease == 0 {
+            return Ok(None);
+        }
+        let resp = self
+            .call("reading a lease", |mut c| async move {
+                c.lease_time_to_live(lease, None).await
+            })
+            .await?;
+        Ok(u64::try_from(resp.ttl()).ok().map(Duration::from_secs))
+    }
+
+    /// Grants a lease of `secs`.
+    async fn grant(&self, secs: i64) -> Result<i64> {
+        Ok(self
+            .call("granting a lease", |mut c| async move {
+                c.lease_grant(secs, None).await
+            })
+            .await?
+            .id())
+    }
+
+    /// Sends one keep-alive for `lease`, which restarts its whole ttl on the leader.
+    /// Returns whether the lease was alive (and is renewed).
+    async fn keep_alive(&self, lease: i64) -> Result<bool> {
+        self.call("renewing a lease", |mut c| async move {
+            // Opening the stream sends the keep-alive and waits for its answer; the client
+            // reports a lease the leader does not know as this error.
+            match c.lease_keep_alive(lease).await {
+                Ok(_) => Ok(true),
+                Err(etcd_client::Error::LeaseKeepAliveError(e)) if e == "lease not found" => {
+                    Ok(false)
+                }
+                Err(e) => Err(e),
+            }
+        })
+        .await
+    }
+
+    /// A lease for `key` whose ttl of at least `secs` (re)started now: the one it has, kept
+    /// alive, or a new one. Also returns a lease to revoke once the key is off it.
+    async fn fresh_lease(&self, key: &str, secs: i64) -> Result<(i64, Option<i64>)> {
+        if let Some(place) = self.place(key)
+            && place.lease != 0
+            && place.secs >= secs
+            && self.keep_alive(place.lease).await?
+        {
+            return Ok((place.lease, None));
+        }
+        let lease = self.grant(secs).await?;
+        Ok((lease, self.set_lease(key, lease, secs)))
+    }
+
+    /// Moves the key held under `token` to a new lease of `secs` (keeping its create
+    /// revision, so the fence stays). Returns whether the key held our token.
+    async fn move_to_lease(&self, key: &str, token: &Token, secs: i64) -> Result<bool> {
+        let lease = self.grant(secs).await?;
+        let txn = Txn::new()
+            .when([Compare::value(key, CompareOp::Equal, token.as_str())])
+            .and_then([TxnOp::put(
+                key,
+                token.as_str(),
+                Some(PutOptions::new().with_lease(lease)),
+            )]);
+        let moved = self
+            .call("extending a lock", |mut c| async move { c.txn(txn).await })
+            .await?
+            .succeeded();
+        if moved {
+            if let Some(old) = self.set_lease(key, lease, secs) {
+                self.revoke_later(old);
+            }
+        } else {
+            self.revoke_later(lease);
+        }
+        Ok(moved)
+    }
+
+    /// What is in front of our queue key `key` (create revision `rev`) under `prefix`.
+    async fn predecessor(&self, prefix: &str, key: &str, rev: i64) -> Result<Ahead> {
+        let from = prefix.to_owned();
+        // Every key created up to ours, latest first.
+        let options = GetOptions::new()
+            .with_prefix()
+            .with_keys_only()
+            .with_max_create_revision(rev.max(1))
+            .with_sort(SortTarget::Create, SortOrder::Descend);
+        let resp = self
+            .call("reading a lock's queue", |mut c| async move {
+                c.get(from, Some(options)).await
+            })
+            .await?;
+        let read_at = resp
+            .header()
+            .map_or(0, etcd_client::ResponseHeader::revision);
+        let mut ahead = resp
+            .kvs()
+            .iter()
+            .filter(|kv| kv.create_revision() < rev && in_queue(prefix.as_bytes(), kv.key()));
+        let first = ahead.next().map(|kv| kv.key().to_vec());
+        Ok(Ahead {
+            only: first.is_some() && ahead.next().is_none(),
+            key: first,
+            read_at,
+            ours: resp
+                .kvs()
+                .iter()
+                .any(|kv| kv.create_revision() == rev && kv.key() == key.as_bytes()),
+        })
+    }
+
+    /// Watches `key` for its deletion, from revision `from` on; returns once etcd confirmed
+    /// the watch.
+    async fn watch_deletion(&self, key: Vec<u8>, from: i64) -> Result<WatchStream> {
+        let options = WatchOptions::new()
+            .with_start_revision(from)
+            .with_filters([WatchFilterType::NoPut]);
+        self.open_watch(&key, options, "watching the waiter ahead")
+            .await?
+            .ok_or_else(|| Error::new(ErrorKind::Backend, "etcd refused a watch"))
+    }
+
+    /// Opens a watch of `key` and waits for etcd to confirm it (its first response), so
+    /// that every event from then on is delivered; `None` if etcd refused it.
+    async fn open_watch(
+        &self,
+        key: &[u8],
+        options: WatchOptions,
+        doing: &'static str,
+    ) -> Result<Option<WatchStream>> {
+        let key = key.to_vec();
+        let mut stream = self
+            .call(
+                doing,
+                |mut c| async move { c.watch(key, Some(options)).await },
+            )
+            .await?;
+        let created = tokio::time::timeout(self.inner.timeout, stream.message())
+            .await
+            .map_err(|_| Error::new(ErrorKind::TimedOut, "etcd did not confirm a watch"))?
+            .map_err(|e| map_err(e, doing))?
+            .is_some_and(|r| r.created());
+        Ok(created.then_some(stream))
+    }
+
+    /// A watch woken at every event of `kind` on `key` (watched with `options`), in effect
+    /// when this returns ([`ReleaseWatch::none`] if etcd refused it). When etcd ends the
+    /// stream (connection lost, member restarted) the task wakes its listener at once and
+    /// opens a new watch, waking it again once that one is in effect: a listener that reads
+    /// after each wake-up misses no event, and the watch keeps working for as long as it
+    /// is held.
+    async fn wake_on(
+        &self,
+        key: String,
+        options: WatchOptions,
+        kind: EventType,
+        doing: &'static str,
+    ) -> Result<ReleaseWatch> {
+        let Some(mut stream) = self
+            .open_watch(key.as_bytes(), options.clone(), doing)
+            .await?
+        else {
+            return Ok(ReleaseWatch::none());
+        };
+        let notify = Arc::new(Notify::new());
+        let wake = Arc::clone(&notify);
+        let etcd = self.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                while heard(Some(&mut stream), kind).await {
+                    wake.notify_one();
+                }
+                // The watch ended: let the listener look now (a waiter retries), and again
+                // once a new watch is in effect, in case something happened in between.
+                wake.notify_one();
+                stream = loop {
+                    tokio::time::sleep(FOLLOW_RETRY).await;
+                    if let Ok(Some(s)) = etcd
+                        .open_watch(key.as_bytes(), options.clone(), doing)
+                        .await
+                    {
+                        break s;
+                    }
+                };
+                wake.notify_one();
+            }
+        });
+        Ok(ReleaseWatch::new(notify, Some(Box::new(AbortOnDrop(task)))))
+    }
+
+    /// Renews the lease of our queue key `key`: `Some(false)` if it is gone (and with it our
+    /// place), `None` if etcd did not say.
+    async fn renew_place(&self, key: &str) -> Option<bool> {
+        let lease = self.place(key)?.lease;
+        if lease == 0 {
+            return None;
+        }
+        match self.keep_alive(lease).await {
+            Ok(true) => Some(true),
+            // Gone, unless an attempt moved the key to a new lease meanwhile.
+            Ok(false) => Some(self.place(key)?.lease != lease),
+            Err(_) => None,
+        }
+    }
+
+    /// The task behind [`RawLock::watch_for`]: follows the queue key just before ours, wakes
+    /// our waiter when none is left before it, and keeps our lease alive. Signals `ready`
+    /// after its first look (with a watch in effect unless etcd failed it).
+    async fn follow(
+        self,
+        prefix: String,
+        key: String,
+        wake: Arc<Notify>,
+        ready: oneshot::Sender<()>,
+    ) {
+        let mut ready = Some(ready);
+        let Some(first) = self.place(&key) else {
+            wake.notify_one();
+            return;
+        };
+        let period = Duration::from_millis(
+            u64::try_from(first.secs)
+                .unwrap_or(1)
+                .max(1)
+                .saturating_mul(1000)
+                / 3,
+        );
+        let mut renew = tokio::time::interval_at(Instant::now() + period, period);
+        renew.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        // The place (create revision) at whose turn our waiter was already woken.
+        let mut told = 0;
+        loop {
+            // Withdrawn (released, abandoned): nothing to follow.
+            let Some(place) = self.place(&key) else {
+                return;
+            };
+            let mut stream = None;
+            let mut failed = false;
+            // Whether the key we watch is the only one in front of ours.
+            let mut only = false;
+            match self.predecessor(&prefix, &key, place.rev).await {
+                Ok(Ahead {
+                    key: Some(ahead),
+                    read_at,
+                    only: alone,
+                    ..
+                }) => match self.watch_deletion(ahead, read_at + 1).await {
+                    Ok(s) => {
+                        stream = Some(s);
+                        only = alone;
+                    }
+                    Err(_) => failed = true,
+                },
+                // Our turn: hand the grant over if our key is still there (else the
+                // waiter's attempt finds out).
+                Ok(Ahead {
+                    key: None, ours, ..
+                }) if place.rev > 0 => {
+                    if told != place.rev {
+                        told = place.rev;
+                        if ours {
+                            self.grant_turn(&key, place.rev);
+                        }
+                        wake.notify_one();
+                    }
+                }
+                Ok(_) | Err(_) => failed = true,
+            }
+            if let Some(r) = ready.take() {
+                let _ = r.send(());
+            }
+            loop {
+                tokio::select! {
+                    clean = heard(stream.as_mut(), EventType::Delete) => {
+                        if !clean {
+                            tokio::time::sleep(FOLLOW_RETRY).await;
+                        } else if only && told != place.rev {
+                            // The last key in front is gone: our turn, told at once (the
+                            // read that follows confirms it for the record).
+                            told = place.rev;
+                            self.grant_turn(&key, place.rev);
+                            wake.notify_one();
+                        }
+                        break;
+                    }
+                    () = place.moved.notified() => {
+                        if self.place(&key).is_none_or(|p| p.rev != place.rev) {
+                            break;
+                        }
+                    }
+                    _ = renew.tick() => {
+                        if self.renew_place(&key).await == Some(false) {
+                            // Our key went with its lease: the next attempt queues anew.
+                            told = 0;
+                            wake.notify_one();
+                        }
+                    }
+                    () = async {
+                        if failed {
+                            tokio::time::sleep(FOLLOW_RETRY).await;
+                        } else {
+                            std::future::pending::<()>().await;
+                        }
+                    } => break,
+                }
+            }
+        }
+    }
+}
+
+/// What a waiter's task read in front of its key.
+struct Ahead {
+    /// The key just before ours, if any.
+    key: Option<Vec<u8>>,
+    /// Whether it is the only one before ours.
+    only: bool,
+    /// The revision of the read.
+    read_at: i64,
+    /// Whether our key was there, with the create revision we know.
+    ours: bool,
+}
+
+/// Resolves when an event of `kind` (a deletion, a put) is heard (`true`) or the watch
+/// ends (`false`: cancelled, compacted, connection lost); never without a watch.
+async fn heard(stream: Option<&mut WatchStream>, kind: EventType) -> bool {
+    let Some(stream) = stream else {
+        return std::future::pending().await;
+    };
+    loop {
+        match stream.message().await {
+            Ok(Some(resp)) => {
+                if resp.events().iter().any(|e| e.event_type() == kind) {
+                    return true;
+                }
+                if resp.canceled() {
+                    return false;
+                }
+            }
+            Ok(None) | Err(_) => return false,
+        }
+    }
+}
+
+impl RawLock for Etcd {
+    const QUEUES_WAITERS: bool = true;
+
+    async fn acquire(&self, keys: &LockKeys, token: &Token, ttl: Duration) -> Result<Acquire> {
+        let secs = lease_seconds(ttl);
+        let key = queue_key(keys, token);
+        let prefix = queue_prefix(keys);
+        // (1) A lease whose whole ttl starts now, after the caller took its send time.
+        let (lease, retired) = self.fresh_lease(&key, secs).await?;
+        // (2) Our key on that lease (an existing key keeps its place, a vanished one goes to
+        // the back), and the queue as of the same revision.
+        let ops = [
+            TxnOp::put(
+                key.as_str(),
+                token.as_str(),
+                Some(PutOptions::new().with_lease(lease)),
+            ),
+            TxnOp::get(prefix.as_str(), Some(queue_read().with_keys_only())),
+        ];
+        let txn = Txn::new()
+            .when([Compare::value(
+                key.as_str(),
+                CompareOp::Equal,
+                token.as_str(),
+            )])
+            .and_then(ops.clone())
+            .or_else(ops);
+        let resp = match self
+            .call("acquiring", |mut c| async move { c.txn(txn).await })
+            .await
+        {
+            Ok(resp) => resp,
+            // The lease ran out between its keep-alive and the transaction (a stall longer
+            // than the lease): nothing was written; the repeat grants a new lease.
+            Err(err) if err.to_string().contains("requested lease not found") => {
+                self.set_lease(&key, 0, 0);
+                return Err(Error::new(
+                    ErrorKind::Unavailable,
+                    format!("acquiring: the waiter's lease ran out before the attempt ({err})"),
+                )
+                .retryable(true));
+            }
+            // Outcome unknown: the caller repeats the attempt under the same token (same key)
+            // or gives it back with a release.
+            Err(err) => return Err(err),
+        };
+        if let Some(old) = retired {
+            self.revoke_later(old);
+        }
+        let queue = resp
+            .op_responses()
+            .into_iter()
+            .find_map(|op| match op {
+                TxnOpResponse::Get(get) => Some(queued(get.kvs(), &prefix)),
+                _ => None,
+            })
+            .unwrap_or_default();
+        let Some(at) = queue.iter().position(|q| q.key == key.as_bytes()) else {
+            return Err(Error::new(
+                ErrorKind::Backend,
+                "etcd did not list the queue key it had just written",
+            ));
+        };
+        let created = queue[at].created;
+        self.placed(&key, created);
+        if at != 0
+            && let Some(slot) = self.grants(&key)
+        {
+            // A turn found for an older key of ours (re-created since) is void.
+            slot.raise_floor(u64::try_from(created - 1).unwrap_or(0));
+        }
+        if !resp.succeeded() {
+            tracing::debug!(lock = keys.name(), place = at, "queued at the back");
+        }
+        if at == 0 {
+            // First in the snapshot that wrote our key: ours, with its create revision as
+            // the fence.
+            return Ok(Acquire::Acquired {
+                fence: u64::try_from(created).unwrap_or(0),
+            });
+        }
+        Ok(Acquire::Held {
+            remaining: self.lease_remaining(queue[0].lease).await.ok().flatten(),
+        })
+    }
+
+    async fn release(&self, keys: &LockKeys, token: &Token) -> Result<bool> {
+        let key = queue_key(keys, token);
+        let txn = Txn::new()
+            .when([Compare::value(
+                key.as_str(),
+                CompareOp::Equal,
+                token.as_str(),
+            )])
+            .and_then([TxnOp::delete(
+                key.as_str(),
+                Some(DeleteOptions::new().with_prev_key()),
+            )]);
+        let resp = match self
+            .call("releasing", |mut c| async move { c.txn(txn).await })
+            .await
+        {
+            Ok(resp) => resp,
+            Err(err) => {
+                // Outcome unknown: the key lives only as long as its lease, so end that too
+                // (the caller may still repeat the release).
+                if let Some(place) = self.forget(&key).filter(|p| p.lease != 0) {
+                    self.revoke_later(place.lease);
+                }
+                return Err(err);
+            }
+        };
+        let remembered = self.forget(&key).map(|p| p.lease);
+        let deleted = resp.op_responses().into_iter().find_map(|op| match op {
+            TxnOpResponse::Delete(d) => d.prev_kvs().first().map(KeyValue::lease),
+            _ => None,
+        });
+        // The deleted key's lease, and the one we last attached it to (an attempt still in
+        // flight may put the key back on it): each holds nothing but this key.
+        if let Some(lease) = deleted.filter(|l| *l != 0) {
+            self.revoke_later(lease);
+        }
+        if let Some(lease) = remembered.filter(|l| *l != 0 && Some(*l) != deleted) {
+            self.revoke_later(lease);
+        }
+        Ok(resp.succeeded())
+    }
+
+    async fn extend(&self, keys: &LockKeys, token: &Token, ttl: Duration) -> Result<bool> {
+        let secs = lease_seconds(ttl);
+        let key = queue_key(keys, token);
+        let known = match self.place(&key).filter(|p| p.lease != 0) {
+            Some(p) => Some((p.lease, p.secs)),
+            // A holder in another process handed us its token.
+            None => match self.read(&key).await? {
+                Some((value, _, lease)) if value == token.as_str().as_bytes() && lease != 0 => {
+                    let granted = self
+                        .call("reading a lease", |mut c| async move {
+                            c.lease_time_to_live(lease, None).await
+                        })
+                        .await?
+                        .granted_ttl();
+                    Some((lease, granted))
+                }
+                _ => None,
+            },
+        };
+        let Some((lease, granted)) = known else {
+            return Ok(false);
+        };
+        // A keep-alive restarts the lease's own ttl: another ttl needs another lease.
+        if secs != granted {
+            return self.move_to_lease(&key, token, secs).await;
+        }
+        // Keep our own lease alive (it can only hold our key), and check the key is still
+        // ours on it. Our key, while it exists, is the lowest of the queue: the holder.
+        let (alive, holder) = tokio::join!(self.keep_alive(lease), self.read(&key));
+        let alive = alive?;
+        let ours =
+            holder?.is_some_and(|(value, _, l)| value == token.as_str().as_bytes() && l == lease);
+        Ok(alive && ours)
+    }
+
+    /// Any release of the lock (a deletion in its queue): for callers without a token.
+    async fn watch(&self, keys: &LockKeys) -> Result<ReleaseWatch> {
+        let options = WatchOptions::new()
+            .with_prefix()
+            .with_filters([WatchFilterType::NoPut]);
+        self.wake_on(
+            queue_prefix(keys),
+            options,
+            EventType::Delete,
+            "watching a lock",
+        )
+        .await
+    }
+
+    /// Wakes `token`'s waiter when no key is left before its own; keeps its lease alive
+    /// meanwhile. See the module docs.
+    async fn watch_for(&self, keys: &LockKeys, token: &Token) -> Result<ReleaseWatch> {
+        let notify = Arc::new(Notify::new());
+        let (ready, first_look) = oneshot::channel();
+        let key = queue_key(keys, token);
+        let slot: Arc<GrantSlot> = Arc::default();
+        self.inner
+            .grants
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(key.clone(), Arc::clone(&slot));
+        // Owned at once: if this call is cancelled (a deadline), the task ends with it and
+        // renews nothing, and the slot goes.
+        let task = Following {
+            task: AbortOnDrop(tokio::spawn(self.clone().follow(
+                queue_prefix(keys),
+                key.clone(),
+                Arc::clone(&notify),
+                ready,
+            ))),
+            grants: Arc::clone(&self.inner.grants),
+            key,
+        };
+        // Once the task watches the key ahead, a release from then on is heard. If etcd
+        // fails it, the task keeps trying, and wakes us when it finds our turn came.
+        let _ = tokio::time::timeout(self.inner.timeout, first_look).await;
+        Ok(ReleaseWatch::new(notify, Some(Box::new(task))).with_grants(slot))
+    }
+
+    /// Deletes the waiter's key (compared on its token) and revokes its lease.
+    async fn abandon(&self, keys: &LockKeys, token: &Token, _ttl: Duration) -> Result<()> {
+        self.release(keys, token).await.map(|_| ())
+    }
+
+    fn store_id(&self) -> String {
+        format!("etcd:{}", self.inner.endpoints.join(","))
+    }
+
+    fn engine(&self) -> &Engine {
+        &self.inner.engine
+    }
+}
+
+/// Ends a waiter's watch task with the waiter.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+/// A waiter's task and its grant slot, both ended when the waiter stops watching.
+struct Following {
+    task: AbortOnDrop,
+    grants: Arc<Mutex<HashMap<String, Arc<GrantSlot>>>>,
+    key: String,
+}
+
+impl Drop for Following {
+    fn drop(&mut self) {
+        self.task.0.abort();
+        self.grants
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&self.key);
+    }
+}
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// The fence is the create revision of the holder's queue key: etcd's revision counter is
+/// cluster-wide, strictly increasing and persisted (raft log and snapshots), so it survives
+/// restarts and leader changes, and the queue grants in create-revision order.
+impl RawFencing for Etcd {}
+
+/// The record is one key without a lease (`{K}:leader/`), so it outlives its leader as
+/// revisions do. [`publish`](RawElection::publish) is one transaction that puts the record
+/// if the publisher's queue key `K/<token>` has the create revision `term` and no key
+/// under `K/` was created before it: then that key is the first of the queue, the
+/// holder. The term is normally the holder's fence, that key's create revision, so this
+/// is one round trip. Otherwise (the key is gone, the caller passed a term of its own, or
+/// a key of a lock named below this one, `K/x/…`, is older) the publish reads the queue
+/// and, if the token's key is its first, puts the record if that key still has the create
+/// revision it was first with: no key created later can come before it, so it is still
+/// the holder. The stored record's term is not compared (etcd's revisions never go back,
+/// but the contract lets a reset store's elections go on). The write itself is the
+/// announcement: [`watch_record`](RawElection::watch_record) is an etcd watch of puts on
+/// the key.
+impl RawElection for Etcd {
+    async fn publish(&self, keys: &LockKeys, token: &Token, term: u64, data: &str) -> Result<bool> {
+        let holder = queue_key(keys, token);
+        let record = record_key(keys);
+        let value = super::record_text(term, data);
+        // Revision 0 would match an absent key; no key is created at it.
+        if let Some(rev) = i64::try_from(term).ok().filter(|rev| *rev > 0) {
+            let first = vec![
+                Compare::create_revision(holder.as_str(), CompareOp::Equal, rev),
+                Compare::create_revision(queue_prefix(keys), CompareOp::Greater, rev - 1)
+                    .with_prefix(),
+            ];
+            if self.put_if(first, &record, &value).await? {
+                return Ok(true);
+            }
+        }
+        let (_, queue) = self.queue(keys).await?;
+        match queue.first() {
+            Some(head) if head.key == holder.as_bytes() => {
+                let still = vec![Compare::create_revision(
+                    holder.as_str(),
+                    CompareOp::Equal,
+                    head.created,
+                )];
+                self.put_if(still, &record, &value).await
+            }
+            _ => Ok(false),
+        }
+    }
+
+    async fn record(&self, keys: &LockKeys) -> Result<Option<(u64, String)>> {
+        let key = record_key(keys);
+        let resp = self
+            .call("reading an election record", |mut c| async move {
+                c.get(key, None).await
+            })
+            .await?;
+        resp.kvs()
+            .first()
+            .map(|kv| super::parse_record(kv.value(), "in etcd"))
+            .transpose()
+    }
+
+    /// Wakes at every write of the record (an etcd watch of puts on its key).
+    async fn watch_record(&self, keys: &LockKeys) -> Result<ReleaseWatch> {
+        let options = WatchOptions::new().with_filters([WatchFilterType::NoDelete]);
+        self.wake_on(
+            record_key(keys),
+            options,
+            EventType::Put,
+            "watching an election record",
+        )
+        .await
+    }
+}
+
+/// The key of an election's record: the companion key [`RECORD`] plus a `/`
+/// (`{K}:leader/`). A key that ends in `/` is in no lock's queue (a queue key has a
+/// non-empty rest after `K/`, without `/`), so no lock's waiters, holder or
+/// [`list`](RawInspect::list) can take it for theirs.
+fn record_key(keys: &LockKeys) -> String {
+    format!("{}/", keys.companion(RECORD))
+}
+
+/// Every key lock `keys` of `primitive` (a plain lock, or an election: the lock and its
+/// record) uses, as `key <key>`, named by the functions the backend calls: its queue keys
+/// (for sample tokens: dlock's, and etcd's own lock recipe's lease ids) and its record; and,
+/// as `queue <prefix>`, the queue whose range read ([`in_queue`]) takes each key for one of
+/// its own, so that a key of one lock in another's queue is a shared entry.
+#[cfg(test)]
+pub(crate) fn key_set(primitive: &str, keys: &LockKeys) -> Vec<String> {
+    let mut all = Vec::new();
+    for token in ["0123456789abcdef0123456789abcdef", "694d7a1c2b3e4f50"] {
+        let token = Token::from_string(token).expect("a valid token");
+        all.push(queue_key(keys, &token));
+    }
+    if primitive == "election" {
+        all.push(record_key(keys));
+    }
+    let mut out = Vec::new();
+    for key in all {
+        let cut = key.rfind('/').map_or(0, |i| i + 1);
+        if in_queue(&key.as_bytes()[..cut], key.as_bytes()) {
+            assert!(key.starts_with(&queue_prefix(keys)) || primitive == "election");
+            out.push(format!("queue {}", &key[..cut]));
+        }
+        out.push(format!("key {key}"));
+    }
+    out
+}
+
+impl RawInspect for Etcd {
+    async fn inspect(&self, keys: &LockKeys) -> Result<LockState> {
+        let (prefix, queue) = self.queue(keys).await?;
+        let Some(head) = queue.first() else {
+            return Ok(LockState::new(None, None, None)
+                .with_queued(0)
+                .with_waiting_clients(0));
+        };
+        // Every queued key is a waiting client (each waiter has its own).
+        let waiting = queue.len() - 1;
+        Ok(LockState::new(
+            Some(head.owner(&prefix)),
+            self.lease_remaining(head.lease).await?,
+            u64::try_from(head.created).ok(),
+        )
+        .with_queued(u32::try_from(waiting).unwrap_or(u32::MAX))
+        .with_waiting_clients(waiting as u64))
+    }
+
+    async fn force_unlock(&self, keys: &LockKeys) -> Result<bool> {
+        // The holder may release (and the next take over) between our read and the delete:
+        // then read again.
+        for _ in 0..3 {
+            let (prefix, queue) = self.queue(keys).await?;
+            let Some(head) = queue.into_iter().next() else {
+                return Ok(false);
+            };
+            let txn = Txn::new()
+                .when([Compare::create_revision(
+                    head.key.clone(),
+                    CompareOp::Equal,
+                    head.created,
+                )])
+                .and_then([TxnOp::delete(head.key.clone(), None)]);
+            let resp = self
+                .call("force-unlocking", |mut c| async move { c.txn(txn).await })
+                .await?;
+            if resp.succeeded() {
+                // A key of etcd's lock service shares its session's lease: leave that alone.
+                if head.is_ours(&prefix) && head.lease != 0 {
+                    self.revoke_later(head.lease);
+                }
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    async fn list(&self, prefix: &str, pattern: &str, limit: usize) -> Result<Vec<String>> {
+        crate::observe::listed(&self.store_id(), pattern, async move {
+            if limit == 0 {
+                return Ok(Vec::new());
+            }
+            let from = prefix.to_owned();
+            let resp = self
+                .call("listing locks", |mut c| async move {
+                    c.get(from, Some(GetOptions::new().with_prefix().with_keys_only()))
+                        .await
+                })
+                .await?;
+            // A lock is held while its queue has a key: name it once.
+            let mut names = BTreeSet::new();
+            for kv in resp.kvs().iter().filter(|kv| kv.lease() != 0) {
+                let Some(name) = std::str::from_utf8(kv.key())
+                    .ok()
+                    .and_then(|k| k.strip_prefix(prefix))
+                    .and_then(|k| k.rsplit_once('/'))
+                    .and_then(|(name, rest)| {
+                        (!name.is_empty() && !rest.is_empty()).then_some(name)
+                    })
+                else {
+                    continue;
+                };
+                if crate::backend::glob_match(pattern.as_bytes(), name.as_bytes()) {
+                    names.insert(name.to_owned());
+                    if names.len() >= limit {
+                        break;
+                    }
+                }
+            }
+            Ok(names.into_iter().collect())
+        })
+        .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{in_queue, lease_seconds, record_key};
+    use crate::backend::parse_record;
+    use crate::keys::LockKeys;
+    use std::time::Duration;
+
+    #[test]
+    fn an_election_record_is_in_no_queue_and_reads_back() {
+        for (prefix, name) in [("dlock-election:", "a"), ("p:", "{o}x"), ("", "a/b")] {
+            let keys = LockKeys::new(prefix, name).expect("valid");
+            let key = record_key(&keys);
+            for cut in 0..key.len() {
+                assert!(!in_queue(&key.as_bytes()[..cut], key.as_bytes()), "{key}");
+            }
+        }
+        let data = "token\nline one\nünïcödé\n";
+        assert_eq!(
+            parse_record(format!("42\n{data}").as_bytes(), "").ok(),
+            Some((42, data.to_owned()))
+        );
+        assert!(parse_record(b"x\ny", "").is_err());
+        assert!(parse_record(b"42", "").is_err());
+    }
+
+    #[test]
+    fn lease_seconds_round_up() {
+        assert_eq!(lease_seconds(Duration::from_millis(100)), 1);
+        assert_eq!(lease_seconds(Duration::from_millis(1001)), 2);
+        assert_eq!(lease_seconds(Duration::from_secs(30)), 30);
+    }
+
+    proptest::proptest! {
+        #![proptest_config(crate::backend::hostile::cases(48))]
+        /// No name reaches another lock's keys or queue (DESIGN.md principle 9).
+        #[test]
+        fn distinct_locks_share_no_key_or_queue(
+            names in proptest::collection::vec(crate::keys::namespace::hostile_name(), 1..3)
+        ) {
+            let primitives = &[
+                ("lock", crate::keys::DEFAULT_PREFIX),
+                ("election", crate::DEFAULT_ELECTION_PREFIX),
+            ];
+            crate::keys::namespace::check_disjoint(primitives, &names, super::key_set)?;
+        }
+    }
+
+    #[test]
+    fn the_queue_leaves_out_locks_named_below_it() {
+        assert!(in_queue(b"dlock:a/", b"dlock:a/0123abcd"));
+        assert!(in_queue(b"dlock:a/", b"dlock:a/694d7a1c2b3e4f50"));
+        assert!(!in_queue(b"dlock:a/", b"dlock:a/b/0123abcd"));
+        assert!(!in_queue(b"dlock:a/", b"dlock:a/"));
+        assert!(!in_queue(b"dlock:a/", b"dlock:ab/0123"));
+    }
+}
+
+/// Hostile input: URLs, and whatever keys and values a queue's prefix holds.
+#[cfg(test)]
+mod props {
+    use proptest::prelude::*;
+
+    use super::{Queued, in_queue, parse_url};
+    use crate::backend::hostile::{any_url, cases, check, url_with_password};
+
+    #[test]
+    fn etcd_urls() {
+        assert_eq!(
+            parse_url("etcd://a:1,b.c:2/").ok(),
+            Some(vec!["http://a:1".to_owned(), "http://b.c:2".to_owned()])
+        );
+        assert_eq!(
+            parse_url("etcd://[::1]:2379").ok(),
+            Some(vec!["http://[::1]:2379".to_owned()])
+        );
+        for bad in [
+            "etcd://",
+            "etcd://h",
+            "etcd://h:x",
+            "etcd://h:1/x",
+            "etcd://h:1?x=1",
+            "etcd://h h:1",
+            "etcd://[zz]:1",
+            "http://h:1",
+        ] {
+            let err = parse_url(bad).expect_err(bad);
+            assert_eq!(err.kind(), crate::ErrorKind::InvalidArgument, "{bad}");
+        }
+        // A parameter is named, whatever its value; none does nothing.
+        for (url, name) in [
+            ("etcd://h:1?min_replicas=1", "min_replicas"),
+            ("etcd://h:1/?x", "x"),
+        ] {
+            let err = parse_url(url).expect_err(url);
+            assert!(
+                err.to_string()
+                    .contains(&format!("unknown parameter {name:?}")),
+                "{err}"
+            );
+        }
+        let err = parse_url("etcd://root:s3cret!@h:1").expect_err("credentials");
+        assert!(!format!("{err} {err:?}").contains("s3cret!"), "{err:?}");
+    }
+
+    proptest! {
+        #![proptest_config(cases(256))]
+
+        #[test]
+        fn any_string_parses_or_is_invalid(url in any_url(&["etcd"])) {
+            let parsed = parse_url(&url);
+            check(&parsed, "")?;
+            for endpoint in parsed.unwrap_or_default() {
+                // What reaches the gRPC client is a plain http://host:port.
+                let uri = endpoint.parse::<tonic::transport::Uri>();
+                prop_assert!(uri.is_ok(), "{}", endpoint);
+            }
+        }
+
+        #[test]
+        fn passwords_never_reach_errors((url, secret) in url_with_password(&["etcd"])) {
+            check(&parse_url(&url), &secret)?;
+        }
+
+        #[test]
+        fn any_key_under_a_prefix_is_read_without_panicking(
+            prefix in prop::collection::vec(any::<u8>(), 0..6),
+            key in prop::collection::vec(any::<u8>(), 0..12),
+            value in prop::collection::vec(any::<u8>(), 0..12),
+            joined in any::<bool>(),
+        ) {
+            // Often a key of the queue, sometimes anything.
+            let key = if joined { [&prefix[..], &key[..]].concat() } else { key };
+            let Ok(prefix) = String::from_utf8(prefix) else { return Ok(()) };
+            if in_queue(prefix.as_bytes(), &key) {
+                let rest = &key[prefix.len()..];
+                prop_assert!(!rest.is_empty() && !rest.contains(&b'/'));
+                let queued = Queued { key: key.clone(), value: value.clone(), created: 1, lease: 0 };
+                let _ = queued.owner(&prefix);
+                prop_assert_eq!(queued.is_ours(&prefix), rest == &value[..]);
+            } else {
+                prop_assert!(!key.starts_with(prefix.as_bytes()) || key.len() == prefix.len() || key[prefix.len()..].contains(&b'/'));
+            }
+        }
+    }
+}

@@ -1,0 +1,1265 @@
+//! The mutual-exclusion lock, written once for every backend.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use crate::engine::wait::{Backoff, PassOn, Retry};
+use crate::engine::{End, Lease, Renew, Renewal};
+use crate::error::{Error, ErrorKind, Result};
+use crate::keys::{DEFAULT_PREFIX, LockKeys};
+use crate::observe::{self, Call, Extra, Obs, call_span, field, metric, op, outcome, span};
+use crate::options::{Options, builder_options};
+use crate::raw::{Acquire, LockState, RawFencing, RawInspect, RawLock, ReleaseWatch};
+use crate::token::{FencingToken, Token};
+
+/// Shortest lease accepted: the watchdog must be able to renew it (at a third of it) over
+/// a real network.
+pub const MIN_TTL: Duration = Duration::from_millis(100);
+/// Longest lease accepted. A longer one is indistinguishable from a lock that never
+/// expires if its holder dies; hold locks longer than this with the watchdog instead.
+pub const MAX_TTL: Duration = Duration::from_secs(24 * 3600);
+
+/// How long a dropped guard's background release may take before it is abandoned (the
+/// lease then simply expires).
+const DROP_RELEASE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How often a call whose outcome is unknown (no reply in time, connection lost) is
+/// repeated before the error is returned. Repeats are safe: acquire is idempotent per
+/// token, release and extend are owner-checked.
+const UNKNOWN_OUTCOME_RETRIES: u32 = 2;
+/// Pause before the n-th repeat (times n).
+const RETRY_PAUSE: Duration = Duration::from_millis(50);
+
+fn validate_ttl(ttl: Duration) -> Result<Duration> {
+    if ttl.is_zero() {
+        return Err(Error::invalid("ttl must not be zero"));
+    }
+    if ttl < MIN_TTL {
+        return Err(Error::invalid(format!(
+            "ttl {ttl:?} is below the minimum of {MIN_TTL:?} that the watchdog can renew"
+        )));
+    }
+    if ttl > MAX_TTL {
+        return Err(Error::invalid(format!(
+            "ttl {ttl:?} is above the cap of {MAX_TTL:?}; use the watchdog to hold a lock longer"
+        )));
+    }
+    Ok(ttl)
+}
+
+/// A named lock in a store: at most one holder at a time across every process that uses
+/// the same name (and prefix) on the same store.
+///
+/// `Lock` itself holds nothing; [`lock`](Lock::lock) and friends return a [`LockGuard`]
+/// that does. Cloning is cheap; clones name the same lock.
+#[derive(Clone)]
+pub struct Lock<B: RawLock> {
+    backend: B,
+    keys: LockKeys,
+    ttl: Duration,
+    watchdog: bool,
+    retry: Retry,
+    holder: Option<std::sync::Arc<crate::HolderInfo>>,
+    /// What its spans and metrics are labelled with (store kind, primitive).
+    obs: Obs,
+}
+
+impl<B: RawLock> std::fmt::Debug for Lock<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lock")
+            .field("key", &self.keys.lock())
+            .field("ttl", &self.ttl)
+            .field("watchdog", &self.watchdog)
+            .finish()
+    }
+}
+
+/// Options for a [`Lock`]; made by [`Lock::builder`].
+#[must_use = "a builder does nothing until .build()"]
+#[derive(Debug)]
+pub struct LockBuilder<B: RawLock> {
+    backend: B,
+    options: Options,
+}
+
+builder_options!(LockBuilder<B: RawLock>, crate::keys::DEFAULT_PREFIX);
+
+impl<B: RawLock> LockBuilder<B> {
+    /// Checks the options and makes the lock.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidArgument`] for an empty or over-long name or prefix, a lock key
+    /// the key layout refuses ([`LockKeys::new`]: a stray `}`, or — under an empty prefix
+    /// or one that starts with `{` — another lock's companion key), a ttl out of range, or
+    /// a bad retry policy.
+    pub fn build(self) -> Result<Lock<B>> {
+        Lock::from_options(self.backend, &self.options)
+    }
+}
+
+/// Records the end of a wait that no hand-over ended: `wait` is its span and start.
+fn end_wait(obs: &Obs, wait: (tracing::Span, Instant), woken_by: Extra) {
+    obs.waited(&wait.0, woken_by, wait.1.elapsed());
+    wait.0.record(field::HANDOFF, false);
+}
+
+/// The result of one attempt.
+enum Attempt<B: RawLock> {
+    Got(LockGuard<B>),
+    Held(Option<Duration>),
+}
+
+/// An attempt that failed; `unsettled` if its request may have reached the store (and
+/// granted something under the wait's token).
+struct Failed {
+    err: Error,
+    unsettled: bool,
+}
+
+impl<B: RawLock> Lock<B> {
+    /// A lock named `name` with default options (30 s ttl, watchdog on, prefix `dlock:`).
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidArgument`] for an empty name or one over
+    /// [`MAX_NAME_LEN`](crate::keys::MAX_NAME_LEN) bytes.
+    pub fn new(backend: B, name: impl Into<String>) -> Result<Lock<B>> {
+        Lock::builder(backend, name).build()
+    }
+
+    /// Options for a lock named `name`.
+    pub fn builder(backend: B, name: impl Into<String>) -> LockBuilder<B> {
+        LockBuilder {
+            backend,
+            options: Options::new(name.into(), DEFAULT_PREFIX),
+        }
+    }
+
+    /// The lock over `backend` (a primitive's adapter) on the options' name: the checked
+    /// end of every builder.
+    pub(crate) fn from_options(backend: B, options: &Options) -> Result<Lock<B>> {
+        Lock::from_options_on(backend, options.keys()?, options)
+    }
+
+    /// The same, on keys already laid out (primitives that share them between locks).
+    pub(crate) fn from_options_on(
+        backend: B,
+        keys: LockKeys,
+        options: &Options,
+    ) -> Result<Lock<B>> {
+        let obs = Obs::new(
+            &backend.store_id(),
+            B::PRIMITIVE,
+            keys.name(),
+            options.name_label,
+        );
+        Ok(Lock {
+            backend,
+            keys,
+            ttl: validate_ttl(options.ttl)?,
+            watchdog: options.watchdog,
+            retry: options.retry.validate()?,
+            holder: options.holder.clone(),
+            obs,
+        })
+    }
+
+    /// The same lock, named `primitive` in spans and metrics (a primitive built on a plain
+    /// lock, such as an election).
+    /// What its spans and metrics are labelled with.
+    pub(crate) fn obs(&self) -> &Obs {
+        &self.obs
+    }
+
+    pub(crate) fn with_primitive(mut self, primitive: &'static str) -> Lock<B> {
+        self.obs = self.obs.with_primitive(primitive);
+        self
+    }
+
+    /// The lock's name.
+    pub fn name(&self) -> &str {
+        self.keys.name()
+    }
+
+    /// The lock's keys in the store.
+    pub fn keys(&self) -> &LockKeys {
+        &self.keys
+    }
+
+    /// The lease length.
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// The backend this lock lives in.
+    pub fn backend(&self) -> &B {
+        &self.backend
+    }
+
+    /// The same lock (name, options) on another value of the backend type.
+    pub(crate) fn with_backend(&self, backend: B) -> Lock<B> {
+        Lock {
+            backend,
+            ..self.clone()
+        }
+    }
+
+    /// Waits until the lock is ours.
+    ///
+    /// Sleeps between attempts: until a release is announced (stores that notify), or the
+    /// holder's remaining ttl runs out, or a jittered backoff passes (stores that don't).
+    ///
+    /// # Errors
+    /// Store failures (`Unavailable`, `TimedOut`, `Backend`); contention is waited out.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: dropping the future leaves no hold and no renewal behind. If an
+    /// acquire request was in flight, a release of its token is sent in the background.
+    pub async fn lock(&self) -> Result<LockGuard<B>> {
+        match self.acquire_until(None).await? {
+            Some(guard) => Ok(guard),
+            None => Err(Error::new(
+                ErrorKind::TimedOut,
+                "lock wait ended without a deadline",
+            )),
+        }
+    }
+
+    /// One attempt: `Ok(Some(guard))` if the lock is now ours, `Ok(None)` if someone else
+    /// holds it.
+    ///
+    /// # Errors
+    /// Store failures (`Unavailable`, `TimedOut`, `Backend`). `TimedOut` also when the
+    /// store granted the lock but its reply came after the lease's validity had run out
+    /// (the grant is then given back): the ttl is too short for this store's latency.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe, as [`lock`](Lock::lock).
+    pub async fn try_lock(&self) -> Result<Option<LockGuard<B>>> {
+        // A deadline already reached: one attempt, and a queue entry it may have made is
+        // withdrawn.
+        self.acquire_until(Some(Instant::now())).await
+    }
+
+    /// Waits at most `timeout` for the lock: `Ok(None)` if it stayed held that long.
+    ///
+    /// At least one attempt is made, and an attempt in flight when the time is up is let
+    /// finish (it is bounded by the store's response timeout), so a slow store is not
+    /// mistaken for contention.
+    ///
+    /// # Errors
+    /// Store failures (`Unavailable`, `TimedOut`, `Backend`).
+    ///
+    /// # Cancel safety
+    /// Cancel-safe, as [`lock`](Lock::lock).
+    pub async fn try_lock_for(&self, timeout: Duration) -> Result<Option<LockGuard<B>>> {
+        // A timeout too large to add to now is as good as none.
+        let deadline = Instant::now().checked_add(timeout);
+        self.acquire_until(deadline).await
+    }
+
+    /// Waits until `deadline` at most for the lock: `Ok(None)` if it stayed held.
+    ///
+    /// # Errors
+    /// Store failures (`Unavailable`, `TimedOut`, `Backend`).
+    ///
+    /// # Cancel safety
+    /// Cancel-safe, as [`lock`](Lock::lock).
+    pub async fn try_lock_until(&self, deadline: Instant) -> Result<Option<LockGuard<B>>> {
+        self.acquire_until(Some(deadline)).await
+    }
+
+    async fn acquire_until(&self, deadline: Option<Instant>) -> Result<Option<LockGuard<B>>> {
+        let mut acquisition = observe::Acquisition::start(&self.obs, self.name(), deadline);
+        let result = self
+            .acquire_loop(deadline, &acquisition)
+            .instrument(acquisition.span())
+            .await;
+        acquisition.finish(&result);
+        result
+    }
+
+    /// The wait loop of one acquisition (`acquisition` counts its attempts and waits).
+    async fn acquire_loop(
+        &self,
+        deadline: Option<Instant>,
+        acquisition: &observe::Acquisition<'_>,
+    ) -> Result<Option<LockGuard<B>>> {
+        // One token for the whole wait: a queued waiter keeps its place under it, and an
+        // attempt repeated after a lost reply is recognised by the store as the same one.
+        let token = match &self.holder {
+            Some(info) => info.token()?,
+            None => Token::random()?,
+        };
+        // A client that still listens from an earlier wait can queue from the first
+        // attempt (not when one attempt is all there is).
+        let mut watch: Option<ReleaseWatch> = match deadline {
+            Some(d) if d <= Instant::now() => None,
+            _ => self.backend.watch_ready(&self.keys, &token),
+        };
+        let mut backoff = Backoff::new(self.retry);
+        // Withdraws our place in the store's waiter queue (if the primitive keeps one)
+        // unless the wait ends with a grant.
+        let mut waiting = Waiting {
+            backend: &self.backend,
+            keys: &self.keys,
+            token: &token,
+            ttl: self.ttl,
+            obs: &self.obs,
+            queued: false,
+            unsettled: false,
+        };
+        // A release announcement this waiter consumed; passed on to another local waiter
+        // unless our next attempt settles who holds the lock.
+        let mut woken: Option<PassOn> = None;
+        // When the store became unreachable while we were waiting.
+        let mut outage: Option<Instant> = None;
+        // When our latest attempt that found the lock held was sent: a hand-over the store
+        // makes after it (see `ReleaseWatch::take_grant`) counts its lease from here.
+        let mut held_sent;
+        // Whether an attempt of this acquisition found the lock held.
+        let mut found_held = false;
+        // A wait inside the store (`B::WAITS_IN_STORE`) and when it began: a queueing
+        // attempt made after the lock was found held is where such a waiter waits, so its
+        // `dlock.wait` span opens before that attempt (whose `dlock.acquire` is its child)
+        // and, if the store answers without the lock, goes on through the sleep after it.
+        let mut store_wait: Option<(tracing::Span, Instant)> = None;
+        loop {
+            let queue = watch.as_ref().is_some_and(ReleaseWatch::is_active);
+            // From its sending on, the attempt may leave an entry in the store's queue: a
+            // wait that ends without a grant withdraws it, even if no reply came back.
+            waiting.queued |= queue || !B::QUEUES_ONLY_LISTENERS;
+            let in_store = queue && B::WAITS_IN_STORE;
+            let sent = Instant::now();
+            if in_store && found_held && store_wait.is_none() {
+                acquisition.waiting();
+                let left = deadline.map(|d| d.saturating_duration_since(sent));
+                store_wait = Some((self.obs.wait_span(self.name(), left), sent));
+            }
+            // Whether the store waited before answering: a queueing attempt made before
+            // the lock was found held (a client that still listens queues from its first
+            // attempt) learns it only from the store, once the reply is in.
+            let probe = observe::StoreWait::default();
+            let request = self.attempt(&token, queue, acquisition);
+            let request = async {
+                match &store_wait {
+                    Some((span, _)) => request.instrument(span.clone()).await,
+                    None if in_store => probe.scope(request).await,
+                    None => request.await,
+                }
+            };
+            let (attempt, cut) = match deadline.filter(|_| in_store) {
+                // A wait inside the store ends at the caller's deadline: the lock was
+                // held all along.
+                Some(d) => match tokio::time::timeout_at(d, request).await {
+                    Ok(attempt) => (attempt, false),
+                    Err(_) => (Ok(Attempt::Held(None)), true),
+                },
+                None => (request.await, false),
+            };
+            let attempt = match attempt {
+                Ok(attempt) => {
+                    outage = None;
+                    waiting.unsettled = false;
+                    if in_store && store_wait.is_none() && (cut || probe.waited()) {
+                        // A wait the store told of in its reply: recorded now.
+                        let woken_by = match (&attempt, cut) {
+                            (_, true) => Extra::WokenDeadline,
+                            (Attempt::Got(_), false) => Extra::WokenRelease,
+                            // The store's own bound on its wait ran out.
+                            (Attempt::Held(_), false) => Extra::WokenFallback,
+                        };
+                        acquisition.waiting();
+                        let left = deadline.map(|d| d.saturating_duration_since(sent));
+                        end_wait(
+                            &self.obs,
+                            (self.obs.wait_span(self.name(), left), sent),
+                            woken_by,
+                        );
+                    }
+                    attempt
+                }
+                // A waiter rides out a store outage (a restart, a failover) for up to one
+                // ttl; the first attempt, and longer outages, report the error.
+                // The next attempt, under the same token, settles whatever an unsettled one
+                // may have granted (the store recognises the token); giving it back now
+                // could land after that attempt and take a later grant away.
+                Err(Failed { err, unsettled })
+                    if err.is_retryable()
+                        && watch.is_some()
+                        && outage.get_or_insert_with(Instant::now).elapsed() < self.ttl
+                        && deadline.is_none_or(|d| Instant::now() < d) =>
+                {
+                    if let Some(wait) = store_wait.take() {
+                        end_wait(&self.obs, wait, Extra::WokenOutage);
+                    }
+                    waiting.unsettled |= unsettled;
+                    tracing::debug!(lock = self.name(), error = %err, "store unavailable while waiting; retrying");
+                    self.obs
+                        .count(metric::RETRIES, Some(Extra::RetryAcquire), 1);
+                    acquisition.waiting();
+                    let mut pause = backoff.next();
+                    let mut woken_by = Extra::WokenOutage;
+                    if let Some(d) = deadline {
+                        let left = d.saturating_duration_since(Instant::now());
+                        if left <= pause {
+                            (pause, woken_by) = (left, Extra::WokenDeadline);
+                        }
+                    }
+                    let wait = self.obs.wait_span(self.name(), Some(pause));
+                    let slept = Instant::now();
+                    tokio::time::sleep(pause).await;
+                    self.obs.waited(&wait, woken_by, slept.elapsed());
+                    continue;
+                }
+                Err(Failed { err, unsettled }) => {
+                    if let Some(wait) = store_wait.take() {
+                        end_wait(&self.obs, wait, Extra::WokenOutage);
+                    }
+                    // Whatever may have been granted under our token goes back (`waiting`).
+                    waiting.unsettled |= unsettled;
+                    return Err(err);
+                }
+            };
+            let remaining = match attempt {
+                Attempt::Got(guard) => {
+                    if let Some(wait) = store_wait.take() {
+                        // The store let the waiter through at a release.
+                        end_wait(&self.obs, wait, Extra::WokenRelease);
+                    }
+                    waiting.queued = false;
+                    if let Some(mut w) = woken.take()
+                        && !self.backend.shares_grants()
+                    {
+                        w.consumed();
+                    }
+                    return Ok(Some(guard));
+                }
+                Attempt::Held(remaining) => {
+                    held_sent = sent;
+                    found_held = true;
+                    remaining
+                }
+            };
+            if let Some(mut w) = woken.take() {
+                w.consumed();
+            }
+            let now = Instant::now();
+            if deadline.is_some_and(|d| now >= d) {
+                if let Some(wait) = store_wait.take() {
+                    end_wait(&self.obs, wait, Extra::WokenDeadline);
+                }
+                if B::QUEUES_WAITERS && waiting.queued {
+                    // Withdraw before returning, so that our entry is gone when the caller
+                    // looks (the background withdrawal is for cancellation only).
+                    waiting.queued = false;
+                    let call = Call::new(call_span!(
+                        span::ABANDON,
+                        op::ABANDON,
+                        self.obs,
+                        self.name(),
+                        1u32
+                    ));
+                    let abandoned = self
+                        .backend
+                        .abandon(&self.keys, &token, self.ttl)
+                        .instrument(call.span())
+                        .await;
+                    call.done(&abandoned, |()| outcome::OK);
+                    if let Err(err) = abandoned {
+                        tracing::debug!(lock = self.name(), error = %err, "withdrawing a waiter failed; its entry times out");
+                    }
+                }
+                return Ok(None);
+            }
+            let Some(watch) = &watch else {
+                // Subscribe, then try again at once: a release between our attempt and the
+                // subscription would otherwise go unheard.
+                acquisition.waiting();
+                let call = Call::new(call_span!(
+                    span::WATCH,
+                    op::WATCH,
+                    self.obs,
+                    self.name(),
+                    1u32
+                ));
+                let subscribe = self
+                    .backend
+                    .watch_for(&self.keys, &token)
+                    .instrument(call.span());
+                let subscribed = match deadline {
+                    Some(d) => tokio::time::timeout_at(d, subscribe)
+                        .await
+                        .unwrap_or_else(|_| Ok(ReleaseWatch::none())),
+                    None => subscribe.await,
+                };
+                call.done(&subscribed, |_| outcome::OK);
+                watch = Some(subscribed.unwrap_or_else(|err| {
+                    tracing::debug!(lock = self.name(), error = %err, "cannot watch releases; polling");
+                    ReleaseWatch::none()
+                }));
+                continue;
+            };
+            let mut sleep = if watch.is_active() {
+                // The release announcement normally wakes us; the holder's ttl is the
+                // fallback if the message is lost.
+                remaining
+                    .map(|r| r + Duration::from_millis(1))
+                    .unwrap_or(self.retry.max)
+            } else {
+                let b = backoff.next();
+                remaining.map_or(b, |r| b.min(r + Duration::from_millis(1)))
+            };
+            let mut woken_by = if watch.is_active() {
+                Extra::WokenFallback
+            } else {
+                Extra::WokenBackoff
+            };
+            if let Some(d) = deadline {
+                let left = d.saturating_duration_since(now);
+                if left <= sleep {
+                    (sleep, woken_by) = (left, Extra::WokenDeadline);
+                }
+            }
+            acquisition.waiting();
+            let (wait, slept) = match store_wait.take() {
+                // The wait inside the store goes on here: one wait, one span.
+                Some((span, since)) => {
+                    span.record(field::TIMER_MS, observe::millis(since.elapsed() + sleep));
+                    (span, since)
+                }
+                None => (self.obs.wait_span(self.name(), Some(sleep)), Instant::now()),
+            };
+            tokio::select! {
+                () = watch.released() => {
+                    woken = Some(PassOn::new(watch.notifier(), &self.obs));
+                    woken_by = Extra::WokenRelease;
+                }
+                () = tokio::time::sleep(sleep) => {}
+            }
+            self.obs.waited(&wait, woken_by, slept.elapsed());
+            // The store handed the lock over to us at a release, after our latest attempt
+            // was processed: we hold it from no earlier than that attempt's sending. (If
+            // that was long ago, the next attempt finds our token and renews it instead.)
+            let grant = watch
+                .take_grant()
+                .filter(|_| held_sent.elapsed() < self.backend.lease_validity(self.ttl) / 2);
+            wait.record(field::HANDOFF, grant.is_some());
+            drop(wait);
+            if let Some(fence) = grant {
+                self.obs
+                    .count(metric::HANDOFFS, Some(Extra::HandoffGrant), 1);
+                if let Some(mut w) = woken.take() {
+                    w.consumed();
+                }
+                let guard = self.guard(token.clone(), held_sent, fence)?;
+                waiting.queued = false;
+                return Ok(Some(guard));
+            }
+        }
+    }
+
+    /// One attempt under `token`. An attempt whose outcome is unknown (no reply in time,
+    /// connection lost) is repeated with the same token a few times: the store treats the
+    /// repeat as the same request, so a grant is never applied twice.
+    ///
+    /// An attempt cancelled mid-flight gives back in the background whatever it may have
+    /// been granted; one that fails with its outcome unknown leaves that to the caller
+    /// (`Failed::unsettled`).
+    async fn attempt(
+        &self,
+        token: &Token,
+        queue: bool,
+        acquisition: &observe::Acquisition<'_>,
+    ) -> std::result::Result<Attempt<B>, Failed> {
+        let settled = |err| Failed {
+            err,
+            unsettled: false,
+        };
+        if self.watchdog && tokio::runtime::Handle::try_current().is_err() {
+            // Checked before acquiring: a grant we could not renew nor give back would
+            // block everyone for a whole ttl.
+            return Err(settled(Error::invalid(
+                "dlock's lease watchdog needs a tokio runtime",
+            )));
+        }
+        let mut pending = PendingAcquire {
+            backend: &self.backend,
+            keys: &self.keys,
+            obs: &self.obs,
+            token: Some(token),
+        };
+        let mut tries = 0;
+        let (fence, sent) = loop {
+            let call = Call::new(call_span!(
+                span::ACQUIRE,
+                op::ACQUIRE,
+                self.obs,
+                self.name(),
+                acquisition.next_attempt(),
+                queue = queue
+            ));
+            let sent = Instant::now();
+            let acquire = if queue {
+                self.backend
+                    .acquire_or_queue(&self.keys, token, self.ttl)
+                    .instrument(call.span())
+                    .await
+            } else {
+                self.backend
+                    .acquire(&self.keys, token, self.ttl)
+                    .instrument(call.span())
+                    .await
+            };
+            call.done(&acquire, |a| match a {
+                Acquire::Acquired { .. } => outcome::ACQUIRED,
+                Acquire::Held { .. } => outcome::BUSY,
+            });
+            match acquire {
+                Ok(Acquire::Acquired { fence }) => break (fence, sent),
+                Ok(Acquire::Held { remaining }) => {
+                    pending.token = None;
+                    return Ok(Attempt::Held(remaining));
+                }
+                Err(err) if err.is_retryable() && tries < UNKNOWN_OUTCOME_RETRIES => {
+                    tries += 1;
+                    tracing::debug!(lock = self.name(), error = %err, "acquire outcome unknown; repeating it");
+                    self.obs
+                        .count(metric::RETRIES, Some(Extra::RetryAcquire), 1);
+                    tokio::time::sleep(RETRY_PAUSE * tries).await;
+                }
+                // A refusal (bad argument, limit): nothing was granted.
+                Err(err)
+                    if matches!(
+                        err.kind(),
+                        ErrorKind::InvalidArgument | ErrorKind::LimitReached
+                    ) =>
+                {
+                    pending.token = None;
+                    return Err(settled(err));
+                }
+                // The outcome is unknown (the request may have reached the store): the
+                // caller settles it (a repeat under the same token, or a release).
+                Err(err) => {
+                    pending.token = None;
+                    return Err(Failed {
+                        err,
+                        unsettled: true,
+                    });
+                }
+            }
+        };
+        pending.token = None;
+        drop(pending);
+        self.guard(token.clone(), sent, fence)
+            .map(Attempt::Got)
+            .map_err(settled)
+    }
+
+    /// Wraps a grant made under `token` (request sent at `sent`) in a guard, registering
+    /// its lease with the watchdog.
+    pub(crate) fn guard(&self, token: Token, sent: Instant, fence: u64) -> Result<LockGuard<B>> {
+        let lease = Arc::new(Lease::new(
+            self.keys.clone(),
+            token,
+            sent,
+            self.backend.lease_validity(self.ttl),
+            self.backend.drift(),
+            B::LEASE_KIND,
+            self.obs.clone(),
+        ));
+        if lease.is_lost_at(Instant::now()) {
+            spawn_release_observed(&self.backend, &lease.keys, &lease.token, &self.obs);
+            return Err(Error::new(
+                ErrorKind::TimedOut,
+                format!(
+                    "the store granted lock {:?} but its reply took {:?}, past the lease's \
+                     validity (ttl {:?}); the grant was given back — use a longer ttl",
+                    self.name(),
+                    sent.elapsed(),
+                    self.ttl
+                ),
+            ));
+        }
+        let registration = if self.watchdog {
+            match self
+                .backend
+                .engine()
+                .register(&Renewer(self.backend.clone()), Arc::clone(&lease))
+            {
+                // The engine never hands out id 0.
+                Ok(id) => std::num::NonZeroU64::new(id),
+                Err(err) => {
+                    spawn_release_observed(&self.backend, &lease.keys, &lease.token, &self.obs);
+                    return Err(err);
+                }
+            }
+        } else {
+            None
+        };
+        // Counted down when the guard is dropped, however it ends.
+        self.obs.gauge(metric::HOLDS, 1.0);
+        Ok(LockGuard {
+            backend: self.backend.clone(),
+            lease,
+            fence,
+            registration,
+            armed: true,
+            before_release: None,
+        })
+    }
+}
+
+/// Withdraws a waiter's queue entry in the background when its wait ends without a grant,
+/// and gives back what an attempt whose outcome is still unknown may have been granted.
+struct Waiting<'a, B: RawLock> {
+    backend: &'a B,
+    keys: &'a LockKeys,
+    token: &'a Token,
+    ttl: Duration,
+    obs: &'a Obs,
+    queued: bool,
+    /// An attempt failed with its outcome unknown and no later attempt settled it.
+    unsettled: bool,
+}
+
+impl<B: RawLock> Drop for Waiting<'_, B> {
+    fn drop(&mut self) {
+        if self.unsettled {
+            spawn_release_observed(self.backend, self.keys, self.token, self.obs);
+        }
+        if !self.queued || !B::QUEUES_WAITERS {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return; // the entry times out by itself
+        };
+        let backend = self.backend.clone();
+        let keys = self.keys.clone();
+        let token = self.token.clone();
+        let ttl = self.ttl;
+        let obs = self.obs.clone();
+        runtime.spawn(async move {
+            let call = Call::new(call_span!(
+                span::ABANDON,
+                op::ABANDON,
+                obs,
+                keys.name(),
+                1u32
+            ));
+            let abandon = backend.abandon(&keys, &token, ttl).instrument(call.span());
+            let abandoned = tokio::time::timeout(DROP_RELEASE_TIMEOUT, abandon)
+                .await
+                .unwrap_or_else(|_| {
+                    Err(Error::new(
+                        ErrorKind::TimedOut,
+                        "withdrawing a waiter timed out",
+                    ))
+                });
+            call.done(&abandoned, |()| outcome::OK);
+            if abandoned.is_err() {
+                tracing::debug!(
+                    lock = keys.name(),
+                    "withdrawing a waiter failed; its entry times out"
+                );
+            }
+        });
+    }
+}
+
+impl<B: RawLock> Lock<B> {
+    /// Releases the lock held under `token` — for a holder in another process that handed
+    /// its token over (as `dlock acquire` / `dlock release` do).
+    ///
+    /// # Errors
+    /// [`ErrorKind::LockLost`] if the lock is not held under `token` any more; store
+    /// failures otherwise.
+    pub async fn release_token(&self, token: &Token) -> Result<()> {
+        let call = Call::new(call_span!(
+            span::RELEASE,
+            op::RELEASE,
+            self.obs,
+            self.name(),
+            1u32
+        ));
+        let released = self
+            .backend
+            .release(&self.keys, token)
+            .instrument(call.span())
+            .await;
+        call.done(&released, |&r| released_outcome(r));
+        if released? {
+            Ok(())
+        } else {
+            Err(Error::lost(format!(
+                "lock {:?} is not held under that token",
+                self.name()
+            )))
+        }
+    }
+
+    /// Resets the lease of the lock held under `token` to `ttl` from now.
+    ///
+    /// # Errors
+    /// `InvalidArgument` for a ttl out of range; [`ErrorKind::LockLost`] if the lock is not
+    /// held under `token`; store failures otherwise.
+    pub async fn extend_token(&self, token: &Token, ttl: Duration) -> Result<()> {
+        let ttl = validate_ttl(ttl)?;
+        let call = Call::new(call_span!(
+            span::EXTEND,
+            op::EXTEND,
+            self.obs,
+            self.name(),
+            1u32
+        ));
+        let extended = self
+            .backend
+            .extend(&self.keys, token, ttl)
+            .instrument(call.span())
+            .await;
+        call.done(&extended, |&e| extended_outcome(e));
+        if extended? {
+            Ok(())
+        } else {
+            Err(Error::lost(format!(
+                "lock {:?} is not held under that token",
+                self.name()
+            )))
+        }
+    }
+}
+
+impl<B: RawInspect> Lock<B> {
+    /// What the store says about this lock now: holder token, remaining ttl, last fence.
+    ///
+    /// # Errors
+    /// Store failures.
+    pub async fn state(&self) -> Result<LockState> {
+        let call = Call::new(call_span!(
+            span::INSPECT,
+            op::INSPECT,
+            self.obs,
+            self.name(),
+            1u32
+        ));
+        let state = self
+            .backend
+            .inspect(&self.keys)
+            .instrument(call.span())
+            .await;
+        call.done(&state, |_| outcome::OK);
+        state
+    }
+
+    /// Whether anyone holds the lock now (a snapshot; it may change at once).
+    ///
+    /// # Errors
+    /// Store failures.
+    pub async fn is_locked(&self) -> Result<bool> {
+        Ok(self.state().await?.holder.is_some())
+    }
+
+    /// Deletes the lock whoever holds it and wakes a waiter. **Dangerous**: the holder
+    /// keeps working until its next renewal tells it (its `lost()` then fires), so two
+    /// processes may act at once meanwhile; fenced resources still reject the old holder's
+    /// writes once the new holder has written. Returns whether a held lock was deleted.
+    ///
+    /// # Errors
+    /// Store failures.
+    pub async fn force_unlock(&self) -> Result<bool> {
+        let call = Call::new(call_span!(
+            span::FORCE_UNLOCK,
+            op::FORCE_UNLOCK,
+            self.obs,
+            self.name(),
+            1u32
+        ));
+        let unlocked = self
+            .backend
+            .force_unlock(&self.keys)
+            .instrument(call.span())
+            .await;
+        call.done(&unlocked, |_| outcome::OK);
+        unlocked
+    }
+}
+
+/// Releases the token of an acquire whose future was dropped mid-flight: the store may
+/// have granted it without us ever seeing the reply.
+struct PendingAcquire<'a, B: RawLock> {
+    backend: &'a B,
+    keys: &'a LockKeys,
+    obs: &'a Obs,
+    token: Option<&'a Token>,
+}
+
+impl<B: RawLock> Drop for PendingAcquire<'_, B> {
+    fn drop(&mut self) {
+        if let Some(token) = self.token {
+            spawn_release_observed(self.backend, self.keys, token, self.obs);
+        }
+    }
+}
+
+/// Releases `token` in the background on the current runtime, bounded in time.
+pub(crate) fn spawn_release<B: RawLock>(backend: &B, keys: &LockKeys, token: &Token) {
+    let obs = Obs::new(&backend.store_id(), B::PRIMITIVE, keys.name(), false);
+    spawn_release_observed(backend, keys, token, &obs);
+}
+
+/// [`spawn_release`] with the lock's labels at hand.
+fn spawn_release_observed<B: RawLock>(backend: &B, keys: &LockKeys, token: &Token, obs: &Obs) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return; // no runtime: the lease simply expires
+    };
+    let backend = backend.clone();
+    let keys = keys.clone();
+    let token = token.clone();
+    let obs = obs.clone();
+    runtime.spawn(async move {
+        let call = Call::new(call_span!(
+            span::RELEASE,
+            op::RELEASE,
+            obs,
+            keys.name(),
+            1u32
+        ));
+        let release = backend.release(&keys, &token).instrument(call.span());
+        let released = tokio::time::timeout(DROP_RELEASE_TIMEOUT, release).await;
+        match &released {
+            Ok(result) => call.done(result, |&r| released_outcome(r)),
+            Err(_) => observe::failed(
+                &call.span(),
+                &Error::new(ErrorKind::TimedOut, "background release timed out"),
+            ),
+        }
+        match released {
+            Ok(Ok(_)) => {}
+            Ok(Err(err)) => {
+                tracing::debug!(lock = keys.name(), error = %err, "background release failed; the lease will expire");
+            }
+            Err(_) => {
+                tracing::debug!(lock = keys.name(), "background release timed out; the lease will expire");
+            }
+        }
+    });
+}
+
+/// Proof that this process holds a lock; released by [`release`](LockGuard::release) (or,
+/// in the background, when dropped).
+///
+/// The guard is `'static` and `Send`: move it into tasks freely. It carries the lease's
+/// validity: watch [`lost`](LockGuard::lost) to stop work when the lock can no longer be
+/// guaranteed.
+#[must_use = "the lock is released in the background as soon as the guard is dropped"]
+pub struct LockGuard<B: RawLock> {
+    backend: B,
+    lease: Arc<Lease>,
+    fence: u64,
+    /// The engine's id of the lease while it renews it (never 0, so the option costs
+    /// nothing).
+    registration: Option<std::num::NonZeroU64>,
+    armed: bool,
+    /// Sent (while the lease is valid) just before [`release`](LockGuard::release): an
+    /// election's leader announces there that it leaves the seat.
+    before_release: Option<BeforeRelease>,
+}
+
+/// A step a guard takes just before its release (see `LockGuard::before_release`).
+pub(crate) type BeforeRelease =
+    Box<dyn FnOnce() -> crate::multi::BoxFuture<'static, ()> + Send + Sync>;
+
+impl<B: RawLock> std::fmt::Debug for LockGuard<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LockGuard")
+            .field("key", &self.lease.keys.lock())
+            .field("token", &self.lease.token)
+            .field("lost", &self.is_lost())
+            .finish()
+    }
+}
+
+impl<B: RawFencing> LockGuard<B> {
+    /// The fence minted with this grant: strictly greater than every earlier grant's of the
+    /// same name. Send it with every write to the protected resource, which must reject
+    /// writes whose fence is below the highest it has accepted.
+    pub fn fencing_token(&self) -> FencingToken {
+        FencingToken::new(self.fence)
+    }
+}
+
+impl<B: RawLock> LockGuard<B> {
+    /// The lock's name.
+    pub fn name(&self) -> &str {
+        self.lease.keys.name()
+    }
+
+    /// The owner token stored at the lock key.
+    pub fn token(&self) -> &Token {
+        &self.lease.token
+    }
+
+    /// Whether the lease can no longer be guaranteed: the store reported it gone, or its
+    /// validity ran out without a successful renewal.
+    pub fn is_lost(&self) -> bool {
+        self.lease.is_lost_at(Instant::now())
+    }
+
+    /// The lease each renewal buys: the ttl, or less where the store's holds end sooner
+    /// (on ZooKeeper, the session timeout caps it; see
+    /// [`RawLock::lease_validity`](crate::raw::RawLock::lease_validity)).
+    pub fn lease(&self) -> Duration {
+        self.lease.snapshot().ttl
+    }
+
+    /// How much validity is left (zero once lost). Counted on the monotonic clock from
+    /// the last successful acquire or renewal request, minus drift.
+    pub fn remaining(&self) -> Duration {
+        let s = self.lease.snapshot();
+        if s.end == End::Held {
+            s.valid_until.saturating_duration_since(Instant::now())
+        } else {
+            Duration::ZERO
+        }
+    }
+
+    /// A future that resolves when the lease can no longer be guaranteed (see
+    /// [`is_lost`](LockGuard::is_lost)), or when the guard is released or dropped. It is
+    /// `'static`: race it against the work done under the lock.
+    ///
+    /// ```
+    /// # async fn demo() -> fencelock::Result<()> {
+    /// # let lock = fencelock::Lock::new(fencelock::backend::Memory::new(), "jobs")?;
+    /// let guard = lock.lock().await?;
+    /// tokio::select! {
+    ///     () = guard.lost() => eprintln!("lock lost; abandoning the job"),
+    ///     () = async { /* the work */ } => {}
+    /// }
+    /// guard.release().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
+        self.lease.lost_future()
+    }
+
+    /// Resets the lease to expire `ttl` from now (the watchdog, if on, keeps renewing with
+    /// this new ttl).
+    ///
+    /// # Errors
+    /// [`ErrorKind::LockLost`] if the lock was no longer ours (the guard is then lost);
+    /// `InvalidArgument` for a ttl out of range; store failures otherwise.
+    ///
+    /// # Cancel safety
+    /// Cancelling may leave the lease extended or not; either way the guard stays valid
+    /// for at least what [`remaining`](LockGuard::remaining) said before.
+    pub async fn extend(&self, ttl: Duration) -> Result<()> {
+        let ttl = validate_ttl(ttl)?;
+        let ttl = self.backend.lease_validity(ttl);
+        if self.is_lost() {
+            // A lapsed lease cannot be revived: someone may have held the lock meanwhile.
+            return Err(Error::lost(format!(
+                "lock {:?} was already lost; a lapsed lease cannot be extended",
+                self.name()
+            )));
+        }
+        let call = Call::new(call_span!(
+            span::EXTEND,
+            op::EXTEND,
+            self.lease.obs,
+            self.name(),
+            1u32
+        ));
+        let sent = Instant::now();
+        let extended = self
+            .backend
+            .extend(&self.lease.keys, &self.lease.token, ttl)
+            .instrument(call.span())
+            .await;
+        call.done(&extended, |&e| extended_outcome(e));
+        if !extended? {
+            self.lease.end(End::Taken);
+            return Err(Error::lost(format!(
+                "lock {:?} was no longer ours when extending",
+                self.name()
+            )));
+        }
+        self.lease.set_ttl(ttl);
+        if !self.lease.renewed(sent, ttl) {
+            return Err(Error::lost(format!(
+                "lock {:?}: the extension was confirmed only after the lease had lapsed",
+                self.name()
+            )));
+        }
+        if let Some(id) = self.registration {
+            // A shorter ttl must be renewed sooner than the old schedule says.
+            self.backend
+                .engine()
+                .reschedule(id.get(), sent + self.lease.renewal_period(ttl));
+        }
+        Ok(())
+    }
+
+    /// Releases the lock and reports whether it was still ours all along.
+    ///
+    /// # Errors
+    /// [`ErrorKind::LockLost`] if the lock key no longer held our token (expired, deleted
+    /// or taken over), or if the lease had already lapsed (its validity ran out without a
+    /// renewal: another holder may have been granted it meanwhile, even if the key is
+    /// still ours now). Work done under it may have overlapped with another holder. Never
+    /// silent success. Store failures otherwise (the lease then expires by itself).
+    ///
+    /// # Retries
+    /// A release whose reply is lost (no reply in time, connection dropped) is repeated a
+    /// few times while the lease is valid. The store's release is owner-checked, so a
+    /// repeat never releases anything twice, and a repeat that finds the hold already
+    /// gone while the lease was still valid reports success: the first attempt did it.
+    ///
+    /// # Cancel safety
+    /// If cancelled before the store answered, the release is sent again in the
+    /// background; the lease is out of renewal either way.
+    pub async fn release(mut self) -> Result<()> {
+        // Still renewed while the step before the release runs (cancelled, `Drop`
+        // releases as for any cancelled release).
+        if let Some(before) = self.before_release.take()
+            && !self.is_lost()
+        {
+            before().await;
+        }
+        // Out of renewal now; `armed` stays set until the reply, so that a cancelled
+        // release still gives the lock back from `Drop`.
+        if let Some(id) = self.registration.take() {
+            self.backend.engine().deregister(id.get());
+        }
+        let lapsed = self.is_lost();
+        let lost_before = self.lease.snapshot().end;
+        let mut tries = 0;
+        let released = loop {
+            let call = Call::new(call_span!(
+                span::RELEASE,
+                op::RELEASE,
+                self.lease.obs,
+                self.name(),
+                tries + 1
+            ));
+            let released = self
+                .backend
+                .release(&self.lease.keys, &self.lease.token)
+                .instrument(call.span())
+                .await;
+            call.done(&released, |&r| released_outcome(r));
+            match released {
+                // A repeat that finds the hold gone, answered while the lease was still
+                // valid: the hold cannot have expired, so our earlier attempt (whose reply
+                // was lost) released it. Only an operator's force-unlock or data loss in
+                // the store could have removed it instead.
+                Ok(false) if tries > 0 && !lapsed && !self.is_lost() => break Ok(true),
+                Err(err)
+                    if err.is_retryable() && tries < UNKNOWN_OUTCOME_RETRIES && !self.is_lost() =>
+                {
+                    tries += 1;
+                    tracing::debug!(lock = self.name(), error = %err, "release outcome unknown; repeating it");
+                    self.lease
+                        .obs
+                        .count(metric::RETRIES, Some(Extra::RetryRelease), 1);
+                    tokio::time::sleep(RETRY_PAUSE * tries).await;
+                }
+                other => break other,
+            }
+        };
+        self.armed = false;
+        // A lease found lost here ends as such (counted once, if nothing ended it before).
+        self.lease.end(match (&released, lapsed) {
+            (Ok(true), false) | (Err(_), _) => End::Released,
+            (Ok(_), true) => End::Expired,
+            (Ok(false), false) => End::Taken,
+        });
+        let reason = match (released?, lapsed) {
+            (true, false) => return Ok(()),
+            (true, true) => "its lease had lapsed before the release (the key was deleted now)",
+            (false, _) => match lost_before {
+                End::Taken => "the store reported it deleted or taken over",
+                End::Expired => "its lease ran out",
+                _ => "its key had expired or been replaced",
+            },
+        };
+        Err(Error::lost(format!(
+            "lock {:?} was no longer ours when releasing: {reason}",
+            self.name()
+        )))
+    }
+
+    /// Takes the lease out of this guard without releasing it (for turning a hold into
+    /// another kind of hold): renewal stops, the guard is disarmed, its `lost()` futures
+    /// resolve.
+    pub(crate) fn into_held(mut self) -> (B, Token) {
+        self.disarm();
+        self.lease.end(End::Released);
+        (self.backend.clone(), self.lease.token.clone())
+    }
+
+    /// Stops renewing and keeps the lock until its ttl runs out, without releasing it.
+    /// Futures from [`lost`](LockGuard::lost) still resolve when the lease runs out.
+    pub fn forget(mut self) {
+        self.disarm();
+    }
+
+    /// Sets the step [`release`](LockGuard::release) takes first, while the lease is
+    /// still valid (not on a drop, which releases in the background).
+    pub(crate) fn before_release(&mut self, step: BeforeRelease) {
+        self.before_release = Some(step);
+    }
+
+    fn disarm(&mut self) {
+        self.armed = false;
+        if let Some(id) = self.registration.take() {
+            self.backend.engine().deregister(id.get());
+        }
+    }
+}
+
+impl<B: RawLock> Drop for LockGuard<B> {
+    fn drop(&mut self) {
+        // Every guard ends here (released, forgotten, turned into another hold, dropped).
+        self.lease.obs.gauge(metric::HOLDS, -1.0);
+        if self.armed {
+            self.disarm();
+            self.lease.end(End::Released);
+            spawn_release_observed(
+                &self.backend,
+                &self.lease.keys,
+                &self.lease.token,
+                &self.lease.obs,
+            );
+        }
+    }
+}
+
+/// The `outcome` of a release call that answered `released`.
+fn released_outcome(released: bool) -> &'static str {
+    if released {
+        outcome::RELEASED
+    } else {
+        outcome::NOT_HELD
+    }
+}
+
+/// The `outcome` of an extend call that answered `extended`.
+fn extended_outcome(extended: bool) -> &'static str {
+    if extended {
+        outcome::EXTENDED
+    } else {
+        outcome::NOT_HELD
+    }
+}
+
+/// Sends the engine's renewal batches through a backend's [`RawLock::extend_many`].
+#[derive(Clone)]
+struct Renewer<B>(B);
+
+impl<B: RawLock> Renew for Renewer<B> {
+    fn renew(&self, batch: &[Renewal]) -> impl Future<Output = Vec<Result<bool>>> + Send {
+        self.0.extend_many(batch)
+    }
+}
