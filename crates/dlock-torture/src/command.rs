@@ -203,11 +203,12 @@ impl Workers {
 }
 
 /// Whether a command kind's worker ended as it may under the faults: the command's own
-/// status (0), the lock lost (76), the store unreachable (69: a partition), or the wait
-/// for the lock run out at the run's end (75). Anything else — a usage error, a command
-/// not found, a crash — fails the kind.
+/// status (0), the lock lost (76), the store unreachable (69: a partition), the wait for
+/// the lock run out at the run's end (75), or — the control's `dlock release` after its
+/// lease ran out — the lock held under another token (77) or by nobody (79). Anything
+/// else — a usage error, a command not found, a crash — fails the kind.
 pub(crate) fn exit_ok(status: ExitStatus) -> bool {
-    matches!(status.code(), Some(0 | 69 | 75 | 76))
+    matches!(status.code(), Some(0 | 69 | 75 | 76 | 77 | 79))
 }
 
 /// One line of the resource.
