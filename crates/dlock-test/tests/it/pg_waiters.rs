@@ -91,15 +91,20 @@ async fn many_waiters_send_almost_nothing_while_the_lock_is_held() {
     // most half a lease) well within this.
     sleep(Duration::from_secs(4)).await;
     assert_eq!(granted.load(Ordering::SeqCst), 0, "the lock is held");
+    // The queueing attempts' counts reach the statistics when their sessions go idle.
+    sleep(Duration::from_secs(1)).await;
     let before = acquire_calls(&admin, schema).await;
     // Four leases of the holder's, renewed by its watchdog.
     sleep(4 * TTL).await;
     assert!(!held.is_lost(), "the holder's watchdog keeps its lease");
     let during = acquire_calls(&admin, schema).await - before;
     // The queue's head (and the next) look again once per lease of the holder's: a few
-    // dozen attempts at most. One attempt per waiter per lease would be about 800.
+    // attempts (8 on an idle machine, 58 once under a loaded CI run, where late statistics
+    // and slow first attempts land in the window). One attempt per waiter per lease is
+    // about 800 (886 before the waiters' polling was bounded): fewer than one per waiter
+    // tells the two apart.
     assert!(
-        during < (WAITERS / 4) as i64,
+        during < WAITERS as i64,
         "{during} attempts by {WAITERS} waiters while the lock was held for {:?}",
         4 * TTL
     );
