@@ -501,7 +501,7 @@ pub(crate) struct HoldArgs {
     /// Lease length; renewed at a third of it while dlock holds the lock, so another
     /// client can have it at most this long after dlock stops renewing (killed with
     /// SIGKILL, its machine down).
-    #[arg(long, value_parser = parse_duration, default_value = "30s")]
+    #[arg(long, value_parser = parse_held_ttl, default_value = "30s")]
     pub(crate) ttl: Duration,
     #[command(flatten)]
     pub(crate) holder: HolderArgs,
@@ -640,6 +640,16 @@ fn parse_renewed_ttl(s: &str) -> Result<Duration, String> {
 }
 
 /// `--ttl` of `acquire` and `extend`, whose lease nothing renews.
+/// `dlock hold`'s lease: renewed while it runs, as `run`'s.
+fn parse_held_ttl(s: &str) -> Result<Duration, String> {
+    capped(
+        s,
+        "the lease is renewed every third of --ttl for as long as dlock hold runs, so the \
+        lock is held however long that takes: --ttl is only how long the lock outlives a \
+        dlock that crashed (default 30s)",
+    )
+}
+
 fn parse_lease(s: &str) -> Result<Duration, String> {
     capped(
         s,

@@ -418,7 +418,15 @@ fn etcd_failures_are_words_and_a_hint() {
 #[test]
 fn usage_errors_say_what_to_type() {
     let url = "redis://127.0.0.1:1";
-    let cases: [(&[&str], String); 5] = [
+    let cases: [(&[&str], String); 6] = [
+        (
+            &["hold", "--ttl", "48h", "x"],
+            "dlock: invalid value '48h' for '--ttl <TTL>': at most 24h (the longest lease); the \
+             lease is renewed every third of --ttl for as long as dlock hold runs, so the lock \
+             is held however long that takes: --ttl is only how long the lock outlives a dlock \
+             that crashed (default 30s) (see dlock --help)"
+                .to_owned(),
+        ),
         (
             &["run", "--ttl", "48h", "x", "--", "true"],
             "dlock: invalid value '48h' for '--ttl <TTL>': at most 24h (the longest lease); the \

@@ -260,7 +260,7 @@ fn outside_runtime() -> Result<()> {
         return Err(Error::new(
             ErrorKind::InvalidArgument,
             "fencelock::blocking was called from async code (a task or a block_on future), \
-             where blocking would stall the runtime's thread: use dlock's async API there, \
+             where blocking would stall the runtime's thread: use fencelock's async API there, \
              or move the blocking code into tokio::task::spawn_blocking",
         ));
     }

@@ -523,7 +523,7 @@ fn parse_url(url: &str) -> Result<Url> {
     }
     if tls && !cfg!(feature = "postgres-tls") {
         return Err(bad(
-            "TLS (sslmode=require or verify-*) needs dlock's feature postgres-tls",
+            "TLS (sslmode=require or verify-*) needs fencelock's feature postgres-tls",
         ));
     }
     check_schema(&schema)?;
@@ -615,7 +615,7 @@ impl Connector {
         }
         #[cfg(not(feature = "postgres-tls"))]
         {
-            Err(Error::invalid("TLS needs dlock's feature postgres-tls"))
+            Err(Error::invalid("TLS needs fencelock's feature postgres-tls"))
         }
     }
 
