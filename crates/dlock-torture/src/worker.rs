@@ -356,6 +356,11 @@ const READ_EVERY: u64 = 3;
 /// it makes their race windows as wide as a slow network would.
 const GAP: Duration = Duration::from_millis(30);
 
+/// get-del's gap between its release's GET and DEL, where its pause must land: wide
+/// enough that the nemesis, told of the release on a loaded machine, stops the worker
+/// inside it (a CI run once saw the pause land after the DEL).
+const GET_DEL_GAP: Duration = Duration::from_millis(250);
+
 /// The read-modify-write's pause between read and write: a fault aimed at a holder lands
 /// inside it.
 const CRITICAL: Duration = Duration::from_millis(10);
@@ -739,7 +744,7 @@ impl Worker {
             Kind::GetDel => {
                 let current: Option<String> =
                     redis::cmd("GET").arg(key).query_async(c).await.ok()?;
-                tokio::time::sleep(GAP).await;
+                tokio::time::sleep(GET_DEL_GAP).await;
                 if current.as_deref() == Some(token.as_str()) {
                     let n: i64 = redis::cmd("DEL").arg(key).query_async(c).await.ok()?;
                     Some(n == 1)

@@ -20,6 +20,7 @@
 //! | `postgres-tls` | TLS for PostgreSQL (rustls) | `?sslmode=require`, `verify-ca`, `verify-full` |
 //! | `zookeeper` | [`backend::ZooKeeper`] | `zk://` |
 //! | (always) | [`backend::Memory`] (in-process), [`backend::Quorum`] over any of them | |
+//! | `simulation` | hooks for the workspace's deterministic simulator (seeded tokens, planted bugs): test kit only, never in production | |
 //!
 //! ```toml
 //! [dependencies]
@@ -173,6 +174,10 @@ pub mod raw;
 mod reentrant;
 mod rwlock;
 mod semaphore;
+#[cfg(feature = "simulation")]
+pub mod simulation;
+#[cfg(not(feature = "simulation"))]
+mod simulation;
 mod token;
 pub mod validity;
 

@@ -45,12 +45,14 @@ impl Token {
     /// [`ErrorKind::Backend`] if the OS generator fails (it practically never does).
     pub fn random() -> Result<Token> {
         let mut random = [0u8; Self::RANDOM_BYTES];
-        draw(&mut random).map_err(|e| {
-            Error::new(
-                ErrorKind::Backend,
-                format!("OS random generator failed: {e}"),
-            )
-        })?;
+        if !crate::simulation::fill(&mut random) {
+            draw(&mut random).map_err(|e| {
+                Error::new(
+                    ErrorKind::Backend,
+                    format!("OS random generator failed: {e}"),
+                )
+            })?;
+        }
         const DIGITS: &[u8; 16] = b"0123456789abcdef";
         let mut bytes = [0u8; INLINE];
         for (pair, b) in bytes.chunks_exact_mut(2).zip(random) {

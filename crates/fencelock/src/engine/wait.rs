@@ -69,7 +69,7 @@ impl Backoff {
 /// A uniform number in [0, 1) for jitter. Not for secrets.
 pub(crate) fn jitter() -> f64 {
     let mut b = [0u8; 4];
-    if getrandom::fill(&mut b).is_err() {
+    if !crate::simulation::fill(&mut b) && getrandom::fill(&mut b).is_err() {
         return 0.5;
     }
     f64::from(u32::from_le_bytes(b)) / (f64::from(u32::MAX) + 1.0)
