@@ -662,7 +662,11 @@ impl<B: RawElection> Observing<B> {
             let announced = watch.is_active();
             let timer = self.fallback(announced);
             self.wait(timer, async {
+                // In order (no draw from the runtime's generator, so a seed replays): an
+                // announcement in by the time the timer fires is taken and passed on to
+                // the other observers, and reported as a change.
                 tokio::select! {
+                    biased;
                     () = watch.released() => {
                         // One announcement wakes one listener of this client: pass it on
                         // to the other observers of the election that are waiting now.

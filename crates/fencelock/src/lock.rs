@@ -13,6 +13,7 @@ use crate::keys::{DEFAULT_PREFIX, LockKeys};
 use crate::observe::{self, Call, Extra, Obs, call_span, field, metric, op, outcome, span};
 use crate::options::{Options, builder_options};
 use crate::raw::{Acquire, LockState, RawFencing, RawInspect, RawLock, ReleaseWatch};
+use crate::simulation::Plant;
 use crate::token::{FencingToken, Token};
 
 /// Shortest lease accepted: the watchdog must be able to renew it (at a third of it) over
@@ -532,7 +533,11 @@ impl<B: RawLock> Lock<B> {
                 }
                 None => (self.obs.wait_span(self.name(), Some(sleep)), Instant::now()),
             };
+            // In order (no draw from the runtime's generator, so a seed replays): a
+            // release announced by the time the timer fires is taken, not left for the
+            // timer's attempt to find by chance.
             tokio::select! {
+                biased;
                 () = watch.released() => {
                     woken = Some(PassOn::new(watch.notifier(), &self.obs));
                     woken_by = Extra::WokenRelease;
@@ -727,7 +732,8 @@ struct Waiting<'a, B: RawLock> {
 
 impl<B: RawLock> Drop for Waiting<'_, B> {
     fn drop(&mut self) {
-        if self.unsettled {
+        // (A bug planted for the simulator keeps the grant.)
+        if self.unsettled && !crate::simulation::planted(Plant::CancelledGrantKept) {
             spawn_release_observed(self.backend, self.keys, self.token, self.obs);
         }
         if !self.queued || !B::QUEUES_WAITERS {
@@ -897,6 +903,9 @@ struct PendingAcquire<'a, B: RawLock> {
 
 impl<B: RawLock> Drop for PendingAcquire<'_, B> {
     fn drop(&mut self) {
+        if crate::simulation::planted(Plant::CancelledGrantKept) {
+            return; // planted for the simulator: the grant is kept
+        }
         if let Some(token) = self.token {
             spawn_release_observed(self.backend, self.keys, token, self.obs);
         }

@@ -31,6 +31,9 @@ impl Drift {
 
     /// The allowance for a lease of `ttl` (a factor outside 0..1 counts as 0 or 1).
     pub fn of(&self, ttl: Duration) -> Duration {
+        if crate::simulation::planted(crate::simulation::Plant::NoDriftAllowance) {
+            return Duration::ZERO; // planted for the simulator: no allowance at all
+        }
         let factor = if self.factor.is_finite() {
             self.factor.clamp(0.0, 1.0)
         } else {

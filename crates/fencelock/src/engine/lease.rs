@@ -48,6 +48,15 @@ struct Current {
     end: End,
 }
 
+/// Where the validity of a grant or renewal whose request was sent at `sent` starts: at
+/// `sent` (a bug planted for the simulator counts it from now, when the reply is in).
+fn from_sent(sent: Instant) -> Instant {
+    if crate::simulation::planted(crate::simulation::Plant::ValidityFromReply) {
+        return Instant::now(); // planted: from the reply
+    }
+    sent
+}
+
 fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
@@ -79,13 +88,14 @@ impl Lease {
         kind: LeaseKind,
         obs: Obs,
     ) -> Lease {
+        let from = from_sent(sent);
         Lease {
             keys,
             token,
             kind,
             obs,
             state: Mutex::new(Current {
-                valid_until: drift.valid_until(sent.into_std(), ttl).into(),
+                valid_until: drift.valid_until(from.into_std(), ttl).into(),
                 sent,
                 ttl_nanos: nanos(ttl),
                 end: End::Held,
@@ -144,7 +154,10 @@ impl Lease {
         // moves the validity.
         if sent >= s.sent {
             s.sent = sent;
-            s.valid_until = self.drift.valid_until(sent.into_std(), ttl).into();
+            s.valid_until = self
+                .drift
+                .valid_until(from_sent(sent).into_std(), ttl)
+                .into();
         }
         true
     }
@@ -189,7 +202,10 @@ impl Lease {
                 if s.end != End::Held || Instant::now() >= s.valid_until {
                     return;
                 }
+                // In order (no draw from the runtime's generator, so a seed replays):
+                // an end returns at once, without another look.
                 tokio::select! {
+                    biased;
                     () = ended => return,
                     // Renewed meanwhile? The next round sleeps until the new validity.
                     () = tokio::time::sleep_until(s.valid_until) => {}
