@@ -68,17 +68,23 @@ pub(crate) fn fill(bytes: &mut [u8]) -> bool {
 #[cfg_attr(not(feature = "simulation"), allow(unreachable_pub))]
 pub enum Plant {
     /// A lease's validity is counted from the reply's arrival instead of the request's
-    /// sending.
+    /// sending: every grant (an attempt's, a hand-over's, a read-write downgrade's),
+    /// every `extend` and every watchdog renewal, of every primitive.
     ValidityFromReply,
-    /// No clock-drift allowance: a lease is relied on for its whole ttl.
+    /// No clock-drift allowance: a lease is relied on for its whole ttl (the allowance
+    /// is zero wherever it is applied, renewal periods included).
     NoDriftAllowance,
-    /// A cancelled acquire whose request may have been granted does not give the grant
-    /// back.
+    /// An acquire whose request may have been granted does not give the grant back when
+    /// it is cancelled mid-flight, nor when it fails with its outcome unknown (its reply
+    /// lost), nor when its wait ends with such an attempt unsettled.
     CancelledGrantKept,
-    /// A waiter that consumed a release's wake-up and then left does not pass it on.
+    /// A waiter that consumed a release's wake-up and then left does not pass it on to
+    /// the next local waiter; and the in-process store does not give a fair lock's turn
+    /// on to the next in line when the head of its queue leaves.
     WakeNotPassedOn,
     /// A renewal batch whose reply is shorter than the batch counts the missing
-    /// renewals as done.
+    /// renewals as done (their leases extended from the batch's sending), where the
+    /// library otherwise counts every renewal of the batch as failed.
     ShortBatchAllRenewed,
 }
 
