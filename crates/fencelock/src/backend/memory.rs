@@ -19,6 +19,9 @@ use crate::raw::{
 use crate::reentrant::ReentrantEntry;
 use crate::token::Token;
 
+#[cfg(feature = "simulation")]
+mod sim;
+
 /// An in-process lock store: for single-process programs, tests and doctests.
 ///
 /// It follows the same contract as the networked stores (leases expire by themselves,
