@@ -23,6 +23,15 @@ pub struct SimStore {
     pub(crate) inner: Memory,
     pub(crate) client: usize,
     pub(crate) world: Shared,
+    /// This client's subscriptions by channel: one notifier that all its waiters on the
+    /// channel share (as a networked store's client has), fed by one forwarder.
+    channels: Arc<std::sync::Mutex<std::collections::BTreeMap<String, std::sync::Weak<Channel>>>>,
+}
+
+/// One client's subscription to one channel.
+struct Channel {
+    notify: Arc<Notify>,
+    _forwarder: Forwarder,
 }
 
 impl std::fmt::Debug for SimStore {
@@ -49,7 +58,52 @@ impl SimStore {
             inner: store.client(),
             client,
             world: world.clone(),
+            channels: Arc::default(),
         }
+    }
+
+    /// A watch on this client's subscription to `channel`, made from `store_watch` if
+    /// the client does not listen on it yet: every waiter of the client on the channel
+    /// shares its notifier, so a wake-up one waiter passes on reaches the next.
+    pub(crate) fn forward_shared(&self, channel: &str, store_watch: ReleaseWatch) -> ReleaseWatch {
+        if !store_watch.is_active() {
+            return store_watch;
+        }
+        let mut channels = self
+            .channels
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let shared = match channels.get(channel).and_then(std::sync::Weak::upgrade) {
+            Some(c) => c,
+            None => {
+                let notify = Arc::new(Notify::new());
+                let task = self.forwarder(store_watch, Arc::clone(&notify));
+                let c = Arc::new(Channel {
+                    notify,
+                    _forwarder: Forwarder(task),
+                });
+                channels.insert(channel.to_owned(), Arc::downgrade(&c));
+                c
+            }
+        };
+        ReleaseWatch::new(Arc::clone(&shared.notify), Some(Box::new(shared)))
+    }
+
+    /// The task that hands the store's wake-ups to `to` (losing them while the client's
+    /// channel is deaf).
+    fn forwarder(&self, store_watch: ReleaseWatch, to: Arc<Notify>) -> tokio::task::JoinHandle<()> {
+        self.world.notifier(self.client, &to);
+        let (world, client) = (self.world.clone(), self.client);
+        tokio::spawn(async move {
+            loop {
+                store_watch.released().await;
+                if world.deaf(client) {
+                    world.event(&format!("c{client}"), format_args!("notification lost"));
+                    continue;
+                }
+                to.notify_one();
+            }
+        })
     }
 
     fn who(&self) -> String {
@@ -123,18 +177,7 @@ impl SimStore {
             return store_watch;
         }
         let notify = Arc::new(Notify::new());
-        self.world.notifier(self.client, &notify);
-        let (to, world, client) = (Arc::clone(&notify), self.world.clone(), self.client);
-        let task = tokio::spawn(async move {
-            loop {
-                store_watch.released().await;
-                if world.deaf(client) {
-                    world.event(&format!("c{client}"), format_args!("notification lost"));
-                    continue;
-                }
-                to.notify_one();
-            }
-        });
+        let task = self.forwarder(store_watch, Arc::clone(&notify));
         ReleaseWatch::new(notify, Some(Box::new(Forwarder(task))))
     }
 }
@@ -190,7 +233,11 @@ impl RawLock for SimStore {
                     // The planted bug: a delete that does not check the owner.
                     return Ok(self.inner.force_delete(keys.lock()));
                 }
-                self.inner.release(keys, token).await
+                let r = self.inner.release(keys, token).await;
+                if matches!(r, Ok(true)) {
+                    self.world.released(keys.lock());
+                }
+                r
             },
             yes,
         )
@@ -276,7 +323,7 @@ impl RawLock for SimStore {
                 |_| String::from("ok"),
             )
             .await?;
-        Ok(self.forward(w))
+        Ok(self.forward_shared(keys.channel(), w))
     }
 
     fn store_id(&self) -> String {

@@ -77,7 +77,12 @@ pub(crate) async fn lock_task(
                 Some(d) => lock.try_lock_for(d).await,
             }
         };
-        match maybe_cancel(cancel, attempt).await {
+        if acquire.is_none() {
+            world.waiting(&who, Some(&key));
+        }
+        let outcome = maybe_cancel(cancel, attempt).await;
+        world.waiting(&who, None);
+        match outcome {
             None => world.event(&who, format_args!("{what} {key}: cancelled")),
             Some(Err(e)) => world.event(&who, format_args!("{what} {key}: error {e}")),
             Some(Ok(None)) => world.event(&who, format_args!("{what} {key}: not granted")),
@@ -98,6 +103,14 @@ async fn hold(who: &str, world: &Shared, rng: &mut Rng, slot: &Slot<Held>, held:
     let ttl = held.guard.lease();
     let key = held.key.clone();
     world.event(who, format_args!("holds {key} fence {fence} token {token}"));
+    // Checker 4: when the guard can no longer vouch for the lease, `lost()` has fired.
+    let fired = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let lost = held.guard.lost();
+    let flag = std::sync::Arc::clone(&fired);
+    tokio::spawn(async move {
+        lost.await;
+        flag.store(true, std::sync::atomic::Ordering::Relaxed);
+    });
     *slot
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(held);
@@ -138,10 +151,18 @@ async fn hold(who: &str, world: &Shared, rng: &mut Rng, slot: &Slot<Held>, held:
                     );
                 }
             }
-            _ => {
+            Some((false, _)) => {
                 world.event(who, format_args!("lease of {key} lost"));
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                if !fired.load(std::sync::atomic::Ordering::Relaxed) {
+                    world.violation(
+                        "lost",
+                        format!("{who}'s hold of {key} is lost but lost() never fired"),
+                    );
+                }
                 break;
             }
+            None => break,
         }
         if rng.chance(0.1) {
             let cancel = rng

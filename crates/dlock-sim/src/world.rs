@@ -169,6 +169,14 @@ pub struct World {
     pub(crate) faults: FaultCounts,
     /// Keys the workload used (checked for leaks at the end).
     pub(crate) keys: std::collections::BTreeSet<String>,
+    /// Tasks blocked in a wait without deadline: task → (key, since).
+    waiting: BTreeMap<String, (String, Instant)>,
+    /// When each key was last granted.
+    granted_at: BTreeMap<String, Instant>,
+    /// Until when something disturbed the network or the store (a lost or duplicated
+    /// request, a slow trip, a fault window): the wake-up checker looks only at quiet
+    /// stretches.
+    disturbed_until: Instant,
 }
 
 /// The world, shared by the stores, the tasks and the nemesis.
@@ -222,6 +230,9 @@ impl Shared {
             violations: Vec::new(),
             faults: FaultCounts::default(),
             keys: std::collections::BTreeSet::new(),
+            waiting: BTreeMap::new(),
+            granted_at: BTreeMap::new(),
+            disturbed_until: Instant::now(),
         })))
     }
 
@@ -260,14 +271,71 @@ impl Shared {
         let there = one_way(r);
         let back = one_way(r);
         let faulty = |r: &mut Rng, p: f64| !calm && r.chance(p);
-        Fate {
+        let fate = Fate {
             there,
             back,
             lose_request: faulty(r, rates.lose_request),
             lose_reply: faulty(r, rates.lose_reply),
             duplicate: faulty(r, rates.duplicate),
             short_batch: faulty(r, rates.short_batch),
+        };
+        if fate.lose_request
+            || fate.lose_reply
+            || fate.duplicate
+            || fate.short_batch
+            || there + back > Duration::from_millis(40)
+        {
+            let end = Instant::now() + there + back;
+            w.disturbed_until = w.disturbed_until.max(end);
         }
+        fate
+    }
+
+    /// A task starts (`Some(key)`) or ends (`None`) a wait without deadline.
+    pub(crate) fn waiting(&self, task: &str, key: Option<&str>) {
+        let mut w = self.lock();
+        match key {
+            Some(k) => {
+                w.waiting
+                    .insert(task.to_owned(), (k.to_owned(), Instant::now()));
+            }
+            None => {
+                w.waiting.remove(task);
+            }
+        }
+    }
+
+    /// The store released `key`: a task that waited for it since before, on a quiet
+    /// network, must be granted it (or someone must) within half a ttl — a wake-up
+    /// lost inside the client leaves the lock free until the waiter's fallback timer.
+    pub(crate) fn released(&self, key: &str) {
+        let at = Instant::now();
+        let within = self.lock().ttl / 2;
+        let world = self.clone();
+        let key = key.to_owned();
+        tokio::spawn(async move {
+            tokio::time::sleep(within).await;
+            let mut w = world.lock();
+            let quiet = w.disturbed_until + w.ttl < at && !w.calm;
+            let granted = w.granted_at.get(&key).is_some_and(|&g| g >= at);
+            let stuck = w
+                .waiting
+                .iter()
+                .find(|(_, (k, since))| *k == key && *since < at)
+                .map(|(t, _)| t.clone());
+            if quiet
+                && !granted
+                && let Some(task) = stuck
+            {
+                let since = at - w.start;
+                w.violation(
+                    "wakeup",
+                    format!(
+                        "{key} released at {since:?} and free since, while {task} waited for it"
+                    ),
+                );
+            }
+        });
     }
 
     /// Whether `client` is cut off from the store now.
@@ -324,6 +392,7 @@ impl Shared {
             );
         }
         w.grants.insert(key.to_owned(), (fence, token.to_owned()));
+        w.granted_at.insert(key.to_owned(), Instant::now());
     }
 
     /// Checker 1, after the store changed (or a lease may have ended): every task that
@@ -373,6 +442,11 @@ impl Shared {
     pub(crate) fn inject(&self, fault: Fault) {
         let mut w = self.lock();
         let now = Instant::now();
+        let window = match fault {
+            Fault::Partition { length, .. } | Fault::Pause { length } => length,
+            Fault::Reset { .. } | Fault::Restart { .. } => w.ttl,
+        };
+        w.disturbed_until = w.disturbed_until.max(now + window);
         match fault {
             Fault::Partition { client, length } => {
                 w.links[client].cut_until = Some(now + length);
