@@ -658,14 +658,36 @@ impl<B: RawLock> Lock<B> {
         };
         pending.token = None;
         drop(pending);
-        self.guard(token.clone(), sent, fence)
-            .map(Attempt::Got)
-            .map_err(settled)
+        // A grant whose reply came too late to rely on is not given back here: the wait
+        // may repeat the attempt under the same token (which the store then renews), and
+        // a give-back sent now could land after that repeat and take its grant away. It
+        // is unsettled: the next attempt settles it, or the wait's end gives it back.
+        match self.make_guard(token.clone(), sent, fence, false) {
+            Ok(guard) => Ok(Attempt::Got(guard)),
+            Err(Late(err)) => Err(Failed {
+                err,
+                unsettled: true,
+            }),
+            Err(Refused(err)) => Err(settled(err)),
+        }
     }
 
     /// Wraps a grant made under `token` (request sent at `sent`) in a guard, registering
     /// its lease with the watchdog.
     pub(crate) fn guard(&self, token: Token, sent: Instant, fence: u64) -> Result<LockGuard<B>> {
+        self.make_guard(token, sent, fence, true)
+            .map_err(|(Late(err) | Refused(err))| err)
+    }
+
+    /// [`guard`](Lock::guard); a grant already past its validity is given back in the
+    /// background only if `give_back_late` (else the caller settles it).
+    fn make_guard(
+        &self,
+        token: Token,
+        sent: Instant,
+        fence: u64,
+        give_back_late: bool,
+    ) -> std::result::Result<LockGuard<B>, NoGuard> {
         let lease = Arc::new(Lease::new(
             self.keys.clone(),
             token,
@@ -676,8 +698,10 @@ impl<B: RawLock> Lock<B> {
             self.obs.clone(),
         ));
         if lease.is_lost_at(Instant::now()) {
-            spawn_release_observed(&self.backend, &lease.keys, &lease.token, &self.obs);
-            return Err(Error::new(
+            if give_back_late {
+                spawn_release_observed(&self.backend, &lease.keys, &lease.token, &self.obs);
+            }
+            return Err(Late(Error::new(
                 ErrorKind::TimedOut,
                 format!(
                     "the store granted lock {:?} but its reply took {:?}, past the lease's \
@@ -686,7 +710,7 @@ impl<B: RawLock> Lock<B> {
                     sent.elapsed(),
                     self.ttl
                 ),
-            ));
+            )));
         }
         let registration = if self.watchdog {
             match self
@@ -698,7 +722,7 @@ impl<B: RawLock> Lock<B> {
                 Ok(id) => std::num::NonZeroU64::new(id),
                 Err(err) => {
                     spawn_release_observed(&self.backend, &lease.keys, &lease.token, &self.obs);
-                    return Err(err);
+                    return Err(Refused(err));
                 }
             }
         } else {
@@ -716,6 +740,15 @@ impl<B: RawLock> Lock<B> {
         })
     }
 }
+
+/// Why [`Lock::make_guard`] made no guard.
+enum NoGuard {
+    /// The grant's reply came past its validity (given back or left unsettled).
+    Late(Error),
+    /// The grant could not be registered (given back).
+    Refused(Error),
+}
+use NoGuard::{Late, Refused};
 
 /// Withdraws a waiter's queue entry in the background when its wait ends without a grant,
 /// and gives back what an attempt whose outcome is still unknown may have been granted.
