@@ -211,11 +211,18 @@ async fn simulate(seed: u64, options: Options) -> Outcome {
         lose_request: rng.unit() * 0.05,
         lose_reply: rng.unit() * 0.05,
         duplicate: rng.unit() * 0.03,
-        short_batch: rng.unit() * 0.1,
+        short_batch: rng.unit() * 0.3,
         slow: rng.unit() * 0.02,
     };
-    if options.plant == Some(Plant::ShortBatchAllRenewed) {
-        rates.short_batch = rates.short_batch.max(0.05);
+    if rng.chance(0.3) {
+        // A quiet network: where the wake-up and ghost checkers can look.
+        rates = Rates {
+            lose_request: 0.0,
+            lose_reply: 0.0,
+            duplicate: 0.0,
+            short_batch: 0.0,
+            slow: 0.0,
+        };
     }
     let store = Memory::new();
     let world = Shared::new(store.clone(), clients, &mut rng, ttl, rates, options);

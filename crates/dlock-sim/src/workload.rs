@@ -64,6 +64,14 @@ pub(crate) async fn lock_task(
         let key = lock.keys().lock().to_owned();
         let op = rng.below(100);
         let cancel = rng.chance(0.2).then(|| rng.duration(Duration::ZERO, ttl));
+        // Or cancelled just after the next release of the lock: where a waiter was
+        // woken and has not made its next attempt yet.
+        let on_release = (cancel.is_none() && rng.chance(0.35)).then(|| {
+            (
+                world.release_signal(&key),
+                rng.duration(Duration::ZERO, Duration::from_millis(4)),
+            )
+        });
         let wait = rng.duration(Duration::ZERO, ttl * 2);
         let (what, acquire) = match op {
             0..35 => ("lock", None),
@@ -77,14 +85,35 @@ pub(crate) async fn lock_task(
                 Some(d) => lock.try_lock_for(d).await,
             }
         };
+        world.event(&who, format_args!("{what} {key} starts"));
         if acquire.is_none() {
             world.waiting(&who, Some(&key));
         }
-        let outcome = maybe_cancel(cancel, attempt).await;
+        let began = Instant::now();
+        let outcome = match on_release {
+            Some((signal, delay)) => {
+                let cancel = async {
+                    signal.notified().await;
+                    tokio::time::sleep(delay).await;
+                };
+                tokio::select! {
+                    biased;
+                    r = attempt => Some(r),
+                    () = cancel => None,
+                }
+            }
+            None => maybe_cancel(cancel, attempt).await,
+        };
         world.waiting(&who, None);
         match outcome {
-            None => world.event(&who, format_args!("{what} {key}: cancelled")),
-            Some(Err(e)) => world.event(&who, format_args!("{what} {key}: error {e}")),
+            None => {
+                world.event(&who, format_args!("{what} {key}: cancelled"));
+                world.ghost_check(&key, began);
+            }
+            Some(Err(e)) => {
+                world.event(&who, format_args!("{what} {key}: error {e}"));
+                world.ghost_check(&key, began);
+            }
             Some(Ok(None)) => world.event(&who, format_args!("{what} {key}: not granted")),
             Some(Ok(Some(guard))) => {
                 hold(&who, &world, &mut rng, &slot, Held { guard, key }).await;
@@ -103,6 +132,7 @@ async fn hold(who: &str, world: &Shared, rng: &mut Rng, slot: &Slot<Held>, held:
     let ttl = held.guard.lease();
     let key = held.key.clone();
     world.event(who, format_args!("holds {key} fence {fence} token {token}"));
+    world.known(&token);
     // Checker 4: when the guard can no longer vouch for the lease, `lost()` has fired.
     let fired = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let lost = held.guard.lost();

@@ -173,6 +173,14 @@ pub struct World {
     waiting: BTreeMap<String, (String, Instant)>,
     /// When each key was last granted.
     granted_at: BTreeMap<String, Instant>,
+    /// Every token that reached a task (held, or forgotten by it).
+    known: std::collections::BTreeSet<String>,
+    /// When each token was last granted.
+    granted_token_at: BTreeMap<String, Instant>,
+    /// Woken at every release of a key (tasks cancel their waits at such moments).
+    release_signals: BTreeMap<String, Arc<Notify>>,
+    /// The clients subscribed to each plain lock's release channel.
+    subscribers: BTreeMap<String, Vec<(usize, Weak<Notify>)>>,
     /// Until when something disturbed the network or the store (a lost or duplicated
     /// request, a slow trip, a fault window): the wake-up checker looks only at quiet
     /// stretches.
@@ -232,6 +240,10 @@ impl Shared {
             keys: std::collections::BTreeSet::new(),
             waiting: BTreeMap::new(),
             granted_at: BTreeMap::new(),
+            known: std::collections::BTreeSet::new(),
+            granted_token_at: BTreeMap::new(),
+            release_signals: BTreeMap::new(),
+            subscribers: BTreeMap::new(),
             disturbed_until: Instant::now(),
         })))
     }
@@ -305,12 +317,89 @@ impl Shared {
         }
     }
 
+    /// `client` listens on `channel` through `notify`.
+    pub(crate) fn subscribe(&self, channel: &str, client: usize, notify: &Arc<Notify>) {
+        let mut w = self.lock();
+        let list = w.subscribers.entry(channel.to_owned()).or_default();
+        list.retain(|(_, n)| n.strong_count() > 0);
+        list.push((client, Arc::downgrade(notify)));
+    }
+
+    /// A release announced on `channel`: every subscribed client hears it (one waiter of
+    /// each is woken), unless its channel is deaf.
+    pub(crate) fn broadcast(&self, channel: &str) {
+        let mut w = self.lock();
+        let now = Instant::now();
+        let mut heard = Vec::new();
+        for (client, n) in w.subscribers.get(channel).into_iter().flatten() {
+            if w.links[*client].deaf_until.is_some_and(|u| now < u) {
+                continue;
+            }
+            if let Some(n) = n.upgrade() {
+                n.notify_one();
+                heard.push(*client);
+            }
+        }
+        w.event(
+            "store",
+            format_args!("release announced on {channel} to clients {heard:?}"),
+        );
+    }
+
+    /// `token` reached a task (checker 3's ghost holds are tokens that never did).
+    pub(crate) fn known(&self, token: &str) {
+        self.lock().known.insert(token.to_owned());
+    }
+
+    /// Woken at the next release of `key`.
+    pub(crate) fn release_signal(&self, key: &str) -> Arc<Notify> {
+        let mut w = self.lock();
+        Arc::clone(w.release_signals.entry(key.to_owned()).or_default())
+    }
+
+    /// An acquisition of `key` that began at `since` was cancelled or failed: on a quiet network, whatever the
+    /// store granted it is given back within a round trip, so a quarter of a ttl later
+    /// no token of `key` that never reached a task may still hold it (a ghost hold
+    /// blocks everyone for the rest of its ttl).
+    pub(crate) fn ghost_check(&self, key: &str, since: Instant) {
+        let at = Instant::now();
+        let after = self.lock().ttl / 4;
+        let world = self.clone();
+        let key = key.to_owned();
+        tokio::spawn(async move {
+            tokio::time::sleep(after).await;
+            let now = Instant::now();
+            let store = world.lock().store.clone();
+            let holders = store.holders(&key);
+            let mut w = world.lock();
+            // Quiet from the acquisition's start to now; a ghost is a grant made while
+            // it ran that no task ever got.
+            let quiet = w.disturbed_until < since && !w.calm;
+            let ghost = holders.iter().find(|(t, _)| {
+                !w.known.contains(t)
+                    && w.granted_token_at.get(t).is_some_and(|&g| {
+                        g >= since && g <= at && g + Duration::from_millis(50) <= now
+                    })
+            });
+            if quiet && let Some((token, _)) = ghost {
+                let what = format!(
+                    "{key} held by {token}, granted to an acquisition that never returned it and not given back"
+                );
+                w.violation("ghost", what);
+            }
+        });
+    }
+
     /// The store released `key`: a task that waited for it since before, on a quiet
-    /// network, must be granted it (or someone must) within half a ttl — a wake-up
+    /// network, must be granted it (or someone must) within a quarter of a ttl (100 ms
+    /// at least: a few round trips) — a wake-up
     /// lost inside the client leaves the lock free until the waiter's fallback timer.
     pub(crate) fn released(&self, key: &str) {
         let at = Instant::now();
-        let within = self.lock().ttl / 2;
+        let within = (self.lock().ttl / 4).max(Duration::from_millis(100));
+        if let Some(n) = self.lock().release_signals.get(key) {
+            n.notify_waiters();
+        }
         let world = self.clone();
         let key = key.to_owned();
         tokio::spawn(async move {
@@ -359,6 +448,7 @@ impl Shared {
     }
 
     /// Whether a notification to `client` is lost now.
+    #[allow(dead_code)] // until the family's watches use it
     pub(crate) fn deaf(&self, client: usize) -> bool {
         let w = self.lock();
         w.links[client]
@@ -393,6 +483,7 @@ impl Shared {
         }
         w.grants.insert(key.to_owned(), (fence, token.to_owned()));
         w.granted_at.insert(key.to_owned(), Instant::now());
+        w.granted_token_at.insert(token.to_owned(), Instant::now());
     }
 
     /// Checker 1, after the store changed (or a lease may have ended): every task that
@@ -483,6 +574,14 @@ impl Shared {
                     // nothing but the fences protects the resource.
                     let keep_fences = w.plant != Some(Plant::FenceReset);
                     w.store.restart(keep_fences);
+                    for n in w
+                        .subscribers
+                        .values()
+                        .flatten()
+                        .filter_map(|(_, n)| n.upgrade())
+                    {
+                        n.notify_waiters();
+                    }
                     w.excused_until = Some(now + w.ttl + w.ttl / 10);
                     w.faults.add("restart-lost");
                 }

@@ -327,6 +327,10 @@ impl<B: RawLock> Lock<B> {
         // `dlock.wait` span opens before that attempt (whose `dlock.acquire` is its child)
         // and, if the store answers without the lock, goes on through the sleep after it.
         let mut store_wait: Option<(tracing::Span, Instant)> = None;
+        // The latest subscription failed (a lost reply, a reconnect): the wait polls, and
+        // subscribes again after its next pause rather than polling to its end.
+        let mut watch_failed = false;
+        let mut subscribe_again = false;
         loop {
             let queue = watch.as_ref().is_some_and(ReleaseWatch::is_active);
             // From its sending on, the attempt may leave an entry in the store's queue: a
@@ -475,9 +479,10 @@ impl<B: RawLock> Lock<B> {
                 }
                 return Ok(None);
             }
-            let Some(watch) = &watch else {
+            if watch.is_none() || subscribe_again {
                 // Subscribe, then try again at once: a release between our attempt and the
                 // subscription would otherwise go unheard.
+                subscribe_again = false;
                 acquisition.waiting();
                 let call = Call::new(call_span!(
                     span::WATCH,
@@ -497,10 +502,14 @@ impl<B: RawLock> Lock<B> {
                     None => subscribe.await,
                 };
                 call.done(&subscribed, |_| outcome::OK);
+                watch_failed = subscribed.is_err();
                 watch = Some(subscribed.unwrap_or_else(|err| {
-                    tracing::debug!(lock = self.name(), error = %err, "cannot watch releases; polling");
+                    tracing::debug!(lock = self.name(), error = %err, "cannot watch releases; polling, and subscribing again after the next pause");
                     ReleaseWatch::none()
                 }));
+                continue;
+            }
+            let Some(watch) = &watch else {
                 continue;
             };
             let mut sleep = if watch.is_active() {
@@ -545,6 +554,9 @@ impl<B: RawLock> Lock<B> {
                 () = tokio::time::sleep(sleep) => {}
             }
             self.obs.waited(&wait, woken_by, slept.elapsed());
+            if std::mem::take(&mut watch_failed) {
+                subscribe_again = true;
+            }
             // The store handed the lock over to us at a release, after our latest attempt
             // was processed: we hold it from no earlier than that attempt's sending. (If
             // that was long ago, the next attempt finds our token and renews it instead.)

@@ -17,6 +17,8 @@ struct Slow {
     inner: Memory,
     late_reply: Arc<Mutex<Option<Duration>>>,
     release_delay: Duration,
+    /// The next this many subscriptions fail (their reply lost).
+    failing_watches: Arc<Mutex<u32>>,
 }
 
 impl RawLock for Slow {
@@ -39,6 +41,21 @@ impl RawLock for Slow {
     }
 
     async fn watch(&self, keys: &LockKeys) -> Result<ReleaseWatch> {
+        let fail = self
+            .failing_watches
+            .lock()
+            .map(|mut n| {
+                let fail = *n > 0;
+                *n = n.saturating_sub(1);
+                fail
+            })
+            .unwrap_or(false);
+        if fail {
+            return Err(fencelock::Error::new(
+                fencelock::ErrorKind::Unavailable,
+                "subscription's reply lost",
+            ));
+        }
         self.inner.watch(keys).await
     }
 
@@ -59,6 +76,7 @@ async fn a_late_grant_s_give_back_does_not_take_the_repeated_grant_away() -> Res
         inner: store.client(),
         late_reply: Arc::new(Mutex::new(None)),
         release_delay: Duration::from_millis(200),
+        failing_watches: Arc::default(),
     };
     let holder = Lock::builder(store.client(), "job")
         .ttl(Duration::from_secs(10))
@@ -86,6 +104,46 @@ async fn a_late_grant_s_give_back_does_not_take_the_repeated_grant_away() -> Res
         store.holders("dlock:job"),
         vec![(token, 1)],
         "the store must hold the waiter's grant"
+    );
+    guard.release().await?;
+    Ok(())
+}
+
+/// Seed 1260: a waiter whose subscription's reply was lost polled for the rest of its
+/// wait (its back-off grows to half a second), never subscribing again: a release
+/// seconds later left the lock free while it slept.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_waiter_whose_subscription_failed_subscribes_again() -> Result<()> {
+    let store = Memory::new();
+    let slow = Slow {
+        inner: store.client(),
+        late_reply: Arc::new(Mutex::new(None)),
+        release_delay: Duration::ZERO,
+        failing_watches: Arc::new(Mutex::new(1)),
+    };
+    let holder = Lock::builder(store.client(), "job")
+        .ttl(Duration::from_secs(30))
+        .build()?;
+    let waiter = Lock::builder(slow, "job").build()?;
+    let first = holder.lock().await?;
+    let waiting = tokio::spawn(async move {
+        let guard = waiter.lock().await;
+        (guard, tokio::time::Instant::now())
+    });
+    // Long enough for the waiter's back-off to reach its ceiling.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let released = tokio::time::Instant::now();
+    first.release().await?;
+    let (guard, granted) = waiting
+        .await
+        .map_err(|e| fencelock::Error::new(fencelock::ErrorKind::Backend, e.to_string()))?;
+    let guard = guard?;
+    // Woken by the release (the simulated clock stands still while nothing sleeps), not
+    // by a poll up to half a second later.
+    assert!(
+        granted - released < Duration::from_millis(5),
+        "granted {:?} after the release",
+        granted - released
     );
     guard.release().await?;
     Ok(())
