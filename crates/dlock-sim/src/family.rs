@@ -260,7 +260,11 @@ impl RawRwLock for SimStore {
     ) -> Result<Acquire> {
         self.note_key(keys.lock());
         self.call(
-            if write { "acquire-write" } else { "acquire-read" },
+            if write {
+                "acquire-write"
+            } else {
+                "acquire-read"
+            },
             keys.lock(),
             Some(ttl),
             |t| async move {

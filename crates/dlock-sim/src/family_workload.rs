@@ -123,10 +123,9 @@ impl Family {
     /// two other primitives the seed draws.
     pub(crate) fn draw(rng: &mut Rng, store: &Memory, ttl: Duration, names: usize) -> Family {
         let others = &Primitive::ALL[1..];
-        let mono = rng.chance(0.3).then(|| {
-            *rng.pick(&Primitive::ALL)
-                .expect("seven primitives")
-        });
+        let mono = rng
+            .chance(0.3)
+            .then(|| *rng.pick(&Primitive::ALL).expect("seven primitives"));
         let mut subset = vec![*rng.pick(others).expect("six primitives")];
         if rng.chance(0.5) {
             let second = *rng.pick(others).expect("six primitives");
@@ -540,6 +539,12 @@ async fn semaphore_task(mut t: TaskCtx) {
         .collect();
     let slots = t.slots(1);
     f.register(&slots[0], &sems);
+    if rule == OtherCount::Set {
+        // Every acquire sets the count (to this client's, which may be lower).
+        for s in &sems {
+            f.lowering(s.keys().lock());
+        }
+    }
     while Instant::now() < t.until {
         let Some(sem) = t.rng.pick(&sems).cloned() else {
             return;
@@ -709,11 +714,10 @@ async fn rwlock_task(mut t: TaskCtx) {
                 }
             };
             let r = maybe_cancel(cancel, attempt).await;
-            outcome(&t.world, &t.who, &what, r)
-                .map(|g| {
-                    let fence = g.fencing_token().get();
-                    FamHeld::new(Guard::Write(g), &key, fence)
-                })
+            outcome(&t.world, &t.who, &what, r).map(|g| {
+                let fence = g.fencing_token().get();
+                FamHeld::new(Guard::Write(g), &key, fence)
+            })
         } else {
             let attempt = async {
                 match wait {
@@ -847,9 +851,12 @@ async fn observe(t: &mut TaskCtx, election: &Election<SimStore>) {
                 }
                 last = Some(term);
             }
-            Ok(Ok(change)) => {
-                t.world
-                    .event(&t.who, format_args!("observes {key}: {change:?}"));
+            Ok(Ok(LeaderChange::Vacant(v))) => {
+                // Not its time of vacancy: the wall clock's.
+                t.world.event(
+                    &t.who,
+                    format_args!("observes {key}: vacant after term {:?}", v.last_term),
+                );
             }
         }
     }
@@ -863,8 +870,7 @@ async fn hold(t: &mut TaskCtx, slots: &[Slot<FamHeld>], ctx: &Ctx<'_>) {
     for _ in 0..t.rng.range(1, 6) {
         if t.rng.chance(0.03) {
             // A client pause longer than the lease: then writes that do not check.
-            t.world
-                .event(&t.who, format_args!("stalls past its lease"));
+            t.world.event(&t.who, format_args!("stalls past its lease"));
             t.world.lock().faults.add("client-pause");
             tokio::time::sleep(ttl * 3 / 2).await;
             for slot in slots {
@@ -912,8 +918,7 @@ async fn hold(t: &mut TaskCtx, slots: &[Slot<FamHeld>], ctx: &Ctx<'_>) {
                     }
                 }
                 Some((key, ..)) => {
-                    t.world
-                        .event(&t.who, format_args!("lease of {key} lost"));
+                    t.world.event(&t.who, format_args!("lease of {key} lost"));
                 }
                 None => {}
             }
@@ -973,9 +978,10 @@ async fn extend(t: &mut TaskCtx, slot: &Slot<FamHeld>) {
             );
             *locked(slot) = Some(h);
         }
-        None => t
-            .world
-            .event(&t.who, format_args!("extend {key}: cancelled (hold dropped)")),
+        None => t.world.event(
+            &t.who,
+            format_args!("extend {key}: cancelled (hold dropped)"),
+        ),
     }
 }
 
@@ -1278,7 +1284,9 @@ async fn hold_multi(t: &mut TaskCtx, slots: &[Slot<MemberBelief>], guard: fencel
                         m.token.clone(),
                         m.fence,
                         m.believes(),
-                        m.cell.upgrade().and_then(|c| locked(&c).as_ref().map(LockGuard::remaining)),
+                        m.cell
+                            .upgrade()
+                            .and_then(|c| locked(&c).as_ref().map(LockGuard::remaining)),
                     )
                 })
             })
@@ -1310,7 +1318,9 @@ async fn hold_multi(t: &mut TaskCtx, slots: &[Slot<MemberBelief>], guard: fencel
     if t.rng.chance(0.7) {
         let cancel = t.cancel(0.1, ttl / 4);
         match maybe_cancel(cancel, guard.release()).await {
-            None => t.world.event(&t.who, format_args!("release multi: cancelled")),
+            None => t
+                .world
+                .event(&t.who, format_args!("release multi: cancelled")),
             Some(r) => t.world.event(
                 &t.who,
                 format_args!("release multi: {:?}", r.map_err(|e| e.to_string())),

@@ -1,0 +1,3 @@
+//! dlock-sim's integration tests.
+
+mod family;
