@@ -23,6 +23,7 @@ use fencelock::raw::{
 };
 use fencelock::{Result, Token};
 
+use crate::Plant;
 use crate::store::SimStore;
 
 fn acquired(r: &Result<Acquire>) -> String {
@@ -49,6 +50,12 @@ fn ok<T>(r: &Result<T>) -> String {
 }
 
 impl SimStore {
+    /// Whether the planted bug is in: a release deletes the key whoever holds it (as
+    /// the plain lock's release does under the same plant).
+    fn unchecked_release(&self) -> bool {
+        self.world.lock().plant == Some(Plant::ReleaseWithoutOwnerCheck)
+    }
+
     /// Remembers `key` for the leak check at the end of the run (grants without a fence
     /// are not recorded by checker 2).
     fn note_key(&self, key: &str) {
@@ -89,7 +96,12 @@ impl RawSemaphore for SimStore {
             "release-permits",
             keys.lock(),
             None,
-            |_| self.inner.release_permits(keys, token),
+            |_| async move {
+                if self.unchecked_release() {
+                    return Ok(self.inner.force_delete(keys.lock()));
+                }
+                self.inner.release_permits(keys, token).await
+            },
             yes,
         )
         .await
@@ -204,7 +216,12 @@ impl RawReentrant for SimStore {
             "release-reentrant",
             keys.lock(),
             None,
-            |_| self.inner.release_reentrant(keys, owner, token),
+            |_| async move {
+                if self.unchecked_release() {
+                    return Ok(self.inner.force_delete(keys.lock()));
+                }
+                self.inner.release_reentrant(keys, owner, token).await
+            },
             yes,
         )
         .await
@@ -285,7 +302,12 @@ impl RawRwLock for SimStore {
             "release-rw",
             keys.lock(),
             None,
-            |_| self.inner.release_rw(keys, token),
+            |_| async move {
+                if self.unchecked_release() {
+                    return Ok(self.inner.force_delete(keys.lock()));
+                }
+                self.inner.release_rw(keys, token).await
+            },
             yes,
         )
         .await
@@ -374,7 +396,12 @@ impl RawFair for SimStore {
             "release-fair",
             keys.lock(),
             None,
-            |_| self.inner.release_fair(keys, token),
+            |_| async move {
+                if self.unchecked_release() {
+                    return Ok(self.inner.force_delete(keys.lock()));
+                }
+                self.inner.release_fair(keys, token).await
+            },
             yes,
         )
         .await
