@@ -27,6 +27,8 @@
 
 #![warn(missing_docs)]
 
+pub mod family;
+pub mod family_workload;
 pub mod rng;
 pub mod store;
 pub mod workload;
@@ -38,6 +40,7 @@ use fencelock::Lock;
 use fencelock::backend::Memory;
 use tokio::time::Instant;
 
+use crate::family_workload::{Family, Primitive};
 use crate::rng::Rng;
 use crate::store::SimStore;
 use crate::world::{FaultCounts, Rates, Shared, Violation};
@@ -238,6 +241,9 @@ async fn simulate(seed: u64, options: Options) -> Outcome {
         .map(|c| SimStore::new(&world, &store, c))
         .collect();
     let mut tasks = Vec::new();
+    // Each task runs one primitive of the seed's mix (the plain lock in about a third).
+    let family = Family::draw(&mut rng, &store, ttl, names);
+    world.event("sim", format_args!("mix: {}", family.describe()));
     for (c, s) in stores.iter().enumerate() {
         let locks: Vec<Lock<SimStore>> = (0..names)
             .filter_map(|n| {
@@ -249,15 +255,29 @@ async fn simulate(seed: u64, options: Options) -> Outcome {
             .collect();
         for t in 0..per_client {
             let who = format!("c{c}t{t}");
-            tasks.push(tokio::spawn(workload::lock_task(
-                who,
-                locks.clone(),
-                world.clone(),
-                rng.fork(),
-                until,
-            )));
+            let task = match family.pick(&mut rng) {
+                Primitive::Lock => tokio::spawn(workload::lock_task(
+                    who,
+                    locks.clone(),
+                    world.clone(),
+                    rng.fork(),
+                    until,
+                )),
+                p => tokio::spawn(family_workload::task(
+                    p,
+                    who,
+                    c,
+                    s.clone(),
+                    family.clone(),
+                    world.clone(),
+                    rng.fork(),
+                    until,
+                )),
+            };
+            tasks.push(task);
         }
     }
+    family.spawn_checker(world.clone(), until);
     let nemesis = tokio::spawn(nemesis(world.clone(), rng.fork(), clients, ttl, until));
     let _ = nemesis.await;
     world.calm();

@@ -41,16 +41,6 @@ impl std::fmt::Debug for SimStore {
     }
 }
 
-/// Aborts the forwarding task of a watch when the watch is dropped.
-#[allow(dead_code)] // until the family's watches use it
-struct Forwarder(tokio::task::JoinHandle<()>);
-
-impl Drop for Forwarder {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
 impl SimStore {
     /// A new client of the store behind `world`.
     pub fn new(world: &Shared, store: &Memory, client: usize) -> SimStore {
@@ -83,24 +73,6 @@ impl SimStore {
             }
         };
         ReleaseWatch::new(Arc::clone(&shared.notify), Some(Box::new(shared)))
-    }
-
-    /// The task that hands the store's wake-ups to `to` (losing them while the client's
-    /// channel is deaf).
-    #[allow(dead_code)] // until the family's watches use it
-    fn forwarder(&self, store_watch: ReleaseWatch, to: Arc<Notify>) -> tokio::task::JoinHandle<()> {
-        self.world.notifier(self.client, &to);
-        let (world, client) = (self.world.clone(), self.client);
-        tokio::spawn(async move {
-            loop {
-                store_watch.released().await;
-                if world.deaf(client) {
-                    world.event(&format!("c{client}"), format_args!("notification lost"));
-                    continue;
-                }
-                to.notify_one();
-            }
-        })
     }
 
     fn who(&self) -> String {
@@ -166,18 +138,6 @@ impl SimStore {
         }
         result
     }
-
-    /// A watch of the store, forwarded to this client through its channel: a
-    /// notification is lost while the channel is deaf, and a reset wakes every waiter.
-    #[allow(dead_code)] // until the family's watches use it
-    pub(crate) fn forward(&self, store_watch: ReleaseWatch) -> ReleaseWatch {
-        if !store_watch.is_active() {
-            return store_watch;
-        }
-        let notify = Arc::new(Notify::new());
-        let task = self.forwarder(store_watch, Arc::clone(&notify));
-        ReleaseWatch::new(notify, Some(Box::new(Forwarder(task))))
-    }
 }
 
 fn acquired(r: &Result<Acquire>) -> String {
@@ -212,6 +172,7 @@ impl RawLock for SimStore {
             keys.lock(),
             Some(ttl),
             |t| async move {
+                self.world.attempt(self.client, keys.lock());
                 let r = self.inner.acquire(keys, token, t).await;
                 self.note_grant(keys.lock(), token, &r);
                 r
@@ -235,7 +196,7 @@ impl RawLock for SimStore {
                 };
                 if matches!(r, Ok(true)) {
                     self.world.released(keys.lock());
-                    self.world.broadcast(keys.channel());
+                    self.world.broadcast(keys.channel(), keys.lock());
                 }
                 r
             },
@@ -328,8 +289,17 @@ impl RawLock for SimStore {
                 |_| String::from("ok"),
             )
             .await?;
-        drop(w); // the store's own notifier: this client listens on its channel instead
-        Ok(self.subscription(keys.channel()))
+        // A lock's release channel is announced to every subscribed client (a pub/sub
+        // channel, with the network's faults); side channels (a read-write lock's
+        // sides, a fair lock's waiters, an election's record) keep the in-process
+        // store's own notifier and its semantics.
+        let main = LockKeys::new("", keys.lock()).is_ok_and(|k| k.channel() == keys.channel());
+        if main {
+            drop(w);
+            Ok(self.subscription(keys.channel()))
+        } else {
+            Ok(w)
+        }
     }
 
     fn store_id(&self) -> String {
@@ -363,7 +333,7 @@ impl RawInspect for SimStore {
             |_| async move {
                 let r = self.inner.force_unlock(keys).await;
                 if matches!(r, Ok(true)) {
-                    self.world.broadcast(keys.channel());
+                    self.world.broadcast(keys.channel(), keys.lock());
                 }
                 r
             },

@@ -181,6 +181,8 @@ pub struct World {
     release_signals: BTreeMap<String, Arc<Notify>>,
     /// The clients subscribed to each plain lock's release channel.
     subscribers: BTreeMap<String, Vec<(usize, Weak<Notify>)>>,
+    /// When each client last sent an acquire of each key.
+    attempted: BTreeMap<(usize, String), Instant>,
     /// Until when something disturbed the network or the store (a lost or duplicated
     /// request, a slow trip, a fault window): the wake-up checker looks only at quiet
     /// stretches.
@@ -244,6 +246,7 @@ impl Shared {
             granted_token_at: BTreeMap::new(),
             release_signals: BTreeMap::new(),
             subscribers: BTreeMap::new(),
+            attempted: BTreeMap::new(),
             disturbed_until: Instant::now(),
         })))
     }
@@ -327,7 +330,53 @@ impl Shared {
 
     /// A release announced on `channel`: every subscribed client hears it (one waiter of
     /// each is woken), unless its channel is deaf.
-    pub(crate) fn broadcast(&self, channel: &str) {
+    /// `client` sends an acquire of `key`.
+    pub(crate) fn attempt(&self, client: usize, key: &str) {
+        self.lock()
+            .attempted
+            .insert((client, key.to_owned()), Instant::now());
+    }
+
+    /// A release of `key` announced to `heard`: on a quiet network, each of those
+    /// clients that had a task waiting for `key` since before must send an attempt
+    /// within a quarter of a ttl (100 ms at least) — the woken waiter's, or, if it left,
+    /// the next one's it passed the wake-up on to.
+    fn heard(&self, key: &str, heard: Vec<usize>) {
+        let at = Instant::now();
+        let within = (self.lock().ttl / 4).max(Duration::from_millis(100));
+        let world = self.clone();
+        let key = key.to_owned();
+        tokio::spawn(async move {
+            tokio::time::sleep(within).await;
+            let mut w = world.lock();
+            if w.disturbed_until + w.ttl >= at || w.calm {
+                return;
+            }
+            for client in heard {
+                let prefix = format!("c{client}t");
+                let stuck = w
+                    .waiting
+                    .iter()
+                    .find(|(t, (k, since))| t.starts_with(&prefix) && *k == key && *since < at)
+                    .map(|(t, _)| t.clone());
+                let tried = w
+                    .attempted
+                    .get(&(client, key.clone()))
+                    .is_some_and(|&a| a >= at);
+                if let Some(task) = stuck
+                    && !tried
+                {
+                    let since = at - w.start;
+                    w.violation(
+                        "wakeup",
+                        format!("client {client} heard {key} released at {since:?}, and none of its waiters tried (one is {task})"),
+                    );
+                }
+            }
+        });
+    }
+
+    pub(crate) fn broadcast(&self, channel: &str, key: &str) {
         let mut w = self.lock();
         let now = Instant::now();
         let mut heard = Vec::new();
@@ -344,6 +393,8 @@ impl Shared {
             "store",
             format_args!("release announced on {channel} to clients {heard:?}"),
         );
+        drop(w);
+        self.heard(key, heard);
     }
 
     /// `token` reached a task (checker 3's ghost holds are tokens that never did).
@@ -445,15 +496,6 @@ impl Shared {
     pub(crate) fn store_ttl(&self, client: usize, ttl: Duration) -> Duration {
         let drift = self.lock().links[client].drift;
         ttl.div_f64(1.0 + drift)
-    }
-
-    /// Whether a notification to `client` is lost now.
-    #[allow(dead_code)] // until the family's watches use it
-    pub(crate) fn deaf(&self, client: usize) -> bool {
-        let w = self.lock();
-        w.links[client]
-            .deaf_until
-            .is_some_and(|u| Instant::now() < u)
     }
 
     /// Registers a notifier of `client` (woken when its channel reconnects).

@@ -12,6 +12,11 @@ fn the_same_seed_gives_the_same_trace_and_another_seed_another() {
         assert_eq!(a.trace, b.trace, "seed {seed}");
         assert_eq!(a.simulated, b.simulated, "seed {seed}");
         assert_eq!(a.faults, b.faults, "seed {seed}");
+        // On another thread (its own hash keys, its own runtime): the same trace.
+        let c = std::thread::spawn(move || run(seed, Options::default()).hash)
+            .join()
+            .ok();
+        assert_eq!(c, Some(a.hash), "seed {seed} on another thread");
     }
     let hashes: std::collections::HashSet<u64> = (100..110)
         .map(|s| run(s, Options::default()).hash)

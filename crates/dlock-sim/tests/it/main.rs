@@ -1,4 +1,6 @@
-//! dlock-sim's tests: determinism, the checkers' teeth, and the bugs the simulation found.
+//! dlock-sim's tests: determinism, every primitive exercised, and the bugs the
+//! simulation found.
 
 mod determinism;
+mod family;
 mod regressions;

@@ -73,13 +73,14 @@ impl Memory {
         }
         state
             .watchers
-            .retain(|_, watcher| match Weak::upgrade(watcher) {
-                Some(notify) => {
-                    notify.notify_waiters();
-                    true
-                }
-                None => false,
-            });
+            .retain(|_, watcher| watcher.strong_count() > 0);
+        // In the channels' order, not the map's (which differs from process to process):
+        // the order in which waiters wake is part of a simulated run's trace.
+        let mut channels: Vec<_> = state.watchers.iter().collect();
+        channels.sort_by(|a, b| a.0.cmp(b.0));
+        for notify in channels.into_iter().filter_map(|(_, w)| Weak::upgrade(w)) {
+            notify.notify_waiters();
+        }
     }
 }
 
