@@ -1,9 +1,9 @@
 //! The rest of the family on the simulated store: semaphores, reentrant locks, read-write
 //! locks, fair locks and elections, each call through the simulated network
-//! ([`SimStore::call`]) and every watch through the client's channel
-//! ([`SimStore::forward`]: the traits' default watches — a read-write lock's sides, a fair
-//! lock's waiter's channel, an election's record — all go through the simulated
-//! [`RawLock::watch`](fencelock::raw::RawLock::watch)). The in-process store sets none of the capability traits'
+//! (`SimStore::call`). The traits' default watches — a read-write lock's sides, a fair
+//! lock's waiter's channel, an election's record — go through the simulated
+//! [`RawLock::watch`](fencelock::raw::RawLock::watch), which keeps the in-process store's
+//! own notifier for side channels. The in-process store sets none of the capability traits'
 //! associated constants (no store-side waiter queue, readers never queue), so neither
 //! does the simulated one.
 //!

@@ -870,9 +870,10 @@ async fn hold(t: &mut TaskCtx, slots: &[Slot<FamHeld>], ctx: &Ctx<'_>) {
     let ttl = t.ttl();
     for _ in 0..t.rng.range(1, 6) {
         if t.rng.chance(0.03) {
-            // A client pause longer than the lease: then writes that do not check.
+            // A client pause longer than the lease (the whole client: its renewals stop too),
+            // then writes that do not check.
             t.world.event(&t.who, format_args!("stalls past its lease"));
-            t.world.lock().faults.add("client-pause");
+            t.world.pause_client(t.client, ttl * 3 / 2);
             tokio::time::sleep(ttl * 3 / 2).await;
             for slot in slots {
                 let h = locked(slot)

@@ -1,7 +1,8 @@
 //! Deterministic simulation of fencelock.
 //!
 //! Each seed runs the real library — [`fencelock::Lock`], its engine (lease registry,
-//! renewal batches, wait and wake, cancellation, background release, `lost()`) — against
+//! renewal batches, wait and wake, cancellation, background release, `lost()`) and every
+//! primitive (semaphore, reentrant, read-write, fair, multi-lock, election) — against
 //! a simulated store: the in-process [`Memory`](fencelock::backend::Memory) store's
 //! semantics behind a simulated network and clock ([`store::SimStore`]). Everything runs
 //! on one thread, on a current-thread tokio runtime with its clock paused: time moves
@@ -20,10 +21,14 @@
 //!
 //! The checkers ([`world`]) look from outside: (1) every task that believes it holds is
 //! the store's holder, checked after every store operation and at the instant each
-//! lease the store granted ends; (2) fences strictly increase in grant order and the
-//! fenced resource never takes writes of two holders under one fence; (3) after the
-//! workload, with faults stopped, every waiter is served, nothing stays held and no
-//! renewal goes on.
+//! lease the store granted ends (and a semaphore's believed permits stay within its
+//! count); (2) fences strictly increase in grant order and the fenced resource never
+//! takes writes of two holders under one fence (election observers never go back a
+//! term); (3) after the workload, with faults stopped, every waiter is served, nothing
+//! stays held and no client renews; on a quiet network no cancelled acquisition leaves
+//! a grant behind and a heard release leads to an attempt; (4) a guard that can no
+//! longer vouch for its lease has had `lost()` fire. SAFETY.md lists them with the
+//! faults and the planted bugs they catch.
 
 #![warn(missing_docs)]
 
@@ -176,13 +181,22 @@ pub struct Outcome {
 
 /// Runs seed `seed`.
 pub fn run(seed: u64, options: Options) -> Outcome {
+    /// Puts the thread's generator and plant back however the run ends (a panic too).
+    struct Reset;
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            fencelock::simulation::set_plant(None);
+            fencelock::simulation::seed_thread_rng(None);
+        }
+    }
+    let _reset = Reset;
     fencelock::simulation::seed_thread_rng(Some(seed));
     fencelock::simulation::set_plant(options.plant.and_then(Plant::library));
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .start_paused(true)
         .build();
-    let outcome = match runtime {
+    match runtime {
         Ok(rt) => rt.block_on(simulate(seed, options)),
         Err(e) => Outcome {
             seed,
@@ -197,10 +211,7 @@ pub fn run(seed: u64, options: Options) -> Outcome {
             trace: Vec::new(),
             faults: FaultCounts::default(),
         },
-    };
-    fencelock::simulation::set_plant(None);
-    fencelock::simulation::seed_thread_rng(None);
-    outcome
+    }
 }
 
 async fn simulate(seed: u64, options: Options) -> Outcome {
@@ -292,7 +303,7 @@ async fn simulate(seed: u64, options: Options) -> Outcome {
             );
         }
     }
-    // Nothing held, queued or renewed a ttl after the last task ended (plus the
+    // Nothing held or renewed a ttl after the last task ended (plus the
     // network's slowest trip: a renewal sent just before a forget may land that late).
     tokio::time::sleep(ttl * 2).await;
     let keys: Vec<String> = world.lock().keys.iter().cloned().collect();

@@ -24,7 +24,8 @@ pub struct SimStore {
     pub(crate) client: usize,
     pub(crate) world: Shared,
     /// This client's subscriptions by channel: one notifier that all its waiters on the
-    /// channel share (as a networked store's client has), fed by one forwarder.
+    /// channel share (as a networked store's client has), woken by the world's
+    /// announcements of releases.
     channels: Arc<std::sync::Mutex<std::collections::BTreeMap<String, std::sync::Weak<Channel>>>>,
 }
 
@@ -109,13 +110,6 @@ impl SimStore {
         }
         let store_ttl = self.world.store_ttl(self.client, ttl.unwrap_or_default());
         let result = apply(store_ttl).await;
-        if fate.duplicate {
-            let again = apply(store_ttl).await;
-            self.world.event(
-                &self.who(),
-                format_args!("{op} {key}: duplicated, again {}", describe(&again)),
-            );
-        }
         self.world.event(
             &self.who(),
             format_args!("{op} {key} -> {}", describe(&result)),
@@ -131,6 +125,16 @@ impl SimStore {
             });
         }
         tokio::time::sleep(fate.back).await;
+        if fate.duplicate {
+            // A copy of the request reaches the store later, as the reply comes back
+            // (a client's or a proxy's retransmission).
+            let again = apply(store_ttl).await;
+            self.world.event(
+                &self.who(),
+                format_args!("{op} {key}: duplicate arrives, {}", describe(&again)),
+            );
+            self.world.check_holders();
+        }
         if self.world.cut(self.client) || fate.lose_reply {
             self.world
                 .event(&self.who(), format_args!("{op} {key}: reply lost"));

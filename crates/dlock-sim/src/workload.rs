@@ -116,7 +116,8 @@ pub(crate) async fn lock_task(
             }
             Some(Ok(None)) => world.event(&who, format_args!("{what} {key}: not granted")),
             Some(Ok(Some(guard))) => {
-                hold(&who, &world, &mut rng, &slot, Held { guard, key }).await;
+                let client = lock.backend().client;
+                hold(&who, &world, &mut rng, &slot, Held { guard, key }, client).await;
             }
         }
         let think = rng.duration(Duration::ZERO, ttl / 5);
@@ -126,7 +127,14 @@ pub(crate) async fn lock_task(
 
 /// Holds `held` for a few steps, writing the fenced resource while it believes it
 /// holds, then releases, drops or forgets it.
-async fn hold(who: &str, world: &Shared, rng: &mut Rng, slot: &Slot<Held>, held: Held) {
+async fn hold(
+    who: &str,
+    world: &Shared,
+    rng: &mut Rng,
+    slot: &Slot<Held>,
+    held: Held,
+    client: usize,
+) {
     let fence = held.guard.fencing_token().get();
     let token = held.guard.token().as_str().to_owned();
     let ttl = held.guard.lease();
@@ -152,9 +160,10 @@ async fn hold(who: &str, world: &Shared, rng: &mut Rng, slot: &Slot<Held>, held:
     };
     for _ in 0..rng.range(1, 6) {
         if rng.chance(0.03) {
-            // A client pause longer than the lease: then a write that does not check.
+            // A client pause longer than the lease (the whole client: its renewals
+            // stop too), then a write that does not check.
             world.event(who, format_args!("stalls past its lease"));
-            world.lock().faults.add("client-pause");
+            world.pause_client(client, ttl * 3 / 2);
             tokio::time::sleep(ttl * 3 / 2).await;
             let ok = world.write(&key, &token, fence);
             world.event(

@@ -44,7 +44,9 @@ impl<G: Belief> SlotView for Mutex<Option<G>> {
 /// A broken promise the checkers found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Violation {
-    /// Which checker: `holder`, `fence`, `stale-write`, `liveness`, `leak`, `lost`, `wakeup`.
+    /// Which checker: `holder`, `fence`, `stale-write`, `permits`, `observe`, `lost`,
+    /// `ghost`, `wakeup`, `liveness`, `leak` (SAFETY.md's simulation section says what
+    /// each checks).
     pub checker: &'static str,
     /// When, from the run's start.
     pub at: Duration,
@@ -166,6 +168,8 @@ pub struct World {
     /// The fenced resource of each key: highest accepted fence and who wrote under it.
     resource: BTreeMap<String, (u64, String)>,
     pub(crate) violations: Vec<Violation>,
+    /// The trace's tail at the first violation.
+    first_tail: Option<Vec<String>>,
     pub(crate) faults: FaultCounts,
     /// Keys the workload used (checked for leaks at the end).
     pub(crate) keys: std::collections::BTreeSet<String>,
@@ -238,6 +242,7 @@ impl Shared {
             grants: BTreeMap::new(),
             resource: BTreeMap::new(),
             violations: Vec::new(),
+            first_tail: None,
             faults: FaultCounts::default(),
             keys: std::collections::BTreeSet::new(),
             waiting: BTreeMap::new(),
@@ -328,8 +333,6 @@ impl Shared {
         list.push((client, Arc::downgrade(notify)));
     }
 
-    /// A release announced on `channel`: every subscribed client hears it (one waiter of
-    /// each is woken), unless its channel is deaf.
     /// `client` sends an acquire of `key`.
     pub(crate) fn attempt(&self, client: usize, key: &str) {
         self.lock()
@@ -376,6 +379,8 @@ impl Shared {
         });
     }
 
+    /// A release of `key` announced on `channel`: every subscribed client hears it (one
+    /// waiter of each is woken), unless its channel is deaf.
     pub(crate) fn broadcast(&self, channel: &str, key: &str) {
         let mut w = self.lock();
         let now = Instant::now();
@@ -571,6 +576,17 @@ impl Shared {
         true
     }
 
+    /// `client` stalls for `length` (a GC pause, a stopped VM): nothing it sends gets
+    /// through meanwhile, its renewals included.
+    pub(crate) fn pause_client(&self, client: usize, length: Duration) {
+        let mut w = self.lock();
+        let until = Instant::now() + length;
+        let link = &mut w.links[client];
+        link.cut_until = Some(link.cut_until.map_or(until, |u| u.max(until)));
+        w.disturbed_until = w.disturbed_until.max(until);
+        w.faults.add("client-pause");
+    }
+
     /// Injects `fault` now.
     pub(crate) fn inject(&self, fault: Fault) {
         let mut w = self.lock();
@@ -609,6 +625,18 @@ impl Shared {
                 w.event("nemesis", format_args!("store paused for {length:?}"));
             }
             Fault::Restart { keep_state } => {
+                // The store is down a tenth of a ttl, and every client's release channel
+                // is dropped (its waiters woken: they try again).
+                let down = now + w.ttl / 10;
+                w.paused_until = Some(w.paused_until.map_or(down, |u| u.max(down)));
+                for n in w
+                    .subscribers
+                    .values()
+                    .flatten()
+                    .filter_map(|(_, n)| n.upgrade())
+                {
+                    n.notify_waiters();
+                }
                 if keep_state {
                     w.faults.add("restart-kept");
                 } else {
@@ -616,14 +644,6 @@ impl Shared {
                     // nothing but the fences protects the resource.
                     let keep_fences = w.plant != Some(Plant::FenceReset);
                     w.store.restart(keep_fences);
-                    for n in w
-                        .subscribers
-                        .values()
-                        .flatten()
-                        .filter_map(|(_, n)| n.upgrade())
-                    {
-                        n.notify_waiters();
-                    }
                     w.excused_until = Some(now + w.ttl + w.ttl / 10);
                     w.faults.add("restart-lost");
                 }
@@ -664,6 +684,10 @@ impl World {
     fn violation(&mut self, checker: &'static str, what: String) {
         let at = Instant::now() - self.start;
         self.event("CHECK", format_args!("VIOLATION [{checker}] {what}"));
+        if self.violations.is_empty() {
+            // The events that led to the first violation, not the run's end.
+            self.first_tail = Some(self.trace.tail.iter().cloned().collect());
+        }
         self.violations.push(Violation { checker, at, what });
     }
 
@@ -675,7 +699,12 @@ impl World {
         self.trace.events
     }
 
+    /// The trace's last lines: up to the first violation if there was one (the whole
+    /// trace when every line is kept).
     pub(crate) fn trace_tail(&self) -> Vec<String> {
-        self.trace.tail.iter().cloned().collect()
+        match &self.first_tail {
+            Some(tail) if !self.trace.all => tail.clone(),
+            _ => self.trace.tail.iter().cloned().collect(),
+        }
     }
 }

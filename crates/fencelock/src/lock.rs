@@ -327,8 +327,9 @@ impl<B: RawLock> Lock<B> {
         // `dlock.wait` span opens before that attempt (whose `dlock.acquire` is its child)
         // and, if the store answers without the lock, goes on through the sleep after it.
         let mut store_wait: Option<(tracing::Span, Instant)> = None;
-        // The latest subscription failed (a lost reply, a reconnect): the wait polls, and
-        // subscribes again after its next pause rather than polling to its end.
+        // The latest subscription failed (a lost reply, a reconnect) or the store's channel
+        // is down for now: the wait polls, and subscribes again after its next pause
+        // rather than polling to its end.
         let mut watch_failed = false;
         let mut subscribe_again = false;
         loop {
@@ -502,7 +503,9 @@ impl<B: RawLock> Lock<B> {
                     None => subscribe.await,
                 };
                 call.done(&subscribed, |_| outcome::OK);
-                watch_failed = subscribed.is_err();
+                watch_failed = subscribed
+                    .as_ref()
+                    .map_or(true, ReleaseWatch::is_unavailable);
                 watch = Some(subscribed.unwrap_or_else(|err| {
                     tracing::debug!(lock = self.name(), error = %err, "cannot watch releases; polling, and subscribing again after the next pause");
                     ReleaseWatch::none()

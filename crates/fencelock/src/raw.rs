@@ -712,6 +712,8 @@ pub struct ReleaseWatch {
     inner: Option<(Arc<Notify>, Option<Subscription>)>,
     /// Where the store leaves a hand-over to this waiter (stores that grant at release).
     grants: Option<Arc<GrantSlot>>,
+    /// The store can notify, but not now (its notification channel is down).
+    unavailable: bool,
 }
 
 /// Whatever keeps a store-side subscription alive; dropping it may end the subscription.
@@ -723,7 +725,24 @@ impl ReleaseWatch {
         ReleaseWatch {
             inner: None,
             grants: None,
+            unavailable: false,
         }
+    }
+
+    /// A watch that cannot fire because the store's notification channel is down for
+    /// now (a failed connection it will open again later): waiters poll, and subscribe
+    /// again after their next pause.
+    pub fn unavailable() -> Self {
+        ReleaseWatch {
+            unavailable: true,
+            ..ReleaseWatch::none()
+        }
+    }
+
+    /// Whether this watch stands in for one the store could not set up now
+    /// ([`unavailable`](ReleaseWatch::unavailable)).
+    pub fn is_unavailable(&self) -> bool {
+        self.unavailable
     }
 
     /// A watch woken through `notify` (with `notify_one`). `subscription` is dropped with
@@ -732,6 +751,7 @@ impl ReleaseWatch {
         ReleaseWatch {
             inner: Some((notify, subscription)),
             grants: None,
+            unavailable: false,
         }
     }
 

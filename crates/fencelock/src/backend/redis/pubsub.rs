@@ -272,7 +272,8 @@ impl PubSub {
         };
         if !subscribed {
             if self.shared.recently_failed() {
-                return Ok(ReleaseWatch::none());
+                // Down for now: the waiter polls and asks again after its next pause.
+                return Ok(ReleaseWatch::unavailable());
             }
             let _serial = self.shared.serial(channel).lock().await;
             let still_needed = lock(&self.shared.channels)
