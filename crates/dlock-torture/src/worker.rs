@@ -358,7 +358,8 @@ const GAP: Duration = Duration::from_millis(30);
 
 /// get-del's gap between its release's GET and DEL, where its pause must land: wide
 /// enough that the nemesis, told of the release on a loaded machine, stops the worker
-/// inside it (a CI run once saw the pause land after the DEL).
+/// inside it (a CI run once saw the pause land after the DEL). On its resume the gap has
+/// run out, and the stale DEL follows at once, inside the next holder's critical section.
 const GET_DEL_GAP: Duration = Duration::from_millis(250);
 
 /// The read-modify-write's pause between read and write: a fault aimed at a holder lands
@@ -574,7 +575,10 @@ impl Worker {
                     if let Err(failure) = self.critical_section(0).await {
                         error(failure.message);
                     }
-                    emit(&Step::Releasing { t: monotonic_ns() });
+                    // (get-del reports its release after its GET: see `release_raw`.)
+                    if self.kind != Kind::GetDel {
+                        emit(&Step::Releasing { t: monotonic_ns() });
+                    }
                     let ok = self.release_raw(&mut conn, token).await;
                     emit(&Step::Released {
                         t: monotonic_ns(),
@@ -742,8 +746,14 @@ impl Worker {
         let key = &self.keys.lock;
         match self.kind {
             Kind::GetDel => {
-                let current: Option<String> =
-                    redis::cmd("GET").arg(key).query_async(c).await.ok()?;
+                let current: Option<Option<String>> =
+                    redis::cmd("GET").arg(key).query_async(c).await.ok();
+                // Reported once the GET has answered, so that the pause the nemesis aims
+                // at this report lands in the gap below (a pause that lands during the GET
+                // would start the whole gap again after the resume, and the stale DEL
+                // would then miss the next holder's critical section).
+                emit(&Step::Releasing { t: monotonic_ns() });
+                let current = current?;
                 tokio::time::sleep(GET_DEL_GAP).await;
                 if current.as_deref() == Some(token.as_str()) {
                     let n: i64 = redis::cmd("DEL").arg(key).query_async(c).await.ok()?;
