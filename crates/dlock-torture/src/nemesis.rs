@@ -87,9 +87,9 @@ pub(crate) fn schedule(
         .saturating_sub(1)
         .max(1);
     // The RedLock restart kinds repeat their one combined fault as often as there is room,
-    // and so do the controls with a single fault: one pause that lands a moment late (a
-    // loaded machine) must not leave a control uncaught.
-    let n = if kind.holds_long() || (kind.is_control() && faults.len() == 1) {
+    // and so do the controls run under pauses alone: one pause that lands a moment late
+    // (a loaded machine) must not leave a control uncaught.
+    let n = if kind.holds_long() || (kind.is_control() && faults == [Fault::Pause]) {
         room
     } else {
         room.min(faults.len() * 2).max(faults.len().min(room))
