@@ -105,7 +105,7 @@ use tokio::sync::{Notify, oneshot};
 use tokio::time::{Instant, MissedTickBehavior};
 
 use crate::engine::Engine;
-use crate::engine::wait::GrantSlot;
+use crate::engine::wake::{Registration, Wakes};
 use crate::error::{Error, ErrorKind, Result};
 use crate::keys::LockKeys;
 use crate::raw::{
@@ -139,11 +139,11 @@ struct Inner {
     timeout: Duration,
     /// Our queue keys (waiting or holding), by key.
     places: Mutex<HashMap<String, Place>>,
-    /// Where each waiting key's task leaves the grant when the key's turn came (its fence:
-    /// the key's create revision), by key: one per wait, kept while the waiter watches,
-    /// whatever happens to the key meanwhile (a key re-created at the back reports its
-    /// new place here, which voids a grant found for the old one).
-    grants: Arc<Mutex<HashMap<String, Arc<GrantSlot>>>>,
+    /// The waiting keys (the engine's wake registry): where each key's task leaves the
+    /// grant when the key's turn came (its fence: the key's create revision), kept while
+    /// the waiter watches, whatever happens to the key meanwhile (a key re-created at the
+    /// back reports its new place here, which voids a grant found for the old one).
+    wakes: Wakes,
     engine: Engine,
 }
 
@@ -382,7 +382,7 @@ impl Etcd {
                 endpoints,
                 timeout: DEFAULT_TIMEOUT,
                 places: Mutex::new(HashMap::new()),
-                grants: Arc::default(),
+                wakes: Wakes::default(),
                 engine: Engine::new(),
             }),
         };
@@ -446,21 +446,11 @@ impl Etcd {
         }
     }
 
-    /// The grant slot of the wait of `key`, if its waiter watches.
-    fn grants(&self, key: &str) -> Option<Arc<GrantSlot>> {
-        self.inner
-            .grants
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(key)
-            .cloned()
-    }
-
     /// Hands the waiter of `key` (create revision `rev`) the grant: its turn came.
     fn grant_turn(&self, key: &str, rev: i64) {
-        if let Some(slot) = self.grants(key) {
-            slot.offer(u64::try_from(rev).unwrap_or(0));
-        }
+        self.inner
+            .wakes
+            .offer(&key.to_owned(), u64::try_from(rev).unwrap_or(0));
     }
 
     fn forget(&self, key: &str) -> Option<Place> {
@@ -933,11 +923,11 @@ impl RawLock for Etcd {
         };
         let created = queue[at].created;
         self.placed(&key, created);
-        if at != 0
-            && let Some(slot) = self.grants(&key)
-        {
+        if at != 0 {
             // A turn found for an older key of ours (re-created since) is void.
-            slot.raise_floor(u64::try_from(created - 1).unwrap_or(0));
+            self.inner
+                .wakes
+                .raise_floor(&key, u64::try_from(created - 1).unwrap_or(0));
         }
         if !resp.succeeded() {
             tracing::debug!(lock = keys.name(), place = at, "queued at the back");
@@ -1048,31 +1038,22 @@ impl RawLock for Etcd {
     /// Wakes `token`'s waiter when no key is left before its own; keeps its lease alive
     /// meanwhile. See the module docs.
     async fn watch_for(&self, keys: &LockKeys, token: &Token) -> Result<ReleaseWatch> {
-        let notify = Arc::new(Notify::new());
         let (ready, first_look) = oneshot::channel();
         let key = queue_key(keys, token);
-        let slot: Arc<GrantSlot> = Arc::default();
-        self.inner
-            .grants
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(key.clone(), Arc::clone(&slot));
+        let registration: Registration = self.inner.wakes.register(key.clone());
         // Owned at once: if this call is cancelled (a deadline), the task ends with it and
-        // renews nothing, and the slot goes.
-        let task = Following {
-            task: AbortOnDrop(tokio::spawn(self.clone().follow(
-                queue_prefix(keys),
-                key.clone(),
-                Arc::clone(&notify),
-                ready,
-            ))),
-            grants: Arc::clone(&self.inner.grants),
+        // renews nothing, and the registration goes.
+        let task = AbortOnDrop(tokio::spawn(self.clone().follow(
+            queue_prefix(keys),
             key,
-        };
+            Arc::clone(registration.notify()),
+            ready,
+        )));
+        let watch = registration.into_watch(Some(Box::new(task)));
         // Once the task watches the key ahead, a release from then on is heard. If etcd
         // fails it, the task keeps trying, and wakes us when it finds our turn came.
         let _ = tokio::time::timeout(self.inner.timeout, first_look).await;
-        Ok(ReleaseWatch::new(notify, Some(Box::new(task))).with_grants(slot))
+        Ok(watch)
     }
 
     /// Deletes the waiter's key (compared on its token) and revokes its lease.
@@ -1091,23 +1072,6 @@ impl RawLock for Etcd {
 
 /// Ends a waiter's watch task with the waiter.
 struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-/// A waiter's task and its grant slot, both ended when the waiter stops watching.
-struct Following {
-    task: AbortOnDrop,
-    grants: Arc<Mutex<HashMap<String, Arc<GrantSlot>>>>,
-    key: String,
-}
-
-impl Drop for Following {
-    fn drop(&mut self) {
-        self.task.0.abort();
-        self.grants
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(&self.key);
-    }
-}
 
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {

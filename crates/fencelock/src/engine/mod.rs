@@ -12,7 +12,9 @@
 //! * **waiting** ([`wait`](self) internals): the loop every acquire runs — one attempt,
 //!   a subscription to the store's wake-up for *this* waiter, the fallback timer from the
 //!   holder's remaining lease, jittered backoff where the store cannot notify, and the
-//!   hand-on of a wake-up that a waiter consumed but could not use.
+//!   hand-on of a wake-up that a waiter consumed but could not use; and the wake
+//!   registry ([`wake`](self) internals) that every notifying store's transport feeds:
+//!   per name a notifier and a hand-over slot, one parser for the hand-over message.
 //!
 //! Which waiter a release wakes is the store's side of the contract
 //! ([`RawLock::watch_for`](crate::raw::RawLock::watch_for)): on Redis a waiter queue with
@@ -25,6 +27,13 @@
 
 mod lease;
 pub(crate) mod wait;
+#[cfg(any(
+    feature = "redis",
+    feature = "etcd",
+    feature = "postgres",
+    feature = "zookeeper"
+))]
+pub(crate) mod wake;
 mod watchdog;
 
 use std::sync::Arc;

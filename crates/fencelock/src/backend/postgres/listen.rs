@@ -16,14 +16,12 @@
 //! `LISTEN`s on it too once an observer registers (and again after it reopens, while one
 //! is registered); such a notification only ever wakes (it never hands anything over).
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 
-use tokio::sync::Notify;
 use tokio_postgres::AsyncMessage;
 
 use super::{Connector, map_err};
-use crate::engine::wait::GrantSlot;
+use crate::engine::wake::Wakes;
 use crate::error::Result;
 use crate::raw::ReleaseWatch;
 
@@ -37,6 +35,9 @@ struct Shared {
     /// This client's channel (`dlk_` and 16 random hex digits).
     channel: String,
     state: Mutex<State>,
+    /// This client's waiters and observers of records (the engine's registry: it reads
+    /// the notifications).
+    wakes: Wakes<Heard>,
     /// Serialises opening the connection.
     opening: tokio::sync::Mutex<()>,
 }
@@ -46,10 +47,6 @@ struct State {
     /// The open connection's client (dropping the last handle closes the connection) and
     /// its backend pid, if any.
     up: Option<(Arc<tokio_postgres::Client>, i32)>,
-    /// What this client's waiters wait for, by name.
-    waiters: HashMap<String, Waiting>,
-    /// This client's observers of elections' records, by lock key.
-    records: HashMap<String, Waiting>,
     /// Whether the open connection listens on [`RECORDS_CHANNEL`].
     records_heard: bool,
 }
@@ -58,14 +55,18 @@ struct State {
 /// election's lock key as the payload (see the module docs).
 pub(super) const RECORDS_CHANNEL: &str = "dlk_records";
 
-/// The local waiters registered under one name.
-struct Waiting {
-    /// Wakes one of them.
-    notify: Arc<Notify>,
-    /// Where a hand-over to the name is left.
-    grants: Arc<GrantSlot>,
-    /// How many registrations share the name.
-    count: usize,
+/// Who a notification is for: the waiters registered under a name, or the observers of
+/// the record of the election whose lock key it is.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Heard {
+    Waiter(String),
+    Record(String),
+}
+
+impl Heard {
+    fn is_record(&self) -> bool {
+        matches!(self, Heard::Record(_))
+    }
 }
 
 impl Shared {
@@ -75,71 +76,17 @@ impl Shared {
 
     /// The connection ended: forget hand-overs, wake every waiter to try again.
     fn down(&self) {
-        let mut state = self.state();
-        state.up = None;
-        state.records_heard = false;
-        for w in state.waiters.values() {
-            w.grants.clear();
-            w.notify.notify_one();
-        }
-        for w in state.records.values() {
-            w.notify.notify_one();
-        }
-    }
-
-    /// A write of the record of the election whose lock key is `key`: wakes one of its
-    /// local observers (who passes it on).
-    fn deliver_record(&self, key: &str) {
-        if let Some(w) = self.state().records.get(key) {
-            w.notify.notify_one();
-        }
-    }
-
-    /// A notification's payload: `!<fence>:<name>` hands the lock over, `<name>` wakes.
-    fn deliver(&self, payload: &str) {
-        let state = self.state();
-        let (fence, name) = match payload
-            .strip_prefix('!')
-            .and_then(|rest| rest.split_once(':'))
-            .and_then(|(fence, name)| Some((fence.parse::<u64>().ok()?, name)))
         {
-            Some((fence, name)) => (Some(fence), name),
-            None => (None, payload),
-        };
-        if let Some(w) = state.waiters.get(name) {
-            if let Some(fence) = fence {
-                w.grants.offer(fence);
-            }
-            w.notify.notify_one();
+            let mut state = self.state();
+            state.up = None;
+            state.records_heard = false;
         }
+        self.wakes.disconnected();
     }
-}
 
-/// Keeps a waiter (or a record's observer) registered; dropping it (with its
-/// [`ReleaseWatch`]) removes it.
-struct Registration {
-    shared: Weak<Shared>,
-    name: String,
-    /// An observer of an election's record (else a waiter).
-    record: bool,
-}
-
-impl Drop for Registration {
-    fn drop(&mut self) {
-        if let Some(shared) = self.shared.upgrade() {
-            let mut state = shared.state();
-            let map = if self.record {
-                &mut state.records
-            } else {
-                &mut state.waiters
-            };
-            if let Some(w) = map.get_mut(&self.name) {
-                w.count -= 1;
-                if w.count == 0 {
-                    map.remove(&self.name);
-                }
-            }
-        }
+    /// Whether an observer of a record is registered.
+    fn records_observed(&self) -> bool {
+        self.wakes.any(Heard::is_record)
     }
 }
 
@@ -153,6 +100,7 @@ impl Listener {
                 connector,
                 channel,
                 state: Mutex::new(State::default()),
+                wakes: Wakes::default(),
                 opening: tokio::sync::Mutex::new(()),
             }),
         })
@@ -175,15 +123,15 @@ impl Listener {
 
     /// Whether a waiter is registered under `name`.
     pub(super) fn is_registered(&self, name: &str) -> bool {
-        self.shared.state().waiters.contains_key(name)
+        self.shared.wakes.contains(&Heard::Waiter(name.to_owned()))
     }
 
     /// An attempt by the waiter(s) under `name` found the lock held when its fence counter
     /// stood at `counter`: hand-overs up to it are void ([`GrantSlot::raise_floor`]).
     pub(super) fn raise_floor(&self, name: &str, counter: u64) {
-        if let Some(w) = self.shared.state().waiters.get(name) {
-            w.grants.raise_floor(counter);
-        }
+        self.shared
+            .wakes
+            .raise_floor(&Heard::Waiter(name.to_owned()), counter);
     }
 
     /// Opens the connection and `LISTEN`s, unless it is open already.
@@ -214,16 +162,21 @@ impl Listener {
                         (message, on_message.upgrade())
                     {
                         if n.channel() == RECORDS_CHANNEL {
-                            shared.deliver_record(n.payload());
+                            // A write of a record: wakes one of its local observers (who
+                            // passes it on).
+                            shared.wakes.wake(&Heard::Record(n.payload().to_owned()));
                         } else {
-                            shared.deliver(n.payload());
+                            // `!<fence>:<name>` hands the lock over, `<name>` wakes.
+                            shared.wakes.deliver_message(n.payload(), |name| {
+                                Heard::Waiter(name.to_owned())
+                            });
                         }
                     }
                 },
                 move || {
                     if let Some(shared) = on_end.upgrade() {
                         shared.down();
-                        if !shared.state().records.is_empty() {
+                        if shared.records_observed() {
                             // Observers do not subscribe again by themselves.
                             spawn_relisten(on_end);
                         }
@@ -239,7 +192,7 @@ impl Listener {
         // Observers registered before the connection opened (or while it was down) are
         // heard from now on; one registered later LISTENs itself (`watch_record`, which
         // waits for `opening`).
-        let records = !self.shared.state().records.is_empty();
+        let records = self.shared.records_observed();
         if records {
             client
                 .batch_execute(&format!("LISTEN {RECORDS_CHANNEL}"))
@@ -250,15 +203,15 @@ impl Listener {
             .query_one("SELECT pg_backend_pid()", &[])
             .await
             .map_err(|e| map_err(&e, doing))?;
-        let mut state = self.shared.state();
-        state.up = Some((Arc::new(client), row.get(0)));
-        state.records_heard = records;
+        {
+            let mut state = self.shared.state();
+            state.up = Some((Arc::new(client), row.get(0)));
+            state.records_heard = records;
+        }
         if records {
             // Opened again while observers were registered: a write announced while it
             // was down went unheard, so they read again.
-            for w in state.records.values() {
-                w.notify.notify_one();
-            }
+            self.shared.wakes.wake_where(Heard::is_record);
         }
         Ok(())
     }
@@ -266,8 +219,7 @@ impl Listener {
     /// Whether an observer of a record is registered while the connection does not
     /// listen for records (it dropped since).
     fn records_unheard(&self) -> bool {
-        let state = self.shared.state();
-        !state.records.is_empty() && !state.records_heard
+        self.shared.records_observed() && !self.shared.state().records_heard
     }
 
     /// Makes sure the connection is open and `LISTEN`s on [`RECORDS_CHANNEL`] (for the
@@ -304,41 +256,10 @@ impl Listener {
     /// waiters registered for it (the others are passed the wake-up by the one woken),
     /// and a hand-over naming it leaves its fence in their grant slot.
     pub(super) fn register(&self, name: &str) -> ReleaseWatch {
-        self.register_in(name, false)
-    }
-
-    /// Registers a waiter for `name` among the waiters, or among the observers of records
-    /// (`record`).
-    fn register_in(&self, name: &str, record: bool) -> ReleaseWatch {
-        let (notify, grants) = {
-            let mut state = self.shared.state();
-            let map = if record {
-                &mut state.records
-            } else {
-                &mut state.waiters
-            };
-            let w = map.entry(name.to_owned()).or_insert_with(|| Waiting {
-                notify: Arc::new(Notify::new()),
-                grants: Arc::new(GrantSlot::default()),
-                count: 0,
-            });
-            w.count += 1;
-            (Arc::clone(&w.notify), Arc::clone(&w.grants))
-        };
-        let watch = ReleaseWatch::new(
-            notify,
-            Some(Box::new(Registration {
-                shared: Arc::downgrade(&self.shared),
-                name: name.to_owned(),
-                record,
-            })),
-        );
-        // Nothing is ever handed over to an observer.
-        if record {
-            watch
-        } else {
-            watch.with_grants(grants)
-        }
+        self.shared
+            .wakes
+            .register(Heard::Waiter(name.to_owned()))
+            .into_watch(None)
     }
 
     /// Opens the connection if needed, then registers a waiter for `name`.
@@ -351,7 +272,12 @@ impl Listener {
     /// makes sure the connection listens for records: a write announced after this
     /// returns wakes it.
     pub(super) async fn watch_record(&self, key: &str) -> Result<ReleaseWatch> {
-        let watch = self.register_in(key, true);
+        // Nothing is ever handed over to an observer.
+        let watch = self
+            .shared
+            .wakes
+            .register(Heard::Record(key.to_owned()))
+            .into_wake_only_watch();
         self.listen_records().await?;
         Ok(watch)
     }

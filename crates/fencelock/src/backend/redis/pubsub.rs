@@ -20,7 +20,7 @@ use redis::{ProtocolVersion, PushKind, Value};
 use tokio::sync::Notify;
 
 use super::map_err;
-use crate::engine::wait::GrantSlot;
+use crate::engine::wake::{Registration, Wakes};
 use crate::error::Result;
 use crate::raw::ReleaseWatch;
 
@@ -38,6 +38,9 @@ struct Shared {
     /// Serialises opening the connection.
     opening: tokio::sync::Mutex<()>,
     channels: Arc<Mutex<HashMap<String, Channel>>>,
+    /// The waiters that messages name, by channel and name (the engine's registry: it
+    /// reads the messages).
+    wakes: Wakes<Named>,
     /// Serialise SUBSCRIBE / UNSUBSCRIBE of one channel (sharded by its name), so that a
     /// late UNSUBSCRIBE never undoes a newer SUBSCRIBE of the same channel, while
     /// different channels subscribe in parallel.
@@ -77,10 +80,13 @@ impl PubConn {
     }
 }
 
+/// A waiter that messages name: its channel and its name (token).
+type Named = (String, String);
+
 struct Channel {
+    /// Wakes one of the channel's waiters that no message names.
     notify: Arc<Notify>,
-    /// Waiters that messages name (by token), each woken alone.
-    named: HashMap<String, Named>,
+    /// Every waiter of the channel, named or not.
     watchers: usize,
     subscribed: bool,
     /// Since when nobody watches (the subscription lingers).
@@ -89,40 +95,31 @@ struct Channel {
     reaper: bool,
 }
 
-/// A waiter that messages name: its wake-up, and where a hand-over to it is left.
-struct Named {
-    notify: Arc<Notify>,
-    grants: Arc<GrantSlot>,
-}
-
 impl Channel {
     fn new() -> Channel {
         Channel {
             notify: Arc::new(Notify::new()),
-            named: HashMap::new(),
             watchers: 0,
             subscribed: false,
             idle_since: None,
             reaper: false,
         }
     }
+}
 
-    /// Every waiter retries (messages may have been lost). Named waiters keep the
-    /// wake-up if they are between two waits.
-    fn wake_all(&self) {
-        self.notify.notify_waiters();
-        for n in self.named.values() {
-            n.notify.notify_one();
-        }
+/// Every waiter retries (messages may have been lost): the channels' unnamed waiters
+/// now, the named ones keep the wake-up if they are between two waits. With `forget`,
+/// hand-overs not taken yet are forgotten too: the connection that carried them dropped,
+/// and the store may have lost the grants with it (a restart); the waiters' next attempts
+/// find out whether the lock is theirs.
+fn wake_everyone(channels: &Mutex<HashMap<String, Channel>>, wakes: &Wakes<Named>, forget: bool) {
+    for channel in lock(channels).values() {
+        channel.notify.notify_waiters();
     }
-
-    /// Forgets every hand-over not taken yet: the connection that carried them dropped,
-    /// and the store may have lost the grants with it (a restart). The waiters' next
-    /// attempts find out whether the lock is theirs.
-    fn forget_grants(&self) {
-        for n in self.named.values() {
-            n.grants.clear();
-        }
+    if forget {
+        wakes.disconnected();
+    } else {
+        wakes.wake_all();
     }
 }
 
@@ -140,8 +137,9 @@ impl PubSub {
         response_timeout: Duration,
     ) -> PubSub {
         let channels: Arc<Mutex<HashMap<String, Channel>>> = Arc::default();
+        let wakes: Wakes<Named> = Wakes::default();
         let resp3 = resp3_client(client);
-        let sink = Arc::clone(&channels);
+        let sink = (Arc::clone(&channels), wakes.clone());
         let back: Arc<OnceLock<Weak<Shared>>> = Arc::default();
         let back_in_sink = Arc::clone(&back);
         let config = ConnectionManagerConfig::new()
@@ -151,7 +149,7 @@ impl PubSub {
             .set_max_delay(Duration::from_millis(500))
             .set_automatic_resubscription()
             .set_push_sender(move |push: redis::PushInfo| {
-                deliver(&sink, &back_in_sink, push);
+                deliver(&sink.0, &sink.1, &back_in_sink, push);
                 Ok::<(), redis::aio::SendError>(())
             });
         let pubsub = PubSub {
@@ -162,6 +160,7 @@ impl PubSub {
                 conn: Mutex::new(None),
                 opening: tokio::sync::Mutex::new(()),
                 channels,
+                wakes,
                 serial: (0..SERIAL_SHARDS)
                     .map(|_| tokio::sync::Mutex::new(()))
                     .collect(),
@@ -179,7 +178,8 @@ impl PubSub {
         response_timeout: Duration,
     ) -> Result<PubSub> {
         let channels: Arc<Mutex<HashMap<String, Channel>>> = Arc::default();
-        let sink = Arc::clone(&channels);
+        let wakes: Wakes<Named> = Wakes::default();
+        let sink = (Arc::clone(&channels), wakes.clone());
         let back: Arc<OnceLock<Weak<Shared>>> = Arc::default();
         let back_in_sink = Arc::clone(&back);
         let cluster = redis::cluster::ClusterClient::builder(nodes.to_vec())
@@ -187,7 +187,7 @@ impl PubSub {
             .connection_timeout(connect_timeout)
             .response_timeout(response_timeout)
             .push_sender(move |push: redis::PushInfo| {
-                deliver(&sink, &back_in_sink, push);
+                deliver(&sink.0, &sink.1, &back_in_sink, push);
                 Ok::<(), redis::aio::SendError>(())
             })
             .build()
@@ -200,6 +200,7 @@ impl PubSub {
                 conn: Mutex::new(None),
                 opening: tokio::sync::Mutex::new(()),
                 channels,
+                wakes,
                 serial: (0..SERIAL_SHARDS)
                     .map(|_| tokio::sync::Mutex::new(()))
                     .collect(),
@@ -227,49 +228,47 @@ impl PubSub {
 
     /// A watch for `name` if `channel` is subscribed already (no round trip), else `None`.
     pub(super) fn ready(&self, channel: &str, name: &str) -> Option<ReleaseWatch> {
-        let (notify, grants) = {
+        let registered = {
             let mut channels = lock(&self.shared.channels);
             let entry = channels.get_mut(channel).filter(|c| c.subscribed)?;
-            entry.register(Some(name))
+            entry.register(&self.shared.wakes, channel, Some(name))
         };
-        Some(with_grants(
-            ReleaseWatch::new(
-                notify,
-                Some(Box::new(Subscription {
-                    shared: Arc::clone(&self.shared),
-                    channel: channel.to_owned(),
-                    name: Some(name.to_owned()),
-                })),
-            ),
-            grants,
-        ))
+        Some(self.watch_of(channel, registered))
+    }
+
+    /// The watch of a registration on `channel`; dropping it ends the registration.
+    fn watch_of(&self, channel: &str, registered: Registered) -> ReleaseWatch {
+        let subscription = Box::new(Subscription {
+            shared: Arc::clone(&self.shared),
+            channel: channel.to_owned(),
+        });
+        match registered {
+            Registered::Named(registration) => registration.into_watch(Some(subscription)),
+            Registered::Unnamed(notify) => ReleaseWatch::new(notify, Some(subscription)),
+        }
     }
 
     /// Waiter `name` of `channel` was told the lock is held while the fence counter stood
     /// at `counter`: hand-overs up to it are void ([`GrantSlot::raise_floor`]).
     pub(super) fn raise_floor(&self, channel: &str, name: &str, counter: u64) {
-        if let Some(n) = lock(&self.shared.channels)
-            .get(channel)
-            .and_then(|c| c.named.get(name))
-        {
-            n.grants.raise_floor(counter);
-        }
+        self.shared
+            .wakes
+            .raise_floor(&(channel.to_owned(), name.to_owned()), counter);
     }
 
     async fn watch_as(&self, channel: &str, name: Option<&str>) -> Result<ReleaseWatch> {
-        let ((notify, grants), subscribed) = {
+        let (registered, subscribed) = {
             let mut channels = lock(&self.shared.channels);
             let entry = channels
                 .entry(channel.to_owned())
                 .or_insert_with(Channel::new);
-            (entry.register(name), entry.subscribed)
+            (
+                entry.register(&self.shared.wakes, channel, name),
+                entry.subscribed,
+            )
         };
-        // From here on, dropping `subscription` undoes the registration.
-        let subscription = Subscription {
-            shared: Arc::clone(&self.shared),
-            channel: channel.to_owned(),
-            name: name.map(str::to_owned),
-        };
+        // From here on, dropping `watch` undoes the registration.
+        let watch = self.watch_of(channel, registered);
         if !subscribed {
             if self.shared.recently_failed() {
                 // Down for now: the waiter polls and asks again after its next pause.
@@ -289,35 +288,26 @@ impl PubSub {
                 }
             }
         }
-        Ok(with_grants(
-            ReleaseWatch::new(notify, Some(Box::new(subscription))),
-            grants,
-        ))
+        Ok(watch)
     }
 }
 
-fn with_grants(watch: ReleaseWatch, grants: Option<Arc<GrantSlot>>) -> ReleaseWatch {
-    match grants {
-        Some(g) => watch.with_grants(g),
-        None => watch,
-    }
+/// A watcher's registration: a named one in the wake registry, or an unnamed one sharing
+/// its channel's notifier.
+enum Registered {
+    Named(Registration<Named>),
+    Unnamed(Arc<Notify>),
 }
 
 impl Channel {
-    /// One more watcher (`name`d or sharing the channel's notifier); its notifier, and
-    /// for a named one its hand-over slot.
-    fn register(&mut self, name: Option<&str>) -> (Arc<Notify>, Option<Arc<GrantSlot>>) {
+    /// One more watcher of `channel`: `name`d (in the wake registry) or sharing the
+    /// channel's notifier.
+    fn register(&mut self, wakes: &Wakes<Named>, channel: &str, name: Option<&str>) -> Registered {
         self.watchers += 1;
         self.idle_since = None;
         match name {
-            Some(name) => {
-                let n = self.named.entry(name.to_owned()).or_insert_with(|| Named {
-                    notify: Arc::new(Notify::new()),
-                    grants: Arc::default(),
-                });
-                (Arc::clone(&n.notify), Some(Arc::clone(&n.grants)))
-            }
-            None => (Arc::clone(&self.notify), None),
+            Some(name) => Registered::Named(wakes.register((channel.to_owned(), name.to_owned()))),
+            None => Registered::Unnamed(Arc::clone(&self.notify)),
         }
     }
 }
@@ -448,15 +438,13 @@ impl PubSub {
                 c.subscribed = subscribed;
             }
         }
-        for c in lock(&shared.channels).values() {
-            c.forget_grants();
-            c.wake_all();
-        }
+        wake_everyone(&shared.channels, &shared.wakes, true);
     }
 }
 
 fn deliver(
     channels: &Mutex<HashMap<String, Channel>>,
+    wakes: &Wakes<Named>,
     shared: &OnceLock<Weak<Shared>>,
     push: redis::PushInfo,
 ) {
@@ -468,29 +456,27 @@ fn deliver(
             let Ok(name) = std::str::from_utf8(name) else {
                 return;
             };
-            if let Some(channel) = lock(channels).get(name) {
-                let payload = match push.data.get(1) {
-                    Some(Value::BulkString(payload)) => std::str::from_utf8(payload).ok(),
-                    _ => None,
-                };
-                match payload.map(|p| named_in(channel, p)) {
-                    Some(Some((waiter, Some(fence)))) => {
-                        waiter.grants.offer(fence);
-                        waiter.notify.notify_one();
-                    }
-                    Some(Some((waiter, None))) => waiter.notify.notify_one(),
-                    _ => channel.notify.notify_one(),
-                }
+            let Some(notify) = lock(channels).get(name).map(|c| Arc::clone(&c.notify)) else {
+                return;
+            };
+            let payload = match push.data.get(1) {
+                Some(Value::BulkString(payload)) => std::str::from_utf8(payload).ok(),
+                _ => None,
+            };
+            // A message naming a waiter of ours wakes (or hands over to) it alone; any
+            // other wakes one unnamed waiter of the channel.
+            let named = payload.is_some_and(|payload| {
+                wakes.deliver_message(payload, |waiter| (name.to_owned(), waiter.to_owned()))
+            });
+            if !named {
+                notify.notify_one();
             }
         }
         PushKind::Disconnection => {
             // Releases announced while we were away are lost: let every waiter retry now,
             // and once more when the subscriptions are back (a release between this retry
             // and the resubscription would be lost for good otherwise).
-            for channel in lock(channels).values() {
-                channel.forget_grants();
-                channel.wake_all();
-            }
+            wake_everyone(channels, wakes, true);
             if let (Some(shared), Ok(runtime)) = (
                 shared.get().and_then(Weak::upgrade),
                 tokio::runtime::Handle::try_current(),
@@ -500,20 +486,6 @@ fn deliver(
         }
         _ => {}
     }
-}
-
-/// The waiter a message names, and the fence if it hands the lock over: a wake-up names
-/// the waiter's token; a hand-over is `!<fence>:<token>` (a prefix no wake-up carries: a wake-up of an older client names a
-/// member's tail, which may start with '=').
-fn named_in<'c>(channel: &'c Channel, payload: &str) -> Option<(&'c Named, Option<u64>)> {
-    if let Some(waiter) = channel.named.get(payload) {
-        return Some((waiter, None));
-    }
-    let (fence, token) = payload.strip_prefix('!')?.split_once(':')?;
-    let waiter = channel.named.get(token)?;
-    // A fence that is no positive number (a tampered counter): a plain wake-up, whose
-    // attempt reports the counter.
-    Some((waiter, fence.parse::<u64>().ok().filter(|f| *f > 0)))
 }
 
 /// After a dropped pub/sub connection: waits until the connection is back (a `PING` on it
@@ -534,16 +506,13 @@ async fn wake_when_resubscribed(shared: Arc<Shared>) {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    for channel in lock(&shared.channels).values() {
-        channel.wake_all();
-    }
+    wake_everyone(&shared.channels, &shared.wakes, false);
 }
 
 /// One waiter's hold on a channel subscription.
 struct Subscription {
     shared: Arc<Shared>,
     channel: String,
-    name: Option<String>,
 }
 
 impl Drop for Subscription {
@@ -553,9 +522,6 @@ impl Drop for Subscription {
             let Some(entry) = channels.get_mut(&self.channel) else {
                 return;
             };
-            if let Some(name) = &self.name {
-                entry.named.remove(name);
-            }
             entry.watchers -= 1;
             if entry.watchers > 0 {
                 return;
@@ -625,16 +591,17 @@ async fn reap(shared: Arc<Shared>, channel: String) {
     }
 }
 
-/// Hostile input: any push the connection delivers.
+/// Hostile input: any push the connection delivers (what a payload means is the wake
+/// registry's, tested there).
 #[cfg(test)]
 mod props {
     use std::collections::HashMap;
-    use std::sync::{Arc, Mutex, OnceLock};
+    use std::sync::{Mutex, OnceLock};
 
     use proptest::prelude::*;
     use redis::{PushInfo, PushKind, Value};
 
-    use super::{Channel, Named, deliver, named_in};
+    use super::{Channel, Wakes, deliver};
 
     fn value() -> impl Strategy<Value = Value> {
         let leaf = prop_oneof![
@@ -661,56 +628,41 @@ mod props {
         ])
     }
 
-    /// The channels map with one channel `ch` and one named waiter `tok`.
-    fn channels() -> Mutex<HashMap<String, Channel>> {
-        let mut channel = Channel::new();
-        channel.named.insert(
-            "tok".to_owned(),
-            Named {
-                notify: Arc::default(),
-                grants: Arc::default(),
-            },
-        );
-        Mutex::new(HashMap::from([("ch".to_owned(), channel)]))
-    }
-
     proptest! {
         #![proptest_config(crate::backend::hostile::cases(256))]
 
         #[test]
-        fn any_payload_names_a_waiter_or_nobody(payload in prop_oneof![any::<String>(), "!-?[0-9]{0,21}:tok|tok|!:tok"]) {
-            let channels = channels();
-            let map = channels.lock().expect("lock");
-            let channel = map.get("ch").expect("channel");
-            // The model: the waiter's token alone wakes it; `!<fence>:<token>` hands over
-            // (a fence that is no positive number: a plain wake-up).
-            let handed = payload
-                .strip_prefix('!')
-                .and_then(|p| p.split_once(':'))
-                .filter(|(_, token)| *token == "tok")
-                .map(|(fence, _)| fence.parse::<u64>().ok().filter(|f| *f > 0));
-            let expected = if payload == "tok" { Some(None) } else { handed };
-            prop_assert_eq!(named_in(channel, &payload).map(|(_, fence)| fence), expected);
-        }
-
-        #[test]
-        fn hand_overs_round_trip(fence in 1..u64::MAX) {
-            let channels = channels();
-            let map = channels.lock().expect("lock");
-            let channel = map.get("ch").expect("channel");
-            let named = named_in(channel, &format!("!{fence}:tok")).map(|(_, f)| f);
-            prop_assert_eq!(named, Some(Some(fence)));
-        }
-
-        #[test]
         fn any_push_is_delivered_without_panicking(kind in kind(), data in prop::collection::vec(value(), 0..4)) {
-            let channels = channels();
+            let channels = Mutex::new(HashMap::from([("ch".to_owned(), Channel::new())]));
+            let wakes = Wakes::default();
+            let _named = wakes.register(("ch".to_owned(), "tok".to_owned()));
             let to_channel = matches!(kind, PushKind::Message | PushKind::SMessage);
             let mut data = data;
             if to_channel && !data.is_empty() {
                 data[0] = Value::BulkString(b"ch".to_vec());
             }
-            deliver(&channels, &OnceLock::new(), PushInfo { kind, data });
+            deliver(&channels, &wakes, &OnceLock::new(), PushInfo { kind, data });
         }
+    }
+
+    /// A message for the named waiter reaches it alone; any other wakes an unnamed one.
+    #[tokio::test]
+    async fn a_named_message_wakes_its_waiter_and_others_the_channel() {
+        let channels = Mutex::new(HashMap::from([("ch".to_owned(), Channel::new())]));
+        let unnamed = channels.lock().expect("lock")["ch"].notify.clone();
+        let wakes = Wakes::default();
+        let named = wakes.register(("ch".to_owned(), "tok".to_owned()));
+        let push = |payload: &str| PushInfo {
+            kind: PushKind::Message,
+            data: vec![
+                Value::BulkString(b"ch".to_vec()),
+                Value::BulkString(payload.as_bytes().to_vec()),
+            ],
+        };
+        deliver(&channels, &wakes, &OnceLock::new(), push("!9:tok"));
+        named.notify().notified().await;
+        assert_eq!(named.grants().take(), Some(9));
+        deliver(&channels, &wakes, &OnceLock::new(), push("someone-else"));
+        unnamed.notified().await;
     }
 }

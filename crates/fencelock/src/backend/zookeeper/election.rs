@@ -121,10 +121,7 @@ impl RawElection for ZooKeeper {
         let watcher = self.watch_node(&path).await?;
         let wake = Arc::new(Notify::new());
         let task = tokio::spawn(self.clone().follow_record(path, watcher, Arc::clone(&wake)));
-        Ok(ReleaseWatch::new(
-            wake,
-            Some(Box::new(Following { task, slot: None })),
-        ))
+        Ok(ReleaseWatch::new(wake, Some(Box::new(Following(task)))))
     }
 }
 

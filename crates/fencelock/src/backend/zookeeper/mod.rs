@@ -106,7 +106,7 @@ use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
 use zookeeper_client as zk;
 
-use crate::engine::wait::GrantSlot;
+use crate::engine::wake::{Registration, Wakes};
 use crate::engine::{Engine, Renewal};
 use crate::error::{Error, ErrorKind, Result};
 use crate::keys::LockKeys;
@@ -156,8 +156,9 @@ struct Inner {
     places: Mutex<HashMap<String, Place>>,
     /// Node prefixes whose create may have happened without our seeing the reply.
     unsure: Mutex<HashSet<String>>,
-    /// Where each waiting node's task leaves the grant (the fence), by node prefix.
-    grants: GrantSlots,
+    /// The waiting nodes (the engine's wake registry): where each one's task leaves the
+    /// grant (the fence), by node prefix.
+    wakes: Wakes,
     /// Granted nodes and when their lease ends unless renewed.
     reaper: Arc<Reaper>,
     /// Node watches that fired for waiters (deletions of the node in front).
@@ -166,9 +167,6 @@ struct Inner {
     told_short_ttl: AtomicBool,
     engine: Engine,
 }
-
-/// Waiting nodes' grant slots, by node prefix.
-type GrantSlots = Arc<Mutex<HashMap<String, Arc<GrantSlot>>>>;
 
 /// One session of this client.
 #[derive(Clone)]
@@ -531,7 +529,7 @@ impl ZooKeeper {
                 renewing: tokio::sync::Mutex::new(()),
                 places: Mutex::default(),
                 unsure: Mutex::default(),
-                grants: Arc::default(),
+                wakes: Wakes::default(),
                 reaper,
                 watches_fired: AtomicU64::new(0),
                 told_short_ttl: AtomicBool::new(false),
@@ -734,15 +732,6 @@ impl ZooKeeper {
         self.places().get(prefix).cloned()
     }
 
-    fn grants(&self, prefix: &str) -> Option<Arc<GrantSlot>> {
-        self.inner
-            .grants
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(prefix)
-            .cloned()
-    }
-
     /// Records our node for `prefix`, telling its waiter's task if it changed.
     fn placed(&self, prefix: &str, place: Place) -> Place {
         let mut places = self.places();
@@ -871,9 +860,10 @@ impl ZooKeeper {
     /// (one that went with a session, or was deleted by an operator, and was replaced by
     /// `place`) is void — its fence is below `place`'s creation zxid.
     fn void_older_grants(&self, prefix: &str, place: &Place) {
-        if let Some(slot) = self.grants(prefix) {
-            slot.raise_floor(u64::try_from(place.czxid - 1).unwrap_or(0));
-        }
+        self.inner.wakes.raise_floor(
+            &prefix.to_owned(),
+            u64::try_from(place.czxid - 1).unwrap_or(0),
+        );
     }
 
     /// Deletes, in the background, nodes in `line` (of `dir`) that carry our token `who`
@@ -908,12 +898,15 @@ impl ZooKeeper {
         if place.session != self.current().id {
             return; // the node went with an old session
         }
-        if let Some(slot) = self.grants(prefix) {
+        let prefix = prefix.to_owned();
+        if self.inner.wakes.contains(&prefix) {
             let ttl = self.lease(place.ttl, place.session);
             self.inner
                 .reaper
                 .set(&place.node, place.session, Instant::now() + ttl);
-            slot.offer(u64::try_from(place.czxid).unwrap_or(0));
+            self.inner
+                .wakes
+                .offer(&prefix, u64::try_from(place.czxid).unwrap_or(0));
         }
     }
 
@@ -1477,27 +1470,19 @@ impl RawLock for ZooKeeper {
     }
 
     async fn watch_for(&self, keys: &LockKeys, token: &Token) -> Result<ReleaseWatch> {
-        let notify = Arc::new(Notify::new());
         let (ready, first_look) = oneshot::channel();
         let dir = dir_path(keys);
         let prefix = node_prefix(&dir, token);
-        let slot: Arc<GrantSlot> = Arc::default();
-        self.inner
-            .grants
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(prefix.clone(), Arc::clone(&slot));
-        let task = Following {
-            task: tokio::spawn(self.clone().follow(
-                dir,
-                prefix.clone(),
-                Arc::clone(&notify),
-                ready,
-            )),
-            slot: Some((Arc::clone(&self.inner.grants), prefix)),
-        };
+        let registration: Registration = self.inner.wakes.register(prefix.clone());
+        let task = Following(tokio::spawn(self.clone().follow(
+            dir,
+            prefix,
+            Arc::clone(registration.notify()),
+            ready,
+        )));
+        let watch = registration.into_watch(Some(Box::new(task)));
         let _ = tokio::time::timeout(CALL_TIMEOUT, first_look).await;
-        Ok(ReleaseWatch::new(notify, Some(Box::new(task))).with_grants(slot))
+        Ok(watch)
     }
 
     async fn abandon(&self, keys: &LockKeys, token: &Token, _ttl: Duration) -> Result<()> {
@@ -1549,22 +1534,13 @@ fn session_lease(timeout: Duration) -> Duration {
     timeout * 2 / 3
 }
 
-/// The task behind a watch — a waiter's, with the grant slot it fills (the map it is kept
-/// in and its node prefix), or a record observer's, with none — ended with the watch.
-struct Following {
-    task: tokio::task::JoinHandle<()>,
-    slot: Option<(GrantSlots, String)>,
-}
+/// The task behind a watch (a waiter's, or a record observer's), ended with the watch
+/// (a waiter's registration goes with it too).
+pub(super) struct Following(pub(super) tokio::task::JoinHandle<()>);
 
 impl Drop for Following {
     fn drop(&mut self) {
-        self.task.abort();
-        if let Some((grants, prefix)) = &self.slot {
-            grants
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .remove(prefix);
-        }
+        self.0.abort();
     }
 }
 
