@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::engine::{Engine, LeaseKind, Renewal};
+use crate::engine::LeaseKind;
 use crate::error::Result;
 use crate::keys::LockKeys;
 use crate::lock::{Lock, LockGuard};
@@ -53,26 +53,7 @@ impl<B: RawFair> RawLock for Queued<B> {
         self.backend.abandon_fair(keys, token).await
     }
 
-    fn store_id(&self) -> String {
-        self.backend.store_id()
-    }
-
-    fn drift(&self) -> crate::validity::Drift {
-        self.backend.drift()
-    }
-
-    fn lease_validity(&self, ttl: Duration) -> Duration {
-        self.backend.lease_validity(ttl)
-    }
-
-    fn engine(&self) -> &Engine {
-        self.backend.engine()
-    }
-
-    /// Renewals go to the client's batch, whatever primitive they belong to.
-    fn extend_many(&self, renewals: &[Renewal]) -> impl Future<Output = Vec<Result<bool>>> + Send {
-        self.backend.extend_many(renewals)
-    }
+    crate::raw::client_hooks!(backend);
 }
 
 /// Fences are minted with each grant, as for a plain lock.

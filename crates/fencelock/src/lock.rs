@@ -151,7 +151,7 @@ impl<B: RawLock> Lock<B> {
         options: &Options,
     ) -> Result<Lock<B>> {
         let obs = Obs::new(
-            &backend.store_id(),
+            backend.store_label(),
             B::PRIMITIVE,
             keys.name(),
             options.name_label,
@@ -962,7 +962,7 @@ impl<B: RawLock> Drop for PendingAcquire<'_, B> {
 
 /// Releases `token` in the background on the current runtime, bounded in time.
 pub(crate) fn spawn_release<B: RawLock>(backend: &B, keys: &LockKeys, token: &Token) {
-    let obs = Obs::new(&backend.store_id(), B::PRIMITIVE, keys.name(), false);
+    let obs = Obs::new(backend.store_label(), B::PRIMITIVE, keys.name(), false);
     spawn_release_observed(backend, keys, token, &obs);
 }
 

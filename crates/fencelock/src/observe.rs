@@ -637,16 +637,17 @@ pub(crate) struct Obs {
 }
 
 impl Obs {
-    /// The labels of a lock on the store `store_id` of `primitive`, named `name`; the name
-    /// becomes a metric label only with `name_label`.
+    /// The labels of a lock on a store of kind `store` (its
+    /// [`store_label`](crate::raw::RawLock::store_label)) of `primitive`, named `name`; the
+    /// name becomes a metric label only with `name_label`.
     pub(crate) fn new(
-        store_id: &str,
+        store: &'static str,
         primitive: &'static str,
         name: &str,
         name_label: bool,
     ) -> Obs {
         Obs {
-            table: table(store_label(store_id), primitive),
+            table: table(store, primitive),
             name: name_label.then(|| Arc::from(name)),
         }
     }
@@ -924,16 +925,16 @@ pub(crate) fn failed(span: &Span, err: &crate::Error) {
 }
 
 /// Awaits `call`, a store's [`RawInspect::list`](crate::raw::RawInspect::list) on the
-/// store `store_id` for names matching `pattern`, in a `dlock.list` span; evaluates to its
-/// result.
+/// a store of kind `store` for names matching `pattern`, in a `dlock.list` span; evaluates
+/// to its result.
 pub(crate) async fn listed(
-    store_id: &str,
+    store: &'static str,
     pattern: &str,
     call: impl std::future::Future<Output = crate::Result<Vec<String>>>,
 ) -> crate::Result<Vec<String>> {
     let span = tracing::debug_span!(
         span::LIST,
-        { field::STORE } = store_label(store_id),
+        { field::STORE } = store,
         { field::OP } = op::LIST,
         { field::PATTERN } = pattern,
         { field::OUTCOME } = tracing::field::Empty,
@@ -1173,8 +1174,8 @@ mod tests {
 
     #[test]
     fn label_sets_are_made_once_per_pair() {
-        let a = Obs::new("redis:a:1", primitive::LOCK, "n", false);
-        let b = Obs::new("redis:b:2", primitive::LOCK, "m", false);
+        let a = Obs::new("redis", primitive::LOCK, "n", false);
+        let b = Obs::new("redis", primitive::LOCK, "m", false);
         assert!(std::ptr::eq(a.table, b.table));
         let c = a.with_primitive(primitive::ELECTION);
         assert_eq!((c.store(), c.primitive()), ("redis", "election"));
@@ -1188,7 +1189,7 @@ mod tests {
                 ("reason", "taken")
             ]
         );
-        let named = Obs::new("redis:a:1", primitive::LOCK, "orders", true);
+        let named = Obs::new("redis", primitive::LOCK, "orders", true);
         let key = named.key(metric::HOLDS, None);
         assert_eq!(key.labels().last().map(|l| l.value()), Some("orders"));
     }

@@ -240,10 +240,55 @@ pub trait RawLock: Clone + Send + Sync + 'static {
         String::new()
     }
 
+    /// The kind of store, for the `store` label of spans and metrics (`"redis"`,
+    /// `"etcd"`, …; never an address). The built-in stores name themselves; the default
+    /// reads the kind from [`store_id`](RawLock::store_id) with
+    /// [`store_label`](crate::observe::store_label).
+    fn store_label(&self) -> &'static str {
+        crate::observe::store_label(&self.store_id())
+    }
+
     /// The client's engine: one lease registry and renewal task for every primitive on
     /// this client. Clones of a client, and adapters over it, return the same engine.
     fn engine(&self) -> &Engine;
 }
+
+/// The [`RawLock`] hooks an adapter over a client (a semaphore's, a reentrant lock's, a
+/// read-write lock's side, a fair lock's queue) takes from the client in its field
+/// `$field` unchanged: the store's identity and label, its drift and lease bound, its
+/// engine, and renewals (they go to the client's batch, whatever primitive they belong
+/// to). One list, so that a hook added to the contract is forwarded by every adapter.
+macro_rules! client_hooks {
+    ($field:ident) => {
+        fn store_id(&self) -> String {
+            self.$field.store_id()
+        }
+
+        fn store_label(&self) -> &'static str {
+            self.$field.store_label()
+        }
+
+        fn drift(&self) -> crate::validity::Drift {
+            self.$field.drift()
+        }
+
+        fn lease_validity(&self, ttl: std::time::Duration) -> std::time::Duration {
+            self.$field.lease_validity(ttl)
+        }
+
+        fn engine(&self) -> &crate::engine::Engine {
+            self.$field.engine()
+        }
+
+        fn extend_many(
+            &self,
+            renewals: &[crate::engine::Renewal],
+        ) -> impl std::future::Future<Output = Vec<crate::error::Result<bool>>> + Send {
+            self.$field.extend_many(renewals)
+        }
+    };
+}
+pub(crate) use client_hooks;
 
 /// Marker: the fence returned by [`RawLock::acquire`] strictly increases with every grant
 /// of the same lock name, across all clients of the store, and is minted atomically with

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::engine::{Engine, LeaseKind, Renewal};
+use crate::engine::LeaseKind;
 use crate::error::{Error, Result};
 use crate::keys::LockKeys;
 use crate::lock::{Lock, LockGuard};
@@ -158,26 +158,7 @@ impl<B: RawReentrant> RawLock for Holds<B> {
         self.backend.extend_reentrant(keys, token, ttl).await
     }
 
-    fn store_id(&self) -> String {
-        self.backend.store_id()
-    }
-
-    fn drift(&self) -> crate::validity::Drift {
-        self.backend.drift()
-    }
-
-    fn lease_validity(&self, ttl: Duration) -> Duration {
-        self.backend.lease_validity(ttl)
-    }
-
-    fn engine(&self) -> &Engine {
-        self.backend.engine()
-    }
-
-    /// Renewals go to the client's batch, whatever primitive they belong to.
-    fn extend_many(&self, renewals: &[Renewal]) -> impl Future<Output = Vec<Result<bool>>> + Send {
-        self.backend.extend_many(renewals)
-    }
+    crate::raw::client_hooks!(backend);
 }
 
 /// A re-entry returns the first grant's fence: fences still strictly increase from one
@@ -382,7 +363,7 @@ impl<B: RawReentrant> ReentrantLock<B> {
     /// Its spans' labels (operator calls only: made on demand).
     fn obs(&self) -> crate::observe::Obs {
         crate::observe::Obs::new(
-            &RawLock::store_id(&self.backend),
+            RawLock::store_label(&self.backend),
             crate::observe::primitive::REENTRANT,
             self.keys.name(),
             self.options.name_label,

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::engine::{Engine, LeaseKind, Renewal};
+use crate::engine::LeaseKind;
 use crate::error::{Error, Result};
 use crate::keys::LockKeys;
 use crate::lock::{Lock, LockGuard, spawn_release};
@@ -80,26 +80,7 @@ impl<B: RawRwLock, const WRITE: bool> RawLock for RwSide<B, WRITE> {
         !WRITE
     }
 
-    fn store_id(&self) -> String {
-        self.backend.store_id()
-    }
-
-    fn drift(&self) -> crate::validity::Drift {
-        self.backend.drift()
-    }
-
-    fn lease_validity(&self, ttl: Duration) -> Duration {
-        self.backend.lease_validity(ttl)
-    }
-
-    fn engine(&self) -> &Engine {
-        self.backend.engine()
-    }
-
-    /// Renewals go to the client's batch, whatever primitive they belong to.
-    fn extend_many(&self, renewals: &[Renewal]) -> impl Future<Output = Vec<Result<bool>>> + Send {
-        self.backend.extend_many(renewals)
-    }
+    crate::raw::client_hooks!(backend);
 }
 
 /// Writers get fences like a plain lock's; readers have none (they exclude nobody but

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use crate::engine::{Engine, LeaseKind, Renewal};
+use crate::engine::LeaseKind;
 use crate::error::{Error, Result};
 use crate::keys::LockKeys;
 use crate::lock::{Lock, LockGuard};
@@ -125,26 +125,7 @@ impl<B: RawSemaphore> RawLock for Permits<B> {
         self.permits() > 1
     }
 
-    fn store_id(&self) -> String {
-        self.backend.store_id()
-    }
-
-    fn drift(&self) -> crate::validity::Drift {
-        self.backend.drift()
-    }
-
-    fn lease_validity(&self, ttl: Duration) -> Duration {
-        self.backend.lease_validity(ttl)
-    }
-
-    fn engine(&self) -> &Engine {
-        self.backend.engine()
-    }
-
-    /// Renewals go to the client's batch, whatever primitive they belong to.
-    fn extend_many(&self, renewals: &[Renewal]) -> impl Future<Output = Vec<Result<bool>>> + Send {
-        self.backend.extend_many(renewals)
-    }
+    crate::raw::client_hooks!(backend);
 }
 
 /// Held permits: released (given back) by `release().await`, in the background when

@@ -267,6 +267,10 @@ mod plants {
             self.store.store_id()
         }
 
+        fn store_label(&self) -> &'static str {
+            self.store.store_label()
+        }
+
         fn engine(&self) -> &Engine {
             self.store.engine()
         }

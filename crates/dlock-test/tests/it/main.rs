@@ -19,6 +19,7 @@ mod postgres;
 mod quorum;
 mod redis;
 mod sentinel;
+mod shared_watch;
 mod vacancy;
 mod zookeeper;
 

@@ -102,10 +102,10 @@ use etcd_client::{
     WatchStream,
 };
 use tokio::sync::{Notify, oneshot};
-use tokio::time::{Instant, MissedTickBehavior};
 
 use crate::engine::Engine;
-use crate::engine::wake::{Registration, Wakes};
+use crate::engine::follow::{self, Fired, Look, Recipe};
+use crate::engine::wake::{Registration, Wakes, Watches};
 use crate::error::{Error, ErrorKind, Result};
 use crate::keys::LockKeys;
 use crate::raw::{
@@ -144,6 +144,9 @@ struct Inner {
     /// the waiter watches, whatever happens to the key meanwhile (a key re-created at the
     /// back reports its new place here, which voids a grant found for the old one).
     wakes: Wakes,
+    /// The watches of records and of locks' releases, shared by this client's listeners
+    /// of each key.
+    watches: Watches,
     engine: Engine,
 }
 
@@ -383,6 +386,7 @@ impl Etcd {
                 timeout: DEFAULT_TIMEOUT,
                 places: Mutex::new(HashMap::new()),
                 wakes: Wakes::default(),
+                watches: Watches::default(),
                 engine: Engine::new(),
             }),
         };
@@ -661,11 +665,12 @@ impl Etcd {
     }
 
     /// A watch woken at every event of `kind` on `key` (watched with `options`), in effect
-    /// when this returns ([`ReleaseWatch::none`] if etcd refused it). When etcd ends the
-    /// stream (connection lost, member restarted) the task wakes its listener at once and
-    /// opens a new watch, waking it again once that one is in effect: a listener that reads
-    /// after each wake-up misses no event, and the watch keeps working for as long as it
-    /// is held.
+    /// when this returns ([`ReleaseWatch::none`] if etcd refused it); one etcd watch per key
+    /// for all of this client's listeners, each event waking one of them (who passes it
+    /// on). When etcd ends the stream (connection lost, member restarted) the task wakes a
+    /// listener at once and opens a new watch, waking one again once that one is in
+    /// effect: a listener that reads after each wake-up misses no event, and the watch
+    /// keeps working for as long as any listener holds it.
     async fn wake_on(
         &self,
         key: String,
@@ -673,36 +678,48 @@ impl Etcd {
         kind: EventType,
         doing: &'static str,
     ) -> Result<ReleaseWatch> {
+        // Shared by the listeners of the same events on the same key.
+        let shared = format!("{kind:?} {key}");
+        let registration = match self.inner.watches.join(&shared) {
+            Ok(watch) => return Ok(watch),
+            Err(registration) => registration,
+        };
         let Some(mut stream) = self
             .open_watch(key.as_bytes(), options.clone(), doing)
             .await?
         else {
             return Ok(ReleaseWatch::none());
         };
-        let notify = Arc::new(Notify::new());
-        let wake = Arc::clone(&notify);
+        let wake = self.inner.watches.waker(&shared);
         let etcd = self.clone();
-        let task = tokio::spawn(async move {
+        let watched = key;
+        let task = async move {
             loop {
                 while heard(Some(&mut stream), kind).await {
-                    wake.notify_one();
+                    wake();
                 }
                 // The watch ended: let the listener look now (a waiter retries), and again
                 // once a new watch is in effect, in case something happened in between.
-                wake.notify_one();
+                wake();
                 stream = loop {
                     tokio::time::sleep(FOLLOW_RETRY).await;
                     if let Ok(Some(s)) = etcd
-                        .open_watch(key.as_bytes(), options.clone(), doing)
+                        .open_watch(watched.as_bytes(), options.clone(), doing)
                         .await
                     {
                         break s;
                     }
                 };
-                wake.notify_one();
+                wake();
             }
-        });
-        Ok(ReleaseWatch::new(notify, Some(Box::new(AbortOnDrop(task)))))
+        };
+        Ok(self.inner.watches.start(&shared, registration, task))
+    }
+
+    /// How many etcd watches of records and releases this client keeps open: one per
+    /// key, however many of its observers or waiters listen to it.
+    pub fn watches_open(&self) -> usize {
+        self.inner.watches.open()
     }
 
     /// Renews the lease of our queue key `key`: `Some(false)` if it is gone (and with it our
@@ -719,109 +736,85 @@ impl Etcd {
             Err(_) => None,
         }
     }
+}
 
-    /// The task behind [`RawLock::watch_for`]: follows the queue key just before ours, wakes
-    /// our waiter when none is left before it, and keeps our lease alive. Signals `ready`
-    /// after its first look (with a watch in effect unless etcd failed it).
-    async fn follow(
-        self,
-        prefix: String,
-        key: String,
-        wake: Arc<Notify>,
-        ready: oneshot::Sender<()>,
-    ) {
-        let mut ready = Some(ready);
-        let Some(first) = self.place(&key) else {
-            wake.notify_one();
-            return;
-        };
-        let period = Duration::from_millis(
-            u64::try_from(first.secs)
-                .unwrap_or(1)
-                .max(1)
-                .saturating_mul(1000)
-                / 3,
-        );
-        let mut renew = tokio::time::interval_at(Instant::now() + period, period);
-        renew.set_missed_tick_behavior(MissedTickBehavior::Delay);
-        // The place (create revision) at whose turn our waiter was already woken.
-        let mut told = 0;
-        loop {
-            // Withdrawn (released, abandoned): nothing to follow.
-            let Some(place) = self.place(&key) else {
-                return;
-            };
-            let mut stream = None;
-            let mut failed = false;
-            // Whether the key we watch is the only one in front of ours.
-            let mut only = false;
-            match self.predecessor(&prefix, &key, place.rev).await {
-                Ok(Ahead {
-                    key: Some(ahead),
-                    read_at,
-                    only: alone,
-                    ..
-                }) => match self.watch_deletion(ahead, read_at + 1).await {
-                    Ok(s) => {
-                        stream = Some(s);
-                        only = alone;
-                    }
-                    Err(_) => failed = true,
-                },
-                // Our turn: hand the grant over if our key is still there (else the
-                // waiter's attempt finds out).
-                Ok(Ahead {
-                    key: None, ours, ..
-                }) if place.rev > 0 => {
-                    if told != place.rev {
-                        told = place.rev;
-                        if ours {
-                            self.grant_turn(&key, place.rev);
-                        }
-                        wake.notify_one();
-                    }
-                }
-                Ok(_) | Err(_) => failed = true,
-            }
-            if let Some(r) = ready.take() {
-                let _ = r.send(());
-            }
-            loop {
-                tokio::select! {
-                    clean = heard(stream.as_mut(), EventType::Delete) => {
-                        if !clean {
-                            tokio::time::sleep(FOLLOW_RETRY).await;
-                        } else if only && told != place.rev {
-                            // The last key in front is gone: our turn, told at once (the
-                            // read that follows confirms it for the record).
-                            told = place.rev;
-                            self.grant_turn(&key, place.rev);
-                            wake.notify_one();
-                        }
-                        break;
-                    }
-                    () = place.moved.notified() => {
-                        if self.place(&key).is_none_or(|p| p.rev != place.rev) {
-                            break;
-                        }
-                    }
-                    _ = renew.tick() => {
-                        if self.renew_place(&key).await == Some(false) {
-                            // Our key went with its lease: the next attempt queues anew.
-                            told = 0;
-                            wake.notify_one();
-                        }
-                    }
-                    () = async {
-                        if failed {
-                            tokio::time::sleep(FOLLOW_RETRY).await;
+/// A waiter's queue key as the engine's follower sees it: the key just before ours is
+/// watched for its deletion, our key's lease kept alive (see the module docs).
+struct Follow {
+    etcd: Etcd,
+    /// The lock's queue prefix.
+    prefix: String,
+    /// Our queue key.
+    key: String,
+}
+
+impl Recipe for Follow {
+    type Place = Place;
+    /// The key's create revision.
+    type Id = i64;
+
+    fn place(&self) -> Option<Place> {
+        self.etcd.place(&self.key)
+    }
+
+    fn id(place: &Place) -> i64 {
+        place.rev
+    }
+
+    fn moved(place: &Place) -> Arc<Notify> {
+        Arc::clone(&place.moved)
+    }
+
+    /// A third of the key's lease.
+    fn keep_period(&self) -> Duration {
+        let secs = self.place().map_or(1, |p| p.secs);
+        Duration::from_millis(u64::try_from(secs).unwrap_or(1).max(1).saturating_mul(1000) / 3)
+    }
+
+    async fn look(&mut self, place: &Place) -> Look {
+        match self
+            .etcd
+            .predecessor(&self.prefix, &self.key, place.rev)
+            .await
+        {
+            Ok(Ahead {
+                key: Some(ahead),
+                read_at,
+                only,
+                ..
+            }) => match self.etcd.watch_deletion(ahead, read_at + 1).await {
+                Ok(mut stream) => Look::Ahead {
+                    watch: Box::pin(async move {
+                        if heard(Some(&mut stream), EventType::Delete).await {
+                            Fired::Deleted
                         } else {
-                            std::future::pending::<()>().await;
+                            Fired::Lost { wake: false }
                         }
-                    } => break,
-                }
-            }
+                    }),
+                    only,
+                    wake: false,
+                },
+                Err(_) => Look::Failed,
+            },
+            // Our turn: hand the grant over if our key is still there (else the waiter's
+            // attempt finds out).
+            Ok(Ahead {
+                key: None, ours, ..
+            }) if place.rev > 0 => Look::Turn { ours },
+            Ok(_) | Err(_) => Look::Failed,
         }
+    }
+
+    async fn confirm(&self, _place: &Place) -> bool {
+        true
+    }
+
+    fn grant(&self, place: &Place) {
+        self.etcd.grant_turn(&self.key, place.rev);
+    }
+
+    async fn keep(&self, _place: &Place, _told: bool) -> bool {
+        self.etcd.renew_place(&self.key).await != Some(false)
     }
 }
 
@@ -1043,11 +1036,16 @@ impl RawLock for Etcd {
         let registration: Registration = self.inner.wakes.register(key.clone());
         // Owned at once: if this call is cancelled (a deadline), the task ends with it and
         // renews nothing, and the registration goes.
-        let task = AbortOnDrop(tokio::spawn(self.clone().follow(
-            queue_prefix(keys),
+        let follow = Follow {
+            etcd: self.clone(),
+            prefix: queue_prefix(keys),
             key,
+        };
+        let task = AbortOnDrop(tokio::spawn(follow::follow(
+            follow,
             Arc::clone(registration.notify()),
             ready,
+            FOLLOW_RETRY,
         )));
         let watch = registration.into_watch(Some(Box::new(task)));
         // Once the task watches the key ahead, a release from then on is heard. If etcd
@@ -1063,6 +1061,10 @@ impl RawLock for Etcd {
 
     fn store_id(&self) -> String {
         format!("etcd:{}", self.inner.endpoints.join(","))
+    }
+
+    fn store_label(&self) -> &'static str {
+        "etcd"
     }
 
     fn engine(&self) -> &Engine {
@@ -1237,7 +1239,7 @@ impl RawInspect for Etcd {
     }
 
     async fn list(&self, prefix: &str, pattern: &str, limit: usize) -> Result<Vec<String>> {
-        crate::observe::listed(&self.store_id(), pattern, async move {
+        crate::observe::listed(self.store_label(), pattern, async move {
             if limit == 0 {
                 return Ok(Vec::new());
             }

@@ -126,6 +126,7 @@ impl ConfigHazard {
 
     /// Logs it as a `tracing` warning (once, on connect). Without the node's address,
     /// which dlock never records (docs/observability.md); `config_hazards()` has it.
+    #[cfg_attr(not(any(feature = "redis", feature = "memcached")), allow(dead_code))]
     pub(crate) fn warn(&self) {
         tracing::warn!(
             setting = %self.setting,
@@ -182,10 +183,7 @@ pub fn refuse_config_hazards(hazards: &[ConfigHazard]) -> Result<()> {
     ))
 }
 
-#[cfg_attr(
-    not(any(feature = "redis", feature = "memcached", feature = "postgres")),
-    allow(dead_code)
-)]
+#[cfg_attr(not(any(feature = "redis", feature = "memcached")), allow(dead_code))]
 /// Logs each of `hazards` once and returns them.
 pub(crate) fn found(hazards: Vec<ConfigHazard>) -> Vec<ConfigHazard> {
     for hazard in &hazards {

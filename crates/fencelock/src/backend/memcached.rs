@@ -821,6 +821,10 @@ impl RawLock for Memcached {
         format!("memcache:{}", self.inner.addr)
     }
 
+    fn store_label(&self) -> &'static str {
+        "memcached"
+    }
+
     fn engine(&self) -> &Engine {
         &self.inner.engine
     }
@@ -935,7 +939,7 @@ impl RawInspect for Memcached {
 
     /// Memcached cannot enumerate keys without walking its whole LRU.
     async fn list(&self, _prefix: &str, pattern: &str, _limit: usize) -> Result<Vec<String>> {
-        crate::observe::listed(&self.store_id(), pattern, async move {
+        crate::observe::listed(self.store_label(), pattern, async move {
             Err(Error::invalid(
                 "memcached cannot list locks (it has no key iteration)",
             ))

@@ -323,6 +323,10 @@ impl RawLock for Memory {
         format!("memory:{:p}", Arc::as_ptr(&self.state))
     }
 
+    fn store_label(&self) -> &'static str {
+        "memory"
+    }
+
     fn engine(&self) -> &Engine {
         &self.engine
     }
@@ -416,7 +420,7 @@ impl RawInspect for Memory {
     }
 
     async fn list(&self, prefix: &str, pattern: &str, limit: usize) -> Result<Vec<String>> {
-        crate::observe::listed(&self.store_id(), pattern, async move {
+        crate::observe::listed(self.store_label(), pattern, async move {
             let now = Instant::now();
             let state = self.state();
             Ok(state

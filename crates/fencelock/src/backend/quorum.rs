@@ -127,11 +127,7 @@ impl<B: RawLock> QuorumBuilder<B> {
             ));
         }
         // Each node's store kind, for its spans (read once: ids may allocate).
-        let labels = self
-            .nodes
-            .iter()
-            .map(|n| crate::observe::store_label(&n.store_id()))
-            .collect();
+        let labels = self.nodes.iter().map(RawLock::store_label).collect();
         Ok(Quorum {
             inner: Arc::new(Inner {
                 labels,
@@ -401,6 +397,15 @@ impl<B: RawLock> RawLock for Quorum<B> {
     fn store_id(&self) -> String {
         let ids: Vec<String> = self.inner.nodes.iter().map(RawLock::store_id).collect();
         format!("quorum[{}]", ids.join(","))
+    }
+
+    /// `redlock` over Redis nodes, `quorum` over any other store.
+    fn store_label(&self) -> &'static str {
+        if self.inner.labels.iter().all(|l| *l == "redis") {
+            "redlock"
+        } else {
+            "quorum"
+        }
     }
 
     fn engine(&self) -> &Engine {

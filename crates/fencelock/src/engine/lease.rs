@@ -227,12 +227,7 @@ mod tests {
             ttl,
             validity::Drift::DEFAULT,
             LeaseKind::Lock,
-            Obs::new(
-                "memory:0x1",
-                crate::observe::primitive::LOCK,
-                "lease",
-                false,
-            ),
+            Obs::new("memory", crate::observe::primitive::LOCK, "lease", false),
         ))
     }
 

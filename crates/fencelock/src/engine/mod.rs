@@ -25,6 +25,8 @@
 //! sender when a lease is registered, and the contract (`raw`) names the engine, never the
 //! other way round.
 
+#[cfg(any(feature = "etcd", feature = "zookeeper"))]
+pub(crate) mod follow;
 mod lease;
 pub(crate) mod wait;
 #[cfg(any(

@@ -18,14 +18,39 @@
 //!   not yet taken are forgotten (the store may have lost them with a restart) and every
 //!   waiter is woken to attempt again (a message may have been missed).
 
+// Each notifying store uses its part of the registry.
+#![cfg_attr(
+    not(all(
+        feature = "redis",
+        feature = "etcd",
+        feature = "postgres",
+        feature = "zookeeper"
+    )),
+    allow(dead_code)
+)]
+
 use std::collections::HashMap;
 use std::hash::Hash;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::time::Duration;
 
 use tokio::sync::Notify;
 
 use super::wait::GrantSlot;
 use crate::raw::ReleaseWatch;
+
+/// How long a queued waiter's place in a store's queue outlives its next expected attempt:
+/// ttl / 3, within 200 ms ..= 5 s. A crashed waiter leaves the queue by itself after that.
+#[cfg_attr(not(any(feature = "redis", feature = "postgres")), allow(dead_code))]
+pub(crate) fn waiter_grace(ttl: Duration) -> Duration {
+    (ttl / 3).clamp(Duration::from_millis(200), Duration::from_secs(5))
+}
+
+/// How long the waiter a release woke has to come and take the lock before its place
+/// lapses (it crashed, or its process stalls) and the others' fallback timers take over.
+#[cfg_attr(not(any(feature = "redis", feature = "postgres")), allow(dead_code))]
+pub(crate) const WAKE_GRACE: Duration = Duration::from_secs(1);
 
 /// A client's local waiters by name (`K`: the name, or a store's richer key such as a
 /// channel and a name). Clones share the registry.
@@ -150,10 +175,17 @@ impl<K: Eq + Hash + Send + Sync + 'static> Registration<K> {
     }
 
     /// A watch woken through the registration's notifier that is never handed anything
-    /// (an observer's).
-    pub(crate) fn into_wake_only_watch(self) -> ReleaseWatch {
+    /// (an observer's); `also` ends with it.
+    pub(crate) fn into_wake_only_watch(
+        self,
+        also: Option<crate::raw::Subscription>,
+    ) -> ReleaseWatch {
         let notify = Arc::clone(&self.notify);
-        ReleaseWatch::new(notify, Some(Box::new(self)))
+        let keep: crate::raw::Subscription = match also {
+            Some(also) => Box::new((self, also)),
+            None => Box::new(self),
+        };
+        ReleaseWatch::new(notify, Some(keep))
     }
 }
 
@@ -284,6 +316,85 @@ impl<K: Eq + Hash + Clone> Wakes<K> {
             Message::Wake(name) if name == payload => false,
             _ => self.deliver(&key_of(message.name()), message.fence()),
         }
+    }
+}
+
+/// Store watches shared by a client's local listeners of one key (the observers of one
+/// election, the waiters without a place of one lock): the first listener's call opens
+/// the watch and starts its task, later ones join it, and the last one to go ends it.
+/// The task wakes whoever listens under the key when it fires ([`Watches::waker`]), so a
+/// listener that joins later is woken by the same watch.
+#[derive(Default)]
+pub(crate) struct Watches {
+    wakes: Wakes,
+    tasks: Arc<Mutex<HashMap<String, Weak<WatchTask>>>>,
+    /// How many tasks run.
+    running: Arc<AtomicUsize>,
+}
+
+/// A shared watch's task, aborted when its last listener goes.
+pub(crate) struct WatchTask {
+    task: tokio::task::JoinHandle<()>,
+    running: Arc<AtomicUsize>,
+}
+
+impl Drop for WatchTask {
+    fn drop(&mut self) {
+        self.task.abort();
+        self.running.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl Watches {
+    fn tasks(&self) -> MutexGuard<'_, HashMap<String, Weak<WatchTask>>> {
+        self.tasks.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A listener of `key`: its watch if a task watches `key` already, else its
+    /// registration, for the caller to open the store's watch and [`start`](Watches::start)
+    /// its task.
+    pub(crate) fn join(&self, key: &str) -> Result<ReleaseWatch, Registration> {
+        let registration = self.wakes.register(key.to_owned());
+        let running = self.tasks().get(key).and_then(Weak::upgrade);
+        match running {
+            Some(task) => Ok(registration.into_wake_only_watch(Some(Box::new(task)))),
+            None => Err(registration),
+        }
+    }
+
+    /// Starts the task that watches `key` for `registration` (and the listeners that join
+    /// it later); the listener's watch.
+    pub(crate) fn start(
+        &self,
+        key: &str,
+        registration: Registration,
+        task: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> ReleaseWatch {
+        self.running.fetch_add(1, Ordering::Relaxed);
+        let task = Arc::new(WatchTask {
+            task: tokio::spawn(task),
+            running: Arc::clone(&self.running),
+        });
+        let mut tasks = self.tasks();
+        tasks.retain(|_, t| t.strong_count() > 0);
+        tasks.insert(key.to_owned(), Arc::downgrade(&task));
+        drop(tasks);
+        registration.into_wake_only_watch(Some(Box::new(task)))
+    }
+
+    /// What a watch task calls when its watch fires: wakes one listener of `key` (who
+    /// passes it on).
+    pub(crate) fn waker(&self, key: &str) -> impl Fn() + Send + Sync + 'static {
+        let wakes = self.wakes.clone();
+        let key = key.to_owned();
+        move || {
+            wakes.wake(&key);
+        }
+    }
+
+    /// How many store watches are open (tasks with a listener).
+    pub(crate) fn open(&self) -> usize {
+        self.running.load(Ordering::Relaxed)
     }
 }
 

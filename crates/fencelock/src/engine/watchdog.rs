@@ -598,12 +598,7 @@ mod tests {
             ttl,
             crate::validity::Drift::DEFAULT,
             LeaseKind::Lock,
-            crate::observe::Obs::new(
-                "memory:0x1",
-                crate::observe::primitive::LOCK,
-                "watchdog",
-                false,
-            ),
+            crate::observe::Obs::new("memory", crate::observe::primitive::LOCK, "watchdog", false),
         ))
     }
 
@@ -615,12 +610,7 @@ mod tests {
             ttl,
             crate::validity::Drift::DEFAULT,
             LeaseKind::Lock,
-            crate::observe::Obs::new(
-                "memory:0x1",
-                crate::observe::primitive::LOCK,
-                "handover",
-                false,
-            ),
+            crate::observe::Obs::new("memory", crate::observe::primitive::LOCK, "handover", false),
         ))
     }
 

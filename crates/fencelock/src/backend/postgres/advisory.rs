@@ -359,6 +359,10 @@ impl RawLock for PgAdvisory {
         self.inner.store_id.clone()
     }
 
+    fn store_label(&self) -> &'static str {
+        "postgres-advisory"
+    }
+
     fn engine(&self) -> &Engine {
         &self.inner.engine
     }
@@ -427,7 +431,7 @@ impl RawInspect for PgAdvisory {
 
     /// Advisory keys are hashes: the names behind them cannot be listed.
     async fn list(&self, _prefix: &str, pattern: &str, _limit: usize) -> Result<Vec<String>> {
-        crate::observe::listed(&self.store_id(), pattern, async move {
+        crate::observe::listed(self.store_label(), pattern, async move {
             Err(Error::invalid(
                 "advisory locks cannot be listed: PostgreSQL keeps only their 64-bit hashes",
             ))

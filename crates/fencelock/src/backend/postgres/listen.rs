@@ -277,7 +277,7 @@ impl Listener {
             .shared
             .wakes
             .register(Heard::Record(key.to_owned()))
-            .into_wake_only_watch();
+            .into_wake_only_watch(None);
         self.listen_records().await?;
         Ok(watch)
     }

@@ -182,17 +182,10 @@ mod listen;
 
 pub use advisory::PgAdvisory;
 
-/// How long a queued waiter's place outlives its next expected attempt: ttl / 3, within
-/// 200 ms ..= 5 s. A crashed waiter's place lapses that long after the attempt it missed
-/// (for a plain lock's waiter far from the head, up to a minute on), and goes at once when
-/// a hand-over meets it: its client's `LISTEN` session is gone.
-fn waiter_grace(ttl: Duration) -> Duration {
-    (ttl / 3).clamp(Duration::from_millis(200), Duration::from_secs(5))
-}
-
-/// How long the waiter a release woke has to come and take the lock before its place
-/// lapses and the others' fallback timers take over.
-const WAKE_GRACE: Duration = Duration::from_secs(1);
+// A crashed waiter's place lapses `waiter_grace` after the attempt it missed (for a plain
+// lock's waiter far from the head, up to a minute on), and goes at once when a hand-over
+// meets it: its client's `LISTEN` session is gone.
+use crate::engine::wake::{WAKE_GRACE, waiter_grace};
 
 /// The schema dlock's table lives in unless the URL names another (`?schema=`).
 pub const DEFAULT_SCHEMA: &str = "dlock";
@@ -1119,6 +1112,10 @@ impl RawLock for Postgres {
         self.inner.store_id.clone()
     }
 
+    fn store_label(&self) -> &'static str {
+        "postgres"
+    }
+
     fn engine(&self) -> &Engine {
         &self.inner.engine
     }
@@ -1560,7 +1557,7 @@ impl RawInspect for Postgres {
     async fn list(&self, prefix: &str, pattern: &str, limit: usize) -> Result<Vec<String>> {
         check_text(prefix, "key prefix")?;
         check_text(pattern, "pattern")?;
-        crate::observe::listed(&self.store_id(), pattern, async move {
+        crate::observe::listed(self.store_label(), pattern, async move {
             let rows = self
                 .query(&self.inner.sql.list, &[&prefix], "listing locks")
                 .await?;

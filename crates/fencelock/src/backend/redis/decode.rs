@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use redis::{FromRedisValue, ServerErrorKind, Value};
 
-use super::{map_err, not_replicated, permit_state, server_ms};
+use super::semaphore::permit_state;
+use super::{map_err, not_replicated, server_ms};
 use crate::engine::Renewal;
 use crate::error::{Error, ErrorKind, Result};
 use crate::raw::LockState;

@@ -6,7 +6,7 @@ use std::time::Duration;
 use redis::Value;
 
 use super::decode::typed;
-use super::{Redis, map_err, not_replicated, parse_acquire, ttl_ms};
+use super::{Ending, Redis, map_err, not_replicated, parse_acquire, ttl_ms};
 use crate::error::Result;
 use crate::keys::LockKeys;
 use crate::raw::{Acquire, LockState, RawFair, RawInspect};
@@ -21,7 +21,7 @@ pub(super) fn claims(keys: &LockKeys) -> String {
 }
 
 impl Redis {
-    async fn fair_release(&self, keys: &LockKeys, token: &str, mode: &str) -> Result<bool> {
+    async fn fair_release(&self, keys: &LockKeys, token: &str, mode: Ending) -> Result<bool> {
         let done: i64 = self
             .inner
             .scripts
@@ -31,7 +31,7 @@ impl Redis {
             .key(claims(keys))
             .arg(token)
             .arg(keys.channel())
-            .arg(mode)
+            .arg(mode.as_arg())
             .arg(self.publish_cmd())
             .invoke_async(&mut self.conn())
             .await
@@ -65,11 +65,11 @@ impl RawFair for Redis {
     }
 
     async fn release_fair(&self, keys: &LockKeys, token: &Token) -> Result<bool> {
-        self.fair_release(keys, token.as_str(), "own").await
+        self.fair_release(keys, token.as_str(), Ending::Own).await
     }
 
     async fn abandon_fair(&self, keys: &LockKeys, token: &Token) -> Result<()> {
-        self.fair_release(keys, token.as_str(), "leave")
+        self.fair_release(keys, token.as_str(), Ending::Leave)
             .await
             .map(|_| ())
     }
@@ -86,7 +86,7 @@ impl RawFair for Redis {
     }
 
     async fn force_unlock_fair(&self, keys: &LockKeys) -> Result<bool> {
-        self.fair_release(keys, "", "force").await
+        self.fair_release(keys, "", Ending::Force).await
     }
 }
 

@@ -53,6 +53,7 @@ mod pubsub;
 mod reentrant;
 mod rwlock;
 mod scripts;
+mod semaphore;
 mod sentinel;
 
 use std::sync::Arc;
@@ -65,12 +66,11 @@ use crate::backend::hazard::{self, ConfigHazard};
 use crate::engine::{Engine, LeaseKind};
 use crate::error::{Error, ErrorKind, Result};
 use crate::keys::LockKeys;
-use crate::raw::{
-    Acquire, LockState, RawFencing, RawInspect, RawLock, RawSemaphore, ReleaseWatch, Renewal,
-};
+use crate::raw::{Acquire, LockState, RawFencing, RawInspect, RawLock, ReleaseWatch, Renewal};
 use crate::token::Token;
 
 use pubsub::PubSub;
+use semaphore::holders;
 
 /// Default bound on establishing a connection.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -922,14 +922,60 @@ fn map_err(err: RedisError, doing: &str) -> Error {
         .with_source(err)
 }
 
+/// What an acquire script does when the lock is taken (its `mode` argument).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Attempt {
+    /// Reports the lock held.
+    Try,
+    /// Queues the caller (or keeps its place) among the waiters.
+    Wait,
+}
+
+impl Attempt {
+    /// `Wait` if the caller queues.
+    pub(super) fn queue(queue: bool) -> Attempt {
+        if queue { Attempt::Wait } else { Attempt::Try }
+    }
+
+    /// The scripts' word for it.
+    pub(super) fn as_arg(self) -> &'static str {
+        match self {
+            Attempt::Try => "try",
+            Attempt::Wait => "wait",
+        }
+    }
+}
+
+/// Whose hold a release script ends (its `mode` argument).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Ending {
+    /// The caller's own hold (compared on its token).
+    Own,
+    /// A waiter leaves the queue (and passes on a turn it was given).
+    Leave,
+    /// Whoever holds it (an operator's force-unlock).
+    Force,
+}
+
+impl Ending {
+    /// The scripts' word for it.
+    pub(super) fn as_arg(self) -> &'static str {
+        match self {
+            Ending::Own => "own",
+            Ending::Leave => "leave",
+            Ending::Force => "force",
+        }
+    }
+}
+
 impl Redis {
-    /// One attempt at the plain lock; `mode` is `try` or `wait` (queue if it must wait).
+    /// One attempt at the plain lock (queueing the caller if it must wait, with `Wait`).
     async fn acquire_lock(
         &self,
         keys: &LockKeys,
         token: &Token,
         ttl: Duration,
-        mode: &str,
+        mode: Attempt,
     ) -> Result<Acquire> {
         let (q, c) = (waiters(keys), claims(keys));
         // A release hands the lock over to a queued waiter in its own step, unless the
@@ -942,7 +988,7 @@ impl Redis {
                 &[
                     &token.as_str(),
                     &ttl_ms(ttl),
-                    &mode,
+                    &mode.as_arg(),
                     &ttl_ms(waiter_grace(ttl)),
                     &self.waiter_id(),
                     &self.hand_over(),
@@ -951,7 +997,7 @@ impl Redis {
             )
             .await?;
         if let [0, _, counter] = reply.as_slice()
-            && mode == "wait"
+            && mode == Attempt::Wait
         {
             self.raise_floor(keys, token, *counter);
         }
@@ -974,13 +1020,12 @@ impl Redis {
         parse_acquire(&reply, "acquire")
     }
 
-    /// The plain lock's release script in `mode` (`own`, `force` or `leave`; `ttl` is the
-    /// leaving waiter's).
+    /// The plain lock's release script ending `mode` (`ttl` is the leaving waiter's).
     async fn release_lock(
         &self,
         keys: &LockKeys,
         token: &str,
-        mode: &str,
+        mode: Ending,
         ttl: Duration,
     ) -> Result<bool> {
         let (q, c) = (waiters(keys), claims(keys));
@@ -991,7 +1036,7 @@ impl Redis {
                 &[
                     &token,
                     &keys.channel(),
-                    &mode,
+                    &mode.as_arg(),
                     &ttl_ms(WAKE_GRACE),
                     &self.waiter_id(),
                     &ttl_ms(ttl),
@@ -1014,17 +1059,6 @@ pub(super) fn claims(keys: &LockKeys) -> String {
     keys.companion("claims")
 }
 
-/// A semaphore's holders' permits (token -> permits held; the lock key is the zset of
-/// their leases).
-fn holders(keys: &LockKeys) -> String {
-    keys.companion("holders")
-}
-
-/// A semaphore's permit count.
-fn permit_count(keys: &LockKeys) -> String {
-    keys.companion("permits")
-}
-
 /// Every key (`key <key>`) and channel (`channel <channel>`) that `primitive`'s lock
 /// `keys` uses, named by the helpers the backend itself calls; the channels a waiter's
 /// client or a fair lock's waiter listens on, for a sample waiter id and token. Not in
@@ -1040,7 +1074,7 @@ pub(crate) fn key_set(primitive: &str, keys: &LockKeys) -> Vec<String> {
         "semaphore" => {
             all.extend([
                 holders(keys),
-                permit_count(keys),
+                semaphore::permit_count(keys),
                 waiters(keys),
                 claims(keys),
             ]);
@@ -1072,15 +1106,7 @@ pub(crate) fn key_set(primitive: &str, keys: &LockKeys) -> Vec<String> {
         .collect()
 }
 
-/// How long a queued waiter's place outlives its next expected attempt: ttl / 3, within
-/// 200 ms ..= 5 s. A crashed waiter leaves the queue by itself after that.
-pub(super) fn waiter_grace(ttl: Duration) -> Duration {
-    (ttl / 3).clamp(Duration::from_millis(200), Duration::from_secs(5))
-}
-
-/// How long the waiter a release woke has to come and take the lock before its place
-/// lapses (it crashed, or its process stalls) and the others' fallback timers take over.
-pub(super) const WAKE_GRACE: Duration = Duration::from_secs(1);
+pub(super) use crate::engine::wake::{WAKE_GRACE, waiter_grace};
 
 /// Decodes the reply every acquire script returns: `{1, fence}` granted (fence 0 where
 /// the primitive has none), `{0, wait}` not granted, wait = ms until it may be (-1: no
@@ -1116,31 +1142,6 @@ pub(super) fn server_ms(secs: i64, micros: i64) -> i64 {
     secs.saturating_mul(1000).saturating_add(micros / 1000)
 }
 
-/// A semaphore's state from its leases (`token -> expiry ms` by the server's clock),
-/// permit counts (`token -> permits`) and the server's time `now` (ms). Counts saturate:
-/// the hash may hold anything someone wrote to it.
-fn permit_state(now: i64, leases: &[(String, f64)], counts: &[(String, u32)]) -> LockState {
-    // `as` saturates (NaN becomes 0): a score is whatever the sorted set holds.
-    let live: Vec<(&str, i64)> = leases
-        .iter()
-        .map(|(token, expiry)| (token.as_str(), *expiry as i64))
-        .filter(|(_, expiry)| *expiry > now)
-        .collect();
-    let used = live
-        .iter()
-        .filter_map(|(token, _)| counts.iter().find(|(t, _)| t == token))
-        .fold(0u32, |sum, (_, n)| sum.saturating_add(*n));
-    let last = live
-        .iter()
-        .map(|(_, expiry)| expiry.saturating_sub(now))
-        .max()
-        .and_then(|ms| u64::try_from(ms).ok())
-        .map(Duration::from_millis);
-    LockState::new(None, last, None)
-        .with_hold_count(used)
-        .with_holders(u32::try_from(live.len()).unwrap_or(u32::MAX))
-}
-
 /// The plain lock on Redis: `SET NX PX` + fence while nobody waits; waiters queue in the
 /// store (FIFO, each with a claim that lapses if it crashes) and each release hands the
 /// lock over to the head in its own step (key, fence and a message on the head's client's
@@ -1151,7 +1152,7 @@ impl RawLock for Redis {
     const QUEUES_ONLY_LISTENERS: bool = true;
 
     async fn acquire(&self, keys: &LockKeys, token: &Token, ttl: Duration) -> Result<Acquire> {
-        self.acquire_lock(keys, token, ttl, "try").await
+        self.acquire_lock(keys, token, ttl, Attempt::Try).await
     }
 
     async fn acquire_or_queue(
@@ -1160,11 +1161,11 @@ impl RawLock for Redis {
         token: &Token,
         ttl: Duration,
     ) -> Result<Acquire> {
-        self.acquire_lock(keys, token, ttl, "wait").await
+        self.acquire_lock(keys, token, ttl, Attempt::Wait).await
     }
 
     async fn release(&self, keys: &LockKeys, token: &Token) -> Result<bool> {
-        self.release_lock(keys, token.as_str(), "own", Duration::ZERO)
+        self.release_lock(keys, token.as_str(), Ending::Own, Duration::ZERO)
             .await
     }
 
@@ -1206,7 +1207,7 @@ impl RawLock for Redis {
     }
 
     async fn abandon(&self, keys: &LockKeys, token: &Token, ttl: Duration) -> Result<()> {
-        self.release_lock(keys, token.as_str(), "leave", ttl)
+        self.release_lock(keys, token.as_str(), Ending::Leave, ttl)
             .await
             .map(|_| ())
     }
@@ -1328,6 +1329,10 @@ impl RawLock for Redis {
         format!("redis:{}", self.inner.addr)
     }
 
+    fn store_label(&self) -> &'static str {
+        "redis"
+    }
+
     fn engine(&self) -> &Engine {
         &self.inner.engine
     }
@@ -1354,11 +1359,12 @@ impl RawInspect for Redis {
     /// Deletes the holder (a plain lock's string or a reentrant lock's hash) and hands the
     /// lock over to the head of the queue (or wakes it), in one script.
     async fn force_unlock(&self, keys: &LockKeys) -> Result<bool> {
-        self.release_lock(keys, "", "force", Duration::ZERO).await
+        self.release_lock(keys, "", Ending::Force, Duration::ZERO)
+            .await
     }
 
     async fn list(&self, prefix: &str, pattern: &str, limit: usize) -> Result<Vec<String>> {
-        crate::observe::listed(&self.store_id(), pattern, async move {
+        crate::observe::listed(self.store_label(), pattern, async move {
             if limit == 0 {
                 return Ok(Vec::new());
             }
@@ -1509,223 +1515,6 @@ fn redis_glob(pattern: &[u8], text: &[u8]) -> bool {
     reach[text.len()]
 }
 
-impl RawSemaphore for Redis {
-    async fn acquire_permits(
-        &self,
-        keys: &LockKeys,
-        token: &Token,
-        n: u32,
-        permits: u32,
-        strict: bool,
-        ttl: Duration,
-        queue: bool,
-    ) -> Result<Acquire> {
-        let (holders, count) = (holders(keys), permit_count(keys));
-        let (q, c) = (waiters(keys), claims(keys));
-        let (reply, replicated): (Vec<i64>, bool) = self
-            .write(
-                &self.inner.scripts.sem_acquire,
-                &[
-                    keys.lock(),
-                    &holders,
-                    &count,
-                    &q,
-                    &c,
-                    keys.fence(),
-                    &keys.legacy_fence(),
-                ],
-                &[
-                    &token.as_str(),
-                    &n,
-                    &permits,
-                    &ttl_ms(ttl),
-                    &if queue { "wait" } else { "try" },
-                    &ttl_ms(waiter_grace(ttl)),
-                    &keys.channel(),
-                    &ttl_ms(WAKE_GRACE),
-                    &self.waiter_id(),
-                    &self.hand_over(),
-                    &if strict { "1" } else { "0" },
-                    &self.publish_cmd(),
-                ],
-                "acquiring permits",
-            )
-            .await?;
-        if let [-2, stored] = reply.as_slice() {
-            // A count that is not a permit count (set by hand) is reported as it reads.
-            let stored = u32::try_from(*stored).unwrap_or(0);
-            return Err(Error::permits_mismatch(keys.name(), stored, permits));
-        }
-        if queue && let [0, _, counter] = reply.as_slice() {
-            self.raise_floor(keys, token, *counter);
-        }
-        if !replicated && reply.first() == Some(&1) {
-            let _ = self.release_permits(keys, token).await;
-            return Err(not_replicated(keys, "the permit grant"));
-        }
-        parse_acquire(&reply, "permit")
-    }
-
-    async fn release_permits(&self, keys: &LockKeys, token: &Token) -> Result<bool> {
-        self.sem_release(keys, token.as_str(), "own", (0, Duration::ZERO))
-            .await
-    }
-
-    async fn abandon_permits(
-        &self,
-        keys: &LockKeys,
-        token: &Token,
-        n: u32,
-        ttl: Duration,
-    ) -> Result<()> {
-        self.sem_release(keys, token.as_str(), "leave", (n, ttl))
-            .await
-            .map(|_| ())
-    }
-
-    async fn extend_permits(&self, keys: &LockKeys, token: &Token, ttl: Duration) -> Result<bool> {
-        let holders = holders(keys);
-        let (extended, replicated): (i64, bool) = self
-            .write(
-                &self.inner.scripts.sem_extend,
-                &[keys.lock(), &holders],
-                &[&token.as_str(), &ttl_ms(ttl)],
-                "renewing permits",
-            )
-            .await?;
-        if extended == 1 && !replicated {
-            return Err(not_replicated(keys, "the permit renewal"));
-        }
-        Ok(extended == 1)
-    }
-
-    async fn permits_in_use(&self, keys: &LockKeys, permits: u32) -> Result<(u32, u32)> {
-        // Live leases only: those whose expiry is still ahead by the server's clock.
-        let reply: redis::Value = self
-            .inner
-            .scripts
-            .sem_count
-            .key(keys.lock())
-            .key(holders(keys))
-            .key(permit_count(keys))
-            .invoke_async(&mut self.conn())
-            .await
-            .map_err(|e| map_err(e, "counting permits"))?;
-        decode::permit_count(&reply, permits)
-    }
-
-    async fn inspect_permits(&self, keys: &LockKeys) -> Result<LockState> {
-        let reply: Vec<redis::Value> = redis::pipe()
-            .atomic()
-            .cmd("TIME")
-            .cmd("ZRANGE")
-            .arg(keys.lock())
-            .arg(0)
-            .arg(-1)
-            .arg("WITHSCORES")
-            .hgetall(holders(keys))
-            .query_async(&mut self.conn())
-            .await
-            .map_err(|e| map_err(e, "inspecting a semaphore"))?;
-        decode::permit_snapshot(reply)
-    }
-
-    async fn force_unlock_permits(&self, keys: &LockKeys) -> Result<bool> {
-        self.sem_release(keys, "", "force", (0, Duration::ZERO))
-            .await
-    }
-
-    async fn add_permits(
-        &self,
-        keys: &LockKeys,
-        delta: i64,
-        permits: u32,
-        max: u32,
-    ) -> Result<Option<u32>> {
-        let count = self.sem_count(keys, delta, permits, max, "add").await?;
-        Ok(u32::try_from(count).ok())
-    }
-
-    async fn set_permits(&self, keys: &LockKeys, permits: u32) -> Result<()> {
-        let count = self
-            .sem_count(keys, i64::from(permits), permits, u32::MAX, "set")
-            .await?;
-        if count < 0 {
-            return Err(Error::invalid(format!(
-                "a semaphore's permit count must be at least 1, not {permits}"
-            )));
-        }
-        Ok(())
-    }
-}
-
-impl Redis {
-    /// The semaphore's release script in `mode` (`own`, `force` or `leave`; `wanted` is
-    /// the leaving waiter's permits and ttl).
-    async fn sem_release(
-        &self,
-        keys: &LockKeys,
-        token: &str,
-        mode: &str,
-        wanted: (u32, Duration),
-    ) -> Result<bool> {
-        let done: i64 = self
-            .inner
-            .scripts
-            .sem_release
-            .key(keys.lock())
-            .key(holders(keys))
-            .key(waiters(keys))
-            .key(claims(keys))
-            .key(permit_count(keys))
-            .key(keys.fence())
-            .key(keys.legacy_fence().as_ref())
-            .arg(token)
-            .arg(keys.channel())
-            .arg(mode)
-            .arg(ttl_ms(WAKE_GRACE))
-            .arg(self.waiter_id())
-            .arg(ttl_ms(wanted.1))
-            .arg(wanted.0)
-            .arg(self.publish_cmd())
-            .invoke_async(&mut self.conn())
-            .await
-            .map_err(|e| map_err(e, "releasing permits"))?;
-        Ok(done == 1)
-    }
-
-    /// Changes the permit count (`add` a delta or `set` it), handing added permits over to waiters.
-    async fn sem_count(
-        &self,
-        keys: &LockKeys,
-        value: i64,
-        permits: u32,
-        max: u32,
-        mode: &str,
-    ) -> Result<i64> {
-        self.inner
-            .scripts
-            .sem_add
-            .key(permit_count(keys))
-            .key(waiters(keys))
-            .key(claims(keys))
-            .key(keys.lock())
-            .key(holders(keys))
-            .key(keys.fence())
-            .key(keys.legacy_fence().as_ref())
-            .arg(value)
-            .arg(permits)
-            .arg(max)
-            .arg(keys.channel())
-            .arg(mode)
-            .arg(ttl_ms(WAKE_GRACE))
-            .arg(self.publish_cmd())
-            .invoke_async(&mut self.conn())
-            .await
-            .map_err(|e| map_err(e, "changing the permit count"))
-    }
-}
-
 /// Hostile input: URLs of every Redis scheme, and the replies the backend decodes.
 #[cfg(test)]
 mod props {
@@ -1733,7 +1522,8 @@ mod props {
 
     use proptest::prelude::*;
 
-    use super::{Target, parse_acquire, parse_url, permit_state, server_ms};
+    use super::semaphore::permit_state;
+    use super::{Target, parse_acquire, parse_url, server_ms};
     use crate::backend::hostile::{any_url, check, url_with_password};
     use crate::raw::Acquire;
 
@@ -1939,7 +1729,7 @@ mod tests {
     fn keys_of(primitive: &str, keys: &LockKeys) -> Vec<String> {
         let mut all = vec![keys.lock().to_owned(), keys.fence().to_owned()];
         match primitive {
-            "semaphore" => all.extend([super::holders(keys), super::permit_count(keys)]),
+            "semaphore" => all.extend([super::holders(keys), super::semaphore::permit_count(keys)]),
             "rwlock" => all.extend([super::rwlock::readers(keys), super::rwlock::writers(keys)]),
             "fair" => all.extend([super::fair::queue(keys), super::fair::claims(keys)]),
             "election" => all.push(super::election::record(keys)),

@@ -7,8 +7,8 @@ use redis::Value;
 
 use super::decode::{self, typed};
 use super::{
-    Redis, WAKE_GRACE, claims, map_err, not_replicated, parse_acquire, tampered_fence, ttl_ms,
-    waiter_grace, waiters,
+    Attempt, Redis, WAKE_GRACE, claims, map_err, not_replicated, parse_acquire, tampered_fence,
+    ttl_ms, waiter_grace, waiters,
 };
 use crate::error::{Error, ErrorKind, Result};
 use crate::keys::LockKeys;
@@ -35,7 +35,7 @@ impl RawReentrant for Redis {
                     &token.as_str(),
                     &ttl_ms(ttl),
                     &limit,
-                    &if queue { "wait" } else { "try" },
+                    &Attempt::queue(queue).as_arg(),
                     &ttl_ms(waiter_grace(ttl)),
                     &self.waiter_id(),
                 ],

@@ -1,13 +1,10 @@
 //! Elections' records: one persistent node per election, beside its lock's directory.
 
-use std::sync::Arc;
-
-use tokio::sync::Notify;
 use zookeeper_client as zk;
 
 use super::{
-    CALL_TIMEOUT, FOLLOW_RETRY, Following, NodeKind, Session, ZooKeeper, dir_path, escape, in_line,
-    is, map_err, parse_node,
+    CALL_TIMEOUT, FOLLOW_RETRY, NodeKind, Session, ZooKeeper, dir_path, escape, in_line, is,
+    map_err, parse_node,
 };
 use crate::error::{Error, ErrorKind, Result};
 use crate::keys::LockKeys;
@@ -115,13 +112,18 @@ impl RawElection for ZooKeeper {
     }
 
     /// An `exists` watch on the record node (it fires on its creation, a write and its
-    /// deletion), set before this returns and armed again by a task after every event.
+    /// deletion), set before this returns and armed again by a task after every event;
+    /// one per election for all of this client's observers of it.
     async fn watch_record(&self, keys: &LockKeys) -> Result<ReleaseWatch> {
         let path = record_path(keys);
+        let registration = match self.inner.records.join(&path) {
+            Ok(watch) => return Ok(watch),
+            Err(registration) => registration,
+        };
         let watcher = self.watch_node(&path).await?;
-        let wake = Arc::new(Notify::new());
-        let task = tokio::spawn(self.clone().follow_record(path, watcher, Arc::clone(&wake)));
-        Ok(ReleaseWatch::new(wake, Some(Box::new(Following(task)))))
+        let wake = self.inner.records.waker(&path);
+        let task = self.clone().follow_record(path.clone(), watcher, wake);
+        Ok(self.inner.records.start(&path, registration, task))
     }
 }
 
@@ -162,7 +164,12 @@ impl ZooKeeper {
     /// The task behind [`RawElection::watch_record`]: after each event of the record's
     /// watch, arms it again, then wakes an observer. Armed before the wake-up, a write
     /// after it fires the new watch, and one before it is seen by the observer's read.
-    async fn follow_record(self, path: String, mut watcher: zk::OneshotWatcher, wake: Arc<Notify>) {
+    async fn follow_record(
+        self,
+        path: String,
+        mut watcher: zk::OneshotWatcher,
+        wake: impl Fn() + Send + Sync + 'static,
+    ) {
         loop {
             let event = watcher.changed().await;
             if event.event_type == zk::EventType::Session {
@@ -177,13 +184,13 @@ impl ZooKeeper {
                         // Not armed: the observer reads now (a write may be under way) and
                         // is woken again once the watch is set.
                         if !std::mem::replace(&mut told, true) {
-                            wake.notify_one();
+                            wake();
                         }
                         tokio::time::sleep(FOLLOW_RETRY).await;
                     }
                 }
             };
-            wake.notify_one();
+            wake();
         }
     }
 }

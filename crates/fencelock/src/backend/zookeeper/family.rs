@@ -22,6 +22,8 @@
 //!   the count. A waiter depends on every node below it, so it watches the directory's
 //!   children and data and tries again when they change: a release wakes every waiting
 //!   client of the semaphore (as Curator's does), not one.
+//! * **Fair lock**: the plain lock is first come, first served already (nodes are served
+//!   in sequence order), so the fair lock is the plain lock's recipe.
 
 use std::time::Duration;
 
@@ -33,7 +35,8 @@ use super::{parse_node, unescape};
 use crate::error::{Error, ErrorKind, Result};
 use crate::keys::LockKeys;
 use crate::raw::{
-    Acquire, LockState, RawInspect, RawLock, RawReentrant, RawRwLock, RawSemaphore, ReleaseWatch,
+    Acquire, LockState, RawFair, RawInspect, RawLock, RawReentrant, RawRwLock, RawSemaphore,
+    ReleaseWatch,
 };
 use crate::token::Token;
 
@@ -831,5 +834,39 @@ impl RawSemaphore for ZooKeeper {
             .map(|(_, name, _, _)| name)
             .collect();
         self.delete_all(&s, &dir, &all).await
+    }
+}
+
+/// The plain lock is already first come, first served here: the fair lock is the same
+/// recipe.
+impl RawFair for ZooKeeper {
+    async fn acquire_fair(
+        &self,
+        keys: &LockKeys,
+        token: &Token,
+        ttl: Duration,
+        _grace: Duration,
+    ) -> Result<Acquire> {
+        self.acquire(keys, token, ttl).await
+    }
+
+    async fn release_fair(&self, keys: &LockKeys, token: &Token) -> Result<bool> {
+        self.release(keys, token).await
+    }
+
+    async fn abandon_fair(&self, keys: &LockKeys, token: &Token) -> Result<()> {
+        self.release(keys, token).await.map(|_| ())
+    }
+
+    async fn inspect_fair(&self, keys: &LockKeys) -> Result<LockState> {
+        self.inspect(keys).await
+    }
+
+    async fn force_unlock_fair(&self, keys: &LockKeys) -> Result<bool> {
+        self.force_unlock(keys).await
+    }
+
+    async fn watch_fair(&self, keys: &LockKeys, token: &Token) -> Result<ReleaseWatch> {
+        self.watch_for(keys, token).await
     }
 }

@@ -106,11 +106,12 @@ use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
 use zookeeper_client as zk;
 
-use crate::engine::wake::{Registration, Wakes};
+use crate::engine::follow::{self, Fired, Look, Recipe};
+use crate::engine::wake::{Registration, Wakes, Watches};
 use crate::engine::{Engine, Renewal};
 use crate::error::{Error, ErrorKind, Result};
 use crate::keys::LockKeys;
-use crate::raw::{Acquire, LockState, RawFair, RawFencing, RawInspect, RawLock, ReleaseWatch};
+use crate::raw::{Acquire, LockState, RawFencing, RawInspect, RawLock, ReleaseWatch};
 use crate::token::Token;
 
 mod election;
@@ -159,6 +160,8 @@ struct Inner {
     /// The waiting nodes (the engine's wake registry): where each one's task leaves the
     /// grant (the fence), by node prefix.
     wakes: Wakes,
+    /// The record watches of elections, shared by this client's observers of each.
+    records: Watches,
     /// Granted nodes and when their lease ends unless renewed.
     reaper: Arc<Reaper>,
     /// Node watches that fired for waiters (deletions of the node in front).
@@ -356,10 +359,6 @@ enum NodeKind {
 }
 
 impl NodeKind {
-    fn is_permits(self) -> bool {
-        matches!(self, NodeKind::Permits(_))
-    }
-
     /// The name prefix of a node of this kind for `who` (a token, or an owner).
     fn name(self, who: &str) -> String {
         let who = escape(who);
@@ -530,6 +529,7 @@ impl ZooKeeper {
                 places: Mutex::default(),
                 unsure: Mutex::default(),
                 wakes: Wakes::default(),
+                records: Watches::default(),
                 reaper,
                 watches_fired: AtomicU64::new(0),
                 told_short_ttl: AtomicBool::new(false),
@@ -581,6 +581,12 @@ impl ZooKeeper {
     /// in front of one): with one waiter woken per release, one per hand-over.
     pub fn watches_fired(&self) -> u64 {
         self.inner.watches_fired.load(Ordering::Relaxed)
+    }
+
+    /// How many elections' records this client watches: one store watch per election,
+    /// however many of its observers are on this client.
+    pub fn records_watched(&self) -> usize {
+        self.inner.records.open()
     }
 
     /// The client of the current session (for tests and tools: reads, faults).
@@ -927,205 +933,191 @@ impl ZooKeeper {
             Ok(Some(_))
         )
     }
+}
 
-    /// The task behind [`RawLock::watch_for`]: follows the node just before ours, wakes
-    /// our waiter when none is left before it. Signals `ready` after its first look.
-    async fn follow(
-        self,
-        dir: String,
-        prefix: String,
-        wake: Arc<Notify>,
-        ready: oneshot::Sender<()>,
-    ) {
-        let mut ready = Some(ready);
-        // The node at whose turn our waiter was already woken.
-        let mut told = String::new();
-        let period = self
-            .place(&prefix)
-            .map_or(Duration::from_secs(1), |p| self.lease(p.ttl, p.session) / 3)
-            .max(Duration::from_millis(10));
-        let mut keep = tokio::time::interval_at(Instant::now() + period, period);
-        // A semaphore waiter's last look at its directory: (children version, data version).
-        let mut seen: Option<Option<(i32, i32)>> = None;
-        keep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            let Some(place) = self.place(&prefix) else {
-                // No node yet, or not any more (its session expired; withdrawn): the
-                // waiter's next attempt makes one. Look again soon; the task ends with
-                // the wait.
-                if let Some(r) = ready.take() {
-                    let _ = r.send(());
-                }
-                wake.notify_one();
-                tokio::time::sleep(FOLLOW_RETRY).await;
-                continue;
-            };
-            let s = self.current();
-            let mut watcher: Option<Watching> = None;
-            let mut failed = false;
-            let mut only = false;
-            if place.session != s.id {
-                // Our node went with an old session: the waiter's next attempt queues anew.
-                wake.notify_one();
-            } else {
-                // A missing directory (an operator's `deleteall`) lists as empty: our node
-                // is gone, and the waiter queues again.
-                match self.children(&s, &dir).await {
-                    Ok(children) => {
-                        let line = in_line(&children);
-                        let ours = line.iter().any(|(seq, _)| *seq == place.seq);
-                        match blocker(&line, &place) {
-                            _ if !ours => {
-                                // Our node is gone (deleted by an operator): requeue.
-                                wake.notify_one();
-                            }
-                            Blocker::Turn => {
-                                if told != place.node {
-                                    told.clone_from(&place.node);
-                                    self.grant_turn(&prefix, &place);
-                                    wake.notify_one();
-                                }
-                            }
-                            Blocker::Node { name, only: alone } if place.kind == NodeKind::Read => {
-                                // A reader waits for a writer's node: its deletion, or its
-                                // writer downgrading (the node's data becomes `r`).
-                                let node = format!("{dir}/{name}");
-                                match self
-                                    .call(
-                                        "watching the writer ahead",
-                                        s.client.get_and_watch_data(&node),
-                                    )
-                                    .await
-                                {
-                                    Ok((data, _, w)) => {
-                                        watcher = Some(Box::pin(w.changed()) as Watching);
-                                        only = alone;
-                                        if data == b"r" {
-                                            // Downgraded already: the reader may come in.
-                                            wake.notify_one();
-                                        }
-                                    }
-                                    Err(e) if is(&e, &zk::Error::NoNode) => continue,
-                                    Err(_) => failed = true,
-                                }
-                            }
-                            Blocker::Node { name, only: alone } => {
-                                let node = format!("{dir}/{name}");
-                                match self
-                                    .call(
-                                        "watching the waiter ahead",
-                                        s.client.check_and_watch_stat(&node),
-                                    )
-                                    .await
-                                {
-                                    Ok((Some(_), w)) => {
-                                        watcher = Some(Box::pin(w.changed()) as Watching);
-                                        only = alone;
-                                    }
-                                    // Gone already: look again.
-                                    Ok((None, _)) => continue,
-                                    Err(_) => failed = true,
-                                }
-                            }
-                            Blocker::Any => {
-                                // A semaphore waiter: any release below, or a new permit
-                                // count, may let it in — it watches the directory's
-                                // children and data and attempts when either changes.
-                                let kids = s.client.list_and_watch_children(&dir);
-                                let data = s.client.check_and_watch_stat(&dir);
-                                match (
-                                    self.call("watching a semaphore", kids).await,
-                                    self.call("watching a semaphore", data).await,
-                                ) {
-                                    (Ok((_, a)), Ok((stat, b))) => {
-                                        watcher = Some(Box::pin(async move {
-                                            tokio::select! {
-                                                e = a.changed() => e,
-                                                e = b.changed() => e,
-                                            }
-                                        })
-                                            as Watching);
-                                        // A change since the last watches fired (between
-                                        // the event and these watches) wakes the waiter
-                                        // again: its attempt may have come before it.
-                                        let now = Some(stat.map(|st| (st.cversion, st.version)));
-                                        if seen.is_some() && seen != now {
-                                            wake.notify_one();
-                                        }
-                                        seen = now;
-                                    }
-                                    _ => failed = true,
-                                }
-                            }
-                        }
-                    }
-                    Err(_) => failed = true,
+/// A waiter's node as the engine's follower sees it: the node in front is watched (a
+/// reader: the nearest writer's, for its deletion or its downgrade; a semaphore's waiter:
+/// the directory's children and data), our node kept from this client's reaper while it
+/// waits.
+struct Follow {
+    zk: ZooKeeper,
+    /// The lock's directory.
+    dir: String,
+    /// Our node's prefix.
+    prefix: String,
+    /// The session of the last look.
+    session: Option<Session>,
+    /// A semaphore waiter's last look at its directory: (children version, data version).
+    seen: Option<Option<(i32, i32)>>,
+}
+
+impl Recipe for Follow {
+    type Place = Place;
+    /// The node's path.
+    type Id = String;
+
+    fn place(&self) -> Option<Place> {
+        self.zk.place(&self.prefix)
+    }
+
+    fn id(place: &Place) -> String {
+        place.node.clone()
+    }
+
+    fn moved(place: &Place) -> Arc<Notify> {
+        Arc::clone(&place.moved)
+    }
+
+    /// A third of the node's lease.
+    fn keep_period(&self) -> Duration {
+        self.place().map_or(Duration::from_secs(1), |p| {
+            self.zk.lease(p.ttl, p.session) / 3
+        })
+    }
+
+    async fn look(&mut self, place: &Place) -> Look {
+        let s = self.zk.current();
+        self.session = Some(s.clone());
+        if place.session != s.id {
+            // Our node went with an old session: the waiter's next attempt queues anew.
+            return Look::Gone;
+        }
+        // A missing directory (an operator's `deleteall`) lists as empty: our node is
+        // gone, and the waiter queues again.
+        let Ok(children) = self.zk.children(&s, &self.dir).await else {
+            return Look::Failed;
+        };
+        let line = in_line(&children);
+        if !line.iter().any(|(seq, _)| *seq == place.seq) {
+            // Our node is gone (deleted by an operator): requeue.
+            return Look::Gone;
+        }
+        let fired = self.zk.clone();
+        match blocker(&line, place) {
+            Blocker::Turn => Look::Turn { ours: true },
+            Blocker::Node { name, only } if place.kind == NodeKind::Read => {
+                // A reader waits for a writer's node: its deletion, or its writer
+                // downgrading (the node's data becomes `r`).
+                let node = format!("{}/{name}", self.dir);
+                match self
+                    .zk
+                    .call(
+                        "watching the writer ahead",
+                        s.client.get_and_watch_data(&node),
+                    )
+                    .await
+                {
+                    Ok((data, _, w)) => Look::Ahead {
+                        watch: Box::pin(async move { fired.heard(w.changed().await, true) }),
+                        only,
+                        // Downgraded already: the reader may come in.
+                        wake: data == b"r",
+                    },
+                    Err(e) if is(&e, &zk::Error::NoNode) => Look::Again,
+                    Err(_) => Look::Failed,
                 }
             }
-            if let Some(r) = ready.take() {
-                let _ = r.send(());
+            Blocker::Node { name, only } => {
+                let node = format!("{}/{name}", self.dir);
+                match self
+                    .zk
+                    .call(
+                        "watching the waiter ahead",
+                        s.client.check_and_watch_stat(&node),
+                    )
+                    .await
+                {
+                    Ok((Some(_), w)) => Look::Ahead {
+                        watch: Box::pin(async move { fired.heard(w.changed().await, false) }),
+                        only,
+                        wake: false,
+                    },
+                    // Gone already: look again.
+                    Ok((None, _)) => Look::Again,
+                    Err(_) => Look::Failed,
+                }
             }
-            loop {
-                tokio::select! {
-                    event = async {
-                        match watcher.as_mut() {
-                            Some(w) => w.await,
-                            None => std::future::pending().await,
-                        }
-                    } => {
-                        if place.kind.is_permits() {
-                            if event.event_type != zk::EventType::Session {
-                                self.inner.watches_fired.fetch_add(1, Ordering::Relaxed);
-                            }
-                            wake.notify_one();
-                        } else if event.event_type == zk::EventType::NodeDeleted {
-                            self.inner.watches_fired.fetch_add(1, Ordering::Relaxed);
-                            if only
-                                && told != place.node
-                                && self.place(&prefix).is_some_and(|p| p.node == place.node)
-                                && self.still_there(&s, &place.node).await
-                            {
-                                // The last node in front is gone: our turn, told at once.
-                                told.clone_from(&place.node);
-                                self.grant_turn(&prefix, &place);
-                                wake.notify_one();
-                            }
-                        } else if event.event_type == zk::EventType::NodeDataChanged
-                            && place.kind == NodeKind::Read
-                        {
-                            // The writer in front downgraded to a reader: try again.
-                            wake.notify_one();
-                        } else if event.event_type == zk::EventType::Session {
-                            // Session expired or closed: the waiter's next attempt tells.
-                            wake.notify_one();
-                            tokio::time::sleep(FOLLOW_RETRY).await;
-                        }
-                        break;
-                    }
-                    () = place.moved.notified() => break,
-                    _ = keep.tick() => {
-                        // Still waiting: our node stays (see `acquire`). Once handed over,
-                        // the hold's own renewals keep it, or its lease ends.
-                        if told != place.node {
-                            let until = Instant::now() + self.lease(place.ttl, place.session);
-                            self.inner.reaper.push(&place.node, until);
+            Blocker::Any => {
+                // A semaphore waiter: any release below, or a new permit count, may let
+                // it in — it watches the directory's children and data and attempts when
+                // either changes.
+                let kids = s.client.list_and_watch_children(&self.dir);
+                let data = s.client.check_and_watch_stat(&self.dir);
+                match (
+                    self.zk.call("watching a semaphore", kids).await,
+                    self.zk.call("watching a semaphore", data).await,
+                ) {
+                    (Ok((_, a)), Ok((stat, b))) => {
+                        // A change since the last watches fired (between the event and
+                        // these watches) wakes the waiter again: its attempt may have
+                        // come before it.
+                        let now = Some(stat.map(|st| (st.cversion, st.version)));
+                        let changed = self.seen.is_some() && self.seen != now;
+                        self.seen = now;
+                        Look::Ahead {
+                            watch: Box::pin(async move {
+                                let event = tokio::select! {
+                                    e = a.changed() => e,
+                                    e = b.changed() => e,
+                                };
+                                if event.event_type != zk::EventType::Session {
+                                    fired.inner.watches_fired.fetch_add(1, Ordering::Relaxed);
+                                }
+                                Fired::Wake
+                            }),
+                            only: false,
+                            wake: changed,
                         }
                     }
-                    () = async {
-                        if failed {
-                            tokio::time::sleep(FOLLOW_RETRY).await;
-                        } else {
-                            std::future::pending::<()>().await;
-                        }
-                    } => break,
+                    _ => Look::Failed,
                 }
             }
         }
     }
+
+    /// Our node is still the waiter's, in this session.
+    async fn confirm(&self, place: &Place) -> bool {
+        let Some(s) = &self.session else {
+            return false;
+        };
+        self.zk
+            .place(&self.prefix)
+            .is_some_and(|p| p.node == place.node)
+            && self.zk.still_there(s, &place.node).await
+    }
+
+    fn grant(&self, place: &Place) {
+        self.zk.grant_turn(&self.prefix, place);
+    }
+
+    /// Still waiting: our node stays (see `acquire`). Once handed over, the hold's own
+    /// renewals keep it, or its lease ends.
+    async fn keep(&self, place: &Place, told: bool) -> bool {
+        if !told {
+            let until = Instant::now() + self.zk.lease(place.ttl, place.session);
+            self.zk.inner.reaper.push(&place.node, until);
+        }
+        true
+    }
 }
 
-/// A waiter's watch: resolves with the event that fired it.
-type Watching = std::pin::Pin<Box<dyn Future<Output = zk::WatchedEvent> + Send>>;
+impl ZooKeeper {
+    /// What a node watch's `event` means to a waiter (`reader`: one waiting for a writer's
+    /// node, which also lets it in by downgrading).
+    fn heard(&self, event: zk::WatchedEvent, reader: bool) -> Fired {
+        match event.event_type {
+            zk::EventType::NodeDeleted => {
+                self.inner.watches_fired.fetch_add(1, Ordering::Relaxed);
+                Fired::Deleted
+            }
+            // The writer in front downgraded to a reader: try again.
+            zk::EventType::NodeDataChanged if reader => Fired::Wake,
+            // Session expired or closed: the waiter's next attempt tells.
+            zk::EventType::Session => Fired::Lost { wake: true },
+            _ => Fired::Other,
+        }
+    }
+}
 
 /// What a waiting node waits for.
 enum Blocker<'a> {
@@ -1474,11 +1466,18 @@ impl RawLock for ZooKeeper {
         let dir = dir_path(keys);
         let prefix = node_prefix(&dir, token);
         let registration: Registration = self.inner.wakes.register(prefix.clone());
-        let task = Following(tokio::spawn(self.clone().follow(
+        let follow = Follow {
+            zk: self.clone(),
             dir,
             prefix,
+            session: None,
+            seen: None,
+        };
+        let task = Following(tokio::spawn(follow::follow(
+            follow,
             Arc::clone(registration.notify()),
             ready,
+            FOLLOW_RETRY,
         )));
         let watch = registration.into_watch(Some(Box::new(task)));
         let _ = tokio::time::timeout(CALL_TIMEOUT, first_look).await;
@@ -1495,6 +1494,10 @@ impl RawLock for ZooKeeper {
 
     fn store_id(&self) -> String {
         format!("zk:{}{}", self.inner.hosts, self.inner.chroot)
+    }
+
+    fn store_label(&self) -> &'static str {
+        "zookeeper"
     }
 
     fn engine(&self) -> &Engine {
@@ -1549,40 +1552,6 @@ impl Drop for Following {
 /// restarts and elections; the queue grants in creation order.
 impl RawFencing for ZooKeeper {}
 
-/// The plain lock is already first come, first served here: the fair lock is the same
-/// recipe.
-impl RawFair for ZooKeeper {
-    async fn acquire_fair(
-        &self,
-        keys: &LockKeys,
-        token: &Token,
-        ttl: Duration,
-        _grace: Duration,
-    ) -> Result<Acquire> {
-        self.acquire(keys, token, ttl).await
-    }
-
-    async fn release_fair(&self, keys: &LockKeys, token: &Token) -> Result<bool> {
-        self.release(keys, token).await
-    }
-
-    async fn abandon_fair(&self, keys: &LockKeys, token: &Token) -> Result<()> {
-        self.release(keys, token).await.map(|_| ())
-    }
-
-    async fn inspect_fair(&self, keys: &LockKeys) -> Result<LockState> {
-        self.inspect(keys).await
-    }
-
-    async fn force_unlock_fair(&self, keys: &LockKeys) -> Result<bool> {
-        self.force_unlock(keys).await
-    }
-
-    async fn watch_fair(&self, keys: &LockKeys, token: &Token) -> Result<ReleaseWatch> {
-        self.watch_for(keys, token).await
-    }
-}
-
 impl RawInspect for ZooKeeper {
     async fn inspect(&self, keys: &LockKeys) -> Result<LockState> {
         let s = self.live().await?;
@@ -1633,7 +1602,7 @@ impl RawInspect for ZooKeeper {
     }
 
     async fn list(&self, prefix: &str, pattern: &str, limit: usize) -> Result<Vec<String>> {
-        crate::observe::listed(&self.store_id(), pattern, async move {
+        crate::observe::listed(self.store_label(), pattern, async move {
             if limit == 0 {
                 return Ok(Vec::new());
             }
