@@ -19,6 +19,16 @@ pub(crate) struct Cli {
     pub(crate) command: Command,
 }
 
+/// `dlock hold`'s example, after its options in `--help` (kept as written: a doc comment
+/// would be reflowed into one paragraph).
+const HOLD_EXAMPLE: &str = "Example (bash; `exec`, so that $HOLD_PID is dlock hold itself and the \
+script its parent: without it bash puts a subshell in between, which outlives the script and is \
+what `kill` would stop):
+  coproc HOLD { exec dlock hold --wait 5m migrate; }
+  read -r token fence <&\"${HOLD[0]}\" || exit 75   # nothing read: not held
+  ./migrate --fence \"$fence\"
+  kill \"$HOLD_PID\"; wait \"$HOLD_PID\"";
+
 /// Examples, exit codes and environment, after the options in `--help`.
 const AFTER_HELP: &str = "Examples:
   # cron job de-duplication: run at most one copy fleet-wide, skip if one is running
@@ -209,12 +219,6 @@ pub(crate) enum Command {
     /// {"name","leader":false,"last_term","since","since_ms"} (absent keys: not known).
     #[command(mut_arg("prefix", |a| a.help(PREFIX_ELECTION)))]
     Leader(LeaderArgs),
-    /// Acquire NAME and print `TOKEN FENCE`; the lease lasts --ttl (no renewal).
-    ///
-    /// On redlock:// (no fencing token) the output is `TOKEN -`, and JSON has "fence": null.
-    /// `dlock status` and `list` show this host, the pid of the process that called dlock
-    /// acquire (the script that holds the lock) and --info as its command. Not on zk://
-    /// or postgres://…?mode=advisory: their holds end with the process that took them.
     /// Hold the lock NAME, renewed, until dlock is killed or its parent exits: for a shell
     /// script that holds a lock across many commands (as `etcdctl lock NAME` does).
     ///
@@ -227,14 +231,15 @@ pub(crate) enum Command {
     /// waits on dlock (or wraps its work in `dlock run`, which kills it in time). Held by
     /// another process: exit 75 (--no-wait, or --wait ran out); a signal while waiting:
     /// 128+N, nothing held. `dlock status` shows this host, dlock hold's pid (kill it to
-    /// release) and --info.
-    ///
-    ///   coproc HOLD { dlock hold --wait 5m migrate; }
-    ///   read -r token fence <&"${HOLD[0]}" || exit 75   # nothing read: not held
-    ///   ./migrate --fence "$fence"
-    ///   kill "$HOLD_PID"; wait "$HOLD_PID"
-    #[command(mut_arg("prefix", |a| a.help(PREFIX_LOCK)))]
+    /// release) and --info. The example below runs it in bash as a coprocess.
+    #[command(mut_arg("prefix", |a| a.help(PREFIX_LOCK)), after_help = HOLD_EXAMPLE)]
     Hold(HoldArgs),
+    /// Acquire NAME and print `TOKEN FENCE`; the lease lasts --ttl (no renewal).
+    ///
+    /// On redlock:// (no fencing token) the output is `TOKEN -`, and JSON has "fence": null.
+    /// `dlock status` and `list` show this host, the pid of the process that called dlock
+    /// acquire (the script that holds the lock) and --info as its command. Not on zk://
+    /// or postgres://…?mode=advisory: their holds end with the process that took them.
     #[command(mut_arg("prefix", |a| a.help(PREFIX_LOCK)))]
     Acquire(AcquireArgs),
     /// Release NAME held under --token.
