@@ -213,8 +213,8 @@ pub(crate) enum Command {
     /// With --watch, print the state now, then every change as it happens, until
     /// interrupted: `term T: VALUE` for a leader (a new one, or a new value), and `no
     /// leader (last term T, since TIME)` when the seat empties — at once when the leader
-    /// resigns (`since` is when it did), at the latest a lease's length after a leader
-    /// that crashed or was cut off (then without `since`). `no leader` alone: nobody ever
+    /// resigns (`since` is when it did), at the latest a lease's length (on ZooKeeper: the
+    /// session timeout) after a leader that crashed or was cut off (then without `since`). `no leader` alone: nobody ever
     /// led. With --json, one object per line: {"name","leader":true,"term","value"} or
     /// {"name","leader":false,"last_term","since","since_ms"} (absent keys: not known).
     #[command(mut_arg("prefix", |a| a.help(PREFIX_ELECTION)))]
