@@ -165,10 +165,10 @@ pub(crate) enum Command {
     ///
     /// The lease is renewed while the command runs. Without a terminal the command gets
     /// a process group of its own, and every signal below goes to the whole group. If
-    /// renewals keep failing until the remaining validity is down to --kill-grace + 100ms,
-    /// the group gets SIGTERM, then SIGKILL after the grace — at the latest 100ms (a sixth
-    /// of leases under 600ms) before
-    /// the validity ends, by the lease's own clock, so nothing of the command runs when
+    /// renewals keep failing until the remaining validity is down to --kill-grace + a
+    /// margin (100ms; a sixth of leases under 600ms), the group gets SIGTERM, then SIGKILL
+    /// after the grace — at the latest the margin before the validity ends, by the lease's
+    /// own clock, so nothing of the command runs when
     /// another holder can be granted the lock; a separate reaper process keeps that
     /// deadline even if dlock itself is paused or killed. If the store says the lock is
     /// gone (an operator force-unlocked it), the group gets SIGKILL at once. Then dlock
@@ -353,8 +353,8 @@ pub(crate) struct RunArgs {
     pub(crate) ttl: Duration,
     /// How long the command has between SIGTERM and SIGKILL when renewals keep failing
     /// (default 10s, or less where the lease needs it). SIGKILL lands at the latest 100ms
-    /// (a sixth of leases under 600ms) before the lease's validity ends, so the grace is at most ttl/3 - 100ms; a larger
-    /// value is refused.
+    /// (a sixth of leases under 600ms) before the lease's validity ends, so the grace is at
+    /// most ttl/3 - that margin; a larger value is refused.
     #[arg(long, value_parser = parse_duration, value_name = "D")]
     pub(crate) kill_grace: Option<Duration>,
     /// Release the lock as soon as the command itself exits, even if processes it
@@ -448,7 +448,8 @@ pub(crate) struct ElectArgs {
     #[arg(long, value_parser = parse_renewed_ttl, default_value = "30s")]
     pub(crate) ttl: Duration,
     /// How long the command has between SIGTERM and SIGKILL when renewals keep failing
-    /// (default 10s, or less where the lease needs it; at most ttl/3 - 100ms).
+    /// (default 10s, or less where the lease needs it; at most ttl/3 - 100ms, ttl/6 under a
+    /// 600ms ttl).
     #[arg(long, value_parser = parse_duration, value_name = "D")]
     pub(crate) kill_grace: Option<Duration>,
     /// Resign as soon as the command itself exits, even if processes it started still
