@@ -27,7 +27,8 @@ pub(crate) enum Command {
     /// schedule drawn from --seed. Every operation is recorded on CLOCK_MONOTONIC; the
     /// checkers then count overlapping holders, lost increments, stale writes accepted,
     /// fence order and reuse, time to reacquire after a crash, and orphan keys. The
-    /// seeds' broken locks run as controls and must be caught. The run-* kinds' workers
+    /// known-broken locks (SETNX+EXPIRE, SETNX+GETSET, GET+DEL, a plain DEL) run as
+    /// controls and must be caught. The run-* kinds' workers
     /// are dlock processes instead, whose commands (and what they leave behind) write to
     /// a file: a write after the next holder's grant is two holders at once. Writes report.json and an
     /// SVG timeline per kind to --out; exits 1 on any unexpected result.

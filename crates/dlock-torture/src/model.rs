@@ -19,8 +19,8 @@ pub(crate) fn monotonic_ns() -> u64 {
         .unwrap_or(0)
 }
 
-/// A lock kind under test: one of dlock's primitives, or one of the seeds' broken variants
-/// (controls). See the module docs for what each must show.
+/// A lock kind under test: one of dlock's primitives, or one of the known-broken locks
+/// (controls: SETNX+EXPIRE, SETNX+GETSET, GET+DEL, plain DEL). See the module docs for what each must show.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub(crate) enum Kind {

@@ -166,7 +166,7 @@ pub(crate) async fn run(args: TortureWorkerArgs) -> Result<u8, Failure> {
         resource,
         fenced,
     };
-    // The seeds' broken locks; the RedLock restart control runs dlock itself.
+    // The known-broken locks; the RedLock restart control runs dlock itself.
     if kind.is_control() && !kind.holds_long() {
         // Reconnects by itself after a closed connection or a server restart.
         // No reply timeout: a paused control worker must finish the very call it was

@@ -19,6 +19,16 @@ pub(crate) struct Cli {
     pub(crate) command: Command,
 }
 
+/// `dlock hold`'s example, after its options in `--help` (kept as written: a doc comment
+/// would be reflowed into one paragraph).
+const HOLD_EXAMPLE: &str = "Example (bash; `exec`, so that $HOLD_PID is dlock hold itself and the \
+script its parent: without it bash puts a subshell in between, which outlives the script and is \
+what `kill` would stop):
+  coproc HOLD { exec dlock hold --wait 5m migrate; }
+  read -r token fence <&\"${HOLD[0]}\" || exit 75   # nothing read: not held
+  ./migrate --fence \"$fence\"
+  kill \"$HOLD_PID\"; wait \"$HOLD_PID\"";
+
 /// Examples, exit codes and environment, after the options in `--help`.
 const AFTER_HELP: &str = "Examples:
   # cron job de-duplication: run at most one copy fleet-wide, skip if one is running
@@ -155,10 +165,10 @@ pub(crate) enum Command {
     ///
     /// The lease is renewed while the command runs. Without a terminal the command gets
     /// a process group of its own, and every signal below goes to the whole group. If
-    /// renewals keep failing until the remaining validity is down to --kill-grace + 100ms,
-    /// the group gets SIGTERM, then SIGKILL after the grace — at the latest 100ms (a sixth
-    /// of leases under 600ms) before
-    /// the validity ends, by the lease's own clock, so nothing of the command runs when
+    /// renewals keep failing until the remaining validity is down to --kill-grace + a
+    /// margin (100ms; a sixth of leases under 600ms), the group gets SIGTERM, then SIGKILL
+    /// after the grace — at the latest the margin before the validity ends, by the lease's
+    /// own clock, so nothing of the command runs when
     /// another holder can be granted the lock; a separate reaper process keeps that
     /// deadline even if dlock itself is paused or killed. If the store says the lock is
     /// gone (an operator force-unlocked it), the group gets SIGKILL at once. Then dlock
@@ -203,18 +213,12 @@ pub(crate) enum Command {
     /// With --watch, print the state now, then every change as it happens, until
     /// interrupted: `term T: VALUE` for a leader (a new one, or a new value), and `no
     /// leader (last term T, since TIME)` when the seat empties — at once when the leader
-    /// resigns (`since` is when it did), at the latest a lease's length after a leader
-    /// that crashed or was cut off (then without `since`). `no leader` alone: nobody ever
+    /// resigns (`since` is when it did), at the latest a lease's length (on ZooKeeper: the
+    /// session timeout) after a leader that crashed or was cut off (then without `since`). `no leader` alone: nobody ever
     /// led. With --json, one object per line: {"name","leader":true,"term","value"} or
     /// {"name","leader":false,"last_term","since","since_ms"} (absent keys: not known).
     #[command(mut_arg("prefix", |a| a.help(PREFIX_ELECTION)))]
     Leader(LeaderArgs),
-    /// Acquire NAME and print `TOKEN FENCE`; the lease lasts --ttl (no renewal).
-    ///
-    /// On redlock:// (no fencing token) the output is `TOKEN -`, and JSON has "fence": null.
-    /// `dlock status` and `list` show this host, the pid of the process that called dlock
-    /// acquire (the script that holds the lock) and --info as its command. Not on zk://
-    /// or postgres://…?mode=advisory: their holds end with the process that took them.
     /// Hold the lock NAME, renewed, until dlock is killed or its parent exits: for a shell
     /// script that holds a lock across many commands (as `etcdctl lock NAME` does).
     ///
@@ -227,14 +231,15 @@ pub(crate) enum Command {
     /// waits on dlock (or wraps its work in `dlock run`, which kills it in time). Held by
     /// another process: exit 75 (--no-wait, or --wait ran out); a signal while waiting:
     /// 128+N, nothing held. `dlock status` shows this host, dlock hold's pid (kill it to
-    /// release) and --info.
-    ///
-    ///   coproc HOLD { dlock hold --wait 5m migrate; }
-    ///   read -r token fence <&"${HOLD[0]}" || exit 75   # nothing read: not held
-    ///   ./migrate --fence "$fence"
-    ///   kill "$HOLD_PID"; wait "$HOLD_PID"
-    #[command(mut_arg("prefix", |a| a.help(PREFIX_LOCK)))]
+    /// release) and --info. The example below runs it in bash as a coprocess.
+    #[command(mut_arg("prefix", |a| a.help(PREFIX_LOCK)), after_help = HOLD_EXAMPLE)]
     Hold(HoldArgs),
+    /// Acquire NAME and print `TOKEN FENCE`; the lease lasts --ttl (no renewal).
+    ///
+    /// On redlock:// (no fencing token) the output is `TOKEN -`, and JSON has "fence": null.
+    /// `dlock status` and `list` show this host, the pid of the process that called dlock
+    /// acquire (the script that holds the lock) and --info as its command. Not on zk://
+    /// or postgres://…?mode=advisory: their holds end with the process that took them.
     #[command(mut_arg("prefix", |a| a.help(PREFIX_LOCK)))]
     Acquire(AcquireArgs),
     /// Release NAME held under --token.
@@ -348,8 +353,8 @@ pub(crate) struct RunArgs {
     pub(crate) ttl: Duration,
     /// How long the command has between SIGTERM and SIGKILL when renewals keep failing
     /// (default 10s, or less where the lease needs it). SIGKILL lands at the latest 100ms
-    /// (a sixth of leases under 600ms) before the lease's validity ends, so the grace is at most ttl/3 - 100ms; a larger
-    /// value is refused.
+    /// (a sixth of leases under 600ms) before the lease's validity ends, so the grace is at
+    /// most ttl/3 - that margin; a larger value is refused.
     #[arg(long, value_parser = parse_duration, value_name = "D")]
     pub(crate) kill_grace: Option<Duration>,
     /// Release the lock as soon as the command itself exits, even if processes it
@@ -443,7 +448,8 @@ pub(crate) struct ElectArgs {
     #[arg(long, value_parser = parse_renewed_ttl, default_value = "30s")]
     pub(crate) ttl: Duration,
     /// How long the command has between SIGTERM and SIGKILL when renewals keep failing
-    /// (default 10s, or less where the lease needs it; at most ttl/3 - 100ms).
+    /// (default 10s, or less where the lease needs it; at most ttl/3 - 100ms, ttl/6 under a
+    /// 600ms ttl).
     #[arg(long, value_parser = parse_duration, value_name = "D")]
     pub(crate) kill_grace: Option<Duration>,
     /// Resign as soon as the command itself exits, even if processes it started still

@@ -51,7 +51,8 @@ pub(crate) async fn elect<B: RawElection>(backend: B, args: ElectArgs) -> Result
     };
     let Some(leadership) = led else {
         if !args.quiet {
-            eprintln!("dlock: another candidate leads {:?}", args.name);
+            let leader = election.leader().await;
+            eprintln!("dlock: {}", led_by_another(&args, leader));
         }
         return Ok(args.wait.conflict_exit_code);
     };
@@ -70,6 +71,31 @@ pub(crate) async fn elect<B: RawElection>(backend: B, args: ElectArgs) -> Result
     };
     // Releasing the lease is resigning: the next candidate is woken at once.
     supervise(leadership.into_guard(), &job, signals).await
+}
+
+/// What `elect` says when another candidate leads (`--no-wait`, or `--wait` ran out): who
+/// leads, as `dlock leader` shows it (term and value), and what to do.
+fn led_by_another(args: &ElectArgs, leader: fencelock::Result<Option<Leader>>) -> String {
+    let name = crate::cmd::shown(&args.name);
+    let who = match leader {
+        Ok(Some(leader)) => match &leader.value {
+            Some(v) => format!(" (term {}, value {:?})", leader.term, plain_text(v)),
+            None => format!(" (term {}, value not announced yet)", leader.term),
+        },
+        Ok(None) => " (it has stepped down since: try again)".to_owned(),
+        Err(_) => String::new(),
+    };
+    match args.wait.wait {
+        Some(d) => format!(
+            "another candidate still leads {name} after --wait {}{who}: a longer --wait \
+             waits longer, and without --wait dlock waits until it leads",
+            humantime::format_duration(d)
+        ),
+        None => format!(
+            "another candidate leads {name}{who}: not waiting (--no-wait); --wait D waits up \
+             to D to lead"
+        ),
+    }
 }
 
 #[derive(Serialize)]

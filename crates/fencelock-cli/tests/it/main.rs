@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use dlock_test::server::{RedisServer, free_port};
 
+mod contact;
 mod elect;
 mod first_contact;
 mod harness;

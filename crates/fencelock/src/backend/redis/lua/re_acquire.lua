@@ -1,4 +1,4 @@
--- Take one hold of a reentrant lock (seed 004's hash layout), atomically; queue the
+-- Take one hold of a reentrant lock (hash layout), atomically; queue the
 -- caller if another owner holds it. (queue.lua is prepended: the waiter queue.)
 -- KEYS[1]  the lock hash: owner -> hold count, ':fence' -> the tenure's fence,
 --          't:<token>' -> 1 for every live hold (so a repeated request is recognised)
