@@ -328,7 +328,8 @@ impl<B: RawElection> Election<B> {
     /// [`Leadership::into_guard`]), so the vacancy is reported at once, with the moment it
     /// resigned; a seat that empties otherwise (a dropped leadership, a crashed leader, a
     /// lapsed lease) is reported at the next read, at the latest a lease's length after its
-    /// lease ended. A resignation handed straight on to a queued candidate may be
+    /// lease ended (on ZooKeeper a crashed leader's hold ends with its session, so within
+    /// the session timeout and a lease's length). A resignation handed straight on to a queued candidate may be
     /// reported as a vacancy just before the next leader. A leader that led and left
     /// between two reads of a slow observer may be passed over: an observer always catches
     /// up with the latest state.
