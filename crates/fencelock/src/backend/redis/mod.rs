@@ -1522,7 +1522,7 @@ mod props {
 
     use proptest::prelude::*;
 
-    use super::semaphore::permit_state;
+    use super::decode::permit_state;
     use super::{Target, parse_acquire, parse_url, server_ms};
     use crate::backend::hostile::{any_url, check, url_with_password};
     use crate::raw::Acquire;

@@ -43,35 +43,6 @@ pub(super) fn permit_count(keys: &LockKeys) -> String {
     keys.companion("permits")
 }
 
-/// A semaphore's state from its leases (`token -> expiry ms` by the server's clock),
-/// permit counts (`token -> permits`) and the server's time `now` (ms). Counts saturate:
-/// the hash may hold anything someone wrote to it.
-pub(super) fn permit_state(
-    now: i64,
-    leases: &[(String, f64)],
-    counts: &[(String, u32)],
-) -> LockState {
-    // `as` saturates (NaN becomes 0): a score is whatever the sorted set holds.
-    let live: Vec<(&str, i64)> = leases
-        .iter()
-        .map(|(token, expiry)| (token.as_str(), *expiry as i64))
-        .filter(|(_, expiry)| *expiry > now)
-        .collect();
-    let used = live
-        .iter()
-        .filter_map(|(token, _)| counts.iter().find(|(t, _)| t == token))
-        .fold(0u32, |sum, (_, n)| sum.saturating_add(*n));
-    let last = live
-        .iter()
-        .map(|(_, expiry)| expiry.saturating_sub(now))
-        .max()
-        .and_then(|ms| u64::try_from(ms).ok())
-        .map(Duration::from_millis);
-    LockState::new(None, last, None)
-        .with_hold_count(used)
-        .with_holders(u32::try_from(live.len()).unwrap_or(u32::MAX))
-}
-
 impl RawSemaphore for Redis {
     async fn acquire_permits(
         &self,
