@@ -39,6 +39,45 @@ pub trait Target: Send + Sync + 'static {
     }
 }
 
+/// A store the test can freeze alone (SIGSTOP to its processes: connections stay open,
+/// nothing answers). Not the in-process memory store, nor the ZooKeeper target, whose
+/// server other tests share.
+pub trait Freezable: Target {
+    /// The store's processes.
+    fn pids(&self) -> Vec<u32>;
+}
+
+/// A frozen store, continued (SIGCONT) when dropped.
+#[derive(Debug)]
+pub struct Frozen(Vec<u32>);
+
+/// Freezes `target`'s processes until the returned guard is dropped.
+///
+/// # Panics
+/// If the store runs no process, or `kill` fails.
+pub fn freeze<T: Freezable>(target: &T) -> Frozen {
+    let pids = target.pids();
+    assert!(!pids.is_empty(), "the store runs no process to freeze");
+    signal_all(&pids, "-STOP");
+    Frozen(pids)
+}
+
+fn signal_all(pids: &[u32], signal: &str) {
+    // A process that exited meanwhile (a backend) makes `kill` fail for it alone.
+    let _ = std::process::Command::new("kill")
+        .arg(signal)
+        .arg("--")
+        .args(pids.iter().map(u32::to_string))
+        .stderr(std::process::Stdio::null())
+        .status();
+}
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        signal_all(&self.0, "-CONT");
+    }
+}
+
 /// A lock name no other test uses.
 pub fn unique(what: &str) -> String {
     static N: AtomicU64 = AtomicU64::new(0);
@@ -1019,6 +1058,57 @@ where
         .expect("lost() fires at the next renewal");
     let err = permit.release().await.expect_err("gone");
     assert_eq!(err.kind(), ErrorKind::LockLost);
+}
+
+/// `lost()` fires by the end of the validity while the store is frozen (every renewal
+/// meets silence): the watchdog's timer does not wait on the frozen store. After it
+/// continues, the store has expired the lease: another client gets the lock, and the
+/// stale guard's release is `LockLost`, leaving the new holder's lock alone.
+pub async fn lost_fires_when_the_store_is_frozen_past_the_ttl<T: Freezable>(target: &T) {
+    let ttl = target.ttl(Duration::from_millis(800));
+    let lock = Lock::builder(target.client().await, unique("frozen"))
+        .ttl(ttl)
+        .build()
+        .expect("valid");
+    let guard = lock.try_lock().await.expect("store").expect("free");
+    let frozen = freeze(target);
+    let frozen_at = Instant::now();
+    let fired = timeout(ttl * 4, guard.lost()).await;
+    let fired_after = frozen_at.elapsed();
+    drop(frozen);
+    assert!(
+        fired.is_ok(),
+        "lost() did not fire while the store was frozen"
+    );
+    assert!(
+        // Validity ends just before the ttl; the slack is for a loaded scheduler, below the
+        // 4 ttl a timer waiting on the frozen store would take.
+        fired_after <= ttl + ttl * 7 / 8,
+        "lost() must fire by the end of the validity ({ttl:?}), fired after {fired_after:?}"
+    );
+    let other = Lock::new(target.client().await, lock.name()).expect("valid");
+    let g = other
+        .try_lock_for(Duration::from_secs(20))
+        .await
+        .expect("store")
+        .expect("free after the frozen lease expired");
+    // The frozen client's connection may take a moment to answer again: its next request
+    // that the store answers is the release.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match lock.try_lock().await {
+            Ok(None) => break,
+            Ok(Some(_)) => panic!("granted while another client holds the lock"),
+            Err(e) if Instant::now() < deadline => {
+                tracing::debug!(error = %e, "the frozen client is not back yet");
+                sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!("the frozen client did not recover: {e}"),
+        }
+    }
+    let err = guard.release().await.expect_err("stale release");
+    assert_eq!(err.kind(), ErrorKind::LockLost, "{err}");
+    g.release().await.expect("the new holder's lock is intact");
 }
 
 /// Runs the whole suite against `target`.

@@ -432,6 +432,16 @@ impl PostgresServer {
     /// Signals the server: the postmaster and every process it forked (each backend runs
     /// in a session of its own, so a process group would miss them). Children first, so
     /// that none is forked behind a stopped postmaster's back.
+    /// The postmaster's and every backend's process ids, while it runs.
+    pub fn pids(&self) -> Vec<u32> {
+        let Some(child) = &self.child else {
+            return Vec::new();
+        };
+        let mut pids = children_of(child.id());
+        pids.push(child.id());
+        pids
+    }
+
     fn signal(&self, signal: &str) {
         let Some(child) = &self.child else { return };
         let postmaster = child.id();

@@ -439,6 +439,11 @@ pub struct MemcachedServer {
 }
 
 impl MemcachedServer {
+    /// The process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// Starts `memcached` (from `PATH`).
     ///
     /// # Errors

@@ -2,13 +2,20 @@
 
 use fencelock::backend::{Memory, Redis};
 
-use crate::conformance::Target;
+use crate::conformance::{Freezable, Target};
 use crate::server::RedisServer;
 
 /// The in-process store; every "client" shares it, as threads of one process would.
 #[derive(Debug, Default)]
 pub struct MemoryTarget {
     store: Memory,
+}
+
+impl MemoryTarget {
+    /// The store (a clone shares it).
+    pub fn store(&self) -> Memory {
+        self.store.clone()
+    }
 }
 
 impl Target for MemoryTarget {
@@ -72,6 +79,12 @@ impl Target for RedisTarget {
             .query_async(&mut admin)
             .await
             .expect("DEL");
+    }
+}
+
+impl Freezable for RedisTarget {
+    fn pids(&self) -> Vec<u32> {
+        self.server.pid().into_iter().collect()
     }
 }
 
@@ -167,6 +180,12 @@ impl Target for MemcachedTarget {
     }
 }
 
+impl Freezable for MemcachedTarget {
+    fn pids(&self) -> Vec<u32> {
+        self.server.pid().into_iter().collect()
+    }
+}
+
 /// A private etcd (one member); each client is its own gRPC channel.
 #[cfg(feature = "etcd")]
 #[derive(Debug)]
@@ -233,6 +252,17 @@ impl Target for EtcdTarget {
     }
 }
 
+#[cfg(feature = "etcd")]
+impl Freezable for EtcdTarget {
+    fn pids(&self) -> Vec<u32> {
+        self.cluster
+            .members
+            .iter()
+            .filter_map(crate::server::EtcdMember::pid)
+            .collect()
+    }
+}
+
 /// A private PostgreSQL server; each client is its own pool of connections.
 #[derive(Debug)]
 pub struct PostgresTarget {
@@ -278,6 +308,12 @@ impl Target for PostgresTarget {
             .execute("DELETE FROM dlock.leases WHERE key = $1", &[&key])
             .await
             .expect("DELETE");
+    }
+}
+
+impl Freezable for PostgresTarget {
+    fn pids(&self) -> Vec<u32> {
+        self.server.pids()
     }
 }
 

@@ -6,10 +6,11 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use dlock_test::conformance::{Target, unique};
-use dlock_test::server::{MemcachedServer, RedisServer};
-use dlock_test::targets::{EtcdTarget, PostgresTarget, ZooKeeperTarget};
-use fencelock::backend::{Etcd, Memcached, Memory, Postgres, Redis, ZooKeeper};
+use dlock_test::conformance::{Target, freeze, unique};
+use dlock_test::targets::{
+    EtcdTarget, MemcachedTarget, MemoryTarget, PostgresTarget, RedisTarget, ZooKeeperTarget,
+};
+use fencelock::backend::{Etcd, Postgres, Redis, ZooKeeper};
 use fencelock::blocking::{
     Client, DROP_RELEASE_WAIT, Election, FairLock, Lock, ReentrantLock, RwLock, SHUTDOWN_WAIT,
     Semaphore, current_thread_owner,
@@ -17,120 +18,26 @@ use fencelock::blocking::{
 use fencelock::raw::{RawElection, RawFair, RawLock, RawReentrant, RawRwLock, RawSemaphore};
 use fencelock::{ErrorKind, Owner};
 
-/// A store that blocking clients connect to.
-trait Store {
-    /// The backend type (every store here can fence, inspect and elect).
-    type B: RawElection;
-
-    /// A client of the store, as another process would have (the memory store: the one
-    /// shared client, as threads of one process share theirs).
-    fn client(&self) -> Client<Self::B>;
-
-    /// Deletes a key behind every holder's back.
-    fn delete_key(&self, key: &str);
-
-    /// The ttl to test with where a behaviour wants `wanted`.
-    fn ttl(&self, wanted: Duration) -> Duration {
-        wanted
-    }
-}
-
-struct MemoryStore {
-    client: Client<Memory>,
-}
-
-impl MemoryStore {
-    fn start() -> MemoryStore {
-        MemoryStore {
-            client: Client::from_backend(Memory::new()).expect("client"),
-        }
-    }
-}
-
-impl Store for MemoryStore {
-    type B = Memory;
-
-    fn client(&self) -> Client<Memory> {
-        self.client.clone()
-    }
-
-    fn delete_key(&self, key: &str) {
-        assert!(self.client.backend().force_delete(key), "{key} was held");
-    }
-}
-
-struct RedisStore {
-    server: RedisServer,
-}
-
-impl RedisStore {
-    fn start() -> RedisStore {
-        RedisStore {
-            server: RedisServer::start().expect("start redis-server"),
-        }
-    }
-}
-
-impl Store for RedisStore {
-    type B = Redis;
-
-    fn client(&self) -> Client<Redis> {
-        Client::connect_redis(self.server.url()).expect("connect")
-    }
-
-    fn delete_key(&self, key: &str) {
-        let mut admin = self.server.client().get_connection().expect("admin");
-        let deleted: i64 = ::redis::cmd("DEL").arg(key).query(&mut admin).expect("DEL");
-        assert_eq!(deleted, 1, "{key} was held");
-    }
-}
-
-struct MemcachedStore {
-    server: MemcachedServer,
-}
-
-impl MemcachedStore {
-    fn start() -> MemcachedStore {
-        MemcachedStore {
-            server: MemcachedServer::start().expect("start memcached"),
-        }
-    }
-}
-
-impl Store for MemcachedStore {
-    type B = Memcached;
-
-    fn client(&self) -> Client<Memcached> {
-        Client::connect_memcached(&self.server.url()).expect("connect")
-    }
-
-    fn delete_key(&self, key: &str) {
-        let key = fencelock::backend::memcached::memcached_key(key);
-        let reply = self.server.command(&format!("md {key}\r\n")).expect("md");
-        assert!(reply.starts_with("HD"), "{reply}");
-    }
-
-    /// Memcached expires on a one-second clock (as its conformance target).
-    fn ttl(&self, wanted: Duration) -> Duration {
-        (wanted * 5).max(Duration::from_secs(3))
-    }
-}
-
 /// A store the conformance suite's (async) target starts and administers: blocking
 /// clients connect with `connect`, keys are deleted and ttls chosen as the target does.
-struct TargetStore<T: Target> {
+struct Store<T: Target> {
     target: T,
     connect: fn(&T) -> fencelock::Result<Client<T::Backend>>,
+    /// The memory store's one client, which every "process" shares (threads of one
+    /// process share theirs).
+    shared: Option<Client<T::Backend>>,
 }
 
-impl<T: Target> Store for TargetStore<T>
+impl<T: Target> Store<T>
 where
-    T::Backend: RawElection,
+    T::Backend: RawLock,
 {
-    type B = T::Backend;
-
+    /// A client, as another process would have (the memory store: the shared one).
     /// Retried for a few seconds: a fresh etcd member may still be electing itself.
     fn client(&self) -> Client<T::Backend> {
+        if let Some(client) = &self.shared {
+            return client.clone();
+        }
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             match (self.connect)(&self.target) {
@@ -141,7 +48,8 @@ where
         }
     }
 
-    /// On a runtime of the test thread's own for the call (no blocking client's).
+    /// Deletes a key behind every holder's back, on a runtime of the test thread's own
+    /// for the call (no blocking client's).
     fn delete_key(&self, key: &str) {
         tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -150,32 +58,65 @@ where
             .block_on(self.target.delete_key(key));
     }
 
+    /// The ttl to test with where a behaviour wants `wanted` (the target's).
     fn ttl(&self, wanted: Duration) -> Duration {
         self.target.ttl(wanted)
     }
 }
 
+/// The in-process store, one client shared by every thread.
+fn memory_store() -> Store<MemoryTarget> {
+    let target = MemoryTarget::default();
+    let shared = Client::from_backend(target.store()).expect("client");
+    Store {
+        target,
+        connect: |t| Client::from_backend(t.store()),
+        shared: Some(shared),
+    }
+}
+
+/// A private `redis-server`.
+fn redis_store() -> Store<RedisTarget> {
+    Store {
+        target: RedisTarget::start(),
+        connect: |t| Client::connect_redis(t.server.url()),
+        shared: None,
+    }
+}
+
+/// A private memcached (expiry on a one-second clock: the target lengthens short ttls).
+fn memcached_store() -> Store<MemcachedTarget> {
+    Store {
+        target: MemcachedTarget::start(),
+        connect: |t| Client::connect_memcached(&t.server.url()),
+        shared: None,
+    }
+}
+
 /// A single-member etcd (leases of whole seconds: the target lengthens short ttls).
-fn etcd_store() -> TargetStore<EtcdTarget> {
-    TargetStore {
+fn etcd_store() -> Store<EtcdTarget> {
+    Store {
         target: EtcdTarget::start(),
         connect: |t| Client::<Etcd>::connect_etcd(&t.cluster.url()),
+        shared: None,
     }
 }
 
 /// A private PostgreSQL (lease mode).
-fn postgres_store() -> TargetStore<PostgresTarget> {
-    TargetStore {
+fn postgres_store() -> Store<PostgresTarget> {
+    Store {
         target: PostgresTarget::start(),
         connect: |t| Client::<Postgres>::connect_postgres(&t.server.url()),
+        shared: None,
     }
 }
 
 /// A chroot of its own on the shared ZooKeeper; each client its own session.
-fn zookeeper_store() -> TargetStore<ZooKeeperTarget> {
-    TargetStore {
+fn zookeeper_store() -> Store<ZooKeeperTarget> {
+    Store {
         target: ZooKeeperTarget::start(),
         connect: |t| Client::<ZooKeeper>::connect_zookeeper(&t.url()),
+        shared: None,
     }
 }
 
@@ -192,9 +133,9 @@ macro_rules! blocking_tests {
 }
 
 mod memory {
-    use super::MemoryStore;
+    use super::memory_store;
 
-    blocking_tests!(MemoryStore::start();
+    blocking_tests!(memory_store();
         mutual_exclusion,
         try_lock_is_none_while_held_and_release_frees_at_once,
         without_watchdog_lease_ends_at_ttl,
@@ -214,9 +155,9 @@ mod memory {
 }
 
 mod redis {
-    use super::RedisStore;
+    use super::redis_store;
 
-    blocking_tests!(RedisStore::start();
+    blocking_tests!(redis_store();
         mutual_exclusion,
         try_lock_is_none_while_held_and_release_frees_at_once,
         without_watchdog_lease_ends_at_ttl,
@@ -236,19 +177,19 @@ mod redis {
 
     #[test]
     fn drop_returns_while_the_store_is_frozen() {
-        super::drop_returns_while_the_store_is_frozen(&mut RedisStore::start());
+        super::drop_returns_while_the_store_is_frozen(&redis_store());
     }
 
     #[test]
     fn dropped_leadership_returns_while_the_store_is_frozen() {
-        super::dropped_leadership_returns_while_the_store_is_frozen(&mut RedisStore::start());
+        super::dropped_leadership_returns_while_the_store_is_frozen(&redis_store());
     }
 }
 
 mod memcached {
-    use super::MemcachedStore;
+    use super::memcached_store;
 
-    blocking_tests!(MemcachedStore::start();
+    blocking_tests!(memcached_store();
         mutual_exclusion,
         try_lock_is_none_while_held_and_release_frees_at_once,
         without_watchdog_lease_ends_at_ttl,
@@ -326,7 +267,10 @@ fn lock_on<B: RawElection>(client: &Client<B>, name: &str, ttl: Duration) -> Loc
 
 /// Threads of two clients increment a counter by read, sleep, write under the lock: no
 /// two are ever inside at once, no increment is lost, fences rise in grant order.
-fn mutual_exclusion<S: Store>(store: &S) {
+fn mutual_exclusion<T: Target>(store: &Store<T>)
+where
+    T::Backend: RawElection,
+{
     const THREADS: usize = 4;
     const ROUNDS: u64 = 10;
     let name = unique("blocking-mutex");
@@ -370,7 +314,10 @@ fn mutual_exclusion<S: Store>(store: &S) {
 
 /// Contention is `Ok(None)`, bounded waits give up, and a release frees the lock for
 /// another client at once.
-fn try_lock_is_none_while_held_and_release_frees_at_once<S: Store>(store: &S) {
+fn try_lock_is_none_while_held_and_release_frees_at_once<T: Target>(store: &Store<T>)
+where
+    T::Backend: RawElection,
+{
     let name = unique("blocking-try");
     let (a, b) = (store.client(), store.client());
     let mine = lock_on(&a, &name, Duration::from_secs(10));
@@ -405,7 +352,10 @@ fn try_lock_is_none_while_held_and_release_frees_at_once<S: Store>(store: &S) {
 
 /// Without the watchdog a hold ends at its ttl: another client gets the lock, the holder
 /// sees it lost, and its release is `LockLost`.
-fn without_watchdog_lease_ends_at_ttl<S: Store>(store: &S) {
+fn without_watchdog_lease_ends_at_ttl<T: Target>(store: &Store<T>)
+where
+    T::Backend: RawElection,
+{
     let name = unique("blocking-expiry");
     let ttl = store.ttl(Duration::from_millis(300));
     let client = store.client();
@@ -437,7 +387,10 @@ fn without_watchdog_lease_ends_at_ttl<S: Store>(store: &S) {
 
 /// The watchdog runs on the client's runtime thread: a short lease stays held while the
 /// holder's own thread sleeps (no blocking call in progress) through many ttls.
-fn watchdog_renews_while_the_thread_sleeps<S: Store>(store: &S) {
+fn watchdog_renews_while_the_thread_sleeps<T: Target>(store: &Store<T>)
+where
+    T::Backend: RawElection,
+{
     let name = unique("blocking-watchdog");
     let ttl = store.ttl(Duration::from_millis(300));
     let client = store.client();
@@ -465,7 +418,10 @@ fn watchdog_renews_while_the_thread_sleeps<S: Store>(store: &S) {
 
 /// `wait_lost` returns as soon as the key is deleted behind the holder, and the release
 /// then reports `LockLost`.
-fn wait_lost_fires_on_external_delete<S: Store>(store: &S) {
+fn wait_lost_fires_on_external_delete<T: Target>(store: &Store<T>)
+where
+    T::Backend: RawElection,
+{
     let name = unique("blocking-deleted");
     let ttl = store.ttl(Duration::from_millis(600));
     let lock = lock_on(&store.client(), &name, ttl);
@@ -483,7 +439,10 @@ fn wait_lost_fires_on_external_delete<S: Store>(store: &S) {
 
 /// Fences strictly increase across grants by two clients, including after a holder whose
 /// lease ran out without a release.
-fn fences_strictly_increase<S: Store>(store: &S) {
+fn fences_strictly_increase<T: Target>(store: &Store<T>)
+where
+    T::Backend: RawElection,
+{
     let name = unique("blocking-fence");
     let clients = [store.client(), store.client()];
     let mut seen = Vec::new();
@@ -514,7 +473,10 @@ fn fences_strictly_increase<S: Store>(store: &S) {
 }
 
 /// `extend` resets the lease; zero is refused; after the key is gone it is `LockLost`.
-fn extend_resets_lease<S: Store>(store: &S) {
+fn extend_resets_lease<T: Target>(store: &Store<T>)
+where
+    T::Backend: RawElection,
+{
     let name = unique("blocking-extend");
     let ttl = store.ttl(Duration::from_millis(300));
     let lock = Lock::builder(&store.client(), &name)
@@ -545,7 +507,10 @@ fn extend_resets_lease<S: Store>(store: &S) {
 
 /// A dropped guard is released by the time `drop` returns (the store answered within the
 /// drop's wait): another client gets the lock at once.
-fn dropped_guard_is_released_when_drop_returns<S: Store>(store: &S) {
+fn dropped_guard_is_released_when_drop_returns<T: Target>(store: &Store<T>)
+where
+    T::Backend: RawElection,
+{
     let name = unique("blocking-drop");
     let client = store.client();
     let guard = lock_on(&client, &name, Duration::from_secs(20))
@@ -570,7 +535,10 @@ fn dropped_guard_is_released_when_drop_returns<S: Store>(store: &S) {
 
 /// Guards keep their client's runtime (and watchdog) alive after the client, its clones
 /// and the lock are dropped; dropping the last of them ends it without hanging.
-fn guards_outlive_their_client<S: Store>(store: &S) {
+fn guards_outlive_their_client<T: Target>(store: &Store<T>)
+where
+    T::Backend: RawElection,
+{
     let name = unique("blocking-outlive");
     let ttl = store.ttl(Duration::from_millis(300));
     let client = store.client();
@@ -594,7 +562,10 @@ fn guards_outlive_their_client<S: Store>(store: &S) {
 
 /// Every blocking call in async code (a `block_on` future) is a typed `InvalidArgument`,
 /// never a panic, while `spawn_blocking` works; guards and clients dropped there release and shut down in the background.
-fn inside_a_runtime_is_a_typed_error<S: Store>(store: &S) {
+fn inside_a_runtime_is_a_typed_error<T: Target>(store: &Store<T>)
+where
+    T::Backend: RawElection,
+{
     let name = unique("blocking-nested");
     let client = store.client();
     let lock = lock_on(&client, &name, Duration::from_secs(10));
@@ -655,9 +626,9 @@ fn inside_a_runtime_is_a_typed_error<S: Store>(store: &S) {
 }
 
 /// Permits as leases: never more holders than permits, counts right, a release frees one.
-fn semaphore_permits<S: Store>(store: &S)
+fn semaphore_permits<T: Target>(store: &Store<T>)
 where
-    S::B: RawSemaphore,
+    T::Backend: RawSemaphore,
 {
     let name = unique("blocking-sem");
     let (a, b) = (store.client(), store.client());
@@ -716,9 +687,9 @@ where
 
 /// A thread re-enters its own reentrant lock (same fence, counted holds); another thread,
 /// another owner, waits until the last hold is released.
-fn reentrant_reentry_keeps_the_fence<S: Store>(store: &S)
+fn reentrant_reentry_keeps_the_fence<T: Target>(store: &Store<T>)
 where
-    S::B: RawReentrant,
+    T::Backend: RawReentrant,
 {
     let name = unique("blocking-reentrant");
     let lock = ReentrantLock::builder(&store.client(), &name)
@@ -766,9 +737,9 @@ where
 }
 
 /// Readers share, a writer excludes everyone, a downgrade lets readers back in.
-fn rwlock_readers_share_writer_excludes<S: Store>(store: &S)
+fn rwlock_readers_share_writer_excludes<T: Target>(store: &Store<T>)
 where
-    S::B: RawRwLock,
+    T::Backend: RawRwLock,
 {
     let name = unique("blocking-rw");
     let mine = RwLock::builder(&store.client(), &name)
@@ -803,9 +774,9 @@ where
 }
 
 /// Waiters blocked in `lock()` on threads of their own are granted in arrival order.
-fn fair_lock_grants_in_arrival_order<S: Store>(store: &S)
+fn fair_lock_grants_in_arrival_order<T: Target>(store: &Store<T>)
 where
-    S::B: RawFair,
+    T::Backend: RawFair,
 {
     let name = unique("blocking-fair");
     let holder = FairLock::builder(&store.client(), &name)
@@ -859,7 +830,10 @@ fn next_leader<B: fencelock::raw::RawElection>(
 
 /// One leader at a time: the leader is observed, a rival waits, resigning hands over to
 /// it under a greater term, and the observer sees the change.
-fn election_leads_observes_and_hands_over<S: Store>(store: &S) {
+fn election_leads_observes_and_hands_over<T: Target>(store: &Store<T>)
+where
+    T::Backend: RawElection,
+{
     let name = unique("blocking-election");
     let ours = Election::builder(&store.client(), &name)
         .ttl(Duration::from_secs(10))
@@ -901,7 +875,7 @@ fn election_leads_observes_and_hands_over<S: Store>(store: &S) {
 
 /// With the store frozen (SIGSTOP: connections open, nothing answered), dropping a guard,
 /// and then the last user of its client's runtime, returns within the documented bounds.
-fn drop_returns_while_the_store_is_frozen(store: &mut RedisStore) {
+fn drop_returns_while_the_store_is_frozen(store: &Store<RedisTarget>) {
     let name = unique("blocking-frozen");
     let ttl = Duration::from_secs(2);
     let client = store.client();
@@ -909,7 +883,7 @@ fn drop_returns_while_the_store_is_frozen(store: &mut RedisStore) {
     let guard = lock.try_lock().expect("store").expect("free");
     let survivor = lock.try_lock().expect("store");
     assert!(survivor.is_none());
-    store.server.freeze().expect("SIGSTOP");
+    let frozen = freeze(&store.target);
     let started = Instant::now();
     drop(guard);
     let dropped = started.elapsed();
@@ -917,7 +891,7 @@ fn drop_returns_while_the_store_is_frozen(store: &mut RedisStore) {
     let started = Instant::now();
     drop(client);
     let shut_down = started.elapsed();
-    store.server.thaw().expect("SIGCONT");
+    drop(frozen);
     // Liveness, not speed: the waits are bounded (2 s, 1 s documented); a drop that
     // blocked on the frozen store would never return. Generous for a busy machine.
     let margin = Duration::from_secs(5);
@@ -941,7 +915,7 @@ fn drop_returns_while_the_store_is_frozen(store: &mut RedisStore) {
 /// With the store frozen, dropping a leadership (it resigns) returns within the documented
 /// bound, and so does the end of its client's runtime after it; once the store wakes, the
 /// rival leads (the resignation went through, or the lease expired) under a greater term.
-fn dropped_leadership_returns_while_the_store_is_frozen(store: &mut RedisStore) {
+fn dropped_leadership_returns_while_the_store_is_frozen(store: &Store<RedisTarget>) {
     let name = unique("blocking-frozen-leader");
     let ttl = Duration::from_secs(2);
     let client = store.client();
@@ -956,7 +930,7 @@ fn dropped_leadership_returns_while_the_store_is_frozen(store: &mut RedisStore) 
         .build()
         .expect("valid");
     assert!(rival.try_campaign("host-b").expect("store").is_none());
-    store.server.freeze().expect("SIGSTOP");
+    let frozen = freeze(&store.target);
     // The drops on a thread of their own: one that never returned fails the test (the
     // wait below runs out) instead of hanging it.
     let (done, finished) = std::sync::mpsc::channel();
@@ -973,7 +947,7 @@ fn dropped_leadership_returns_while_the_store_is_frozen(store: &mut RedisStore) 
     // for a busy machine.
     let margin = Duration::from_secs(5);
     let outcome = finished.recv_timeout(DROP_RELEASE_WAIT + SHUTDOWN_WAIT + 2 * margin);
-    store.server.thaw().expect("SIGCONT");
+    drop(frozen);
     let (dropped, shut_down) =
         outcome.expect("dropping a leadership on a frozen store never returned");
     dropper.join().expect("the dropping thread");

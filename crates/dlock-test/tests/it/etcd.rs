@@ -22,6 +22,7 @@ mod conformance {
     crate::conformance_tests!(dlock_test::targets::EtcdTarget::start();
         waiter_wakes_on_release,
         inspection_and_administration,
+        lost_fires_when_the_store_is_frozen_past_the_ttl,
     );
     crate::family_tests!(dlock_test::targets::EtcdTarget::start();
         multi_locks_on_overlapping_sets_do_not_deadlock,

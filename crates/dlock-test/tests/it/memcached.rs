@@ -10,6 +10,9 @@ use tokio::time::{Instant, sleep, timeout};
 
 mod conformance {
     crate::lock_conformance_tests!(dlock_test::targets::MemcachedTarget::start());
+    crate::conformance_tests!(dlock_test::targets::MemcachedTarget::start();
+        lost_fires_when_the_store_is_frozen_past_the_ttl,
+    );
 }
 
 mod election {

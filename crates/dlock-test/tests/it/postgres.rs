@@ -2,6 +2,9 @@
 
 mod conformance {
     crate::all_conformance_tests!(dlock_test::targets::PostgresTarget::start());
+    crate::conformance_tests!(dlock_test::targets::PostgresTarget::start();
+        lost_fires_when_the_store_is_frozen_past_the_ttl,
+    );
 }
 
 mod election {
@@ -406,33 +409,6 @@ async fn a_lease_that_lapsed_while_the_server_was_down_is_lost_and_fences_still_
         "the stale release left the new holder's lock alone"
     );
     next.release().await.expect("release");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn lost_fires_when_the_server_is_frozen_past_the_ttl() {
-    let mut t = PostgresTarget::start();
-    let ttl = Duration::from_millis(800);
-    let lock = Lock::builder(t.client().await, unique("frozen"))
-        .ttl(ttl)
-        .build()
-        .expect("valid");
-    let guard = lock.try_lock().await.expect("store").expect("free");
-    t.server.freeze();
-    let fired = timeout(ttl * 4, guard.lost()).await;
-    t.server.thaw();
-    assert!(
-        fired.is_ok(),
-        "lost() did not fire while the server was frozen"
-    );
-    let other = Lock::new(t.client().await, lock.name()).expect("valid");
-    let g = other
-        .try_lock_for(Duration::from_secs(10))
-        .await
-        .expect("store")
-        .expect("free after the frozen lease expired");
-    let err = guard.release().await.expect_err("stale release");
-    assert_eq!(err.kind(), ErrorKind::LockLost);
-    g.release().await.expect("the new holder's lock is intact");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
