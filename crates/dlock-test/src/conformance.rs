@@ -47,6 +47,17 @@ pub trait Freezable: Target {
     fn pids(&self) -> Vec<u32>;
 }
 
+/// A store a test can reach through a [`Proxy`](crate::proxy::Proxy) (to delay, cut or
+/// close its connections): one server at a loopback port.
+pub trait Proxied: Target {
+    /// The server's port on 127.0.0.1.
+    fn port(&self) -> u16;
+
+    /// A client of the store that connects to `addr` (the proxy) instead, with requests
+    /// that time out in a fraction of a second where the client lets the test choose.
+    fn client_at(&self, addr: std::net::SocketAddr) -> impl Future<Output = Self::Backend> + Send;
+}
+
 /// A frozen store, continued (SIGCONT) when dropped.
 #[derive(Debug)]
 pub struct Frozen(Vec<u32>);
@@ -1109,6 +1120,62 @@ pub async fn lost_fires_when_the_store_is_frozen_past_the_ttl<T: Freezable>(targ
     let err = guard.release().await.expect_err("stale release");
     assert_eq!(err.kind(), ErrorKind::LockLost, "{err}");
     g.release().await.expect("the new holder's lock is intact");
+}
+
+/// A holder cut off from the store (its connections blackholed) gets `lost()` by the end
+/// of its validity, and a client that is not cut off gets the lock once the lease ran
+/// out; delayed, the lock works; with its connections closed under it, the client opens
+/// new ones by itself.
+pub async fn a_partitioned_holder_loses_its_lease_and_closed_connections_recover<T: Proxied>(
+    target: &T,
+) {
+    use crate::proxy::{Fault, Proxy};
+    let proxy = Proxy::start(([127, 0, 0, 1], target.port()).into())
+        .await
+        .expect("proxy");
+    let ttl = target.ttl(Duration::from_millis(800));
+    let lock = Lock::builder(target.client_at(proxy.addr()).await, unique("partition"))
+        .ttl(ttl)
+        .build()
+        .expect("valid");
+
+    // Delayed, the lock still works.
+    proxy.set_fault(Fault::Delay(Duration::from_millis(20)));
+    let guard = lock.try_lock().await.expect("store").expect("free");
+    guard.release().await.expect("release");
+
+    // Partitioned, the holder's renewals cannot get through: lost() fires by the end of
+    // its validity, and another client (not partitioned) gets the lock.
+    proxy.set_fault(Fault::Pass);
+    let guard = lock.try_lock().await.expect("store").expect("free");
+    proxy.set_fault(Fault::Blackhole);
+    timeout(ttl * 3, guard.lost())
+        .await
+        .expect("lost() fires while partitioned");
+    let other = Lock::new(target.client().await, lock.name()).expect("valid");
+    let g = other
+        .try_lock_for(Duration::from_secs(10) + ttl * 2)
+        .await
+        .expect("store")
+        .expect("free after the partitioned lease ran out");
+    g.release().await.expect("release");
+    drop(guard);
+
+    // Connections dropped under it, the client opens new ones by itself.
+    proxy.set_fault(Fault::Pass);
+    proxy.close_all();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let guard = loop {
+        match lock.try_lock().await {
+            Ok(Some(g)) => break g,
+            Ok(None) => sleep(Duration::from_millis(100)).await,
+            Err(e) if e.is_retryable() && Instant::now() < deadline => {
+                sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("did not recover after its connections were closed: {e}"),
+        }
+    };
+    guard.release().await.expect("release");
 }
 
 /// Runs the whole suite against `target`.

@@ -660,6 +660,11 @@ impl EtcdMember {
         format!("127.0.0.1:{}", self.client_port)
     }
 
+    /// Its client port on 127.0.0.1.
+    pub fn client_port(&self) -> u16 {
+        self.client_port
+    }
+
     /// Whether the process runs.
     pub fn is_running(&self) -> bool {
         self.child.is_some()

@@ -2,7 +2,7 @@
 
 use fencelock::backend::{Memory, Redis};
 
-use crate::conformance::{Freezable, Target};
+use crate::conformance::{Freezable, Proxied, Target};
 use crate::server::RedisServer;
 
 /// The in-process store; every "client" shares it, as threads of one process would.
@@ -85,6 +85,20 @@ impl Target for RedisTarget {
 impl Freezable for RedisTarget {
     fn pids(&self) -> Vec<u32> {
         self.server.pid().into_iter().collect()
+    }
+}
+
+impl Proxied for RedisTarget {
+    fn port(&self) -> u16 {
+        self.server.port()
+    }
+
+    async fn client_at(&self, addr: std::net::SocketAddr) -> Redis {
+        Redis::builder(format!("redis://{addr}/"))
+            .response_timeout(std::time::Duration::from_millis(300))
+            .connect()
+            .await
+            .expect("connect through the proxy")
     }
 }
 
@@ -186,6 +200,18 @@ impl Freezable for MemcachedTarget {
     }
 }
 
+impl Proxied for MemcachedTarget {
+    fn port(&self) -> u16 {
+        self.server.port()
+    }
+
+    async fn client_at(&self, addr: std::net::SocketAddr) -> fencelock::backend::Memcached {
+        fencelock::backend::Memcached::connect(&format!("memcache://{addr}"))
+            .await
+            .expect("connect through the proxy")
+    }
+}
+
 /// A private etcd (one member); each client is its own gRPC channel.
 #[cfg(feature = "etcd")]
 #[derive(Debug)]
@@ -263,6 +289,19 @@ impl Freezable for EtcdTarget {
     }
 }
 
+#[cfg(feature = "etcd")]
+impl Proxied for EtcdTarget {
+    fn port(&self) -> u16 {
+        self.cluster.members[0].client_port()
+    }
+
+    async fn client_at(&self, addr: std::net::SocketAddr) -> fencelock::backend::Etcd {
+        fencelock::backend::Etcd::connect(&format!("etcd://{addr}"))
+            .await
+            .expect("connect through the proxy")
+    }
+}
+
 /// A private PostgreSQL server; each client is its own pool of connections.
 #[derive(Debug)]
 pub struct PostgresTarget {
@@ -314,6 +353,21 @@ impl Target for PostgresTarget {
 impl Freezable for PostgresTarget {
     fn pids(&self) -> Vec<u32> {
         self.server.pids()
+    }
+}
+
+impl Proxied for PostgresTarget {
+    fn port(&self) -> u16 {
+        self.server.port()
+    }
+
+    async fn client_at(&self, addr: std::net::SocketAddr) -> fencelock::backend::Postgres {
+        fencelock::backend::Postgres::connect(&format!(
+            "postgres://dlock:{}@{addr}/postgres",
+            crate::postgres::PASSWORD
+        ))
+        .await
+        .expect("connect through the proxy")
     }
 }
 

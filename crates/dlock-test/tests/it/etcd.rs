@@ -23,6 +23,7 @@ mod conformance {
         waiter_wakes_on_release,
         inspection_and_administration,
         lost_fires_when_the_store_is_frozen_past_the_ttl,
+        a_partitioned_holder_loses_its_lease_and_closed_connections_recover,
     );
     crate::family_tests!(dlock_test::targets::EtcdTarget::start();
         multi_locks_on_overlapping_sets_do_not_deadlock,

@@ -12,6 +12,7 @@ mod conformance {
     crate::lock_conformance_tests!(dlock_test::targets::MemcachedTarget::start());
     crate::conformance_tests!(dlock_test::targets::MemcachedTarget::start();
         lost_fires_when_the_store_is_frozen_past_the_ttl,
+        a_partitioned_holder_loses_its_lease_and_closed_connections_recover,
     );
 }
 
