@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use dlock_test::server::{RedisServer, free_port};
 
 mod elect;
+mod elect_supervise;
 mod first_contact;
 mod harness;
 mod hazards;
@@ -17,6 +18,7 @@ mod leader_text;
 mod messages;
 mod stores;
 mod supervise;
+mod terminal;
 mod top;
 
 const LOST: i32 = 76;
