@@ -153,8 +153,10 @@ pub(crate) struct Wait {
 pub(crate) enum Command {
     /// Run a command while holding the lock NAME; exit with its status.
     ///
-    /// The lease is renewed while the command runs. Without a terminal the command gets
-    /// a process group of its own, and every signal below goes to the whole group. If
+    /// The lease is renewed while the command runs. The command gets a process group of
+    /// its own, and every signal below goes to the whole group; run from a terminal's
+    /// foreground, that group gets the terminal's foreground while the command runs, as a
+    /// shell's job does (Ctrl-C reaches it; Ctrl-Z stops it and dlock). If
     /// renewals keep failing until the remaining validity is down to --kill-grace + 100ms,
     /// the group gets SIGTERM, then SIGKILL after the grace — at the latest 100ms (a sixth
     /// of leases under 600ms) before
@@ -162,9 +164,8 @@ pub(crate) enum Command {
     /// another holder can be granted the lock; a separate reaper process keeps that
     /// deadline even if dlock itself is paused or killed. If the store says the lock is
     /// gone (an operator force-unlocked it), the group gets SIGKILL at once. Then dlock
-    /// exits 76. SIGTERM and SIGHUP sent to dlock are forwarded to the command, SIGINT too
-    /// unless stdin is a terminal (Ctrl-C reaches the command itself there); a second one
-    /// sends SIGKILL. Like flock(1), the lock is held (renewed) until the command, every
+    /// exits 76. SIGTERM, SIGHUP and SIGINT sent to dlock are forwarded to the command's
+    /// group; a second SIGTERM or SIGINT sends SIGKILL. Like flock(1), the lock is held (renewed) until the command, every
     /// process of its group and every process that inherited the descriptor named in
     /// DLOCK_HOLD_FD have exited (--release-on-exit: when the command itself exits); with
     /// --min-hold D, it is kept until D after that. A store that can evict a held lock
@@ -193,8 +194,9 @@ pub(crate) enum Command {
     /// resigns at once (the next candidate leads without waiting for the lease) and exits
     /// with the command's status. If leadership is lost meanwhile, the command's group is
     /// killed exactly as `dlock run` kills it (SIGTERM, SIGKILL after --kill-grace, before
-    /// the lease can end), and dlock exits 76. SIGTERM, SIGHUP (and SIGINT off a terminal) sent to dlock are
-    /// forwarded to the command; dlock resigns once it has exited, so a standby takes
+    /// the lease can end), and dlock exits 76. The command's group and the terminal are
+    /// handled as by `dlock run`. SIGTERM, SIGHUP and SIGINT sent to dlock are
+    /// forwarded to the command's group; dlock resigns once it has exited, so a standby takes
     /// over well before the lease could run out.
     #[command(mut_arg("prefix", |a| a.help(PREFIX_ELECTION)))]
     Elect(ElectArgs),

@@ -77,6 +77,11 @@ pub(crate) fn gate_main(mut args: impl Iterator<Item = std::ffi::OsString>) -> u
     if !opened {
         return 1;
     }
+    // dlock blocks SIGTTOU for itself (`supervise::write_from_the_background`); the
+    // command starts without that block, which a spawned process inherits.
+    let mut ttou = nix::sys::signal::SigSet::empty();
+    ttou.add(Signal::SIGTTOU);
+    let _ = ttou.thread_unblock();
     let err = Command::new(&program).args(args).exec();
     eprintln!("dlock: cannot run {}: {err}", program.to_string_lossy());
     if err.kind() == std::io::ErrorKind::NotFound {

@@ -562,10 +562,12 @@ impl Gate {
     }
 }
 
-/// The terminal on dlock's stdin, when dlock's process group is in its foreground: the
-/// command's group is given the foreground while the command runs, as a shell gives it
-/// to a job, so that the terminal's signals (Ctrl-C, Ctrl-Z, Ctrl-\) reach the command's
-/// group, and taken back when the command exits (and on every way out of the supervisor).
+/// dlock's controlling terminal, on its stdin. When dlock's process group is in its
+/// foreground, the command's group is given the foreground while the command runs, as a
+/// shell gives it to a job, so that the terminal's signals (Ctrl-C, Ctrl-Z, Ctrl-\) reach
+/// the command's group; it is taken back when the command exits (and on every way out of
+/// the supervisor). A stop of the command (Ctrl-Z, or reading the terminal from the
+/// background) stops dlock too, as a shell's job stops as a whole.
 struct Terminal {
     /// dlock's own process group.
     ours: Pid,
@@ -574,20 +576,22 @@ struct Terminal {
 }
 
 impl Terminal {
-    /// `Some` if stdin is a terminal whose foreground group is dlock's (not when dlock runs
-    /// in the background, or stdin is some other terminal than dlock's own).
+    /// `Some` if stdin is dlock's controlling terminal.
     fn ours() -> Option<Terminal> {
         let stdin = std::io::stdin();
-        if !stdin.is_terminal() {
+        if !stdin.is_terminal() || tcgetpgrp(&stdin).is_err() {
             return None;
         }
-        let ours = getpgrp();
-        (tcgetpgrp(&stdin).ok() == Some(ours)).then_some(Terminal { ours, given: None })
+        Some(Terminal {
+            ours: getpgrp(),
+            given: None,
+        })
     }
 
-    /// Gives the foreground to `group`.
+    /// Gives the foreground to `group` if dlock's group has it (not when dlock runs in the
+    /// background).
     fn give(&mut self, group: Pid) {
-        if set_foreground(group) {
+        if tcgetpgrp(std::io::stdin()).ok() == Some(self.ours) && set_foreground(group) {
             self.given = Some(group);
         }
     }
@@ -601,22 +605,25 @@ impl Terminal {
         }
     }
 
-    /// If the command was stopped (Ctrl-Z), does what a shell's job does: takes the
-    /// terminal back and stops dlock (the shell that started it sees its job stopped);
-    /// once continued (`fg`, `bg`), gives the foreground back to the command's group if
-    /// dlock has it, and continues the group. While dlock is stopped it renews nothing,
-    /// and the reaper kills the group before the lease can end, as for any paused dlock.
+    /// If the command was stopped (Ctrl-Z, or it read the terminal from the background),
+    /// does what a shell's job does: takes the terminal back and stops dlock with the same
+    /// signal (the shell that started it sees its job stopped); once continued (`fg`,
+    /// `bg`), gives the foreground to the command's group if dlock has it, and continues
+    /// the group. While dlock is stopped it renews nothing, and the reaper kills the group
+    /// before the lease can end, as for any paused dlock.
     fn follow_stop(&mut self, group: Pid) {
         let flags = WaitPidFlag::WSTOPPED | WaitPidFlag::WNOHANG;
-        if !matches!(waitid(Id::Pid(group), flags), Ok(WaitStatus::Stopped(..))) {
+        let Ok(WaitStatus::Stopped(_, sig)) = waitid(Id::Pid(group), flags) else {
             return;
-        }
+        };
         self.take_back();
+        let sig = match sig {
+            Signal::SIGTTIN | Signal::SIGTTOU => sig,
+            _ => Signal::SIGTSTP,
+        };
         // (Discarded by the kernel if dlock's group is orphaned: no shell to continue it.)
-        let _ = raise(Signal::SIGTSTP);
-        if tcgetpgrp(std::io::stdin()).ok() == Some(self.ours) {
-            self.give(group);
-        }
+        let _ = raise(sig);
+        self.give(group);
         let _ = kill(Pid::from_raw(-group.as_raw()), Signal::SIGCONT);
     }
 }
@@ -625,6 +632,18 @@ impl Drop for Terminal {
     fn drop(&mut self) {
         self.take_back();
     }
+}
+
+/// Blocks SIGTTOU in the calling thread, and so in every thread it starts afterwards (the
+/// runtime's): called first thing by `dlock run` and `dlock elect`, whose messages (the
+/// lock lost, the lease running out) are written while the command's group has the
+/// terminal's foreground, so that a terminal set to stop background writers (`stty
+/// tostop`) does not stop dlock then. The command does not inherit it: the gate in front
+/// of it unblocks SIGTTOU before it execs the command.
+pub(crate) fn write_from_the_background() {
+    let mut ttou = SigSet::empty();
+    ttou.add(Signal::SIGTTOU);
+    let _ = ttou.thread_block();
 }
 
 /// Makes `group` the foreground group of the terminal on stdin. SIGTTOU is blocked in

@@ -183,3 +183,55 @@ fn on_a_terminal_ctrl_c_ends_the_command_and_dlock_releases() {
     assert!(out.status.success(), "not released: {}", stderr(&out));
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// On a terminal, Ctrl-Z stops the command's group (in the foreground); dlock follows it
+/// as a shell's job (stops too, or, with no shell to continue it — `script`'s session —
+/// continues the group at once): the command is never left stopped with nobody to
+/// continue it, and the run ends with its status.
+#[test]
+fn on_a_terminal_a_stopped_command_is_not_left_stopped() {
+    let server = RedisServer::start().expect("redis-server");
+    let url = server.url();
+    let dir = scratch("tty-stop");
+    let (pidfile, done) = (dir.join("pid"), dir.join("done"));
+    let script = format!(
+        "echo $$ > {}; sleep 2; echo done > {}",
+        pidfile.display(),
+        done.display()
+    );
+    let (mut first, shown) =
+        on_a_terminal(&url, &["run", "tty-stop", "--", "sh", "-c", &script], &dir);
+    wait_for_file(&pidfile, Duration::from_secs(10));
+    let mut typed = first.stdin.take().expect("stdin");
+    typed.write_all(b"\x1a").expect("type Ctrl-Z");
+    typed.flush().expect("flush");
+    let status = wait_exit(&mut first, Duration::from_secs(20));
+    let shown = std::fs::read_to_string(shown).expect("terminal");
+    assert!(status.success(), "{status:?}: {shown}");
+    assert_eq!(wait_for_file(&done, Duration::from_secs(1)).trim(), "done");
+    drop(typed);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// dlock blocks SIGTTOU for itself (to write while the command has the terminal); the
+/// command does not inherit that block.
+#[test]
+fn the_command_does_not_inherit_dlocks_blocked_sigttou() {
+    let server = RedisServer::start().expect("redis-server");
+    let out = output(dlock(&server.url()).args([
+        "run",
+        "sigmask",
+        "--",
+        "grep",
+        "SigBlk",
+        "/proc/self/status",
+    ]));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mask = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|hex| u64::from_str_radix(hex, 16).ok())
+        .expect("SigBlk");
+    assert_eq!(mask & (1 << (22 - 1)), 0, "SIGTTOU blocked: {text}");
+}
