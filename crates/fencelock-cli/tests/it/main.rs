@@ -14,6 +14,7 @@ mod harness;
 mod hazards;
 mod hostile;
 mod kinds;
+mod kinds_prefix;
 mod leader_text;
 mod messages;
 mod stores;
