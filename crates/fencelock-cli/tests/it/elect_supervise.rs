@@ -35,7 +35,16 @@ fn an_elected_command_that_ignores_sigterm_is_killed_before_the_next_leader_is_e
         writer = stubborn_writer(&log, &pidfile),
     );
     let mut first = dlock(&format!("redis://{}/0", proxy.addr()))
-        .args(["elect", "--ttl", "2s", "elect-stubborn", "--", "sh", "-c", &script])
+        .args([
+            "elect",
+            "--ttl",
+            "2s",
+            "elect-stubborn",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ])
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn");

@@ -6,7 +6,8 @@
 use super::*;
 
 fn status_json(url: &str, prefix: &str, kind: &str, name: &str) -> serde_json::Value {
-    let out = output(dlock(url).args(["status", "--json", "--prefix", prefix, "--kind", kind, name]));
+    let out =
+        output(dlock(url).args(["status", "--json", "--prefix", prefix, "--kind", kind, name]));
     assert!(out.status.success(), "{}", stderr(&out));
     serde_json::from_slice(&out.stdout).expect("json")
 }
@@ -23,7 +24,9 @@ fn other_kinds_are_checked_under_the_given_prefix(url: &str) {
     );
     // A reader holds the read-write lock of the name under the same prefix.
     let mut reader = dlock(url)
-        .args(["run", "--prefix", prefix, "--shared", name, "--", "sleep", "30"])
+        .args([
+            "run", "--prefix", prefix, "--shared", name, "--", "sleep", "30",
+        ])
         .stderr(Stdio::null())
         .spawn()
         .expect("spawn the reader");

@@ -119,7 +119,16 @@ fn on_a_terminal_the_whole_group_is_killed_before_the_next_holder_is_granted() {
     );
     let (mut first, shown) = on_a_terminal(
         &format!("redis://{}/0", proxy.addr()),
-        &["run", "--ttl", "2s", "tty-stubborn", "--", "sh", "-c", &script],
+        &[
+            "run",
+            "--ttl",
+            "2s",
+            "tty-stubborn",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ],
         &dir,
     );
     let pid = wait_for_file(&pidfile, Duration::from_secs(10));
