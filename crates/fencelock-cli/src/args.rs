@@ -182,8 +182,8 @@ pub(crate) enum Command {
     /// other. Once it holds its lock, dlock checks the other kinds of NAME and warns on
     /// stderr if one is held (--refuse-other-kinds: refuses instead, exit 75); `dlock
     /// list` shows each held lock with its kind. Under a --prefix of yours every kind of
-    /// NAME has the same key, and the check looks there (on zk:// and etcd:// it is not
-    /// made, and a note says so).
+    /// NAME has the same key, and the check looks there (on zk:// it is not made, and a
+    /// note says so).
     #[command(mut_arg("prefix", |a| a.help(PREFIX_RUN)))]
     Run(RunArgs),
     /// Campaign in the election NAME and run a command only while leading.
