@@ -156,7 +156,9 @@ pub(crate) enum Command {
     /// The lease is renewed while the command runs. The command gets a process group of
     /// its own, and every signal below goes to the whole group; run from a terminal's
     /// foreground, that group gets the terminal's foreground while the command runs, as a
-    /// shell's job does (Ctrl-C reaches it; Ctrl-Z stops it and dlock). If
+    /// shell's job does (Ctrl-C reaches it; Ctrl-Z stops it and dlock) — from the start
+    /// if stdout is the terminal too, else (`dlock run … | less`) once the command reads
+    /// the terminal. If
     /// renewals keep failing until the remaining validity is down to --kill-grace + 100ms,
     /// the group gets SIGTERM, then SIGKILL after the grace — at the latest 100ms (a sixth
     /// of leases under 600ms) before

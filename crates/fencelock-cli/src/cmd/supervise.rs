@@ -187,10 +187,13 @@ pub(crate) async fn supervise_run<X: RawLock>(
     };
     // The command gets a process group of its own, so that signals (and termination on a
     // lost lock) reach everything it started, and the lock is held until the whole group
-    // is gone. When dlock runs in the foreground of the terminal on its stdin, that group
-    // gets the terminal's foreground while the command runs (as a shell gives it to a
-    // job): Ctrl-C and Ctrl-Z reach the command's group directly.
+    // is gone. When dlock runs in the foreground of the terminal on its stdin and stdout,
+    // that group gets the terminal's foreground while the command runs (as a shell gives
+    // it to a job): Ctrl-C and Ctrl-Z reach the command's group directly. With stdout
+    // elsewhere (`dlock run … | less`: a pager of dlock's group reads the terminal), the
+    // group gets it only once the command reads the terminal (see `follow_stop`).
     let mut terminal = Terminal::ours();
+    let eager = std::io::stdout().is_terminal();
     // Orphans of the command become our children, so that we can reap them (a group is
     // not empty while a zombie of it is left) instead of relying on PID 1 to.
     let _ = nix::sys::prctl::set_child_subreaper(true);
@@ -222,7 +225,7 @@ pub(crate) async fn supervise_run<X: RawLock>(
     if let Some(target) = target {
         reaper.target(target);
     }
-    if let (Some(terminal), Some(pgid)) = (&mut terminal, pid) {
+    if let (Some(terminal), Some(pgid), true) = (&mut terminal, pid, eager) {
         terminal.give(Pid::from_raw(pgid));
     }
     // Only now that the reaper can kill it does the command run.
@@ -563,10 +566,11 @@ impl Gate {
 }
 
 /// dlock's controlling terminal, on its stdin. When dlock's process group is in its
-/// foreground, the command's group is given the foreground while the command runs, as a
-/// shell gives it to a job, so that the terminal's signals (Ctrl-C, Ctrl-Z, Ctrl-\) reach
-/// the command's group; it is taken back when the command exits (and on every way out of
-/// the supervisor). A stop of the command (Ctrl-Z, or reading the terminal from the
+/// foreground, the command's group is given the foreground while the command runs (from
+/// the start if stdout is the terminal too, else once the command reads the terminal), as
+/// a shell gives it to a job, so that the terminal's signals (Ctrl-C, Ctrl-Z, Ctrl-\)
+/// reach the command's group; it is taken back when the command exits (and on every way
+/// out of the supervisor). A stop of the command (Ctrl-Z, or reading the terminal from the
 /// background) stops dlock too, as a shell's job stops as a whole.
 struct Terminal {
     /// dlock's own process group.
@@ -588,10 +592,14 @@ impl Terminal {
         })
     }
 
+    fn foreground_is_ours(&self) -> bool {
+        tcgetpgrp(std::io::stdin()).ok() == Some(self.ours)
+    }
+
     /// Gives the foreground to `group` if dlock's group has it (not when dlock runs in the
     /// background).
     fn give(&mut self, group: Pid) {
-        if tcgetpgrp(std::io::stdin()).ok() == Some(self.ours) && set_foreground(group) {
+        if self.foreground_is_ours() && set_foreground(group) {
             self.given = Some(group);
         }
     }
@@ -605,17 +613,25 @@ impl Terminal {
         }
     }
 
-    /// If the command was stopped (Ctrl-Z, or it read the terminal from the background),
-    /// does what a shell's job does: takes the terminal back and stops dlock with the same
-    /// signal (the shell that started it sees its job stopped); once continued (`fg`,
-    /// `bg`), gives the foreground to the command's group if dlock has it, and continues
-    /// the group. While dlock is stopped it renews nothing, and the reaper kills the group
+    /// If the command was stopped: for reading (or setting) the terminal that dlock's
+    /// group has in the foreground, gives it the foreground and continues it. Otherwise
+    /// (Ctrl-Z, or the terminal read while dlock runs in the background) does what a
+    /// shell's job does: takes the terminal back and stops dlock with the same signal (the
+    /// shell that started it sees its job stopped); once continued (`fg`, `bg`), gives the
+    /// foreground to the command's group if dlock has it, and continues the group. While dlock is stopped it renews nothing, and the reaper kills the group
     /// before the lease can end, as for any paused dlock.
     fn follow_stop(&mut self, group: Pid) {
         let flags = WaitPidFlag::WSTOPPED | WaitPidFlag::WNOHANG;
         let Ok(WaitStatus::Stopped(_, sig)) = waitid(Id::Pid(group), flags) else {
             return;
         };
+        let tty_stop = matches!(sig, Signal::SIGTTIN | Signal::SIGTTOU);
+        if tty_stop && self.given.is_none() && self.foreground_is_ours() {
+            // The command wants the terminal that dlock's group has: it gets it.
+            self.give(group);
+            let _ = kill(Pid::from_raw(-group.as_raw()), Signal::SIGCONT);
+            return;
+        }
         self.take_back();
         let sig = match sig {
             Signal::SIGTTIN | Signal::SIGTTOU => sig,

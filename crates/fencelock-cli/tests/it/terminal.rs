@@ -25,12 +25,22 @@ fn quoted(s: &str) -> String {
 /// foreground group. What is written to the returned child's stdin is typed on the
 /// terminal; what the terminal shows goes to the returned file.
 fn on_a_terminal(url: &str, args: &[&str], dir: &Path) -> (Child, PathBuf) {
+    on_a_terminal_then(url, args, "", dir)
+}
+
+/// [`on_a_terminal`], dlock's stdout piped into the shell command `then` (if not empty).
+fn on_a_terminal_then(url: &str, args: &[&str], then: &str, dir: &Path) -> (Child, PathBuf) {
     let words: Vec<String> = std::iter::once(env!("CARGO_BIN_EXE_dlock"))
         .chain(args.iter().copied())
         .map(quoted)
         .collect();
     let run = dir.join("on-a-terminal.sh");
-    std::fs::write(&run, format!("exec {}\n", words.join(" "))).expect("script");
+    let line = if then.is_empty() {
+        format!("exec {}\n", words.join(" "))
+    } else {
+        format!("{} | {then}\n", words.join(" "))
+    };
+    std::fs::write(&run, line).expect("script");
     let shown = dir.join("terminal");
     let child = Command::new("script")
         .args(["-qec", &format!("sh {}", run.display()), "/dev/null"])
@@ -243,4 +253,60 @@ fn the_command_does_not_inherit_dlocks_blocked_sigttou() {
         .and_then(|hex| u64::from_str_radix(hex, 16).ok())
         .expect("SigBlk");
     assert_eq!(mask & (1 << (22 - 1)), 0, "SIGTTOU blocked: {text}");
+}
+
+/// On a terminal with dlock's output piped into a pager-like reader of the terminal (in
+/// dlock's process group), the reader keeps the terminal: the command's group is not
+/// given the foreground from the start.
+#[test]
+fn on_a_terminal_a_reader_piped_after_dlock_keeps_the_terminal() {
+    let server = RedisServer::start().expect("redis-server");
+    let url = server.url();
+    let dir = scratch("tty-pager");
+    let got = dir.join("got");
+    let reader = format!("read x < /dev/tty; echo \"$x\" > {}", got.display());
+    let (mut first, shown) = on_a_terminal_then(
+        &url,
+        &["run", "tty-pager", "--", "sh", "-c", "echo hi; sleep 1"],
+        &format!("sh -c {}", quoted(&reader)),
+        &dir,
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    let mut typed = first.stdin.take().expect("stdin");
+    typed.write_all(b"typed\n").expect("type");
+    typed.flush().expect("flush");
+    let status = wait_exit(&mut first, Duration::from_secs(20));
+    let shown = std::fs::read_to_string(shown).expect("terminal");
+    assert!(status.success(), "{status:?}: {shown}");
+    assert_eq!(wait_for_file(&got, Duration::from_secs(1)).trim(), "typed");
+    drop(typed);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// On a terminal with dlock's output piped elsewhere, a command that reads the terminal
+/// gets it once it tries to (it is stopped for reading from the background, given the
+/// foreground, and continued).
+#[test]
+fn on_a_terminal_a_command_that_reads_it_gets_it_when_output_is_piped() {
+    let server = RedisServer::start().expect("redis-server");
+    let url = server.url();
+    let dir = scratch("tty-reads");
+    let got = dir.join("got");
+    let script = format!("read x; echo \"$x\" > {}", got.display());
+    let (mut first, shown) = on_a_terminal_then(
+        &url,
+        &["run", "tty-reads", "--", "sh", "-c", &script],
+        "cat > /dev/null",
+        &dir,
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    let mut typed = first.stdin.take().expect("stdin");
+    typed.write_all(b"typed\n").expect("type");
+    typed.flush().expect("flush");
+    let status = wait_exit(&mut first, Duration::from_secs(20));
+    let shown = std::fs::read_to_string(shown).expect("terminal");
+    assert!(status.success(), "{status:?}: {shown}");
+    assert_eq!(wait_for_file(&got, Duration::from_secs(1)).trim(), "typed");
+    drop(typed);
+    let _ = std::fs::remove_dir_all(dir);
 }
