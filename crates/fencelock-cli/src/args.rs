@@ -169,7 +169,8 @@ pub(crate) enum Command {
     /// exits 76. SIGTERM, SIGHUP and SIGINT sent to dlock are forwarded to the command's
     /// group; a second SIGTERM or SIGINT sends SIGKILL. Like flock(1), the lock is held (renewed) until the command, every
     /// process of its group and every process that inherited the descriptor named in
-    /// DLOCK_HOLD_FD have exited (--release-on-exit: when the command itself exits); with
+    /// DLOCK_HOLD_FD have exited (--release-on-exit: when the command itself exits), and
+    /// each SIGKILL above reaches those holders too, in the group or not; with
     /// --min-hold D, it is kept until D after that. A store that can evict a held lock
     /// (Redis maxmemory with allkeys-*/volatile-*, memcached without -M) is refused unless
     /// --allow-unsafe-store. The command

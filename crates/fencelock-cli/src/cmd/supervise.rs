@@ -4,7 +4,8 @@
 //! * **Nothing of the command runs past the lease.** The command's whole process group
 //!   gets SIGTERM early enough that the kill grace fits inside the remaining validity,
 //!   and SIGKILL at the latest a margin before the validity ends, by the lease's own
-//!   (monotonic) clock. A separate reaper process ([`super::reaper`]) holds the same
+//!   (monotonic) clock; every process holding the hold descriptor (below) gets the
+//!   SIGKILL too, in the group or not. A separate reaper process ([`super::reaper`]) holds the same
 //!   deadline, so a paused or killed `dlock` does not let the command outlive the lease.
 //! * **The lock is held until the whole command is gone** (flock(1)'s rule): until the
 //!   direct child has exited, every process of its process group has exited, and every
@@ -29,7 +30,7 @@ use tokio::process::{Child, Command};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::time::Instant;
 
-use super::reaper::{Reaper, monotonic_ns};
+use super::reaper::{Reaper, kill_holders, monotonic_ns};
 use crate::exit::{self, Failure};
 
 /// The kill grace when `--kill-grace` is not given: 10 s, or less where the lease needs it.
@@ -212,6 +213,11 @@ pub(crate) async fn supervise_run<X: RawLock>(
             return Err(failure);
         }
     };
+    // The hold pipe, to kill with the group whoever holds it open outside the group.
+    let hold_inode = hold_fd
+        .as_ref()
+        .and_then(|fd| nix::sys::stat::fstat(fd).ok())
+        .map_or(0, |st| st.st_ino);
     let (mut child, mut gate) = match spawn(job, guard.token(), hold_fd) {
         Ok(spawned) => spawned,
         Err(failure) => {
@@ -224,6 +230,7 @@ pub(crate) async fn supervise_run<X: RawLock>(
     let target = pid.map(|id| Pid::from_raw(-id));
     if let Some(target) = target {
         reaper.target(target);
+        reaper.holders(hold_inode);
     }
     if let (Some(terminal), Some(pgid), true) = (&mut terminal, pid, eager) {
         terminal.give(Pid::from_raw(pgid));
@@ -295,7 +302,7 @@ pub(crate) async fn supervise_run<X: RawLock>(
                     );
                 }
                 ending = Some(Ending::Lost);
-                signal_target(target, Signal::SIGKILL);
+                kill_all(target, hold_inode);
             }
             _ = tick.tick() => {}
             sig = signals.recv() => {
@@ -336,7 +343,7 @@ pub(crate) async fn supervise_run<X: RawLock>(
                 signal_target(target, Signal::SIGTERM);
             }
             Some(Ending::Expiring { kill_at }) if now >= kill_at => {
-                signal_target(target, Signal::SIGKILL);
+                kill_all(target, hold_inode);
             }
             _ => {}
         }
@@ -378,6 +385,12 @@ fn round_ms(d: Duration) -> Duration {
 
 fn nanos(d: Duration) -> i64 {
     i64::try_from(d.as_nanos()).unwrap_or(i64::MAX)
+}
+
+/// SIGKILLs the command's group and every process that holds its hold descriptor.
+fn kill_all(target: Option<Pid>, hold_inode: u64) {
+    signal_target(target, Signal::SIGKILL);
+    kill_holders(hold_inode);
 }
 
 fn signal_target(target: Option<Pid>, sig: Signal) {

@@ -19,6 +19,7 @@ mod leader_text;
 mod messages;
 mod stores;
 mod supervise;
+mod supervise_holders;
 mod terminal;
 mod top;
 
