@@ -163,20 +163,23 @@ pub(crate) struct Wait {
 pub(crate) enum Command {
     /// Run a command while holding the lock NAME; exit with its status.
     ///
-    /// The lease is renewed while the command runs. Without a terminal the command gets
-    /// a process group of its own, and every signal below goes to the whole group. If
-    /// renewals keep failing until the remaining validity is down to --kill-grace + a
-    /// margin (100ms; a sixth of leases under 600ms), the group gets SIGTERM, then SIGKILL
-    /// after the grace — at the latest the margin before the validity ends, by the lease's
-    /// own clock, so nothing of the command runs when
+    /// The lease is renewed while the command runs. The command gets a process group of
+    /// its own, and every signal below goes to the whole group; run from a terminal's
+    /// foreground, that group gets the terminal's foreground while the command runs, as a
+    /// shell's job does (Ctrl-C reaches it; Ctrl-Z stops it and dlock) — from the start
+    /// if stdout is the terminal too, else (`dlock run … | less`) once the command reads
+    /// the terminal. If renewals keep failing until the remaining validity is down to
+    /// --kill-grace + a margin (100ms; a sixth of leases under 600ms), the group gets
+    /// SIGTERM, then SIGKILL after the grace — at the latest the margin before the
+    /// validity ends, by the lease's own clock, so nothing of the command runs when
     /// another holder can be granted the lock; a separate reaper process keeps that
     /// deadline even if dlock itself is paused or killed. If the store says the lock is
     /// gone (an operator force-unlocked it), the group gets SIGKILL at once. Then dlock
-    /// exits 76. SIGTERM and SIGHUP sent to dlock are forwarded to the command, SIGINT too
-    /// unless stdin is a terminal (Ctrl-C reaches the command itself there); a second one
-    /// sends SIGKILL. Like flock(1), the lock is held (renewed) until the command, every
+    /// exits 76. SIGTERM, SIGHUP and SIGINT sent to dlock are forwarded to the command's
+    /// group; a second SIGTERM or SIGINT sends SIGKILL. Like flock(1), the lock is held (renewed) until the command, every
     /// process of its group and every process that inherited the descriptor named in
-    /// DLOCK_HOLD_FD have exited (--release-on-exit: when the command itself exits); with
+    /// DLOCK_HOLD_FD have exited (--release-on-exit: when the command itself exits), and
+    /// each SIGKILL above reaches those holders too, in the group or not; with
     /// --min-hold D, it is kept until D after that. A store that can evict a held lock
     /// (Redis maxmemory with allkeys-*/volatile-*, memcached without -M) is refused unless
     /// --allow-unsafe-store. The command
@@ -190,7 +193,9 @@ pub(crate) enum Command {
     /// --fair run, a --semaphore run and an --exclusive run of one NAME do not exclude each
     /// other. Once it holds its lock, dlock checks the other kinds of NAME and warns on
     /// stderr if one is held (--refuse-other-kinds: refuses instead, exit 75); `dlock
-    /// list` shows each held lock with its kind.
+    /// list` shows each held lock with its kind. Under a --prefix of yours every kind of
+    /// NAME has the same key, and the check looks there (on zk:// it is not made, and a
+    /// note says so).
     #[command(mut_arg("prefix", |a| a.help(PREFIX_RUN)))]
     Run(RunArgs),
     /// Campaign in the election NAME and run a command only while leading.
@@ -203,8 +208,9 @@ pub(crate) enum Command {
     /// resigns at once (the next candidate leads without waiting for the lease) and exits
     /// with the command's status. If leadership is lost meanwhile, the command's group is
     /// killed exactly as `dlock run` kills it (SIGTERM, SIGKILL after --kill-grace, before
-    /// the lease can end), and dlock exits 76. SIGTERM, SIGHUP (and SIGINT off a terminal) sent to dlock are
-    /// forwarded to the command; dlock resigns once it has exited, so a standby takes
+    /// the lease can end), and dlock exits 76. The command's group and the terminal are
+    /// handled as by `dlock run`. SIGTERM, SIGHUP and SIGINT sent to dlock are
+    /// forwarded to the command's group; dlock resigns once it has exited, so a standby takes
     /// over well before the lease could run out.
     #[command(mut_arg("prefix", |a| a.help(PREFIX_ELECTION)))]
     Elect(ElectArgs),

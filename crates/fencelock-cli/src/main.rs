@@ -49,6 +49,9 @@ fn main() -> ExitCode {
         Command::Demo(args) => return exit::finish(Err(cmd::harness::exec("demo", args.args))),
         command => command,
     };
+    if matches!(command, Command::Run(_) | Command::Elect(_)) {
+        cmd::write_from_the_background();
+    }
     let runtime = tokio::runtime::Runtime::new();
     let runtime = match runtime {
         Ok(rt) => rt,

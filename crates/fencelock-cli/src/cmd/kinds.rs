@@ -59,25 +59,53 @@ pub(crate) async fn stored_permits<B: AnyKind>(
     Ok(sem.stored_permits().await?)
 }
 
-/// The kinds other than `mine` that `name` is held as now, each under its default
-/// prefix (none with a `--prefix` of the user's, which every kind would share).
+/// The kinds other than `mine` that `name` is held as now, by someone other than the
+/// holder of token `own` (this run), each under its default prefix, or under `prefix` if
+/// the user gave one.
+///
+/// Under one `--prefix` every kind of `name` has the same lock key, so another kind's
+/// view of it may be this run's own hold: a holder with `own`'s token is not counted, and
+/// a store that finds a value of another type there (Redis: this run's own value, of its
+/// own kind's type) is not an error. What other kinds keep beside the lock key (a
+/// read-write lock's readers) is still seen — except where that kind's state cannot be
+/// read past this run's own value: those kinds are returned second (not checked).
 pub(crate) async fn held_as_others<B: AnyKind>(
     backend: &B,
     mine: Kind,
     prefix: Option<&str>,
     name: &str,
-) -> Result<Vec<Kind>, Failure> {
-    let mut held = Vec::new();
-    if prefix.is_some() {
-        return Ok(held);
-    }
+    own: &str,
+) -> Result<(Vec<Kind>, Vec<Kind>), Failure> {
+    let (mut held, mut unchecked) = (Vec::new(), Vec::new());
     for kind in ALL.into_iter().filter(|k| *k != mine) {
-        let (_, state) = state_of(backend.clone(), kind, prefix, name).await?;
-        if is_held(&state) {
+        let state = match state_raw(backend.clone(), kind, prefix, name).await {
+            Ok((_, state)) => state,
+            Err(err) if prefix.is_some() && err.kind() == fencelock::ErrorKind::Backend => {
+                // Every other kind's hold is at the lock key, which this run holds: not
+                // held. A read-write lock's readers are beside it, and may be.
+                if kind == Kind::Rwlock {
+                    unchecked.push(kind);
+                }
+                continue;
+            }
+            Err(err) => return Err(err.into()),
+        };
+        // (A read-write lock's readers, a semaphore's permit holders: never this run.)
+        let by_another = state.holder.as_deref().is_some_and(|holder| holder != own);
+        if by_another || state.holders.unwrap_or(0) > 0 {
             held.push(kind);
         }
     }
-    Ok(held)
+    Ok((held, unchecked))
+}
+
+/// Whether [`held_as_others`] is made under a `--prefix` of the user's on the store of
+/// `url` (`None`: the default Redis): on Redis and PostgreSQL, where the other kinds'
+/// view of the shared lock key tells this run's own hold apart. Not on zk:// (a read-write
+/// lock's reader shows there as a plain and a fair lock's holder). (memcache:// and
+/// etcd:// have the plain lock only.)
+pub(crate) fn checked_under_a_prefix(url: Option<&str>) -> bool {
+    !url.is_some_and(|url| url.starts_with("zk://"))
 }
 
 /// `prefix` if the user chose one (whatever it is), else the kind's default.
@@ -102,6 +130,16 @@ pub(crate) async fn state_of<B: AnyKind>(
     prefix: Option<&str>,
     name: &str,
 ) -> Result<(String, LockState), Failure> {
+    Ok(state_raw(backend, kind, prefix, name).await?)
+}
+
+/// [`state_of`], with the store's error as it is.
+async fn state_raw<B: AnyKind>(
+    backend: B,
+    kind: Kind,
+    prefix: Option<&str>,
+    name: &str,
+) -> fencelock::Result<(String, LockState)> {
     let prefix = prefix_for(kind, prefix);
     Ok(match kind {
         Kind::Lock => {

@@ -30,6 +30,7 @@ use crate::exit::{self, Failure};
 
 pub(crate) use reaper::{ARG as REAPER_ARG, GATE_ARG, gate_main, main as reaper_main};
 pub(crate) use run::{run, run_plain};
+pub(crate) use supervise::write_from_the_background;
 
 /// Acquires as `--wait` / `--no-wait` say: `None` on conflict.
 pub(crate) async fn acquire<B: RawLock>(

@@ -13,8 +13,10 @@
 //! signals nor those sent to the command's group reach it.
 //!
 //! The protocol on its stdin, one line each: `G <pid>` the target (a negative pid: a
-//! process group), `D <ns>` the deadline (CLOCK_MONOTONIC nanoseconds), `X` disarm and
-//! exit. End of input without `X`: kill now.
+//! process group), `H <inode>` the hold descriptor's pipe (every process that holds it
+//! open is killed with the target: a process that left the command's group but kept the
+//! descriptor), `D <ns>` the deadline (CLOCK_MONOTONIC nanoseconds), `X` disarm and exit.
+//! End of input without `X`: kill now.
 //!
 //! The command is started through a gate (this binary again, as `dlock __dlock-gate FD
 //! COMMAND…`) that waits on a pipe until the reaper knows the command's pid, then execs
@@ -24,7 +26,7 @@
 use std::io::{BufRead, Write};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicI64, AtomicU64, Ordering};
 use std::time::Duration;
 
 use nix::errno::Errno;
@@ -77,6 +79,11 @@ pub(crate) fn gate_main(mut args: impl Iterator<Item = std::ffi::OsString>) -> u
     if !opened {
         return 1;
     }
+    // dlock blocks SIGTTOU for itself (`supervise::write_from_the_background`); the
+    // command starts without that block, which a spawned process inherits.
+    let mut ttou = nix::sys::signal::SigSet::empty();
+    ttou.add(Signal::SIGTTOU);
+    let _ = ttou.thread_unblock();
     let err = Command::new(&program).args(args).exec();
     eprintln!("dlock: cannot run {}: {err}", program.to_string_lossy());
     if err.kind() == std::io::ErrorKind::NotFound {
@@ -150,6 +157,11 @@ impl Reaper {
         self.send(&format!("G {}\n", target.as_raw()));
     }
 
+    /// Kill with the target every process that holds the pipe `inode` open.
+    pub(crate) fn holders(&mut self, inode: u64) {
+        self.send(&format!("H {inode}\n"));
+    }
+
     /// Kill the target at `deadline` (CLOCK_MONOTONIC ns) unless moved before.
     /// Floored to the millisecond (earlier, never later), so that the same deadline,
     /// re-read every tick through two clocks, is sent once per change, not once per tick.
@@ -173,10 +185,16 @@ impl Reaper {
 /// input, exits.
 pub(crate) fn main() -> u8 {
     let target = Arc::new(AtomicI32::new(0));
+    let hold = Arc::new(AtomicU64::new(0));
     let deadline = Arc::new(AtomicI64::new(i64::MAX));
     let orphaned = Arc::new(AtomicBool::new(false));
     {
-        let (target, deadline, orphaned) = (target.clone(), deadline.clone(), orphaned.clone());
+        let (target, hold, deadline, orphaned) = (
+            target.clone(),
+            hold.clone(),
+            deadline.clone(),
+            orphaned.clone(),
+        );
         std::thread::spawn(move || {
             let stdin = std::io::stdin();
             for line in stdin.lock().lines() {
@@ -186,6 +204,11 @@ pub(crate) fn main() -> u8 {
                     (Some("G"), Some(pid)) => {
                         if let Ok(pid) = pid.parse() {
                             target.store(pid, Ordering::SeqCst);
+                        }
+                    }
+                    (Some("H"), Some(inode)) => {
+                        if let Ok(inode) = inode.parse() {
+                            hold.store(inode, Ordering::SeqCst);
                         }
                     }
                     (Some("D"), Some(ns)) => {
@@ -213,12 +236,53 @@ pub(crate) fn main() -> u8 {
     if pid == 0 || pid == -1 {
         return 0;
     }
+    let inode = hold.load(Ordering::SeqCst);
     // Until nothing is left to signal (zombies still count: bounded at two seconds).
     for _ in 0..200 {
+        kill_holders(inode);
         match kill(Pid::from_raw(pid), Signal::SIGKILL) {
             Err(Errno::ESRCH) => break,
             _ => std::thread::sleep(Duration::from_millis(10)),
         }
     }
+    kill_holders(inode);
     0
+}
+
+/// SIGKILLs every process that has the pipe `inode` open, as far as /proc shows (the
+/// processes of this user), but this one and its parent (`dlock run`, which holds the
+/// pipe's read end, and is the reaper's parent); nothing for inode 0. The hold
+/// descriptor's holders outside the command's process group (`setsid`) are part of the
+/// command too.
+pub(crate) fn kill_holders(inode: u64) {
+    if inode == 0 {
+        return;
+    }
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return;
+    };
+    let link = std::ffi::OsString::from(format!("pipe:[{inode}]"));
+    let me = std::process::id();
+    let parent = u32::try_from(nix::unistd::getppid().as_raw()).unwrap_or(0);
+    for entry in procs.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid == me || pid == parent {
+            continue;
+        }
+        let Ok(fds) = std::fs::read_dir(entry.path().join("fd")) else {
+            continue;
+        };
+        let holds = fds
+            .flatten()
+            .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|l| l.as_os_str() == link));
+        if holds && let Ok(pid) = i32::try_from(pid) {
+            let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+        }
+    }
 }

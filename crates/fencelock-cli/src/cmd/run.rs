@@ -158,15 +158,39 @@ async fn alone<X: RawLock, B: AnyKind>(
     mine: Kind,
     args: &RunArgs,
 ) -> Option<LockGuard<X>> {
+    if args.store.prefix.is_some() && !kinds::checked_under_a_prefix(args.store.url.as_deref()) {
+        if !args.quiet {
+            eprintln!(
+                "dlock: note: whether {:?} is also held as another kind of lock was not \
+                 checked: under --prefix every kind of it has the same key, where this \
+                 store's other kinds cannot tell this run's own hold from another's",
+                args.name
+            );
+        }
+        return Some(guard);
+    }
     let others = match kinds::held_as_others(
         backend,
         mine,
         args.store.prefix.as_deref(),
         &args.name,
+        guard.token().as_str(),
     )
     .await
     {
-        Ok(others) => others,
+        Ok((others, unchecked)) => {
+            if !unchecked.is_empty() && !args.quiet {
+                let kinds: Vec<&str> = unchecked.iter().map(|k| k.described()).collect();
+                eprintln!(
+                    "dlock: note: whether {:?} is also held as {} was not checked: under \
+                     --prefix every kind of it has the same key, and this run's own value \
+                     there hides that kind's holders from the check",
+                    args.name,
+                    kinds.join(", ")
+                );
+            }
+            others
+        }
         Err(failure) => {
             eprintln!(
                 "dlock: warning: could not check whether {:?} is held as another kind of \

@@ -4,7 +4,8 @@
 //! * **Nothing of the command runs past the lease.** The command's whole process group
 //!   gets SIGTERM early enough that the kill grace fits inside the remaining validity,
 //!   and SIGKILL at the latest a margin before the validity ends, by the lease's own
-//!   (monotonic) clock. A separate reaper process ([`super::reaper`]) holds the same
+//!   (monotonic) clock; every process holding the hold descriptor (below) gets the
+//!   SIGKILL too, in the group or not. A separate reaper process ([`super::reaper`]) holds the same
 //!   deadline, so a paused or killed `dlock` does not let the command outlive the lease.
 //! * **The lock is held until the whole command is gone** (flock(1)'s rule): until the
 //!   direct child has exited, every process of its process group has exited, and every
@@ -22,14 +23,14 @@ use std::time::Duration;
 use fencelock::LockGuard;
 use fencelock::raw::RawLock;
 use nix::errno::Errno;
-use nix::sys::signal::{Signal, kill};
-use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
-use nix::unistd::Pid;
+use nix::sys::signal::{SigSet, SigmaskHow, Signal, kill, pthread_sigmask, raise};
+use nix::sys::wait::{Id, WaitPidFlag, WaitStatus, waitid, waitpid};
+use nix::unistd::{Pid, getpgrp, tcgetpgrp, tcsetpgrp};
 use tokio::process::{Child, Command};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::time::Instant;
 
-use super::reaper::{Reaper, monotonic_ns};
+use super::reaper::{Reaper, kill_holders, monotonic_ns};
 use crate::exit::{self, Failure};
 
 /// The kill grace when `--kill-grace` is not given: 10 s, or less where the lease needs it.
@@ -185,12 +186,15 @@ pub(crate) async fn supervise_run<X: RawLock>(
         }
         Some(asked) => asked,
     };
-    // Without a terminal, the command gets a process group of its own, so that signals
-    // (and termination on a lost lock) reach everything it started, and the lock is held
-    // until the whole group is gone. On a terminal it stays in the foreground group,
-    // where Ctrl-C reaches it directly; the hold descriptor still keeps the lock.
-    let interactive = std::io::stdin().is_terminal();
-    let own_group = !interactive;
+    // The command gets a process group of its own, so that signals (and termination on a
+    // lost lock) reach everything it started, and the lock is held until the whole group
+    // is gone. When dlock runs in the foreground of the terminal on its stdin and stdout,
+    // that group gets the terminal's foreground while the command runs (as a shell gives
+    // it to a job): Ctrl-C and Ctrl-Z reach the command's group directly. With stdout
+    // elsewhere (`dlock run … | less`: a pager of dlock's group reads the terminal), the
+    // group gets it only once the command reads the terminal (see `follow_stop`).
+    let mut terminal = Terminal::ours();
+    let eager = std::io::stdout().is_terminal();
     // Orphans of the command become our children, so that we can reap them (a group is
     // not empty while a zombie of it is left) instead of relying on PID 1 to.
     let _ = nix::sys::prctl::set_child_subreaper(true);
@@ -209,7 +213,12 @@ pub(crate) async fn supervise_run<X: RawLock>(
             return Err(failure);
         }
     };
-    let (mut child, mut gate) = match spawn(job, guard.token(), own_group, hold_fd) {
+    // The hold pipe, to kill with the group whoever holds it open outside the group.
+    let hold_inode = hold_fd
+        .as_ref()
+        .and_then(|fd| nix::sys::stat::fstat(fd).ok())
+        .map_or(0, |st| st.st_ino);
+    let (mut child, mut gate) = match spawn(job, guard.token(), hold_fd) {
         Ok(spawned) => spawned,
         Err(failure) => {
             reaper.disarm();
@@ -218,9 +227,13 @@ pub(crate) async fn supervise_run<X: RawLock>(
         }
     };
     let pid = child.id().and_then(|id| i32::try_from(id).ok());
-    let target = pid.map(|id| Pid::from_raw(if own_group { -id } else { id }));
+    let target = pid.map(|id| Pid::from_raw(-id));
     if let Some(target) = target {
         reaper.target(target);
+        reaper.holders(hold_inode);
+    }
+    if let (Some(terminal), Some(pgid), true) = (&mut terminal, pid, eager) {
+        terminal.give(Pid::from_raw(pgid));
     }
     // Only now that the reaper can kill it does the command run.
     gate.open();
@@ -234,19 +247,25 @@ pub(crate) async fn supervise_run<X: RawLock>(
     let mut status: Option<ExitStatus> = None;
     let mut ending: Option<Ending> = None;
     let mut told_waiting = false;
+    // When the command exited: the note on waiting for the rest of its group is printed
+    // only if they are still running a moment later (the hold descriptor's end is seen a
+    // little after the exit of a command that left nothing behind).
+    let mut exited_at: Option<Instant> = None;
     loop {
         if let Some(st) = status {
-            reap_group(own_group, pid);
-            let group_gone = match (own_group, pid) {
-                (true, Some(pgid)) => group_empty(pgid),
-                _ => true,
-            };
+            reap_group(pid);
+            let group_gone = pid.is_none_or(group_empty);
             // Terminated: only what can still be signalled is waited for.
             let rest_gone = job.release_on_exit || (group_gone && (!hold_open || ending.is_some()));
             if rest_gone {
                 break;
             }
-            if !told_waiting && ending.is_none() && !guard.is_lost() {
+            let exited = *exited_at.get_or_insert_with(Instant::now);
+            if !told_waiting
+                && ending.is_none()
+                && !guard.is_lost()
+                && exited.elapsed() >= Duration::from_millis(200)
+            {
                 told_waiting = true;
                 eprintln!(
                     "dlock: the command exited ({}); holding the {} {:?} until the processes \
@@ -262,6 +281,11 @@ pub(crate) async fn supervise_run<X: RawLock>(
                 status = Some(st.map_err(|e| {
                     Failure::new(exit::UNAVAILABLE, format!("waiting for the command: {e}"))
                 })?);
+                // What is left of the group runs in the background, as a shell's job's
+                // leftovers do.
+                if let Some(terminal) = &mut terminal {
+                    terminal.take_back();
+                }
                 continue;
             }
             _ = async { hold_closed.as_mut().expect("guarded").await }, if hold_open => {
@@ -278,14 +302,12 @@ pub(crate) async fn supervise_run<X: RawLock>(
                     );
                 }
                 ending = Some(Ending::Lost);
-                signal_target(target, Signal::SIGKILL);
+                kill_all(target, hold_inode);
             }
             _ = tick.tick() => {}
             sig = signals.recv() => {
-                // A terminal already delivered Ctrl-C to the command itself.
-                if interactive && sig == Signal::SIGINT {
-                    continue;
-                }
+                // (Ctrl-C on a terminal reaches the command's group, in the foreground,
+                // not dlock: this one was sent to dlock.)
                 forwarded += 1;
                 // A second SIGINT/SIGTERM (or any while terminating) means "now": SIGKILL.
                 let sig = if (forwarded > 1 || ending.is_some()) && sig != Signal::SIGHUP {
@@ -297,11 +319,14 @@ pub(crate) async fn supervise_run<X: RawLock>(
             }
         }
         // The deadlines, by the lease's clock: re-read every tick, as renewals move them.
+        if let (Some(terminal), Some(pgid), None) = (&mut terminal, pid, status) {
+            terminal.follow_stop(Pid::from_raw(pgid));
+        }
         let now = Instant::now();
         let remaining = guard.remaining();
         let validity_end = now + remaining;
         if status.is_some() {
-            reap_group(own_group, pid);
+            reap_group(pid);
         }
         match ending {
             None if remaining <= grace + margin => {
@@ -318,7 +343,7 @@ pub(crate) async fn supervise_run<X: RawLock>(
                 signal_target(target, Signal::SIGTERM);
             }
             Some(Ending::Expiring { kill_at }) if now >= kill_at => {
-                signal_target(target, Signal::SIGKILL);
+                kill_all(target, hold_inode);
             }
             _ => {}
         }
@@ -362,6 +387,12 @@ fn nanos(d: Duration) -> i64 {
     i64::try_from(d.as_nanos()).unwrap_or(i64::MAX)
 }
 
+/// SIGKILLs the command's group and every process that holds its hold descriptor.
+fn kill_all(target: Option<Pid>, hold_inode: u64) {
+    signal_target(target, Signal::SIGKILL);
+    kill_holders(hold_inode);
+}
+
 fn signal_target(target: Option<Pid>, sig: Signal) {
     if let Some(target) = target {
         let _ = kill(target, sig);
@@ -376,8 +407,8 @@ fn group_empty(pgid: i32) -> bool {
 /// Reaps the exited processes of the command's group that became our children (orphans,
 /// through the subreaper attribute). Only after the direct child was reaped by tokio,
 /// which would otherwise lose its status to us.
-fn reap_group(own_group: bool, pid: Option<i32>) {
-    let (true, Some(pgid)) = (own_group, pid) else {
+fn reap_group(pid: Option<i32>) {
+    let Some(pgid) = pid else {
         return;
     };
     for _ in 0..64 {
@@ -488,7 +519,6 @@ async fn keep_for<X: RawLock>(guard: LockGuard<X>, min: MinHold, code: u8) -> Re
 fn spawn(
     job: &Job<'_>,
     token: &fencelock::Token,
-    own_group: bool,
     hold_fd: Option<std::os::fd::OwnedFd>,
 ) -> Result<(Child, Gate), Failure> {
     if job.command.is_empty() {
@@ -510,9 +540,7 @@ fn spawn(
     let inherited = nix::unistd::dup(&reader).map_err(|e| failed(e.into()))?;
     drop(reader);
     let mut command = Command::new(exe);
-    if own_group {
-        command.process_group(0);
-    }
+    command.process_group(0);
     command
         .arg(super::reaper::GATE_ARG)
         .arg(inherited.as_raw_fd().to_string())
@@ -548,6 +576,118 @@ impl Gate {
             let _ = writer.write_all(b"g");
         }
     }
+}
+
+/// dlock's controlling terminal, on its stdin. When dlock's process group is in its
+/// foreground, the command's group is given the foreground while the command runs (from
+/// the start if stdout is the terminal too, else once the command reads the terminal), as
+/// a shell gives it to a job, so that the terminal's signals (Ctrl-C, Ctrl-Z, Ctrl-\)
+/// reach the command's group; it is taken back when the command exits (and on every way
+/// out of the supervisor). A stop of the command (Ctrl-Z, or reading the terminal from the
+/// background) stops dlock too, as a shell's job stops as a whole.
+struct Terminal {
+    /// dlock's own process group.
+    ours: Pid,
+    /// The command's group, while it has the foreground.
+    given: Option<Pid>,
+}
+
+impl Terminal {
+    /// `Some` if stdin is dlock's controlling terminal.
+    fn ours() -> Option<Terminal> {
+        let stdin = std::io::stdin();
+        if !stdin.is_terminal() || tcgetpgrp(&stdin).is_err() {
+            return None;
+        }
+        Some(Terminal {
+            ours: getpgrp(),
+            given: None,
+        })
+    }
+
+    fn foreground_is_ours(&self) -> bool {
+        tcgetpgrp(std::io::stdin()).ok() == Some(self.ours)
+    }
+
+    /// Gives the foreground to `group` if dlock's group has it (not when dlock runs in the
+    /// background).
+    fn give(&mut self, group: Pid) {
+        if self.foreground_is_ours() && set_foreground(group) {
+            self.given = Some(group);
+        }
+    }
+
+    /// Takes the foreground back for dlock's group, if the command's group still has it.
+    fn take_back(&mut self) {
+        if let Some(group) = self.given.take()
+            && tcgetpgrp(std::io::stdin()).ok() == Some(group)
+        {
+            set_foreground(self.ours);
+        }
+    }
+
+    /// If the command was stopped: for reading (or setting) the terminal that dlock's
+    /// group has in the foreground, gives it the foreground and continues it. Otherwise
+    /// (Ctrl-Z, or the terminal read while dlock runs in the background) does what a
+    /// shell's job does: takes the terminal back and stops dlock with the same signal (the
+    /// shell that started it sees its job stopped); once continued (`fg`, `bg`), gives the
+    /// foreground to the command's group if dlock has it, and continues the group. While dlock is stopped it renews nothing, and the reaper kills the group
+    /// before the lease can end, as for any paused dlock.
+    fn follow_stop(&mut self, group: Pid) {
+        let flags = WaitPidFlag::WSTOPPED | WaitPidFlag::WNOHANG;
+        let Ok(WaitStatus::Stopped(_, sig)) = waitid(Id::Pid(group), flags) else {
+            return;
+        };
+        let tty_stop = matches!(sig, Signal::SIGTTIN | Signal::SIGTTOU);
+        if tty_stop && self.given.is_none() && self.foreground_is_ours() {
+            // The command wants the terminal that dlock's group has: it gets it.
+            self.give(group);
+            let _ = kill(Pid::from_raw(-group.as_raw()), Signal::SIGCONT);
+            return;
+        }
+        self.take_back();
+        let sig = match sig {
+            Signal::SIGTTIN | Signal::SIGTTOU => sig,
+            _ => Signal::SIGTSTP,
+        };
+        // (Discarded by the kernel if dlock's group is orphaned: no shell to continue it.)
+        let _ = raise(sig);
+        self.give(group);
+        let _ = kill(Pid::from_raw(-group.as_raw()), Signal::SIGCONT);
+    }
+}
+
+impl Drop for Terminal {
+    fn drop(&mut self) {
+        self.take_back();
+    }
+}
+
+/// Blocks SIGTTOU in the calling thread, and so in every thread it starts afterwards (the
+/// runtime's): called first thing by `dlock run` and `dlock elect`, whose messages (the
+/// lock lost, the lease running out) are written while the command's group has the
+/// terminal's foreground, so that a terminal set to stop background writers (`stty
+/// tostop`) does not stop dlock then. The command does not inherit it: the gate in front
+/// of it unblocks SIGTTOU before it execs the command.
+pub(crate) fn write_from_the_background() {
+    let mut ttou = SigSet::empty();
+    ttou.add(Signal::SIGTTOU);
+    let _ = ttou.thread_block();
+}
+
+/// Makes `group` the foreground group of the terminal on stdin. SIGTTOU is blocked in
+/// this thread meanwhile, as shells do: a background group (dlock's, taking the terminal
+/// back) would otherwise be stopped by it.
+fn set_foreground(group: Pid) -> bool {
+    let mut ttou = SigSet::empty();
+    ttou.add(Signal::SIGTTOU);
+    let mut before = SigSet::empty();
+    let blocked = pthread_sigmask(SigmaskHow::SIG_BLOCK, Some(&ttou), Some(&mut before)).is_ok();
+    let done = tcsetpgrp(std::io::stdin(), group).is_ok();
+    if blocked {
+        let _ = pthread_sigmask(SigmaskHow::SIG_SETMASK, Some(&before), None);
+    }
+    done
 }
 
 /// A shell's view of an exit status: the code, or 128 + the signal that killed it.

@@ -9,15 +9,19 @@ use dlock_test::server::{RedisServer, free_port};
 
 mod contact;
 mod elect;
+mod elect_supervise;
 mod first_contact;
 mod harness;
 mod hazards;
 mod hostile;
 mod kinds;
+mod kinds_prefix;
 mod leader_text;
 mod messages;
 mod stores;
 mod supervise;
+mod supervise_holders;
+mod terminal;
 mod top;
 
 const LOST: i32 = 76;

@@ -17,7 +17,7 @@ use super::{
 };
 
 /// A command that ignores SIGTERM and appends `A` to `log` every 50 ms, forever.
-fn stubborn_writer(log: &Path, pidfile: &Path) -> String {
+pub(super) fn stubborn_writer(log: &Path, pidfile: &Path) -> String {
     format!(
         "trap '' TERM; echo $$ > {}; while :; do echo A >> {}; sleep 0.05; done",
         pidfile.display(),
@@ -25,21 +25,22 @@ fn stubborn_writer(log: &Path, pidfile: &Path) -> String {
     )
 }
 
-/// The next holder: waits for the lock, then marks its grant with `B` and writes a while.
-fn next_holder(url: &str, name: &str, log: &Path) -> std::process::Child {
+/// The next holder (`command`: `run`, or `elect` for the next leader): waits for the lock,
+/// then marks its grant with `B` and writes a while.
+pub(super) fn next_holder(url: &str, command: &str, name: &str, log: &Path) -> std::process::Child {
     let script = format!(
         "echo B >> {log}; sleep 0.5; echo B >> {log}",
         log = log.display()
     );
     dlock(url)
-        .args(["run", "--wait", "60s", name, "--", "sh", "-c", &script])
+        .args([command, "--wait", "60s", name, "--", "sh", "-c", &script])
         .spawn()
         .expect("spawn the next holder")
 }
 
 /// Every `A` line written after the first `B` line: the first holder's writes while the
 /// next one held the lock.
-fn writes_after_grant(log: &Path) -> usize {
+pub(super) fn writes_after_grant(log: &Path) -> usize {
     let text = std::fs::read_to_string(log).expect("log");
     let mut lines = text.lines();
     assert!(
@@ -49,7 +50,7 @@ fn writes_after_grant(log: &Path) -> usize {
     lines.filter(|l| *l == "A").count()
 }
 
-fn wait_until_gone(pid: &str, within: Duration) -> bool {
+pub(super) fn wait_until_gone(pid: &str, within: Duration) -> bool {
     let deadline = Instant::now() + within;
     while alive(pid) {
         if Instant::now() > deadline {
@@ -85,7 +86,7 @@ fn a_command_that_ignores_sigterm_is_killed_before_the_next_holder_is_granted() 
     let pid = wait_for_file(&pidfile, Duration::from_secs(10));
     wait_for_file(&log, Duration::from_secs(10));
     proxy.set_fault(Fault::Blackhole);
-    let mut next = next_holder(&server.url(), "stubborn", &log);
+    let mut next = next_holder(&server.url(), "run", "stubborn", &log);
     assert!(wait_exit(&mut next, Duration::from_secs(30)).success());
     assert_eq!(
         writes_after_grant(&log),
@@ -128,7 +129,7 @@ fn a_paused_dlock_does_not_let_its_command_outlive_the_lease() {
             .expect("kill")
             .success()
     );
-    let mut next = next_holder(&server.url(), "paused", &log);
+    let mut next = next_holder(&server.url(), "run", "paused", &log);
     let granted = wait_exit(&mut next, Duration::from_secs(30));
     assert!(
         Command::new("kill")
