@@ -13,7 +13,7 @@ use indicatif::ProgressBar;
 use redis::aio::ConnectionManager;
 use redis::cluster_async::ClusterConnection;
 
-use crate::contended::{self, Waiter};
+use crate::contended::{self, BoxWaiter};
 use crate::measure;
 use crate::report::fmt_dur;
 use crate::stores::{
@@ -121,7 +121,7 @@ impl Setup for Clients {
         Ok(tasks)
     }
 
-    async fn waiters(&self, id: &'static str, n: usize) -> Result<Vec<Waiter>> {
+    async fn waiters(&self, id: &'static str, n: usize) -> Result<Vec<BoxWaiter>> {
         let url = if id.ends_with("cluster") {
             &self.cluster_url
         } else {

@@ -19,12 +19,12 @@ use fencelock::backend::{Etcd, Redis};
 use indicatif::ProgressBar;
 use redis::aio::ConnectionManager;
 
-use crate::contended::{self, EtcdNativeWaiter, Waiter};
+use crate::contended::{self, BoxWaiter, LockWaiter, Waiter};
 use crate::measure;
 use crate::report::fmt_dur;
 use crate::stores::{
     self, BoxCycle, Cell, Cells, EtcdLimit, EtcdNative, HandoffRow, HandoffRun, LockCycle, Plan,
-    RedisLimit, Row, Run, Setup,
+    RedisLimit, Row, Run, Setup, revoke_later,
 };
 use crate::targets::{Goal, Targets, fairness_text};
 use crate::{Profile, Result};
@@ -34,6 +34,68 @@ const ROWS: [&str; 5] = ["limit", "dlock", "native", "redis-limit", "redis"];
 
 /// Contended rows, in run order within a round.
 const HANDOFF_ROWS: [&str; 3] = ["dlock", "native", "redis"];
+
+/// A waiter on etcd's lock service.
+///
+/// Its `Lock` calls are never aborted: etcd's lock service can stop granting locks at all
+/// after many waiting `Lock` calls are aborted at once (etcd issue 13336; seen here with
+/// etcd 3.4.23 after a 64-waiter run ended), so a waiter that stops waiting (the end of a
+/// run) leaves its call running in the background, and gives the lock on at once if it
+/// gets it. The client has no per-request timeout for the same reason (a deadline is an
+/// abort too); `pending` counts the calls still running, so a section can wait for them
+/// to drain before measuring anything else.
+struct EtcdNativeWaiter {
+    /// A client of its own, without a request timeout.
+    client: etcd_client::Client,
+    /// `Lock` calls of this section still running.
+    pending: Arc<AtomicUsize>,
+}
+
+impl Waiter for EtcdNativeWaiter {
+    /// The lock's key and its lease.
+    type Held = (Vec<u8>, i64);
+
+    /// Grants a lease and waits for the lock `name` on it.
+    async fn acquire(&mut self, name: &str) -> Result<(Vec<u8>, i64)> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let mut client = self.client.clone();
+        let pending = Arc::clone(&self.pending);
+        let name = name.to_owned();
+        pending.fetch_add(1, Ordering::SeqCst);
+        tokio::spawn(async move {
+            let outcome = async {
+                let lease = client
+                    .lease_grant(contended::TTL.as_secs() as i64, None)
+                    .await?
+                    .id();
+                let options = etcd_client::LockOptions::new().with_lease(lease);
+                match client.lock(name.as_str(), Some(options)).await {
+                    Ok(resp) => Ok((resp.key().to_vec(), lease)),
+                    Err(err) => {
+                        revoke_later(&client, lease);
+                        Err(err)
+                    }
+                }
+            }
+            .await;
+            if let Err(Ok((key, lease))) = tx.send(outcome) {
+                // Nobody waits any more: give the lock on at once.
+                let _ = client.unlock(key).await;
+                revoke_later(&client, lease);
+            }
+            pending.fetch_sub(1, Ordering::SeqCst);
+        });
+        Ok(rx
+            .await
+            .map_err(|_| "etcd lock task ended without an answer")??)
+    }
+
+    async fn release(&mut self, (key, lease): (Vec<u8>, i64), _name: &str) -> Result<()> {
+        self.client.unlock(key).await?;
+        revoke_later(&self.client, lease);
+        Ok(())
+    }
+}
 
 struct Clients {
     /// Kept for its lifetime: dropping it kills the member.
@@ -110,7 +172,7 @@ impl Setup for Clients {
         Ok(tasks)
     }
 
-    async fn waiters(&self, id: &'static str, n: usize) -> Result<Vec<Waiter>> {
+    async fn waiters(&self, id: &'static str, n: usize) -> Result<Vec<BoxWaiter>> {
         let mut waiters = Vec::with_capacity(n);
         match id {
             "redis" => {
@@ -124,15 +186,17 @@ impl Setup for Clients {
             }
             "native" => {
                 for _ in 0..n {
-                    waiters.push(Waiter::EtcdNative(Box::new(EtcdNativeWaiter {
+                    waiters.push(contended::boxed(EtcdNativeWaiter {
                         client: stores::etcd_client_with(&self.url, None).await?,
                         pending: Arc::clone(&self.native_pending),
-                    })));
+                    }));
                 }
             }
             _ => {
                 for _ in 0..n {
-                    waiters.push(Waiter::Etcd(stores::etcd_connect(&self.url).await?));
+                    waiters.push(contended::boxed(LockWaiter(
+                        stores::etcd_connect(&self.url).await?,
+                    )));
                 }
             }
         }

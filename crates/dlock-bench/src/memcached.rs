@@ -17,7 +17,7 @@ use fencelock::backend::{Memcached, Redis};
 use indicatif::ProgressBar;
 use redis::aio::ConnectionManager;
 
-use crate::contended::{self, Waiter};
+use crate::contended::{self, BoxWaiter, LockWaiter};
 use crate::measure;
 use crate::report::fmt_dur;
 use crate::stores::{
@@ -111,7 +111,7 @@ impl Setup for Clients {
         Ok(tasks)
     }
 
-    async fn waiters(&self, id: &'static str, n: usize) -> Result<Vec<Waiter>> {
+    async fn waiters(&self, id: &'static str, n: usize) -> Result<Vec<BoxWaiter>> {
         if id == "redis" {
             return contended::make_waiters(
                 contended::Client::DlockPerWaiter,
@@ -123,7 +123,9 @@ impl Setup for Clients {
         }
         let mut waiters = Vec::with_capacity(n);
         for _ in 0..n {
-            waiters.push(Waiter::Memcached(Memcached::connect(&self.url).await?));
+            waiters.push(contended::boxed(LockWaiter(
+                Memcached::connect(&self.url).await?,
+            )));
         }
         Ok(waiters)
     }

@@ -15,14 +15,16 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use distributed_lock_core::traits::{DistributedLock, LockHandle, LockProvider};
 use distributed_lock_postgres::PostgresLockProvider;
+use distributed_lock_postgres::handle::PostgresLockHandle;
 use dlock_test::postgres::PostgresServer;
 use dlock_test::server::RedisServer;
 use fencelock::backend::{Postgres, Redis};
 use indicatif::ProgressBar;
 use redis::aio::ConnectionManager;
 
-use crate::contended::{self, Waiter};
+use crate::contended::{self, BoxWaiter, LockWaiter, Waiter};
 use crate::measure;
 use crate::report::fmt_dur;
 use crate::stores::{
@@ -36,6 +38,29 @@ const ROWS: [&str; 5] = ["limit", "dlock", "peer", "redis-limit", "redis"];
 
 /// Contended rows, in run order within a round.
 const HANDOFF_ROWS: [&str; 3] = ["dlock", "peer", "redis"];
+
+/// A waiter of distributed-lock-postgres: a provider (and pool) of its own.
+struct PeerWaiter(PostgresLockProvider);
+
+impl Waiter for PeerWaiter {
+    type Held = PostgresLockHandle;
+
+    async fn acquire(&mut self, name: &str) -> Result<PostgresLockHandle> {
+        Ok(self
+            .0
+            .create_lock(name)
+            .acquire(None)
+            .await
+            .map_err(|e| format!("distributed-lock-postgres acquire: {e}"))?)
+    }
+
+    async fn release(&mut self, held: PostgresLockHandle, _name: &str) -> Result<()> {
+        held.release()
+            .await
+            .map_err(|e| format!("distributed-lock-postgres release: {e}"))?;
+        Ok(())
+    }
+}
 
 struct Clients {
     server: PostgresServer,
@@ -109,7 +134,7 @@ impl Setup for Clients {
         Ok(tasks)
     }
 
-    async fn waiters(&self, id: &'static str, n: usize) -> Result<Vec<Waiter>> {
+    async fn waiters(&self, id: &'static str, n: usize) -> Result<Vec<BoxWaiter>> {
         let mut waiters = Vec::with_capacity(n);
         match id {
             "redis" => {
@@ -123,7 +148,7 @@ impl Setup for Clients {
             }
             "peer" => {
                 for _ in 0..n {
-                    waiters.push(Waiter::PgPeer(Arc::new(
+                    waiters.push(contended::boxed(PeerWaiter(
                         PostgresLockProvider::new(self.url.clone())
                             .await
                             .map_err(|e| format!("distributed-lock-postgres: {e}"))?,
@@ -132,7 +157,9 @@ impl Setup for Clients {
             }
             _ => {
                 for _ in 0..n {
-                    waiters.push(Waiter::Postgres(Postgres::connect(&self.url).await?));
+                    waiters.push(contended::boxed(LockWaiter(
+                        Postgres::connect(&self.url).await?,
+                    )));
                 }
             }
         }

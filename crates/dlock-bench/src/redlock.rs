@@ -16,7 +16,7 @@ use fencelock::backend::{Quorum, Redis};
 use indicatif::ProgressBar;
 use redis::aio::ConnectionManager;
 
-use crate::contended::Waiter;
+use crate::contended::BoxWaiter;
 use crate::measure;
 use crate::report::fmt_dur;
 use crate::stores::{
@@ -124,7 +124,7 @@ impl Setup for Clients {
         Ok(tasks)
     }
 
-    async fn waiters(&self, _id: &'static str, _n: usize) -> Result<Vec<Waiter>> {
+    async fn waiters(&self, _id: &'static str, _n: usize) -> Result<Vec<BoxWaiter>> {
         Err("the RedLock section has no contended runs".into())
     }
 

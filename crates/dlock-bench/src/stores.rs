@@ -20,7 +20,7 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufStream};
 use tokio::net::TcpStream;
 
 use crate::Result;
-use crate::contended::{self, Mode, Waiter, revoke_later};
+use crate::contended::{self, BoxWaiter, Mode};
 use crate::measure::{self, CpuMeter, Latencies};
 use crate::report::{fmt_dur, fmt_rate, fmt_ratio};
 
@@ -477,6 +477,14 @@ impl Cycle for PgPeer {
             Ok(acquired)
         })
     }
+}
+
+/// Revokes an etcd lease in the background, as dlock's etcd backend does after a release.
+pub(crate) fn revoke_later(client: &etcd_client::Client, lease: i64) {
+    let mut client = client.clone();
+    tokio::spawn(async move {
+        let _ = client.lease_revoke(lease).await;
+    });
 }
 
 /// Lease seconds of [`TTL`] for etcd.
@@ -1012,7 +1020,7 @@ pub(crate) trait Setup {
     /// The tasks of uncontended row `id` at `n` tasks, on names tagged `tag`.
     async fn tasks(&self, id: &'static str, n: usize, tag: &str) -> Result<Vec<BoxCycle>>;
     /// The waiters of contended row `id`, `n` of them.
-    async fn waiters(&self, id: &'static str, n: usize) -> Result<Vec<Waiter>>;
+    async fn waiters(&self, id: &'static str, n: usize) -> Result<Vec<BoxWaiter>>;
     /// The round trips this round (one per store the section reports).
     async fn round_trips(&self) -> Result<Vec<Duration>>;
     /// The PIDs of every server the section started.

@@ -22,7 +22,7 @@ use fencelock::backend::{Etcd, Redis, ZooKeeper};
 use indicatif::ProgressBar;
 use zookeeper_client as zk;
 
-use crate::contended::{self, Waiter};
+use crate::contended::{self, BoxWaiter, LockWaiter, Waiter};
 use crate::measure::{self, Latencies};
 use crate::report::fmt_dur;
 use crate::stores::{
@@ -128,18 +128,21 @@ impl Cycle for ZkLimit {
 }
 
 /// A waiter of the bare contended limit: the recipe by hand on a session of its own.
-pub(crate) struct BareWaiter {
+struct BareWaiter {
     client: zk::Client,
     token: String,
 }
 
-impl BareWaiter {
-    /// Waits for the lock `name`; returns our node's path.
+impl Waiter for BareWaiter {
+    /// Our node's path.
+    type Held = String;
+
+    /// Waits for the lock `name`.
     ///
     /// Cancelled (a run ends while it waits), it leaves its node in the queue until its
     /// session closes with the waiter: every warm-up and measured run has a name of its
     /// own, so no later run queues behind it.
-    pub(crate) async fn lock(&self, name: &str) -> Result<String> {
+    async fn acquire(&mut self, name: &str) -> Result<String> {
         let dir = format!("/{}", escape(name));
         let prefix = format!("{dir}/{}-", escape(&self.token));
         let (node, seq) = create_node(&self.client, &dir, &prefix, &self.token).await?;
@@ -171,8 +174,8 @@ impl BareWaiter {
     }
 
     /// Deletes our node `node`.
-    pub(crate) async fn release(&self, node: &str) -> Result<()> {
-        Ok(self.client.delete(node, None).await?)
+    async fn release(&mut self, node: String, _name: &str) -> Result<()> {
+        Ok(self.client.delete(&node, None).await?)
     }
 }
 
@@ -299,7 +302,7 @@ impl Setup for Clients {
         Ok(tasks)
     }
 
-    async fn waiters(&self, id: &'static str, n: usize) -> Result<Vec<Waiter>> {
+    async fn waiters(&self, id: &'static str, n: usize) -> Result<Vec<BoxWaiter>> {
         if id == "redis" {
             return contended::make_waiters(
                 contended::Client::DlockPerWaiter,
@@ -312,12 +315,12 @@ impl Setup for Clients {
         let mut waiters = Vec::with_capacity(n);
         for i in 0..n {
             waiters.push(match id {
-                "limit" => Waiter::ZkBare(Box::new(BareWaiter {
+                "limit" => contended::boxed(BareWaiter {
                     client: bare_session(&self.server.hosts()).await?,
                     token: format!("{:032x}", 0x2cb0_0000_u128 + i as u128),
-                })),
-                "dlock" => Waiter::ZooKeeper(ZooKeeper::connect(&self.url).await?),
-                _ => Waiter::Etcd(stores::etcd_connect(&self.etcd_url).await?),
+                }),
+                "dlock" => contended::boxed(LockWaiter(ZooKeeper::connect(&self.url).await?)),
+                _ => contended::boxed(LockWaiter(stores::etcd_connect(&self.etcd_url).await?)),
             });
         }
         Ok(waiters)
