@@ -16,18 +16,17 @@ use std::time::{Duration, Instant};
 
 use dlock_test::server::{EtcdCluster, RedisServer};
 use fencelock::backend::{Etcd, Redis};
-use indicatif::ProgressBar;
 use redis::aio::ConnectionManager;
 
+use crate::Result;
 use crate::contended::{self, BoxWaiter, LockWaiter, Waiter};
 use crate::measure;
 use crate::report::fmt_dur;
 use crate::stores::{
-    self, BoxCycle, Cell, Cells, EtcdLimit, EtcdNative, HandoffRow, HandoffRun, LockCycle, Plan,
-    RedisLimit, Row, Run, Setup, revoke_later,
+    self, BoxCycle, EtcdLimit, EtcdNative, HandoffRow, LockCycle, RedisLimit, Row, Setup,
+    revoke_later,
 };
 use crate::targets::{Goal, Targets, fairness_text};
-use crate::{Profile, Result};
 
 /// Uncontended rows, in run order within a round.
 const ROWS: [&str; 5] = ["limit", "dlock", "native", "redis-limit", "redis"];
@@ -97,7 +96,8 @@ impl Waiter for EtcdNativeWaiter {
     }
 }
 
-struct Clients {
+/// The section's servers and clients.
+pub(crate) struct Clients {
     /// Kept for its lifetime: dropping it kills the member.
     _etcd_server: EtcdCluster,
     etcd_pid: Option<u32>,
@@ -113,7 +113,15 @@ struct Clients {
     native_pending: Arc<AtomicUsize>,
 }
 
-impl Clients {
+impl Setup for Clients {
+    const SECTION: &'static str = "etcd";
+    const STARTING: Option<&'static str> = Some("etcd: starting a member");
+    const ROWS: &'static [&'static str] = &ROWS;
+    const HANDOFF_ROWS: &'static [&'static str] = &HANDOFF_ROWS;
+
+    /// Whether etcd's CPU was measured (its PID found).
+    type Extra = bool;
+
     async fn start() -> Result<Clients> {
         let etcd_server = EtcdCluster::start(1)?;
         let etcd_pid = etcd_server
@@ -147,9 +155,11 @@ impl Clients {
             native_pending: Arc::new(AtomicUsize::new(0)),
         })
     }
-}
 
-impl Setup for Clients {
+    fn extra(&self) -> bool {
+        self.etcd_pid.is_some()
+    }
+
     async fn tasks(&self, id: &'static str, n: usize, tag: &str) -> Result<Vec<BoxCycle>> {
         let mut tasks = Vec::with_capacity(n);
         for t in 0..n {
@@ -240,66 +250,7 @@ impl Setup for Clients {
 }
 
 /// The section's results.
-pub(crate) struct Section {
-    rounds: usize,
-    run: Duration,
-    contended_run: Duration,
-    rtts: Vec<Duration>,
-    etcd_cpu_measured: bool,
-    cells: Vec<Cell<Run>>,
-    handoffs: Vec<Cell<HandoffRun>>,
-}
-
-fn plan(profile: &Profile) -> (Cells, Cells) {
-    let mut cells = Vec::new();
-    for &n in &profile.store_tasks {
-        for id in ROWS {
-            cells.push((id, n));
-        }
-    }
-    let mut handoffs = Vec::new();
-    for &n in &profile.store_waiters {
-        for id in HANDOFF_ROWS {
-            handoffs.push((id, n));
-        }
-    }
-    (cells, handoffs)
-}
-
-/// Progress steps.
-pub(crate) fn steps(profile: &Profile) -> u64 {
-    let (a, b) = plan(profile);
-    stores::steps(profile, a.len() + b.len())
-}
-
-/// Runs the section.
-pub(crate) async fn bench(profile: &Profile, bar: &ProgressBar) -> Result<Section> {
-    bar.set_message("etcd: starting a member");
-    let clients = Clients::start().await?;
-    let (cells, handoffs) = plan(profile);
-    let measured = stores::measure(
-        &clients,
-        &Plan {
-            section: "etcd",
-            uncontended: &cells,
-            contended: &handoffs,
-        },
-        profile,
-        bar,
-    )
-    .await?;
-    let etcd_cpu_measured = clients.etcd_pid.is_some();
-    drop(clients);
-    Ok(Section {
-        rounds: profile.rounds,
-        run: profile.store_run,
-        contended_run: profile.store_contended_run,
-        rtts: measured.rtts,
-        etcd_cpu_measured,
-        cells: measured.uncontended,
-        handoffs: measured.contended,
-    })
-}
+pub(crate) type Section = stores::Section<Clients>;
 
 fn rows() -> Vec<Row> {
     vec![
@@ -445,7 +396,7 @@ impl Section {
             self.rounds,
             self.run.as_secs_f64(),
             self.contended_run.as_secs_f64(),
-            if self.etcd_cpu_measured {
+            if self.extra {
                 "etcd + redis-server"
             } else {
                 "redis-server only (etcd's PID was not found)"
