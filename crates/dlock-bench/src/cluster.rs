@@ -9,18 +9,14 @@ use std::time::Duration;
 use dlock_test::cluster::RedisCluster;
 use dlock_test::server::RedisServer;
 use fencelock::backend::Redis;
-use indicatif::ProgressBar;
 use redis::aio::ConnectionManager;
 use redis::cluster_async::ClusterConnection;
 
-use crate::contended::{self, Waiter};
+use crate::Result;
+use crate::contended::{self, BoxWaiter};
 use crate::measure;
 use crate::report::fmt_dur;
-use crate::stores::{
-    self, BoxCycle, Cell, Cells, HandoffRow, HandoffRun, LockCycle, Plan, RedisLimit, Row,
-    RslockCycle, Run, Setup,
-};
-use crate::{Profile, Result};
+use crate::stores::{self, BoxCycle, HandoffRow, LockCycle, RedisLimit, Row, RslockCycle, Setup};
 
 /// Masters of the cluster (no replicas).
 const MASTERS: usize = 3;
@@ -38,7 +34,8 @@ const ROWS: [&str; 6] = [
 /// Contended rows, in run order within a round.
 const HANDOFF_ROWS: [&str; 4] = ["each-1", "shared-1", "each-cluster", "shared-cluster"];
 
-struct Clients {
+/// The section's servers and clients.
+pub(crate) struct Clients {
     cluster: RedisCluster,
     single: RedisServer,
     cluster_url: String,
@@ -52,7 +49,14 @@ struct Clients {
     cluster_rslock: rslock::LockManager,
 }
 
-impl Clients {
+impl Setup for Clients {
+    const SECTION: &'static str = "cluster";
+    const STARTING: Option<&'static str> = Some("cluster: starting a 3-master Redis Cluster");
+    const ROWS: &'static [&'static str] = &ROWS;
+    const HANDOFF_ROWS: &'static [&'static str] = &HANDOFF_ROWS;
+
+    type Extra = ();
+
     async fn start() -> Result<Clients> {
         let cluster = RedisCluster::start(MASTERS, 0)?;
         let single = RedisServer::start()?;
@@ -96,9 +100,9 @@ impl Clients {
             cluster_rslock,
         })
     }
-}
 
-impl Setup for Clients {
+    fn extra(&self) {}
+
     async fn tasks(&self, id: &'static str, n: usize, tag: &str) -> Result<Vec<BoxCycle>> {
         let mut tasks = Vec::with_capacity(n);
         for t in 0..n {
@@ -121,7 +125,7 @@ impl Setup for Clients {
         Ok(tasks)
     }
 
-    async fn waiters(&self, id: &'static str, n: usize) -> Result<Vec<Waiter>> {
+    async fn waiters(&self, id: &'static str, n: usize) -> Result<Vec<BoxWaiter>> {
         let url = if id.ends_with("cluster") {
             &self.cluster_url
         } else {
@@ -161,63 +165,7 @@ impl Setup for Clients {
 }
 
 /// The section's results.
-pub(crate) struct Section {
-    rounds: usize,
-    run: Duration,
-    contended_run: Duration,
-    rtts: Vec<Duration>,
-    cells: Vec<Cell<Run>>,
-    handoffs: Vec<Cell<HandoffRun>>,
-}
-
-fn plan(profile: &Profile) -> (Cells, Cells) {
-    let mut cells = Vec::new();
-    for &n in &profile.store_tasks {
-        for id in ROWS {
-            cells.push((id, n));
-        }
-    }
-    let mut handoffs = Vec::new();
-    for &n in &profile.store_waiters {
-        for id in HANDOFF_ROWS {
-            handoffs.push((id, n));
-        }
-    }
-    (cells, handoffs)
-}
-
-/// Progress steps.
-pub(crate) fn steps(profile: &Profile) -> u64 {
-    let (a, b) = plan(profile);
-    stores::steps(profile, a.len() + b.len())
-}
-
-/// Runs the section.
-pub(crate) async fn bench(profile: &Profile, bar: &ProgressBar) -> Result<Section> {
-    bar.set_message("cluster: starting a 3-master Redis Cluster");
-    let clients = Clients::start().await?;
-    let (cells, handoffs) = plan(profile);
-    let measured = stores::measure(
-        &clients,
-        &Plan {
-            section: "cluster",
-            uncontended: &cells,
-            contended: &handoffs,
-        },
-        profile,
-        bar,
-    )
-    .await?;
-    drop(clients);
-    Ok(Section {
-        rounds: profile.rounds,
-        run: profile.store_run,
-        contended_run: profile.store_contended_run,
-        rtts: measured.rtts,
-        cells: measured.uncontended,
-        handoffs: measured.contended,
-    })
-}
+pub(crate) type Section = stores::Section<Clients>;
 
 fn rows() -> Vec<Row> {
     let mut rows = Vec::new();

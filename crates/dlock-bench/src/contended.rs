@@ -18,13 +18,16 @@
 //!   release. Each waiter has its own connection (`BLPOP` blocks it).
 
 use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use dlock_test::server::RedisServer;
-use fencelock::backend::{Etcd, Memcached, Redis, ZooKeeper};
-use fencelock::{FairGuard, FairLock, Lock, LockGuard, Semaphore, SemaphorePermit};
+use fencelock::backend::Redis;
+use fencelock::raw::RawLock;
+use fencelock::{Lock, LockGuard};
 use indicatif::ProgressBar;
 use redis::AsyncConnectionConfig;
 use redis::aio::MultiplexedConnection;
@@ -98,7 +101,7 @@ impl Client {
 /// Each run starts with this long on another name.
 pub(crate) const WARM_UP: Duration = Duration::from_millis(300);
 /// Lease length of the hot lock (never reached: holders release at once).
-const TTL: Duration = Duration::from_secs(10);
+pub(crate) const TTL: Duration = Duration::from_secs(10);
 /// How long the python-redis-lock signal list lives (its default).
 const SIGNAL_TTL_MS: u64 = 1_000;
 /// python-redis-lock's release script.
@@ -114,269 +117,145 @@ else
 end
 "#;
 
-/// One waiter's client state.
-pub(crate) enum Waiter {
-    Dlock(Redis),
-    Rslock(rslock::LockManager),
-    Blpop {
-        conn: MultiplexedConnection,
-        token: String,
-        sha: String,
-    },
-    /// A [`FairLock`] on its own client, built once per name, as an application would.
-    Fair {
-        redis: Redis,
-        lock: Option<FairLock<Redis>>,
-    },
-    /// One permit of a [`Semaphore`] of `permits`, on its own client, built once per name.
-    Permit {
-        redis: Redis,
-        permits: u32,
-        sem: Option<Semaphore<Redis>>,
-    },
-    /// dlock's lock on memcached (no notification: waiters back off).
-    Memcached(Memcached),
-    /// dlock's lock on PostgreSQL, a client of its own.
-    Postgres(fencelock::backend::Postgres),
-    /// distributed-lock-postgres, a provider (and pool) of its own.
-    PgPeer(std::sync::Arc<distributed_lock_postgres::PostgresLockProvider>),
-    /// dlock's lock on etcd (waiters watch the key).
-    Etcd(Etcd),
-    /// etcd's own lock service (`Lock` RPC, which waits on the server), with a lease
-    /// granted per acquisition as etcd-client's example does.
-    EtcdNative(Box<EtcdNativeWaiter>),
-    /// dlock's lock on ZooKeeper, a session of its own (waiters watch the node before
-    /// theirs).
-    ZooKeeper(ZooKeeper),
-    /// The ZooKeeper lock recipe by hand with zookeeper-client, a session of its own.
-    ZkBare(Box<crate::zookeeper::BareWaiter>),
+/// One waiter of a contended run: a client of some lock, asked by the run's loop to
+/// acquire and release the hot name. The sections implement it for their own clients
+/// (beside those clients), so this module names no other section.
+pub(crate) trait Waiter: Send + 'static {
+    /// What an acquire holds until its release.
+    type Held: Send + 'static;
+
+    /// Waits for `name` and holds it.
+    fn acquire(&mut self, name: &str) -> impl Future<Output = Result<Self::Held>> + Send;
+
+    /// Gives back `held`, the hold of `name`.
+    fn release(&mut self, held: Self::Held, name: &str) -> impl Future<Output = Result<()>> + Send;
 }
 
-/// Revokes an etcd lease in the background, as dlock's etcd backend does after a release.
-pub(crate) fn revoke_later(client: &etcd_client::Client, lease: i64) {
-    let mut client = client.clone();
-    tokio::spawn(async move {
-        let _ = client.lease_revoke(lease).await;
-    });
+/// The future of a boxed waiter's acquire or release.
+pub(crate) type WaitFuture<'a> = Pin<Box<dyn Future<Output = Result<()>> + Send + 'a>>;
+
+/// A [`Waiter`] that keeps its hold inside, so that waiters of different kinds can run
+/// side by side; see [`boxed`].
+pub(crate) trait AnyWaiter: Send {
+    /// Waits for `name` and holds it.
+    fn acquire<'a>(&'a mut self, name: &'a str) -> WaitFuture<'a>;
+    /// Gives back the hold of `name`.
+    fn release<'a>(&'a mut self, name: &'a str) -> WaitFuture<'a>;
 }
 
-/// A waiter on etcd's lock service.
-///
-/// Its `Lock` calls are never aborted: etcd's lock service can stop granting locks at all
-/// after many waiting `Lock` calls are aborted at once (etcd issue 13336; seen here with
-/// etcd 3.4.23 after a 64-waiter run ended), so a waiter that stops waiting (the end of a
-/// run) leaves its call running in the background, and gives the lock on at once if it
-/// gets it. The client has no per-request timeout for the same reason (a deadline is an
-/// abort too); `pending` counts the calls still running, so a section can wait for them
-/// to drain before measuring anything else.
-pub(crate) struct EtcdNativeWaiter {
-    /// A client of its own, without a request timeout.
-    pub(crate) client: etcd_client::Client,
-    /// `Lock` calls of this section still running.
-    pub(crate) pending: Arc<AtomicUsize>,
+/// A boxed waiter. The boxing costs every waiter (peers included) one allocation per
+/// acquire and per release alike.
+pub(crate) type BoxWaiter = Box<dyn AnyWaiter>;
+
+/// `waiter`, boxed.
+pub(crate) fn boxed<W: Waiter>(waiter: W) -> BoxWaiter {
+    Box::new(Holding { waiter, held: None })
 }
 
-impl EtcdNativeWaiter {
-    /// Grants a lease and waits for the lock `name` on it; returns the lock's key and the
-    /// lease.
-    async fn lock(&self, name: &str) -> Result<(Vec<u8>, i64)> {
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        let mut client = self.client.clone();
-        let pending = Arc::clone(&self.pending);
-        let name = name.to_owned();
-        pending.fetch_add(1, Ordering::SeqCst);
-        tokio::spawn(async move {
-            let outcome = async {
-                let lease = client.lease_grant(TTL.as_secs() as i64, None).await?.id();
-                let options = etcd_client::LockOptions::new().with_lease(lease);
-                match client.lock(name.as_str(), Some(options)).await {
-                    Ok(resp) => Ok((resp.key().to_vec(), lease)),
-                    Err(err) => {
-                        revoke_later(&client, lease);
-                        Err(err)
-                    }
-                }
-            }
-            .await;
-            if let Err(Ok((key, lease))) = tx.send(outcome) {
-                // Nobody waits any more: give the lock on at once.
-                let _ = client.unlock(key).await;
-                revoke_later(&client, lease);
-            }
-            pending.fetch_sub(1, Ordering::SeqCst);
-        });
-        Ok(rx
+/// A waiter and its hold, if any.
+struct Holding<W: Waiter> {
+    waiter: W,
+    held: Option<W::Held>,
+}
+
+impl<W: Waiter> AnyWaiter for Holding<W> {
+    fn acquire<'a>(&'a mut self, name: &'a str) -> WaitFuture<'a> {
+        Box::pin(async move {
+            self.held = Some(self.waiter.acquire(name).await?);
+            Ok(())
+        })
+    }
+
+    fn release<'a>(&'a mut self, name: &'a str) -> WaitFuture<'a> {
+        Box::pin(async move {
+            let held = self.held.take().ok_or("release without a hold")?;
+            self.waiter.release(held, name).await
+        })
+    }
+}
+
+/// dlock's plain `Lock` on a client of any store (the client is its own unless cloned
+/// from a shared one), built per name as an application would.
+pub(crate) struct LockWaiter<B: RawLock>(pub(crate) B);
+
+impl<B: RawLock> Waiter for LockWaiter<B> {
+    type Held = LockGuard<B>;
+
+    async fn acquire(&mut self, name: &str) -> Result<LockGuard<B>> {
+        let lock = Lock::builder(self.0.clone(), name).ttl(TTL).build()?;
+        Ok(lock.lock().await?)
+    }
+
+    async fn release(&mut self, held: LockGuard<B>, _name: &str) -> Result<()> {
+        Ok(held.release().await?)
+    }
+}
+
+/// rslock's `acquire` retry loop, a manager of its own.
+struct RslockWaiter(rslock::LockManager);
+
+impl Waiter for RslockWaiter {
+    type Held = rslock::LockGuard;
+
+    async fn acquire(&mut self, name: &str) -> Result<rslock::LockGuard> {
+        Ok(self
+            .0
+            .acquire(name.as_bytes(), TTL)
             .await
-            .map_err(|_| "etcd lock task ended without an answer")??)
+            .map_err(|e| format!("rslock acquire: {e}"))?)
+    }
+
+    async fn release(&mut self, held: rslock::LockGuard, _name: &str) -> Result<()> {
+        held.release().await;
+        Ok(())
     }
 }
 
-enum Held {
-    Dlock(LockGuard<Redis>),
-    Rslock(rslock::LockGuard),
-    Blpop,
-    Fair(FairGuard<Redis>),
-    Permit(SemaphorePermit<Redis>),
-    Memcached(LockGuard<Memcached>),
-    Etcd(LockGuard<Etcd>),
-    EtcdNative { key: Vec<u8>, lease: i64 },
-    Postgres(LockGuard<fencelock::backend::Postgres>),
-    PgPeer(distributed_lock_postgres::handle::PostgresLockHandle),
-    ZooKeeper(LockGuard<ZooKeeper>),
-    ZkBare(String),
+/// python-redis-lock's BLPOP hand-off, a connection of its own.
+struct BlpopWaiter {
+    conn: MultiplexedConnection,
+    token: String,
+    sha: String,
 }
 
-impl Waiter {
-    /// A fair-lock waiter with a client of its own.
-    pub(crate) async fn fair(url: &str) -> Result<Waiter> {
-        Ok(Waiter::Fair {
-            redis: Redis::connect(url).await?,
-            lock: None,
-        })
-    }
+impl Waiter for BlpopWaiter {
+    type Held = ();
 
-    /// A waiter for one permit of a semaphore of `permits`, with a client of its own.
-    pub(crate) async fn permit(url: &str, permits: u32) -> Result<Waiter> {
-        Ok(Waiter::Permit {
-            redis: Redis::connect(url).await?,
-            permits,
-            sem: None,
-        })
-    }
-
-    async fn acquire(&mut self, name: &str) -> Result<Held> {
-        match self {
-            Waiter::Dlock(redis) => {
-                let lock = Lock::builder(redis.clone(), name).ttl(TTL).build()?;
-                Ok(Held::Dlock(lock.lock().await?))
+    async fn acquire(&mut self, name: &str) -> Result<()> {
+        let (key, signal) = blpop_keys(name);
+        loop {
+            let set: Option<String> = redis::cmd("SET")
+                .arg(&key)
+                .arg(self.token.as_str())
+                .arg("NX")
+                .arg("EX")
+                .arg(TTL.as_secs())
+                .query_async(&mut self.conn)
+                .await?;
+            if set.is_some() {
+                return Ok(());
             }
-            Waiter::Fair { redis, lock } => {
-                if lock.as_ref().is_none_or(|l| l.name() != name) {
-                    *lock = Some(FairLock::builder(redis.clone(), name).ttl(TTL).build()?);
-                }
-                let lock = lock.as_ref().ok_or("fair lock missing")?;
-                Ok(Held::Fair(lock.lock().await?))
-            }
-            Waiter::Permit {
-                redis,
-                permits,
-                sem,
-            } => {
-                if sem.as_ref().is_none_or(|s| s.name() != name) {
-                    *sem = Some(
-                        Semaphore::builder(redis.clone(), name, *permits)
-                            .ttl(TTL)
-                            .build()?,
-                    );
-                }
-                let sem = sem.as_ref().ok_or("semaphore missing")?;
-                Ok(Held::Permit(sem.acquire().await?))
-            }
-            Waiter::Memcached(mc) => {
-                let lock = Lock::builder(mc.clone(), name).ttl(TTL).build()?;
-                Ok(Held::Memcached(lock.lock().await?))
-            }
-            Waiter::Etcd(etcd) => {
-                let lock = Lock::builder(etcd.clone(), name).ttl(TTL).build()?;
-                Ok(Held::Etcd(lock.lock().await?))
-            }
-            Waiter::Postgres(pg) => {
-                let lock = Lock::builder(pg.clone(), name).ttl(TTL).build()?;
-                Ok(Held::Postgres(lock.lock().await?))
-            }
-            Waiter::ZooKeeper(zk) => {
-                let lock = Lock::builder(zk.clone(), name).ttl(TTL).build()?;
-                Ok(Held::ZooKeeper(lock.lock().await?))
-            }
-            Waiter::ZkBare(waiter) => Ok(Held::ZkBare(waiter.lock(name).await?)),
-            Waiter::PgPeer(provider) => {
-                use distributed_lock_core::traits::{DistributedLock, LockProvider};
-                Ok(Held::PgPeer(
-                    provider
-                        .create_lock(name)
-                        .acquire(None)
-                        .await
-                        .map_err(|e| format!("distributed-lock-postgres acquire: {e}"))?,
-                ))
-            }
-            Waiter::EtcdNative(waiter) => {
-                let (key, lease) = waiter.lock(name).await?;
-                Ok(Held::EtcdNative { key, lease })
-            }
-            Waiter::Rslock(manager) => Ok(Held::Rslock(
-                manager
-                    .acquire(name.as_bytes(), TTL)
-                    .await
-                    .map_err(|e| format!("rslock acquire: {e}"))?,
-            )),
-            Waiter::Blpop { conn, token, .. } => {
-                let (key, signal) = blpop_keys(name);
-                loop {
-                    let set: Option<String> = redis::cmd("SET")
-                        .arg(&key)
-                        .arg(token.as_str())
-                        .arg("NX")
-                        .arg("EX")
-                        .arg(TTL.as_secs())
-                        .query_async(conn)
-                        .await?;
-                    if set.is_some() {
-                        return Ok(Held::Blpop);
-                    }
-                    let _: Option<(String, String)> = redis::cmd("BLPOP")
-                        .arg(&signal)
-                        .arg(TTL.as_secs())
-                        .query_async(conn)
-                        .await?;
-                }
-            }
+            let _: Option<(String, String)> = redis::cmd("BLPOP")
+                .arg(&signal)
+                .arg(TTL.as_secs())
+                .query_async(&mut self.conn)
+                .await?;
         }
     }
 
-    async fn release(&mut self, held: Held, name: &str) -> Result<()> {
-        match (held, self) {
-            (Held::Dlock(guard), _) => guard.release().await?,
-            (Held::Fair(guard), _) => guard.release().await?,
-            (Held::Permit(guard), _) => guard.release().await?,
-            (Held::Rslock(guard), _) => guard.release().await,
-            (Held::Memcached(guard), _) => guard.release().await?,
-            (Held::Etcd(guard), _) => guard.release().await?,
-            (Held::Postgres(guard), _) => guard.release().await?,
-            (Held::ZooKeeper(guard), _) => guard.release().await?,
-            (Held::ZkBare(node), Waiter::ZkBare(waiter)) => waiter.release(&node).await?,
-            (Held::ZkBare(_), _) => {
-                return Err("bare ZooKeeper node on another kind of waiter".into());
-            }
-            (Held::PgPeer(handle), _) => {
-                use distributed_lock_core::traits::LockHandle;
-                handle
-                    .release()
-                    .await
-                    .map_err(|e| format!("distributed-lock-postgres release: {e}"))?;
-            }
-            (Held::EtcdNative { key, lease }, Waiter::EtcdNative(waiter)) => {
-                waiter.client.unlock(key).await?;
-                revoke_later(&waiter.client, lease);
-            }
-            (Held::EtcdNative { .. }, _) => {
-                return Err("etcd lock guard on a non-etcd waiter".into());
-            }
-            (Held::Blpop, Waiter::Blpop { conn, token, sha }) => {
-                let (key, signal) = blpop_keys(name);
-                let refused: i64 = redis::cmd("EVALSHA")
-                    .arg(sha.as_str())
-                    .arg(2)
-                    .arg(&key)
-                    .arg(&signal)
-                    .arg(token.as_str())
-                    .arg(SIGNAL_TTL_MS)
-                    .query_async(conn)
-                    .await?;
-                if refused != 0 {
-                    return Err("BLPOP lock: released a lock that was not ours".into());
-                }
-            }
-            (Held::Blpop, _) => return Err("BLPOP guard on a non-BLPOP waiter".into()),
+    async fn release(&mut self, _held: (), name: &str) -> Result<()> {
+        let (key, signal) = blpop_keys(name);
+        let refused: i64 = redis::cmd("EVALSHA")
+            .arg(self.sha.as_str())
+            .arg(2)
+            .arg(&key)
+            .arg(&signal)
+            .arg(self.token.as_str())
+            .arg(SIGNAL_TTL_MS)
+            .query_async(&mut self.conn)
+            .await?;
+        if refused != 0 {
+            return Err("BLPOP lock: released a lock that was not ours".into());
         }
         Ok(())
     }
@@ -420,12 +299,12 @@ pub(crate) struct WaiterStats {
 
 async fn waiter_loop(
     index: usize,
-    mut waiter: Waiter,
+    mut waiter: BoxWaiter,
     name: String,
     board: Arc<Board>,
     mode: Mode,
     deadline: Instant,
-) -> Result<(Waiter, WaiterStats)> {
+) -> Result<(BoxWaiter, WaiterStats)> {
     let mut stats = WaiterStats {
         acquisitions: 0,
         to_self: 0,
@@ -438,8 +317,8 @@ async fn waiter_loop(
         board.waiting.fetch_add(1, Ordering::SeqCst);
         let acquired = tokio::time::timeout_at(deadline.into(), waiter.acquire(&name)).await;
         board.waiting.fetch_sub(1, Ordering::SeqCst);
-        let held = match acquired {
-            Ok(held) => held?,
+        match acquired {
+            Ok(acquired) => acquired?,
             Err(_) => {
                 // Still waiting at the end: count the wait so far, or a waiter that
                 // starves would not show in the wait percentiles at all.
@@ -482,7 +361,7 @@ async fn waiter_loop(
                 .unwrap_or_else(PoisonError::into_inner)
                 .push_back(now);
         }
-        waiter.release(held, &name).await?;
+        waiter.release(&name).await?;
         if Instant::now() >= deadline {
             break;
         }
@@ -501,11 +380,11 @@ async fn waiter_loop(
 
 /// Runs `waiters` against `name` for `length`; returns them with what each saw.
 pub(crate) async fn contend(
-    waiters: Vec<Waiter>,
+    waiters: Vec<BoxWaiter>,
     name: &str,
     mode: Mode,
     length: Duration,
-) -> Result<(Vec<Waiter>, Vec<WaiterStats>)> {
+) -> Result<(Vec<BoxWaiter>, Vec<WaiterStats>)> {
     let board = Arc::new(Board {
         epoch: Instant::now(),
         released_at: Mutex::new(VecDeque::new()),
@@ -538,12 +417,13 @@ pub(crate) async fn contend(
     Ok((back, stats))
 }
 
+/// `n` waiters of `client` on the Redis at `url` (`sha`: the BLPOP release script's).
 pub(crate) async fn make_waiters(
     client: Client,
     n: usize,
     url: &str,
     sha: &str,
-) -> Result<Vec<Waiter>> {
+) -> Result<Vec<BoxWaiter>> {
     let mut waiters = Vec::with_capacity(n);
     let shared = match client {
         Client::DlockShared => Some(Redis::connect(url).await?),
@@ -551,17 +431,17 @@ pub(crate) async fn make_waiters(
     };
     for i in 0..n {
         waiters.push(match client {
-            Client::DlockPerWaiter => Waiter::Dlock(Redis::connect(url).await?),
-            Client::DlockShared => {
-                Waiter::Dlock(shared.clone().ok_or("shared dlock client missing")?)
-            }
+            Client::DlockPerWaiter => boxed(LockWaiter(Redis::connect(url).await?)),
+            Client::DlockShared => boxed(LockWaiter(
+                shared.clone().ok_or("shared dlock client missing")?,
+            )),
             Client::Rslock => {
                 let manager = rslock::LockManager::new(vec![url.to_owned()]);
                 manager
                     .query_redis_for_key_value(b"bench:warmup")
                     .await
                     .map_err(|e| format!("rslock: {e}"))?;
-                Waiter::Rslock(manager)
+                boxed(RslockWaiter(manager))
             }
             Client::Blpop => {
                 // BLPOP blocks for up to the lease length: no response timeout.
@@ -569,11 +449,11 @@ pub(crate) async fn make_waiters(
                 let conn = redis::Client::open(url)?
                     .get_multiplexed_async_connection_with_config(&config)
                     .await?;
-                Waiter::Blpop {
+                boxed(BlpopWaiter {
                     conn,
                     token: format!("{:032x}", 0xb1b0_0000_u128 + i as u128),
                     sha: sha.to_owned(),
-                }
+                })
             }
         });
     }

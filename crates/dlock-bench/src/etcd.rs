@@ -16,18 +16,17 @@ use std::time::{Duration, Instant};
 
 use dlock_test::server::{EtcdCluster, RedisServer};
 use fencelock::backend::{Etcd, Redis};
-use indicatif::ProgressBar;
 use redis::aio::ConnectionManager;
 
-use crate::contended::{self, EtcdNativeWaiter, Waiter};
+use crate::Result;
+use crate::contended::{self, BoxWaiter, LockWaiter, Waiter};
 use crate::measure;
 use crate::report::fmt_dur;
 use crate::stores::{
-    self, BoxCycle, Cell, Cells, EtcdLimit, EtcdNative, HandoffRow, HandoffRun, LockCycle, Plan,
-    RedisLimit, Row, Run, Setup,
+    self, BoxCycle, EtcdLimit, EtcdNative, HandoffRow, LockCycle, RedisLimit, Row, Setup,
+    revoke_later,
 };
 use crate::targets::{Goal, Targets, fairness_text};
-use crate::{Profile, Result};
 
 /// Uncontended rows, in run order within a round.
 const ROWS: [&str; 5] = ["limit", "dlock", "native", "redis-limit", "redis"];
@@ -35,7 +34,70 @@ const ROWS: [&str; 5] = ["limit", "dlock", "native", "redis-limit", "redis"];
 /// Contended rows, in run order within a round.
 const HANDOFF_ROWS: [&str; 3] = ["dlock", "native", "redis"];
 
-struct Clients {
+/// A waiter on etcd's lock service.
+///
+/// Its `Lock` calls are never aborted: etcd's lock service can stop granting locks at all
+/// after many waiting `Lock` calls are aborted at once (etcd issue 13336; seen here with
+/// etcd 3.4.23 after a 64-waiter run ended), so a waiter that stops waiting (the end of a
+/// run) leaves its call running in the background, and gives the lock on at once if it
+/// gets it. The client has no per-request timeout for the same reason (a deadline is an
+/// abort too); `pending` counts the calls still running, so a section can wait for them
+/// to drain before measuring anything else.
+struct EtcdNativeWaiter {
+    /// A client of its own, without a request timeout.
+    client: etcd_client::Client,
+    /// `Lock` calls of this section still running.
+    pending: Arc<AtomicUsize>,
+}
+
+impl Waiter for EtcdNativeWaiter {
+    /// The lock's key and its lease.
+    type Held = (Vec<u8>, i64);
+
+    /// Grants a lease and waits for the lock `name` on it.
+    async fn acquire(&mut self, name: &str) -> Result<(Vec<u8>, i64)> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let mut client = self.client.clone();
+        let pending = Arc::clone(&self.pending);
+        let name = name.to_owned();
+        pending.fetch_add(1, Ordering::SeqCst);
+        tokio::spawn(async move {
+            let outcome = async {
+                let lease = client
+                    .lease_grant(contended::TTL.as_secs() as i64, None)
+                    .await?
+                    .id();
+                let options = etcd_client::LockOptions::new().with_lease(lease);
+                match client.lock(name.as_str(), Some(options)).await {
+                    Ok(resp) => Ok((resp.key().to_vec(), lease)),
+                    Err(err) => {
+                        revoke_later(&client, lease);
+                        Err(err)
+                    }
+                }
+            }
+            .await;
+            if let Err(Ok((key, lease))) = tx.send(outcome) {
+                // Nobody waits any more: give the lock on at once.
+                let _ = client.unlock(key).await;
+                revoke_later(&client, lease);
+            }
+            pending.fetch_sub(1, Ordering::SeqCst);
+        });
+        Ok(rx
+            .await
+            .map_err(|_| "etcd lock task ended without an answer")??)
+    }
+
+    async fn release(&mut self, (key, lease): (Vec<u8>, i64), _name: &str) -> Result<()> {
+        self.client.unlock(key).await?;
+        revoke_later(&self.client, lease);
+        Ok(())
+    }
+}
+
+/// The section's servers and clients.
+pub(crate) struct Clients {
     /// Kept for its lifetime: dropping it kills the member.
     _etcd_server: EtcdCluster,
     etcd_pid: Option<u32>,
@@ -51,7 +113,15 @@ struct Clients {
     native_pending: Arc<AtomicUsize>,
 }
 
-impl Clients {
+impl Setup for Clients {
+    const SECTION: &'static str = "etcd";
+    const STARTING: Option<&'static str> = Some("etcd: starting a member");
+    const ROWS: &'static [&'static str] = &ROWS;
+    const HANDOFF_ROWS: &'static [&'static str] = &HANDOFF_ROWS;
+
+    /// Whether etcd's CPU was measured (its PID found).
+    type Extra = bool;
+
     async fn start() -> Result<Clients> {
         let etcd_server = EtcdCluster::start(1)?;
         let etcd_pid = etcd_server
@@ -85,9 +155,11 @@ impl Clients {
             native_pending: Arc::new(AtomicUsize::new(0)),
         })
     }
-}
 
-impl Setup for Clients {
+    fn extra(&self) -> bool {
+        self.etcd_pid.is_some()
+    }
+
     async fn tasks(&self, id: &'static str, n: usize, tag: &str) -> Result<Vec<BoxCycle>> {
         let mut tasks = Vec::with_capacity(n);
         for t in 0..n {
@@ -110,7 +182,7 @@ impl Setup for Clients {
         Ok(tasks)
     }
 
-    async fn waiters(&self, id: &'static str, n: usize) -> Result<Vec<Waiter>> {
+    async fn waiters(&self, id: &'static str, n: usize) -> Result<Vec<BoxWaiter>> {
         let mut waiters = Vec::with_capacity(n);
         match id {
             "redis" => {
@@ -124,15 +196,17 @@ impl Setup for Clients {
             }
             "native" => {
                 for _ in 0..n {
-                    waiters.push(Waiter::EtcdNative(Box::new(EtcdNativeWaiter {
+                    waiters.push(contended::boxed(EtcdNativeWaiter {
                         client: stores::etcd_client_with(&self.url, None).await?,
                         pending: Arc::clone(&self.native_pending),
-                    })));
+                    }));
                 }
             }
             _ => {
                 for _ in 0..n {
-                    waiters.push(Waiter::Etcd(stores::etcd_connect(&self.url).await?));
+                    waiters.push(contended::boxed(LockWaiter(
+                        stores::etcd_connect(&self.url).await?,
+                    )));
                 }
             }
         }
@@ -176,66 +250,7 @@ impl Setup for Clients {
 }
 
 /// The section's results.
-pub(crate) struct Section {
-    rounds: usize,
-    run: Duration,
-    contended_run: Duration,
-    rtts: Vec<Duration>,
-    etcd_cpu_measured: bool,
-    cells: Vec<Cell<Run>>,
-    handoffs: Vec<Cell<HandoffRun>>,
-}
-
-fn plan(profile: &Profile) -> (Cells, Cells) {
-    let mut cells = Vec::new();
-    for &n in &profile.store_tasks {
-        for id in ROWS {
-            cells.push((id, n));
-        }
-    }
-    let mut handoffs = Vec::new();
-    for &n in &profile.store_waiters {
-        for id in HANDOFF_ROWS {
-            handoffs.push((id, n));
-        }
-    }
-    (cells, handoffs)
-}
-
-/// Progress steps.
-pub(crate) fn steps(profile: &Profile) -> u64 {
-    let (a, b) = plan(profile);
-    stores::steps(profile, a.len() + b.len())
-}
-
-/// Runs the section.
-pub(crate) async fn bench(profile: &Profile, bar: &ProgressBar) -> Result<Section> {
-    bar.set_message("etcd: starting a member");
-    let clients = Clients::start().await?;
-    let (cells, handoffs) = plan(profile);
-    let measured = stores::measure(
-        &clients,
-        &Plan {
-            section: "etcd",
-            uncontended: &cells,
-            contended: &handoffs,
-        },
-        profile,
-        bar,
-    )
-    .await?;
-    let etcd_cpu_measured = clients.etcd_pid.is_some();
-    drop(clients);
-    Ok(Section {
-        rounds: profile.rounds,
-        run: profile.store_run,
-        contended_run: profile.store_contended_run,
-        rtts: measured.rtts,
-        etcd_cpu_measured,
-        cells: measured.uncontended,
-        handoffs: measured.contended,
-    })
-}
+pub(crate) type Section = stores::Section<Clients>;
 
 fn rows() -> Vec<Row> {
     vec![
@@ -381,7 +396,7 @@ impl Section {
             self.rounds,
             self.run.as_secs_f64(),
             self.contended_run.as_secs_f64(),
-            if self.etcd_cpu_measured {
+            if self.extra {
                 "etcd + redis-server"
             } else {
                 "redis-server only (etcd's PID was not found)"

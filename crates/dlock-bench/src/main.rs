@@ -312,7 +312,7 @@ async fn run(args: &Args) -> Result<bool> {
             * contended::CLIENTS.len()) as u64;
     }
     if wants("redlock") {
-        steps += redlock::steps(profile);
+        steps += stores::steps::<redlock::Clients>(profile);
     }
     if wants("watchdog") {
         steps += profile.lease_runs.len() as u64;
@@ -321,28 +321,28 @@ async fn run(args: &Args) -> Result<bool> {
         steps += 4;
     }
     if wants("memcached") {
-        steps += memcached::steps(profile);
+        steps += stores::steps::<memcached::Clients>(profile);
     }
     if wants("etcd") {
-        steps += etcd::steps(profile);
+        steps += stores::steps::<etcd::Clients>(profile);
     }
     if wants("postgres") {
-        steps += postgres::steps(profile);
+        steps += stores::steps::<postgres::Clients>(profile);
     }
     if wants("pg-stale") {
         steps += pg_stale::steps(profile);
     }
     if wants("zookeeper") {
-        steps += zookeeper::steps(profile);
+        steps += stores::steps::<zookeeper::Clients>(profile);
     }
     if wants("primitives") {
         steps += primitives::steps(profile);
     }
     if wants("replicas") {
-        steps += replicas::steps(profile);
+        steps += stores::steps::<replicas::Clients>(profile);
     }
     if wants("cluster") {
-        steps += cluster::steps(profile);
+        steps += stores::steps::<cluster::Clients>(profile);
     }
     if wants("election") {
         steps += election::steps(profile);
@@ -371,7 +371,7 @@ async fn run(args: &Args) -> Result<bool> {
         write(&args.out, "handoff-histogram.svg", &section.histogram_svg())?;
     }
     if wants("redlock") {
-        let section = redlock::bench(profile, &bar).await?;
+        let section = stores::bench::<redlock::Clients>(profile, &bar).await?;
         section.targets(&mut targets);
         md.push_str(&section.markdown());
     }
@@ -387,16 +387,16 @@ async fn run(args: &Args) -> Result<bool> {
         md.push_str(&section.markdown());
     }
     if wants("memcached") {
-        let section = memcached::bench(profile, &bar).await?;
+        let section = stores::bench::<memcached::Clients>(profile, &bar).await?;
         md.push_str(&section.markdown());
     }
     if wants("etcd") {
-        let section = etcd::bench(profile, &bar).await?;
+        let section = stores::bench::<etcd::Clients>(profile, &bar).await?;
         section.targets(&mut targets);
         md.push_str(&section.markdown());
     }
     if wants("postgres") {
-        let section = postgres::bench(profile, &bar).await?;
+        let section = stores::bench::<postgres::Clients>(profile, &bar).await?;
         md.push_str(&section.markdown());
     }
     if wants("pg-stale") {
@@ -404,7 +404,7 @@ async fn run(args: &Args) -> Result<bool> {
         md.push_str(&section.markdown());
     }
     if wants("zookeeper") {
-        let section = zookeeper::bench(profile, &bar).await?;
+        let section = stores::bench::<zookeeper::Clients>(profile, &bar).await?;
         md.push_str(&section.markdown());
     }
     if wants("primitives") {
@@ -418,11 +418,11 @@ async fn run(args: &Args) -> Result<bool> {
         )?;
     }
     if wants("replicas") {
-        let section = replicas::bench(profile, &bar).await?;
+        let section = stores::bench::<replicas::Clients>(profile, &bar).await?;
         md.push_str(&section.markdown());
     }
     if wants("cluster") {
-        let section = cluster::bench(profile, &bar).await?;
+        let section = stores::bench::<cluster::Clients>(profile, &bar).await?;
         md.push_str(&section.markdown());
     }
     if wants("election") {

@@ -14,17 +14,15 @@ use std::time::Duration;
 
 use dlock_test::server::{MemcachedServer, RedisServer};
 use fencelock::backend::{Memcached, Redis};
-use indicatif::ProgressBar;
 use redis::aio::ConnectionManager;
 
-use crate::contended::{self, Waiter};
+use crate::Result;
+use crate::contended::{self, BoxWaiter, LockWaiter};
 use crate::measure;
 use crate::report::fmt_dur;
 use crate::stores::{
-    self, BoxCycle, Cell, Cells, HandoffRow, HandoffRun, LockCycle, MemcachedLimit, Plan,
-    RedisLimit, Row, Run, Setup,
+    self, BoxCycle, HandoffRow, LockCycle, MemcachedLimit, RedisLimit, Row, Setup,
 };
-use crate::{Profile, Result};
 
 /// Uncontended rows, in run order within a round (`dlock-each` only above one task).
 const ROWS: [&str; 5] = ["limit", "dlock", "dlock-each", "redis-limit", "redis"];
@@ -32,7 +30,8 @@ const ROWS: [&str; 5] = ["limit", "dlock", "dlock-each", "redis-limit", "redis"]
 /// Contended rows, in run order within a round.
 const HANDOFF_ROWS: [&str; 2] = ["dlock", "redis"];
 
-struct Clients {
+/// The section's servers and clients.
+pub(crate) struct Clients {
     /// Kept for its lifetime: dropping it kills the server.
     _memcached: MemcachedServer,
     memcached_pid: u32,
@@ -46,7 +45,21 @@ struct Clients {
     redis: Redis,
 }
 
-impl Clients {
+impl Setup for Clients {
+    const SECTION: &'static str = "memcached";
+    const ROWS: &'static [&'static str] = &ROWS;
+    const HANDOFF_ROWS: &'static [&'static str] = &HANDOFF_ROWS;
+    /// dlock's Memcached client is not cancel-safe: an acquire cancelled while its
+    /// request is in flight (as every waiter's is when the warm-up ends) leaves the
+    /// client's one connection with unread replies, which its next requests take for their
+    /// own (`Memcached::call` keeps the connection in its slot across the awaits and
+    /// resets it only on an error or its own timeout, not when the future is dropped).
+    /// The measured run therefore gets fresh waiters; it is not itself affected (nothing
+    /// is cancelled until its end).
+    const REUSE_WAITERS: bool = false;
+
+    type Extra = ();
+
     async fn start() -> Result<Clients> {
         let memcached = MemcachedServer::start()?;
         let memcached_pid = stores::memcached_pid(&memcached)?;
@@ -75,17 +88,13 @@ impl Clients {
             redis,
         })
     }
-}
 
-impl Setup for Clients {
-    /// dlock's Memcached client is not cancel-safe: an acquire cancelled while its
-    /// request is in flight (as every waiter's is when the warm-up ends) leaves the
-    /// client's one connection with unread replies, which its next requests take for their
-    /// own (`Memcached::call` keeps the connection in its slot across the awaits and
-    /// resets it only on an error or its own timeout, not when the future is dropped).
-    /// The measured run therefore gets fresh waiters; it is not itself affected (nothing
-    /// is cancelled until its end).
-    const REUSE_WAITERS: bool = false;
+    fn extra(&self) {}
+
+    /// `dlock-each` is the same as `dlock` at one task.
+    fn runs(id: &str, n: usize) -> bool {
+        !(id == "dlock-each" && n == 1)
+    }
 
     async fn tasks(&self, id: &'static str, n: usize, tag: &str) -> Result<Vec<BoxCycle>> {
         let mut tasks = Vec::with_capacity(n);
@@ -111,7 +120,7 @@ impl Setup for Clients {
         Ok(tasks)
     }
 
-    async fn waiters(&self, id: &'static str, n: usize) -> Result<Vec<Waiter>> {
+    async fn waiters(&self, id: &'static str, n: usize) -> Result<Vec<BoxWaiter>> {
         if id == "redis" {
             return contended::make_waiters(
                 contended::Client::DlockPerWaiter,
@@ -123,7 +132,9 @@ impl Setup for Clients {
         }
         let mut waiters = Vec::with_capacity(n);
         for _ in 0..n {
-            waiters.push(Waiter::Memcached(Memcached::connect(&self.url).await?));
+            waiters.push(contended::boxed(LockWaiter(
+                Memcached::connect(&self.url).await?,
+            )));
         }
         Ok(waiters)
     }
@@ -147,65 +158,7 @@ impl Setup for Clients {
 }
 
 /// The section's results.
-pub(crate) struct Section {
-    rounds: usize,
-    run: Duration,
-    contended_run: Duration,
-    rtts: Vec<Duration>,
-    cells: Vec<Cell<Run>>,
-    handoffs: Vec<Cell<HandoffRun>>,
-}
-
-fn plan(profile: &Profile) -> (Cells, Cells) {
-    let mut cells = Vec::new();
-    for &n in &profile.store_tasks {
-        for id in ROWS {
-            if id == "dlock-each" && n == 1 {
-                continue; // the same as `dlock` at one task
-            }
-            cells.push((id, n));
-        }
-    }
-    let mut handoffs = Vec::new();
-    for &n in &profile.store_waiters {
-        for id in HANDOFF_ROWS {
-            handoffs.push((id, n));
-        }
-    }
-    (cells, handoffs)
-}
-
-/// Progress steps.
-pub(crate) fn steps(profile: &Profile) -> u64 {
-    let (a, b) = plan(profile);
-    stores::steps(profile, a.len() + b.len())
-}
-
-/// Runs the section.
-pub(crate) async fn bench(profile: &Profile, bar: &ProgressBar) -> Result<Section> {
-    let clients = Clients::start().await?;
-    let (cells, handoffs) = plan(profile);
-    let measured = stores::measure(
-        &clients,
-        &Plan {
-            section: "memcached",
-            uncontended: &cells,
-            contended: &handoffs,
-        },
-        profile,
-        bar,
-    )
-    .await?;
-    drop(clients);
-    Ok(Section {
-        rounds: profile.rounds,
-        run: profile.store_run,
-        contended_run: profile.store_contended_run,
-        rtts: measured.rtts,
-        cells: measured.uncontended,
-        handoffs: measured.contended,
-    })
-}
+pub(crate) type Section = stores::Section<Clients>;
 
 fn rows() -> Vec<Row> {
     vec![

@@ -15,21 +15,21 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use distributed_lock_core::traits::{DistributedLock, LockHandle, LockProvider};
 use distributed_lock_postgres::PostgresLockProvider;
+use distributed_lock_postgres::handle::PostgresLockHandle;
 use dlock_test::postgres::PostgresServer;
 use dlock_test::server::RedisServer;
 use fencelock::backend::{Postgres, Redis};
-use indicatif::ProgressBar;
 use redis::aio::ConnectionManager;
 
-use crate::contended::{self, Waiter};
+use crate::Result;
+use crate::contended::{self, BoxWaiter, LockWaiter, Waiter};
 use crate::measure;
 use crate::report::fmt_dur;
 use crate::stores::{
-    self, BoxCycle, Cell, Cells, HandoffRow, HandoffRun, LockCycle, PgLimit, PgPeer, Plan,
-    RedisLimit, Row, Run, Setup,
+    self, BoxCycle, HandoffRow, LockCycle, PgLimit, PgPeer, RedisLimit, Row, Setup,
 };
-use crate::{Profile, Result};
 
 /// Uncontended rows, in run order within a round.
 const ROWS: [&str; 5] = ["limit", "dlock", "peer", "redis-limit", "redis"];
@@ -37,7 +37,31 @@ const ROWS: [&str; 5] = ["limit", "dlock", "peer", "redis-limit", "redis"];
 /// Contended rows, in run order within a round.
 const HANDOFF_ROWS: [&str; 3] = ["dlock", "peer", "redis"];
 
-struct Clients {
+/// A waiter of distributed-lock-postgres: a provider (and pool) of its own.
+struct PeerWaiter(PostgresLockProvider);
+
+impl Waiter for PeerWaiter {
+    type Held = PostgresLockHandle;
+
+    async fn acquire(&mut self, name: &str) -> Result<PostgresLockHandle> {
+        Ok(self
+            .0
+            .create_lock(name)
+            .acquire(None)
+            .await
+            .map_err(|e| format!("distributed-lock-postgres acquire: {e}"))?)
+    }
+
+    async fn release(&mut self, held: PostgresLockHandle, _name: &str) -> Result<()> {
+        held.release()
+            .await
+            .map_err(|e| format!("distributed-lock-postgres release: {e}"))?;
+        Ok(())
+    }
+}
+
+/// The section's servers and clients.
+pub(crate) struct Clients {
     server: PostgresServer,
     redis_server: RedisServer,
     url: String,
@@ -50,7 +74,14 @@ struct Clients {
     redis: Redis,
 }
 
-impl Clients {
+impl Setup for Clients {
+    const SECTION: &'static str = "postgres";
+    const STARTING: Option<&'static str> = Some("postgres: starting a server");
+    const ROWS: &'static [&'static str] = &ROWS;
+    const HANDOFF_ROWS: &'static [&'static str] = &HANDOFF_ROWS;
+
+    type Extra = ();
+
     async fn start() -> Result<Clients> {
         let server = PostgresServer::start()?;
         let url = server.url();
@@ -84,9 +115,9 @@ impl Clients {
             redis,
         })
     }
-}
 
-impl Setup for Clients {
+    fn extra(&self) {}
+
     async fn tasks(&self, id: &'static str, n: usize, tag: &str) -> Result<Vec<BoxCycle>> {
         let mut tasks = Vec::with_capacity(n);
         for t in 0..n {
@@ -109,7 +140,7 @@ impl Setup for Clients {
         Ok(tasks)
     }
 
-    async fn waiters(&self, id: &'static str, n: usize) -> Result<Vec<Waiter>> {
+    async fn waiters(&self, id: &'static str, n: usize) -> Result<Vec<BoxWaiter>> {
         let mut waiters = Vec::with_capacity(n);
         match id {
             "redis" => {
@@ -123,7 +154,7 @@ impl Setup for Clients {
             }
             "peer" => {
                 for _ in 0..n {
-                    waiters.push(Waiter::PgPeer(Arc::new(
+                    waiters.push(contended::boxed(PeerWaiter(
                         PostgresLockProvider::new(self.url.clone())
                             .await
                             .map_err(|e| format!("distributed-lock-postgres: {e}"))?,
@@ -132,7 +163,9 @@ impl Setup for Clients {
             }
             _ => {
                 for _ in 0..n {
-                    waiters.push(Waiter::Postgres(Postgres::connect(&self.url).await?));
+                    waiters.push(contended::boxed(LockWaiter(
+                        Postgres::connect(&self.url).await?,
+                    )));
                 }
             }
         }
@@ -161,63 +194,7 @@ impl Setup for Clients {
 }
 
 /// The section's results.
-pub(crate) struct Section {
-    rounds: usize,
-    run: Duration,
-    contended_run: Duration,
-    rtts: Vec<Duration>,
-    cells: Vec<Cell<Run>>,
-    handoffs: Vec<Cell<HandoffRun>>,
-}
-
-fn plan(profile: &Profile) -> (Cells, Cells) {
-    let mut cells = Vec::new();
-    for &n in &profile.store_tasks {
-        for id in ROWS {
-            cells.push((id, n));
-        }
-    }
-    let mut handoffs = Vec::new();
-    for &n in &profile.store_waiters {
-        for id in HANDOFF_ROWS {
-            handoffs.push((id, n));
-        }
-    }
-    (cells, handoffs)
-}
-
-/// Progress steps.
-pub(crate) fn steps(profile: &Profile) -> u64 {
-    let (a, b) = plan(profile);
-    stores::steps(profile, a.len() + b.len())
-}
-
-/// Runs the section.
-pub(crate) async fn bench(profile: &Profile, bar: &ProgressBar) -> Result<Section> {
-    bar.set_message("postgres: starting a server");
-    let clients = Clients::start().await?;
-    let (cells, handoffs) = plan(profile);
-    let measured = stores::measure(
-        &clients,
-        &Plan {
-            section: "postgres",
-            uncontended: &cells,
-            contended: &handoffs,
-        },
-        profile,
-        bar,
-    )
-    .await?;
-    drop(clients);
-    Ok(Section {
-        rounds: profile.rounds,
-        run: profile.store_run,
-        contended_run: profile.store_contended_run,
-        rtts: measured.rtts,
-        cells: measured.uncontended,
-        handoffs: measured.contended,
-    })
-}
+pub(crate) type Section = stores::Section<Clients>;
 
 fn rows() -> Vec<Row> {
     vec![

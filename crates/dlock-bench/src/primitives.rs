@@ -23,7 +23,8 @@ use std::time::{Duration, Instant};
 use dlock_test::server::RedisServer;
 use fencelock::backend::Redis;
 use fencelock::{
-    FairLock, Lock, MultiLock, Owner, ReentrantGuard, ReentrantLock, RwLock, Semaphore,
+    FairGuard, FairLock, Lock, MultiLock, Owner, ReentrantGuard, ReentrantLock, RwLock, Semaphore,
+    SemaphorePermit,
 };
 use indicatif::ProgressBar;
 use redis::aio::ConnectionManager;
@@ -671,6 +672,61 @@ async fn task_loop(mut task: Task, stop: Arc<AtomicBool>) -> Result<Latencies> {
     Ok(lat)
 }
 
+/// A [`FairLock`] waiter on a client of its own, the lock built once per name, as an
+/// application would.
+struct FairWaiter {
+    redis: Redis,
+    lock: Option<FairLock<Redis>>,
+}
+
+impl Waiter for FairWaiter {
+    type Held = FairGuard<Redis>;
+
+    async fn acquire(&mut self, name: &str) -> Result<FairGuard<Redis>> {
+        if self.lock.as_ref().is_none_or(|l| l.name() != name) {
+            self.lock = Some(
+                FairLock::builder(self.redis.clone(), name)
+                    .ttl(contended::TTL)
+                    .build()?,
+            );
+        }
+        let lock = self.lock.as_ref().ok_or("fair lock missing")?;
+        Ok(lock.lock().await?)
+    }
+
+    async fn release(&mut self, held: FairGuard<Redis>, _name: &str) -> Result<()> {
+        Ok(held.release().await?)
+    }
+}
+
+/// A waiter for one permit of a [`Semaphore`] of `permits`, on a client of its own, the
+/// semaphore built once per name.
+struct PermitWaiter {
+    redis: Redis,
+    permits: u32,
+    sem: Option<Semaphore<Redis>>,
+}
+
+impl Waiter for PermitWaiter {
+    type Held = SemaphorePermit<Redis>;
+
+    async fn acquire(&mut self, name: &str) -> Result<SemaphorePermit<Redis>> {
+        if self.sem.as_ref().is_none_or(|s| s.name() != name) {
+            self.sem = Some(
+                Semaphore::builder(self.redis.clone(), name, self.permits)
+                    .ttl(contended::TTL)
+                    .build()?,
+            );
+        }
+        let sem = self.sem.as_ref().ok_or("semaphore missing")?;
+        Ok(sem.acquire().await?)
+    }
+
+    async fn release(&mut self, held: SemaphorePermit<Redis>, _name: &str) -> Result<()> {
+        Ok(held.release().await?)
+    }
+}
+
 /// One contended run of `client` with `n` waiters (step-aside mode), after a warm-up on
 /// another name.
 async fn contend(
@@ -691,7 +747,10 @@ async fn contend(
         Contender::Fair => {
             let mut w = Vec::with_capacity(n);
             for _ in 0..n {
-                w.push(Waiter::fair(url).await?);
+                w.push(contended::boxed(FairWaiter {
+                    redis: Redis::connect(url).await?,
+                    lock: None,
+                }));
             }
             w
         }
@@ -703,7 +762,11 @@ async fn contend(
             };
             let mut w = Vec::with_capacity(n);
             for _ in 0..n {
-                w.push(Waiter::permit(url, permits).await?);
+                w.push(contended::boxed(PermitWaiter {
+                    redis: Redis::connect(url).await?,
+                    permits,
+                    sem: None,
+                }));
             }
             w
         }

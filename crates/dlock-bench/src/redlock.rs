@@ -13,17 +13,14 @@ use std::time::Duration;
 
 use dlock_test::server::RedisServer;
 use fencelock::backend::{Quorum, Redis};
-use indicatif::ProgressBar;
 use redis::aio::ConnectionManager;
 
-use crate::contended::Waiter;
+use crate::Result;
+use crate::contended::BoxWaiter;
 use crate::measure;
 use crate::report::fmt_dur;
-use crate::stores::{
-    self, BoxCycle, Cell, LockCycle, Plan, RedisLimit, Row, RslockCycle, Run, Setup,
-};
+use crate::stores::{self, BoxCycle, LockCycle, RedisLimit, Row, RslockCycle, Setup};
 use crate::targets::{Goal, Targets, ratio_text, tasks_text};
-use crate::{Profile, Result};
 
 /// Node counts of the quorums.
 const NODES: [usize; 2] = [3, 5];
@@ -41,7 +38,8 @@ fn nodes_of(id: &str) -> usize {
         .unwrap_or(1)
 }
 
-struct Clients {
+/// The section's servers and clients.
+pub(crate) struct Clients {
     /// Five servers; node counts use the first 1, 3 or 5.
     servers: Vec<RedisServer>,
     urls: Vec<String>,
@@ -53,7 +51,12 @@ struct Clients {
     rslock: Vec<(usize, rslock::LockManager)>,
 }
 
-impl Clients {
+impl Setup for Clients {
+    const SECTION: &'static str = "redlock";
+    const ROWS: &'static [&'static str] = &ROWS;
+
+    type Extra = ();
+
     async fn start() -> Result<Clients> {
         let mut servers = Vec::new();
         for _ in 0..5 {
@@ -90,9 +93,9 @@ impl Clients {
             rslock,
         })
     }
-}
 
-impl Setup for Clients {
+    fn extra(&self) {}
+
     async fn tasks(&self, id: &'static str, n: usize, tag: &str) -> Result<Vec<BoxCycle>> {
         let nodes = nodes_of(id);
         let mut tasks = Vec::with_capacity(n);
@@ -124,7 +127,7 @@ impl Setup for Clients {
         Ok(tasks)
     }
 
-    async fn waiters(&self, _id: &'static str, _n: usize) -> Result<Vec<Waiter>> {
+    async fn waiters(&self, _id: &'static str, _n: usize) -> Result<Vec<BoxWaiter>> {
         Err("the RedLock section has no contended runs".into())
     }
 
@@ -142,52 +145,7 @@ impl Setup for Clients {
 }
 
 /// The section's results.
-pub(crate) struct Section {
-    rounds: usize,
-    run: Duration,
-    rtt: Duration,
-    cells: Vec<Cell<Run>>,
-}
-
-/// The uncontended cells of `profile`.
-fn plan_cells(profile: &Profile) -> Vec<(&'static str, usize)> {
-    let mut cells = Vec::new();
-    for &n in &profile.store_tasks {
-        for id in ROWS {
-            cells.push((id, n));
-        }
-    }
-    cells
-}
-
-/// Progress steps.
-pub(crate) fn steps(profile: &Profile) -> u64 {
-    stores::steps(profile, plan_cells(profile).len())
-}
-
-/// Runs the section.
-pub(crate) async fn bench(profile: &Profile, bar: &ProgressBar) -> Result<Section> {
-    let clients = Clients::start().await?;
-    let cells = plan_cells(profile);
-    let measured = stores::measure(
-        &clients,
-        &Plan {
-            section: "redlock",
-            uncontended: &cells,
-            contended: &[],
-        },
-        profile,
-        bar,
-    )
-    .await?;
-    drop(clients);
-    Ok(Section {
-        rounds: profile.rounds,
-        run: profile.store_run,
-        rtt: measured.rtts.first().copied().unwrap_or_default(),
-        cells: measured.uncontended,
-    })
-}
+pub(crate) type Section = stores::Section<Clients>;
 
 fn rows() -> Vec<Row> {
     let mut rows = Vec::new();
@@ -296,7 +254,7 @@ impl Section {
             NODES[1],
             self.rounds,
             self.run.as_secs_f64(),
-            fmt_dur(self.rtt),
+            fmt_dur(self.rtts.first().copied().unwrap_or_default()),
         );
         md.push_str(&stores::uncontended_table(&rows(), &self.cells));
         if let Some((five, one)) = self.target() {

@@ -8,16 +8,13 @@ use std::time::{Duration, Instant};
 
 use dlock_test::server::RedisServer;
 use fencelock::backend::Redis;
-use indicatif::ProgressBar;
 use redis::aio::ConnectionManager;
 
-use crate::contended::Waiter;
+use crate::Result;
+use crate::contended::BoxWaiter;
 use crate::measure;
 use crate::report::fmt_dur;
-use crate::stores::{
-    self, BoxCycle, Cell, LockCycle, Plan, RedisLimit, Row, RslockCycle, Run, Setup,
-};
-use crate::{Profile, Result};
+use crate::stores::{self, BoxCycle, LockCycle, RedisLimit, Row, RslockCycle, Setup};
 
 /// `WAIT`'s timeout for dlock and the limit. Far above the replica's acknowledgement time
 /// (it only bounds a failure), so that a busy shared machine does not fail the run.
@@ -26,7 +23,8 @@ const REPLICA_TIMEOUT: Duration = Duration::from_secs(1);
 /// Every row, in run order within a round.
 const ROWS: [&str; 5] = ["limit", "limit-wait", "dlock", "dlock-wait", "rslock"];
 
-struct Clients {
+/// The section's servers and clients.
+pub(crate) struct Clients {
     master: RedisServer,
     replica: RedisServer,
     url: String,
@@ -37,7 +35,12 @@ struct Clients {
     rslock: rslock::LockManager,
 }
 
-impl Clients {
+impl Setup for Clients {
+    const SECTION: &'static str = "replicas";
+    const ROWS: &'static [&'static str] = &ROWS;
+
+    type Extra = ();
+
     async fn start() -> Result<Clients> {
         // Redis 7 waits 5 s before a diskless first sync, for more replicas to join.
         let master = RedisServer::start_with(&["--repl-diskless-sync-delay", "0"])?;
@@ -84,9 +87,9 @@ impl Clients {
             rslock,
         })
     }
-}
 
-impl Setup for Clients {
+    fn extra(&self) {}
+
     async fn tasks(&self, id: &'static str, n: usize, tag: &str) -> Result<Vec<BoxCycle>> {
         let wait = Some((1, REPLICA_TIMEOUT.as_millis() as u64));
         let mut tasks = Vec::with_capacity(n);
@@ -105,7 +108,7 @@ impl Setup for Clients {
         Ok(tasks)
     }
 
-    async fn waiters(&self, _id: &'static str, _n: usize) -> Result<Vec<Waiter>> {
+    async fn waiters(&self, _id: &'static str, _n: usize) -> Result<Vec<BoxWaiter>> {
         Err("the replica section has no contended runs".into())
     }
 
@@ -124,51 +127,7 @@ impl Setup for Clients {
 }
 
 /// The section's results.
-pub(crate) struct Section {
-    rounds: usize,
-    run: Duration,
-    rtt: Duration,
-    cells: Vec<Cell<Run>>,
-}
-
-fn plan_cells(profile: &Profile) -> Vec<(&'static str, usize)> {
-    let mut cells = Vec::new();
-    for &n in &profile.store_tasks {
-        for id in ROWS {
-            cells.push((id, n));
-        }
-    }
-    cells
-}
-
-/// Progress steps.
-pub(crate) fn steps(profile: &Profile) -> u64 {
-    stores::steps(profile, plan_cells(profile).len())
-}
-
-/// Runs the section.
-pub(crate) async fn bench(profile: &Profile, bar: &ProgressBar) -> Result<Section> {
-    let clients = Clients::start().await?;
-    let cells = plan_cells(profile);
-    let measured = stores::measure(
-        &clients,
-        &Plan {
-            section: "replicas",
-            uncontended: &cells,
-            contended: &[],
-        },
-        profile,
-        bar,
-    )
-    .await?;
-    drop(clients);
-    Ok(Section {
-        rounds: profile.rounds,
-        run: profile.store_run,
-        rtt: measured.rtts.first().copied().unwrap_or_default(),
-        cells: measured.uncontended,
-    })
-}
+pub(crate) type Section = stores::Section<Clients>;
 
 fn rows() -> Vec<Row> {
     vec![
@@ -234,7 +193,7 @@ impl Section {
             REPLICA_TIMEOUT.as_millis(),
             self.rounds,
             self.run.as_secs_f64(),
-            fmt_dur(self.rtt),
+            fmt_dur(self.rtts.first().copied().unwrap_or_default()),
         );
         md.push_str(&stores::uncontended_table(&rows(), &self.cells));
         md

@@ -20,7 +20,7 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufStream};
 use tokio::net::TcpStream;
 
 use crate::Result;
-use crate::contended::{self, Mode, Waiter, revoke_later};
+use crate::contended::{self, BoxWaiter, Mode};
 use crate::measure::{self, CpuMeter, Latencies};
 use crate::report::{fmt_dur, fmt_rate, fmt_ratio};
 
@@ -477,6 +477,14 @@ impl Cycle for PgPeer {
             Ok(acquired)
         })
     }
+}
+
+/// Revokes an etcd lease in the background, as dlock's etcd backend does after a release.
+pub(crate) fn revoke_later(client: &etcd_client::Client, lease: i64) {
+    let mut client = client.clone();
+    tokio::spawn(async move {
+        let _ = client.lease_revoke(lease).await;
+    });
 }
 
 /// Lease seconds of [`TTL`] for etcd.
@@ -1002,17 +1010,37 @@ pub(crate) fn rate(cells: &[Cell<Run>], id: &str, n: usize) -> Option<f64> {
     find(cells, id, n).map(|c| c.median(|r| r.rate))
 }
 
-/// What a section measures with: its clients on its servers.
-pub(crate) trait Setup {
+/// What a section measures with: its clients on its servers, and what it runs.
+pub(crate) trait Setup: Sized {
+    /// The section's name, for the progress bar and the names' tags.
+    const SECTION: &'static str;
+    /// What the progress bar says while the section starts its servers, if anything.
+    const STARTING: Option<&'static str> = None;
+    /// Uncontended rows, in run order within a round.
+    const ROWS: &'static [&'static str];
+    /// Contended rows, in run order within a round (none: no contended runs).
+    const HANDOFF_ROWS: &'static [&'static str] = &[];
     /// Whether the waiters of the warm-up may be reused for the measured run. The warm-up
     /// ends by cancelling the waiters' acquire calls, which some clients do not survive
     /// (see the Memcached section): those get fresh waiters.
     const REUSE_WAITERS: bool = true;
 
+    /// What the section keeps of its clients for its text, beside the figures.
+    type Extra;
+
+    /// Starts the servers and connects the clients.
+    async fn start() -> Result<Self>;
+    /// What the section keeps of its clients, taken once everything is measured.
+    fn extra(&self) -> Self::Extra;
+    /// Whether uncontended row `id` runs at `n` tasks (every row at every count unless a
+    /// section says otherwise).
+    fn runs(_id: &str, _n: usize) -> bool {
+        true
+    }
     /// The tasks of uncontended row `id` at `n` tasks, on names tagged `tag`.
     async fn tasks(&self, id: &'static str, n: usize, tag: &str) -> Result<Vec<BoxCycle>>;
     /// The waiters of contended row `id`, `n` of them.
-    async fn waiters(&self, id: &'static str, n: usize) -> Result<Vec<Waiter>>;
+    async fn waiters(&self, id: &'static str, n: usize) -> Result<Vec<BoxWaiter>>;
     /// The round trips this round (one per store the section reports).
     async fn round_trips(&self) -> Result<Vec<Duration>>;
     /// The PIDs of every server the section started.
@@ -1023,57 +1051,101 @@ pub(crate) trait Setup {
     }
 }
 
-/// What [`measure`] gives back.
-pub(crate) struct Measured {
-    /// Uncontended cells, in the order asked.
-    pub(crate) uncontended: Vec<Cell<Run>>,
-    /// Contended cells, in the order asked.
-    pub(crate) contended: Vec<Cell<HandoffRun>>,
-    /// The median of each round trip over the rounds.
+/// A store section's results: its figures, and what it kept of its clients.
+pub(crate) struct Section<S: Setup> {
+    /// Rounds.
+    pub(crate) rounds: usize,
+    /// Length of each uncontended run.
+    pub(crate) run: Duration,
+    /// Length of each contended run.
+    pub(crate) contended_run: Duration,
+    /// The median of each round trip over the rounds, in [`Setup::round_trips`]'s order.
     pub(crate) rtts: Vec<Duration>,
+    /// Uncontended cells, in run order.
+    pub(crate) cells: Vec<Cell<Run>>,
+    /// Contended cells, in run order.
+    pub(crate) handoffs: Vec<Cell<HandoffRun>>,
+    /// What the section kept of its clients.
+    pub(crate) extra: S::Extra,
 }
 
 /// `(row, tasks or waiters)` of a section's runs, in run order within a round.
-pub(crate) type Cells = Vec<(&'static str, usize)>;
+type Cells = Vec<(&'static str, usize)>;
 
-/// How long and how often a store section measures.
-pub(crate) struct Plan<'a> {
-    /// The section's name, for the progress bar and the names' tags.
-    pub(crate) section: &'static str,
-    /// `(row, tasks)` of the uncontended runs, in run order within a round.
-    pub(crate) uncontended: &'a [(&'static str, usize)],
-    /// `(row, waiters)` of the contended runs, in run order within a round.
-    pub(crate) contended: &'a [(&'static str, usize)],
+/// The uncontended and the contended cells of `S` in `profile`: every row at every count.
+fn plan<S: Setup>(profile: &crate::Profile) -> (Cells, Cells) {
+    let mut cells = Vec::new();
+    for &n in &profile.store_tasks {
+        for &id in S::ROWS {
+            if S::runs(id, n) {
+                cells.push((id, n));
+            }
+        }
+    }
+    let mut handoffs = Vec::new();
+    if !S::HANDOFF_ROWS.is_empty() {
+        for &n in &profile.store_waiters {
+            for &id in S::HANDOFF_ROWS {
+                handoffs.push((id, n));
+            }
+        }
+    }
+    (cells, handoffs)
 }
 
-/// Progress steps of `plan`.
-pub(crate) fn steps(profile: &crate::Profile, plan_cells: usize) -> u64 {
-    (profile.rounds * plan_cells) as u64
+/// Progress steps of section `S`.
+pub(crate) fn steps<S: Setup>(profile: &crate::Profile) -> u64 {
+    let (cells, handoffs) = plan::<S>(profile);
+    (profile.rounds * (cells.len() + handoffs.len())) as u64
 }
 
-/// Runs `plan` on `setup`: a short warm-up of every uncontended row, then every round
-/// runs every cell one after another (so slow drifts of a shared machine hit all rows
-/// alike), measuring the round trips first.
-pub(crate) async fn measure<S: Setup>(
-    setup: &S,
-    plan: &Plan<'_>,
+/// Runs section `S`: starts it, measures its plan, keeps what it says of its clients,
+/// then stops its servers.
+pub(crate) async fn bench<S: Setup>(
     profile: &crate::Profile,
     bar: &indicatif::ProgressBar,
-) -> Result<Measured> {
+) -> Result<Section<S>> {
+    if let Some(starting) = S::STARTING {
+        bar.set_message(starting);
+    }
+    let setup = S::start().await?;
+    let (cells, handoffs) = plan::<S>(profile);
+    let (cells, handoffs, rtts) = measure(&setup, &cells, &handoffs, profile, bar).await?;
+    let extra = setup.extra();
+    drop(setup);
+    Ok(Section {
+        rounds: profile.rounds,
+        run: profile.store_run,
+        contended_run: profile.store_contended_run,
+        rtts,
+        cells,
+        handoffs,
+        extra,
+    })
+}
+
+/// Runs the cells `plan` and `plan_handoffs` on `setup`: a short warm-up of every
+/// uncontended row, then every round runs every cell one after another (so slow drifts
+/// of a shared machine hit all rows alike), measuring the round trips first. Returns the
+/// uncontended cells, the contended cells (in the order asked) and the median of each
+/// round trip over the rounds.
+async fn measure<S: Setup>(
+    setup: &S,
+    plan: &[(&'static str, usize)],
+    plan_handoffs: &[(&'static str, usize)],
+    profile: &crate::Profile,
+    bar: &indicatif::ProgressBar,
+) -> Result<(Vec<Cell<Run>>, Vec<Cell<HandoffRun>>, Vec<Duration>)> {
+    let section = S::SECTION;
     let servers = setup.servers();
-    let mut uncontended: Vec<Cell<Run>> = plan
-        .uncontended
-        .iter()
-        .map(|&(id, n)| Cell::new(id, n))
-        .collect();
-    let mut contended: Vec<Cell<HandoffRun>> = plan
-        .contended
+    let mut uncontended: Vec<Cell<Run>> = plan.iter().map(|&(id, n)| Cell::new(id, n)).collect();
+    let mut contended: Vec<Cell<HandoffRun>> = plan_handoffs
         .iter()
         .map(|&(id, n)| Cell::new(id, n))
         .collect();
     // Warm-up: connections, script caches, allocator, CPU frequency.
     let mut warmed: Vec<&str> = Vec::new();
-    for &(id, n) in plan.uncontended {
+    for &(id, n) in plan {
         if warmed.contains(&id) {
             continue;
         }
@@ -1081,7 +1153,7 @@ pub(crate) async fn measure<S: Setup>(
         let tasks = setup.tasks(id, n, "warm").await?;
         run(tasks, Duration::from_millis(100), &servers)
             .await
-            .map_err(|e| format!("{} warm-up of {id}: {e}", plan.section))?;
+            .map_err(|e| format!("{section} warm-up of {id}: {e}"))?;
     }
     let mut rtts: Vec<Vec<Duration>> = Vec::new();
     for round in 0..profile.rounds {
@@ -1089,7 +1161,7 @@ pub(crate) async fn measure<S: Setup>(
         for cell in &mut uncontended {
             bar.set_message(format!(
                 "{}: {} × {} tasks (round {})",
-                plan.section,
+                section,
                 cell.id,
                 cell.n,
                 round + 1
@@ -1097,22 +1169,22 @@ pub(crate) async fn measure<S: Setup>(
             let tasks = setup.tasks(cell.id, cell.n, &format!("r{round}")).await?;
             let r = run(tasks, profile.store_run, &servers)
                 .await
-                .map_err(|e| format!("{}: {} at {} tasks: {e}", plan.section, cell.id, cell.n))?;
+                .map_err(|e| format!("{section}: {} at {} tasks: {e}", cell.id, cell.n))?;
             cell.runs.push(r);
             bar.inc(1);
         }
         for cell in &mut contended {
             bar.set_message(format!(
                 "{}: {} × {} waiters (round {})",
-                plan.section,
+                section,
                 cell.id,
                 cell.n,
                 round + 1
             ));
-            let tag = format!("{}:{}:{}:{round}", plan.section, cell.id, cell.n);
+            let tag = format!("{section}:{}:{}:{round}", cell.id, cell.n);
             let r = handoff(setup, cell.id, cell.n, &tag, profile, &servers)
                 .await
-                .map_err(|e| format!("{}: {} × {} waiters: {e}", plan.section, cell.id, cell.n))?;
+                .map_err(|e| format!("{section}: {} × {} waiters: {e}", cell.id, cell.n))?;
             cell.runs.push(r);
             bar.inc(1);
         }
@@ -1128,9 +1200,5 @@ pub(crate) async fn measure<S: Setup>(
             )
         })
         .collect();
-    Ok(Measured {
-        uncontended,
-        contended,
-        rtts,
-    })
+    Ok((uncontended, contended, rtts))
 }

@@ -19,17 +19,13 @@ use dlock_test::server::{EtcdCluster, RedisServer};
 use dlock_test::zookeeper::ZooKeeper as ZkServer;
 use fencelock::backend::zookeeper::escape;
 use fencelock::backend::{Etcd, Redis, ZooKeeper};
-use indicatif::ProgressBar;
 use zookeeper_client as zk;
 
-use crate::contended::{self, Waiter};
+use crate::Result;
+use crate::contended::{self, BoxWaiter, LockWaiter, Waiter};
 use crate::measure::{self, Latencies};
 use crate::report::fmt_dur;
-use crate::stores::{
-    self, BoxCycle, Cell, Cells, Cycle, CycleFuture, HandoffRow, HandoffRun, LockCycle, Plan, Row,
-    Run, Setup,
-};
-use crate::{Profile, Result};
+use crate::stores::{self, BoxCycle, Cycle, CycleFuture, HandoffRow, LockCycle, Row, Setup};
 
 /// Uncontended rows, in run order within a round.
 const ROWS: [&str; 4] = ["limit", "dlock", "etcd", "redis"];
@@ -128,18 +124,21 @@ impl Cycle for ZkLimit {
 }
 
 /// A waiter of the bare contended limit: the recipe by hand on a session of its own.
-pub(crate) struct BareWaiter {
+struct BareWaiter {
     client: zk::Client,
     token: String,
 }
 
-impl BareWaiter {
-    /// Waits for the lock `name`; returns our node's path.
+impl Waiter for BareWaiter {
+    /// Our node's path.
+    type Held = String;
+
+    /// Waits for the lock `name`.
     ///
     /// Cancelled (a run ends while it waits), it leaves its node in the queue until its
     /// session closes with the waiter: every warm-up and measured run has a name of its
     /// own, so no later run queues behind it.
-    pub(crate) async fn lock(&self, name: &str) -> Result<String> {
+    async fn acquire(&mut self, name: &str) -> Result<String> {
         let dir = format!("/{}", escape(name));
         let prefix = format!("{dir}/{}-", escape(&self.token));
         let (node, seq) = create_node(&self.client, &dir, &prefix, &self.token).await?;
@@ -171,8 +170,8 @@ impl BareWaiter {
     }
 
     /// Deletes our node `node`.
-    pub(crate) async fn release(&self, node: &str) -> Result<()> {
-        Ok(self.client.delete(node, None).await?)
+    async fn release(&mut self, node: String, _name: &str) -> Result<()> {
+        Ok(self.client.delete(&node, None).await?)
     }
 }
 
@@ -211,7 +210,18 @@ fn jvm_pid(addr: &str) -> Option<u32> {
         })
 }
 
-struct Clients {
+/// What the section keeps of its clients for its text.
+pub(crate) struct Kept {
+    /// `ZooKeeper 3.8.0`.
+    version: String,
+    /// The session timeout the server granted.
+    session_timeout: Duration,
+    /// Whether the CPU of ZooKeeper's JVM and of etcd was measured (both PIDs found).
+    cpu_measured: bool,
+}
+
+/// The section's servers and clients.
+pub(crate) struct Clients {
     /// Kept for its lifetime: dropping it kills the JVM.
     server: ZkServer,
     zk_pid: Option<u32>,
@@ -230,6 +240,29 @@ struct Clients {
 }
 
 impl Clients {
+    /// `ZooKeeper 3.8.0`, from the server's `srvr`.
+    fn version(&self) -> String {
+        self.server
+            .members
+            .first()
+            .and_then(|m| m.four_letters("srvr").ok())
+            .and_then(|s| {
+                s.lines()
+                    .find_map(|l| l.strip_prefix("Zookeeper version: "))
+                    .map(|v| format!("ZooKeeper {}", v.split(['-', ',']).next().unwrap_or(v)))
+            })
+            .unwrap_or_else(|| "ZooKeeper".to_owned())
+    }
+}
+
+impl Setup for Clients {
+    const SECTION: &'static str = "zookeeper";
+    const STARTING: Option<&'static str> = Some("zookeeper: starting a standalone server");
+    const ROWS: &'static [&'static str] = &ROWS;
+    const HANDOFF_ROWS: &'static [&'static str] = &HANDOFF_ROWS;
+
+    type Extra = Kept;
+
     async fn start() -> Result<Clients> {
         let server = tokio::task::spawn_blocking(ZkServer::standalone)
             .await?
@@ -268,22 +301,14 @@ impl Clients {
         })
     }
 
-    /// `ZooKeeper 3.8.0`, from the server's `srvr`.
-    fn version(&self) -> String {
-        self.server
-            .members
-            .first()
-            .and_then(|m| m.four_letters("srvr").ok())
-            .and_then(|s| {
-                s.lines()
-                    .find_map(|l| l.strip_prefix("Zookeeper version: "))
-                    .map(|v| format!("ZooKeeper {}", v.split(['-', ',']).next().unwrap_or(v)))
-            })
-            .unwrap_or_else(|| "ZooKeeper".to_owned())
+    fn extra(&self) -> Kept {
+        Kept {
+            version: tokio::task::block_in_place(|| self.version()),
+            session_timeout: self.zk.session_timeout(),
+            cpu_measured: self.zk_pid.is_some() && self.etcd_pid.is_some(),
+        }
     }
-}
 
-impl Setup for Clients {
     async fn tasks(&self, id: &'static str, n: usize, tag: &str) -> Result<Vec<BoxCycle>> {
         let mut tasks = Vec::with_capacity(n);
         for t in 0..n {
@@ -299,7 +324,7 @@ impl Setup for Clients {
         Ok(tasks)
     }
 
-    async fn waiters(&self, id: &'static str, n: usize) -> Result<Vec<Waiter>> {
+    async fn waiters(&self, id: &'static str, n: usize) -> Result<Vec<BoxWaiter>> {
         if id == "redis" {
             return contended::make_waiters(
                 contended::Client::DlockPerWaiter,
@@ -312,12 +337,12 @@ impl Setup for Clients {
         let mut waiters = Vec::with_capacity(n);
         for i in 0..n {
             waiters.push(match id {
-                "limit" => Waiter::ZkBare(Box::new(BareWaiter {
+                "limit" => contended::boxed(BareWaiter {
                     client: bare_session(&self.server.hosts()).await?,
                     token: format!("{:032x}", 0x2cb0_0000_u128 + i as u128),
-                })),
-                "dlock" => Waiter::ZooKeeper(ZooKeeper::connect(&self.url).await?),
-                _ => Waiter::Etcd(stores::etcd_connect(&self.etcd_url).await?),
+                }),
+                "dlock" => contended::boxed(LockWaiter(ZooKeeper::connect(&self.url).await?)),
+                _ => contended::boxed(LockWaiter(stores::etcd_connect(&self.etcd_url).await?)),
             });
         }
         Ok(waiters)
@@ -345,72 +370,7 @@ impl Setup for Clients {
 }
 
 /// The section's results.
-pub(crate) struct Section {
-    rounds: usize,
-    run: Duration,
-    contended_run: Duration,
-    version: String,
-    session_timeout: Duration,
-    rtts: Vec<Duration>,
-    cpu_measured: bool,
-    cells: Vec<Cell<Run>>,
-    handoffs: Vec<Cell<HandoffRun>>,
-}
-
-fn plan(profile: &Profile) -> (Cells, Cells) {
-    let mut cells = Vec::new();
-    for &n in &profile.store_tasks {
-        for id in ROWS {
-            cells.push((id, n));
-        }
-    }
-    let mut handoffs = Vec::new();
-    for &n in &profile.store_waiters {
-        for id in HANDOFF_ROWS {
-            handoffs.push((id, n));
-        }
-    }
-    (cells, handoffs)
-}
-
-/// Progress steps.
-pub(crate) fn steps(profile: &Profile) -> u64 {
-    let (a, b) = plan(profile);
-    stores::steps(profile, a.len() + b.len())
-}
-
-/// Runs the section.
-pub(crate) async fn bench(profile: &Profile, bar: &ProgressBar) -> Result<Section> {
-    bar.set_message("zookeeper: starting a standalone server");
-    let clients = Clients::start().await?;
-    let (cells, handoffs) = plan(profile);
-    let measured = stores::measure(
-        &clients,
-        &Plan {
-            section: "zookeeper",
-            uncontended: &cells,
-            contended: &handoffs,
-        },
-        profile,
-        bar,
-    )
-    .await?;
-    let version = tokio::task::block_in_place(|| clients.version());
-    let session_timeout = clients.zk.session_timeout();
-    let cpu_measured = clients.zk_pid.is_some() && clients.etcd_pid.is_some();
-    drop(clients);
-    Ok(Section {
-        rounds: profile.rounds,
-        run: profile.store_run,
-        contended_run: profile.store_contended_run,
-        version,
-        session_timeout,
-        rtts: measured.rtts,
-        cpu_measured,
-        cells: measured.uncontended,
-        handoffs: measured.contended,
-    })
-}
+pub(crate) type Section = stores::Section<Clients>;
 
 fn rows() -> Vec<Row> {
     vec![
@@ -518,13 +478,13 @@ impl Section {
              {:.2} s (step-aside mode as in section 2, a client per waiter, ttl 10 s). \
              Server CPU = {}, for every row. Round trip: ZooKeeper `exists` p50 {}, etcd \
              `Range` p50 {}, Redis PING p50 {}.\n\n### Uncontended\n\n",
-            self.version,
-            fmt_dur(self.session_timeout),
-            fmt_dur(self.session_timeout.min(stores::TTL)),
+            self.extra.version,
+            fmt_dur(self.extra.session_timeout),
+            fmt_dur(self.extra.session_timeout.min(stores::TTL)),
             self.rounds,
             self.run.as_secs_f64(),
             self.contended_run.as_secs_f64(),
-            if self.cpu_measured {
+            if self.extra.cpu_measured {
                 "ZooKeeper's JVM + etcd + redis-server"
             } else {
                 "the servers whose PID was found (ZooKeeper's JVM or etcd missing)"
