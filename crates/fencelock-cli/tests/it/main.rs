@@ -44,11 +44,14 @@ fn stderr(out: &Output) -> String {
 }
 
 fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "dlock-cli-test-{}-{name}-{}",
-        std::process::id(),
-        free_port().expect("port")
-    ));
+    // A counter, not a free port: a port is free again once released, and a second
+    // directory of the same name then held the first one's files (a marker from an
+    // earlier run read as this run's).
+    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir =
+        std::env::temp_dir().join(format!("dlock-cli-test-{}-{name}-{n}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("scratch dir");
     dir
 }
