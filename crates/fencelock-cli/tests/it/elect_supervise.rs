@@ -5,10 +5,11 @@
 use std::process::Stdio;
 use std::time::Duration;
 
-use dlock_test::proxy::{Fault, Proxy};
-use dlock_test::server::RedisServer;
+use dlock_test::proxy::Fault;
 
-use super::supervise::{next_holder, stubborn_writer, wait_until_gone, writes_after_grant};
+use super::supervise::{
+    next_holder, proxied_redis, stubborn_writer, wait_until_gone, writes_after_grant,
+};
 use super::{LOST, dlock, scratch, wait_exit, wait_for_file};
 
 /// The leader's connection blackholed, `--ttl 2s` with the default grace: the command
@@ -16,15 +17,7 @@ use super::{LOST, dlock, scratch, wait_exit, wait_for_file};
 /// group, before the next leader (elected when the lease expires) writes.
 #[test]
 fn an_elected_command_that_ignores_sigterm_is_killed_before_the_next_leader_is_elected() {
-    let server = RedisServer::start().expect("redis-server");
-    let rt = tokio::runtime::Runtime::new().expect("runtime");
-    let proxy = rt
-        .block_on(Proxy::start(
-            format!("127.0.0.1:{}", server.port())
-                .parse()
-                .expect("addr"),
-        ))
-        .expect("proxy");
+    let (server, _runtime, proxy) = proxied_redis();
     let dir = scratch("elect-stubborn");
     let (log, pidfile, childfile) = (dir.join("log"), dir.join("pid"), dir.join("child"));
     let script = format!(

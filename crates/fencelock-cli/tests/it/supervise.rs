@@ -61,11 +61,9 @@ pub(super) fn wait_until_gone(pid: &str, within: Duration) -> bool {
     true
 }
 
-/// The reproduction: `--ttl 2s` with the default 10 s grace, the holder's
-/// connection cut. The command ignores SIGTERM, so only a SIGKILL before the lease ends
-/// keeps it from writing while the next holder (granted when the key expires) runs.
-#[test]
-fn a_command_that_ignores_sigterm_is_killed_before_the_next_holder_is_granted() {
+/// A private Redis behind a proxy (to cut the holder's connection), and the runtime the
+/// proxy runs on: keep all three alive for the test.
+pub(super) fn proxied_redis() -> (RedisServer, tokio::runtime::Runtime, Proxy) {
     let server = RedisServer::start().expect("redis-server");
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     let proxy = rt
@@ -75,6 +73,15 @@ fn a_command_that_ignores_sigterm_is_killed_before_the_next_holder_is_granted() 
                 .expect("addr"),
         ))
         .expect("proxy");
+    (server, rt, proxy)
+}
+
+/// The reproduction: `--ttl 2s` with the default 10 s grace, the holder's
+/// connection cut. The command ignores SIGTERM, so only a SIGKILL before the lease ends
+/// keeps it from writing while the next holder (granted when the key expires) runs.
+#[test]
+fn a_command_that_ignores_sigterm_is_killed_before_the_next_holder_is_granted() {
+    let (server, _runtime, proxy) = proxied_redis();
     let dir = scratch("stubborn");
     let (log, pidfile) = (dir.join("log"), dir.join("pid"));
     let mut first = dlock(&format!("redis://{}/0", proxy.addr()))

@@ -5,23 +5,16 @@
 use std::process::Stdio;
 use std::time::Duration;
 
-use dlock_test::proxy::{Fault, Proxy};
-use dlock_test::server::RedisServer;
+use dlock_test::proxy::Fault;
 
-use super::supervise::{next_holder, stubborn_writer, wait_until_gone, writes_after_grant};
+use super::supervise::{
+    next_holder, proxied_redis, stubborn_writer, wait_until_gone, writes_after_grant,
+};
 use super::{LOST, dlock, scratch, wait_exit, wait_for_file};
 
 #[test]
 fn a_holder_of_the_descriptor_outside_the_group_is_killed_before_the_next_holder_is_granted() {
-    let server = RedisServer::start().expect("redis-server");
-    let rt = tokio::runtime::Runtime::new().expect("runtime");
-    let proxy = rt
-        .block_on(Proxy::start(
-            format!("127.0.0.1:{}", server.port())
-                .parse()
-                .expect("addr"),
-        ))
-        .expect("proxy");
+    let (server, _runtime, proxy) = proxied_redis();
     let dir = scratch("detached-holder");
     let (log, pidfile, childfile) = (dir.join("log"), dir.join("pid"), dir.join("child"));
     let detached = format!(

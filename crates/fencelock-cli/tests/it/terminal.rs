@@ -9,10 +9,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use dlock_test::proxy::{Fault, Proxy};
+use dlock_test::proxy::Fault;
 use dlock_test::server::RedisServer;
 
-use super::supervise::{next_holder, stubborn_writer, wait_until_gone, writes_after_grant};
+use super::supervise::{
+    next_holder, proxied_redis, stubborn_writer, wait_until_gone, writes_after_grant,
+};
 use super::{CONFLICT, LOST, dlock, output, scratch, stderr, wait_exit, wait_for_file};
 
 /// A shell word for `s` (single quotes).
@@ -109,15 +111,7 @@ fn on_a_terminal_the_lock_is_held_until_the_commands_group_has_exited() {
 /// before the lease can end — nothing of it writes once the next holder is granted.
 #[test]
 fn on_a_terminal_the_whole_group_is_killed_before_the_next_holder_is_granted() {
-    let server = RedisServer::start().expect("redis-server");
-    let rt = tokio::runtime::Runtime::new().expect("runtime");
-    let proxy = rt
-        .block_on(Proxy::start(
-            format!("127.0.0.1:{}", server.port())
-                .parse()
-                .expect("addr"),
-        ))
-        .expect("proxy");
+    let (server, _runtime, proxy) = proxied_redis();
     let dir = scratch("tty-stubborn");
     let (log, pidfile, childfile) = (dir.join("log"), dir.join("pid"), dir.join("child"));
     let script = format!(
