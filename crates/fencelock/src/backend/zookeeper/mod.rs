@@ -1764,10 +1764,17 @@ mod props {
 
         #[test]
         fn session_timeouts_parse_or_are_refused(text in prop_oneof![any::<String>(), "[0-9]{0,22}(ms|s|m|h|)"]) {
-            // Never panics (overflowing minutes included); a number alone is milliseconds.
+            // Never panics (overflowing minutes included); digits alone are milliseconds
+            // (a sign is not a digit: `+5` is refused, though Rust's own parser takes it).
             let parsed = parse_duration(&text);
-            if let Ok(ms) = text.trim().parse::<u64>() {
-                prop_assert_eq!(parsed, Some(Duration::from_millis(ms)));
+            let digits = text.trim();
+            if !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) {
+                match digits.parse::<u64>() {
+                    Ok(ms) => prop_assert_eq!(parsed, Some(Duration::from_millis(ms))),
+                    Err(_) => prop_assert_eq!(parsed, None),
+                }
+            } else if digits.starts_with(['+', '-']) {
+                prop_assert_eq!(parsed, None);
             }
         }
 
