@@ -13,6 +13,11 @@ mod conformance {
     crate::conformance_tests!(dlock_test::targets::MemcachedTarget::start();
         lost_fires_when_the_store_is_frozen_past_the_ttl,
         a_partitioned_holder_loses_its_lease_and_closed_connections_recover,
+        semaphore_never_exceeds_its_permits,
+        semaphore_permits_of_a_dead_holder_come_back,
+        semaphore_many_permits_and_counts,
+        semaphore_waiters_wake_and_lost_permits_fire,
+        semaphore_other_count_is_refused,
     );
 }
 

@@ -99,6 +99,8 @@ use crate::raw::{
 use crate::token::Token;
 use crate::validity::Drift;
 
+mod semaphore;
+
 /// Shortest ttl memcached's one-second expiry clock can hold with some validity left.
 pub const MIN_TTL: Duration = Duration::from_secs(2);
 /// Longest ttl memcached takes as relative (30 days; beyond is an absolute Unix time).
@@ -473,6 +475,59 @@ impl Memcached {
             .ok_or_else(|| unexpected("a command", "no reply"))
     }
 
+    /// Compare-and-delete of one item by CAS: deletes `key` only while it holds `token`.
+    /// Returns whether it did.
+    async fn release_item(&self, key: &str, token: &Token) -> Result<bool> {
+        for _ in 0..3 {
+            let Some((value, cas, _)) = self.get(key).await? else {
+                return Ok(false);
+            };
+            if value != token.as_str().as_bytes() {
+                return Ok(false);
+            }
+            let reply = self
+                .one(format!("md {key} C{cas}\r\n").into_bytes())
+                .await?;
+            match reply.code.as_str() {
+                "HD" => return Ok(true),
+                "NF" => return Ok(false),
+                // Changed between our read and the delete: look again.
+                "EX" => {}
+                other => return Err(unexpected("md", other)),
+            }
+        }
+        Err(Error::new(
+            ErrorKind::Backend,
+            "the lock key kept changing while releasing",
+        )
+        .retryable(true))
+    }
+
+    /// Compare-and-set of one item's expiry by CAS: renews `key` for `secs` only while it
+    /// holds `token`. Returns whether it did.
+    async fn extend_item(&self, key: &str, token: &Token, secs: u64) -> Result<bool> {
+        let value = token.as_str();
+        for _ in 0..3 {
+            let Some((current, cas, _)) = self.get(key).await? else {
+                return Ok(false);
+            };
+            if current != value.as_bytes() {
+                return Ok(false);
+            }
+            let reply = self
+                .one(extend_request(key, value, secs, &cas).into_bytes())
+                .await?;
+            if let Some(renewed) = Self::extend_outcome(&reply)? {
+                return Ok(renewed);
+            }
+        }
+        Err(Error::new(
+            ErrorKind::Backend,
+            "the lock key kept changing while extending",
+        )
+        .retryable(true))
+    }
+
     /// The CAS-checked set of an extend: `Some(renewed)`, or `None` if the key changed
     /// since its CAS was read.
     fn extend_outcome(reply: &Reply) -> Result<Option<bool>> {
@@ -601,13 +656,18 @@ fn record_key(key: &str) -> String {
     format!("{}~elect", memcached_key(key))
 }
 
-/// Every item lock `keys` of `primitive` (a plain lock, or an election: the lock and its
-/// record) uses, as `item <key>`, named by the functions the backend calls.
+/// Every item lock `keys` of `primitive` (a plain lock; an election: the lock and its
+/// record; a semaphore: its index and a holder's lease item) uses, as `item <key>`, named by the functions the backend calls.
 #[cfg(test)]
 pub(crate) fn key_set(primitive: &str, keys: &LockKeys) -> Vec<String> {
-    let mut all = vec![memcached_key(keys.lock()), fence_key(keys.lock())];
-    if primitive == "election" {
-        all.push(record_key(keys.lock()));
+    let mut all = vec![memcached_key(keys.lock())];
+    match primitive {
+        "semaphore" => all.push(semaphore::holder_key(
+            keys.lock(),
+            "0123456789abcdef0123456789abcdef",
+        )),
+        "election" => all.extend([fence_key(keys.lock()), record_key(keys.lock())]),
+        _ => all.push(fence_key(keys.lock())),
     }
     all.into_iter().map(|k| format!("item {k}")).collect()
 }
@@ -687,55 +747,13 @@ impl RawLock for Memcached {
     }
 
     async fn release(&self, keys: &LockKeys, token: &Token) -> Result<bool> {
-        let key = memcached_key(keys.lock());
-        for _ in 0..3 {
-            let Some((value, cas, _)) = self.get(&key).await? else {
-                return Ok(false);
-            };
-            if value != token.as_str().as_bytes() {
-                return Ok(false);
-            }
-            let reply = self
-                .one(format!("md {key} C{cas}\r\n").into_bytes())
-                .await?;
-            match reply.code.as_str() {
-                "HD" => return Ok(true),
-                "NF" => return Ok(false),
-                // Changed between our read and the delete: look again.
-                "EX" => {}
-                other => return Err(unexpected("md", other)),
-            }
-        }
-        Err(Error::new(
-            ErrorKind::Backend,
-            "the lock key kept changing while releasing",
-        )
-        .retryable(true))
+        self.release_item(&memcached_key(keys.lock()), token).await
     }
 
     async fn extend(&self, keys: &LockKeys, token: &Token, ttl: Duration) -> Result<bool> {
         let secs = expiry_seconds(ttl)?;
-        let key = memcached_key(keys.lock());
-        let value = token.as_str();
-        for _ in 0..3 {
-            let Some((current, cas, _)) = self.get(&key).await? else {
-                return Ok(false);
-            };
-            if current != value.as_bytes() {
-                return Ok(false);
-            }
-            let reply = self
-                .one(extend_request(&key, value, secs, &cas).into_bytes())
-                .await?;
-            if let Some(renewed) = Self::extend_outcome(&reply)? {
-                return Ok(renewed);
-            }
-        }
-        Err(Error::new(
-            ErrorKind::Backend,
-            "the lock key kept changing while extending",
-        )
-        .retryable(true))
+        self.extend_item(&memcached_key(keys.lock()), token, secs)
+            .await
     }
 
     /// Two pipelined round trips on one connection for the whole batch: every `mg`
@@ -1054,6 +1072,7 @@ mod props {
             let primitives = &[
                 ("lock", crate::keys::DEFAULT_PREFIX),
                 ("election", crate::DEFAULT_ELECTION_PREFIX),
+                ("semaphore", crate::DEFAULT_SEMAPHORE_PREFIX),
             ];
             crate::keys::namespace::check_disjoint(primitives, &names, super::key_set)?;
         }
