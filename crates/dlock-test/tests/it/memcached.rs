@@ -21,6 +21,15 @@ mod conformance {
     );
 }
 
+mod family {
+    crate::family_tests!(dlock_test::targets::MemcachedTarget::start();
+        reentrant_excludes_other_owners,
+        reentrant_counts_holds,
+        reentrant_lost_cancel_and_expiry,
+        owners_follow_tasks_not_threads,
+    );
+}
+
 mod election {
     crate::election_tests!(dlock_test::targets::MemcachedTarget::start());
 }

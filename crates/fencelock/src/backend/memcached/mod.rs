@@ -71,6 +71,23 @@
 //! evicts ([`Memcached::config_hazards`]; the `dlock` tool refuses it unless
 //! `--allow-unsafe-store`).
 //!
+//! # The lock family on memcached
+//!
+//! Memcached has `add`, expiry on its own clock and CAS on one item; no scripts, no
+//! notifications, no key listing, no atomic step over two items. Per primitive:
+//!
+//! | primitive | offered | how, or why not |
+//! |---|---|---|
+//! | [`Lock`](crate::Lock) | yes | `add` + fence, CAS release and renewal (above) |
+//! | [`Semaphore`](crate::Semaphore) | yes | CAS on one index item, a lease item per holder ([`RawSemaphore`](crate::raw::RawSemaphore) impl) |
+//! | [`ReentrantLock`](crate::ReentrantLock) | yes | one item changed by CAS: fence, owner, a token per hold ([`RawReentrant`](crate::raw::RawReentrant) impl) |
+//! | [`Election`](crate::Election) | yes | the lock plus a record item (below) |
+//! | [`RwLock`](crate::RwLock) | not yet | the semaphore's pattern fits (the writer, the waiting writers and the readers listed in one index item, each alive while a lease item of its own is; every grant a CAS on the index); not built |
+//! | [`FairLock`](crate::FairLock) | not yet | the same pattern with the waiters listed in arrival order, each waiter's lease item renewed by its attempts so that a crashed waiter leaves the line by itself; not built |
+//!
+//! What cannot be had on memcached is a wake-up: waiters of every primitive poll (jittered
+//! backoff, and the holder's remaining ttl), so none is fair.
+//!
 //! # Elections
 //!
 //! An election's record ([`RawElection`]) is one item without expiry, written by a
@@ -99,6 +116,7 @@ use crate::raw::{
 use crate::token::Token;
 use crate::validity::Drift;
 
+mod reentrant;
 mod semaphore;
 
 /// Shortest ttl memcached's one-second expiry clock can hold with some validity left.
@@ -1073,6 +1091,7 @@ mod props {
                 ("lock", crate::keys::DEFAULT_PREFIX),
                 ("election", crate::DEFAULT_ELECTION_PREFIX),
                 ("semaphore", crate::DEFAULT_SEMAPHORE_PREFIX),
+                ("reentrant", crate::DEFAULT_REENTRANT_PREFIX),
             ];
             crate::keys::namespace::check_disjoint(primitives, &names, super::key_set)?;
         }

@@ -445,7 +445,7 @@ mod tests {
             count: 3,
             holders: vec![(1, "a b\n2 5 c".to_owned()), (2, String::new())],
         };
-        assert_eq!(Index::decode(index.encode().as_bytes()).unwrap(), index);
+        assert_eq!(Index::decode(index.encode().as_bytes()).expect("decodes"), index);
         assert!(Index::decode(b"0\n").is_err());
         assert!(Index::decode(b"2\n1 99 x\n").is_err());
     }
