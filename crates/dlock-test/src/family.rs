@@ -479,7 +479,7 @@ where
     T::Backend: RawFair,
 {
     let name = unique("fair-crash");
-    let ttl = Duration::from_millis(900);
+    let ttl = target.ttl(Duration::from_millis(900));
     let grace = Duration::from_millis(300);
     let make = |client| {
         FairLock::builder(client, &name)

@@ -27,6 +27,8 @@ mod family {
         reentrant_counts_holds,
         reentrant_lost_cancel_and_expiry,
         owners_follow_tasks_not_threads,
+        fair_lock_grants_in_arrival_order,
+        fair_lock_cancelled_and_crashed_waiters,
     );
 }
 

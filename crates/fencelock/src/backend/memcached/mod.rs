@@ -83,7 +83,7 @@
 //! | [`ReentrantLock`](crate::ReentrantLock) | yes | one item changed by CAS: fence, owner, a token per hold ([`RawReentrant`](crate::raw::RawReentrant) impl) |
 //! | [`Election`](crate::Election) | yes | the lock plus a record item (below) |
 //! | [`RwLock`](crate::RwLock) | not yet | the semaphore's pattern fits (the writer, the waiting writers and the readers listed in one index item, each alive while a lease item of its own is; every grant a CAS on the index); not built |
-//! | [`FairLock`](crate::FairLock) | not yet | the same pattern with the waiters listed in arrival order, each waiter's lease item renewed by its attempts so that a crashed waiter leaves the line by itself; not built |
+//! | [`FairLock`](crate::FairLock) | yes | the plain lock's item, and a line of waiters in one item changed by CAS, each waiter alive while its claim item (renewed by its attempts) is ([`RawFair`](crate::raw::RawFair) impl) |
 //!
 //! What cannot be had on memcached is a wake-up: waiters of every primitive poll (jittered
 //! backoff, and the holder's remaining ttl), so none is fair.
@@ -116,6 +116,7 @@ use crate::raw::{
 use crate::token::Token;
 use crate::validity::Drift;
 
+mod fair;
 mod reentrant;
 mod semaphore;
 
@@ -664,6 +665,23 @@ pub fn memcached_key(key: &str) -> String {
     format!("{head}~{}", sha1_smol::Sha1::from(key.as_bytes()).digest())
 }
 
+/// An item of `token` (a semaphore holder's `h`, a fair-lock waiter's `w`, a reader's
+/// `r`) of the lock at `lock`: `<first 32 safe bytes>~<SHA-1 of both>~<kind>`, never a
+/// lock's mapped key (no `~`, or one followed by 40 hex digits at the end), its fence
+/// (`~fence`), record (`~elect`) or queue (`~queue`), nor another kind's item.
+fn lease_key(lock: &str, token: &str, kind: char) -> String {
+    let head: String = lock
+        .chars()
+        .filter(|c| c.is_ascii_graphic() && *c != '~')
+        .take(32)
+        .collect();
+    let whole = format!("{}:{lock}{token}", lock.len());
+    format!(
+        "{head}~{}~{kind}",
+        sha1_smol::Sha1::from(whole.as_bytes()).digest()
+    )
+}
+
 fn fence_key(key: &str) -> String {
     format!("{}~fence", memcached_key(key))
 }
@@ -685,6 +703,11 @@ pub(crate) fn key_set(primitive: &str, keys: &LockKeys) -> Vec<String> {
             "0123456789abcdef0123456789abcdef",
         )),
         "election" => all.extend([fence_key(keys.lock()), record_key(keys.lock())]),
+        "fair" => all.extend([
+            fence_key(keys.lock()),
+            fair::queue_key(keys.lock()),
+            fair::claim_key(keys.lock(), "0123456789abcdef0123456789abcdef"),
+        ]),
         _ => all.push(fence_key(keys.lock())),
     }
     all.into_iter().map(|k| format!("item {k}")).collect()
@@ -1092,6 +1115,7 @@ mod props {
                 ("election", crate::DEFAULT_ELECTION_PREFIX),
                 ("semaphore", crate::DEFAULT_SEMAPHORE_PREFIX),
                 ("reentrant", crate::DEFAULT_REENTRANT_PREFIX),
+                ("fair", crate::DEFAULT_FAIR_PREFIX),
             ];
             crate::keys::namespace::check_disjoint(primitives, &names, super::key_set)?;
         }

@@ -86,20 +86,9 @@ impl Index {
     }
 }
 
-/// The lease item of `token`'s permits of the semaphore at `lock`: never a lock's mapped
-/// key (those have no `~`, or one followed by 40 hex digits at the end), its fence
-/// (`~fence`) or record (`~elect`).
+/// The lease item of `token`'s permits of the semaphore at `lock`.
 pub(super) fn holder_key(lock: &str, token: &str) -> String {
-    let head: String = lock
-        .chars()
-        .filter(|c| c.is_ascii_graphic() && *c != '~')
-        .take(32)
-        .collect();
-    let whole = format!("{}:{lock}{token}", lock.len());
-    format!(
-        "{head}~{}~h",
-        sha1_smol::Sha1::from(whole.as_bytes()).digest()
-    )
+    super::lease_key(lock, token, 'h')
 }
 
 /// What an attempt read: the index (with its CAS, `None` if absent) and, per listed
@@ -435,7 +424,8 @@ mod tests {
             prop_assert!(key.len() <= super::super::MAX_KEY_LEN);
             prop_assert!(key.bytes().all(|b| b.is_ascii_graphic()));
             prop_assert!(key.ends_with("~h"));
-            prop_assert_ne!(key, memcached_key(&lock));
+            prop_assert_ne!(&key, &memcached_key(&lock));
+            prop_assert_ne!(key, super::super::lease_key(&lock, &token, 'w'));
         }
     }
 
@@ -445,7 +435,10 @@ mod tests {
             count: 3,
             holders: vec![(1, "a b\n2 5 c".to_owned()), (2, String::new())],
         };
-        assert_eq!(Index::decode(index.encode().as_bytes()).expect("decodes"), index);
+        assert_eq!(
+            Index::decode(index.encode().as_bytes()).expect("decodes"),
+            index
+        );
         assert!(Index::decode(b"0\n").is_err());
         assert!(Index::decode(b"2\n1 99 x\n").is_err());
     }
