@@ -29,6 +29,11 @@ mod family {
         owners_follow_tasks_not_threads,
         fair_lock_grants_in_arrival_order,
         fair_lock_cancelled_and_crashed_waiters,
+        rwlock_readers_share_writers_exclude,
+        rwlock_writer_is_not_starved,
+        rwlock_downgrade_expiry_and_cancel,
+        multi_lock_is_all_or_nothing,
+        multi_locks_on_overlapping_sets_do_not_deadlock,
     );
 }
 

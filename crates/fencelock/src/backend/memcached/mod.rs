@@ -82,7 +82,7 @@
 //! | [`Semaphore`](crate::Semaphore) | yes | CAS on one index item, a lease item per holder ([`RawSemaphore`](crate::raw::RawSemaphore) impl) |
 //! | [`ReentrantLock`](crate::ReentrantLock) | yes | one item changed by CAS: fence, owner, a token per hold ([`RawReentrant`](crate::raw::RawReentrant) impl) |
 //! | [`Election`](crate::Election) | yes | the lock plus a record item (below) |
-//! | [`RwLock`](crate::RwLock) | not yet | the semaphore's pattern fits (the writer, the waiting writers and the readers listed in one index item, each alive while a lease item of its own is; every grant a CAS on the index); not built |
+//! | [`RwLock`](crate::RwLock) | yes | the plain lock's item for the writer; readers and waiting writers listed in one index item changed by CAS, each alive while its lease item is; every grant a CAS on the index ([`RawRwLock`](crate::raw::RawRwLock) impl) |
 //! | [`FairLock`](crate::FairLock) | yes | the plain lock's item, and a line of waiters in one item changed by CAS, each waiter alive while its claim item (renewed by its attempts) is ([`RawFair`](crate::raw::RawFair) impl) |
 //!
 //! What cannot be had on memcached is a wake-up: waiters of every primitive poll (jittered
@@ -118,6 +118,7 @@ use crate::validity::Drift;
 
 mod fair;
 mod reentrant;
+mod rwlock;
 mod semaphore;
 
 /// Shortest ttl memcached's one-second expiry clock can hold with some validity left.
@@ -703,6 +704,12 @@ pub(crate) fn key_set(primitive: &str, keys: &LockKeys) -> Vec<String> {
             "0123456789abcdef0123456789abcdef",
         )),
         "election" => all.extend([fence_key(keys.lock()), record_key(keys.lock())]),
+        "rwlock" => all.extend([
+            fence_key(keys.lock()),
+            rwlock::index_key(keys.lock()),
+            rwlock::reader_key(keys.lock(), "0123456789abcdef0123456789abcdef"),
+            rwlock::claim_key(keys.lock(), "0123456789abcdef0123456789abcdef"),
+        ]),
         "fair" => all.extend([
             fence_key(keys.lock()),
             fair::queue_key(keys.lock()),
@@ -1116,6 +1123,7 @@ mod props {
                 ("semaphore", crate::DEFAULT_SEMAPHORE_PREFIX),
                 ("reentrant", crate::DEFAULT_REENTRANT_PREFIX),
                 ("fair", crate::DEFAULT_FAIR_PREFIX),
+                ("rwlock", crate::DEFAULT_RWLOCK_PREFIX),
             ];
             crate::keys::namespace::check_disjoint(primitives, &names, super::key_set)?;
         }
