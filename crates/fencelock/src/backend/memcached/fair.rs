@@ -15,14 +15,12 @@
 
 use std::time::Duration;
 
+use super::items::{self, CAS_ROUNDS};
 use super::{Memcached, expiry_seconds, get_reply, lease_key, memcached_key, unexpected};
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::Result;
 use crate::keys::LockKeys;
 use crate::raw::{Acquire, LockState, RawFair, RawInspect, RawLock};
 use crate::token::Token;
-
-/// How many times joining the line starts again after losing a CAS race.
-const CAS_ROUNDS: usize = 8;
 
 /// The line's item: the lock's mapped key plus `~queue`.
 pub(super) fn queue_key(lock: &str) -> String {
@@ -34,32 +32,26 @@ pub(super) fn claim_key(lock: &str, token: &str) -> String {
     lease_key(lock, token, 'w')
 }
 
-/// `<length> <token>\n` per waiter, in arrival order.
+/// What the line is, for errors.
+const WHAT: &str = "a fair lock's line";
+
+/// A `W` entry per waiter, in arrival order.
 pub(super) fn encode(tokens: &[String]) -> String {
-    tokens
-        .iter()
-        .map(|t| format!("{} {t}\n", t.len()))
-        .collect()
+    items::encode(tokens.iter().map(|t| ("W", t)))
 }
 
 /// What [`encode`] wrote; anything else is a `Backend` error.
 pub(super) fn decode(bytes: &[u8]) -> Result<Vec<String>> {
-    let corrupt = || {
-        Error::new(
-            ErrorKind::Backend,
-            "a fair lock's line on memcached is not one dlock wrote",
-        )
-    };
-    let mut rest = std::str::from_utf8(bytes).map_err(|_| corrupt())?;
-    let mut tokens = Vec::new();
-    while !rest.is_empty() {
-        let (len, after) = rest.split_once(' ').ok_or_else(corrupt)?;
-        let len: usize = len.parse().map_err(|_| corrupt())?;
-        let token = after.get(..len).ok_or_else(corrupt)?;
-        rest = after[len..].strip_prefix('\n').ok_or_else(corrupt)?;
-        tokens.push(token.to_owned());
-    }
-    Ok(tokens)
+    items::decode(bytes, WHAT)?
+        .into_iter()
+        .map(|(tag, token)| {
+            if tag == "W" {
+                Ok(token)
+            } else {
+                Err(items::corrupt(WHAT))
+            }
+        })
+        .collect()
 }
 
 /// The holder and the line as one attempt saw them.
@@ -106,18 +98,16 @@ impl Memcached {
             return Ok(Seen { holder, line: None });
         };
         let tokens = decode(&value)?;
-        let mut line = Vec::with_capacity(tokens.len());
-        if !tokens.is_empty() {
-            let request: String = tokens
-                .iter()
-                .map(|t| format!("mg {} v\r\n", claim_key(keys.lock(), t)))
-                .collect();
-            let replies = self.call(request.into_bytes(), tokens.len()).await?;
-            for (token, reply) in tokens.into_iter().zip(replies) {
-                let alive = get_reply(reply)?.is_some_and(|(v, _, _)| v == token.as_bytes());
-                line.push((token, alive));
-            }
-        }
+        let claims: Vec<(String, &str)> = tokens
+            .iter()
+            .map(|t| (claim_key(keys.lock(), t), t.as_str()))
+            .collect();
+        let alive = self.alive(&claims).await?;
+        let line = tokens
+            .into_iter()
+            .zip(alive)
+            .map(|(t, alive)| (t, alive.is_some()))
+            .collect();
         Ok(Seen {
             holder,
             line: Some((line, cas)),
@@ -128,52 +118,16 @@ impl Memcached {
     async fn write_line(&self, keys: &LockKeys, seen: &Seen, join: Option<&str>) -> Result<bool> {
         let mut tokens: Vec<String> = seen.live().map(str::to_owned).collect();
         tokens.extend(join.map(str::to_owned));
-        let value = encode(&tokens);
-        let mode = match &seen.line {
-            Some((_, cas)) => format!("C{cas}"),
-            None => "ME".to_owned(),
-        };
-        let reply = self
-            .one(
-                format!(
-                    "ms {} {} T0 {mode}\r\n{value}\r\n",
-                    queue_key(keys.lock()),
-                    value.len()
-                )
-                .into_bytes(),
-            )
-            .await?;
-        match reply.code.as_str() {
-            "HD" => Ok(true),
-            "EX" | "NS" | "NF" => Ok(false),
-            other => Err(unexpected("ms (fair line)", other)),
-        }
-    }
-
-    /// Sets `token`'s claim item to last `secs`.
-    async fn claim(&self, keys: &LockKeys, token: &Token, secs: u64) -> Result<()> {
-        let value = token.as_str();
-        let reply = self
-            .one(
-                format!(
-                    "ms {} {} T{secs}\r\n{value}\r\n",
-                    claim_key(keys.lock(), value),
-                    value.len()
-                )
-                .into_bytes(),
-            )
-            .await?;
-        match reply.code.as_str() {
-            "HD" => Ok(()),
-            other => Err(unexpected("ms (fair claim)", other)),
-        }
+        let cas = seen.line.as_ref().map(|(_, cas)| cas.as_str());
+        self.write_cas(&queue_key(keys.lock()), &encode(&tokens), cas)
+            .await
     }
 
     /// Takes `token` out of the line: its claim item goes (so nobody counts it), then the
     /// line is rewritten without it where the CAS allows (else the next joiner drops it).
     async fn leave_line(&self, keys: &LockKeys, token: &Token) -> Result<()> {
-        let key = claim_key(keys.lock(), token.as_str());
-        self.one(format!("md {key}\r\n").into_bytes()).await?;
+        self.delete_item(&claim_key(keys.lock(), token.as_str()))
+            .await?;
         for _ in 0..3 {
             let seen = self.see_line(keys).await?;
             if !seen.listed(token.as_str()) || self.write_line(keys, &seen, None).await? {
@@ -209,7 +163,8 @@ impl RawFair for Memcached {
             // (whole seconds, rounded down: one more) away, plus the grace.
             let until_next = seen.remaining().unwrap_or_default() + Duration::from_secs(1);
             let secs = expiry_seconds((until_next + grace).max(super::MIN_TTL))?;
-            self.claim(keys, token, secs).await?;
+            self.set_item(&claim_key(keys.lock(), token.as_str()), token, secs)
+                .await?;
             if !seen.listed(token.as_str()) {
                 if !self.write_line(keys, &seen, Some(token.as_str())).await? {
                     continue;

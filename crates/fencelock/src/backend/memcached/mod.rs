@@ -117,6 +117,7 @@ use crate::token::Token;
 use crate::validity::Drift;
 
 mod fair;
+mod items;
 mod reentrant;
 mod rwlock;
 mod semaphore;

@@ -11,14 +11,12 @@
 
 use std::time::Duration;
 
+use super::items::{self, CAS_ROUNDS};
 use super::{Memcached, expiry_seconds, fence_key, memcached_key, unexpected};
 use crate::error::{Error, ErrorKind, Result};
 use crate::keys::LockKeys;
 use crate::raw::{Acquire, LockState, RawReentrant};
 use crate::token::Token;
-
-/// How many times a change starts again after losing a CAS race before it gives up.
-const CAS_ROUNDS: usize = 8;
 
 /// What the lock item holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -29,54 +27,44 @@ pub(super) struct Holds {
     pub(super) tokens: Vec<String>,
 }
 
+/// What the item is, for errors.
+const WHAT: &str = "a reentrant lock's item";
+
 impl Holds {
-    /// `<fence> <secs>\n<owner length> <owner>\n` then `<length> <token>\n` per hold.
+    /// `F` with the fence, `S` with the lease's seconds, `O` with the owner, then a `T`
+    /// entry per hold.
     pub(super) fn encode(&self) -> String {
-        let mut out = format!(
-            "{} {}\n{} {}\n",
-            self.fence,
-            self.secs,
-            self.owner.len(),
-            self.owner
-        );
-        for token in &self.tokens {
-            out.push_str(&format!("{} {token}\n", token.len()));
-        }
-        out
+        let (fence, secs) = (self.fence.to_string(), self.secs.to_string());
+        items::encode(
+            [("F", fence.as_str()), ("S", &secs), ("O", &self.owner)]
+                .into_iter()
+                .chain(self.tokens.iter().map(|t| ("T", t.as_str()))),
+        )
     }
 
     /// What [`encode`](Self::encode) wrote; anything else is a `Backend` error.
     pub(super) fn decode(bytes: &[u8]) -> Result<Holds> {
-        let corrupt = || {
-            Error::new(
-                ErrorKind::Backend,
-                "a reentrant lock's item on memcached is not one dlock wrote",
-            )
+        let corrupt = || items::corrupt(WHAT);
+        let mut entries = items::decode(bytes, WHAT)?.into_iter();
+        let mut head = |tag: &str| match entries.next() {
+            Some((t, text)) if t == tag => Ok(text),
+            _ => Err(corrupt()),
         };
-        let text = std::str::from_utf8(bytes).map_err(|_| corrupt())?;
-        let (head, rest) = text.split_once('\n').ok_or_else(corrupt)?;
-        let (fence, secs) = head.split_once(' ').ok_or_else(corrupt)?;
-        let fence: u64 = fence.parse().map_err(|_| corrupt())?;
-        let secs: u64 = secs.parse().map_err(|_| corrupt())?;
-        let field = |rest: &mut &str| -> Result<String> {
-            let (len, after) = rest.split_once(' ').ok_or_else(corrupt)?;
-            let len: usize = len.parse().map_err(|_| corrupt())?;
-            let value = after.get(..len).ok_or_else(corrupt)?;
-            *rest = after[len..].strip_prefix('\n').ok_or_else(corrupt)?;
-            Ok(value.to_owned())
-        };
-        let mut rest = rest;
-        let owner = field(&mut rest)?;
-        let mut tokens = Vec::new();
-        while !rest.is_empty() {
-            if tokens.len() > u32::MAX as usize / 2 {
-                return Err(corrupt());
-            }
-            tokens.push(field(&mut rest)?);
-        }
-        if expiry_seconds(Duration::from_secs(secs)).is_err() {
+        let fence: u64 = head("F")?.parse().map_err(|_| corrupt())?;
+        let secs: u64 = head("S")?.parse().map_err(|_| corrupt())?;
+        let owner = head("O")?;
+        if expiry_seconds(std::time::Duration::from_secs(secs)).is_err() {
             return Err(corrupt());
         }
+        let tokens = entries
+            .map(|(tag, token)| {
+                if tag == "T" {
+                    Ok(token)
+                } else {
+                    Err(corrupt())
+                }
+            })
+            .collect::<Result<Vec<_>>>()?;
         Ok(Holds {
             fence,
             secs,
@@ -163,14 +151,6 @@ impl Memcached {
     }
 }
 
-fn contended() -> Error {
-    Error::new(
-        ErrorKind::Backend,
-        "the reentrant lock's item kept changing while writing it",
-    )
-    .retryable(true)
-}
-
 /// The reentrant lock on memcached: one item changed by CAS (see the
 /// [module docs](self)). Waiters poll.
 impl RawReentrant for Memcached {
@@ -247,7 +227,7 @@ impl RawReentrant for Memcached {
                 return Ok(true);
             }
         }
-        Err(contended())
+        Err(items::contended(WHAT))
     }
 
     async fn extend_reentrant(
@@ -270,7 +250,7 @@ impl RawReentrant for Memcached {
                 return Ok(true);
             }
         }
-        Err(contended())
+        Err(items::contended(WHAT))
     }
 
     async fn inspect_reentrant(&self, keys: &LockKeys) -> Result<LockState> {
@@ -292,9 +272,7 @@ impl RawReentrant for Memcached {
     }
 
     async fn force_unlock_reentrant(&self, keys: &LockKeys) -> Result<bool> {
-        let key = memcached_key(keys.lock());
-        let reply = self.one(format!("md {key}\r\n").into_bytes()).await?;
-        Ok(reply.code == "HD")
+        self.delete_item(&memcached_key(keys.lock())).await
     }
 }
 

@@ -21,14 +21,12 @@
 
 use std::time::Duration;
 
+use super::items::{self, CAS_ROUNDS};
 use super::{Memcached, Reply, expiry_seconds, get_reply, lease_key, memcached_key, unexpected};
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::Result;
 use crate::keys::LockKeys;
 use crate::raw::{Acquire, LockState, RawInspect, RawLock, RawRwLock};
 use crate::token::Token;
-
-/// How many times an attempt starts again after losing a CAS race.
-const CAS_ROUNDS: usize = 8;
 
 /// The index item: the lock's mapped key plus `~rw`.
 pub(super) fn index_key(lock: &str) -> String {
@@ -53,39 +51,30 @@ pub(super) struct Index {
     pub(super) waiting: Vec<String>,
 }
 
+/// What the index is, for errors.
+const WHAT: &str = "a read-write lock's index";
+
 impl Index {
-    /// `W|R|X <length> <token>\n` per entry.
+    /// A `W` entry for the writer, `R` per reader, `X` per waiting writer.
     pub(super) fn encode(&self) -> String {
-        let entry = |tag: char, t: &String| format!("{tag} {} {t}\n", t.len());
-        self.writer
-            .iter()
-            .map(|t| entry('W', t))
-            .chain(self.readers.iter().map(|t| entry('R', t)))
-            .chain(self.waiting.iter().map(|t| entry('X', t)))
-            .collect()
+        items::encode(
+            self.writer
+                .iter()
+                .map(|t| ("W", t))
+                .chain(self.readers.iter().map(|t| ("R", t)))
+                .chain(self.waiting.iter().map(|t| ("X", t))),
+        )
     }
 
     /// What [`encode`](Self::encode) wrote; anything else is a `Backend` error.
     pub(super) fn decode(bytes: &[u8]) -> Result<Index> {
-        let corrupt = || {
-            Error::new(
-                ErrorKind::Backend,
-                "a read-write lock's index on memcached is not one dlock wrote",
-            )
-        };
-        let mut rest = std::str::from_utf8(bytes).map_err(|_| corrupt())?;
         let mut index = Index::default();
-        while !rest.is_empty() {
-            let (tag, after) = rest.split_once(' ').ok_or_else(corrupt)?;
-            let (len, after) = after.split_once(' ').ok_or_else(corrupt)?;
-            let len: usize = len.parse().map_err(|_| corrupt())?;
-            let token = after.get(..len).ok_or_else(corrupt)?.to_owned();
-            rest = after[len..].strip_prefix('\n').ok_or_else(corrupt)?;
-            match tag {
+        for (tag, token) in items::decode(bytes, WHAT)? {
+            match tag.as_str() {
                 "W" if index.writer.is_none() => index.writer = Some(token),
                 "R" => index.readers.push(token),
                 "X" => index.waiting.push(token),
-                _ => return Err(corrupt()),
+                _ => return Err(items::corrupt(WHAT)),
             }
         }
         Ok(index)
@@ -186,28 +175,18 @@ impl Memcached {
             });
         };
         let index = Index::decode(&value)?;
-        let keys_of: Vec<(String, &String)> = index
+        let listed: Vec<(String, &str)> = index
             .readers
             .iter()
-            .map(|t| (reader_key(keys.lock(), t), t))
-            .chain(index.waiting.iter().map(|t| (claim_key(keys.lock(), t), t)))
+            .map(|t| (reader_key(keys.lock(), t), t.as_str()))
+            .chain(
+                index
+                    .waiting
+                    .iter()
+                    .map(|t| (claim_key(keys.lock(), t), t.as_str())),
+            )
             .collect();
-        let mut alive = Vec::with_capacity(keys_of.len());
-        if !keys_of.is_empty() {
-            let request: String = keys_of
-                .iter()
-                .map(|(k, _)| format!("mg {k} v t\r\n"))
-                .collect();
-            let replies = self.call(request.into_bytes(), keys_of.len()).await?;
-            for ((_, token), reply) in keys_of.iter().zip(replies) {
-                alive.push(match get_reply(reply)? {
-                    Some((v, _, t)) if v == token.as_bytes() => {
-                        Some(t.and_then(|t| u64::try_from(t).ok()).unwrap_or(0))
-                    }
-                    _ => None,
-                });
-            }
-        }
+        let mut alive = self.alive(&listed).await?;
         let waiting = alive.split_off(index.readers.len());
         Ok(Seen {
             writer,
@@ -219,35 +198,8 @@ impl Memcached {
 
     /// Writes `index` under `cas` (`None`: only if there is none yet).
     async fn write_rw(&self, keys: &LockKeys, index: &Index, cas: Option<&str>) -> Result<bool> {
-        let value = index.encode();
-        let mode = cas.map_or_else(|| "ME".to_owned(), |cas| format!("C{cas}"));
-        let reply = self
-            .one(
-                format!(
-                    "ms {} {} T0 {mode}\r\n{value}\r\n",
-                    index_key(keys.lock()),
-                    value.len()
-                )
-                .into_bytes(),
-            )
-            .await?;
-        match reply.code.as_str() {
-            "HD" => Ok(true),
-            "EX" | "NS" | "NF" => Ok(false),
-            other => Err(unexpected("ms (read-write index)", other)),
-        }
-    }
-
-    /// Sets `key` to `token` for `secs`.
-    async fn set_item(&self, key: &str, token: &Token, secs: u64) -> Result<()> {
-        let value = token.as_str();
-        let reply = self
-            .one(format!("ms {key} {} T{secs}\r\n{value}\r\n", value.len()).into_bytes())
-            .await?;
-        match reply.code.as_str() {
-            "HD" => Ok(()),
-            other => Err(unexpected("ms", other)),
-        }
+        self.write_cas(&index_key(keys.lock()), &index.encode(), cas)
+            .await
     }
 
     /// Takes `token` out of the index (every role), where the CAS allows within a few
@@ -341,7 +293,7 @@ impl Memcached {
             next.writer = Some(token.as_str().to_owned());
             next.waiting.retain(|t| t != token.as_str());
             if self.write_rw(keys, &next, seen.cas()).await? {
-                self.one(format!("md {claim}\r\n").into_bytes()).await?;
+                self.delete_item(&claim).await?;
                 return Ok(Acquire::Acquired { fence });
             }
             self.release(keys, token).await?;
@@ -407,16 +359,12 @@ impl RawRwLock for Memcached {
                 return Ok(true);
             }
         }
-        Err(Error::new(
-            ErrorKind::Backend,
-            "the read-write lock's index kept changing while downgrading",
-        )
-        .retryable(true))
+        Err(items::contended(WHAT))
     }
 
     async fn abandon_rw(&self, keys: &LockKeys, token: &Token) -> Result<()> {
-        let claim = claim_key(keys.lock(), token.as_str());
-        self.one(format!("md {claim}\r\n").into_bytes()).await?;
+        self.delete_item(&claim_key(keys.lock(), token.as_str()))
+            .await?;
         self.unlist_rw(keys, token.as_str()).await
     }
 
@@ -451,8 +399,7 @@ impl RawRwLock for Memcached {
         }
         let n = 1 + index.readers.len() + index.waiting.len();
         self.call(request.into_bytes(), n).await?;
-        self.one(format!("md {}\r\n", index_key(keys.lock())).into_bytes())
-            .await?;
+        self.delete_item(&index_key(keys.lock())).await?;
         Ok(any)
     }
 }

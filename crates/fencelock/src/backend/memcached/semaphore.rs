@@ -27,15 +27,12 @@
 
 use std::time::Duration;
 
-use super::{Memcached, Reply, expiry_seconds, get_reply, memcached_key, unexpected};
-use crate::error::{Error, ErrorKind, Result};
+use super::items::{self, CAS_ROUNDS};
+use super::{Memcached, expiry_seconds, memcached_key, unexpected};
+use crate::error::{Error, Result};
 use crate::keys::LockKeys;
 use crate::raw::{Acquire, LockState, RawSemaphore};
 use crate::token::Token;
-
-/// How many times an attempt starts again after losing a CAS race on the index before it
-/// reports the semaphore as held (the caller's wait then retries it).
-const CAS_ROUNDS: usize = 8;
 
 /// The index: the stored permit count and the granted holders, `(permits, token)`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -44,44 +41,37 @@ pub(super) struct Index {
     pub(super) holders: Vec<(u32, String)>,
 }
 
+/// What the index is, for errors.
+const WHAT: &str = "a semaphore's index";
+
 impl Index {
-    /// `<count>\n` then `<permits> <token length> <token>\n` per holder (tokens may hold
-    /// any text).
+    /// `N` with the count, then an entry per holder tagged with its permits.
     pub(super) fn encode(&self) -> String {
-        let mut out = format!("{}\n", self.count);
-        for (n, token) in &self.holders {
-            out.push_str(&format!("{n} {} {token}\n", token.len()));
-        }
-        out
+        let count = self.count.to_string();
+        items::encode(
+            std::iter::once(("N".to_owned(), count.as_str())).chain(
+                self.holders
+                    .iter()
+                    .map(|(n, token)| (n.to_string(), token.as_str())),
+            ),
+        )
     }
 
     /// The index written by [`encode`](Self::encode); anything else is a `Backend` error.
     pub(super) fn decode(bytes: &[u8]) -> Result<Index> {
-        let corrupt = || {
-            Error::new(
-                ErrorKind::Backend,
-                "a semaphore's index item on memcached is not one dlock wrote",
-            )
-        };
-        let text = std::str::from_utf8(bytes).map_err(|_| corrupt())?;
-        let (head, mut rest) = text.split_once('\n').ok_or_else(corrupt)?;
-        let count: u32 = head.parse().map_err(|_| corrupt())?;
-        if count == 0 || count > crate::MAX_PERMITS {
-            return Err(corrupt());
+        let mut entries = items::decode(bytes, WHAT)?.into_iter();
+        let count = match entries.next() {
+            Some((tag, count)) if tag == "N" => count.parse::<u32>().ok(),
+            _ => None,
         }
-        let mut holders = Vec::new();
-        while !rest.is_empty() {
-            let (n, after) = rest.split_once(' ').ok_or_else(corrupt)?;
-            let (len, after) = after.split_once(' ').ok_or_else(corrupt)?;
-            let n: u32 = n.parse().map_err(|_| corrupt())?;
-            let len: usize = len.parse().map_err(|_| corrupt())?;
-            let token = after.get(..len).ok_or_else(corrupt)?;
-            rest = after[len..].strip_prefix('\n').ok_or_else(corrupt)?;
-            if n == 0 || holders.len() >= crate::MAX_PERMITS as usize {
-                return Err(corrupt());
-            }
-            holders.push((n, token.to_owned()));
-        }
+        .filter(|c| (1..=crate::MAX_PERMITS).contains(c))
+        .ok_or_else(|| items::corrupt(WHAT))?;
+        let holders = entries
+            .map(|(n, token)| match n.parse::<u32>() {
+                Ok(n) if n > 0 => Ok((n, token)),
+                _ => Err(items::corrupt(WHAT)),
+            })
+            .collect::<Result<Vec<_>>>()?;
         Ok(Index { count, holders })
     }
 }
@@ -157,26 +147,12 @@ impl Memcached {
             });
         };
         let index = Index::decode(&value)?;
-        let alive = if index.holders.is_empty() {
-            Vec::new()
-        } else {
-            let request: String = index
-                .holders
-                .iter()
-                .map(|(_, token)| format!("mg {} v t\r\n", holder_key(keys.lock(), token)))
-                .collect();
-            let replies = self.call(request.into_bytes(), index.holders.len()).await?;
-            let mut alive = Vec::with_capacity(replies.len());
-            for ((_, token), reply) in index.holders.iter().zip(replies) {
-                alive.push(match get_reply(reply)? {
-                    Some((v, _, ttl)) if v == token.as_bytes() => {
-                        Some(ttl.and_then(|t| u64::try_from(t).ok()).unwrap_or(0))
-                    }
-                    _ => None,
-                });
-            }
-            alive
-        };
+        let listed: Vec<(String, &str)> = index
+            .holders
+            .iter()
+            .map(|(_, token)| (holder_key(keys.lock(), token), token.as_str()))
+            .collect();
+        let alive = self.alive(&listed).await?;
         Ok(Read {
             index: Some((index, cas)),
             alive,
@@ -186,25 +162,8 @@ impl Memcached {
     /// Writes `index` if the index item is still at `cas` (`None`: still absent). Returns
     /// whether it was written.
     async fn write_index(&self, keys: &LockKeys, index: &Index, cas: Option<&str>) -> Result<bool> {
-        let key = memcached_key(keys.lock());
-        let value = index.encode();
-        let mode = match cas {
-            Some(cas) => format!("C{cas}"),
-            None => "ME".to_owned(),
-        };
-        let reply = self
-            .one(format!("ms {key} {} T0 {mode}\r\n{value}\r\n", value.len()).into_bytes())
-            .await?;
-        Self::stored(&reply)
-    }
-
-    /// `HD`: written; `EX` / `NS` / `NF`: another write came first.
-    fn stored(reply: &Reply) -> Result<bool> {
-        match reply.code.as_str() {
-            "HD" => Ok(true),
-            "EX" | "NS" | "NF" => Ok(false),
-            other => Err(unexpected("ms (semaphore index)", other)),
-        }
+        self.write_cas(&memcached_key(keys.lock()), &index.encode(), cas)
+            .await
     }
 
     /// Changes the stored count by `change` (given the current one, or `None` if none is
@@ -226,16 +185,8 @@ impl Memcached {
                 return Ok(Some(count));
             }
         }
-        Err(contended())
+        Err(items::contended(WHAT))
     }
-}
-
-fn contended() -> Error {
-    Error::new(
-        ErrorKind::Backend,
-        "the semaphore's index item kept changing (too many clients writing it at once)",
-    )
-    .retryable(true)
 }
 
 /// Permits on memcached, by CAS on one index item with a lease item per holder (see the
@@ -284,7 +235,10 @@ impl RawSemaphore for Memcached {
             let added = self
                 .one(format!("ms {me} {} T{secs} ME\r\n{value}\r\n", value.len()).into_bytes())
                 .await?;
-            if !Self::stored(&added)? {
+            if added.code != "HD" {
+                if added.code != "NS" {
+                    return Err(unexpected("ms (add)", &added.code));
+                }
                 // Our lease item exists already: an earlier attempt of ours that was not
                 // listed. Take it over with the new expiry before listing it.
                 if !self.extend_item(&me, token, secs).await? {
@@ -384,9 +338,8 @@ impl RawSemaphore for Memcached {
         };
         let mut any = false;
         for ((_, token), alive) in index.holders.iter().zip(&read.alive) {
-            let key = holder_key(keys.lock(), token);
-            let reply = self.one(format!("md {key}\r\n").into_bytes()).await?;
-            any |= alive.is_some() && reply.code == "HD";
+            let deleted = self.delete_item(&holder_key(keys.lock(), token)).await?;
+            any |= alive.is_some() && deleted;
         }
         // The count stays; the holders go.
         self.change_count(keys, |current| current).await?;
