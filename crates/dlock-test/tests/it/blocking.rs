@@ -197,6 +197,10 @@ mod memcached {
         wait_lost_fires_on_external_delete,
         fences_strictly_increase,
         dropped_guard_is_released_when_drop_returns,
+        semaphore_permits,
+        reentrant_reentry_keeps_the_fence,
+        rwlock_readers_share_writer_excludes,
+        fair_lock_grants_in_arrival_order,
     );
 }
 
