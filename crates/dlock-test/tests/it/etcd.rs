@@ -1,4 +1,4 @@
-//! The etcd backend against the lock conformance suite, plus leader loss, leases that run
+//! The etcd backend against the conformance suite (every primitive), plus leader loss, leases that run
 //! out while waiting, and the waiter queue: first come first served, one waiter woken per
 //! release, waiters that leave or die passing the turn on, and etcd's own lock service on
 //! the same keys.
@@ -18,23 +18,10 @@ use fencelock::{Election, ErrorKind, Lock, Token};
 use tokio::time::{Instant, sleep, timeout};
 
 mod conformance {
-    crate::lock_conformance_tests!(dlock_test::targets::EtcdTarget::start());
+    crate::all_conformance_tests!(dlock_test::targets::EtcdTarget::start());
     crate::conformance_tests!(dlock_test::targets::EtcdTarget::start();
-        waiter_wakes_on_release,
-        inspection_and_administration,
         lost_fires_when_the_store_is_frozen_past_the_ttl,
         a_partitioned_holder_loses_its_lease_and_closed_connections_recover,
-        semaphore_never_exceeds_its_permits,
-        semaphore_permits_of_a_dead_holder_come_back,
-        semaphore_many_permits_and_counts,
-        semaphore_waiters_wake_and_lost_permits_fire,
-        semaphore_other_count_is_refused,
-    );
-    crate::family_tests!(dlock_test::targets::EtcdTarget::start();
-        fair_lock_grants_in_arrival_order,
-        fair_lock_cancelled_and_crashed_waiters,
-        multi_lock_is_all_or_nothing,
-        multi_locks_on_overlapping_sets_do_not_deadlock,
     );
 }
 

@@ -17,6 +17,20 @@
 //!   count: each wakes it to look again (every waiting client of the semaphore, as
 //!   Curator's and ZooKeeper's do), and a look that finds its key within the count hands
 //!   the grant over without an attempt. The fence of a grant is the key's create revision.
+//! * **Reentrant lock**: one key per owner, `K/<owner>` (`%` and `/` escaped), on a lease
+//!   of its own; its value lists the owner's holds (`h`, then one token per line),
+//!   changed by compare-and-set on the key's mod revision. The owner holds while its key
+//!   is the first of the queue; a re-entry adds its token to that key, so it carries the
+//!   first hold's fence, and the key (with its lease) goes with the owner's last hold.
+//!   A hold's waiter follows its owner's key through the engine's follower as a plain
+//!   waiter follows its own.
+//! * **Read-write lock** (writers first): a reader's key holds `r <token>`, a writer's
+//!   `w <token>`, in one queue. A writer holds while its key is the first; a reader while
+//!   no writer's key is before its own, so a queued writer keeps later readers out. A
+//!   writer's task watches the key just before its own, a reader's the nearest writer's
+//!   key before its own (its deletion, or its downgrade). Downgrade rewrites the writer's
+//!   value as `r <token>` in one compare-on-value transaction: the key keeps its place
+//!   and lease, and counts as a reader from then on.
 //! * **Fair lock**: the plain lock is first come, first served already (keys are served in
 //!   create-revision order), so the fair lock is the plain lock's recipe under its own
 //!   prefix.
@@ -24,15 +38,18 @@
 use std::time::Duration;
 
 use etcd_client::{
-    Compare, CompareOp, EventType, GetOptions, SortOrder, SortTarget, Txn, TxnOp,
-    TxnOpResponse, WatchFilterType, WatchOptions,
+    Compare, CompareOp, EventType, GetOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse,
+    WatchFilterType, WatchOptions,
 };
 
 use super::{Entered, Etcd, Kind, Queued, heard, permits_of, queue_key, queue_prefix, queued};
 use crate::engine::follow::{Fired, Look};
 use crate::error::{Error, ErrorKind, Result};
 use crate::keys::LockKeys;
-use crate::raw::{Acquire, LockState, RawFair, RawInspect, RawLock, RawSemaphore, ReleaseWatch};
+use crate::raw::{
+    Acquire, LockState, RawFair, RawInspect, RawLock, RawReentrant, RawRwLock, RawSemaphore,
+    ReleaseWatch,
+};
 use crate::token::Token;
 
 /// How often a compare-and-set is tried before the call gives up as contended.
@@ -106,7 +123,10 @@ impl Etcd {
             TxnOp::get(prefix.as_str(), Some(super::queue_read())),
         ]);
         let resp = self
-            .call("reading a semaphore", |mut c| async move { c.txn(txn).await })
+            .call(
+                "reading a semaphore",
+                |mut c| async move { c.txn(txn).await },
+            )
             .await?;
         let mut answers = resp.op_responses().into_iter();
         let count = count_in(answers.next().into_iter().collect())?;
@@ -185,7 +205,10 @@ impl Etcd {
             TxnOp::get(prefix, Some(up_to_ours)),
         ]);
         let Ok(resp) = self
-            .call("reading a semaphore", |mut c| async move { c.txn(txn).await })
+            .call(
+                "reading a semaphore",
+                |mut c| async move { c.txn(txn).await },
+            )
             .await
         else {
             return Look::Failed;
@@ -386,27 +409,7 @@ impl RawSemaphore for Etcd {
         // Every key, waiters' too (they queue again): which keys hold cannot be told from
         // the count alone once it was lowered below what is held.
         let (queue, _) = self.permit_line(keys).await?;
-        let prefix = queue_prefix(keys);
-        let mut any = false;
-        for q in queue {
-            let txn = Txn::new()
-                .when([Compare::create_revision(
-                    q.key.clone(),
-                    CompareOp::Equal,
-                    q.created,
-                )])
-                .and_then([TxnOp::delete(q.key.clone(), None)]);
-            let resp = self
-                .call("force-unlocking", |mut c| async move { c.txn(txn).await })
-                .await?;
-            if resp.succeeded() {
-                any = true;
-                if q.is_ours(&prefix) && q.lease != 0 {
-                    self.revoke_later(q.lease);
-                }
-            }
-        }
-        Ok(any)
+        self.delete_all(keys, queue).await
     }
 }
 
@@ -440,6 +443,473 @@ impl RawFair for Etcd {
     }
 
     async fn watch_fair(&self, keys: &LockKeys, token: &Token) -> Result<ReleaseWatch> {
+        self.watch_for(keys, token).await
+    }
+}
+
+/// The key of `owner`'s holds of a reentrant lock: `K/<owner>`, with `%` and `/` escaped
+/// (`%25`, `%2F`) so that it stays in the lock's queue.
+pub(super) fn owner_key(keys: &LockKeys, owner: &str) -> String {
+    let escaped = owner.replace('%', "%25").replace('/', "%2F");
+    format!("{}/{escaped}", keys.lock())
+}
+
+/// The owner an owner's key names (the rest of the key after the queue's prefix).
+fn owner_named(rest: &[u8]) -> String {
+    String::from_utf8_lossy(rest)
+        .replace("%2F", "/")
+        .replace("%25", "%")
+}
+
+/// The holds listed in a reentrant owner's key: `h`, then one token per line.
+fn holds(value: &[u8]) -> Vec<String> {
+    let text = String::from_utf8_lossy(value);
+    let mut lines = text.split('\n');
+    if lines.next() != Some("h") {
+        return Vec::new();
+    }
+    lines.filter(|l| !l.is_empty()).map(str::to_owned).collect()
+}
+
+/// The value of an owner's key holding `tokens`.
+fn holds_value(tokens: &[String]) -> String {
+    let mut value = String::from("h");
+    for t in tokens {
+        value.push('\n');
+        value.push_str(t);
+    }
+    value
+}
+
+/// Whether a key's value is a writer's that has not downgraded.
+fn is_writer(value: &[u8]) -> bool {
+    value.starts_with(b"w ")
+}
+
+impl Etcd {
+    /// The key's value, mod revision and lease, if it exists.
+    async fn read_versioned(&self, key: &str) -> Result<Option<(Vec<u8>, i64, i64)>> {
+        let key = key.to_owned();
+        let resp = self
+            .call(
+                "reading a lock",
+                |mut c| async move { c.get(key, None).await },
+            )
+            .await?;
+        Ok(resp
+            .kvs()
+            .first()
+            .map(|kv| (kv.value().to_vec(), kv.mod_revision(), kv.lease())))
+    }
+
+    /// Takes `token`'s hold out of the owner's key `key` (the key and its lease go with the
+    /// last hold). Returns whether the hold was there.
+    pub(super) async fn release_hold(&self, key: &str, token: &Token) -> Result<bool> {
+        for _ in 0..CAS_TRIES {
+            let Some((value, rev, _)) = self.read_versioned(key).await? else {
+                self.forget(key);
+                return Ok(false);
+            };
+            let mut rest = holds(&value);
+            let before = rest.len();
+            rest.retain(|t| t != token.as_str());
+            if rest.len() == before {
+                return Ok(false);
+            }
+            let same = Compare::mod_revision(key, CompareOp::Equal, rev);
+            if rest.is_empty() {
+                // The key goes with its lease (which holds nothing else).
+                if self.leave(key, same).await? {
+                    return Ok(true);
+                }
+            } else {
+                let txn = Txn::new().when([same]).and_then([TxnOp::put(
+                    key,
+                    holds_value(&rest),
+                    Some(etcd_client::PutOptions::new().with_ignore_lease()),
+                )]);
+                let resp = self
+                    .call("releasing a reentrant hold", |mut c| async move {
+                        c.txn(txn).await
+                    })
+                    .await?;
+                if resp.succeeded() {
+                    return Ok(true);
+                }
+            }
+        }
+        Err(Error::new(
+            ErrorKind::Unavailable,
+            "releasing a reentrant hold: contended",
+        )
+        .retryable(true))
+    }
+
+    /// The owner's key of a reentrant hold under `token`: the one this client recorded,
+    /// else the queue's key that lists the token (a hold handed over from elsewhere).
+    async fn hold_key(&self, keys: &LockKeys, token: &Token) -> Result<Option<String>> {
+        if let Some(key) = self.alias(&queue_key(keys, token)) {
+            return Ok(Some(key));
+        }
+        let prefix = queue_prefix(keys);
+        let from = prefix.clone();
+        let resp = self
+            .call("reading a lock's queue", |mut c| async move {
+                c.get(from, Some(super::queue_read())).await
+            })
+            .await?;
+        Ok(queued(resp.kvs(), &prefix)
+            .into_iter()
+            .find(|q| holds(&q.value).iter().any(|t| t == token.as_str()))
+            .map(|q| String::from_utf8_lossy(&q.key).into_owned()))
+    }
+
+    /// A reader's look (see the module docs): the nearest writer's key before its own
+    /// `key` (create revision `rev`) under `prefix`, watched from the read on for its
+    /// deletion (the last writer ahead gone: the turn) or its downgrade (look again).
+    pub(super) async fn look_read(&self, prefix: &str, key: &str, rev: i64) -> Look {
+        if rev <= 0 {
+            return Look::Failed;
+        }
+        let from = prefix.to_owned();
+        let up_to_ours = GetOptions::new()
+            .with_prefix()
+            .with_max_create_revision(rev)
+            .with_sort(SortTarget::Create, SortOrder::Descend);
+        let Ok(resp) = self
+            .call("reading a lock's queue", |mut c| async move {
+                c.get(from, Some(up_to_ours)).await
+            })
+            .await
+        else {
+            return Look::Failed;
+        };
+        let read_at = resp
+            .header()
+            .map_or(0, etcd_client::ResponseHeader::revision);
+        let line = queued(resp.kvs(), prefix);
+        let ours = line
+            .iter()
+            .any(|q| q.key == key.as_bytes() && q.created == rev);
+        let mut writers = line
+            .iter()
+            .filter(|q| q.created < rev && is_writer(&q.value));
+        let Some(writer) = writers.next() else {
+            return Look::Turn { ours };
+        };
+        let only = writers.next().is_none();
+        let options = WatchOptions::new().with_start_revision(read_at + 1);
+        let Ok(Some(mut stream)) = self
+            .open_watch(&writer.key, options, "watching the writer ahead")
+            .await
+        else {
+            return Look::Failed;
+        };
+        Look::Ahead {
+            watch: Box::pin(async move {
+                loop {
+                    match stream.message().await {
+                        Ok(Some(resp)) => {
+                            let events = resp.events();
+                            if events.iter().any(|e| e.event_type() == EventType::Delete) {
+                                return Fired::Deleted;
+                            }
+                            // A write: the writer downgraded (or wrote its value again).
+                            if !events.is_empty() {
+                                return Fired::Other;
+                            }
+                            if resp.canceled() {
+                                return Fired::Lost { wake: false };
+                            }
+                        }
+                        Ok(None) | Err(_) => return Fired::Lost { wake: false },
+                    }
+                }
+            }),
+            only,
+            wake: false,
+        }
+    }
+
+    /// Deletes every key of `queue` (each compared on its create revision) and revokes
+    /// dlock's leases with them. Returns whether any was there.
+    async fn delete_all(&self, keys: &LockKeys, queue: Vec<Queued>) -> Result<bool> {
+        let prefix = queue_prefix(keys);
+        let mut any = false;
+        for q in queue {
+            let txn = Txn::new()
+                .when([Compare::create_revision(
+                    q.key.clone(),
+                    CompareOp::Equal,
+                    q.created,
+                )])
+                .and_then([TxnOp::delete(q.key.clone(), None)]);
+            let resp = self
+                .call("force-unlocking", |mut c| async move { c.txn(txn).await })
+                .await?;
+            if resp.succeeded() {
+                any = true;
+                if q.is_ours(&prefix) && q.lease != 0 {
+                    self.revoke_later(q.lease);
+                }
+            }
+        }
+        Ok(any)
+    }
+
+    /// The queue of `keys` with every key's value, in line order.
+    async fn full_queue(&self, keys: &LockKeys) -> Result<Vec<Queued>> {
+        let prefix = queue_prefix(keys);
+        let from = prefix.clone();
+        let resp = self
+            .call("reading a lock's queue", |mut c| async move {
+                c.get(from, Some(super::queue_read())).await
+            })
+            .await?;
+        Ok(queued(resp.kvs(), &prefix))
+    }
+}
+
+impl RawReentrant for Etcd {
+    async fn acquire_reentrant(
+        &self,
+        keys: &LockKeys,
+        owner: &str,
+        token: &Token,
+        ttl: Duration,
+        limit: u32,
+        _queue: bool,
+    ) -> Result<Acquire> {
+        let secs = super::lease_seconds(ttl);
+        let key = owner_key(keys, owner);
+        let prefix = queue_prefix(keys);
+        self.set_alias(queue_key(keys, token), key.clone());
+        for _ in 0..CAS_TRIES {
+            let (lease, retired) = self.fresh_lease(&key, secs).await?;
+            let (mut tokens, rev) = match self.read_versioned(&key).await? {
+                Some((value, rev, _)) => (holds(&value), rev),
+                None => (Vec::new(), 0),
+            };
+            if !tokens.iter().any(|t| t == token.as_str()) {
+                if u32::try_from(tokens.len()).unwrap_or(u32::MAX) >= limit {
+                    self.unalias(&queue_key(keys, token));
+                    return Err(Error::new(
+                        ErrorKind::LimitReached,
+                        format!(
+                            "owner {owner:?} already holds lock {:?} {limit} times",
+                            keys.name()
+                        ),
+                    ));
+                }
+                tokens.push(token.as_str().to_owned());
+            }
+            // The owner's key with our hold on a lease that restarted now (a new key goes
+            // to the back), if no other hold changed it meanwhile; and the queue at that
+            // revision.
+            let txn = Txn::new()
+                .when([Compare::mod_revision(key.as_str(), CompareOp::Equal, rev)])
+                .and_then([
+                    TxnOp::put(
+                        key.as_str(),
+                        holds_value(&tokens),
+                        Some(etcd_client::PutOptions::new().with_lease(lease)),
+                    ),
+                    TxnOp::get(prefix.as_str(), Some(super::queue_read().with_keys_only())),
+                ]);
+            let resp = match self
+                .call("acquiring", |mut c| async move { c.txn(txn).await })
+                .await
+            {
+                Ok(resp) => resp,
+                Err(err) if err.to_string().contains("requested lease not found") => {
+                    self.set_lease(&key, 0, 0);
+                    continue;
+                }
+                Err(err) => return Err(err),
+            };
+            if let Some(old) = retired {
+                self.revoke_later(old);
+            }
+            if !resp.succeeded() {
+                continue;
+            }
+            let queue = resp
+                .op_responses()
+                .into_iter()
+                .find_map(|op| match op {
+                    TxnOpResponse::Get(get) => Some(queued(get.kvs(), &prefix)),
+                    _ => None,
+                })
+                .unwrap_or_default();
+            let Some(at) = queue.iter().position(|q| q.key == key.as_bytes()) else {
+                return Err(Error::new(
+                    ErrorKind::Backend,
+                    "etcd did not list the queue key it had just written",
+                ));
+            };
+            self.placed(&key, queue[at].created, Kind::Holds);
+            return self.settle(keys, token, &queue, at, at == 0).await;
+        }
+        Err(Error::new(ErrorKind::Unavailable, "re-entering a lock: contended").retryable(true))
+    }
+
+    async fn release_reentrant(&self, keys: &LockKeys, owner: &str, token: &Token) -> Result<bool> {
+        self.unalias(&queue_key(keys, token));
+        self.release_hold(&owner_key(keys, owner), token).await
+    }
+
+    async fn extend_reentrant(
+        &self,
+        keys: &LockKeys,
+        token: &Token,
+        ttl: Duration,
+    ) -> Result<bool> {
+        let Some(key) = self.hold_key(keys, token).await? else {
+            return Ok(false);
+        };
+        self.extend_at(&key, ttl, |value| {
+            holds(value).iter().any(|t| t == token.as_str())
+        })
+        .await
+    }
+
+    async fn inspect_reentrant(&self, keys: &LockKeys) -> Result<LockState> {
+        let queue = self.full_queue(keys).await?;
+        let prefix = queue_prefix(keys);
+        let Some(head) = queue.first() else {
+            return Ok(LockState::new(None, None, None).with_queued(0));
+        };
+        Ok(LockState::new(
+            Some(owner_named(&head.key[prefix.len()..])),
+            self.lease_remaining(head.lease).await?,
+            u64::try_from(head.created).ok(),
+        )
+        .with_hold_count(u32::try_from(holds(&head.value).len()).unwrap_or(u32::MAX))
+        .with_queued(u32::try_from(queue.len() - 1).unwrap_or(u32::MAX)))
+    }
+
+    async fn force_unlock_reentrant(&self, keys: &LockKeys) -> Result<bool> {
+        let queue = self.full_queue(keys).await?;
+        let Some(head) = queue.into_iter().next() else {
+            return Ok(false);
+        };
+        let lease = head.lease;
+        let deleted = self.delete_all(keys, vec![head]).await?;
+        if deleted && lease != 0 {
+            // An owner's key has a lease of its own.
+            self.revoke_later(lease);
+        }
+        Ok(deleted)
+    }
+}
+
+impl RawRwLock for Etcd {
+    const READERS_QUEUE: bool = true;
+
+    async fn acquire_rw(
+        &self,
+        keys: &LockKeys,
+        token: &Token,
+        write: bool,
+        ttl: Duration,
+        _grace: Duration,
+    ) -> Result<Acquire> {
+        let kind = if write { Kind::Write } else { Kind::Read };
+        match self
+            .enter(keys, token, kind, ttl, Vec::new(), Vec::new())
+            .await?
+        {
+            Entered::Queued { queue, at } => {
+                // A writer holds when its key is the first; a reader when no writer's key
+                // (that did not downgrade) is before its own: writers first.
+                let granted = if is_writer(&queue[at].value) {
+                    at == 0
+                } else {
+                    !queue[..at].iter().any(|q| is_writer(&q.value))
+                };
+                self.settle(keys, token, &queue, at, granted).await
+            }
+            Entered::Refused(_) => Err(Error::new(
+                ErrorKind::Backend,
+                "etcd refused an attempt without a condition",
+            )),
+        }
+    }
+
+    async fn release_rw(&self, keys: &LockKeys, token: &Token) -> Result<bool> {
+        let key = queue_key(keys, token);
+        self.leave(&key, exists(&key)).await
+    }
+
+    async fn extend_rw(&self, keys: &LockKeys, token: &Token, ttl: Duration) -> Result<bool> {
+        self.extend(keys, token, ttl).await
+    }
+
+    /// Rewrites the writer's value as a reader's in one compare-on-value transaction: the
+    /// key keeps its place (no writer can come in between) and now counts as a reader;
+    /// then its lease is renewed for `ttl`.
+    async fn downgrade_rw(&self, keys: &LockKeys, token: &Token, ttl: Duration) -> Result<bool> {
+        let key = queue_key(keys, token);
+        let txn = Txn::new()
+            .when([Compare::value(
+                key.as_str(),
+                CompareOp::Equal,
+                Kind::Write.value(token),
+            )])
+            .and_then([TxnOp::put(
+                key.as_str(),
+                Kind::Read.value(token),
+                Some(etcd_client::PutOptions::new().with_ignore_lease()),
+            )]);
+        let resp = self
+            .call("downgrading", |mut c| async move { c.txn(txn).await })
+            .await?;
+        if !resp.succeeded() {
+            return Ok(false);
+        }
+        if let Some(place) = self.places().get_mut(&key) {
+            place.kind = Kind::Read;
+        }
+        self.extend(keys, token, ttl).await
+    }
+
+    async fn abandon_rw(&self, keys: &LockKeys, token: &Token) -> Result<()> {
+        self.release_rw(keys, token).await.map(|_| ())
+    }
+
+    async fn inspect_rw(&self, keys: &LockKeys) -> Result<LockState> {
+        let queue = self.full_queue(keys).await?;
+        let prefix = queue_prefix(keys);
+        let writer = queue.first().filter(|q| is_writer(&q.value));
+        let first_writer = queue
+            .iter()
+            .position(|q| is_writer(&q.value))
+            .unwrap_or(queue.len());
+        let readers = if writer.is_some() { 0 } else { first_writer };
+        let waiting = queue
+            .iter()
+            .skip(usize::from(writer.is_some()))
+            .filter(|q| is_writer(&q.value))
+            .count();
+        let remaining = match writer {
+            Some(w) => self.lease_remaining(w.lease).await?,
+            None => None,
+        };
+        Ok(LockState::new(
+            writer.map(|w| w.owner(&prefix)),
+            remaining,
+            writer.and_then(|w| u64::try_from(w.created).ok()),
+        )
+        .with_holders(u32::try_from(readers).unwrap_or(u32::MAX))
+        .with_queued(u32::try_from(waiting).unwrap_or(u32::MAX)))
+    }
+
+    async fn force_unlock_rw(&self, keys: &LockKeys) -> Result<bool> {
+        let queue = self.full_queue(keys).await?;
+        self.delete_all(keys, queue).await
+    }
+
+    async fn watch_rw(&self, keys: &LockKeys, token: &Token, _write: bool) -> Result<ReleaseWatch> {
         self.watch_for(keys, token).await
     }
 }

@@ -1,5 +1,7 @@
 //! etcd: a linearizable lock whose waiters queue in revision order (etcd's own concurrency
-//! recipe), with the holder's queue position as the fence.
+//! recipe), with the holder's queue position as the fence; and the whole lock family
+//! (semaphore, reentrant, read-write and fair lock) as recipes over the same queue (see
+//! `family.rs`).
 //!
 //! # Layout
 //!
@@ -41,7 +43,8 @@
 //!   through restarts and leader changes, because revisions are persisted by raft.
 //! * **Repeats**: the key is a function of the token, so an attempt repeated after a lost
 //!   reply finds the same key (same place, same fence) and never queues twice. Release,
-//!   extend and withdrawal compare the token stored at the key.
+//!   extend and withdrawal compare the token stored at the key (the family's keys, named
+//!   after a token too, are compared on their existence).
 //! * **Waiting**: [`RawLock::watch_for`] starts one task per waiter. It finds the key just
 //!   before ours (by create revision) and watches it for deletion from the revision it was
 //!   read at, so a deletion in between is not missed. When it is deleted the task looks
@@ -71,7 +74,8 @@
 //!   same for the holder.
 //! * **Extend**: a keep-alive of our own lease (it holds only our key), confirmed by reading
 //!   our token on that lease at our key; another ttl moves the key to a new lease of that
-//!   ttl in a compare-on-token transaction (its create revision, hence the fence, stays),
+//!   ttl in a transaction that requires the key (named after our token; its value and
+//!   create revision, hence the fence, stay),
 //!   so a shorter ttl shortens the hold (a keep-alive would restart the old, longer one).
 //!   A holder in another process that was handed the token (`dlock extend`) finds the
 //!   lease on the key and its granted ttl by reading them.
@@ -109,7 +113,8 @@ use crate::engine::wake::{Registration, Wakes, Watches};
 use crate::error::{Error, ErrorKind, Result};
 use crate::keys::LockKeys;
 use crate::raw::{
-    Acquire, LockState, RECORD, RawElection, RawFencing, RawInspect, RawLock, ReleaseWatch,
+    Acquire, LeaseKind, LockState, RECORD, RawElection, RawFencing, RawInspect, RawLock,
+    RawReentrant, ReleaseWatch, Renewal,
 };
 use crate::token::Token;
 
@@ -141,6 +146,9 @@ struct Inner {
     timeout: Duration,
     /// Our queue keys (waiting or holding), by key.
     places: Mutex<HashMap<String, Place>>,
+    /// The reentrant holds waiting or held through this client: the queue key a hold's
+    /// token would have (`K/<token>`, what its waiter follows) to its owner's key.
+    aliases: Mutex<HashMap<String, String>>,
     /// The waiting keys (the engine's wake registry): where each key's task leaves the
     /// grant when the key's turn came (its fence: the key's create revision), kept while
     /// the waiter watches, whatever happens to the key meanwhile (a key re-created at the
@@ -194,6 +202,13 @@ enum Kind {
         /// The stored count the attempt went by.
         count: u32,
     },
+    /// A read-write lock's reader: it holds while no writer's key is before its own.
+    Read,
+    /// A read-write lock's writer: it holds while its key is the first.
+    Write,
+    /// A reentrant lock's owner (its key named after the owner, its value the holds): it
+    /// holds while its key is the first.
+    Holds,
 }
 
 impl Kind {
@@ -203,6 +218,9 @@ impl Kind {
         match self {
             Kind::Plain => token.as_str().to_owned(),
             Kind::Permits { n, .. } => format!("p{n} {}", token.as_str()),
+            Kind::Read => format!("r {}", token.as_str()),
+            Kind::Write => format!("w {}", token.as_str()),
+            Kind::Holds => format!("h\n{}", token.as_str()),
         }
     }
 }
@@ -228,10 +246,13 @@ fn holds_token(value: &[u8], token: &Token) -> bool {
             .is_some_and(is_tag)
 }
 
-/// Whether `tag` is one of the family's value tags (`p<n>`).
+/// Whether `tag` is one of the family's value tags (`p<n>`, `r`, `w`).
 fn is_tag(tag: &[u8]) -> bool {
-    tag.strip_prefix(b"p")
-        .is_some_and(|n| !n.is_empty() && n.iter().all(u8::is_ascii_digit))
+    tag == b"r"
+        || tag == b"w"
+        || tag
+            .strip_prefix(b"p")
+            .is_some_and(|n| !n.is_empty() && n.iter().all(u8::is_ascii_digit))
 }
 
 /// One key of a lock's queue.
@@ -453,6 +474,7 @@ impl Etcd {
                 endpoints,
                 timeout: DEFAULT_TIMEOUT,
                 places: Mutex::new(HashMap::new()),
+                aliases: Mutex::new(HashMap::new()),
                 wakes: Wakes::default(),
                 watches: Watches::default(),
                 engine: Engine::new(),
@@ -525,6 +547,38 @@ impl Etcd {
         self.inner
             .wakes
             .offer(&key.to_owned(), u64::try_from(rev).unwrap_or(0));
+    }
+
+    /// The owner's key a reentrant hold's queue key `key` stands for, if any.
+    fn alias(&self, key: &str) -> Option<String> {
+        self.inner
+            .aliases
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(key)
+            .cloned()
+    }
+
+    /// `key`, or the owner's key it stands for.
+    fn key_of(&self, key: &str) -> String {
+        self.alias(key).unwrap_or_else(|| key.to_owned())
+    }
+
+    /// Records that the reentrant hold at queue key `key` is in its owner's key `owner_key`.
+    fn set_alias(&self, key: String, owner_key: String) {
+        self.inner
+            .aliases
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(key, owner_key);
+    }
+
+    fn unalias(&self, key: &str) {
+        self.inner
+            .aliases
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(key);
     }
 
     fn forget(&self, key: &str) -> Option<Place> {
@@ -793,15 +847,53 @@ impl Etcd {
         self.inner.watches.open()
     }
 
+    /// Renews our queue key `key` for `ttl` if its value passes `ours` (see
+    /// [`RawLock::extend`] on this backend).
+    async fn extend_at(
+        &self,
+        key: &str,
+        ttl: Duration,
+        ours: impl Fn(&[u8]) -> bool,
+    ) -> Result<bool> {
+        let secs = lease_seconds(ttl);
+        let known = match self.place(key).filter(|p| p.lease != 0) {
+            Some(p) => Some((p.lease, p.secs)),
+            // A holder in another process handed us its token.
+            None => match self.read(key).await? {
+                Some((value, _, lease)) if ours(&value) && lease != 0 => {
+                    let granted = self
+                        .call("reading a lease", |mut c| async move {
+                            c.lease_time_to_live(lease, None).await
+                        })
+                        .await?
+                        .granted_ttl();
+                    Some((lease, granted))
+                }
+                _ => None,
+            },
+        };
+        let Some((lease, granted)) = known else {
+            return Ok(false);
+        };
+        // A keep-alive restarts the lease's own ttl: another ttl needs another lease.
+        if secs != granted {
+            return self.move_to_lease(key, secs).await;
+        }
+        // Keep our own lease alive (it can only hold our key), and check the key is still
+        // ours on it. Our key, while it exists, is the lowest of the queue: the holder.
+        let (alive, holder) = tokio::join!(self.keep_alive(lease), self.read(key));
+        let alive = alive?;
+        let still = holder?.is_some_and(|(value, _, l)| ours(&value) && l == lease);
+        Ok(alive && still)
+    }
+
     /// Deletes our queue key `key` if `own` holds (it is ours) and revokes its lease.
     /// Returns whether it was there.
     async fn leave(&self, key: &str, own: Compare) -> Result<bool> {
-        let txn = Txn::new()
-            .when([own])
-            .and_then([TxnOp::delete(
-                key,
-                Some(DeleteOptions::new().with_prev_key()),
-            )]);
+        let txn = Txn::new().when([own]).and_then([TxnOp::delete(
+            key,
+            Some(DeleteOptions::new().with_prev_key()),
+        )]);
         let resp = match self
             .call("releasing", |mut c| async move { c.txn(txn).await })
             .await
@@ -972,7 +1064,7 @@ impl Recipe for Follow {
     type Id = i64;
 
     fn place(&self) -> Option<Place> {
-        self.etcd.place(&self.key)
+        self.etcd.place(&self.etcd.key_of(&self.key))
     }
 
     fn id(place: &Place) -> i64 {
@@ -990,17 +1082,18 @@ impl Recipe for Follow {
     }
 
     async fn look(&mut self, place: &Place) -> Look {
-        if let Kind::Permits { count, .. } = place.kind {
-            return self
-                .etcd
-                .look_permits(&self.prefix, &self.count_key, &self.key, place.rev, count)
-                .await;
+        let key = self.etcd.key_of(&self.key);
+        match place.kind {
+            Kind::Permits { count, .. } => {
+                return self
+                    .etcd
+                    .look_permits(&self.prefix, &self.count_key, &key, place.rev, count)
+                    .await;
+            }
+            Kind::Read => return self.etcd.look_read(&self.prefix, &key, place.rev).await,
+            Kind::Plain | Kind::Write | Kind::Holds => {}
         }
-        match self
-            .etcd
-            .predecessor(&self.prefix, &self.key, place.rev)
-            .await
-        {
+        match self.etcd.predecessor(&self.prefix, &key, place.rev).await {
             Ok(Ahead {
                 key: Some(ahead),
                 read_at,
@@ -1038,7 +1131,7 @@ impl Recipe for Follow {
     }
 
     async fn keep(&self, _place: &Place, _told: bool) -> bool {
-        self.etcd.renew_place(&self.key).await != Some(false)
+        self.etcd.renew_place(&self.etcd.key_of(&self.key)).await != Some(false)
     }
 }
 
@@ -1115,38 +1208,22 @@ impl RawLock for Etcd {
     }
 
     async fn extend(&self, keys: &LockKeys, token: &Token, ttl: Duration) -> Result<bool> {
-        let secs = lease_seconds(ttl);
         let key = queue_key(keys, token);
-        let known = match self.place(&key).filter(|p| p.lease != 0) {
-            Some(p) => Some((p.lease, p.secs)),
-            // A holder in another process handed us its token.
-            None => match self.read(&key).await? {
-                Some((value, _, lease)) if holds_token(&value, token) && lease != 0 => {
-                    let granted = self
-                        .call("reading a lease", |mut c| async move {
-                            c.lease_time_to_live(lease, None).await
-                        })
-                        .await?
-                        .granted_ttl();
-                    Some((lease, granted))
-                }
-                _ => None,
-            },
-        };
-        let Some((lease, granted)) = known else {
-            return Ok(false);
-        };
-        // A keep-alive restarts the lease's own ttl: another ttl needs another lease.
-        if secs != granted {
-            return self.move_to_lease(&key, secs).await;
+        self.extend_at(&key, ttl, |value| holds_token(value, token))
+            .await
+    }
+
+    /// Renews each lease by its kind: a reentrant hold renews its owner's key, every other
+    /// kind its own queue key.
+    async fn extend_many(&self, renewals: &[Renewal]) -> Vec<Result<bool>> {
+        let mut out = Vec::with_capacity(renewals.len());
+        for r in renewals {
+            out.push(match r.kind {
+                LeaseKind::Reentrant => self.extend_reentrant(&r.keys, &r.token, r.ttl).await,
+                _ => self.extend(&r.keys, &r.token, r.ttl).await,
+            });
         }
-        // Keep our own lease alive (it can only hold our key), and check the key is still
-        // ours on it. Our key, while it exists, is the lowest of the queue: the holder.
-        let (alive, holder) = tokio::join!(self.keep_alive(lease), self.read(&key));
-        let alive = alive?;
-        let ours =
-            holder?.is_some_and(|(value, _, l)| holds_token(&value, token) && l == lease);
-        Ok(alive && ours)
+        out
     }
 
     /// Any release of the lock (a deletion in its queue): for callers without a token.
@@ -1191,8 +1268,17 @@ impl RawLock for Etcd {
     }
 
     /// Deletes the waiter's key (compared on its token) and revokes its lease.
+    /// Deletes the waiter's key (compared on its token) and revokes its lease; a
+    /// reentrant hold's waiter takes its hold out of its owner's key.
     async fn abandon(&self, keys: &LockKeys, token: &Token, _ttl: Duration) -> Result<()> {
-        self.release(keys, token).await.map(|_| ())
+        let key = queue_key(keys, token);
+        match self.alias(&key) {
+            Some(owner_key) => {
+                self.unalias(&key);
+                self.release_hold(&owner_key, token).await.map(|_| ())
+            }
+            None => self.release(keys, token).await.map(|_| ()),
+        }
     }
 
     fn store_id(&self) -> String {
@@ -1299,10 +1385,11 @@ fn record_key(keys: &LockKeys) -> String {
     format!("{}/", keys.companion(RECORD))
 }
 
-/// Every key lock `keys` of `primitive` (a plain or fair lock, a semaphore, or an
-/// election: the lock and its record) uses, as `key <key>`, named by the functions the
-/// backend calls: its queue keys (for sample tokens: dlock's, and etcd's own lock recipe's
-/// lease ids), a semaphore's permit count and an election's record; and,
+/// Every key lock `keys` of `primitive` (a plain or fair lock, a semaphore, a reentrant or
+/// read-write lock, or an election: the lock and its record) uses, as `key <key>`, named
+/// by the functions the backend calls: its queue keys (for sample tokens: dlock's, and
+/// etcd's own lock recipe's lease ids; for sample owners, a reentrant lock's owners'
+/// keys), a semaphore's permit count and an election's record; and,
 /// as `queue <prefix>`, the queue whose range read ([`in_queue`]) takes each key for one of
 /// its own, so that a key of one lock in another's queue is a shared entry.
 #[cfg(test)]
@@ -1315,6 +1402,12 @@ pub(crate) fn key_set(primitive: &str, keys: &LockKeys) -> Vec<String> {
     match primitive {
         "election" => all.push(record_key(keys)),
         "semaphore" => all.push(family::permits_key(keys)),
+        // Owners' keys: the owner of a task, and owners with the escapes' characters.
+        "reentrant" => {
+            for owner in ["4242/task-7", "a%2Fb/c", "%/"] {
+                all.push(family::owner_key(keys, owner));
+            }
+        }
         _ => {}
     }
     let mut out = Vec::new();
@@ -1480,12 +1573,8 @@ mod tests {
         fn distinct_locks_share_no_key_or_queue(
             names in proptest::collection::vec(crate::keys::namespace::hostile_name(), 1..3)
         ) {
-            let primitives = &[
-                ("lock", crate::keys::DEFAULT_PREFIX),
-                ("semaphore", crate::DEFAULT_SEMAPHORE_PREFIX),
-                ("fair", crate::DEFAULT_FAIR_PREFIX),
-                ("election", crate::DEFAULT_ELECTION_PREFIX),
-            ];
+            // Every primitive: etcd offers the whole family.
+            let primitives = crate::keys::namespace::PRIMITIVES;
             crate::keys::namespace::check_disjoint(primitives, &names, super::key_set)?;
         }
     }
