@@ -1670,7 +1670,18 @@ mod props {
                 prop_assert!(!rest.is_empty() && !rest.contains(&b'/'));
                 let queued = Queued { key: key.clone(), value: value.clone(), created: 1, lease: 0 };
                 let _ = queued.owner(&prefix);
-                prop_assert_eq!(queued.is_ours(&prefix), rest == &value[..]);
+                prop_assert_eq!(queued.is_ours(&prefix), rest == super::untagged(&value));
+                // The family's tags: any value reads as some permits, and names a token
+                // only as a whole token after a tag.
+                let _ = super::permits_of(&value);
+                let token = std::str::from_utf8(rest)
+                    .ok()
+                    .and_then(|r| crate::Token::from_string(r).ok());
+                if let Some(token) = token
+                    && super::holds_token(&value, &token)
+                {
+                    prop_assert!(value.ends_with(rest));
+                }
             } else {
                 prop_assert!(!key.starts_with(prefix.as_bytes()) || key.len() == prefix.len() || key[prefix.len()..].contains(&b'/'));
             }
