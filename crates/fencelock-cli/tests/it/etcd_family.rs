@@ -1,6 +1,6 @@
 //! etcd:// runs every kind of lock: `dlock run --semaphore N` lets at most N commands run
-//! at once, `--shared`, `--exclusive` and `--fair` run, and `list`, `status`, `top` and
-//! `set-permits` take every `--kind`.
+//! at once, `--shared`, `--exclusive` and `--fair` run, `list`, `status`, `top` and
+//! `set-permits` take every `--kind`, and a run sees a name held as another kind.
 
 #![cfg(feature = "etcd")]
 
@@ -150,6 +150,23 @@ fn etcd_runs_every_kind_and_lists_it() {
         "true",
     ]));
     assert_eq!(out.status.code(), Some(USAGE), "{}", stderr(&out));
+    // Held as a semaphore, the name is another kind's lock for a plain run: a warning,
+    // or with --refuse-other-kinds the conflict code and the command not run.
+    let out = output(dlock(&url).args(["run", "--no-wait", "held-sem", "--", "true"]));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("also held as a semaphore"),
+        "{}",
+        stderr(&out)
+    );
+    let ran = dir.join("ran");
+    let out = output(
+        dlock(&url)
+            .args(["run", "--no-wait", "--refuse-other-kinds", "held-sem", "--"])
+            .args(["touch", &ran.display().to_string()]),
+    );
+    assert_eq!(out.status.code(), Some(CONFLICT), "{}", stderr(&out));
+    assert!(!ran.exists(), "refused, yet the command ran");
     let _ = Command::new("kill")
         .args(["-TERM", &holder.id().to_string()])
         .status();
