@@ -144,7 +144,9 @@ pub(crate) struct TortureArgs {
     /// ttl at least 2 s; 30 s under --quick; skipped by `all` if memcached is missing),
     /// etcd-fenced (a 3-member etcd cluster of its own whose leader is killed and
     /// restarted, ttl at least 2 s; 30 s under --quick; skipped by `all` if etcd is
-    /// missing; only in a harness built with `--features etcd`), postgres-fenced (a PostgreSQL of its own, restarted as a crash; skipped by
+    /// missing; only in a harness built with `--features etcd`), etcd-family-fenced (the
+    /// same cluster and faults, the read-write lock: writers fenced, readers beside them),
+    /// postgres-fenced (a PostgreSQL of its own, restarted as a crash; skipped by
     /// `all` if PostgreSQL is missing), zookeeper-fenced (a 3-server ZooKeeper ensemble of
     /// its own whose leader is killed and restarted, ttl = session timeout at least 2 s;
     /// 30 s under --quick; skipped by `all` if java or ZooKeeper is missing),

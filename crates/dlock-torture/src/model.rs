@@ -50,6 +50,7 @@ pub(crate) enum Kind {
     RunSupervised,
     RunSupervisedZookeeper,
     RunUnsupervised,
+    EtcdFamilyFenced,
 }
 
 /// How many independent masters the `redlock` kinds run over.
@@ -114,7 +115,7 @@ pub(crate) const NO_ETCD: &str = "this dlock-torture was built without etcd supp
      etcd`), which needs protoc, the Protocol Buffers compiler, on PATH";
 
 impl Kind {
-    pub(crate) const ALL: [Kind; 24] = [
+    pub(crate) const ALL: [Kind; 25] = [
         Kind::Dlock,
         Kind::DlockFenced,
         Kind::FairFenced,
@@ -128,6 +129,7 @@ impl Kind {
         Kind::ClusterFenced,
         Kind::MemcachedFenced,
         Kind::EtcdFenced,
+        Kind::EtcdFamilyFenced,
         Kind::PostgresFenced,
         Kind::ZookeeperFenced,
         Kind::RunSupervised,
@@ -157,6 +159,7 @@ impl Kind {
             Kind::ClusterFenced => "cluster-fenced",
             Kind::MemcachedFenced => "memcached-fenced",
             Kind::EtcdFenced => "etcd-fenced",
+            Kind::EtcdFamilyFenced => "etcd-family-fenced",
             Kind::PostgresFenced => "postgres-fenced",
             Kind::ZookeeperFenced => "zookeeper-fenced",
             Kind::Memory => "memory",
@@ -193,6 +196,12 @@ impl Kind {
         )
     }
 
+    /// Whether the kind runs on an etcd cluster (only in a harness built with etcd
+    /// support).
+    pub(crate) fn is_etcd(self) -> bool {
+        matches!(self, Kind::EtcdFenced | Kind::EtcdFamilyFenced)
+    }
+
     /// Whether the workers write the fenced resource (else the unfenced counter).
     pub(crate) fn is_fenced(self) -> bool {
         matches!(
@@ -205,6 +214,7 @@ impl Kind {
                 | Kind::ElectionFenced
                 | Kind::MemcachedFenced
                 | Kind::EtcdFenced
+                | Kind::EtcdFamilyFenced
                 | Kind::PostgresFenced
                 | Kind::ZookeeperFenced
                 | Kind::SentinelFenced
@@ -227,6 +237,7 @@ impl Kind {
                 | Kind::ClusterFenced
                 | Kind::MemcachedFenced
                 | Kind::EtcdFenced
+                | Kind::EtcdFamilyFenced
                 | Kind::PostgresFenced
                 | Kind::ZookeeperFenced
                 | Kind::RunSupervisedZookeeper
@@ -241,7 +252,7 @@ impl Kind {
         match self {
             k if k.runs_commands() => ttl.max(RUN_MIN_TTL),
             Kind::MemcachedFenced => ttl.max(fencelock::backend::memcached::MIN_TTL),
-            Kind::EtcdFenced => ttl.max(ETCD_MIN_TTL),
+            Kind::EtcdFenced | Kind::EtcdFamilyFenced => ttl.max(ETCD_MIN_TTL),
             Kind::ZookeeperFenced => ttl.max(ZOOKEEPER_MIN_TTL),
             Kind::RedlockImmediateRestart | Kind::RedlockDelayedRestart => {
                 ttl.max(REDLOCK_RESTART_MIN_TTL)
@@ -260,6 +271,7 @@ impl Kind {
         match self {
             Kind::MemcachedFenced
             | Kind::EtcdFenced
+            | Kind::EtcdFamilyFenced
             | Kind::ZookeeperFenced
             | Kind::RunSupervisedZookeeper => Duration::from_secs(1),
             _ => Duration::ZERO,
@@ -284,7 +296,7 @@ impl Kind {
             // the JVM calls the clock so often that libfaketime (which looks at its control
             // file on every call) slows a ZooKeeper ensemble past its 2 s sessions. The
             // test kit's clock tests show what each does with a moved clock.
-            Kind::EtcdFenced | Kind::ZookeeperFenced => {
+            Kind::EtcdFenced | Kind::EtcdFamilyFenced | Kind::ZookeeperFenced => {
                 !matches!(
                     fault,
                     Fault::Freeze | Fault::ClientPause | Fault::ScriptFlush | Fault::Failover
@@ -337,7 +349,10 @@ impl Kind {
                 Fault::ClientPause | Fault::ScriptFlush | Fault::Close | Fault::Delay
             ),
             Kind::PostgresFenced => !matches!(fault, Fault::Close | Fault::Delay),
-            Kind::MemcachedFenced | Kind::EtcdFenced | Kind::ZookeeperFenced => matches!(
+            Kind::MemcachedFenced
+            | Kind::EtcdFenced
+            | Kind::EtcdFamilyFenced
+            | Kind::ZookeeperFenced => matches!(
                 fault,
                 Fault::Pause | Fault::Kill | Fault::Restart | Fault::Blackhole
             ),
@@ -419,7 +434,7 @@ impl Kind {
     pub(crate) fn lock_prefix(self) -> &'static str {
         match self {
             Kind::FairFenced => fencelock::DEFAULT_FAIR_PREFIX,
-            Kind::RwlockFenced => fencelock::DEFAULT_RWLOCK_PREFIX,
+            Kind::RwlockFenced | Kind::EtcdFamilyFenced => fencelock::DEFAULT_RWLOCK_PREFIX,
             Kind::ReentrantFenced => fencelock::DEFAULT_REENTRANT_PREFIX,
             Kind::ElectionFenced => fencelock::DEFAULT_ELECTION_PREFIX,
             _ => "",
@@ -479,15 +494,15 @@ impl Kind {
         }
     }
 
-    /// The kind named `s`; a usage error for an unknown one, and for `etcd-fenced` in a
+    /// The kind named `s`; a usage error for an unknown one, and for the etcd kinds in a
     /// harness built without etcd support ([`NO_ETCD`]).
     pub(crate) fn parse(s: &str) -> Result<Kind, Failure> {
         let kind = Kind::ALL
             .into_iter()
             .find(|k| k.id() == s)
             .ok_or_else(|| Failure::usage(format!("unknown lock kind {s:?}")))?;
-        if kind == Kind::EtcdFenced && !cfg!(feature = "etcd") {
-            return Err(Failure::usage(format!("the etcd-fenced kind: {NO_ETCD}")));
+        if kind.is_etcd() && !cfg!(feature = "etcd") {
+            return Err(Failure::usage(format!("the {} kind: {NO_ETCD}", kind.id())));
         }
         Ok(kind)
     }
@@ -853,7 +868,7 @@ mod tests {
                 f.message
             );
         }
-        for kind in Kind::ALL.into_iter().filter(|&k| k != Kind::EtcdFenced) {
+        for kind in Kind::ALL.into_iter().filter(|&k| !k.is_etcd()) {
             assert_eq!(Kind::parse(kind.id()).expect("parses"), kind);
         }
     }

@@ -51,7 +51,10 @@ pub(crate) fn plan(config: &Config, kind: Kind) -> (Vec<Fault>, Duration) {
         // Room for its seven quick faults, three ttls apart (see `schedule`).
         Kind::Redlock => Duration::from_secs(24),
         // Room for their four quick faults, three of their 2 s ttls apart.
-        Kind::MemcachedFenced | Kind::EtcdFenced | Kind::ZookeeperFenced => Duration::from_secs(30),
+        Kind::MemcachedFenced
+        | Kind::EtcdFenced
+        | Kind::EtcdFamilyFenced
+        | Kind::ZookeeperFenced => Duration::from_secs(30),
         _ => Duration::from_secs(30),
     };
     (faults, duration)

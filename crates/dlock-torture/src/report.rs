@@ -211,7 +211,10 @@ pub(crate) fn print_summary(reports: &[KindReport]) {
                 f.restart_overlaps
             );
         }
-        if matches!(f.kind, Kind::EtcdFenced | Kind::ZookeeperFenced) {
+        if matches!(
+            f.kind,
+            Kind::EtcdFenced | Kind::EtcdFamilyFenced | Kind::ZookeeperFenced
+        ) {
             println!(
                 "{:<16} member restarts: {} of the leader, {} of a follower (down 2 × ttl, data kept); fences never start over: {} out of grant order, {} reused",
                 "",

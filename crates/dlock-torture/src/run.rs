@@ -103,7 +103,8 @@ pub(crate) async fn setup(args: &TortureArgs) -> Result<Setup, Failure> {
                 Some(Given::Postgres) => "",
                 _ => {
                     " (the redlock, sentinel, cluster, memcached-fenced, etcd-fenced, \
-                     postgres-fenced and zookeeper-fenced kinds run on servers of their own)"
+                     etcd-family-fenced, postgres-fenced and zookeeper-fenced kinds run on \
+                     servers of their own)"
                 }
             };
             eprintln!(
@@ -383,6 +384,10 @@ pub(crate) async fn run_kinds(
                 "  (an etcd cluster of {ETCD_MEMBERS} of its own, ttl {})",
                 humantime::format_duration(kind.ttl(config.ttl))
             ),
+            Kind::EtcdFamilyFenced => format!(
+                "  (a read-write lock on an etcd cluster of {ETCD_MEMBERS} of its own, ttl {})",
+                humantime::format_duration(kind.ttl(config.ttl))
+            ),
             Kind::ZookeeperFenced => format!(
                 "  (a ZooKeeper ensemble of {ZOOKEEPER_MEMBERS} of its own, ttl = session timeout {})",
                 humantime::format_duration(kind.ttl(config.ttl))
@@ -461,12 +466,12 @@ pub(crate) async fn run_kinds(
             }
             // Named by `--kinds`, it was refused with the same reason (`Kind::parse`).
             #[cfg(not(feature = "etcd"))]
-            Kind::EtcdFenced => {
+            Kind::EtcdFenced | Kind::EtcdFamilyFenced => {
                 println!("  {:<16} skipped: {}", kind.id(), crate::model::NO_ETCD);
                 continue;
             }
             #[cfg(feature = "etcd")]
-            Kind::EtcdFenced => {
+            Kind::EtcdFenced | Kind::EtcdFamilyFenced => {
                 let started = EtcdCluster::start(ETCD_MEMBERS);
                 let Some(cluster) = own_servers(config, kind, started, "etcd on PATH")? else {
                     continue;

@@ -248,6 +248,19 @@ pub(crate) async fn run(args: TortureWorkerArgs) -> Result<u8, Failure> {
             worker.run_dlock(&lock, None, false, fence_of).await;
             return Ok(exit::SUCCESS);
         }
+        // The read-write lock (writers fenced, readers beside them) on etcd's queue.
+        #[cfg(feature = "etcd")]
+        Kind::EtcdFamilyFenced => {
+            let etcd = connect_retrying(|| Etcd::connect(&args.lock_url)).await?;
+            let rw = RwLock::builder(etcd, name)
+                .prefix(prefix)
+                .ttl(ttl)
+                .build()?;
+            worker
+                .run_dlock_with(rw.write_lock(), Some(rw.read_lock()), false, fence_of)
+                .await;
+            return Ok(exit::SUCCESS);
+        }
         // One proxy per server, comma-separated, a chroot, and the session timeout (the
         // lease: the kind's ttl) in the URL.
         Kind::ZookeeperFenced => {
@@ -389,6 +402,18 @@ impl Worker {
         &mut self,
         lock: &Lock<B>,
         reads: Option<&Lock<RwSide<Redis, false>>>,
+        reenter: bool,
+        fence_of: FenceOf<B>,
+    ) {
+        self.run_dlock_with(lock, reads, reenter, fence_of).await;
+    }
+
+    /// [`run_dlock`](Self::run_dlock) with the read side of a read-write lock on any
+    /// store.
+    async fn run_dlock_with<B: RawLock, R: RawLock>(
+        &mut self,
+        lock: &Lock<B>,
+        reads: Option<&Lock<R>>,
         reenter: bool,
         fence_of: FenceOf<B>,
     ) {
@@ -544,7 +569,7 @@ impl Worker {
 
     /// One read hold of a read-write lock: read the resource (no fence: readers exclude
     /// writers only), then release. Waits at most two ttls, as writers go first.
-    async fn read_hold(&mut self, reads: &Lock<RwSide<Redis, false>>) {
+    async fn read_hold<R: RawLock>(&mut self, reads: &Lock<R>) {
         let guard = match reads.try_lock_for(self.remaining().min(self.ttl * 2)).await {
             Ok(Some(g)) => g,
             Ok(None) => return,

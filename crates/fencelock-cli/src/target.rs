@@ -12,6 +12,8 @@ use fencelock::backend::{
 use fencelock::raw::RawFencing;
 use fencelock::{ErrorKind, LockGuard, MIN_TTL};
 
+#[cfg(feature = "etcd")]
+use crate::args::Kind;
 use crate::args::{
     AcquireArgs, ExtendArgs, ForceUnlockArgs, HoldArgs, ListArgs, RunArgs, SetPermitsArgs,
     StatusArgs, Store, TokenArgs, TopArgs,
@@ -30,7 +32,7 @@ pub(crate) enum Target {
     Quorum(Quorum<Redis>),
     /// Memcached: the plain lock (fenced); no `list` (no key iteration).
     Memcached(Memcached),
-    /// etcd: the plain lock (fenced).
+    /// etcd: every primitive, fenced, every command.
     #[cfg(feature = "etcd")]
     Etcd(Etcd),
     /// PostgreSQL: every primitive, every command.
@@ -173,7 +175,7 @@ pub(crate) async fn run(target: Target, args: RunArgs) -> Result<u8, Failure> {
             cmd::run_plain(m, args, fence, shortest).await
         }
         #[cfg(feature = "etcd")]
-        Target::Etcd(e) => cmd::run_plain(e, args, fence, MIN_TTL).await,
+        Target::Etcd(e) => cmd::run(e, args, MIN_TTL).await,
         Target::PgAdvisory(p) => {
             outlives_dlock(&args, "postgres://…?mode=advisory")?;
             cmd::run_plain(p, args, |_| None, MIN_TTL).await
@@ -251,7 +253,12 @@ pub(crate) async fn status(target: Target, args: StatusArgs) -> Result<u8, Failu
         Target::ZooKeeper(b) => cmd::status_cmd(b, args).await,
         Target::Memcached(m) => cmd::lock_status_cmd(m, Layout::AtKey, "memcache://", args).await,
         #[cfg(feature = "etcd")]
-        Target::Etcd(e) => cmd::lock_status_cmd(e, Layout::QueueUnder, "etcd://", args).await,
+        // The plain lock shows its queue's prefix as its key; the other kinds as Redis's.
+        Target::Etcd(e) if args.kind == Kind::Lock => {
+            cmd::lock_status_cmd(e, Layout::QueueUnder, "etcd://", args).await
+        }
+        #[cfg(feature = "etcd")]
+        Target::Etcd(e) => cmd::status_cmd(e, args).await,
         Target::PgAdvisory(p) => {
             cmd::lock_status_cmd(p, Layout::Session, "postgres://…?mode=advisory", args).await
         }
@@ -267,10 +274,7 @@ pub(crate) async fn list(target: Target, args: ListArgs) -> Result<u8, Failure> 
         Target::Postgres(b) => cmd::list_every_kind(b, Layout::AtKey, false, args).await,
         Target::ZooKeeper(z) => cmd::list_every_kind(z, Layout::Znodes, false, args).await,
         #[cfg(feature = "etcd")]
-        Target::Etcd(e) => {
-            cmd::only_locks(&args.kind, "etcd://")?;
-            cmd::list_cmd(e, Layout::QueueUnder, args).await
-        }
+        Target::Etcd(e) => cmd::list_every_kind(e, Layout::QueueUnder, false, args).await,
         Target::Quorum(q) => {
             cmd::only_locks(&args.kind, "redlock://")?;
             cmd::quorum::list_cmd(q, args).await
@@ -294,7 +298,7 @@ pub(crate) async fn set_permits(target: Target, args: SetPermitsArgs) -> Result<
         Target::ZooKeeper(b) => cmd::set_permits_cmd(b, args).await,
         Target::Memcached(_) => plain_only("memcache://"),
         #[cfg(feature = "etcd")]
-        Target::Etcd(_) => plain_only("etcd://"),
+        Target::Etcd(b) => cmd::set_permits_cmd(b, args).await,
         Target::Quorum(_) => plain_only("redlock://"),
         Target::PgAdvisory(_) => plain_only("postgres://…?mode=advisory"),
     }
@@ -311,7 +315,11 @@ pub(crate) async fn force_unlock(target: Target, args: ForceUnlockArgs) -> Resul
             cmd::lock_force_unlock_cmd(m, Layout::AtKey, "memcache://", args).await
         }
         #[cfg(feature = "etcd")]
-        Target::Etcd(e) => cmd::lock_force_unlock_cmd(e, Layout::QueueUnder, "etcd://", args).await,
+        Target::Etcd(e) if args.kind == Kind::Lock => {
+            cmd::lock_force_unlock_cmd(e, Layout::QueueUnder, "etcd://", args).await
+        }
+        #[cfg(feature = "etcd")]
+        Target::Etcd(e) => cmd::force_unlock_cmd(e, args).await,
         // Terminates the holding sessions (pg_terminate_backend).
         Target::PgAdvisory(p) => {
             cmd::lock_force_unlock_cmd(p, Layout::Session, "postgres://…?mode=advisory", args).await
@@ -338,7 +346,7 @@ pub(crate) async fn top(target: Target, args: TopArgs) -> Result<u8, Failure> {
         Target::Postgres(b) => cmd::top::every_kind(b, false, args).await,
         Target::ZooKeeper(z) => cmd::top::every_kind(z, false, args).await,
         #[cfg(feature = "etcd")]
-        Target::Etcd(e) => cmd::top::plain_only(e, "etcd://", args).await,
+        Target::Etcd(e) => cmd::top::every_kind(e, false, args).await,
         Target::Quorum(_) => Err(Failure::usage(
             "redlock:// is several independent stores, and dlock top watches one: watch each \
              node (redis://host:port), or ask them all with `dlock list` / `dlock status`",

@@ -31,8 +31,8 @@
 //!
 //! | Store | [`Lock`] (fenced) | [`ReentrantLock`], [`RwLock`], [`FairLock`], [`Semaphore`] | [`Election`] |
 //! |---|---|---|---|
-//! | Redis, PostgreSQL, ZooKeeper, memory | yes | yes | yes |
-//! | memcached, etcd | yes | no | yes |
+//! | Redis, PostgreSQL, ZooKeeper, etcd, memory | yes | yes | yes |
+//! | memcached | yes | no | yes |
 //! | RedLock ([`backend::Quorum`]), PostgreSQL advisory locks | yes, without a fence | no | no |
 //!
 //! [`MultiLock`] takes several locks of any of these at once; [`blocking`] runs every one

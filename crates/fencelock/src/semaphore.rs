@@ -169,7 +169,8 @@ pub type SemaphorePermit<B> = LockGuard<Permits<B>>;
 /// count an operator changes meanwhile is refused at its next attempt.
 ///
 /// On ZooKeeper the count lives in the semaphore's directory, which the server reaps once
-/// no holder or waiter is left in it: the next client then stores its own count.
+/// no holder or waiter is left in it: the next client then stores its own count. On etcd
+/// it is a key without a lease, kept after the last holder.
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]

@@ -204,8 +204,7 @@ mod memcached {
     );
 }
 
-/// etcd has the plain lock and elections (no semaphore, reentrant, read-write or fair
-/// lock): every behaviour of those.
+/// etcd has every primitive: every behaviour.
 mod etcd {
     blocking_tests!(super::etcd_store();
         mutual_exclusion,
@@ -218,6 +217,10 @@ mod etcd {
         dropped_guard_is_released_when_drop_returns,
         guards_outlive_their_client,
         inside_a_runtime_is_a_typed_error,
+        semaphore_permits,
+        reentrant_reentry_keeps_the_fence,
+        rwlock_readers_share_writer_excludes,
+        fair_lock_grants_in_arrival_order,
         election_leads_observes_and_hands_over,
     );
 }

@@ -1,4 +1,4 @@
-//! The etcd backend against the lock conformance suite, plus leader loss, leases that run
+//! The etcd backend against the conformance suite (every primitive), plus leader loss, leases that run
 //! out while waiting, and the waiter queue: first come first served, one waiter woken per
 //! release, waiters that leave or die passing the turn on, and etcd's own lock service on
 //! the same keys.
@@ -18,15 +18,10 @@ use fencelock::{Election, ErrorKind, Lock, Token};
 use tokio::time::{Instant, sleep, timeout};
 
 mod conformance {
-    crate::lock_conformance_tests!(dlock_test::targets::EtcdTarget::start());
+    crate::all_conformance_tests!(dlock_test::targets::EtcdTarget::start());
     crate::conformance_tests!(dlock_test::targets::EtcdTarget::start();
-        waiter_wakes_on_release,
-        inspection_and_administration,
         lost_fires_when_the_store_is_frozen_past_the_ttl,
         a_partitioned_holder_loses_its_lease_and_closed_connections_recover,
-    );
-    crate::family_tests!(dlock_test::targets::EtcdTarget::start();
-        multi_locks_on_overlapping_sets_do_not_deadlock,
     );
 }
 
@@ -267,6 +262,75 @@ async fn killing_the_leader_grants_no_lock_twice_and_locks_work_after_the_electi
         after.iter().map(|h| h.from - killed).min()
     );
     assert!(!after.is_empty(), "no lock after the election");
+}
+
+/// A semaphore of 2 permits on a 3-member cluster whose leader is killed and restarted
+/// while 4 clients take and give back permits: no instant has more than 2 holds that
+/// their release confirmed, and permits are granted after the restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_semaphore_on_three_members_survives_a_leader_restart() {
+    let mut cluster = EtcdCluster::start(3).expect("3 etcd members");
+    let url = cluster.url();
+    let name = unique("sem-restart");
+    let holds: Arc<Mutex<Vec<Hold>>> = Arc::default();
+    let stop = Instant::now() + Duration::from_secs(12);
+    let mut workers = Vec::new();
+    for _ in 0..4 {
+        let sem = fencelock::Semaphore::builder(connect(&url).await, &name, 2)
+            .ttl(Duration::from_secs(3))
+            .build()
+            .expect("valid");
+        let holds = Arc::clone(&holds);
+        workers.push(tokio::spawn(async move {
+            while Instant::now() < stop {
+                let permit = match sem.try_acquire_for(Duration::from_millis(500)).await {
+                    Ok(Some(p)) => p,
+                    Ok(None) => continue,
+                    Err(_) => {
+                        sleep(Duration::from_millis(100)).await;
+                        continue;
+                    }
+                };
+                let from = Instant::now();
+                sleep(Duration::from_millis(20)).await;
+                let to = Instant::now();
+                let valid = permit.release().await.is_ok();
+                holds.lock().expect("holds").push(Hold {
+                    from,
+                    to,
+                    fence: 0,
+                    valid,
+                });
+            }
+        }));
+    }
+    sleep(Duration::from_secs(2)).await;
+    let victim = leader(&cluster).await;
+    cluster.members[victim].kill();
+    sleep(Duration::from_secs(2)).await;
+    cluster.members[victim]
+        .restart()
+        .expect("restart the member");
+    let restarted = Instant::now();
+    for w in workers {
+        w.await.expect("worker");
+    }
+    let holds = holds.lock().expect("holds").clone();
+    let valid: Vec<&Hold> = holds.iter().filter(|h| h.valid).collect();
+    for a in &valid {
+        let at_once = valid
+            .iter()
+            .filter(|b| b.from <= a.from && a.from < b.to)
+            .count();
+        assert!(at_once <= 2, "{at_once} holds at once: {a:?}");
+    }
+    let after = valid.iter().filter(|h| h.from > restarted).count();
+    println!(
+        "{} holds, {} valid, {after} after the restart",
+        holds.len(),
+        valid.len()
+    );
+    assert!(after > 0, "no permit after the restart");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -51,6 +51,7 @@ pub(crate) fn verdict(f: &mut Findings) {
             | Kind::Redlock
             | Kind::MemcachedFenced
             | Kind::EtcdFenced
+            | Kind::EtcdFamilyFenced
             | Kind::PostgresFenced
             | Kind::ZookeeperFenced
             | Kind::SentinelFenced

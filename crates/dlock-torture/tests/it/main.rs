@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use dlock_test::server::{RedisServer, free_port};
 
+mod etcd_family;
 mod secrets;
 mod supervised;
 

@@ -102,10 +102,11 @@ pub(crate) async fn held_as_others<B: AnyKind>(
 /// Whether [`held_as_others`] is made under a `--prefix` of the user's on the store of
 /// `url` (`None`: the default Redis): on Redis and PostgreSQL, where the other kinds'
 /// view of the shared lock key tells this run's own hold apart. Not on zk:// (a read-write
-/// lock's reader shows there as a plain and a fair lock's holder). (memcache:// and
-/// etcd:// have the plain lock only.)
+/// lock's reader shows there as a plain and a fair lock's holder), nor on etcd://, whose
+/// kinds share one queue under a shared prefix the same way. (memcache:// has the plain
+/// lock only.)
 pub(crate) fn checked_under_a_prefix(url: Option<&str>) -> bool {
-    !url.is_some_and(|url| url.starts_with("zk://"))
+    !url.is_some_and(|url| url.starts_with("zk://") || url.starts_with("etcd://"))
 }
 
 /// `prefix` if the user chose one (whatever it is), else the kind's default.

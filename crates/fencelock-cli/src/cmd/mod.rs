@@ -516,7 +516,7 @@ impl Status {
     }
 }
 
-/// The stores with the plain lock only (memcached, etcd, advisory mode, RedLock) know no
+/// The stores with the plain lock only (memcached, advisory mode, RedLock) know no
 /// other kind.
 fn lock_kind_only(kind: Kind, store: &str) -> Result<(), Failure> {
     if kind == Kind::Lock {
@@ -735,26 +735,6 @@ fn print_status(s: &Status, args: &StatusArgs) -> Result<u8, Failure> {
         }
     }
     Ok(exit::SUCCESS)
-}
-
-#[cfg_attr(not(feature = "etcd"), allow(dead_code, reason = "etcd:// only"))]
-pub(crate) async fn list_cmd<B: RawInspect>(
-    backend: B,
-    layout: Layout,
-    args: ListArgs,
-) -> Result<u8, Failure> {
-    let mut names = backend
-        .list(args.store.lock_prefix(), &args.pattern, args.limit)
-        .await?;
-    names.sort();
-    let mut rows = Vec::with_capacity(names.len());
-    for name in &names {
-        let s = lock_status_of(backend.clone(), layout, args.store.lock_prefix(), name).await?;
-        if s.held {
-            rows.push(s);
-        }
-    }
-    print_list(&rows, args.json)
 }
 
 /// `--kind` of `list` on a store with the plain lock only (`store` names it in errors).
@@ -1211,7 +1191,7 @@ mod tests {
                     prop_assert!(found.contains(name), "{:?} not in {:?}", name, found);
                 }
                 let args = ListArgs { pattern, store: store_of(), kind: Vec::new(), limit, json: false };
-                let listed = list_cmd(store.client(), Layout::AtKey, args).await;
+                let listed = list_every_kind(store.client(), Layout::AtKey, false, args).await;
                 prop_assert_eq!(listed.map_err(|f| f.message), Ok(exit::SUCCESS));
                 Ok::<(), TestCaseError>(())
             })?;

@@ -14,8 +14,8 @@ use std::io::{IsTerminal, Read, Write};
 use std::os::fd::AsFd;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use fencelock::raw::{LockState, RawInspect};
-use fencelock::{HolderInfo, Lock};
+use fencelock::HolderInfo;
+use fencelock::raw::LockState;
 use nix::sys::signal::Signal;
 use nix::sys::termios::{
     LocalFlags, SetArg, SpecialCharacterIndices, Termios, tcgetattr, tcsetattr,
@@ -84,16 +84,6 @@ pub(crate) async fn every_kind<B: kinds::AnyKind>(
     args: TopArgs,
 ) -> Result<u8, Failure> {
     watch(EveryKind { backend, redis }, args).await
-}
-
-/// `dlock top` on a store with the plain lock only (etcd); `scheme` names it in errors.
-#[cfg_attr(not(feature = "etcd"), allow(dead_code, reason = "etcd:// only"))]
-pub(crate) async fn plain_only<B: RawInspect>(
-    backend: B,
-    scheme: &'static str,
-    args: TopArgs,
-) -> Result<u8, Failure> {
-    watch(PlainOnly(backend, scheme), args).await
 }
 
 /// What `top` needs of a store: the names of one kind's held locks, and their state.
@@ -239,41 +229,6 @@ pub(crate) fn is_companion(redis: bool, kind: Kind, prefix: Option<&str>, name: 
     redis && redis_companion(&kinds::prefix_for(kind, prefix), name).is_some()
 }
 
-/// A store with the plain lock only (etcd), and its scheme for errors.
-#[derive(Clone)]
-#[cfg_attr(not(feature = "etcd"), allow(dead_code, reason = "etcd:// only"))]
-struct PlainOnly<B>(B, &'static str);
-
-impl<B: RawInspect> Inspector for PlainOnly<B> {
-    const KINDS: &'static [Kind] = &[Kind::Lock];
-
-    async fn names(
-        &self,
-        _kind: Kind,
-        prefix: Option<&str>,
-        pattern: &str,
-        limit: usize,
-    ) -> Result<Vec<String>, Failure> {
-        let prefix = prefix.unwrap_or(fencelock::keys::DEFAULT_PREFIX);
-        Ok(self.0.list(prefix, pattern, limit).await?)
-    }
-
-    async fn state(
-        &self,
-        _kind: Kind,
-        prefix: Option<&str>,
-        name: &str,
-    ) -> Result<LockState, Failure> {
-        let prefix = prefix.unwrap_or(fencelock::keys::DEFAULT_PREFIX);
-        let lock = Lock::builder(self.0.clone(), name).prefix(prefix).build()?;
-        Ok(lock.state().await?)
-    }
-
-    fn store(&self) -> &'static str {
-        self.1
-    }
-}
-
 /// The kinds to show: `--kind`, else every kind the store has; one kind only with a
 /// `--prefix` of the user's (a prefix belongs to one kind).
 fn selected_kinds<I: Inspector>(src: &I, args: &TopArgs) -> Result<Vec<Kind>, Failure> {
@@ -290,8 +245,7 @@ fn selected_kinds<I: Inspector>(src: &I, args: &TopArgs) -> Result<Vec<Kind>, Fa
     kinds.retain(|k| seen.insert(kind_name(*k)));
     if let Some(k) = kinds.iter().find(|k| !has.contains(k)) {
         return Err(Failure::usage(format!(
-            "{} has the plain lock only (no semaphore, reentrant, read-write or fair lock): \
-             --kind {} is not among its locks",
+            "{} has no such kind of lock: --kind {} is not among its locks",
             src.store(),
             kind_name(*k)
         )));

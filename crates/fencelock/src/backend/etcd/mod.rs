@@ -1,5 +1,7 @@
 //! etcd: a linearizable lock whose waiters queue in revision order (etcd's own concurrency
-//! recipe), with the holder's queue position as the fence.
+//! recipe), with the holder's queue position as the fence; and the whole lock family
+//! (semaphore, reentrant, read-write and fair lock) as recipes over the same queue (see
+//! `family.rs`).
 //!
 //! # Layout
 //!
@@ -41,7 +43,8 @@
 //!   through restarts and leader changes, because revisions are persisted by raft.
 //! * **Repeats**: the key is a function of the token, so an attempt repeated after a lost
 //!   reply finds the same key (same place, same fence) and never queues twice. Release,
-//!   extend and withdrawal compare the token stored at the key.
+//!   extend and withdrawal compare the token stored at the key (the family's keys, named
+//!   after a token too, are compared on their existence).
 //! * **Waiting**: [`RawLock::watch_for`] starts one task per waiter. It finds the key just
 //!   before ours (by create revision) and watches it for deletion from the revision it was
 //!   read at, so a deletion in between is not missed. When it is deleted the task looks
@@ -71,7 +74,8 @@
 //!   same for the holder.
 //! * **Extend**: a keep-alive of our own lease (it holds only our key), confirmed by reading
 //!   our token on that lease at our key; another ttl moves the key to a new lease of that
-//!   ttl in a compare-on-token transaction (its create revision, hence the fence, stays),
+//!   ttl in a transaction that requires the key (named after our token; its value and
+//!   create revision, hence the fence, stay),
 //!   so a shorter ttl shortens the hold (a keep-alive would restart the old, longer one).
 //!   A holder in another process that was handed the token (`dlock extend`) finds the
 //!   lease on the key and its granted ttl by reading them.
@@ -109,9 +113,12 @@ use crate::engine::wake::{Registration, Wakes, Watches};
 use crate::error::{Error, ErrorKind, Result};
 use crate::keys::LockKeys;
 use crate::raw::{
-    Acquire, LockState, RECORD, RawElection, RawFencing, RawInspect, RawLock, ReleaseWatch,
+    Acquire, LeaseKind, LockState, RECORD, RawElection, RawFencing, RawInspect, RawLock,
+    RawReentrant, ReleaseWatch, Renewal,
 };
 use crate::token::Token;
+
+mod family;
 
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
 /// Pause before a waiter's task looks at the queue again after etcd failed it.
@@ -139,6 +146,9 @@ struct Inner {
     timeout: Duration,
     /// Our queue keys (waiting or holding), by key.
     places: Mutex<HashMap<String, Place>>,
+    /// The reentrant holds waiting or held through this client: the queue key a hold's
+    /// token would have (`K/<token>`, what its waiter follows) to its owner's key.
+    aliases: Mutex<HashMap<String, String>>,
     /// The waiting keys (the engine's wake registry): where each key's task leaves the
     /// grant when the key's turn came (its fence: the key's create revision), kept while
     /// the waiter watches, whatever happens to the key meanwhile (a key re-created at the
@@ -161,6 +171,9 @@ struct Place {
     rev: i64,
     /// Told when `rev` changes (the key was created anew at the back).
     moved: Arc<Notify>,
+    /// What the key stands for (set by the attempt that wrote it): how its waiter's task
+    /// tells that its turn came.
+    kind: Kind,
 }
 
 impl Place {
@@ -170,8 +183,76 @@ impl Place {
             secs: 0,
             rev: 0,
             moved: Arc::new(Notify::new()),
+            kind: Kind::Plain,
         }
     }
+}
+
+/// What a queue key stands for. A plain (or fair) lock's key holds its token; a key of
+/// the family holds `<tag> <token>` (see [`Kind::value`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    /// A plain or fair lock's holder or waiter: it holds while its key is the first.
+    Plain,
+    /// A semaphore's holder or waiter of `n` permits, whose attempt saw `count` permits
+    /// stored: it holds while the permits of the keys up to its own fit in the count.
+    Permits {
+        /// Permits taken.
+        n: u32,
+        /// The stored count the attempt went by.
+        count: u32,
+    },
+    /// A read-write lock's reader: it holds while no writer's key is before its own.
+    Read,
+    /// A read-write lock's writer: it holds while its key is the first.
+    Write,
+    /// A reentrant lock's owner (its key named after the owner, its value the holds): it
+    /// holds while its key is the first.
+    Holds,
+}
+
+impl Kind {
+    /// The value stored at the queue key of `token`: the token for a plain lock's key,
+    /// `<tag> <token>` for the family's (`p<n>`: a semaphore's n permits).
+    fn value(self, token: &Token) -> String {
+        match self {
+            Kind::Plain => token.as_str().to_owned(),
+            Kind::Permits { n, .. } => format!("p{n} {}", token.as_str()),
+            Kind::Read => format!("r {}", token.as_str()),
+            Kind::Write => format!("w {}", token.as_str()),
+            Kind::Holds => format!("h\n{}", token.as_str()),
+        }
+    }
+}
+
+/// The permits a queue key of a semaphore takes (its `p<n>` tag; 1 for a key without one).
+fn permits_of(value: &[u8]) -> u32 {
+    value
+        .strip_prefix(b"p")
+        .and_then(|rest| rest.split(|b| *b == b' ').next())
+        .and_then(|n| std::str::from_utf8(n).ok())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(1)
+}
+
+/// Whether `value`, read at the queue key of `token`, is that token's: the token itself,
+/// or a family tag and the token.
+fn holds_token(value: &[u8], token: &Token) -> bool {
+    let token = token.as_str().as_bytes();
+    value == token
+        || value
+            .strip_suffix(token)
+            .and_then(|head| head.strip_suffix(b" "))
+            .is_some_and(is_tag)
+}
+
+/// Whether `tag` is one of the family's value tags (`p<n>`, `r`, `w`).
+fn is_tag(tag: &[u8]) -> bool {
+    tag == b"r"
+        || tag == b"w"
+        || tag
+            .strip_prefix(b"p")
+            .is_some_and(|n| !n.is_empty() && n.iter().all(u8::is_ascii_digit))
 }
 
 /// One key of a lock's queue.
@@ -189,14 +270,14 @@ impl Queued {
         if self.value.is_empty() {
             String::from_utf8_lossy(&self.key[prefix.len()..]).into_owned()
         } else {
-            String::from_utf8_lossy(&self.value).into_owned()
+            String::from_utf8_lossy(untagged(&self.value)).into_owned()
         }
     }
 
-    /// Whether dlock wrote it (the value is the token the key is named after), so its lease
-    /// holds nothing else and may be revoked with it.
+    /// Whether dlock wrote it (the value is the token the key is named after, maybe with
+    /// a family tag), so its lease holds nothing else and may be revoked with it.
     fn is_ours(&self, prefix: &str) -> bool {
-        self.key[prefix.len()..] == self.value[..]
+        self.key[prefix.len()..] == *untagged(&self.value)
     }
 }
 
@@ -265,6 +346,14 @@ fn etcd_said(e: &etcd_client::Error) -> String {
 fn lease_seconds(ttl: Duration) -> i64 {
     let whole = ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0);
     i64::try_from(whole.max(1)).unwrap_or(i64::MAX)
+}
+
+/// A key's value without its family tag: the token.
+fn untagged(value: &[u8]) -> &[u8] {
+    match value.iter().position(|b| *b == b' ') {
+        Some(at) if is_tag(&value[..at]) => &value[at + 1..],
+        _ => value,
+    }
 }
 
 /// The prefix of a lock's queue: `K/`.
@@ -385,6 +474,7 @@ impl Etcd {
                 endpoints,
                 timeout: DEFAULT_TIMEOUT,
                 places: Mutex::new(HashMap::new()),
+                aliases: Mutex::new(HashMap::new()),
                 wakes: Wakes::default(),
                 watches: Watches::default(),
                 engine: Engine::new(),
@@ -440,10 +530,12 @@ impl Etcd {
         (old != 0 && old != lease).then_some(old)
     }
 
-    /// Records `key`'s create revision, telling its waiter's task if it changed.
-    fn placed(&self, key: &str, rev: i64) {
+    /// Records `key`'s create revision and kind, telling its waiter's task if the key
+    /// changed.
+    fn placed(&self, key: &str, rev: i64, kind: Kind) {
         let mut places = self.places();
         let place = places.entry(key.to_owned()).or_insert_with(Place::new);
+        place.kind = kind;
         if place.rev != rev {
             place.rev = rev;
             place.moved.notify_one();
@@ -455,6 +547,38 @@ impl Etcd {
         self.inner
             .wakes
             .offer(&key.to_owned(), u64::try_from(rev).unwrap_or(0));
+    }
+
+    /// The owner's key a reentrant hold's queue key `key` stands for, if any.
+    fn alias(&self, key: &str) -> Option<String> {
+        self.inner
+            .aliases
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(key)
+            .cloned()
+    }
+
+    /// `key`, or the owner's key it stands for.
+    fn key_of(&self, key: &str) -> String {
+        self.alias(key).unwrap_or_else(|| key.to_owned())
+    }
+
+    /// Records that the reentrant hold at queue key `key` is in its owner's key `owner_key`.
+    fn set_alias(&self, key: String, owner_key: String) {
+        self.inner
+            .aliases
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(key, owner_key);
+    }
+
+    fn unalias(&self, key: &str) {
+        self.inner
+            .aliases
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(key);
     }
 
     fn forget(&self, key: &str) -> Option<Place> {
@@ -573,15 +697,16 @@ impl Etcd {
     }
 
     /// Moves the key held under `token` to a new lease of `secs` (keeping its create
-    /// revision, so the fence stays). Returns whether the key held our token.
-    async fn move_to_lease(&self, key: &str, token: &Token, secs: i64) -> Result<bool> {
+    /// revision, so the fence stays, and its value). Returns whether the key held our
+    /// token (the key is named after it, so it is ours while it exists).
+    async fn move_to_lease(&self, key: &str, secs: i64) -> Result<bool> {
         let lease = self.grant(secs).await?;
         let txn = Txn::new()
-            .when([Compare::value(key, CompareOp::Equal, token.as_str())])
+            .when([Compare::version(key, CompareOp::Greater, 0)])
             .and_then([TxnOp::put(
                 key,
-                token.as_str(),
-                Some(PutOptions::new().with_lease(lease)),
+                "",
+                Some(PutOptions::new().with_lease(lease).with_ignore_value()),
             )]);
         let moved = self
             .call("extending a lock", |mut c| async move { c.txn(txn).await })
@@ -722,6 +847,189 @@ impl Etcd {
         self.inner.watches.open()
     }
 
+    /// Renews our queue key `key` for `ttl` if its value passes `ours` (see
+    /// [`RawLock::extend`] on this backend).
+    async fn extend_at(
+        &self,
+        key: &str,
+        ttl: Duration,
+        ours: impl Fn(&[u8]) -> bool,
+    ) -> Result<bool> {
+        let secs = lease_seconds(ttl);
+        let known = match self.place(key).filter(|p| p.lease != 0) {
+            Some(p) => Some((p.lease, p.secs)),
+            // A holder in another process handed us its token.
+            None => match self.read(key).await? {
+                Some((value, _, lease)) if ours(&value) && lease != 0 => {
+                    let granted = self
+                        .call("reading a lease", |mut c| async move {
+                            c.lease_time_to_live(lease, None).await
+                        })
+                        .await?
+                        .granted_ttl();
+                    Some((lease, granted))
+                }
+                _ => None,
+            },
+        };
+        let Some((lease, granted)) = known else {
+            return Ok(false);
+        };
+        // A keep-alive restarts the lease's own ttl: another ttl needs another lease.
+        if secs != granted {
+            return self.move_to_lease(key, secs).await;
+        }
+        // Keep our own lease alive (it can only hold our key), and check the key is still
+        // ours on it. Our key, while it exists, is the lowest of the queue: the holder.
+        let (alive, holder) = tokio::join!(self.keep_alive(lease), self.read(key));
+        let alive = alive?;
+        let still = holder?.is_some_and(|(value, _, l)| ours(&value) && l == lease);
+        Ok(alive && still)
+    }
+
+    /// Deletes our queue key `key` if `own` holds (it is ours) and revokes its lease.
+    /// Returns whether it was there.
+    async fn leave(&self, key: &str, own: Compare) -> Result<bool> {
+        let txn = Txn::new().when([own]).and_then([TxnOp::delete(
+            key,
+            Some(DeleteOptions::new().with_prev_key()),
+        )]);
+        let resp = match self
+            .call("releasing", |mut c| async move { c.txn(txn).await })
+            .await
+        {
+            Ok(resp) => resp,
+            Err(err) => {
+                // Outcome unknown: the key lives only as long as its lease, so end that too
+                // (the caller may still repeat the release).
+                if let Some(place) = self.forget(key).filter(|p| p.lease != 0) {
+                    self.revoke_later(place.lease);
+                }
+                return Err(err);
+            }
+        };
+        let remembered = self.forget(key).map(|p| p.lease);
+        let deleted = resp.op_responses().into_iter().find_map(|op| match op {
+            TxnOpResponse::Delete(d) => d.prev_kvs().first().map(KeyValue::lease),
+            _ => None,
+        });
+        // The deleted key's lease, and the one we last attached it to (an attempt still in
+        // flight may put the key back on it): each holds nothing but this key.
+        if let Some(lease) = deleted.filter(|l| *l != 0) {
+            self.revoke_later(lease);
+        }
+        if let Some(lease) = remembered.filter(|l| *l != 0 && Some(*l) != deleted) {
+            self.revoke_later(lease);
+        }
+        Ok(resp.succeeded())
+    }
+
+    /// One attempt's write (two round trips, see the module docs): (1) a lease whose whole
+    /// ttl starts now, after the caller took its send time; (2) if every compare of
+    /// `guard` holds, ONE transaction that puts `token`'s key with its value for `kind` on
+    /// that lease (an existing key keeps its place, a vanished one goes to the back) and
+    /// reads the queue at the same revision; else it writes nothing and answers
+    /// `otherwise`.
+    async fn enter(
+        &self,
+        keys: &LockKeys,
+        token: &Token,
+        kind: Kind,
+        ttl: Duration,
+        guard: Vec<Compare>,
+        otherwise: Vec<TxnOp>,
+    ) -> Result<Entered> {
+        let secs = lease_seconds(ttl);
+        let key = queue_key(keys, token);
+        let prefix = queue_prefix(keys);
+        let (lease, retired) = self.fresh_lease(&key, secs).await?;
+        // The family's values tell a key's kind; the plain lock needs only the keys.
+        let read = if kind == Kind::Plain {
+            queue_read().with_keys_only()
+        } else {
+            queue_read()
+        };
+        let ops = [
+            TxnOp::put(
+                key.as_str(),
+                kind.value(token),
+                Some(PutOptions::new().with_lease(lease)),
+            ),
+            TxnOp::get(prefix.as_str(), Some(read)),
+        ];
+        let txn = Txn::new().when(guard).and_then(ops).or_else(otherwise);
+        let resp = match self
+            .call("acquiring", |mut c| async move { c.txn(txn).await })
+            .await
+        {
+            Ok(resp) => resp,
+            // The lease ran out between its keep-alive and the transaction (a stall longer
+            // than the lease): nothing was written; the repeat grants a new lease.
+            Err(err) if err.to_string().contains("requested lease not found") => {
+                self.set_lease(&key, 0, 0);
+                return Err(Error::new(
+                    ErrorKind::Unavailable,
+                    format!("acquiring: the waiter's lease ran out before the attempt ({err})"),
+                )
+                .retryable(true));
+            }
+            // Outcome unknown: the caller repeats the attempt under the same token (same key)
+            // or gives it back with a release.
+            Err(err) => return Err(err),
+        };
+        if let Some(old) = retired {
+            self.revoke_later(old);
+        }
+        let succeeded = resp.succeeded();
+        let answers = resp.op_responses();
+        if !succeeded {
+            return Ok(Entered::Refused(answers));
+        }
+        let queue = answers
+            .into_iter()
+            .find_map(|op| match op {
+                TxnOpResponse::Get(get) => Some(queued(get.kvs(), &prefix)),
+                _ => None,
+            })
+            .unwrap_or_default();
+        let Some(at) = queue.iter().position(|q| q.key == key.as_bytes()) else {
+            return Err(Error::new(
+                ErrorKind::Backend,
+                "etcd did not list the queue key it had just written",
+            ));
+        };
+        self.placed(&key, queue[at].created, kind);
+        Ok(Entered::Queued { queue, at })
+    }
+
+    /// The outcome of an attempt that put `token`'s key at `at` of `queue`: granted (the
+    /// fence: the key's create revision), or waiting behind the first key.
+    async fn settle(
+        &self,
+        keys: &LockKeys,
+        token: &Token,
+        queue: &[Queued],
+        at: usize,
+        granted: bool,
+    ) -> Result<Acquire> {
+        let created = queue[at].created;
+        if granted {
+            return Ok(Acquire::Acquired {
+                fence: u64::try_from(created).unwrap_or(0),
+            });
+        }
+        // A turn found for an older key of ours (re-created since) is void.
+        self.inner.wakes.raise_floor(
+            &queue_key(keys, token),
+            u64::try_from(created - 1).unwrap_or(0),
+        );
+        tracing::debug!(lock = keys.name(), place = at, "waiting in the queue");
+        let first = queue.first().map_or(0, |q| q.lease);
+        Ok(Acquire::Held {
+            remaining: self.lease_remaining(first).await.ok().flatten(),
+        })
+    }
+
     /// Renews the lease of our queue key `key`: `Some(false)` if it is gone (and with it our
     /// place), `None` if etcd did not say.
     async fn renew_place(&self, key: &str) -> Option<bool> {
@@ -746,6 +1054,8 @@ struct Follow {
     prefix: String,
     /// Our queue key.
     key: String,
+    /// Where a semaphore of these keys stores its permit count.
+    count_key: String,
 }
 
 impl Recipe for Follow {
@@ -754,7 +1064,7 @@ impl Recipe for Follow {
     type Id = i64;
 
     fn place(&self) -> Option<Place> {
-        self.etcd.place(&self.key)
+        self.etcd.place(&self.etcd.key_of(&self.key))
     }
 
     fn id(place: &Place) -> i64 {
@@ -772,11 +1082,18 @@ impl Recipe for Follow {
     }
 
     async fn look(&mut self, place: &Place) -> Look {
-        match self
-            .etcd
-            .predecessor(&self.prefix, &self.key, place.rev)
-            .await
-        {
+        let key = self.etcd.key_of(&self.key);
+        match place.kind {
+            Kind::Permits { count, .. } => {
+                return self
+                    .etcd
+                    .look_permits(&self.prefix, &self.count_key, &key, place.rev, count)
+                    .await;
+            }
+            Kind::Read => return self.etcd.look_read(&self.prefix, &key, place.rev).await,
+            Kind::Plain | Kind::Write | Kind::Holds => {}
+        }
+        match self.etcd.predecessor(&self.prefix, &key, place.rev).await {
             Ok(Ahead {
                 key: Some(ahead),
                 read_at,
@@ -814,8 +1131,21 @@ impl Recipe for Follow {
     }
 
     async fn keep(&self, _place: &Place, _told: bool) -> bool {
-        self.etcd.renew_place(&self.key).await != Some(false)
+        self.etcd.renew_place(&self.etcd.key_of(&self.key)).await != Some(false)
     }
+}
+
+/// What an attempt's transaction did.
+enum Entered {
+    /// Our key is written: the queue at that revision, in line order, and our place in it.
+    Queued {
+        /// The queue.
+        queue: Vec<Queued>,
+        /// Where our key is in it.
+        at: usize,
+    },
+    /// A compare of the guard failed: nothing was written; the answers of the other branch.
+    Refused(Vec<TxnOpResponse>),
 }
 
 /// What a waiter's task read in front of its key.
@@ -855,163 +1185,45 @@ impl RawLock for Etcd {
     const QUEUES_WAITERS: bool = true;
 
     async fn acquire(&self, keys: &LockKeys, token: &Token, ttl: Duration) -> Result<Acquire> {
-        let secs = lease_seconds(ttl);
-        let key = queue_key(keys, token);
-        let prefix = queue_prefix(keys);
-        // (1) A lease whose whole ttl starts now, after the caller took its send time.
-        let (lease, retired) = self.fresh_lease(&key, secs).await?;
-        // (2) Our key on that lease (an existing key keeps its place, a vanished one goes to
-        // the back), and the queue as of the same revision.
-        let ops = [
-            TxnOp::put(
-                key.as_str(),
-                token.as_str(),
-                Some(PutOptions::new().with_lease(lease)),
-            ),
-            TxnOp::get(prefix.as_str(), Some(queue_read().with_keys_only())),
-        ];
-        let txn = Txn::new()
-            .when([Compare::value(
-                key.as_str(),
-                CompareOp::Equal,
-                token.as_str(),
-            )])
-            .and_then(ops.clone())
-            .or_else(ops);
-        let resp = match self
-            .call("acquiring", |mut c| async move { c.txn(txn).await })
-            .await
+        match self
+            .enter(keys, token, Kind::Plain, ttl, Vec::new(), Vec::new())
+            .await?
         {
-            Ok(resp) => resp,
-            // The lease ran out between its keep-alive and the transaction (a stall longer
-            // than the lease): nothing was written; the repeat grants a new lease.
-            Err(err) if err.to_string().contains("requested lease not found") => {
-                self.set_lease(&key, 0, 0);
-                return Err(Error::new(
-                    ErrorKind::Unavailable,
-                    format!("acquiring: the waiter's lease ran out before the attempt ({err})"),
-                )
-                .retryable(true));
+            Entered::Queued { queue, at } => {
+                // First in the snapshot that wrote our key: ours.
+                let granted = at == 0;
+                self.settle(keys, token, &queue, at, granted).await
             }
-            // Outcome unknown: the caller repeats the attempt under the same token (same key)
-            // or gives it back with a release.
-            Err(err) => return Err(err),
-        };
-        if let Some(old) = retired {
-            self.revoke_later(old);
-        }
-        let queue = resp
-            .op_responses()
-            .into_iter()
-            .find_map(|op| match op {
-                TxnOpResponse::Get(get) => Some(queued(get.kvs(), &prefix)),
-                _ => None,
-            })
-            .unwrap_or_default();
-        let Some(at) = queue.iter().position(|q| q.key == key.as_bytes()) else {
-            return Err(Error::new(
+            Entered::Refused(_) => Err(Error::new(
                 ErrorKind::Backend,
-                "etcd did not list the queue key it had just written",
-            ));
-        };
-        let created = queue[at].created;
-        self.placed(&key, created);
-        if at != 0 {
-            // A turn found for an older key of ours (re-created since) is void.
-            self.inner
-                .wakes
-                .raise_floor(&key, u64::try_from(created - 1).unwrap_or(0));
+                "etcd refused an attempt without a condition",
+            )),
         }
-        if !resp.succeeded() {
-            tracing::debug!(lock = keys.name(), place = at, "queued at the back");
-        }
-        if at == 0 {
-            // First in the snapshot that wrote our key: ours, with its create revision as
-            // the fence.
-            return Ok(Acquire::Acquired {
-                fence: u64::try_from(created).unwrap_or(0),
-            });
-        }
-        Ok(Acquire::Held {
-            remaining: self.lease_remaining(queue[0].lease).await.ok().flatten(),
-        })
     }
 
     async fn release(&self, keys: &LockKeys, token: &Token) -> Result<bool> {
         let key = queue_key(keys, token);
-        let txn = Txn::new()
-            .when([Compare::value(
-                key.as_str(),
-                CompareOp::Equal,
-                token.as_str(),
-            )])
-            .and_then([TxnOp::delete(
-                key.as_str(),
-                Some(DeleteOptions::new().with_prev_key()),
-            )]);
-        let resp = match self
-            .call("releasing", |mut c| async move { c.txn(txn).await })
-            .await
-        {
-            Ok(resp) => resp,
-            Err(err) => {
-                // Outcome unknown: the key lives only as long as its lease, so end that too
-                // (the caller may still repeat the release).
-                if let Some(place) = self.forget(&key).filter(|p| p.lease != 0) {
-                    self.revoke_later(place.lease);
-                }
-                return Err(err);
-            }
-        };
-        let remembered = self.forget(&key).map(|p| p.lease);
-        let deleted = resp.op_responses().into_iter().find_map(|op| match op {
-            TxnOpResponse::Delete(d) => d.prev_kvs().first().map(KeyValue::lease),
-            _ => None,
-        });
-        // The deleted key's lease, and the one we last attached it to (an attempt still in
-        // flight may put the key back on it): each holds nothing but this key.
-        if let Some(lease) = deleted.filter(|l| *l != 0) {
-            self.revoke_later(lease);
-        }
-        if let Some(lease) = remembered.filter(|l| *l != 0 && Some(*l) != deleted) {
-            self.revoke_later(lease);
-        }
-        Ok(resp.succeeded())
+        let own = Compare::value(key.as_str(), CompareOp::Equal, token.as_str());
+        self.leave(&key, own).await
     }
 
     async fn extend(&self, keys: &LockKeys, token: &Token, ttl: Duration) -> Result<bool> {
-        let secs = lease_seconds(ttl);
         let key = queue_key(keys, token);
-        let known = match self.place(&key).filter(|p| p.lease != 0) {
-            Some(p) => Some((p.lease, p.secs)),
-            // A holder in another process handed us its token.
-            None => match self.read(&key).await? {
-                Some((value, _, lease)) if value == token.as_str().as_bytes() && lease != 0 => {
-                    let granted = self
-                        .call("reading a lease", |mut c| async move {
-                            c.lease_time_to_live(lease, None).await
-                        })
-                        .await?
-                        .granted_ttl();
-                    Some((lease, granted))
-                }
-                _ => None,
-            },
-        };
-        let Some((lease, granted)) = known else {
-            return Ok(false);
-        };
-        // A keep-alive restarts the lease's own ttl: another ttl needs another lease.
-        if secs != granted {
-            return self.move_to_lease(&key, token, secs).await;
+        self.extend_at(&key, ttl, |value| holds_token(value, token))
+            .await
+    }
+
+    /// Renews each lease by its kind: a reentrant hold renews its owner's key, every other
+    /// kind its own queue key.
+    async fn extend_many(&self, renewals: &[Renewal]) -> Vec<Result<bool>> {
+        let mut out = Vec::with_capacity(renewals.len());
+        for r in renewals {
+            out.push(match r.kind {
+                LeaseKind::Reentrant => self.extend_reentrant(&r.keys, &r.token, r.ttl).await,
+                _ => self.extend(&r.keys, &r.token, r.ttl).await,
+            });
         }
-        // Keep our own lease alive (it can only hold our key), and check the key is still
-        // ours on it. Our key, while it exists, is the lowest of the queue: the holder.
-        let (alive, holder) = tokio::join!(self.keep_alive(lease), self.read(&key));
-        let alive = alive?;
-        let ours =
-            holder?.is_some_and(|(value, _, l)| value == token.as_str().as_bytes() && l == lease);
-        Ok(alive && ours)
+        out
     }
 
     /// Any release of the lock (a deletion in its queue): for callers without a token.
@@ -1040,6 +1252,7 @@ impl RawLock for Etcd {
             etcd: self.clone(),
             prefix: queue_prefix(keys),
             key,
+            count_key: family::permits_key(keys),
         };
         let task = AbortOnDrop(tokio::spawn(follow::follow(
             follow,
@@ -1055,8 +1268,17 @@ impl RawLock for Etcd {
     }
 
     /// Deletes the waiter's key (compared on its token) and revokes its lease.
+    /// Deletes the waiter's key (compared on its token) and revokes its lease; a
+    /// reentrant hold's waiter takes its hold out of its owner's key.
     async fn abandon(&self, keys: &LockKeys, token: &Token, _ttl: Duration) -> Result<()> {
-        self.release(keys, token).await.map(|_| ())
+        let key = queue_key(keys, token);
+        match self.alias(&key) {
+            Some(owner_key) => {
+                self.unalias(&key);
+                self.release_hold(&owner_key, token).await.map(|_| ())
+            }
+            None => self.release(keys, token).await.map(|_| ()),
+        }
     }
 
     fn store_id(&self) -> String {
@@ -1163,9 +1385,11 @@ fn record_key(keys: &LockKeys) -> String {
     format!("{}/", keys.companion(RECORD))
 }
 
-/// Every key lock `keys` of `primitive` (a plain lock, or an election: the lock and its
-/// record) uses, as `key <key>`, named by the functions the backend calls: its queue keys
-/// (for sample tokens: dlock's, and etcd's own lock recipe's lease ids) and its record; and,
+/// Every key lock `keys` of `primitive` (a plain or fair lock, a semaphore, a reentrant or
+/// read-write lock, or an election: the lock and its record) uses, as `key <key>`, named
+/// by the functions the backend calls: its queue keys (for sample tokens: dlock's, and
+/// etcd's own lock recipe's lease ids; for sample owners, a reentrant lock's owners'
+/// keys), a semaphore's permit count and an election's record; and,
 /// as `queue <prefix>`, the queue whose range read ([`in_queue`]) takes each key for one of
 /// its own, so that a key of one lock in another's queue is a shared entry.
 #[cfg(test)]
@@ -1175,14 +1399,22 @@ pub(crate) fn key_set(primitive: &str, keys: &LockKeys) -> Vec<String> {
         let token = Token::from_string(token).expect("a valid token");
         all.push(queue_key(keys, &token));
     }
-    if primitive == "election" {
-        all.push(record_key(keys));
+    match primitive {
+        "election" => all.push(record_key(keys)),
+        "semaphore" => all.push(family::permits_key(keys)),
+        // Owners' keys: the owner of a task, and owners with the escapes' characters.
+        "reentrant" => {
+            for owner in ["4242/task-7", "a%2Fb/c", "%/"] {
+                all.push(family::owner_key(keys, owner));
+            }
+        }
+        _ => {}
     }
     let mut out = Vec::new();
     for key in all {
         let cut = key.rfind('/').map_or(0, |i| i + 1);
         if in_queue(&key.as_bytes()[..cut], key.as_bytes()) {
-            assert!(key.starts_with(&queue_prefix(keys)) || primitive == "election");
+            assert!(key.starts_with(&queue_prefix(keys)));
             out.push(format!("queue {}", &key[..cut]));
         }
         out.push(format!("key {key}"));
@@ -1302,6 +1534,32 @@ mod tests {
     }
 
     #[test]
+    fn family_values_name_their_token_and_permits() {
+        use super::{Kind, holds_token, permits_of, untagged};
+        let token = crate::Token::from_string("0123abcd").expect("token");
+        let plain = Kind::Plain.value(&token);
+        let three = Kind::Permits { n: 3, count: 5 }.value(&token);
+        assert_eq!(three, "p3 0123abcd");
+        for value in [&plain, &three] {
+            assert!(holds_token(value.as_bytes(), &token), "{value}");
+            assert_eq!(untagged(value.as_bytes()), b"0123abcd");
+        }
+        assert_eq!(permits_of(three.as_bytes()), 3);
+        assert_eq!(permits_of(plain.as_bytes()), 1);
+        let other = crate::Token::from_string("abcd").expect("token");
+        assert!(!holds_token(three.as_bytes(), &other));
+        assert!(!holds_token(b"x 0123abcd", &token));
+        // A semaphore's count is in no queue.
+        for (prefix, name) in [("dlock-sem:", "a"), ("", "a/b"), ("p:", "{o}x")] {
+            let keys = LockKeys::new(prefix, name).expect("valid");
+            let key = super::family::permits_key(&keys);
+            for cut in 0..key.len() {
+                assert!(!in_queue(&key.as_bytes()[..cut], key.as_bytes()), "{key}");
+            }
+        }
+    }
+
+    #[test]
     fn lease_seconds_round_up() {
         assert_eq!(lease_seconds(Duration::from_millis(100)), 1);
         assert_eq!(lease_seconds(Duration::from_millis(1001)), 2);
@@ -1315,10 +1573,8 @@ mod tests {
         fn distinct_locks_share_no_key_or_queue(
             names in proptest::collection::vec(crate::keys::namespace::hostile_name(), 1..3)
         ) {
-            let primitives = &[
-                ("lock", crate::keys::DEFAULT_PREFIX),
-                ("election", crate::DEFAULT_ELECTION_PREFIX),
-            ];
+            // Every primitive: etcd offers the whole family.
+            let primitives = crate::keys::namespace::PRIMITIVES;
             crate::keys::namespace::check_disjoint(primitives, &names, super::key_set)?;
         }
     }
@@ -1414,7 +1670,18 @@ mod props {
                 prop_assert!(!rest.is_empty() && !rest.contains(&b'/'));
                 let queued = Queued { key: key.clone(), value: value.clone(), created: 1, lease: 0 };
                 let _ = queued.owner(&prefix);
-                prop_assert_eq!(queued.is_ours(&prefix), rest == &value[..]);
+                prop_assert_eq!(queued.is_ours(&prefix), rest == super::untagged(&value));
+                // The family's tags: any value reads as some permits, and names a token
+                // only as a whole token after a tag.
+                let _ = super::permits_of(&value);
+                let token = std::str::from_utf8(rest)
+                    .ok()
+                    .and_then(|r| crate::Token::from_string(r).ok());
+                if let Some(token) = token
+                    && super::holds_token(&value, &token)
+                {
+                    prop_assert!(value.ends_with(rest));
+                }
             } else {
                 prop_assert!(!key.starts_with(prefix.as_bytes()) || key.len() == prefix.len() || key[prefix.len()..].contains(&b'/'));
             }
