@@ -104,7 +104,7 @@ pub(crate) struct Store {
     /// The store: redis://[user:pass@]host:port/db, rediss://… (TLS), redis+unix:///path,
     /// redis+sentinel://host:port,…/master-name, redis+cluster://host:port,…,
     /// redlock://host:port,host:port,host:port (RedLock: the plain lock, no fence),
-    /// memcache://host:port (the plain lock), etcd://host:port,… (every kind; in a dlock
+    /// memcache://host:port (every kind), etcd://host:port,… (every kind; in a dlock
     /// built with `--features etcd`), postgres://… (every kind; ?mode=advisory: session
     /// locks), zk://host:port,…/chroot. What a store cannot
     /// do is a usage error that says why. redis:// and redis+sentinel:// (and

@@ -30,7 +30,8 @@ pub(crate) enum Target {
     /// RedLock over independent masters: the plain lock without fence; status, list and
     /// force-unlock ask every node.
     Quorum(Quorum<Redis>),
-    /// Memcached: the plain lock (fenced); no `list` (no key iteration).
+    /// Memcached: every kind (fenced where the kind has fences); no `list` (no key
+    /// iteration).
     Memcached(Memcached),
     /// etcd: every primitive, fenced, every command.
     #[cfg(feature = "etcd")]
@@ -172,7 +173,7 @@ pub(crate) async fn run(target: Target, args: RunArgs) -> Result<u8, Failure> {
         // A shorter lease than its one-second clock can hold is refused by memcached.
         Target::Memcached(m) => {
             let shortest = fencelock::backend::memcached::MIN_TTL;
-            cmd::run_plain(m, args, fence, shortest).await
+            cmd::run(m, args, shortest).await
         }
         #[cfg(feature = "etcd")]
         Target::Etcd(e) => cmd::run(e, args, MIN_TTL).await,
@@ -251,7 +252,7 @@ pub(crate) async fn status(target: Target, args: StatusArgs) -> Result<u8, Failu
         Target::Memory(b) => cmd::status_cmd(b, args).await,
         Target::Postgres(b) => cmd::status_cmd(b, args).await,
         Target::ZooKeeper(b) => cmd::status_cmd(b, args).await,
-        Target::Memcached(m) => cmd::lock_status_cmd(m, Layout::AtKey, "memcache://", args).await,
+        Target::Memcached(m) => cmd::status_cmd(m, args).await,
         #[cfg(feature = "etcd")]
         // The plain lock shows its queue's prefix as its key; the other kinds as Redis's.
         Target::Etcd(e) if args.kind == Kind::Lock => {
@@ -296,7 +297,7 @@ pub(crate) async fn set_permits(target: Target, args: SetPermitsArgs) -> Result<
         Target::Memory(b) => cmd::set_permits_cmd(b, args).await,
         Target::Postgres(b) => cmd::set_permits_cmd(b, args).await,
         Target::ZooKeeper(b) => cmd::set_permits_cmd(b, args).await,
-        Target::Memcached(_) => plain_only("memcache://"),
+        Target::Memcached(b) => cmd::set_permits_cmd(b, args).await,
         #[cfg(feature = "etcd")]
         Target::Etcd(b) => cmd::set_permits_cmd(b, args).await,
         Target::Quorum(_) => plain_only("redlock://"),
@@ -311,9 +312,7 @@ pub(crate) async fn force_unlock(target: Target, args: ForceUnlockArgs) -> Resul
         Target::Memory(b) => cmd::force_unlock_cmd(b, args).await,
         Target::Postgres(b) => cmd::force_unlock_cmd(b, args).await,
         Target::ZooKeeper(b) => cmd::force_unlock_cmd(b, args).await,
-        Target::Memcached(m) => {
-            cmd::lock_force_unlock_cmd(m, Layout::AtKey, "memcache://", args).await
-        }
+        Target::Memcached(m) => cmd::force_unlock_cmd(m, args).await,
         #[cfg(feature = "etcd")]
         Target::Etcd(e) if args.kind == Kind::Lock => {
             cmd::lock_force_unlock_cmd(e, Layout::QueueUnder, "etcd://", args).await

@@ -103,10 +103,15 @@ pub(crate) async fn held_as_others<B: AnyKind>(
 /// `url` (`None`: the default Redis): on Redis and PostgreSQL, where the other kinds'
 /// view of the shared lock key tells this run's own hold apart. Not on zk:// (a read-write
 /// lock's reader shows there as a plain and a fair lock's holder), nor on etcd://, whose
-/// kinds share one queue under a shared prefix the same way. (memcache:// has the plain
-/// lock only.)
+/// kinds share one queue under a shared prefix the same way, nor on memcache://, whose
+/// kinds share one item there (each kind reads the others' as held, or as not its own).
 pub(crate) fn checked_under_a_prefix(url: Option<&str>) -> bool {
-    !url.is_some_and(|url| url.starts_with("zk://") || url.starts_with("etcd://"))
+    !url.is_some_and(|url| {
+        url.starts_with("zk://")
+            || url.starts_with("etcd://")
+            || url.starts_with("memcache://")
+            || url.starts_with("memcached://")
+    })
 }
 
 /// `prefix` if the user chose one (whatever it is), else the kind's default.

@@ -516,7 +516,7 @@ impl Status {
     }
 }
 
-/// The stores with the plain lock only (memcached, advisory mode, RedLock) know no
+/// The stores with the plain lock only (advisory mode, RedLock) know no
 /// other kind.
 fn lock_kind_only(kind: Kind, store: &str) -> Result<(), Failure> {
     if kind == Kind::Lock {

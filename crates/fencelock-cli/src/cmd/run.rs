@@ -371,8 +371,7 @@ fn plain_lock<B: RawLock>(
     Ok(builder.build()?)
 }
 
-/// `dlock run` on a store that has only the plain lock (RedLock, memcached, advisory
-/// mode); `fence` reads the guard's fence where the store mints one; `shortest`
+/// `dlock run` on a store that has only the plain lock (RedLock, advisory mode); `fence` reads the guard's fence where the store mints one; `shortest`
 /// is the shortest lease the store takes (for `--min-hold`).
 pub(crate) async fn run_plain<B: Holders>(
     backend: B,

@@ -531,8 +531,98 @@ fn memcached_every_command_but_list() {
     });
     let out = output(dlock(&server.url()).args(["list"]));
     assert_refused(&out, USAGE, "memcached has no key iteration");
-    let out = output(dlock(&server.url()).args(["force-unlock", "--yes", "--kind", "rwlock", "x"]));
-    assert_refused(&out, USAGE, "plain lock only");
+}
+
+/// memcache:// runs every kind: `--semaphore 2` lets at most two of five commands run at
+/// once, `--shared`, `--exclusive` and `--fair` run, and status, set-permits and
+/// force-unlock take every `--kind` (list and top stay refused: no key iteration).
+#[test]
+fn memcached_runs_every_kind() {
+    let server = MemcachedServer::start().expect("memcached");
+    let url = server.url();
+    let dir = scratch("memcached-kinds");
+    let log = dir.join("log");
+    let script = format!(
+        "echo \"begin ${{DLOCK_FENCE:-none}}\" >> {0}; sleep 0.5; echo end >> {0}",
+        log.display()
+    );
+    let text = run_concurrently(
+        &url,
+        5,
+        &[
+            "run",
+            "--semaphore",
+            "2",
+            "slots",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ],
+        &log,
+    );
+    let (mut inside, mut most) = (0, 0);
+    for line in text.lines() {
+        if line.starts_with("begin") {
+            assert_eq!(line, "begin none", "permits carry no fence");
+            inside += 1;
+            most = most.max(inside);
+        } else {
+            inside -= 1;
+        }
+    }
+    assert_eq!(text.lines().count(), 10, "every command ran: {text}");
+    assert!((1..=2).contains(&most), "at most 2 at once:\n{text}");
+    for flags in [&["--shared"][..], &["--exclusive"], &["--fair"]] {
+        let out =
+            output(
+                dlock(&url)
+                    .arg("run")
+                    .args(flags)
+                    .args(["--no-wait", "kinds", "--", "true"]),
+            );
+        assert!(out.status.success(), "{flags:?}: {}", stderr(&out));
+    }
+    // A held semaphore: status shows it, set-permits changes its count, force-unlock
+    // takes its permits back.
+    let mut holder = dlock(&url)
+        .args(["run", "--semaphore", "2", "held-sem", "--", "sleep", "30"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn dlock run");
+    let sem = |name: &str| {
+        json(&output(dlock(&url).args([
+            "status",
+            "--json",
+            "--kind",
+            "semaphore",
+            name,
+        ])))
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while sem("held-sem")["held"] != true {
+        assert!(
+            holder.try_wait().expect("try_wait").is_none(),
+            "the holder exited"
+        );
+        assert!(Instant::now() < deadline, "the semaphore was never held");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(sem("held-sem")["permits"], 2);
+    let out = output(dlock(&url).args(["set-permits", "held-sem", "3"]));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(sem("held-sem")["permits"], 3);
+    let out =
+        output(dlock(&url).args(["force-unlock", "--yes", "--kind", "semaphore", "held-sem"]));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(sem("held-sem")["held"], false);
+    let out = output(dlock(&url).args(["force-unlock", "--yes", "--kind", "rwlock", "x"]));
+    assert!(out.status.code() != Some(USAGE), "{}", stderr(&out));
+    let _ = Command::new("kill")
+        .args(["-TERM", &holder.id().to_string()])
+        .status();
+    wait_exit(&mut holder, Duration::from_secs(40));
+    let _ = std::fs::remove_dir_all(dir);
 }
 
 #[cfg(feature = "etcd")]
