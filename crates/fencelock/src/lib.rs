@@ -32,7 +32,7 @@
 //! | Store | [`Lock`] (fenced) | [`ReentrantLock`], [`RwLock`], [`FairLock`], [`Semaphore`] | [`Election`] |
 //! |---|---|---|---|
 //! | Redis, PostgreSQL, ZooKeeper, etcd, memory | yes | yes | yes |
-//! | memcached | yes | no | yes |
+//! | memcached | yes | yes (waiters poll: no notifications) | yes |
 //! | RedLock ([`backend::Quorum`]), PostgreSQL advisory locks | yes, without a fence | no | no |
 //!
 //! [`MultiLock`] takes several locks of any of these at once; [`blocking`] runs every one
