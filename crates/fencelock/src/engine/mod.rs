@@ -25,6 +25,8 @@
 //! sender when a lease is registered, and the contract (`raw`) names the engine, never the
 //! other way round.
 
+pub(crate) mod acquire;
+pub(crate) mod background;
 #[cfg(any(feature = "etcd", feature = "zookeeper"))]
 pub(crate) mod follow;
 mod lease;
@@ -47,7 +49,9 @@ use crate::error::Result;
 use crate::keys::LockKeys;
 use crate::token::Token;
 
+pub use acquire::Acquire;
 pub(crate) use lease::{End, Lease};
+pub use wait::{ReleaseWatch, Subscription};
 pub use watchdog::BATCH_WINDOW;
 pub(crate) use watchdog::Renew;
 
