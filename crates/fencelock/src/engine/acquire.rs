@@ -17,7 +17,9 @@
 //! The engine knows nothing of the raw traits: the contract's adapter (`Lock`) implements
 //! [`Hooks`] over a store's `RawLock`.
 
+use std::collections::HashMap;
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -577,6 +579,97 @@ impl<H: Hooks> Drop for CancelGuard<'_, H> {
         }
         if let Some(token) = self.token {
             give_back(self.hooks, token);
+        }
+    }
+}
+
+/// Ends (with an error) when the caller of a [`Detached`] attempt stops waiting for it.
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+pub(crate) type Gone = tokio::sync::oneshot::Receiver<()>;
+
+/// A gate per token.
+type Gates = HashMap<String, Arc<tokio::sync::Mutex<()>>>;
+
+/// Attempts that run to completion whatever their caller does, for a store whose attempt
+/// cannot be cut short safely (PostgreSQL's waits in its lock manager, its statements on
+/// a pooled connection): a hook of the attempt's, below the loop's [`CancelGuard`].
+///
+/// A grant that comes back after the caller left is given back in the attempt's own task,
+/// and so after the grant. Until it is done, the token's release and withdrawal wait
+/// ([`settled`](Detached::settled)): sent on another connection at the moment of
+/// cancellation, they could otherwise run before the grant or the queueing and miss it —
+/// leaving the lock held, or a queue place that a release would hand the lock to, for a
+/// whole ttl.
+#[derive(Debug, Default)]
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+pub(crate) struct Detached {
+    /// A gate per token with an attempt in flight.
+    gates: Arc<std::sync::Mutex<Gates>>,
+}
+
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+impl Detached {
+    fn gates(&self) -> std::sync::MutexGuard<'_, Gates> {
+        self.gates
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Runs `call` (one attempt under `token`) on a task of its own, to completion even if
+    /// the caller is cancelled; `give_back` gives back a grant whose caller had left.
+    /// `call` gets a receiver that ends when the caller stops waiting (to cancel a wait in
+    /// the store).
+    pub(crate) async fn run<F, Fut, G, GFut>(
+        &self,
+        token: &Token,
+        call: F,
+        give_back: G,
+    ) -> Result<Acquire>
+    where
+        F: FnOnce(Gone) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<Acquire>> + Send + 'static,
+        G: FnOnce() -> GFut + Send + 'static,
+        GFut: Future<Output = ()> + Send + 'static,
+    {
+        let name = token.as_str().to_owned();
+        let gate = Arc::clone(self.gates().entry(name.clone()).or_default());
+        // Taken before the task starts, so that a release spawned when this call is
+        // cancelled queues behind it.
+        let turn = Arc::clone(&gate).lock_owned().await;
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let (present, gone) = tokio::sync::oneshot::channel();
+        let gates = Arc::clone(&self.gates);
+        tokio::spawn(async move {
+            let result = call(gone).await;
+            if let Err(Ok(Acquire::Acquired { .. })) = tx.send(result) {
+                give_back().await;
+            }
+            drop(turn);
+            let mut gates = gates
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            // Ours and the map's: nobody else waits on it.
+            if gates.get(&name).is_some_and(|g| Arc::strong_count(g) <= 2) {
+                gates.remove(&name);
+            }
+            drop(gates);
+            drop(gate);
+        });
+        let result = rx.await.unwrap_or_else(|_| {
+            Err(Error::new(
+                ErrorKind::Unavailable,
+                "acquiring: the task running the call ended",
+            ))
+        });
+        drop(present);
+        result
+    }
+
+    /// Waits until no attempt under `token` is in flight.
+    pub(crate) async fn settled(&self, token: &Token) {
+        let gate = self.gates().get(token.as_str()).cloned();
+        if let Some(gate) = gate {
+            let _turn = gate.lock().await;
         }
     }
 }
