@@ -563,7 +563,7 @@ pub struct LockGuard<B: RawLock> {
 
 /// A step a guard takes just before its release (see `LockGuard::before_release`).
 pub(crate) type BeforeRelease =
-    Box<dyn FnOnce() -> crate::multi::BoxFuture<'static, ()> + Send + Sync>;
+    Box<dyn FnOnce() -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
 
 impl<B: RawLock> std::fmt::Debug for LockGuard<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

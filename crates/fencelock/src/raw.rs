@@ -15,6 +15,7 @@ use crate::keys::LockKeys;
 use crate::token::Token;
 
 pub use crate::engine::{Acquire, LeaseKind, ReleaseWatch, Renewal, Subscription};
+pub use crate::keys::RECORD;
 
 /// A mutual-exclusion lease in a store.
 ///
@@ -570,12 +571,6 @@ pub trait RawFair: RawLock {
         async move { self.watch(&side).await }
     }
 }
-
-/// The suffix of an election's record: the companion key
-/// ([`LockKeys::companion`](crate::keys::LockKeys::companion)) where it is stored, and the
-/// side channel ([`LockKeys::side`](crate::keys::LockKeys::side)) on which a write of it is
-/// announced.
-pub const RECORD: &str = "leader";
 
 /// The leader's record of an election: who leads, in which term, advertising what.
 ///
