@@ -255,7 +255,7 @@ async fn run<H: Hooks>(
                     acquisition.waiting();
                     let left = deadline.map(|d| d.saturating_duration_since(sent));
                     end_wait(
-                        &h.obs(),
+                        h.obs(),
                         (h.obs().wait_span(h.keys().name(), left), sent),
                         woken_by,
                     );
@@ -274,7 +274,7 @@ async fn run<H: Hooks>(
                     && deadline.is_none_or(|d| Instant::now() < d) =>
             {
                 if let Some(wait) = store_wait.take() {
-                    end_wait(&h.obs(), wait, Extra::WokenOutage);
+                    end_wait(h.obs(), wait, Extra::WokenOutage);
                 }
                 waiting.unsettled |= unsettled;
                 tracing::debug!(lock = h.keys().name(), error = %err, "store unavailable while waiting; retrying");
@@ -296,7 +296,7 @@ async fn run<H: Hooks>(
             }
             Err(Failed { err, unsettled }) => {
                 if let Some(wait) = store_wait.take() {
-                    end_wait(&h.obs(), wait, Extra::WokenOutage);
+                    end_wait(h.obs(), wait, Extra::WokenOutage);
                 }
                 // Whatever may have been granted under our token goes back (`waiting`).
                 waiting.unsettled |= unsettled;
@@ -307,7 +307,7 @@ async fn run<H: Hooks>(
             Attempt::Got(guard) => {
                 if let Some(wait) = store_wait.take() {
                     // The store let the waiter through at a release.
-                    end_wait(&h.obs(), wait, Extra::WokenRelease);
+                    end_wait(h.obs(), wait, Extra::WokenRelease);
                 }
                 waiting.queued = false;
                 if let Some(mut w) = woken.take()
@@ -329,7 +329,7 @@ async fn run<H: Hooks>(
         let now = Instant::now();
         if deadline.is_some_and(|d| now >= d) {
             if let Some(wait) = store_wait.take() {
-                end_wait(&h.obs(), wait, Extra::WokenDeadline);
+                end_wait(h.obs(), wait, Extra::WokenDeadline);
             }
             if H::QUEUES_WAITERS && waiting.queued {
                 // Withdraw before returning, so that our entry is gone when the caller
@@ -421,7 +421,7 @@ async fn run<H: Hooks>(
         tokio::select! {
             biased;
             () = watch.released() => {
-                woken = Some(PassOn::new(watch.notifier(), &h.obs()));
+                woken = Some(PassOn::new(watch.notifier(), h.obs()));
                 woken_by = Extra::WokenRelease;
             }
             () = tokio::time::sleep(sleep) => {}

@@ -1,7 +1,8 @@
-//! The engine's waiting half: backoff for stores that cannot notify, and the hand-on of
-//! a wake-up that a waiter consumed but could not use. The wait loop itself is
-//! `Lock::acquire_until`, written once for every primitive; which waiter a release wakes
-//! is the store's side (`RawLock::watch_for`).
+//! The engine's waiting half: a waiter's subscription to its wake-up ([`ReleaseWatch`]),
+//! backoff for stores that cannot notify, and the hand-on of a wake-up that a waiter
+//! consumed but could not use. The wait loop itself is `acquire`'s, written once for
+//! every primitive; which waiter a release wakes is the store's side
+//! (`RawLock::watch_for`).
 
 use std::sync::Arc;
 use std::time::Duration;
