@@ -478,20 +478,13 @@ impl<B: RawInspect> Lock<B> {
     /// # Errors
     /// Store failures.
     pub async fn state(&self) -> Result<LockState> {
-        let call = Call::new(call_span!(
-            span::INSPECT,
-            op::INSPECT,
+        crate::observe::observed!(
             self.obs,
             self.name(),
-            1u32
-        ));
-        let state = self
-            .backend
-            .inspect(&self.keys)
-            .instrument(call.span())
-            .await;
-        call.done(&state, |_| outcome::OK);
-        state
+            span::INSPECT,
+            op::INSPECT,
+            self.backend.inspect(&self.keys)
+        )
     }
 
     /// Whether anyone holds the lock now (a snapshot; it may change at once).
@@ -510,20 +503,13 @@ impl<B: RawInspect> Lock<B> {
     /// # Errors
     /// Store failures.
     pub async fn force_unlock(&self) -> Result<bool> {
-        let call = Call::new(call_span!(
-            span::FORCE_UNLOCK,
-            op::FORCE_UNLOCK,
+        crate::observe::observed!(
             self.obs,
             self.name(),
-            1u32
-        ));
-        let unlocked = self
-            .backend
-            .force_unlock(&self.keys)
-            .instrument(call.span())
-            .await;
-        call.done(&unlocked, |_| outcome::OK);
-        unlocked
+            span::FORCE_UNLOCK,
+            op::FORCE_UNLOCK,
+            self.backend.force_unlock(&self.keys)
+        )
     }
 }
 

@@ -335,15 +335,13 @@ async fn run<H: Hooks>(
                 // Withdraw before returning, so that our entry is gone when the caller
                 // looks (the background withdrawal is for cancellation only).
                 waiting.queued = false;
-                let call = Call::new(call_span!(
-                    span::ABANDON,
-                    op::ABANDON,
+                let abandoned = observe::observed!(
                     h.obs(),
                     h.keys().name(),
-                    1u32
-                ));
-                let abandoned = h.abandon(&token).instrument(call.span()).await;
-                call.done(&abandoned, |()| outcome::OK);
+                    span::ABANDON,
+                    op::ABANDON,
+                    h.abandon(&token)
+                );
                 if let Err(err) = abandoned {
                     tracing::debug!(lock = h.keys().name(), error = %err, "withdrawing a waiter failed; its entry times out");
                 }
@@ -671,5 +669,71 @@ impl Detached {
         if let Some(gate) = gate {
             let _turn = gate.lock().await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use super::*;
+
+    /// A `Detached` attempt that grants `fence` after `delay`; `given_back` is set if
+    /// the grant is given back.
+    async fn grant(
+        detached: &Detached,
+        token: &Token,
+        delay: Duration,
+        fence: u64,
+        given_back: &Arc<AtomicBool>,
+    ) -> Result<Acquire> {
+        let given_back = Arc::clone(given_back);
+        detached
+            .run(
+                token,
+                move |_gone| async move {
+                    tokio::time::sleep(delay).await;
+                    Ok(Acquire::Acquired { fence })
+                },
+                move || async move { given_back.store(true, Ordering::SeqCst) },
+            )
+            .await
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_detached_grant_whose_caller_left_is_given_back_before_the_token_settles() {
+        let detached = Detached::default();
+        let token = Token::random().expect("a token");
+        let given_back = Arc::new(AtomicBool::new(false));
+        let cancelled = tokio::time::timeout(
+            Duration::from_millis(10),
+            grant(
+                &detached,
+                &token,
+                Duration::from_millis(100),
+                1,
+                &given_back,
+            ),
+        )
+        .await;
+        assert!(cancelled.is_err(), "the caller left before the grant");
+        assert!(!given_back.load(Ordering::SeqCst), "not granted yet");
+        // A release sent now would wait for the attempt, and so for its give-back.
+        detached.settled(&token).await;
+        assert!(
+            given_back.load(Ordering::SeqCst),
+            "the late grant was given back"
+        );
+
+        // A caller that waits keeps its grant.
+        let kept = Arc::new(AtomicBool::new(false));
+        let granted = grant(&detached, &token, Duration::from_millis(5), 2, &kept).await;
+        assert_eq!(granted.ok(), Some(Acquire::Acquired { fence: 2 }));
+        detached.settled(&token).await;
+        assert!(
+            !kept.load(Ordering::SeqCst),
+            "a grant its caller took stays"
+        );
+        assert!(detached.gates().is_empty(), "no gate outlives its attempt");
     }
 }

@@ -218,3 +218,55 @@ pub(crate) fn released_outcome(released: bool) -> &'static str {
         outcome::NOT_HELD
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn an_unknown_outcome_is_repeated_twice_after_growing_pauses() {
+        let start = Instant::now();
+        let mut repeats = Repeat::UNKNOWN_OUTCOME.start();
+        let mut at = Vec::new();
+        while repeats.more() {
+            repeats.pause().await;
+            at.push(start.elapsed());
+        }
+        assert_eq!(repeats.made(), 2);
+        assert_eq!(
+            at,
+            [Duration::from_millis(50), Duration::from_millis(150)],
+            "50 ms, then 100 ms"
+        );
+    }
+
+    /// Runs a background retry of an attempt that succeeds on try `ok_at` (never if 0)
+    /// and returns how many tries it made.
+    async fn tries(ok_at: u32) -> u32 {
+        let tries = Arc::new(AtomicU32::new(0));
+        let counted = Arc::clone(&tries);
+        let policy = Repeat::every(Duration::from_millis(200), Duration::from_secs(1));
+        retry(policy, move || {
+            let n = counted.fetch_add(1, Ordering::SeqCst) + 1;
+            async move {
+                if n == ok_at {
+                    Ok(true)
+                } else {
+                    Err(Error::new(ErrorKind::Unavailable, "down"))
+                }
+            }
+        });
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        tries.load(Ordering::SeqCst)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_background_retry_ends_at_its_first_success_or_when_its_time_is_up() {
+        assert_eq!(tries(2).await, 2, "no try after a success");
+        // Tries at 200, 400, 600, 800 and 1000 ms: none starts after its second.
+        assert_eq!(tries(0).await, 5);
+    }
+}
