@@ -280,18 +280,7 @@ async fn run<H: Hooks>(
                 tracing::debug!(lock = h.keys().name(), error = %err, "store unavailable while waiting; retrying");
                 h.obs().count(metric::RETRIES, Some(Extra::RetryAcquire), 1);
                 acquisition.waiting();
-                let mut pause = backoff.next();
-                let mut woken_by = Extra::WokenOutage;
-                if let Some(d) = deadline {
-                    let left = d.saturating_duration_since(Instant::now());
-                    if left <= pause {
-                        (pause, woken_by) = (left, Extra::WokenDeadline);
-                    }
-                }
-                let wait = h.obs().wait_span(h.keys().name(), Some(pause));
-                let slept = Instant::now();
-                tokio::time::sleep(pause).await;
-                h.obs().waited(&wait, woken_by, slept.elapsed());
+                ride_out(h, backoff.next(), deadline).await;
                 continue;
             }
             Err(Failed { err, unsettled }) => {
@@ -335,16 +324,7 @@ async fn run<H: Hooks>(
                 // Withdraw before returning, so that our entry is gone when the caller
                 // looks (the background withdrawal is for cancellation only).
                 waiting.queued = false;
-                let abandoned = observe::observed!(
-                    h.obs(),
-                    h.keys().name(),
-                    span::ABANDON,
-                    op::ABANDON,
-                    h.abandon(&token)
-                );
-                if let Err(err) = abandoned {
-                    tracing::debug!(lock = h.keys().name(), error = %err, "withdrawing a waiter failed; its entry times out");
-                }
+                withdraw(h, &token).await;
             }
             return Ok(None);
         }
@@ -353,28 +333,8 @@ async fn run<H: Hooks>(
             // subscription would otherwise go unheard.
             subscribe_again = false;
             acquisition.waiting();
-            let call = Call::new(call_span!(
-                span::WATCH,
-                op::WATCH,
-                h.obs(),
-                h.keys().name(),
-                1u32
-            ));
-            let subscribe = h.watch_for(&token).instrument(call.span());
-            let subscribed = match deadline {
-                Some(d) => tokio::time::timeout_at(d, subscribe)
-                    .await
-                    .unwrap_or_else(|_| Ok(ReleaseWatch::none())),
-                None => subscribe.await,
-            };
-            call.done(&subscribed, |_| outcome::OK);
-            watch_failed = subscribed
-                .as_ref()
-                .map_or(true, ReleaseWatch::is_unavailable);
-            watch = Some(subscribed.unwrap_or_else(|err| {
-                tracing::debug!(lock = h.keys().name(), error = %err, "cannot watch releases; polling, and subscribing again after the next pause");
-                ReleaseWatch::none()
-            }));
+            let (subscribed, failed) = subscribe(h, &token, deadline).await;
+            (watch, watch_failed) = (Some(subscribed), failed);
             continue;
         }
         let Some(watch) = &watch else {
@@ -449,6 +409,69 @@ async fn run<H: Hooks>(
             return Ok(Some(guard));
         }
     }
+}
+
+/// Sleeps `pause` (cut at `deadline`) while the store is unreachable, in a wait span.
+async fn ride_out<H: Hooks>(h: &H, mut pause: Duration, deadline: Option<Instant>) {
+    let mut woken_by = Extra::WokenOutage;
+    if let Some(d) = deadline {
+        let left = d.saturating_duration_since(Instant::now());
+        if left <= pause {
+            (pause, woken_by) = (left, Extra::WokenDeadline);
+        }
+    }
+    let wait = h.obs().wait_span(h.keys().name(), Some(pause));
+    let slept = Instant::now();
+    tokio::time::sleep(pause).await;
+    h.obs().waited(&wait, woken_by, slept.elapsed());
+}
+
+/// Withdraws `token`'s waiter entry now, at the end of a wait that timed out.
+async fn withdraw<H: Hooks>(h: &H, token: &Token) {
+    let abandoned = observe::observed!(
+        h.obs(),
+        h.keys().name(),
+        span::ABANDON,
+        op::ABANDON,
+        h.abandon(token)
+    );
+    if let Err(err) = abandoned {
+        tracing::debug!(lock = h.keys().name(), error = %err, "withdrawing a waiter failed; its entry times out");
+    }
+}
+
+/// Starts listening for `token`'s wake-up (given up at `deadline`): the watch, and
+/// whether it failed or stands in for one the store cannot set up now (the wait then
+/// polls, and subscribes again after its next pause). A failed subscription is a watch
+/// that never fires.
+async fn subscribe<H: Hooks>(
+    h: &H,
+    token: &Token,
+    deadline: Option<Instant>,
+) -> (ReleaseWatch, bool) {
+    let call = Call::new(call_span!(
+        span::WATCH,
+        op::WATCH,
+        h.obs(),
+        h.keys().name(),
+        1u32
+    ));
+    let subscribe = h.watch_for(token).instrument(call.span());
+    let subscribed = match deadline {
+        Some(d) => tokio::time::timeout_at(d, subscribe)
+            .await
+            .unwrap_or_else(|_| Ok(ReleaseWatch::none())),
+        None => subscribe.await,
+    };
+    call.done(&subscribed, |_| outcome::OK);
+    let failed = subscribed
+        .as_ref()
+        .map_or(true, ReleaseWatch::is_unavailable);
+    let watch = subscribed.unwrap_or_else(|err| {
+        tracing::debug!(lock = h.keys().name(), error = %err, "cannot watch releases; polling, and subscribing again after the next pause");
+        ReleaseWatch::none()
+    });
+    (watch, failed)
 }
 
 /// One attempt under `token`. An attempt whose outcome is unknown (no reply in time,
