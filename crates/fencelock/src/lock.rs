@@ -243,8 +243,13 @@ impl<B: RawLock> Lock<B> {
         self.acquire_until(Some(deadline)).await
     }
 
-    async fn acquire_until(&self, deadline: Option<Instant>) -> Result<Option<LockGuard<B>>> {
-        acquire::acquire(self, deadline).await
+    // A plain function (not `async`): each async layer deepens every caller's future type,
+    // and a deep one overflows the compiler's layout queries in the callers' crates.
+    fn acquire_until(
+        &self,
+        deadline: Option<Instant>,
+    ) -> impl Future<Output = Result<Option<LockGuard<B>>>> + '_ {
+        acquire::acquire(self, deadline)
     }
 
     /// Wraps a grant made under `token` (request sent at `sent`) in a guard, registering
@@ -365,15 +370,12 @@ impl<B: RawLock> Hooks for Lock<B> {
         Ok(())
     }
 
-    fn acquire(&self, token: &Token, queue: bool) -> impl Future<Output = Result<Acquire>> + Send {
-        let (backend, keys, ttl) = (&self.backend, &self.keys, self.ttl);
-        async move {
-            if queue {
-                backend.acquire_or_queue(keys, token, ttl).await
-            } else {
-                backend.acquire(keys, token, ttl).await
-            }
-        }
+    fn acquire(&self, token: &Token) -> impl Future<Output = Result<Acquire>> + Send {
+        self.backend.acquire(&self.keys, token, self.ttl)
+    }
+
+    fn acquire_or_queue(&self, token: &Token) -> impl Future<Output = Result<Acquire>> + Send {
+        self.backend.acquire_or_queue(&self.keys, token, self.ttl)
     }
 
     fn watch_for(&self, token: &Token) -> impl Future<Output = Result<ReleaseWatch>> + Send {

@@ -83,9 +83,11 @@ pub(crate) trait Hooks: Send + Sync {
     fn token(&self) -> Result<Token>;
     /// Whether a grant could be kept now (an error refuses the attempt before it is made).
     fn ready(&self) -> Result<()>;
-    /// One attempt under `token`; with `queue`, a waiter that already listens for its
-    /// wake-up may be taken into the store's waiter queue.
-    fn acquire(&self, token: &Token, queue: bool) -> impl Future<Output = Result<Acquire>> + Send;
+    /// One attempt under `token`.
+    fn acquire(&self, token: &Token) -> impl Future<Output = Result<Acquire>> + Send;
+    /// One attempt under `token` by a waiter that already listens for its wake-up: it may
+    /// be taken into the store's waiter queue.
+    fn acquire_or_queue(&self, token: &Token) -> impl Future<Output = Result<Acquire>> + Send;
     /// Starts listening for the moment `token`'s holder-to-be may try again.
     fn watch_for(&self, token: &Token) -> impl Future<Output = Result<ReleaseWatch>> + Send;
     /// A watch for `token` already in effect, without a round trip.
@@ -509,7 +511,11 @@ async fn attempt<H: Hooks>(
             queue = queue
         ));
         let sent = Instant::now();
-        let acquire = h.acquire(token, queue).instrument(call.span()).await;
+        let acquire = if queue {
+            h.acquire_or_queue(token).instrument(call.span()).await
+        } else {
+            h.acquire(token).instrument(call.span()).await
+        };
         call.done(&acquire, |a| match a {
             Acquire::Acquired { .. } => outcome::ACQUIRED,
             Acquire::Held { .. } => outcome::BUSY,

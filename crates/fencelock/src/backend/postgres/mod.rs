@@ -1176,13 +1176,16 @@ impl Postgres {
     /// `call` and `give_back` get the client, the keys and the token, owned; `call` also
     /// gets a receiver that ends when the caller stops waiting (to cancel a wait in the
     /// server).
-    async fn detached<F, Fut, G, GFut>(
-        &self,
+    ///
+    /// A plain function returning the engine's future (not an `async` layer around it):
+    /// every layer deepens the future types of the callers.
+    fn detached<'a, F, Fut, G, GFut>(
+        &'a self,
         keys: &LockKeys,
-        token: &Token,
+        token: &'a Token,
         call: F,
         give_back: G,
-    ) -> Result<Acquire>
+    ) -> impl std::future::Future<Output = Result<Acquire>> + 'a
     where
         F: FnOnce(Postgres, LockKeys, Token, Gone) -> Fut + Send + 'static,
         Fut: std::future::Future<Output = Result<Acquire>> + Send + 'static,
@@ -1191,19 +1194,16 @@ impl Postgres {
     {
         let (pg, k, t) = (self.clone(), keys.clone(), token.clone());
         let (gpg, gk, gt) = (self.clone(), keys.clone(), token.clone());
-        self.inner
-            .inflight
-            .run(
-                token,
-                move |gone| call(pg, k, t, gone),
-                move || give_back(gpg, gk, gt),
-            )
-            .await
+        self.inner.inflight.run(
+            token,
+            move |gone| call(pg, k, t, gone),
+            move || give_back(gpg, gk, gt),
+        )
     }
 
     /// Waits until no acquire under `token` is in flight.
-    async fn settled(&self, token: &Token) {
-        self.inner.inflight.settled(token).await;
+    fn settled<'a>(&'a self, token: &'a Token) -> impl std::future::Future<Output = ()> + 'a {
+        self.inner.inflight.settled(token)
     }
 
     /// One attempt, run to completion even if the caller is cancelled (see
