@@ -13,6 +13,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::time::Instant;
 
+use crate::engine::background::Repeat;
 use crate::error::{Error, Result};
 use crate::lock::{Lock, LockGuard};
 use crate::multi::BoxFuture;
@@ -26,9 +27,6 @@ pub const DEFAULT_ELECTION_PREFIX: &str = "dlock-election:";
 
 /// Longest value a candidate may advertise, in bytes.
 pub const MAX_VALUE_LEN: usize = 4096;
-
-/// How many times an announcement whose outcome is unknown is sent again.
-const PUBLISH_RETRIES: u32 = 2;
 
 /// A named election in a store: at most one leader at a time across every process that
 /// campaigns under the same name (and prefix) on the same store.
@@ -492,7 +490,7 @@ impl<B: RawElection> Leadership<B> {
         let keys = self.election.lock.keys();
         let data = format!("{}\n{value}", self.guard.token().as_str());
         let term = self.term().get();
-        let mut tries = 0;
+        let mut repeats = Repeat::UNKNOWN_OUTCOME.start();
         loop {
             if self.is_lost() {
                 return Err(Error::lost(format!(
@@ -517,10 +515,7 @@ impl<B: RawElection> Leadership<B> {
                         self.name()
                     )));
                 }
-                Err(err) if err.is_retryable() && tries < PUBLISH_RETRIES => {
-                    tries += 1;
-                    tokio::time::sleep(Duration::from_millis(50) * tries).await;
-                }
+                Err(err) if err.is_retryable() && repeats.more() => repeats.pause().await,
                 Err(err) => return Err(err),
             }
         }

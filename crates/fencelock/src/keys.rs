@@ -61,17 +61,13 @@ pub const DEFAULT_PREFIX: &str = "dlock:";
 /// A lock key that is the companion key of another lock key under one of these suffixes is
 /// refused.
 pub const COMPANION_SUFFIXES: &[&str] = &[
-    "fence",
-    "claims",
-    "holders",
-    "permits",
-    "q",
-    "queue",
-    "readers",
-    "waiters",
-    "writers",
-    crate::raw::RECORD,
+    "fence", "claims", "holders", "permits", "q", "queue", "readers", "waiters", "writers", RECORD,
 ];
+
+/// The suffix of an election's record: the companion key ([`LockKeys::companion`])
+/// where it is stored, and the side channel ([`LockKeys::side`]) on which a write of it is
+/// announced.
+pub const RECORD: &str = "leader";
 
 /// The store keys of one lock name. Cheap to clone.
 ///

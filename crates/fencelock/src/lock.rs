@@ -6,14 +6,15 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::engine::wait::{Backoff, PassOn, Retry};
+use crate::engine::acquire::{self, Hooks, NoGuard};
+use crate::engine::background::{self, Repeat, released_outcome};
+use crate::engine::wait::Retry;
 use crate::engine::{End, Lease, Renew, Renewal};
 use crate::error::{Error, ErrorKind, Result};
 use crate::keys::{DEFAULT_PREFIX, LockKeys};
-use crate::observe::{self, Call, Extra, Obs, call_span, field, metric, op, outcome, span};
+use crate::observe::{Call, Extra, Obs, call_span, metric, op, outcome, span};
 use crate::options::{Options, builder_options};
 use crate::raw::{Acquire, LockState, RawFencing, RawInspect, RawLock, ReleaseWatch};
-use crate::simulation::Plant;
 use crate::token::{FencingToken, Token};
 
 /// Shortest lease accepted: the watchdog must be able to renew it (at a third of it) over
@@ -22,17 +23,6 @@ pub const MIN_TTL: Duration = Duration::from_millis(100);
 /// Longest lease accepted. A longer one is indistinguishable from a lock that never
 /// expires if its holder dies; hold locks longer than this with the watchdog instead.
 pub const MAX_TTL: Duration = Duration::from_secs(24 * 3600);
-
-/// How long a dropped guard's background release may take before it is abandoned (the
-/// lease then simply expires).
-const DROP_RELEASE_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// How often a call whose outcome is unknown (no reply in time, connection lost) is
-/// repeated before the error is returned. Repeats are safe: acquire is idempotent per
-/// token, release and extend are owner-checked.
-const UNKNOWN_OUTCOME_RETRIES: u32 = 2;
-/// Pause before the n-th repeat (times n).
-const RETRY_PAUSE: Duration = Duration::from_millis(50);
 
 fn validate_ttl(ttl: Duration) -> Result<Duration> {
     if ttl.is_zero() {
@@ -99,25 +89,6 @@ impl<B: RawLock> LockBuilder<B> {
     pub fn build(self) -> Result<Lock<B>> {
         Lock::from_options(self.backend, &self.options)
     }
-}
-
-/// Records the end of a wait that no hand-over ended: `wait` is its span and start.
-fn end_wait(obs: &Obs, wait: (tracing::Span, Instant), woken_by: Extra) {
-    obs.waited(&wait.0, woken_by, wait.1.elapsed());
-    wait.0.record(field::HANDOFF, false);
-}
-
-/// The result of one attempt.
-enum Attempt<B: RawLock> {
-    Got(LockGuard<B>),
-    Held(Option<Duration>),
-}
-
-/// An attempt that failed; `unsettled` if its request may have reached the store (and
-/// granted something under the wait's token).
-struct Failed {
-    err: Error,
-    unsettled: bool,
 }
 
 impl<B: RawLock> Lock<B> {
@@ -272,426 +243,20 @@ impl<B: RawLock> Lock<B> {
         self.acquire_until(Some(deadline)).await
     }
 
-    async fn acquire_until(&self, deadline: Option<Instant>) -> Result<Option<LockGuard<B>>> {
-        let mut acquisition = observe::Acquisition::start(&self.obs, self.name(), deadline);
-        let result = self
-            .acquire_loop(deadline, &acquisition)
-            .instrument(acquisition.span())
-            .await;
-        acquisition.finish(&result);
-        result
-    }
-
-    /// The wait loop of one acquisition (`acquisition` counts its attempts and waits).
-    async fn acquire_loop(
+    // A plain function (not `async`): each async layer deepens every caller's future type,
+    // and a deep one overflows the compiler's layout queries in the callers' crates.
+    fn acquire_until(
         &self,
         deadline: Option<Instant>,
-        acquisition: &observe::Acquisition<'_>,
-    ) -> Result<Option<LockGuard<B>>> {
-        // One token for the whole wait: a queued waiter keeps its place under it, and an
-        // attempt repeated after a lost reply is recognised by the store as the same one.
-        let token = match &self.holder {
-            Some(info) => info.token()?,
-            None => Token::random()?,
-        };
-        // A client that still listens from an earlier wait can queue from the first
-        // attempt (not when one attempt is all there is).
-        let mut watch: Option<ReleaseWatch> = match deadline {
-            Some(d) if d <= Instant::now() => None,
-            _ => self.backend.watch_ready(&self.keys, &token),
-        };
-        let mut backoff = Backoff::new(self.retry);
-        // Withdraws our place in the store's waiter queue (if the primitive keeps one)
-        // unless the wait ends with a grant.
-        let mut waiting = Waiting {
-            backend: &self.backend,
-            keys: &self.keys,
-            token: &token,
-            ttl: self.ttl,
-            obs: &self.obs,
-            queued: false,
-            unsettled: false,
-        };
-        // A release announcement this waiter consumed; passed on to another local waiter
-        // unless our next attempt settles who holds the lock.
-        let mut woken: Option<PassOn> = None;
-        // When the store became unreachable while we were waiting.
-        let mut outage: Option<Instant> = None;
-        // When our latest attempt that found the lock held was sent: a hand-over the store
-        // makes after it (see `ReleaseWatch::take_grant`) counts its lease from here.
-        let mut held_sent;
-        // Whether an attempt of this acquisition found the lock held.
-        let mut found_held = false;
-        // A wait inside the store (`B::WAITS_IN_STORE`) and when it began: a queueing
-        // attempt made after the lock was found held is where such a waiter waits, so its
-        // `dlock.wait` span opens before that attempt (whose `dlock.acquire` is its child)
-        // and, if the store answers without the lock, goes on through the sleep after it.
-        let mut store_wait: Option<(tracing::Span, Instant)> = None;
-        // The latest subscription failed (a lost reply, a reconnect) or the store's channel
-        // is down for now: the wait polls, and subscribes again after its next pause
-        // rather than polling to its end.
-        let mut watch_failed = false;
-        let mut subscribe_again = false;
-        loop {
-            let queue = watch.as_ref().is_some_and(ReleaseWatch::is_active);
-            // From its sending on, the attempt may leave an entry in the store's queue: a
-            // wait that ends without a grant withdraws it, even if no reply came back.
-            waiting.queued |= queue || !B::QUEUES_ONLY_LISTENERS;
-            let in_store = queue && B::WAITS_IN_STORE;
-            let sent = Instant::now();
-            if in_store && found_held && store_wait.is_none() {
-                acquisition.waiting();
-                let left = deadline.map(|d| d.saturating_duration_since(sent));
-                store_wait = Some((self.obs.wait_span(self.name(), left), sent));
-            }
-            // Whether the store waited before answering: a queueing attempt made before
-            // the lock was found held (a client that still listens queues from its first
-            // attempt) learns it only from the store, once the reply is in.
-            let probe = observe::StoreWait::default();
-            let request = self.attempt(&token, queue, acquisition);
-            let request = async {
-                match &store_wait {
-                    Some((span, _)) => request.instrument(span.clone()).await,
-                    None if in_store => probe.scope(request).await,
-                    None => request.await,
-                }
-            };
-            let (attempt, cut) = match deadline.filter(|_| in_store) {
-                // A wait inside the store ends at the caller's deadline: the lock was
-                // held all along.
-                Some(d) => match tokio::time::timeout_at(d, request).await {
-                    Ok(attempt) => (attempt, false),
-                    Err(_) => (Ok(Attempt::Held(None)), true),
-                },
-                None => (request.await, false),
-            };
-            let attempt = match attempt {
-                Ok(attempt) => {
-                    outage = None;
-                    waiting.unsettled = false;
-                    if in_store && store_wait.is_none() && (cut || probe.waited()) {
-                        // A wait the store told of in its reply: recorded now.
-                        let woken_by = match (&attempt, cut) {
-                            (_, true) => Extra::WokenDeadline,
-                            (Attempt::Got(_), false) => Extra::WokenRelease,
-                            // The store's own bound on its wait ran out.
-                            (Attempt::Held(_), false) => Extra::WokenFallback,
-                        };
-                        acquisition.waiting();
-                        let left = deadline.map(|d| d.saturating_duration_since(sent));
-                        end_wait(
-                            &self.obs,
-                            (self.obs.wait_span(self.name(), left), sent),
-                            woken_by,
-                        );
-                    }
-                    attempt
-                }
-                // A waiter rides out a store outage (a restart, a failover) for up to one
-                // ttl; the first attempt, and longer outages, report the error.
-                // The next attempt, under the same token, settles whatever an unsettled one
-                // may have granted (the store recognises the token); giving it back now
-                // could land after that attempt and take a later grant away.
-                Err(Failed { err, unsettled })
-                    if err.is_retryable()
-                        && watch.is_some()
-                        && outage.get_or_insert_with(Instant::now).elapsed() < self.ttl
-                        && deadline.is_none_or(|d| Instant::now() < d) =>
-                {
-                    if let Some(wait) = store_wait.take() {
-                        end_wait(&self.obs, wait, Extra::WokenOutage);
-                    }
-                    waiting.unsettled |= unsettled;
-                    tracing::debug!(lock = self.name(), error = %err, "store unavailable while waiting; retrying");
-                    self.obs
-                        .count(metric::RETRIES, Some(Extra::RetryAcquire), 1);
-                    acquisition.waiting();
-                    let mut pause = backoff.next();
-                    let mut woken_by = Extra::WokenOutage;
-                    if let Some(d) = deadline {
-                        let left = d.saturating_duration_since(Instant::now());
-                        if left <= pause {
-                            (pause, woken_by) = (left, Extra::WokenDeadline);
-                        }
-                    }
-                    let wait = self.obs.wait_span(self.name(), Some(pause));
-                    let slept = Instant::now();
-                    tokio::time::sleep(pause).await;
-                    self.obs.waited(&wait, woken_by, slept.elapsed());
-                    continue;
-                }
-                Err(Failed { err, unsettled }) => {
-                    if let Some(wait) = store_wait.take() {
-                        end_wait(&self.obs, wait, Extra::WokenOutage);
-                    }
-                    // Whatever may have been granted under our token goes back (`waiting`).
-                    waiting.unsettled |= unsettled;
-                    return Err(err);
-                }
-            };
-            let remaining = match attempt {
-                Attempt::Got(guard) => {
-                    if let Some(wait) = store_wait.take() {
-                        // The store let the waiter through at a release.
-                        end_wait(&self.obs, wait, Extra::WokenRelease);
-                    }
-                    waiting.queued = false;
-                    if let Some(mut w) = woken.take()
-                        && !self.backend.shares_grants()
-                    {
-                        w.consumed();
-                    }
-                    return Ok(Some(guard));
-                }
-                Attempt::Held(remaining) => {
-                    held_sent = sent;
-                    found_held = true;
-                    remaining
-                }
-            };
-            if let Some(mut w) = woken.take() {
-                w.consumed();
-            }
-            let now = Instant::now();
-            if deadline.is_some_and(|d| now >= d) {
-                if let Some(wait) = store_wait.take() {
-                    end_wait(&self.obs, wait, Extra::WokenDeadline);
-                }
-                if B::QUEUES_WAITERS && waiting.queued {
-                    // Withdraw before returning, so that our entry is gone when the caller
-                    // looks (the background withdrawal is for cancellation only).
-                    waiting.queued = false;
-                    let call = Call::new(call_span!(
-                        span::ABANDON,
-                        op::ABANDON,
-                        self.obs,
-                        self.name(),
-                        1u32
-                    ));
-                    let abandoned = self
-                        .backend
-                        .abandon(&self.keys, &token, self.ttl)
-                        .instrument(call.span())
-                        .await;
-                    call.done(&abandoned, |()| outcome::OK);
-                    if let Err(err) = abandoned {
-                        tracing::debug!(lock = self.name(), error = %err, "withdrawing a waiter failed; its entry times out");
-                    }
-                }
-                return Ok(None);
-            }
-            if watch.is_none() || subscribe_again {
-                // Subscribe, then try again at once: a release between our attempt and the
-                // subscription would otherwise go unheard.
-                subscribe_again = false;
-                acquisition.waiting();
-                let call = Call::new(call_span!(
-                    span::WATCH,
-                    op::WATCH,
-                    self.obs,
-                    self.name(),
-                    1u32
-                ));
-                let subscribe = self
-                    .backend
-                    .watch_for(&self.keys, &token)
-                    .instrument(call.span());
-                let subscribed = match deadline {
-                    Some(d) => tokio::time::timeout_at(d, subscribe)
-                        .await
-                        .unwrap_or_else(|_| Ok(ReleaseWatch::none())),
-                    None => subscribe.await,
-                };
-                call.done(&subscribed, |_| outcome::OK);
-                watch_failed = subscribed
-                    .as_ref()
-                    .map_or(true, ReleaseWatch::is_unavailable);
-                watch = Some(subscribed.unwrap_or_else(|err| {
-                    tracing::debug!(lock = self.name(), error = %err, "cannot watch releases; polling, and subscribing again after the next pause");
-                    ReleaseWatch::none()
-                }));
-                continue;
-            }
-            let Some(watch) = &watch else {
-                continue;
-            };
-            let mut sleep = if watch.is_active() {
-                // The release announcement normally wakes us; the holder's ttl is the
-                // fallback if the message is lost.
-                remaining
-                    .map(|r| r + Duration::from_millis(1))
-                    .unwrap_or(self.retry.max)
-            } else {
-                let b = backoff.next();
-                remaining.map_or(b, |r| b.min(r + Duration::from_millis(1)))
-            };
-            let mut woken_by = if watch.is_active() {
-                Extra::WokenFallback
-            } else {
-                Extra::WokenBackoff
-            };
-            if let Some(d) = deadline {
-                let left = d.saturating_duration_since(now);
-                if left <= sleep {
-                    (sleep, woken_by) = (left, Extra::WokenDeadline);
-                }
-            }
-            acquisition.waiting();
-            let (wait, slept) = match store_wait.take() {
-                // The wait inside the store goes on here: one wait, one span.
-                Some((span, since)) => {
-                    span.record(field::TIMER_MS, observe::millis(since.elapsed() + sleep));
-                    (span, since)
-                }
-                None => (self.obs.wait_span(self.name(), Some(sleep)), Instant::now()),
-            };
-            // In order (no draw from the runtime's generator, so a seed replays): a
-            // release announced by the time the timer fires is taken, not left for the
-            // timer's attempt to find by chance.
-            tokio::select! {
-                biased;
-                () = watch.released() => {
-                    woken = Some(PassOn::new(watch.notifier(), &self.obs));
-                    woken_by = Extra::WokenRelease;
-                }
-                () = tokio::time::sleep(sleep) => {}
-            }
-            self.obs.waited(&wait, woken_by, slept.elapsed());
-            if std::mem::take(&mut watch_failed) {
-                subscribe_again = true;
-            }
-            // The store handed the lock over to us at a release, after our latest attempt
-            // was processed: we hold it from no earlier than that attempt's sending. (If
-            // that was long ago, the next attempt finds our token and renews it instead.)
-            let grant = watch
-                .take_grant()
-                .filter(|_| held_sent.elapsed() < self.backend.lease_validity(self.ttl) / 2);
-            wait.record(field::HANDOFF, grant.is_some());
-            drop(wait);
-            if let Some(fence) = grant {
-                self.obs
-                    .count(metric::HANDOFFS, Some(Extra::HandoffGrant), 1);
-                if let Some(mut w) = woken.take() {
-                    w.consumed();
-                }
-                let guard = self.guard(token.clone(), held_sent, fence)?;
-                waiting.queued = false;
-                return Ok(Some(guard));
-            }
-        }
-    }
-
-    /// One attempt under `token`. An attempt whose outcome is unknown (no reply in time,
-    /// connection lost) is repeated with the same token a few times: the store treats the
-    /// repeat as the same request, so a grant is never applied twice.
-    ///
-    /// An attempt cancelled mid-flight gives back in the background whatever it may have
-    /// been granted; one that fails with its outcome unknown leaves that to the caller
-    /// (`Failed::unsettled`).
-    async fn attempt(
-        &self,
-        token: &Token,
-        queue: bool,
-        acquisition: &observe::Acquisition<'_>,
-    ) -> std::result::Result<Attempt<B>, Failed> {
-        let settled = |err| Failed {
-            err,
-            unsettled: false,
-        };
-        if self.watchdog && tokio::runtime::Handle::try_current().is_err() {
-            // Checked before acquiring: a grant we could not renew nor give back would
-            // block everyone for a whole ttl.
-            return Err(settled(Error::invalid(
-                "dlock's lease watchdog needs a tokio runtime",
-            )));
-        }
-        let mut pending = PendingAcquire {
-            backend: &self.backend,
-            keys: &self.keys,
-            obs: &self.obs,
-            token: Some(token),
-        };
-        let mut tries = 0;
-        let (fence, sent) = loop {
-            let call = Call::new(call_span!(
-                span::ACQUIRE,
-                op::ACQUIRE,
-                self.obs,
-                self.name(),
-                acquisition.next_attempt(),
-                queue = queue
-            ));
-            let sent = Instant::now();
-            let acquire = if queue {
-                self.backend
-                    .acquire_or_queue(&self.keys, token, self.ttl)
-                    .instrument(call.span())
-                    .await
-            } else {
-                self.backend
-                    .acquire(&self.keys, token, self.ttl)
-                    .instrument(call.span())
-                    .await
-            };
-            call.done(&acquire, |a| match a {
-                Acquire::Acquired { .. } => outcome::ACQUIRED,
-                Acquire::Held { .. } => outcome::BUSY,
-            });
-            match acquire {
-                Ok(Acquire::Acquired { fence }) => break (fence, sent),
-                Ok(Acquire::Held { remaining }) => {
-                    pending.token = None;
-                    return Ok(Attempt::Held(remaining));
-                }
-                Err(err) if err.is_retryable() && tries < UNKNOWN_OUTCOME_RETRIES => {
-                    tries += 1;
-                    tracing::debug!(lock = self.name(), error = %err, "acquire outcome unknown; repeating it");
-                    self.obs
-                        .count(metric::RETRIES, Some(Extra::RetryAcquire), 1);
-                    tokio::time::sleep(RETRY_PAUSE * tries).await;
-                }
-                // A refusal (bad argument, limit): nothing was granted.
-                Err(err)
-                    if matches!(
-                        err.kind(),
-                        ErrorKind::InvalidArgument | ErrorKind::LimitReached
-                    ) =>
-                {
-                    pending.token = None;
-                    return Err(settled(err));
-                }
-                // The outcome is unknown (the request may have reached the store): the
-                // caller settles it (a repeat under the same token, or a release).
-                Err(err) => {
-                    pending.token = None;
-                    return Err(Failed {
-                        err,
-                        unsettled: true,
-                    });
-                }
-            }
-        };
-        pending.token = None;
-        drop(pending);
-        // A grant whose reply came too late to rely on is not given back here: the wait
-        // may repeat the attempt under the same token (which the store then renews), and
-        // a give-back sent now could land after that repeat and take its grant away. It
-        // is unsettled: the next attempt settles it, or the wait's end gives it back.
-        match self.make_guard(token.clone(), sent, fence, false) {
-            Ok(guard) => Ok(Attempt::Got(guard)),
-            Err(Late(err)) => Err(Failed {
-                err,
-                unsettled: true,
-            }),
-            Err(Refused(err)) => Err(settled(err)),
-        }
+    ) -> impl Future<Output = Result<Option<LockGuard<B>>>> + '_ {
+        acquire::acquire(self, deadline)
     }
 
     /// Wraps a grant made under `token` (request sent at `sent`) in a guard, registering
     /// its lease with the watchdog.
     pub(crate) fn guard(&self, token: Token, sent: Instant, fence: u64) -> Result<LockGuard<B>> {
         self.make_guard(token, sent, fence, true)
-            .map_err(|(Late(err) | Refused(err))| err)
+            .map_err(NoGuard::into_error)
     }
 
     /// [`guard`](Lock::guard); a grant already past its validity is given back in the
@@ -716,7 +281,7 @@ impl<B: RawLock> Lock<B> {
             if give_back_late {
                 spawn_release_observed(&self.backend, &lease.keys, &lease.token, &self.obs);
             }
-            return Err(Late(Error::new(
+            return Err(NoGuard::Late(Error::new(
                 ErrorKind::TimedOut,
                 format!(
                     "the store granted lock {:?} but its reply took {:?}, past the lease's \
@@ -737,7 +302,7 @@ impl<B: RawLock> Lock<B> {
                 Ok(id) => std::num::NonZeroU64::new(id),
                 Err(err) => {
                     spawn_release_observed(&self.backend, &lease.keys, &lease.token, &self.obs);
-                    return Err(Refused(err));
+                    return Err(NoGuard::Refused(err));
                 }
             }
         } else {
@@ -756,70 +321,94 @@ impl<B: RawLock> Lock<B> {
     }
 }
 
-/// Why [`Lock::make_guard`] made no guard.
-enum NoGuard {
-    /// The grant's reply came past its validity (given back or left unsettled).
-    Late(Error),
-    /// The grant could not be registered (given back).
-    Refused(Error),
-}
-use NoGuard::{Late, Refused};
+/// The acquire loop's steps on a store: a [`RawLock`]'s calls under this lock's keys and
+/// ttl, and its guard.
+impl<B: RawLock> Hooks for Lock<B> {
+    type Held = LockGuard<B>;
 
-/// Withdraws a waiter's queue entry in the background when its wait ends without a grant,
-/// and gives back what an attempt whose outcome is still unknown may have been granted.
-struct Waiting<'a, B: RawLock> {
-    backend: &'a B,
-    keys: &'a LockKeys,
-    token: &'a Token,
-    ttl: Duration,
-    obs: &'a Obs,
-    queued: bool,
-    /// An attempt failed with its outcome unknown and no later attempt settled it.
-    unsettled: bool,
-}
+    const QUEUES_WAITERS: bool = B::QUEUES_WAITERS;
+    const QUEUES_ONLY_LISTENERS: bool = B::QUEUES_ONLY_LISTENERS;
+    const WAITS_IN_STORE: bool = B::WAITS_IN_STORE;
 
-impl<B: RawLock> Drop for Waiting<'_, B> {
-    fn drop(&mut self) {
-        // (A bug planted for the simulator keeps the grant.)
-        if self.unsettled && !crate::simulation::planted(Plant::CancelledGrantKept) {
-            spawn_release_observed(self.backend, self.keys, self.token, self.obs);
+    fn obs(&self) -> &Obs {
+        &self.obs
+    }
+
+    fn keys(&self) -> &LockKeys {
+        &self.keys
+    }
+
+    fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    fn retry(&self) -> Retry {
+        self.retry
+    }
+
+    fn lease_validity(&self) -> Duration {
+        self.backend.lease_validity(self.ttl)
+    }
+
+    fn shares_grants(&self) -> bool {
+        self.backend.shares_grants()
+    }
+
+    fn token(&self) -> Result<Token> {
+        match &self.holder {
+            Some(info) => info.token(),
+            None => Token::random(),
         }
-        if !self.queued || !B::QUEUES_WAITERS {
-            return;
-        }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return; // the entry times out by itself
-        };
-        let backend = self.backend.clone();
-        let keys = self.keys.clone();
-        let token = self.token.clone();
-        let ttl = self.ttl;
-        let obs = self.obs.clone();
-        runtime.spawn(async move {
-            let call = Call::new(call_span!(
-                span::ABANDON,
-                op::ABANDON,
-                obs,
-                keys.name(),
-                1u32
+    }
+
+    fn ready(&self) -> Result<()> {
+        if self.watchdog && tokio::runtime::Handle::try_current().is_err() {
+            return Err(Error::invalid(
+                "dlock's lease watchdog needs a tokio runtime",
             ));
-            let abandon = backend.abandon(&keys, &token, ttl).instrument(call.span());
-            let abandoned = tokio::time::timeout(DROP_RELEASE_TIMEOUT, abandon)
-                .await
-                .unwrap_or_else(|_| {
-                    Err(Error::new(
-                        ErrorKind::TimedOut,
-                        "withdrawing a waiter timed out",
-                    ))
-                });
-            call.done(&abandoned, |()| outcome::OK);
-            if abandoned.is_err() {
-                tracing::debug!(
-                    lock = keys.name(),
-                    "withdrawing a waiter failed; its entry times out"
-                );
-            }
-        });
+        }
+        Ok(())
+    }
+
+    fn acquire(&self, token: &Token) -> impl Future<Output = Result<Acquire>> + Send {
+        self.backend.acquire(&self.keys, token, self.ttl)
+    }
+
+    fn acquire_or_queue(&self, token: &Token) -> impl Future<Output = Result<Acquire>> + Send {
+        self.backend.acquire_or_queue(&self.keys, token, self.ttl)
+    }
+
+    fn watch_for(&self, token: &Token) -> impl Future<Output = Result<ReleaseWatch>> + Send {
+        self.backend.watch_for(&self.keys, token)
+    }
+
+    fn watch_ready(&self, token: &Token) -> Option<ReleaseWatch> {
+        self.backend.watch_ready(&self.keys, token)
+    }
+
+    fn abandon(&self, token: &Token) -> impl Future<Output = Result<()>> + Send + 'static {
+        let (backend, keys, token, ttl) = (
+            self.backend.clone(),
+            self.keys.clone(),
+            token.clone(),
+            self.ttl,
+        );
+        async move { backend.abandon(&keys, &token, ttl).await }
+    }
+
+    fn release(&self, token: &Token) -> impl Future<Output = Result<bool>> + Send + 'static {
+        let (backend, keys, token) = (self.backend.clone(), self.keys.clone(), token.clone());
+        async move { backend.release(&keys, &token).await }
+    }
+
+    fn hold(
+        &self,
+        token: Token,
+        sent: Instant,
+        fence: u64,
+        give_back_late: bool,
+    ) -> std::result::Result<LockGuard<B>, NoGuard> {
+        self.make_guard(token, sent, fence, give_back_late)
     }
 }
 
@@ -891,20 +480,13 @@ impl<B: RawInspect> Lock<B> {
     /// # Errors
     /// Store failures.
     pub async fn state(&self) -> Result<LockState> {
-        let call = Call::new(call_span!(
-            span::INSPECT,
-            op::INSPECT,
+        crate::observe::observed!(
             self.obs,
             self.name(),
-            1u32
-        ));
-        let state = self
-            .backend
-            .inspect(&self.keys)
-            .instrument(call.span())
-            .await;
-        call.done(&state, |_| outcome::OK);
-        state
+            span::INSPECT,
+            op::INSPECT,
+            self.backend.inspect(&self.keys)
+        )
     }
 
     /// Whether anyone holds the lock now (a snapshot; it may change at once).
@@ -923,40 +505,13 @@ impl<B: RawInspect> Lock<B> {
     /// # Errors
     /// Store failures.
     pub async fn force_unlock(&self) -> Result<bool> {
-        let call = Call::new(call_span!(
-            span::FORCE_UNLOCK,
-            op::FORCE_UNLOCK,
+        crate::observe::observed!(
             self.obs,
             self.name(),
-            1u32
-        ));
-        let unlocked = self
-            .backend
-            .force_unlock(&self.keys)
-            .instrument(call.span())
-            .await;
-        call.done(&unlocked, |_| outcome::OK);
-        unlocked
-    }
-}
-
-/// Releases the token of an acquire whose future was dropped mid-flight: the store may
-/// have granted it without us ever seeing the reply.
-struct PendingAcquire<'a, B: RawLock> {
-    backend: &'a B,
-    keys: &'a LockKeys,
-    obs: &'a Obs,
-    token: Option<&'a Token>,
-}
-
-impl<B: RawLock> Drop for PendingAcquire<'_, B> {
-    fn drop(&mut self) {
-        if crate::simulation::planted(Plant::CancelledGrantKept) {
-            return; // planted for the simulator: the grant is kept
-        }
-        if let Some(token) = self.token {
-            spawn_release_observed(self.backend, self.keys, token, self.obs);
-        }
+            span::FORCE_UNLOCK,
+            op::FORCE_UNLOCK,
+            self.backend.force_unlock(&self.keys)
+        )
     }
 }
 
@@ -968,39 +523,9 @@ pub(crate) fn spawn_release<B: RawLock>(backend: &B, keys: &LockKeys, token: &To
 
 /// [`spawn_release`] with the lock's labels at hand.
 fn spawn_release_observed<B: RawLock>(backend: &B, keys: &LockKeys, token: &Token, obs: &Obs) {
-    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-        return; // no runtime: the lease simply expires
-    };
-    let backend = backend.clone();
-    let keys = keys.clone();
-    let token = token.clone();
-    let obs = obs.clone();
-    runtime.spawn(async move {
-        let call = Call::new(call_span!(
-            span::RELEASE,
-            op::RELEASE,
-            obs,
-            keys.name(),
-            1u32
-        ));
-        let release = backend.release(&keys, &token).instrument(call.span());
-        let released = tokio::time::timeout(DROP_RELEASE_TIMEOUT, release).await;
-        match &released {
-            Ok(result) => call.done(result, |&r| released_outcome(r)),
-            Err(_) => observe::failed(
-                &call.span(),
-                &Error::new(ErrorKind::TimedOut, "background release timed out"),
-            ),
-        }
-        match released {
-            Ok(Ok(_)) => {}
-            Ok(Err(err)) => {
-                tracing::debug!(lock = keys.name(), error = %err, "background release failed; the lease will expire");
-            }
-            Err(_) => {
-                tracing::debug!(lock = keys.name(), "background release timed out; the lease will expire");
-            }
-        }
+    background::release(obs, keys, || {
+        let (backend, keys, token) = (backend.clone(), keys.clone(), token.clone());
+        async move { backend.release(&keys, &token).await }
     });
 }
 
@@ -1026,7 +551,7 @@ pub struct LockGuard<B: RawLock> {
 
 /// A step a guard takes just before its release (see `LockGuard::before_release`).
 pub(crate) type BeforeRelease =
-    Box<dyn FnOnce() -> crate::multi::BoxFuture<'static, ()> + Send + Sync>;
+    Box<dyn FnOnce() -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
 
 impl<B: RawLock> std::fmt::Debug for LockGuard<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -1191,14 +716,14 @@ impl<B: RawLock> LockGuard<B> {
         }
         let lapsed = self.is_lost();
         let lost_before = self.lease.snapshot().end;
-        let mut tries = 0;
+        let mut repeats = Repeat::UNKNOWN_OUTCOME.start();
         let released = loop {
             let call = Call::new(call_span!(
                 span::RELEASE,
                 op::RELEASE,
                 self.lease.obs,
                 self.name(),
-                tries + 1
+                repeats.made() + 1
             ));
             let released = self
                 .backend
@@ -1211,16 +736,13 @@ impl<B: RawLock> LockGuard<B> {
                 // valid: the hold cannot have expired, so our earlier attempt (whose reply
                 // was lost) released it. Only an operator's force-unlock or data loss in
                 // the store could have removed it instead.
-                Ok(false) if tries > 0 && !lapsed && !self.is_lost() => break Ok(true),
-                Err(err)
-                    if err.is_retryable() && tries < UNKNOWN_OUTCOME_RETRIES && !self.is_lost() =>
-                {
-                    tries += 1;
+                Ok(false) if repeats.made() > 0 && !lapsed && !self.is_lost() => break Ok(true),
+                Err(err) if err.is_retryable() && repeats.more() && !self.is_lost() => {
                     tracing::debug!(lock = self.name(), error = %err, "release outcome unknown; repeating it");
                     self.lease
                         .obs
                         .count(metric::RETRIES, Some(Extra::RetryRelease), 1);
-                    tokio::time::sleep(RETRY_PAUSE * tries).await;
+                    repeats.pause().await;
                 }
                 other => break other,
             }
@@ -1290,15 +812,6 @@ impl<B: RawLock> Drop for LockGuard<B> {
                 &self.lease.obs,
             );
         }
-    }
-}
-
-/// The `outcome` of a release call that answered `released`.
-fn released_outcome(released: bool) -> &'static str {
-    if released {
-        outcome::RELEASED
-    } else {
-        outcome::NOT_HELD
     }
 }
 

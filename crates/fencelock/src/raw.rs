@@ -7,36 +7,15 @@
 //! `fencing_token()` when its backend implements [`RawFencing`]).
 
 use std::future::Future;
-use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::Notify;
-
 use crate::engine::Engine;
-use crate::engine::wait::GrantSlot;
 use crate::error::Result;
 use crate::keys::LockKeys;
 use crate::token::Token;
 
-pub use crate::engine::{LeaseKind, Renewal};
-
-/// The outcome of one acquire attempt.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Acquire {
-    /// The lock key now holds our token with the requested expiry.
-    Acquired {
-        /// The fence minted with this grant (0 from stores that do not implement
-        /// [`RawFencing`]; it is then never shown to users).
-        fence: u64,
-    },
-    /// Someone else holds the lock.
-    Held {
-        /// The holder's remaining time to live, if the store knows it. `None` means the
-        /// key has no expiry (set by a foreign client) or the store cannot tell.
-        remaining: Option<Duration>,
-    },
-}
+pub use crate::engine::{Acquire, LeaseKind, ReleaseWatch, Renewal, Subscription};
+pub use crate::keys::RECORD;
 
 /// A mutual-exclusion lease in a store.
 ///
@@ -593,12 +572,6 @@ pub trait RawFair: RawLock {
     }
 }
 
-/// The suffix of an election's record: the companion key
-/// ([`LockKeys::companion`](crate::keys::LockKeys::companion)) where it is stored, and the
-/// side channel ([`LockKeys::side`](crate::keys::LockKeys::side)) on which a write of it is
-/// announced.
-pub const RECORD: &str = "leader";
-
 /// The leader's record of an election: who leads, in which term, advertising what.
 ///
 /// [`Election`](crate::Election) is the plain lock (its queue of candidates, its lease, its
@@ -747,108 +720,4 @@ pub trait RawInspect: RawLock {
         pattern: &str,
         limit: usize,
     ) -> impl Future<Output = Result<Vec<String>>> + Send;
-}
-
-/// A subscription to release announcements of one lock, held by one waiter.
-///
-/// Each announcement wakes one waiter of this client (not all of them); a waiter that is
-/// woken but gives up passes the wake-up on.
-pub struct ReleaseWatch {
-    inner: Option<(Arc<Notify>, Option<Subscription>)>,
-    /// Where the store leaves a hand-over to this waiter (stores that grant at release).
-    grants: Option<Arc<GrantSlot>>,
-    /// The store can notify, but not now (its notification channel is down).
-    unavailable: bool,
-}
-
-/// Whatever keeps a store-side subscription alive; dropping it may end the subscription.
-pub type Subscription = Box<dyn Send + Sync>;
-
-impl ReleaseWatch {
-    /// A watch that never fires: the store cannot notify.
-    pub fn none() -> Self {
-        ReleaseWatch {
-            inner: None,
-            grants: None,
-            unavailable: false,
-        }
-    }
-
-    /// A watch that cannot fire because the store's notification channel is down for
-    /// now (a failed connection it will open again later): waiters poll, and subscribe
-    /// again after their next pause.
-    pub fn unavailable() -> Self {
-        ReleaseWatch {
-            unavailable: true,
-            ..ReleaseWatch::none()
-        }
-    }
-
-    /// Whether this watch stands in for one the store could not set up now
-    /// ([`unavailable`](ReleaseWatch::unavailable)).
-    pub fn is_unavailable(&self) -> bool {
-        self.unavailable
-    }
-
-    /// A watch woken through `notify` (with `notify_one`). `subscription` is dropped with
-    /// the watch; its `Drop` can end the store-side subscription.
-    pub fn new(notify: Arc<Notify>, subscription: Option<Subscription>) -> Self {
-        ReleaseWatch {
-            inner: Some((notify, subscription)),
-            grants: None,
-            unavailable: false,
-        }
-    }
-
-    /// This watch with the slot where its store leaves a hand-over.
-    #[cfg_attr(
-        not(any(
-            feature = "redis",
-            feature = "etcd",
-            feature = "postgres",
-            feature = "zookeeper"
-        )),
-        allow(dead_code)
-    )]
-    pub(crate) fn with_grants(mut self, grants: Arc<GrantSlot>) -> Self {
-        self.grants = Some(grants);
-        self
-    }
-
-    /// The fence of a hand-over: the store granted the lock to this waiter's token after
-    /// the waiter's latest attempt that found it held was processed (a Redis release's
-    /// hand-over, or an etcd waiter's turn).
-    pub(crate) fn take_grant(&self) -> Option<u64> {
-        self.grants.as_ref().and_then(|g| g.take())
-    }
-
-    /// Whether this watch can fire at all.
-    pub fn is_active(&self) -> bool {
-        self.inner.is_some()
-    }
-
-    /// The notifier behind this watch, for handing a consumed wake-up on to another
-    /// local waiter (`notify_one`).
-    pub(crate) fn notifier(&self) -> Option<Arc<Notify>> {
-        self.inner.as_ref().map(|(notify, _)| Arc::clone(notify))
-    }
-
-    /// Waits for the next release announcement (forever, for [`ReleaseWatch::none`]).
-    ///
-    /// # Cancel safety
-    /// Cancel-safe: a wake-up delivered to a cancelled wait is passed to another waiter.
-    pub async fn released(&self) {
-        match &self.inner {
-            Some((notify, _)) => notify.notified().await,
-            None => std::future::pending().await,
-        }
-    }
-}
-
-impl std::fmt::Debug for ReleaseWatch {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ReleaseWatch")
-            .field("active", &self.is_active())
-            .finish()
-    }
 }

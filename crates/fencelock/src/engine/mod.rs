@@ -9,12 +9,20 @@
 //!   batch, one store call for all of them, whatever primitive holds it: a [`Renewal`]
 //!   carries its [`LeaseKind`] and the store applies the matching renewal (on Redis, one
 //!   pipeline of `EVALSHA`s of the matching scripts);
-//! * **waiting** ([`wait`](self) internals): the loop every acquire runs — one attempt,
-//!   a subscription to the store's wake-up for *this* waiter, the fallback timer from the
-//!   holder's remaining lease, jittered backoff where the store cannot notify, and the
-//!   hand-on of a wake-up that a waiter consumed but could not use; and the wake
-//!   registry ([`wake`](self) internals) that every notifying store's transport feeds:
-//!   per name a notifier and a hand-over slot, one parser for the hand-over message.
+//! * **acquiring and waiting** ([`acquire`](self), [`wait`](self) internals): the loop
+//!   every acquire runs, for every primitive — one attempt (repeated under the same
+//!   token when its reply is lost), a subscription to the store's wake-up for *this*
+//!   waiter, the fallback timer from the holder's remaining lease, jittered backoff where
+//!   the store cannot notify, the hand-on of a wake-up that a waiter consumed but could
+//!   not use, and the guards that keep it cancel-safe (a grant that arrives after its
+//!   caller was cancelled or timed out is given back). A primitive hands the loop its
+//!   store's single steps (an attempt, a watch, a withdrawal, a release); the loop is
+//!   never a store's. The wake registry ([`wake`](self) internals) that every notifying
+//!   store's transport feeds: per name a notifier and a hand-over slot, one parser for
+//!   the hand-over message;
+//! * **background work** ([`background`](self) internals): what is finished after its
+//!   caller left — a dropped guard's release, a give-back, a withdrawal, a store's
+//!   release tried again until it answers — bounded in time, under one retry policy.
 //!
 //! Which waiter a release wakes is the store's side of the contract
 //! ([`RawLock::watch_for`](crate::raw::RawLock::watch_for)): on Redis a waiter queue with
@@ -22,9 +30,11 @@
 //! waiter watches its predecessor, in memory a queue of local waiters.
 //!
 //! The engine knows nothing of the raw traits: a client hands it a [`Renewal`] batch
-//! sender when a lease is registered, and the contract (`raw`) names the engine, never the
-//! other way round.
+//! sender when a lease is registered, a lock hands the acquire loop its steps, and the
+//! contract (`raw`) names the engine, never the other way round.
 
+pub(crate) mod acquire;
+pub(crate) mod background;
 #[cfg(any(feature = "etcd", feature = "zookeeper"))]
 pub(crate) mod follow;
 mod lease;
@@ -47,7 +57,9 @@ use crate::error::Result;
 use crate::keys::LockKeys;
 use crate::token::Token;
 
+pub use acquire::Acquire;
 pub(crate) use lease::{End, Lease};
+pub use wait::{ReleaseWatch, Subscription};
 pub use watchdog::BATCH_WINDOW;
 pub(crate) use watchdog::Renew;
 

@@ -170,6 +170,7 @@ use tokio_postgres::{NoTls, Row};
 
 use crate::engine::Engine;
 use crate::engine::LeaseKind;
+use crate::engine::acquire::{Detached, Gone};
 use crate::error::{Error, ErrorKind, Result};
 use crate::keys::LockKeys;
 use crate::raw::{Acquire, LockState, RawFencing, RawInspect, RawLock, ReleaseWatch, Renewal};
@@ -231,16 +232,13 @@ struct Inner {
     gates: std::sync::Mutex<std::collections::HashMap<String, Gate>>,
     connector: Connector,
     listener: listen::Listener,
-    /// A gate per token with an acquire in flight (see [`Postgres::detached`]).
-    inflight: std::sync::Mutex<std::collections::HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// Acquires in flight, run to completion (see [`Postgres::detached`]).
+    inflight: Detached,
     sql: Statements,
     schema: String,
     store_id: String,
     engine: Engine,
 }
-
-/// Ends (with an error) when the caller of a detached call stops waiting for it.
-type Gone = tokio::sync::oneshot::Receiver<()>;
 
 /// A token's standing in server-side waiting (see the module docs).
 enum Gate {
@@ -888,7 +886,7 @@ impl Postgres {
                 gates: std::sync::Mutex::default(),
                 listener: listen::Listener::new(config.clone(), connector.clone())?,
                 connector,
-                inflight: std::sync::Mutex::default(),
+                inflight: Detached::default(),
                 sql: Statements::new(&parsed.schema),
                 schema: parsed.schema.clone(),
                 store_id,
@@ -1170,81 +1168,42 @@ impl Postgres {
         Ok(rows.first().is_some_and(|row| row.get::<_, bool>(0)))
     }
 
-    fn inflight(
-        &self,
-    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, Arc<tokio::sync::Mutex<()>>>>
-    {
-        self.inner
-            .inflight
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
     /// Runs an acquire under `token` to completion even if its caller stops waiting
-    /// (cancelled): a grant that comes back after the caller left is given back by
-    /// `give_back`, in the same task and so after the grant. Until it is done, the
-    /// token's release and withdrawal wait ([`settled`](Postgres::settled)): sent on
-    /// another pooled connection at the moment of cancellation, they could otherwise run
-    /// before the grant or the queueing and miss it — leaving the lock held, or a queue
-    /// place that a release would hand the lock to, for a whole ttl.
+    /// (cancelled), on the engine's [`Detached`]: a grant that comes back after the caller
+    /// left is given back by `give_back`, after the grant; until it is done, the token's
+    /// release and withdrawal wait ([`settled`](Postgres::settled)).
     ///
     /// `call` and `give_back` get the client, the keys and the token, owned; `call` also
     /// gets a receiver that ends when the caller stops waiting (to cancel a wait in the
     /// server).
-    async fn detached<F, Fut, G, GFut>(
-        &self,
+    ///
+    /// A plain function returning the engine's future (not an `async` layer around it):
+    /// every layer deepens the future types of the callers.
+    fn detached<'a, F, Fut, G, GFut>(
+        &'a self,
         keys: &LockKeys,
-        token: &Token,
+        token: &'a Token,
         call: F,
         give_back: G,
-    ) -> Result<Acquire>
+    ) -> impl std::future::Future<Output = Result<Acquire>> + 'a
     where
         F: FnOnce(Postgres, LockKeys, Token, Gone) -> Fut + Send + 'static,
         Fut: std::future::Future<Output = Result<Acquire>> + Send + 'static,
         G: FnOnce(Postgres, LockKeys, Token) -> GFut + Send + 'static,
         GFut: std::future::Future<Output = ()> + Send + 'static,
     {
-        let name = token.as_str().to_owned();
-        let gate = Arc::clone(self.inflight().entry(name.clone()).or_default());
-        // Taken before the task starts, so that a release spawned when this call is
-        // cancelled queues behind it.
-        let turn = Arc::clone(&gate).lock_owned().await;
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        let (present, gone) = tokio::sync::oneshot::channel();
-        let (pg, keys, token) = (self.clone(), keys.clone(), token.clone());
-        tokio::spawn(async move {
-            let result = call(pg.clone(), keys.clone(), token.clone(), gone).await;
-            if let Err(Ok(Acquire::Acquired { .. })) = tx.send(result) {
-                give_back(pg.clone(), keys, token).await;
-            }
-            drop(turn);
-            let mut inflight = pg.inflight();
-            // Ours and the map's: nobody else waits on it.
-            if inflight
-                .get(&name)
-                .is_some_and(|g| Arc::strong_count(g) <= 2)
-            {
-                inflight.remove(&name);
-            }
-            drop(inflight);
-            drop(gate);
-        });
-        let result = rx.await.unwrap_or_else(|_| {
-            Err(Error::new(
-                ErrorKind::Unavailable,
-                "acquiring: the task running the call ended",
-            ))
-        });
-        drop(present);
-        result
+        let (pg, k, t) = (self.clone(), keys.clone(), token.clone());
+        let (gpg, gk, gt) = (self.clone(), keys.clone(), token.clone());
+        self.inner.inflight.run(
+            token,
+            move |gone| call(pg, k, t, gone),
+            move || give_back(gpg, gk, gt),
+        )
     }
 
     /// Waits until no acquire under `token` is in flight.
-    async fn settled(&self, token: &Token) {
-        let gate = self.inflight().get(token.as_str()).cloned();
-        if let Some(gate) = gate {
-            let _turn = gate.lock().await;
-        }
+    fn settled<'a>(&'a self, token: &'a Token) -> impl std::future::Future<Output = ()> + 'a {
+        self.inner.inflight.settled(token)
     }
 
     /// One attempt, run to completion even if the caller is cancelled (see

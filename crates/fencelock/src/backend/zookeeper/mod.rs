@@ -106,6 +106,7 @@ use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
 use zookeeper_client as zk;
 
+use crate::engine::background::{self, Repeat};
 use crate::engine::follow::{self, Fired, Look, Recipe};
 use crate::engine::wake::{Registration, Wakes, Watches};
 use crate::engine::{Engine, Renewal};
@@ -636,19 +637,9 @@ impl ZooKeeper {
         F: Fn(ZooKeeper) -> Fut + Send + 'static,
         Fut: Future<Output = Result<bool>> + Send,
     {
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
         let zk = self.clone();
-        runtime.spawn(async move {
-            let until = Instant::now() + zk.current().timeout * 2;
-            while Instant::now() < until {
-                tokio::time::sleep(FOLLOW_RETRY).await;
-                if attempt(zk.clone()).await.is_ok() {
-                    return;
-                }
-            }
-        });
+        let policy = Repeat::every(FOLLOW_RETRY, self.current().timeout * 2);
+        background::retry(policy, move || attempt(zk.clone()));
     }
 
     fn current(&self) -> Session {
@@ -887,11 +878,8 @@ impl ZooKeeper {
         if ghosts.is_empty() {
             return;
         }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
         let client = s.client.clone();
-        runtime.spawn(async move {
+        background::spawn(async move {
             for node in ghosts {
                 tracing::debug!(node, "deleting a second node of one request (a lost reply)");
                 let _ = tokio::time::timeout(CALL_TIMEOUT, client.delete(&node, None)).await;
