@@ -113,7 +113,9 @@
 //! functions `acquire`, `release` and the others (idempotent; concurrent first connects
 //! are serialised by a transaction-scoped advisory lock). [`schema_sql`] returns the
 //! statements, for a DBA who prefers to run them by hand (a schema made by an earlier
-//! version without `records` is completed on connect, which needs `CREATE` once).
+//! version without `records` is completed on connect, which needs `CREATE` once). The
+//! statements the client runs against them are in `statements.sql`, beside `schema.sql`
+//! in the source, one per name.
 //!
 //! Keys are `text`, which cannot hold a NUL character: a name, key prefix or reentrant
 //! owner with one is [`ErrorKind::InvalidArgument`] before the store is touched, in lease
@@ -249,7 +251,7 @@ enum Gate {
     Queued,
 }
 
-/// dlock's statements, with the schema's name filled in.
+/// dlock's statements (statements.sql, beside schema.sql), with the schema's name filled in.
 struct Statements {
     acquire: String,
     gate_acquire: String,
@@ -274,142 +276,63 @@ struct Statements {
 }
 
 impl Statements {
-    fn new(schema: &str) -> Statements {
-        let s = format!("\"{schema}\"");
-        // Milliseconds left of a lease, by the server's clock (never negative).
-        let left = |col: &str| {
-            format!(
-                "greatest(0, ceil(extract(epoch FROM ({col} - clock_timestamp())) * 1000))::bigint"
-            )
+    /// The statements of statements.sql, with the schema's name filled in.
+    fn new(schema: &str) -> Result<Statements> {
+        let quoted = format!("\"{schema}\"");
+        let mut named: std::collections::HashMap<&str, String> = Default::default();
+        let mut current: Option<&str> = None;
+        for line in include_str!("statements.sql").lines() {
+            if let Some(name) = line.strip_prefix("-- statement: ") {
+                current = Some(name.trim());
+                named.insert(name.trim(), String::new());
+            } else if let Some(name) = current
+                && !line.trim_start().starts_with("--")
+                && let Some(text) = named.get_mut(name)
+            {
+                text.push_str(&line.replace("\"S\"", &quoted));
+                text.push('\n');
+            }
+        }
+        let mut take = |name: &str| {
+            named
+                .remove(name)
+                .map(|text| text.trim().to_owned())
+                .filter(|text| !text.is_empty())
+                .ok_or_else(|| {
+                    Error::new(
+                        ErrorKind::Backend,
+                        format!("statements.sql has no statement {name:?}"),
+                    )
+                })
         };
-        let live = "clock_timestamp()";
-        let queued = format!(
-            "(SELECT count(*) FROM {s}.waiters q
-              WHERE q.key = $1 AND q.role = 'l' AND q.claim_until > {live})"
-        );
-        // A plain lock's waiters: the table's, and those waiting in the server for its
-        // gate (a bigint advisory lock: classid is its high half, objid its low half).
-        let gate_waiting = format!(
-            "(SELECT count(*) FROM pg_locks p
-              WHERE p.locktype = 'advisory' AND NOT p.granted AND p.objsubid = 1
-                AND p.database = (SELECT oid FROM pg_database
-                                  WHERE datname = current_database())
-                AND ((p.classid::bigint << 32) | p.objid::bigint) = {s}.gate_key($1))"
-        );
-        Statements {
-            acquire: format!(
-                "SELECT granted, fence, wait_ms FROM {s}.acquire($1::text, $2::text,
-                   $3::bigint, $4::boolean, $5::text, $6::text, $7::bigint, $8::boolean,
-                   $9::int)"
-            ),
-            gate_acquire: format!(
-                "SELECT granted, fence, wait_ms, gated FROM {s}.gate_acquire($1::text, $2::text,
-                   $3::bigint, $4::text, $5::bigint, $6::boolean, $7::int, $8::boolean)"
-            ),
-            gate_release: format!(
-                "SELECT {s}.gate_release($1::text, $2::text, $3::text, $4::bigint)"
-            ),
-            release: format!("SELECT {s}.release($1::text, $2::text, $3::text, $4::bigint)"),
-            extend: format!("SELECT {s}.extend_one($1::text, $2::text, $3::text, $4::bigint)"),
-            extend_many: format!(
-                "SELECT i FROM {s}.extend_many($1::text[], $2::text[], $3::text[], $4::bigint[]) AS i"
-            ),
-            inspect: format!(
-                "SELECT CASE WHEN l.expires_at > {live} THEN l.holder END,
-                        CASE WHEN l.expires_at > {live} THEN {} END,
-                        l.fence, {queued} + {gate_waiting}
-                 FROM {s}.locks l WHERE l.key = $1",
-                left("l.expires_at")
-            ),
-            list: format!(
-                "SELECT l.key FROM {s}.locks l
-                 WHERE starts_with(l.key, $1)
-                   AND (l.expires_at > {live}
-                        OR EXISTS (SELECT 1 FROM {s}.leases e
-                                   WHERE e.key = l.key AND e.role <> 'h' AND e.expires_at > {live}))"
-            ),
-            sem_acquire: format!(
-                "SELECT granted, fence, wait_ms, stored FROM {s}.sem_acquire_checked($1::text,
-                   $2::text, $3::int, $4::int, $5::boolean, $6::bigint, $7::boolean, $8::text,
-                   $9::bigint, $10::bigint)"
-            ),
-            sem_release: format!(
-                "SELECT {s}.sem_release($1::text, $2::text, $3::text, $4::bigint)"
-            ),
-            sem_resize: format!(
-                "SELECT {s}.sem_resize($1::text, $2::int, $3::bigint, $4::int, $5::int, $6::bigint)"
-            ),
-            // Permits in use, holders, the latest lease's time left, the stored count,
-            // queued waiters.
-            sem_inspect: format!(
-                "SELECT coalesce(sum(e.n), 0)::bigint, count(e.token),
-                        max({}), (SELECT l.permits FROM {s}.locks l WHERE l.key = $1), {queued}
-                 FROM {s}.leases e WHERE e.key = $1 AND e.role = 'p' AND e.expires_at > {live}",
-                left("e.expires_at")
-            ),
-            re_acquire: format!(
-                "SELECT status, fence, wait_ms FROM {s}.re_acquire($1::text, $2::text, $3::text,
-                   $4::bigint, $5::int, $6::boolean, $7::text, $8::bigint)"
-            ),
-            re_release: format!(
-                "SELECT {s}.re_release($1::text, $2::text, $3::text, $4::text, $5::bigint)"
-            ),
-            re_inspect: format!(
-                "SELECT CASE WHEN l.expires_at > {live} THEN l.holder END,
-                        CASE WHEN l.expires_at > {live} THEN {} END,
-                        l.fence,
-                        CASE WHEN l.expires_at > {live} THEN
-                          (SELECT count(*) FROM {s}.leases e WHERE e.key = $1 AND e.role = 'h')
-                        ELSE 0 END,
-                        {queued}
-                 FROM {s}.locks l WHERE l.key = $1",
-                left("l.expires_at")
-            ),
-            rw_acquire: format!(
-                "SELECT granted, fence, wait_ms FROM {s}.rw_acquire($1::text, $2::text,
-                   $3::boolean, $4::bigint, $5::bigint, $6::text, $7::text)"
-            ),
-            rw_release: format!(
-                "SELECT {s}.rw_release($1::text, $2::text, $3::text, $4::bigint, $5::bigint)"
-            ),
-            // Writer, its time left, fence, live readers, the latest reader's time left,
-            // waiting writers.
-            rw_inspect: format!(
-                "SELECT CASE WHEN l.expires_at > {live} THEN l.holder END,
-                        CASE WHEN l.expires_at > {live} THEN {} END,
-                        l.fence,
-                        (SELECT count(*) FROM {s}.leases e
-                         WHERE e.key = $1 AND e.role = 'r' AND e.expires_at > {live}),
-                        (SELECT max({}) FROM {s}.leases e
-                         WHERE e.key = $1 AND e.role = 'r' AND e.expires_at > {live}),
-                        {queued}
-                 FROM {s}.locks l WHERE l.key = $1",
-                left("l.expires_at"),
-                left("e.expires_at")
-            ),
-            // An election's record, written only while $4 holds the election's lock (the
-            // condition of release and extend), and announced (at commit) only when
-            // written: whether it was. The terms are not compared (a fence counter that
-            // went back must not stop the election). `FOR SHARE` keeps the lock's row as
-            // it was checked until the write commits: a release, an expiry's grant or a
-            // hand-over waits for it, and a publish that waited for one of them checks
-            // the row as they left it (READ COMMITTED rechecks a locked row's newest
-            // version).
-            publish: format!(
-                "WITH written AS (
-                     INSERT INTO {s}.records AS r (key, term, data)
-                     SELECT $1::text, $2::bigint, $3::text
-                     WHERE EXISTS (SELECT 1 FROM {s}.locks l
-                                   WHERE l.key = $1 AND l.holder = $4::text
-                                     AND l.expires_at > {live}
-                                   FOR SHARE)
-                     ON CONFLICT (key) DO UPDATE SET term = excluded.term, data = excluded.data
-                     RETURNING r.key
-                 )
-                 SELECT count(pg_notify('{}', w.key)::text) > 0 FROM written w",
-                listen::RECORDS_CHANNEL
-            ),
-            record: format!("SELECT term, data FROM {s}.records WHERE key = $1"),
+        let statements = Statements {
+            acquire: take("acquire")?,
+            gate_acquire: take("gate_acquire")?,
+            gate_release: take("gate_release")?,
+            release: take("release")?,
+            extend: take("extend")?,
+            extend_many: take("extend_many")?,
+            inspect: take("inspect")?,
+            list: take("list")?,
+            sem_acquire: take("sem_acquire")?,
+            sem_release: take("sem_release")?,
+            sem_resize: take("sem_resize")?,
+            sem_inspect: take("sem_inspect")?,
+            re_acquire: take("re_acquire")?,
+            re_release: take("re_release")?,
+            re_inspect: take("re_inspect")?,
+            rw_acquire: take("rw_acquire")?,
+            rw_release: take("rw_release")?,
+            rw_inspect: take("rw_inspect")?,
+            publish: take("publish")?,
+            record: take("record")?,
+        };
+        match named.keys().next() {
+            None => Ok(statements),
+            Some(name) => Err(Error::new(
+                ErrorKind::Backend,
+                format!("statements.sql has a statement {name:?} that nothing runs"),
+            )),
         }
     }
 }
@@ -887,7 +810,7 @@ impl Postgres {
                 listener: listen::Listener::new(config.clone(), connector.clone())?,
                 connector,
                 inflight: Detached::default(),
-                sql: Statements::new(&parsed.schema),
+                sql: Statements::new(&parsed.schema)?,
                 schema: parsed.schema.clone(),
                 store_id,
                 engine: Engine::new(),
@@ -1580,6 +1503,30 @@ mod tests {
         assert_eq!(redact("postgres://h/x"), "postgres://h/x");
         let err = parse_url("postgres://app:s3cret@h/x?max_connections=0").expect_err("bad");
         assert!(!err.to_string().contains("s3cret"), "{err}");
+    }
+
+    /// statements.sql has every statement the client runs, each in the schema it is
+    /// given, and the record's announcement on the channel the listener follows.
+    #[test]
+    fn the_statements_beside_the_schema_are_all_there() {
+        let sql = Statements::new("my schema").expect("statements.sql parses");
+        for text in [
+            &sql.acquire,
+            &sql.inspect,
+            &sql.rw_inspect,
+            &sql.publish,
+            &sql.record,
+        ] {
+            assert!(text.contains("\"my schema\"."), "{text}");
+            assert!(!text.contains("\"S\""), "{text}");
+            assert!(!text.contains("--"), "comments are left out: {text}");
+        }
+        assert!(
+            sql.publish
+                .contains(&format!("pg_notify('{}'", listen::RECORDS_CHANNEL)),
+            "{}",
+            sql.publish
+        );
     }
 
     #[test]
