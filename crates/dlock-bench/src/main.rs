@@ -14,7 +14,8 @@
 //! when something is actually broken — a benchmark failed, or a lease held under the
 //! watchdog was lost.
 //!
-//! Sections (`--only` takes a comma-separated subset): `uncontended`, `contended`,
+//! Sections (`--only` takes a comma-separated subset): `uncontended`, `physical` (one
+//! client holding many locks at once, beside `redis-benchmark -t set -P 16`), `contended`,
 //! `redlock` (RedLock over 3 and 5 servers), `watchdog`, `memory`, `memcached`, `etcd`,
 //! `postgres`, `pg-stale` (PostgreSQL's 3 000 waiters at ttl 2 s on a clean waiters table
 //! and on one with 5 000 places of killed clients), `zookeeper`, `primitives` (Semaphore,
@@ -35,6 +36,7 @@ mod etcd;
 mod measure;
 mod memcached;
 mod pg_stale;
+mod physical;
 mod postgres;
 mod primitives;
 mod redlock;
@@ -186,8 +188,9 @@ impl Profile {
 const SHORT_TTL: Duration = Duration::from_secs(3);
 
 /// The benchmark sections, in the order they run.
-const SECTIONS: [&str; 14] = [
+const SECTIONS: [&str; 15] = [
     "uncontended",
+    "physical",
     "contended",
     "redlock",
     "watchdog",
@@ -211,7 +214,7 @@ struct Args {
 }
 
 const USAGE: &str = "usage: dlock-bench [--quick] [--out DIR] \
-     [--only uncontended,contended,redlock,watchdog,memory,memcached,etcd,postgres,pg-stale,zookeeper,\
+     [--only uncontended,physical,contended,redlock,watchdog,memory,memcached,etcd,postgres,pg-stale,zookeeper,\
      primitives,replicas,cluster,election]";
 
 fn parse_args() -> std::result::Result<Args, String> {
@@ -305,6 +308,9 @@ async fn run(args: &Args) -> Result<bool> {
     if wants("uncontended") {
         steps += (profile.rounds * profile.concurrencies.len() * uncontended::CLIENTS.len()) as u64;
     }
+    if wants("physical") {
+        steps += physical::steps(profile);
+    }
     if wants("contended") {
         steps += (profile.rounds
             * profile.modes.len()
@@ -363,6 +369,10 @@ async fn run(args: &Args) -> Result<bool> {
         section.targets(&mut targets);
         md.push_str(&section.markdown());
         write(&args.out, "uncontended-cdf.svg", &section.cdf_svg())?;
+    }
+    if wants("physical") {
+        let section = physical::bench(profile, &bar).await?;
+        md.push_str(&section.markdown());
     }
     if wants("contended") {
         let section = contended::bench(profile, &bar).await?;

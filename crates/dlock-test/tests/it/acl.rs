@@ -467,11 +467,13 @@ async fn redis_fenced_and_wait_with_their_add_ons() {
 /// The controls: each documented permission taken away breaks what needs it, with a
 /// typed error (so the tests above would have caught a missing one).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn without_evalsha_nothing_locks() {
+async fn without_evalsha_nothing_is_released() {
     let mut t = AclTarget::start(&without(full(), "+evalsha"));
     t.denials_expected = true;
     let lock = Lock::new(t.client().await, unique("acl-no-evalsha")).expect("valid");
-    let err = lock.try_lock().await.map(|_| ()).expect_err("no EVALSHA");
+    // The uncontended grant is a transaction (SET NX PX, INCR), no script; its release is.
+    let guard = lock.try_lock().await.expect("store").expect("free");
+    let err = guard.release().await.expect_err("no EVALSHA");
     assert_eq!(err.kind(), ErrorKind::Backend, "{err}");
     assert!(err.message().contains("docs/redis-acl.md"), "{err}");
     assert!(t.denials().iter().any(|(_, what)| what == "evalsha"));

@@ -18,6 +18,7 @@ mod pg_waiters;
 mod postgres;
 mod quorum;
 mod redis;
+mod redis_grant;
 mod sentinel;
 mod shared_watch;
 mod vacancy;

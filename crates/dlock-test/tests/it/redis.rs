@@ -71,23 +71,25 @@ async fn acquire_and_release_are_one_round_trip_each() {
         v.sort();
         v
     };
-    // One EVALSHA from the client; EXISTS (nobody queued?), SET NX PX and INCR run
-    // inside it.
+    // One transaction from the client, no script: SET NX PX and the fence's INCR
+    // between MULTI and EXEC (sent together: one round trip).
     assert_eq!(
         all_calls(&mut admin).await,
-        expect(&[("evalsha", 1), ("exists", 1), ("set", 1), ("incr", 1)])
+        expect(&[("multi", 1), ("set", 1), ("incr", 1), ("exec", 1)])
     );
     guard.release().await.expect("release");
-    // One more EVALSHA; GET, DEL and EXISTS run inside it. Nobody waits, so nothing is
-    // announced: no PUBLISH.
+    // One EVALSHA: compare-and-delete (GET, DEL) and EXISTS (nobody queued). Nobody
+    // waits, so nothing is announced: no PUBLISH.
     assert_eq!(
         all_calls(&mut admin).await,
         expect(&[
-            ("evalsha", 2),
-            ("exists", 2),
+            ("multi", 1),
             ("set", 1),
             ("incr", 1),
+            ("exec", 1),
+            ("evalsha", 1),
             ("get", 1),
+            ("exists", 1),
             ("del", 1),
         ])
     );
@@ -180,7 +182,7 @@ async fn builds_on_the_application_s_own_client_and_connection() {
         .await
         .expect("CLIENT LIST");
     assert!(
-        line.contains("cmd=evalsha"),
+        line.contains("cmd=exec"),
         "the grant went over the app's connection: {line}"
     );
     // A waiter on another client is woken by the release (dlock's own pub/sub works).
@@ -337,11 +339,13 @@ async fn one_release_wakes_one_waiter_across_clients() {
         .expect("channel");
     assert_eq!(first, 0, "the first waiter in line gets it");
     sleep(Duration::from_millis(300)).await;
-    // One EVALSHA: the release, which handed the lock over to the head; the woken
-    // waiter sends nothing more, the others nothing at all.
+    // The release alone, which handed the lock over to the head; the woken waiter sends
+    // nothing more, the others nothing at all. Two scripts: the holder never waited on the
+    // name, so its release is first the compare-and-delete that finds waiters queued,
+    // then the hand-over.
     assert_eq!(
         calls(&mut admin, "evalsha").await,
-        1,
+        2,
         "a release must hand over to one waiter, not wake the herd"
     );
     assert_eq!(calls(&mut admin, "publish").await, 1, "one announcement");
@@ -361,10 +365,11 @@ async fn one_release_wakes_one_waiter_across_clients() {
     g.release().await.expect("release");
     assert_eq!(order, (0..19).collect::<Vec<_>>(), "FIFO across clients");
     // 20 releases (the holder's and each waiter's), each handing the lock over: no
-    // waiter attempted again after queueing.
+    // waiter attempted again after queueing. Each waiter waited on the name, so its
+    // release is the hand-over script at once; the holder's took two (above).
     assert_eq!(
         calls(&mut admin, "evalsha").await,
-        20,
+        21,
         "every hand-off: one release"
     );
 }

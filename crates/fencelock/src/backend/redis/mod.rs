@@ -1,17 +1,30 @@
 //! Redis: the `SET NX PX` lock of the well-known articles, done right, plus fencing and release notification.
 //!
-//! * Acquire is ONE round trip: a script does `SET key token NX PX ttl` and, only on
-//!   success, `INCR` of the fence counter, returning the fence (or the holder's `PTTL`).
-//! * Release is ONE round trip: compare-and-delete; when waiters are queued, the same
-//!   script hands the lock over to the head of the queue: the key set to the head's
-//!   token with the head's ttl, the next fence minted, and a message on the head's
-//!   client's channel (`<channel>:<waiter id>`, payload `!<fence>:<token>`) that tells
-//!   the head it holds the lock. Nobody waiting, nothing published.
+//! * Acquire is ONE round trip when the lock is free: `SET key token NX PX ttl` and `INCR`
+//!   of the fence counter in one `MULTI`/`EXEC` transaction, no script (the fence is
+//!   minted atomically with the grant; a `SET` that fails leaves an unused number, and
+//!   fences only have to increase). When the lock is held, the acquire script follows
+//!   (it reports the holder's `PTTL`, or queues the caller). A client waiting on the name
+//!   already, a Redis Cluster, a client with `min_replicas` and a name with a hash tag of
+//!   its own use the script alone: `SET NX PX`, the queue check and `INCR` in one step.
+//! * Release is ONE round trip when nobody waits: compare-and-delete plus one `EXISTS`
+//!   of the waiter queue. When waiters are queued, a script hands the lock over to the
+//!   head of the queue: the key set to the head's token with the head's ttl, the next
+//!   fence minted, and a message on the head's client's channel (`<channel>:<waiter
+//!   id>`, payload `!<fence>:<token>`) that tells the head it holds the lock (one round
+//!   trip for a holder that waited on the name itself, as every holder of a contended
+//!   name did; a second one after the compare-and-delete for one that did not). Nobody
+//!   waiting, nothing published.
 //! * Waiting: a waiter first subscribes to its client's channel, then attempts again in
 //!   `wait` mode, which puts it in the lock's waiter queue (FIFO by server time, with a
-//!   claim that lapses by itself if the waiter crashes). While anyone is queued, a free
-//!   lock goes to the head only (no barging), so one release costs one script across
-//!   every client and process, and the new holder sends nothing. Its lease counts from
+//!   claim that lapses by itself if the waiter crashes). Every release made while anyone
+//!   is queued hands the lock to the head, so one release costs one script across every
+//!   client and process, and the new holder sends nothing. The grant without a script
+//!   does not look at the queue: a lock that is free while waiters queue (a holder's
+//!   lease ran out with waiters queued, or a woken waiter of a `min_replicas` client is
+//!   on its way) may go to another client's first attempt ahead of them, as Redisson's
+//!   non-fair lock allows; the queue keeps its order, and that holder's release hands
+//!   the lock to its head. [`FairLock`](crate::FairLock) never lets anyone ahead. Its lease counts from
 //!   its latest attempt that found the lock held (the reply carried the fence counter; a
 //!   hand-over counts only with a higher fence, i.e. made after it). A head whose client
 //!   no longer listens (`PUBLISH` reaches nobody) is skipped; a waiter that leaves
@@ -969,6 +982,79 @@ impl Ending {
 }
 
 impl Redis {
+    /// Whether the plain lock of `keys` may be granted without a script
+    /// ([`acquire_fast`](Redis::acquire_fast)): one server (not a cluster), no
+    /// `min_replicas` (a grant is followed by `WAIT` in the script's round trip), and a
+    /// name whose fence counter never moved (no hash tag: a moved counter is started from
+    /// its old place by the script's `fence.lua`, once).
+    fn grants_fast(&self, keys: &LockKeys) -> bool {
+        !self.inner.cluster
+            && self.inner.replication.is_none()
+            && matches!(keys.legacy_fence(), std::borrow::Cow::Borrowed(_))
+    }
+
+    /// Whether this client waited on the plain lock of `keys` lately (it still listens on
+    /// the lock's waiter channel): the name is contended, so its release goes straight to
+    /// the script that hands it over.
+    fn waits_on(&self, keys: &LockKeys) -> bool {
+        self.inner.pubsub.listens() && self.inner.pubsub.subscribed(&self.waiter_channel(keys))
+    }
+
+    /// The uncontended grant without a script: `SET key token NX PX ttl` and `INCR` of
+    /// the fence counter in one `MULTI`/`EXEC` transaction (one round trip, atomic: no
+    /// other command runs between them, so the fence of a grant is minted before any later
+    /// grant of the name can be made, and it is above every fence minted before). A
+    /// failed `SET` still increments the counter: the number is unused, and fences only
+    /// have to increase. `None` when the lock was not granted (held, or the counter is
+    /// not a positive integer: the grant is then given back): the caller runs the
+    /// acquire script, which tells how long the lock is held, recognises the repeat of a
+    /// grant whose reply was lost, and reports a broken counter.
+    ///
+    /// No queue check: a free lock goes to whoever asks, even while waiters queue. That
+    /// only happens after a holder's lease ran out with waiters queued (it crashed, or
+    /// lost its lease), or while a woken waiter (of a client with `min_replicas`) comes to
+    /// take it; every release with waiters queued hands the lock over in its own script.
+    async fn acquire_fast(
+        &self,
+        keys: &LockKeys,
+        token: &Token,
+        ttl: Duration,
+    ) -> Result<Option<Acquire>> {
+        use redis::Value;
+        // Each sized once, as in `run`.
+        let mut set = redis::Cmd::with_capacity(6, 32 + keys.lock().len() + token.as_str().len());
+        set.arg("SET")
+            .arg(keys.lock())
+            .arg(token.as_str())
+            .arg("NX")
+            .arg("PX")
+            .arg(ttl_ms(ttl));
+        let mut incr = redis::Cmd::with_capacity(2, 4 + keys.fence().len());
+        incr.arg("INCR").arg(keys.fence());
+        let mut pipe = redis::Pipeline::with_capacity(2);
+        pipe.atomic()
+            .add_command(set)
+            .add_command(incr)
+            .ignore_errors();
+        let reply: Vec<Value> = pipe
+            .query_async(&mut self.conn())
+            .await
+            .map_err(|e| map_err(e, "acquiring"))?;
+        match reply.as_slice() {
+            [Value::Okay, Value::Int(fence)] if *fence > 0 => Ok(Some(Acquire::Acquired {
+                fence: u64::try_from(*fence).unwrap_or(0),
+            })),
+            [Value::Okay, _] => {
+                // Granted, but the counter is broken: give the grant back; the script's
+                // attempt reports why.
+                self.release_lock(keys, token.as_str(), Ending::Own, Duration::ZERO)
+                    .await?;
+                Ok(None)
+            }
+            _ => Ok(None),
+        }
+    }
+
     /// One attempt at the plain lock (queueing the caller if it must wait, with `Wait`).
     async fn acquire_lock(
         &self,
@@ -977,6 +1063,14 @@ impl Redis {
         ttl: Duration,
         mode: Attempt,
     ) -> Result<Acquire> {
+        // An attempt that does not queue (every first attempt of a client that is not
+        // waiting on the name already) tries the grant without a script first.
+        if mode == Attempt::Try
+            && self.grants_fast(keys)
+            && let Some(granted) = self.acquire_fast(keys, token, ttl).await?
+        {
+            return Ok(granted);
+        }
         let (q, c) = (waiters(keys), claims(keys));
         // A release hands the lock over to a queued waiter in its own step, unless the
         // waiter's client waits for replicas (the hand-over is not followed by WAIT): it
@@ -1142,7 +1236,8 @@ pub(super) fn server_ms(secs: i64, micros: i64) -> i64 {
     secs.saturating_mul(1000).saturating_add(micros / 1000)
 }
 
-/// The plain lock on Redis: `SET NX PX` + fence while nobody waits; waiters queue in the
+/// The plain lock on Redis: `SET NX PX` + fence (one transaction) while nobody waits,
+/// compare-and-delete to release; waiters queue in the
 /// store (FIFO, each with a claim that lapses if it crashes) and each release hands the
 /// lock over to the head in its own step (key, fence and a message on the head's client's
 /// channel that tells it the fence): one waiter per release across every client, and no
@@ -1164,7 +1259,23 @@ impl RawLock for Redis {
         self.acquire_lock(keys, token, ttl, Attempt::Wait).await
     }
 
+    /// Compare-and-delete with one `EXISTS` of the waiter queue (`release_fast.lua`); only
+    /// if waiters queue, a second script hands the lock over (`release.lua`). A client that
+    /// waited on the name lately (the name is contended) runs the hand-over script at once.
     async fn release(&self, keys: &LockKeys, token: &Token) -> Result<bool> {
+        if !self.waits_on(keys) {
+            let released: i64 = self
+                .eval(
+                    &self.inner.scripts.release_fast,
+                    &[keys.lock(), &waiters(keys)],
+                    &[&token.as_str()],
+                    "releasing",
+                )
+                .await?;
+            if released >= 0 {
+                return Ok(released == 1);
+            }
+        }
         self.release_lock(keys, token.as_str(), Ending::Own, Duration::ZERO)
             .await
     }
@@ -1338,8 +1449,8 @@ impl RawLock for Redis {
     }
 }
 
-/// Fences come from `INCR` in the same script as the `SET NX`; see the module docs for
-/// what resets the counter.
+/// Fences come from `INCR` in the same `MULTI`/`EXEC` transaction or script as the
+/// `SET NX`; see the module docs for what resets the counter.
 impl RawFencing for Redis {}
 
 impl RawInspect for Redis {

@@ -226,6 +226,13 @@ impl PubSub {
         !lock(&self.shared.channels).is_empty()
     }
 
+    /// Whether `channel` is subscribed now (watched, or lingering after a wait).
+    pub(super) fn subscribed(&self, channel: &str) -> bool {
+        lock(&self.shared.channels)
+            .get(channel)
+            .is_some_and(|c| c.subscribed)
+    }
+
     /// A watch for `name` if `channel` is subscribed already (no round trip), else `None`.
     pub(super) fn ready(&self, channel: &str, name: &str) -> Option<ReleaseWatch> {
         let registered = {

@@ -35,6 +35,7 @@ macro_rules! scripts {
 scripts! {
     acquire => "fence.lua" "acquire.lua" "queue.lua" "acquire_queued.lua",
     release => "fence.lua" "release.lua" "queue.lua" "release_queued.lua",
+    release_fast => "release_fast.lua",
     release_member => "release_member.lua",
     extend => "extend.lua",
     sem_acquire => "fence.lua" "queue.lua" "sem_acquire.lua",
