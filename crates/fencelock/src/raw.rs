@@ -269,6 +269,70 @@ macro_rules! client_hooks {
 }
 pub(crate) use client_hooks;
 
+/// `RawFair` for a store whose plain lock is already first come, first served (etcd's and
+/// ZooKeeper's queues): the fair lock is the plain lock's recipe under the fair lock's
+/// keys, and its waiters listen as the plain lock's do.
+#[cfg(any(feature = "etcd", feature = "zookeeper"))]
+macro_rules! fair_is_the_plain_lock {
+    ($store:ty) => {
+        /// The plain lock is already first come, first served here: the fair lock is the
+        /// same recipe.
+        impl crate::raw::RawFair for $store {
+            async fn acquire_fair(
+                &self,
+                keys: &crate::keys::LockKeys,
+                token: &crate::token::Token,
+                ttl: std::time::Duration,
+                _grace: std::time::Duration,
+            ) -> crate::error::Result<crate::raw::Acquire> {
+                crate::raw::RawLock::acquire(self, keys, token, ttl).await
+            }
+
+            async fn release_fair(
+                &self,
+                keys: &crate::keys::LockKeys,
+                token: &crate::token::Token,
+            ) -> crate::error::Result<bool> {
+                crate::raw::RawLock::release(self, keys, token).await
+            }
+
+            async fn abandon_fair(
+                &self,
+                keys: &crate::keys::LockKeys,
+                token: &crate::token::Token,
+            ) -> crate::error::Result<()> {
+                crate::raw::RawLock::release(self, keys, token)
+                    .await
+                    .map(|_| ())
+            }
+
+            async fn inspect_fair(
+                &self,
+                keys: &crate::keys::LockKeys,
+            ) -> crate::error::Result<crate::raw::LockState> {
+                crate::raw::RawInspect::inspect(self, keys).await
+            }
+
+            async fn force_unlock_fair(
+                &self,
+                keys: &crate::keys::LockKeys,
+            ) -> crate::error::Result<bool> {
+                crate::raw::RawInspect::force_unlock(self, keys).await
+            }
+
+            async fn watch_fair(
+                &self,
+                keys: &crate::keys::LockKeys,
+                token: &crate::token::Token,
+            ) -> crate::error::Result<crate::raw::ReleaseWatch> {
+                crate::raw::RawLock::watch_for(self, keys, token).await
+            }
+        }
+    };
+}
+#[cfg(any(feature = "etcd", feature = "zookeeper"))]
+pub(crate) use fair_is_the_plain_lock;
+
 /// Marker: the fence returned by [`RawLock::acquire`] strictly increases with every grant
 /// of the same lock name, across all clients of the store, and is minted atomically with
 /// the grant.

@@ -47,8 +47,7 @@ use crate::engine::follow::{Fired, Look};
 use crate::error::{Error, ErrorKind, Result};
 use crate::keys::LockKeys;
 use crate::raw::{
-    Acquire, LockState, RawFair, RawInspect, RawLock, RawReentrant, RawRwLock, RawSemaphore,
-    ReleaseWatch,
+    Acquire, LockState, RawLock, RawReentrant, RawRwLock, RawSemaphore, ReleaseWatch,
 };
 use crate::token::Token;
 
@@ -413,39 +412,7 @@ impl RawSemaphore for Etcd {
     }
 }
 
-/// The plain lock is already first come, first served here: the fair lock is the same
-/// recipe.
-impl RawFair for Etcd {
-    async fn acquire_fair(
-        &self,
-        keys: &LockKeys,
-        token: &Token,
-        ttl: Duration,
-        _grace: Duration,
-    ) -> Result<Acquire> {
-        self.acquire(keys, token, ttl).await
-    }
-
-    async fn release_fair(&self, keys: &LockKeys, token: &Token) -> Result<bool> {
-        self.release(keys, token).await
-    }
-
-    async fn abandon_fair(&self, keys: &LockKeys, token: &Token) -> Result<()> {
-        self.release(keys, token).await.map(|_| ())
-    }
-
-    async fn inspect_fair(&self, keys: &LockKeys) -> Result<LockState> {
-        self.inspect(keys).await
-    }
-
-    async fn force_unlock_fair(&self, keys: &LockKeys) -> Result<bool> {
-        self.force_unlock(keys).await
-    }
-
-    async fn watch_fair(&self, keys: &LockKeys, token: &Token) -> Result<ReleaseWatch> {
-        self.watch_for(keys, token).await
-    }
-}
+crate::raw::fair_is_the_plain_lock!(Etcd);
 
 /// The key of `owner`'s holds of a reentrant lock: `K/<owner>`, with `%` and `/` escaped
 /// (`%25`, `%2F`) so that it stays in the lock's queue.

@@ -35,8 +35,7 @@ use super::{parse_node, unescape};
 use crate::error::{Error, ErrorKind, Result};
 use crate::keys::LockKeys;
 use crate::raw::{
-    Acquire, LockState, RawFair, RawInspect, RawLock, RawReentrant, RawRwLock, RawSemaphore,
-    ReleaseWatch,
+    Acquire, LockState, RawInspect, RawLock, RawReentrant, RawRwLock, RawSemaphore, ReleaseWatch,
 };
 use crate::token::Token;
 
@@ -837,36 +836,4 @@ impl RawSemaphore for ZooKeeper {
     }
 }
 
-/// The plain lock is already first come, first served here: the fair lock is the same
-/// recipe.
-impl RawFair for ZooKeeper {
-    async fn acquire_fair(
-        &self,
-        keys: &LockKeys,
-        token: &Token,
-        ttl: Duration,
-        _grace: Duration,
-    ) -> Result<Acquire> {
-        self.acquire(keys, token, ttl).await
-    }
-
-    async fn release_fair(&self, keys: &LockKeys, token: &Token) -> Result<bool> {
-        self.release(keys, token).await
-    }
-
-    async fn abandon_fair(&self, keys: &LockKeys, token: &Token) -> Result<()> {
-        self.release(keys, token).await.map(|_| ())
-    }
-
-    async fn inspect_fair(&self, keys: &LockKeys) -> Result<LockState> {
-        self.inspect(keys).await
-    }
-
-    async fn force_unlock_fair(&self, keys: &LockKeys) -> Result<bool> {
-        self.force_unlock(keys).await
-    }
-
-    async fn watch_fair(&self, keys: &LockKeys, token: &Token) -> Result<ReleaseWatch> {
-        self.watch_for(keys, token).await
-    }
-}
+crate::raw::fair_is_the_plain_lock!(ZooKeeper);
