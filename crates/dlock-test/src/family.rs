@@ -334,8 +334,15 @@ where
             reads
         }));
     }
-    sleep(Duration::from_millis(300)).await;
+    // The writer comes while the readers hold the lock (their first grants may take a
+    // while on a loaded machine: wait for them, within a bound).
     let rw = RwLock::new(target.client().await, &name).expect("valid");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !rw.is_locked().await.expect("store") {
+        assert!(Instant::now() < deadline, "the readers never held it");
+        sleep(Duration::from_millis(20)).await;
+    }
+    sleep(Duration::from_millis(100)).await;
     assert!(rw.is_locked().await.expect("store"), "the readers hold it");
     let w = timeout(Duration::from_secs(5), rw.write())
         .await
