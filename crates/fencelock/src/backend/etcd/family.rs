@@ -288,7 +288,7 @@ impl RawSemaphore for Etcd {
             )];
             let otherwise = vec![TxnOp::get(count_key.as_str(), None)];
             let kind = Kind::Permits { n, count: expect };
-            match self.enter(keys, token, kind, ttl, guard, otherwise).await? {
+            match Box::pin(self.enter(keys, token, kind, ttl, guard, otherwise)).await? {
                 Entered::Queued { queue, at } => {
                     if n > expect {
                         // It could never be served, and would hold up every waiter behind it.
@@ -714,7 +714,7 @@ impl RawReentrant for Etcd {
                     TxnOp::get(prefix.as_str(), Some(super::queue_read().with_keys_only())),
                 ]);
             // Beside a keep-alive of the session lease (None: it ran out, try on a new one).
-            let Some(resp) = self.txn_on(&key, lease, txn, "acquiring").await? else {
+            let Some(resp) = Box::pin(self.txn_on(&key, lease, secs, txn, "acquiring")).await? else {
                 continue;
             };
             if !resp.succeeded() {

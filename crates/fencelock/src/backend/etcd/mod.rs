@@ -129,7 +129,7 @@
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, KeyValue,
@@ -214,6 +214,13 @@ struct Place {
     /// Leases a write of this key was sent on without an answer (cut off, failed): such
     /// a write may still put the key back after it left, so they are retired then.
     doubts: Vec<i64>,
+    /// Until when the key is owed life: its last attempt's or renewal's send time plus
+    /// its ttl. A keep-alive of the session lease after that moment would keep it longer
+    /// than its ttl (a hold whose guard was forgotten): it is deleted first.
+    owed: Option<Instant>,
+    /// The mod revision of our last write of the key (0: none known): the deletion of an
+    /// overdue key compares it, so it never takes a key an attempt wrote since.
+    written: i64,
     /// That lease's requested ttl in seconds.
     secs: i64,
     /// The key's create revision as last seen (0: not yet).
@@ -230,6 +237,8 @@ impl Place {
         Place {
             lease: 0,
             doubts: Vec::new(),
+            owed: None,
+            written: 0,
             secs: 0,
             rev: 0,
             moved: Arc::new(Notify::new()),
@@ -648,6 +657,54 @@ impl Etcd {
         }
     }
 
+    /// Records that our key `key` is owed life until `from + secs` (an attempt or renewal
+    /// sent at `from` succeeded), and the mod revision of our write of it, if any.
+    fn owe(&self, key: &str, from: Instant, secs: i64, written: Option<i64>) {
+        if let Some(place) = self.places().get_mut(key) {
+            let until = from + Duration::from_secs(u64::try_from(secs).unwrap_or(0));
+            place.owed = Some(place.owed.map_or(until, |o| o.max(until)));
+            if let Some(rev) = written {
+                place.written = rev;
+            }
+        }
+    }
+
+    /// Deletes, in the background, our keys on `lease` that are overdue (no attempt or
+    /// renewal owes them life any more: a hold whose guard was forgotten), each only if
+    /// we have not written it since; called before each keep-alive of the lease, which
+    /// alone would keep them longer than their ttl.
+    fn reap(&self, lease: i64) {
+        let now = Instant::now();
+        let due: Vec<(String, i64)> = self
+            .places()
+            .iter_mut()
+            .filter(|(_, p)| p.lease == lease && p.written > 0 && p.owed.is_some_and(|o| o <= now))
+            .map(|(key, p)| {
+                p.owed = None;
+                (key.clone(), p.written)
+            })
+            .collect();
+        if due.is_empty() {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        for (key, written) in due {
+            let etcd = self.clone();
+            runtime.spawn(async move {
+                let txn = Txn::new()
+                    .when([Compare::mod_revision(key.as_str(), CompareOp::Equal, written)])
+                    .and_then([TxnOp::delete(key.as_str(), None)]);
+                let _ = etcd
+                    .call("deleting an overdue key", |mut c| async move {
+                        c.txn(txn).await
+                    })
+                    .await;
+            });
+        }
+    }
+
     /// Records that a write of `key` on `lease` got no answer.
     fn doubt(&self, key: &str, lease: i64) {
         let known = match self.places().get_mut(key) {
@@ -671,9 +728,13 @@ impl Etcd {
         &self,
         key: &str,
         lease: i64,
+        secs: i64,
         txn: Txn,
         doing: &'static str,
     ) -> Result<Option<etcd_client::TxnResponse>> {
+        let started = Instant::now();
+        // Owed from now on, so that no overdue deletion races this write.
+        self.owe(key, started, secs, None);
         // A write cut off here (the caller's future dropped) may still arrive.
         let mut pending = Pending {
             etcd: self,
@@ -698,7 +759,13 @@ impl Etcd {
         };
         pending.answered = true;
         match alive? {
-            true => Ok(Some(resp)),
+            true => {
+                let written = resp
+                    .succeeded()
+                    .then(|| resp.header().map_or(0, etcd_client::ResponseHeader::revision));
+                self.owe(key, started, secs, written);
+                Ok(Some(resp))
+            }
             false => {
                 self.lapsed(lease);
                 Ok(None)
@@ -844,6 +911,7 @@ impl Etcd {
     /// Sends one keep-alive for `lease`, which restarts its whole ttl on the leader.
     /// Returns whether the lease was alive (and is renewed).
     async fn keep_alive(&self, lease: i64) -> Result<bool> {
+        self.reap(lease);
         self.call("renewing a lease", |mut c| async move {
             // Opening the stream sends the keep-alive and waits for its answer; the client
             // reports a lease the leader does not know as this error.
@@ -871,7 +939,7 @@ impl Etcd {
                     "",
                     Some(PutOptions::new().with_lease(lease).with_ignore_value()),
                 )]);
-            let Some(resp) = self.txn_on(key, lease, txn, "extending a lock").await? else {
+            let Some(resp) = Box::pin(self.txn_on(key, lease, secs, txn, "extending a lock")).await? else {
                 continue;
             };
             let moved = resp.succeeded();
@@ -1046,12 +1114,16 @@ impl Etcd {
         // Keep the key's lease alive (a session lease: every key of ours of this ttl),
         // and check the key is still ours on it. Our key, while it exists, is the lowest
         // of the queue: the holder.
+        let started = Instant::now();
         let (alive, holder) = tokio::join!(self.keep_alive(lease), self.read(key));
         let alive = alive?;
         if !alive {
             self.lapsed(lease);
         }
         let still = holder?.is_some_and(|(value, _, l)| ours(&value) && l == lease);
+        if alive && still {
+            self.owe(key, started, granted, None);
+        }
         Ok(alive && still)
     }
 
@@ -1119,7 +1191,7 @@ impl Etcd {
                 .when(guard.clone())
                 .and_then(ops)
                 .or_else(otherwise.clone());
-            answer = self.txn_on(&key, lease, txn, "acquiring").await?;
+            answer = Box::pin(self.txn_on(&key, lease, secs, txn, "acquiring")).await?;
             if answer.is_some() {
                 break;
             }
@@ -1184,12 +1256,17 @@ impl Etcd {
     /// Renews the lease of our queue key `key`: `Some(false)` if it is gone (and with it our
     /// place), `None` if etcd did not say.
     async fn renew_place(&self, key: &str) -> Option<bool> {
-        let lease = self.place(key)?.lease;
+        let place = self.place(key)?;
+        let lease = place.lease;
         if lease == 0 {
             return None;
         }
+        let started = Instant::now();
         match self.keep_alive(lease).await {
-            Ok(true) => Some(true),
+            Ok(true) => {
+                self.owe(key, started, place.secs, None);
+                Some(true)
+            }
             // Gone, unless an attempt moved the key to a new lease meanwhile.
             Ok(false) => {
                 self.lapsed(lease);
@@ -1398,6 +1475,7 @@ impl RawLock for Etcd {
                     .map(|(_, key, _)| TxnOp::get(key.as_str(), None))
                     .collect::<Vec<_>>(),
             );
+            let started = Instant::now();
             let keep = async {
                 let mut alive = HashMap::new();
                 for lease in &leases {
@@ -1435,6 +1513,9 @@ impl RawLock for Etcd {
                         }))
                     }
                 };
+                if matches!(result, Ok(true)) {
+                    self.owe(&chunk[at].1, started, lease_seconds(r.ttl), None);
+                }
                 out[*i] = Some(result);
             }
             for (lease, alive) in &alive {
