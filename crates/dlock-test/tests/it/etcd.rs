@@ -911,19 +911,30 @@ async fn a_clients_holds_share_one_session_lease_and_each_is_lost_when_it_lapses
             .build()
             .expect("valid")
     };
-    let (a, b) = (lock(&unique("session-a"), ttl), lock(&unique("session-b"), ttl));
+    let (a, b) = (
+        lock(&unique("session-a"), ttl),
+        lock(&unique("session-b"), ttl),
+    );
     // Another ttl: another session lease.
     let c = lock(&unique("session-c"), Duration::from_secs(6));
     let ga = a.lock().await.expect("lock");
     let gb = b.lock().await.expect("lock");
     let gc = c.lock().await.expect("lock");
     let lease = queue_of(&cluster, &a).await[0].2;
-    assert_eq!(queue_of(&cluster, &b).await[0].2, lease, "one session lease");
+    assert_eq!(
+        queue_of(&cluster, &b).await[0].2,
+        lease,
+        "one session lease"
+    );
     assert_ne!(queue_of(&cluster, &c).await[0].2, lease, "one per ttl");
     // A release deletes the key alone: the lease stays, and the next hold goes on it.
     ga.release().await.expect("release");
     let ga = a.lock().await.expect("lock");
-    assert_eq!(queue_of(&cluster, &a).await[0].2, lease, "the same lease again");
+    assert_eq!(
+        queue_of(&cluster, &a).await[0].2,
+        lease,
+        "the same lease again"
+    );
     let mut admin = admin(&cluster).await;
     // The session lease lapses (as after a partition longer than the ttl): every hold on
     // it is lost, the hold on the other ttl's lease is not.

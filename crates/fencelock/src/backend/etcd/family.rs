@@ -714,7 +714,8 @@ impl RawReentrant for Etcd {
                     TxnOp::get(prefix.as_str(), Some(super::queue_read().with_keys_only())),
                 ]);
             // Beside a keep-alive of the session lease (None: it ran out, try on a new one).
-            let Some(resp) = Box::pin(self.txn_on(&key, lease, secs, txn, "acquiring")).await? else {
+            let Some(resp) = Box::pin(self.txn_on(&key, lease, secs, txn, "acquiring")).await?
+            else {
                 continue;
             };
             if !resp.succeeded() {

@@ -132,9 +132,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, KeyValue,
-    PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse, WatchFilterType, WatchOptions,
-    WatchStream,
+    Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, KeyValue, PutOptions,
+    SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse, WatchFilterType, WatchOptions, WatchStream,
 };
 use tokio::sync::{Notify, oneshot};
 
@@ -332,7 +331,6 @@ impl Queued {
             String::from_utf8_lossy(untagged(&self.value)).into_owned()
         }
     }
-
 }
 
 impl std::fmt::Debug for Etcd {
@@ -694,7 +692,11 @@ impl Etcd {
             let etcd = self.clone();
             runtime.spawn(async move {
                 let txn = Txn::new()
-                    .when([Compare::mod_revision(key.as_str(), CompareOp::Equal, written)])
+                    .when([Compare::mod_revision(
+                        key.as_str(),
+                        CompareOp::Equal,
+                        written,
+                    )])
                     .and_then([TxnOp::delete(key.as_str(), None)]);
                 let _ = etcd
                     .call("deleting an overdue key", |mut c| async move {
@@ -760,9 +762,10 @@ impl Etcd {
         pending.answered = true;
         match alive? {
             true => {
-                let written = resp
-                    .succeeded()
-                    .then(|| resp.header().map_or(0, etcd_client::ResponseHeader::revision));
+                let written = resp.succeeded().then(|| {
+                    resp.header()
+                        .map_or(0, etcd_client::ResponseHeader::revision)
+                });
                 self.owe(key, started, secs, written);
                 Ok(Some(resp))
             }
@@ -939,7 +942,9 @@ impl Etcd {
                     "",
                     Some(PutOptions::new().with_lease(lease).with_ignore_value()),
                 )]);
-            let Some(resp) = Box::pin(self.txn_on(key, lease, secs, txn, "extending a lock")).await? else {
+            let Some(resp) =
+                Box::pin(self.txn_on(key, lease, secs, txn, "extending a lock")).await?
+            else {
                 continue;
             };
             let moved = resp.succeeded();
@@ -948,10 +953,11 @@ impl Etcd {
             }
             return Ok(moved);
         }
-        Err(
-            Error::new(ErrorKind::Unavailable, "extending a lock: leases kept running out")
-                .retryable(true),
+        Err(Error::new(
+            ErrorKind::Unavailable,
+            "extending a lock: leases kept running out",
         )
+        .retryable(true))
     }
 
     /// What is in front of our queue key `key` (create revision `rev`) under `prefix`.
@@ -1450,8 +1456,9 @@ impl RawLock for Etcd {
     /// keys (a transaction of reads) to confirm each is still ours on it; the others one by
     /// one, as [`extend`](RawLock::extend) does.
     async fn extend_many(&self, renewals: &[Renewal]) -> Vec<Result<bool>> {
-        let mut out: Vec<Option<Result<bool>>> =
-            std::iter::repeat_with(|| None).take(renewals.len()).collect();
+        let mut out: Vec<Option<Result<bool>>> = std::iter::repeat_with(|| None)
+            .take(renewals.len())
+            .collect();
         // (renewal, key, lease) of the keys on a session lease of their ttl.
         let mut batch = Vec::new();
         for (i, r) in renewals.iter().enumerate() {
@@ -1504,9 +1511,9 @@ impl RawLock for Etcd {
                         Ok(kv.is_some_and(|kv| {
                             let value = kv.value();
                             let ours = match r.kind {
-                                LeaseKind::Reentrant => family::holds(value)
-                                    .iter()
-                                    .any(|t| t == r.token.as_str()),
+                                LeaseKind::Reentrant => {
+                                    family::holds(value).iter().any(|t| t == r.token.as_str())
+                                }
                                 _ => holds_token(value, &r.token),
                             };
                             ours && kv.lease() == *lease
@@ -1532,9 +1539,7 @@ impl RawLock for Etcd {
                 });
             }
         }
-        out.into_iter()
-            .map(|r| r.unwrap_or(Ok(false)))
-            .collect()
+        out.into_iter().map(|r| r.unwrap_or(Ok(false))).collect()
     }
 
     /// Any release of the lock (a deletion in its queue): for callers without a token.
