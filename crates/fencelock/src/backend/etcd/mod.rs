@@ -29,7 +29,12 @@
 //! lives longer than its own ttl after its client stops renewing: a crashed client's keys
 //! go with its session leases, each at its ttl. A client that holds and waits for nothing
 //! stops renewing its session leases, and they run out at their ttl (the next attempt
-//! grants a new one). A session lease that lapses (its client cut off from etcd for its
+//! grants a new one). A key the client no longer renews (a hold whose guard was
+//! forgotten) would live on while its other keys keep the lease alive: before each
+//! keep-alive of a session lease the client deletes its keys on it whose ttl ran out since
+//! their last attempt or renewal (each compared on the mod revision of its last write, so
+//! never a key written since), so such a key goes within about one ttl after it was due.
+//! A session lease that lapses (its client cut off from etcd for its
 //! ttl, an operator revoking it) takes every key of that client on it: each of those holds
 //! is lost (`lost()` fires on each, at its next renewal at the latest) and each waiter
 //! re-queues at the back — correct, since etcd deleted every one of those keys. A write
