@@ -899,3 +899,56 @@ async fn election_publish_checks_the_first_of_the_queue_in_its_transaction() {
     admin.delete(queued.as_str(), None).await.expect("delete");
     leadership.resign().await.expect("resign");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clients_holds_share_one_session_lease_and_each_is_lost_when_it_lapses() {
+    let cluster = EtcdCluster::start(1).expect("etcd");
+    let etcd = connect(&cluster.url()).await;
+    let ttl = Duration::from_secs(3);
+    let lock = |name: &str, ttl: Duration| {
+        Lock::builder(etcd.clone(), name)
+            .ttl(ttl)
+            .build()
+            .expect("valid")
+    };
+    let (a, b) = (
+        lock(&unique("session-a"), ttl),
+        lock(&unique("session-b"), ttl),
+    );
+    // Another ttl: another session lease.
+    let c = lock(&unique("session-c"), Duration::from_secs(6));
+    let ga = a.lock().await.expect("lock");
+    let gb = b.lock().await.expect("lock");
+    let gc = c.lock().await.expect("lock");
+    let lease = queue_of(&cluster, &a).await[0].2;
+    assert_eq!(
+        queue_of(&cluster, &b).await[0].2,
+        lease,
+        "one session lease"
+    );
+    assert_ne!(queue_of(&cluster, &c).await[0].2, lease, "one per ttl");
+    // A release deletes the key alone: the lease stays, and the next hold goes on it.
+    ga.release().await.expect("release");
+    let ga = a.lock().await.expect("lock");
+    assert_eq!(
+        queue_of(&cluster, &a).await[0].2,
+        lease,
+        "the same lease again"
+    );
+    let mut admin = admin(&cluster).await;
+    // The session lease lapses (as after a partition longer than the ttl): every hold on
+    // it is lost, the hold on the other ttl's lease is not.
+    admin.lease_revoke(lease).await.expect("revoke");
+    until("both holds on the lapsed lease are lost", || {
+        ga.is_lost() && gb.is_lost()
+    })
+    .await;
+    assert!(!gc.is_lost());
+    assert!(queue_of(&cluster, &a).await.is_empty());
+    // The client goes on with a new session lease.
+    let again = a.lock().await.expect("lock");
+    let renewed = queue_of(&cluster, &a).await[0].2;
+    assert_ne!(renewed, lease, "a new session lease");
+    again.release().await.expect("release");
+    gc.release().await.expect("release");
+}

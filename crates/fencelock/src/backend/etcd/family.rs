@@ -1,6 +1,7 @@
 //! The lock family on etcd, each a recipe over the plain lock's revision-ordered queue
-//! (`K/<token>`, one key and one lease per holder or waiter; see the module docs of the
-//! backend), as etcd's own `concurrency` recipes and Curator's are:
+//! (`K/<token>`, one key per holder or waiter, on its client's session lease of its ttl;
+//! see the module docs of the backend), as etcd's own `concurrency` recipes and Curator's
+//! are:
 //!
 //! * **Semaphore**: a holder's or waiter's key holds `p<n> <token>` (its n permits). The
 //!   keys are served in line order: a key holds when the permits of the keys up to and
@@ -17,11 +18,11 @@
 //!   count: each wakes it to look again (every waiting client of the semaphore, as
 //!   Curator's and ZooKeeper's do), and a look that finds its key within the count hands
 //!   the grant over without an attempt. The fence of a grant is the key's create revision.
-//! * **Reentrant lock**: one key per owner, `K/<owner>` (`%` and `/` escaped), on a lease
-//!   of its own; its value lists the owner's holds (`h`, then one token per line),
+//! * **Reentrant lock**: one key per owner, `K/<owner>` (`%` and `/` escaped), on its
+//!   client's session lease; its value lists the owner's holds (`h`, then one token per line),
 //!   changed by compare-and-set on the key's mod revision. The owner holds while its key
 //!   is the first of the queue; a re-entry adds its token to that key, so it carries the
-//!   first hold's fence, and the key (with its lease) goes with the owner's last hold.
+//!   first hold's fence, and the key goes with the owner's last hold.
 //!   A hold's waiter follows its owner's key through the engine's follower as a plain
 //!   waiter follows its own.
 //! * **Read-write lock** (writers first): a reader's key holds `r <token>`, a writer's
@@ -286,7 +287,7 @@ impl RawSemaphore for Etcd {
             )];
             let otherwise = vec![TxnOp::get(count_key.as_str(), None)];
             let kind = Kind::Permits { n, count: expect };
-            match self.enter(keys, token, kind, ttl, guard, otherwise).await? {
+            match Box::pin(self.enter(keys, token, kind, ttl, guard, otherwise)).await? {
                 Entered::Queued { queue, at } => {
                     if n > expect {
                         // It could never be served, and would hold up every waiter behind it.
@@ -408,7 +409,7 @@ impl RawSemaphore for Etcd {
         // Every key, waiters' too (they queue again): which keys hold cannot be told from
         // the count alone once it was lowered below what is held.
         let (queue, _) = self.permit_line(keys).await?;
-        self.delete_all(keys, queue).await
+        self.delete_all(queue).await
     }
 }
 
@@ -429,7 +430,7 @@ fn owner_named(rest: &[u8]) -> String {
 }
 
 /// The holds listed in a reentrant owner's key: `h`, then one token per line.
-fn holds(value: &[u8]) -> Vec<String> {
+pub(super) fn holds(value: &[u8]) -> Vec<String> {
     let text = String::from_utf8_lossy(value);
     let mut lines = text.split('\n');
     if lines.next() != Some("h") {
@@ -469,7 +470,7 @@ impl Etcd {
             .map(|kv| (kv.value().to_vec(), kv.mod_revision(), kv.lease())))
     }
 
-    /// Takes `token`'s hold out of the owner's key `key` (the key and its lease go with the
+    /// Takes `token`'s hold out of the owner's key `key` (the key goes with the
     /// last hold). Returns whether the hold was there.
     pub(super) async fn release_hold(&self, key: &str, token: &Token) -> Result<bool> {
         for _ in 0..CAS_TRIES {
@@ -485,7 +486,7 @@ impl Etcd {
             }
             let same = Compare::mod_revision(key, CompareOp::Equal, rev);
             if rest.is_empty() {
-                // The key goes with its lease (which holds nothing else).
+                // The last hold: the key goes (its session lease stays).
                 if self.leave(key, same).await? {
                     return Ok(true);
                 }
@@ -598,10 +599,10 @@ impl Etcd {
         }
     }
 
-    /// Deletes every key of `queue` (each compared on its create revision) and revokes
-    /// dlock's leases with them. Returns whether any was there.
-    async fn delete_all(&self, keys: &LockKeys, queue: Vec<Queued>) -> Result<bool> {
-        let prefix = queue_prefix(keys);
+    /// Deletes every key of `queue` (each compared on its create revision); their leases
+    /// stay (a session lease may hold its client's other keys). Returns whether any was
+    /// there.
+    async fn delete_all(&self, queue: Vec<Queued>) -> Result<bool> {
         let mut any = false;
         for q in queue {
             let txn = Txn::new()
@@ -614,12 +615,7 @@ impl Etcd {
             let resp = self
                 .call("force-unlocking", |mut c| async move { c.txn(txn).await })
                 .await?;
-            if resp.succeeded() {
-                any = true;
-                if q.is_ours(&prefix) && q.lease != 0 {
-                    self.revoke_later(q.lease);
-                }
-            }
+            any |= resp.succeeded();
         }
         Ok(any)
     }
@@ -652,7 +648,8 @@ impl RawReentrant for Etcd {
         let prefix = queue_prefix(keys);
         self.set_alias(queue_key(keys, token), key.clone());
         for _ in 0..CAS_TRIES {
-            let (lease, retired) = self.fresh_lease(&key, secs).await?;
+            let lease = self.session(secs).await?;
+            self.set_lease(&key, lease, secs);
             let (mut tokens, rev) = match self.read_versioned(&key).await? {
                 Some((value, rev, _)) => (holds(&value), rev),
                 None => (Vec::new(), 0),
@@ -683,20 +680,11 @@ impl RawReentrant for Etcd {
                     ),
                     TxnOp::get(prefix.as_str(), Some(super::queue_read().with_keys_only())),
                 ]);
-            let resp = match self
-                .call("acquiring", |mut c| async move { c.txn(txn).await })
-                .await
-            {
-                Ok(resp) => resp,
-                Err(err) if err.to_string().contains("requested lease not found") => {
-                    self.set_lease(&key, 0, 0);
-                    continue;
-                }
-                Err(err) => return Err(err),
+            // Beside a keep-alive of the session lease (None: it ran out, try on a new one).
+            let Some(resp) = Box::pin(self.txn_on(&key, lease, secs, txn, "acquiring")).await?
+            else {
+                continue;
             };
-            if let Some(old) = retired {
-                self.revoke_later(old);
-            }
             if !resp.succeeded() {
                 continue;
             }
@@ -760,13 +748,7 @@ impl RawReentrant for Etcd {
         let Some(head) = queue.into_iter().next() else {
             return Ok(false);
         };
-        let lease = head.lease;
-        let deleted = self.delete_all(keys, vec![head]).await?;
-        if deleted && lease != 0 {
-            // An owner's key has a lease of its own.
-            self.revoke_later(lease);
-        }
-        Ok(deleted)
+        self.delete_all(vec![head]).await
     }
 }
 
@@ -873,7 +855,7 @@ impl RawRwLock for Etcd {
 
     async fn force_unlock_rw(&self, keys: &LockKeys) -> Result<bool> {
         let queue = self.full_queue(keys).await?;
-        self.delete_all(keys, queue).await
+        self.delete_all(queue).await
     }
 
     async fn watch_rw(&self, keys: &LockKeys, token: &Token, _write: bool) -> Result<ReleaseWatch> {

@@ -6,7 +6,8 @@
 //! # Layout
 //!
 //! Every client that wants the lock at key `K` (prefix + name) puts a key of its own,
-//! `K/<token>`, holding its token and attached to a lease of its own. The live key under
+//! `K/<token>`, holding its token and attached to its client's session lease (below). The
+//! live key under
 //! `K/` with the lowest create revision holds the lock; the others wait behind it in
 //! create-revision order. Keys whose rest after `K/` contains another `/` belong to other
 //! locks (the queue of `K/x`) and are ignored. Nothing is stored at `K` itself. etcd's own
@@ -16,16 +17,44 @@
 //! Older dlock versions held the lock at `K` itself: the two layouts do not exclude each
 //! other, so every client of a name must move to this version together.
 //!
+//! # Session leases
+//!
+//! Like etcd's own `concurrency.Session`, a client ([`Etcd`] and its clones) puts every
+//! key it writes — holders' and waiters' keys of every lock and primitive — on ONE lease
+//! per ttl (in whole seconds): its session lease of that ttl, granted by the first
+//! attempt that needs it and kept alive by every attempt, every renewal of a hold (the
+//! engine's one renewal batch sends one keep-alive per session lease) and every waiter's
+//! task. So an acquisition puts a key and a release deletes one: no lease is granted or
+//! revoked per acquisition. Keys of different ttls are on different leases, so a key never
+//! lives longer than its own ttl after its client stops renewing: a crashed client's keys
+//! go with its session leases, each at its ttl. A client that holds and waits for nothing
+//! stops renewing its session leases, and they run out at their ttl (the next attempt
+//! grants a new one). A key the client no longer renews (a hold whose guard was
+//! forgotten) would live on while its other keys keep the lease alive: before each
+//! keep-alive of a session lease the client deletes its keys on it whose ttl ran out since
+//! their last attempt or renewal (each compared on the mod revision of its last write, so
+//! never a key written since), so such a key goes within about one ttl after it was due.
+//! A session lease that lapses (its client cut off from etcd for its
+//! ttl, an operator revoking it) takes every key of that client on it: each of those holds
+//! is lost (`lost()` fires on each, at its next renewal at the latest) and each waiter
+//! re-queues at the back — correct, since etcd deleted every one of those keys. A write
+//! that got no answer (an attempt cut off, a release whose outcome is unknown) may still
+//! put its key back later: its lease is then retired — no new key goes on it — and revoked
+//! once no other key this client knows of is on it, which takes whatever such a write
+//! left with it.
+//!
 //! # Operations
 //!
-//! * **Acquire** (one attempt, two round trips): (1) a lease that starts now for the full
-//!   ttl — the first attempt of a wait grants one (`LeaseGrant`, whole seconds rounded up);
-//!   later attempts send a keep-alive for it, which restarts its whole ttl, and grant a new
-//!   one if it is gone. (2) ONE transaction puts our key with our token on that lease and
-//!   reads the queue at the same revision. A key that exists keeps its create revision (its
-//!   place); a key that vanished (its lease ran out while the waiter was cut off, an operator
-//!   deleted it) is created anew, at the back. We hold the lock iff our key is the first of
-//!   that snapshot; otherwise the attempt reports the first key's remaining lease.
+//! * **Acquire** (one attempt, one round trip of etcd's time, two calls sent together):
+//!   (1) a keep-alive of the client's session lease of the ttl (whole seconds, rounded up),
+//!   which restarts its whole ttl — a lease is granted (`LeaseGrant`) only when the client
+//!   has none of that ttl or it ran out; (2) ONE transaction that puts our key with our
+//!   token on that lease and reads the queue at the same revision. If the transaction
+//!   finds the lease gone, or the keep-alive does (the key then went with it), the attempt
+//!   tries again on a new lease. A key that exists keeps its create revision (its place); a
+//!   key that vanished (its lease ran out while the waiter was cut off, an operator deleted
+//!   it) is created anew, at the back. We hold the lock iff our key is the first of that
+//!   snapshot; otherwise the attempt reports the first key's remaining lease.
 //! * **Never granted on a vanished key** (etcd issue 11456, where etcd's lock API told a
 //!   waiter whose lease had expired that it held the lock): the grant is read from the same
 //!   transaction that wrote our key with our token, so at that revision our key exists and
@@ -34,9 +63,11 @@
 //! * **Validity**: [`Lock`](crate::Lock) counts a grant's validity from the moment the
 //!   attempt was sent, for the requested ttl. Step (1) is sent after that moment and
 //!   restarts the lease for at least the ttl (rounded up to whole seconds) on the leader's
-//!   clock, and step (2) attaches our key to exactly that lease, so the key cannot expire
-//!   before `sent + ttl` (less the drift allowance; a new leader extends leases, never
-//!   shortens them). Whatever the lease went through while its owner waited does not count.
+//!   clock, and step (2) attaches our key to exactly that lease; the grant counts only if
+//!   both succeeded (the keep-alive found the lease alive, so the key is still on it), so
+//!   the key cannot expire before `sent + ttl` (less the drift allowance; a new leader
+//!   extends leases, never shortens them), whichever of the two etcd served first.
+//!   Whatever the lease went through before does not count.
 //! * **Fence**: the holder key's create revision. The holder is always the lowest live key,
 //!   keys created later get higher revisions and a deleted key never returns with its old
 //!   revision, so grants go in create-revision order and fences strictly increase per name —
@@ -62,27 +93,31 @@
 //!   so the grant's validity counts from there, as an attempt's would. A grant the task
 //!   found for a key that a later attempt re-created at the back is void (its create
 //!   revision is older than the new key's).
-//! * **Waiters' leases**: a waiter's lease has the lock's ttl (whole seconds, at least
-//!   etcd's minimum); its task renews it every third of that and each attempt renews it too.
-//!   A live waiter thus loses its place only if it cannot reach etcd for two thirds of its
-//!   lease — the rule that ends a holder's lease too. The task then wakes it, and its next
-//!   attempt queues it at the back under a new lease. A crashed waiter's key goes with its
-//!   lease: it holds up the waiters behind it for at most one lease.
+//! * **Waiters' leases**: a waiter's key is on its client's session lease of the lock's
+//!   ttl (whole seconds, at least etcd's minimum); its task renews that lease every third
+//!   of that and each attempt renews it too. A live waiter thus loses its place only if it
+//!   cannot reach etcd for two thirds of the lease — the rule that ends a holder's lease
+//!   too. The task then wakes it, and its next attempt queues it at the back under a new
+//!   session lease. A crashed waiter's key goes with its lease: it holds up the waiters
+//!   behind it for at most one lease.
 //! * **Leaving**: a waiter that stops waiting (`try_lock` on a held lock, a deadline, a
-//!   cancellation, through [`RawLock::abandon`]) deletes its key (compared on its token) and
-//!   revokes its lease; the next in line is watching that key and moves up. Release does the
-//!   same for the holder.
-//! * **Extend**: a keep-alive of our own lease (it holds only our key), confirmed by reading
-//!   our token on that lease at our key; another ttl moves the key to a new lease of that
-//!   ttl in a transaction that requires the key (named after our token; its value and
-//!   create revision, hence the fence, stay),
-//!   so a shorter ttl shortens the hold (a keep-alive would restart the old, longer one).
-//!   A holder in another process that was handed the token (`dlock extend`) finds the
-//!   lease on the key and its granted ttl by reading them.
+//!   cancellation, through [`RawLock::abandon`]) deletes its key (compared on its token);
+//!   the next in line is watching that key and moves up. Release does the same for the
+//!   holder. The session lease stays for the client's other keys (see above).
+//! * **Extend**: a keep-alive of the key's session lease, confirmed by reading our token on
+//!   that lease at our key (the engine's renewal batch does this for all of a client's
+//!   holds at once: a keep-alive per session lease and one transaction reading every key);
+//!   another ttl moves the key to the session lease of that ttl, restarted now, in a
+//!   transaction that requires the key (named after our token; its value and create
+//!   revision, hence the fence, stay), so a shorter ttl shortens the hold (a keep-alive
+//!   would restart the old, longer one). A holder in another process that was handed the
+//!   token (`dlock extend`) finds the lease on the key and its granted ttl by reading them,
+//!   and keeps that lease alive — with it, the other keys the original client has on it.
 //! * **Operators**: [`inspect`](RawInspect::inspect) reads the queue (holder, its lease's
 //!   remaining ttl, its create revision as the last fence, the number queued behind it);
 //!   [`force_unlock`](RawInspect::force_unlock) deletes the first key (compared on its create
-//!   revision), which wakes the next in line; [`list`](RawInspect::list) names every lock
+//!   revision), which wakes the next in line (its lease stays: a session lease may hold its
+//!   client's other keys); [`list`](RawInspect::list) names every lock
 //!   whose queue has a key.
 //! * **Elections** ([`RawElection`]): the leader's record is one key, `{K}:leader/` (its
 //!   companion key plus `/`), with no lease: it outlives its leader, as the term does, and
@@ -92,18 +127,18 @@
 //!   granted with, and no key under `K/` is older); terms are not compared. Observers
 //!   watch the key's puts.
 //!
-//! Costs: an attempt is a lease call and a transaction (plus a lease read when the lock is
-//! held); a waiter keeps one watch stream open and sends a keep-alive every third of its
-//! ttl; reading the queue costs one key per waiter.
+//! Costs: an attempt is a keep-alive and a transaction sent together (plus a lease read
+//! when the lock is held, and a lease grant when the client has no live session lease of
+//! that ttl); a release is one transaction; a waiter keeps one watch stream open and
+//! sends a keep-alive every third of its ttl; reading the queue costs one key per waiter.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, DeleteOptions, EventType, GetOptions, KeyValue,
-    PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse, WatchFilterType, WatchOptions,
-    WatchStream,
+    Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, KeyValue, PutOptions,
+    SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse, WatchFilterType, WatchOptions, WatchStream,
 };
 use tokio::sync::{Notify, oneshot};
 
@@ -121,6 +156,8 @@ use crate::token::Token;
 mod family;
 
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
+/// Keys read by one transaction of a renewal batch (etcd takes 128 operations at most).
+const BATCH_READS: usize = 100;
 /// Pause before a waiter's task looks at the queue again after etcd failed it.
 const FOLLOW_RETRY: Duration = Duration::from_millis(200);
 
@@ -146,6 +183,8 @@ struct Inner {
     timeout: Duration,
     /// Our queue keys (waiting or holding), by key.
     places: Mutex<HashMap<String, Place>>,
+    /// This client's session leases: the one every key of a ttl is put on.
+    sessions: Mutex<Sessions>,
     /// The reentrant holds waiting or held through this client: the queue key a hold's
     /// token would have (`K/<token>`, what its waiter follows) to its owner's key.
     aliases: Mutex<HashMap<String, String>>,
@@ -160,11 +199,32 @@ struct Inner {
     engine: Engine,
 }
 
+/// This client's session leases (see the module docs).
+#[derive(Default)]
+struct Sessions {
+    /// The session lease of each ttl (whole seconds) that new writes go on.
+    current: HashMap<i64, i64>,
+    /// Leases no new write goes on, because a write of ours on them may still arrive (an
+    /// attempt cut off, a release whose outcome is unknown): each is revoked once no key
+    /// this client knows of is on it, so whatever such a write left goes with it.
+    retired: HashSet<i64>,
+}
+
 /// What this client knows about one of its queue keys.
 #[derive(Clone)]
 struct Place {
     /// The lease the key is (or is being) attached to; 0 for none yet.
     lease: i64,
+    /// Leases a write of this key was sent on without an answer (cut off, failed): such
+    /// a write may still put the key back after it left, so they are retired then.
+    doubts: Vec<i64>,
+    /// Until when the key is owed life: its last attempt's or renewal's send time plus
+    /// its ttl. A keep-alive of the session lease after that moment would keep it longer
+    /// than its ttl (a hold whose guard was forgotten): it is deleted first.
+    owed: Option<Instant>,
+    /// The mod revision of our last write of the key (0: none known): the deletion of an
+    /// overdue key compares it, so it never takes a key an attempt wrote since.
+    written: i64,
     /// That lease's requested ttl in seconds.
     secs: i64,
     /// The key's create revision as last seen (0: not yet).
@@ -180,6 +240,9 @@ impl Place {
     fn new() -> Place {
         Place {
             lease: 0,
+            doubts: Vec::new(),
+            owed: None,
+            written: 0,
             secs: 0,
             rev: 0,
             moved: Arc::new(Notify::new()),
@@ -272,12 +335,6 @@ impl Queued {
         } else {
             String::from_utf8_lossy(untagged(&self.value)).into_owned()
         }
-    }
-
-    /// Whether dlock wrote it (the value is the token the key is named after, maybe with
-    /// a family tag), so its lease holds nothing else and may be revoked with it.
-    fn is_ours(&self, prefix: &str) -> bool {
-        self.key[prefix.len()..] == *untagged(&self.value)
     }
 }
 
@@ -474,6 +531,7 @@ impl Etcd {
                 endpoints,
                 timeout: DEFAULT_TIMEOUT,
                 places: Mutex::new(HashMap::new()),
+                sessions: Mutex::new(Sessions::default()),
                 aliases: Mutex::new(HashMap::new()),
                 wakes: Wakes::default(),
                 watches: Watches::default(),
@@ -520,14 +578,207 @@ impl Etcd {
         self.places().get(key).cloned()
     }
 
-    /// Records that `key` is (being) attached to `lease`; returns the lease it had before.
-    fn set_lease(&self, key: &str, lease: i64, secs: i64) -> Option<i64> {
+    /// Records that `key` is (being) attached to `lease` (of `secs`).
+    fn set_lease(&self, key: &str, lease: i64, secs: i64) {
         let mut places = self.places();
         let place = places.entry(key.to_owned()).or_insert_with(Place::new);
         let old = place.lease;
         place.lease = lease;
         place.secs = secs;
-        (old != 0 && old != lease).then_some(old)
+        drop(places);
+        if old != 0 && old != lease {
+            self.sweep();
+        }
+    }
+
+    fn sessions(&self) -> std::sync::MutexGuard<'_, Sessions> {
+        self.inner
+            .sessions
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// This client's session lease of `secs`: the current one, or a new one granted now.
+    async fn session(&self, secs: i64) -> Result<i64> {
+        if let Some(lease) = self.sessions().current.get(&secs) {
+            return Ok(*lease);
+        }
+        let lease = self.grant(secs).await?;
+        let mut sessions = self.sessions();
+        match sessions.current.get(&secs) {
+            // Another call granted one meanwhile: use that one.
+            Some(&other) => {
+                drop(sessions);
+                self.revoke_later(lease);
+                Ok(other)
+            }
+            None => {
+                sessions.current.insert(secs, lease);
+                Ok(lease)
+            }
+        }
+    }
+
+    /// `lease` ran out (or was revoked): no write goes on it any more.
+    fn lapsed(&self, lease: i64) {
+        let mut sessions = self.sessions();
+        sessions.current.retain(|_, l| *l != lease);
+        sessions.retired.remove(&lease);
+    }
+
+    /// Puts no new write on `lease` and revokes it once no key we know is on it.
+    fn retire(&self, lease: i64) {
+        if lease == 0 {
+            return;
+        }
+        {
+            let mut sessions = self.sessions();
+            sessions.current.retain(|_, l| *l != lease);
+            sessions.retired.insert(lease);
+        }
+        self.sweep();
+    }
+
+    /// Revokes the retired leases that no key we know is on.
+    fn sweep(&self) {
+        let used: HashSet<i64> = self.places().values().map(|p| p.lease).collect();
+        let unused: Vec<i64> = {
+            let mut sessions = self.sessions();
+            let unused: Vec<i64> = sessions
+                .retired
+                .iter()
+                .filter(|l| !used.contains(l))
+                .copied()
+                .collect();
+            for lease in &unused {
+                sessions.retired.remove(lease);
+            }
+            unused
+        };
+        for lease in unused {
+            self.revoke_later(lease);
+        }
+    }
+
+    /// Records that our key `key` is owed life until `from + secs` (an attempt or renewal
+    /// sent at `from` succeeded), and the mod revision of our write of it, if any.
+    fn owe(&self, key: &str, from: Instant, secs: i64, written: Option<i64>) {
+        if let Some(place) = self.places().get_mut(key) {
+            let until = from + Duration::from_secs(u64::try_from(secs).unwrap_or(0));
+            place.owed = Some(place.owed.map_or(until, |o| o.max(until)));
+            if let Some(rev) = written {
+                place.written = rev;
+            }
+        }
+    }
+
+    /// Deletes, in the background, our keys on `lease` that are overdue (no attempt or
+    /// renewal owes them life any more: a hold whose guard was forgotten), each only if
+    /// we have not written it since; called before each keep-alive of the lease, which
+    /// alone would keep them longer than their ttl.
+    fn reap(&self, lease: i64) {
+        let now = Instant::now();
+        let due: Vec<(String, i64)> = self
+            .places()
+            .iter_mut()
+            .filter(|(_, p)| p.lease == lease && p.written > 0 && p.owed.is_some_and(|o| o <= now))
+            .map(|(key, p)| {
+                p.owed = None;
+                (key.clone(), p.written)
+            })
+            .collect();
+        if due.is_empty() {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        for (key, written) in due {
+            let etcd = self.clone();
+            runtime.spawn(async move {
+                let txn = Txn::new()
+                    .when([Compare::mod_revision(
+                        key.as_str(),
+                        CompareOp::Equal,
+                        written,
+                    )])
+                    .and_then([TxnOp::delete(key.as_str(), None)]);
+                let _ = etcd
+                    .call("deleting an overdue key", |mut c| async move {
+                        c.txn(txn).await
+                    })
+                    .await;
+            });
+        }
+    }
+
+    /// Records that a write of `key` on `lease` got no answer.
+    fn doubt(&self, key: &str, lease: i64) {
+        let known = match self.places().get_mut(key) {
+            Some(place) => {
+                place.doubts.push(lease);
+                true
+            }
+            None => false,
+        };
+        if !known {
+            // The key already left: what that write puts back goes with its lease.
+            self.retire(lease);
+        }
+    }
+
+    /// Runs `txn`, which puts our key `key` on the session lease `lease`, beside one
+    /// keep-alive of that lease, which restarts its whole ttl after the caller took its
+    /// send time. `None`: the lease ran out (before the write, which then wrote nothing,
+    /// or after it, which took the key with it): try again on a new one.
+    async fn txn_on(
+        &self,
+        key: &str,
+        lease: i64,
+        secs: i64,
+        txn: Txn,
+        doing: &'static str,
+    ) -> Result<Option<etcd_client::TxnResponse>> {
+        let started = Instant::now();
+        // Owed from now on, so that no overdue deletion races this write.
+        self.owe(key, started, secs, None);
+        // A write cut off here (the caller's future dropped) may still arrive.
+        let mut pending = Pending {
+            etcd: self,
+            key,
+            lease,
+            answered: false,
+        };
+        let (alive, resp) = tokio::join!(
+            self.keep_alive(lease),
+            self.call(doing, |mut c| async move { c.txn(txn).await })
+        );
+        let resp = match resp {
+            Ok(resp) => resp,
+            Err(err) if err.to_string().contains("requested lease not found") => {
+                pending.answered = true;
+                self.lapsed(lease);
+                return Ok(None);
+            }
+            // Outcome unknown: the caller repeats the attempt under the same token (same
+            // key) or gives it back with a release.
+            Err(err) => return Err(err),
+        };
+        pending.answered = true;
+        match alive? {
+            true => {
+                let written = resp.succeeded().then(|| {
+                    resp.header()
+                        .map_or(0, etcd_client::ResponseHeader::revision)
+                });
+                self.owe(key, started, secs, written);
+                Ok(Some(resp))
+            }
+            false => {
+                self.lapsed(lease);
+                Ok(None)
+            }
+        }
     }
 
     /// Records `key`'s create revision and kind, telling its waiter's task if the key
@@ -668,6 +919,7 @@ impl Etcd {
     /// Sends one keep-alive for `lease`, which restarts its whole ttl on the leader.
     /// Returns whether the lease was alive (and is renewed).
     async fn keep_alive(&self, lease: i64) -> Result<bool> {
+        self.reap(lease);
         self.call("renewing a lease", |mut c| async move {
             // Opening the stream sends the keep-alive and waits for its answer; the client
             // reports a lease the leader does not know as this error.
@@ -682,44 +934,35 @@ impl Etcd {
         .await
     }
 
-    /// A lease for `key` whose ttl of at least `secs` (re)started now: the one it has, kept
-    /// alive, or a new one. Also returns a lease to revoke once the key is off it.
-    async fn fresh_lease(&self, key: &str, secs: i64) -> Result<(i64, Option<i64>)> {
-        if let Some(place) = self.place(key)
-            && place.lease != 0
-            && place.secs >= secs
-            && self.keep_alive(place.lease).await?
-        {
-            return Ok((place.lease, None));
-        }
-        let lease = self.grant(secs).await?;
-        Ok((lease, self.set_lease(key, lease, secs)))
-    }
-
-    /// Moves the key held under `token` to a new lease of `secs` (keeping its create
-    /// revision, so the fence stays, and its value). Returns whether the key held our
-    /// token (the key is named after it, so it is ours while it exists).
+    /// Moves the key held under `token` to our session lease of `secs`, restarted now
+    /// (keeping its create revision, so the fence stays, and its value). Returns whether
+    /// the key held our token (the key is named after it, so it is ours while it exists).
     async fn move_to_lease(&self, key: &str, secs: i64) -> Result<bool> {
-        let lease = self.grant(secs).await?;
-        let txn = Txn::new()
-            .when([Compare::version(key, CompareOp::Greater, 0)])
-            .and_then([TxnOp::put(
-                key,
-                "",
-                Some(PutOptions::new().with_lease(lease).with_ignore_value()),
-            )]);
-        let moved = self
-            .call("extending a lock", |mut c| async move { c.txn(txn).await })
-            .await?
-            .succeeded();
-        if moved {
-            if let Some(old) = self.set_lease(key, lease, secs) {
-                self.revoke_later(old);
+        for _ in 0..3 {
+            let lease = self.session(secs).await?;
+            let txn = Txn::new()
+                .when([Compare::version(key, CompareOp::Greater, 0)])
+                .and_then([TxnOp::put(
+                    key,
+                    "",
+                    Some(PutOptions::new().with_lease(lease).with_ignore_value()),
+                )]);
+            let Some(resp) =
+                Box::pin(self.txn_on(key, lease, secs, txn, "extending a lock")).await?
+            else {
+                continue;
+            };
+            let moved = resp.succeeded();
+            if moved {
+                self.set_lease(key, lease, secs);
             }
-        } else {
-            self.revoke_later(lease);
+            return Ok(moved);
         }
-        Ok(moved)
+        Err(Error::new(
+            ErrorKind::Unavailable,
+            "extending a lock: leases kept running out",
+        )
+        .retryable(true))
     }
 
     /// What is in front of our queue key `key` (create revision `rev`) under `prefix`.
@@ -879,49 +1122,42 @@ impl Etcd {
         if secs != granted {
             return self.move_to_lease(key, secs).await;
         }
-        // Keep our own lease alive (it can only hold our key), and check the key is still
-        // ours on it. Our key, while it exists, is the lowest of the queue: the holder.
+        // Keep the key's lease alive (a session lease: every key of ours of this ttl),
+        // and check the key is still ours on it. Our key, while it exists, is the lowest
+        // of the queue: the holder.
+        let started = Instant::now();
         let (alive, holder) = tokio::join!(self.keep_alive(lease), self.read(key));
         let alive = alive?;
+        if !alive {
+            self.lapsed(lease);
+        }
         let still = holder?.is_some_and(|(value, _, l)| ours(&value) && l == lease);
+        if alive && still {
+            self.owe(key, started, granted, None);
+        }
         Ok(alive && still)
     }
 
-    /// Deletes our queue key `key` if `own` holds (it is ours) and revokes its lease.
-    /// Returns whether it was there.
+    /// Deletes our queue key `key` if `own` holds (it is ours); its session lease stays
+    /// for our other keys. Returns whether it was there.
     async fn leave(&self, key: &str, own: Compare) -> Result<bool> {
-        let txn = Txn::new().when([own]).and_then([TxnOp::delete(
-            key,
-            Some(DeleteOptions::new().with_prev_key()),
-        )]);
-        let resp = match self
+        let txn = Txn::new().when([own]).and_then([TxnOp::delete(key, None)]);
+        let resp = self
             .call("releasing", |mut c| async move { c.txn(txn).await })
-            .await
-        {
-            Ok(resp) => resp,
-            Err(err) => {
-                // Outcome unknown: the key lives only as long as its lease, so end that too
-                // (the caller may still repeat the release).
-                if let Some(place) = self.forget(key).filter(|p| p.lease != 0) {
-                    self.revoke_later(place.lease);
-                }
-                return Err(err);
+            .await;
+        let place = self.forget(key);
+        if let Some(place) = place {
+            // A write of the key that got no answer may still put it back; and after a
+            // release whose outcome is unknown the key may still be there: either goes
+            // with its lease, which no new write uses from now on (the caller may still
+            // repeat the release).
+            let unknown = resp.is_err().then_some(place.lease);
+            for lease in place.doubts.into_iter().chain(unknown) {
+                self.retire(lease);
             }
-        };
-        let remembered = self.forget(key).map(|p| p.lease);
-        let deleted = resp.op_responses().into_iter().find_map(|op| match op {
-            TxnOpResponse::Delete(d) => d.prev_kvs().first().map(KeyValue::lease),
-            _ => None,
-        });
-        // The deleted key's lease, and the one we last attached it to (an attempt still in
-        // flight may put the key back on it): each holds nothing but this key.
-        if let Some(lease) = deleted.filter(|l| *l != 0) {
-            self.revoke_later(lease);
+            self.sweep();
         }
-        if let Some(lease) = remembered.filter(|l| *l != 0 && Some(*l) != deleted) {
-            self.revoke_later(lease);
-        }
-        Ok(resp.succeeded())
+        Ok(resp?.succeeded())
     }
 
     /// One attempt's write (two round trips, see the module docs): (1) a lease whose whole
@@ -942,44 +1178,42 @@ impl Etcd {
         let secs = lease_seconds(ttl);
         let key = queue_key(keys, token);
         let prefix = queue_prefix(keys);
-        let (lease, retired) = self.fresh_lease(&key, secs).await?;
         // The family's values tell a key's kind; the plain lock needs only the keys.
         let read = if kind == Kind::Plain {
             queue_read().with_keys_only()
         } else {
             queue_read()
         };
-        let ops = [
-            TxnOp::put(
-                key.as_str(),
-                kind.value(token),
-                Some(PutOptions::new().with_lease(lease)),
-            ),
-            TxnOp::get(prefix.as_str(), Some(read)),
-        ];
-        let txn = Txn::new().when(guard).and_then(ops).or_else(otherwise);
-        let resp = match self
-            .call("acquiring", |mut c| async move { c.txn(txn).await })
-            .await
-        {
-            Ok(resp) => resp,
-            // The lease ran out between its keep-alive and the transaction (a stall longer
-            // than the lease): nothing was written; the repeat grants a new lease.
-            Err(err) if err.to_string().contains("requested lease not found") => {
-                self.set_lease(&key, 0, 0);
-                return Err(Error::new(
-                    ErrorKind::Unavailable,
-                    format!("acquiring: the waiter's lease ran out before the attempt ({err})"),
-                )
-                .retryable(true));
+        let mut answer = None;
+        // A session lease that ran out (the client held nothing for a ttl, or was cut off
+        // that long): the next try grants a new one.
+        for _ in 0..3 {
+            let lease = self.session(secs).await?;
+            self.set_lease(&key, lease, secs);
+            let ops = [
+                TxnOp::put(
+                    key.as_str(),
+                    kind.value(token),
+                    Some(PutOptions::new().with_lease(lease)),
+                ),
+                TxnOp::get(prefix.as_str(), Some(read.clone())),
+            ];
+            let txn = Txn::new()
+                .when(guard.clone())
+                .and_then(ops)
+                .or_else(otherwise.clone());
+            answer = Box::pin(self.txn_on(&key, lease, secs, txn, "acquiring")).await?;
+            if answer.is_some() {
+                break;
             }
-            // Outcome unknown: the caller repeats the attempt under the same token (same key)
-            // or gives it back with a release.
-            Err(err) => return Err(err),
-        };
-        if let Some(old) = retired {
-            self.revoke_later(old);
         }
+        let Some(resp) = answer else {
+            return Err(Error::new(
+                ErrorKind::Unavailable,
+                "acquiring: the client's leases kept running out",
+            )
+            .retryable(true));
+        };
         let succeeded = resp.succeeded();
         let answers = resp.op_responses();
         if !succeeded {
@@ -1033,14 +1267,22 @@ impl Etcd {
     /// Renews the lease of our queue key `key`: `Some(false)` if it is gone (and with it our
     /// place), `None` if etcd did not say.
     async fn renew_place(&self, key: &str) -> Option<bool> {
-        let lease = self.place(key)?.lease;
+        let place = self.place(key)?;
+        let lease = place.lease;
         if lease == 0 {
             return None;
         }
+        let started = Instant::now();
         match self.keep_alive(lease).await {
-            Ok(true) => Some(true),
+            Ok(true) => {
+                self.owe(key, started, place.secs, None);
+                Some(true)
+            }
             // Gone, unless an attempt moved the key to a new lease meanwhile.
-            Ok(false) => Some(self.place(key)?.lease != lease),
+            Ok(false) => {
+                self.lapsed(lease);
+                Some(self.place(key)?.lease != lease)
+            }
             Err(_) => None,
         }
     }
@@ -1214,16 +1456,95 @@ impl RawLock for Etcd {
     }
 
     /// Renews each lease by its kind: a reentrant hold renews its owner's key, every other
-    /// kind its own queue key.
+    /// kind its own queue key. The keys this client put on its session lease of their ttl
+    /// are renewed together: one keep-alive per session lease, and one read of all those
+    /// keys (a transaction of reads) to confirm each is still ours on it; the others one by
+    /// one, as [`extend`](RawLock::extend) does.
     async fn extend_many(&self, renewals: &[Renewal]) -> Vec<Result<bool>> {
-        let mut out = Vec::with_capacity(renewals.len());
-        for r in renewals {
-            out.push(match r.kind {
-                LeaseKind::Reentrant => self.extend_reentrant(&r.keys, &r.token, r.ttl).await,
-                _ => self.extend(&r.keys, &r.token, r.ttl).await,
-            });
+        let mut out: Vec<Option<Result<bool>>> = std::iter::repeat_with(|| None)
+            .take(renewals.len())
+            .collect();
+        // (renewal, key, lease) of the keys on a session lease of their ttl.
+        let mut batch = Vec::new();
+        for (i, r) in renewals.iter().enumerate() {
+            let key = match r.kind {
+                LeaseKind::Reentrant => self.alias(&queue_key(&r.keys, &r.token)),
+                _ => Some(queue_key(&r.keys, &r.token)),
+            };
+            if let Some(key) = key
+                && let Some(place) = self.place(&key)
+                && place.lease != 0
+                && place.secs == lease_seconds(r.ttl)
+            {
+                batch.push((i, key, place.lease));
+            }
         }
-        out
+        for chunk in batch.chunks(BATCH_READS) {
+            let leases: BTreeSet<i64> = chunk.iter().map(|(_, _, lease)| *lease).collect();
+            let txn = Txn::new().and_then(
+                chunk
+                    .iter()
+                    .map(|(_, key, _)| TxnOp::get(key.as_str(), None))
+                    .collect::<Vec<_>>(),
+            );
+            let started = Instant::now();
+            let keep = async {
+                let mut alive = HashMap::new();
+                for lease in &leases {
+                    alive.insert(*lease, self.keep_alive(*lease).await);
+                }
+                alive
+            };
+            let (alive, read) = tokio::join!(
+                keep,
+                self.call("renewing locks", |mut c| async move { c.txn(txn).await })
+            );
+            let read = read.map(|resp| resp.op_responses());
+            let again = |e: &Error| {
+                Error::new(e.kind(), e.message().to_owned()).retryable(e.is_retryable())
+            };
+            for (at, (i, _, lease)) in chunk.iter().enumerate() {
+                let r = &renewals[*i];
+                let result = match (&alive[lease], &read) {
+                    (Err(e), _) | (_, Err(e)) => Err(again(e)),
+                    (Ok(false), _) => Ok(false),
+                    (Ok(true), Ok(answers)) => {
+                        let kv = match answers.get(at) {
+                            Some(TxnOpResponse::Get(get)) => get.kvs().first(),
+                            _ => None,
+                        };
+                        Ok(kv.is_some_and(|kv| {
+                            let value = kv.value();
+                            let ours = match r.kind {
+                                LeaseKind::Reentrant => {
+                                    family::holds(value).iter().any(|t| t == r.token.as_str())
+                                }
+                                _ => holds_token(value, &r.token),
+                            };
+                            ours && kv.lease() == *lease
+                        }))
+                    }
+                };
+                if matches!(result, Ok(true)) {
+                    self.owe(&chunk[at].1, started, lease_seconds(r.ttl), None);
+                }
+                out[*i] = Some(result);
+            }
+            for (lease, alive) in &alive {
+                if matches!(alive, Ok(false)) {
+                    self.lapsed(*lease);
+                }
+            }
+        }
+        for (i, r) in renewals.iter().enumerate() {
+            if out[i].is_none() {
+                out[i] = Some(match r.kind {
+                    LeaseKind::Reentrant => self.extend_reentrant(&r.keys, &r.token, r.ttl).await,
+                    _ => self.extend(&r.keys, &r.token, r.ttl).await,
+                });
+            }
+        }
+        out.into_iter().map(|r| r.unwrap_or(Ok(false))).collect()
     }
 
     /// Any release of the lock (a deletion in its queue): for callers without a token.
@@ -1267,8 +1588,7 @@ impl RawLock for Etcd {
         Ok(watch)
     }
 
-    /// Deletes the waiter's key (compared on its token) and revokes its lease.
-    /// Deletes the waiter's key (compared on its token) and revokes its lease; a
+    /// Deletes the waiter's key (compared on its token; its session lease stays); a
     /// reentrant hold's waiter takes its hold out of its owner's key.
     async fn abandon(&self, keys: &LockKeys, token: &Token, _ttl: Duration) -> Result<()> {
         let key = queue_key(keys, token);
@@ -1291,6 +1611,23 @@ impl RawLock for Etcd {
 
     fn engine(&self) -> &Engine {
         &self.inner.engine
+    }
+}
+
+/// A write on a session lease under way: if it is dropped before its answer (or got
+/// none), the write may still arrive, so the key's place records the lease as doubtful.
+struct Pending<'a> {
+    etcd: &'a Etcd,
+    key: &'a str,
+    lease: i64,
+    answered: bool,
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        if !self.answered {
+            self.etcd.doubt(self.key, self.lease);
+        }
     }
 }
 
@@ -1445,7 +1782,7 @@ impl RawInspect for Etcd {
         // The holder may release (and the next take over) between our read and the delete:
         // then read again.
         for _ in 0..3 {
-            let (prefix, queue) = self.queue(keys).await?;
+            let (_, queue) = self.queue(keys).await?;
             let Some(head) = queue.into_iter().next() else {
                 return Ok(false);
             };
@@ -1459,11 +1796,9 @@ impl RawInspect for Etcd {
             let resp = self
                 .call("force-unlocking", |mut c| async move { c.txn(txn).await })
                 .await?;
+            // The key's lease stays: it is its client's session lease (dlock's or etcd's
+            // lock service's), which its other keys may be on.
             if resp.succeeded() {
-                // A key of etcd's lock service shares its session's lease: leave that alone.
-                if head.is_ours(&prefix) && head.lease != 0 {
-                    self.revoke_later(head.lease);
-                }
                 return Ok(true);
             }
         }
@@ -1670,7 +2005,6 @@ mod props {
                 prop_assert!(!rest.is_empty() && !rest.contains(&b'/'));
                 let queued = Queued { key: key.clone(), value: value.clone(), created: 1, lease: 0 };
                 let _ = queued.owner(&prefix);
-                prop_assert_eq!(queued.is_ours(&prefix), rest == super::untagged(&value));
                 // The family's tags: any value reads as some permits, and names a token
                 // only as a whole token after a tag.
                 let _ = super::permits_of(&value);
