@@ -381,9 +381,10 @@ impl Section {
             "\n## 6.2 etcd\n\n\
              A private single-member etcd ({}; data directory in the system temp directory) \
              and a private `redis-server`, on loopback. **dlock** = \
-             `Lock::builder(Etcd::connect(url)?, name).ttl(30 s)` (watchdog on): a lease \
-             per attempt, one create-if-absent transaction, release by a compare-on-token \
-             delete transaction and a background lease revocation. **limit** = \
+             `Lock::builder(Etcd::connect(url)?, name).ttl(30 s)` (watchdog on): the \
+             client's session lease (one per client and ttl, shared by its holds and \
+             waits, granted once), one create-if-absent transaction, release by a \
+             compare-on-token delete transaction. **limit** = \
              etcd-client's bare `LeaseGrant`, create-if-absent `Txn` on that lease, \
              `DeleteRange`, lease revoked in the background. **peer** = etcd's own lock \
              service via etcd-client (`LeaseGrant`, `Lock`, `Unlock`, lease revoked in the \
@@ -408,8 +409,8 @@ impl Section {
         md.push_str(
             "\n### Contended hand-off on one hot name\n\n\
              Both queue waiters on the server in create-revision order: dlock puts each \
-             acquirer's key `<lock key>/<token>` on a lease of its own and each waiter \
-             watches only its predecessor, so a release wakes one waiter; etcd's `Lock` RPC \
+             acquirer's key `<lock key>/<token>` on its client's session lease and each \
+             waiter watches only its predecessor, so a release wakes one waiter; etcd's `Lock` RPC \
              does the same inside the server. `p50 × peer` = dlock's hand-off p50 over etcd's \
              lock service's in the same run.\n\n",
         );
