@@ -692,7 +692,9 @@ pub struct LockState {
     /// The holder's remaining time to live (`None` if not held, or held without expiry).
     pub remaining: Option<Duration>,
     /// The last fence minted for this name (`None` if none ever was, or the store has no
-    /// fences).
+    /// fences). It can be above the holder's own fence: on Redis a free lock's grant
+    /// mints its fence in the same transaction as its `SET NX`, so an attempt that found
+    /// the lock held took a number nobody holds (fences only have to increase).
     pub last_fence: Option<u64>,
     /// How many clients listen for its release (waiting), where the store can tell.
     pub waiting_clients: Option<u64>,

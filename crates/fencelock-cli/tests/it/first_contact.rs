@@ -426,7 +426,10 @@ fn hold_prints_token_and_fence_holds_and_releases_on_sigterm() {
     let line = lines.next(Duration::from_secs(10), "JSON");
     let held: serde_json::Value = serde_json::from_str(&line).expect("JSON");
     assert_eq!(held["key"], "dlock:script-lock");
-    assert_eq!(held["fence"], 2);
+    // Above the first hold's (a refused attempt in between may have taken a number: on
+    // Redis a free lock's grant mints its fence in the same transaction as the SET, which
+    // counts even when the SET finds the lock held).
+    assert!(held["fence"].as_u64().is_some_and(|f| f > 1), "{held}");
     assert_eq!(held["ttl_ms"], 30_000);
     signal("-INT", hold.id());
     assert_eq!(
