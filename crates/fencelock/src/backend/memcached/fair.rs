@@ -138,7 +138,7 @@ impl Memcached {
     }
 }
 
-/// The fair lock on memcached (see the [module docs](self)): the plain lock's item, a
+/// The fair lock on memcached (see [the lock family on memcached](crate::backend::memcached#the-lock-family-on-memcached)): the plain lock's item, a
 /// line of waiters changed by CAS, a claim item per waiter. Waiters poll.
 impl RawFair for Memcached {
     async fn acquire_fair(

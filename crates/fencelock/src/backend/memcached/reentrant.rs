@@ -152,7 +152,7 @@ impl Memcached {
 }
 
 /// The reentrant lock on memcached: one item changed by CAS (see the
-/// [module docs](self)). Waiters poll.
+/// [lock family on memcached](crate::backend::memcached#the-lock-family-on-memcached)). Waiters poll.
 impl RawReentrant for Memcached {
     async fn acquire_reentrant(
         &self,

@@ -302,7 +302,7 @@ impl Memcached {
     }
 }
 
-/// The read-write lock on memcached (see the [module docs](self)). Waiters poll.
+/// The read-write lock on memcached (see [the lock family on memcached](crate::backend::memcached#the-lock-family-on-memcached)). Waiters poll.
 impl RawRwLock for Memcached {
     async fn acquire_rw(
         &self,

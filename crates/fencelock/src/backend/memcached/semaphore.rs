@@ -190,7 +190,7 @@ impl Memcached {
 }
 
 /// Permits on memcached, by CAS on one index item with a lease item per holder (see the
-/// [module docs](self)): at most the stored count granted at once, a crashed holder's
+/// [lock family on memcached](crate::backend::memcached#the-lock-family-on-memcached)): at most the stored count granted at once, a crashed holder's
 /// permits back at its lease's end by memcached's clock. No queue: waiters poll, and the
 /// first to try after a release gets the permit.
 impl RawSemaphore for Memcached {
