@@ -438,6 +438,16 @@ pub trait RawSemaphore: RawLock {
     fn force_unlock_permits(&self, keys: &LockKeys) -> impl Future<Output = Result<bool>> + Send;
 }
 
+/// The permit count `delta` makes of `count` for [`RawSemaphore::add_permits`]: `None`
+/// if it would leave `1..=max`. Stores that change the count by a read-and-write loop use
+/// it as their step.
+#[cfg(any(feature = "etcd", feature = "zookeeper", feature = "memcached"))]
+pub(crate) fn added_permits(count: u32, delta: i64, max: u32) -> Option<u32> {
+    u32::try_from(i64::from(count) + delta)
+        .ok()
+        .filter(|n| (1..=max).contains(n))
+}
+
 /// A lock that its holder may take again: a hold count per owner.
 ///
 /// # Correctness

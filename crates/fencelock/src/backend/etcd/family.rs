@@ -377,8 +377,7 @@ impl RawSemaphore for Etcd {
         max: u32,
     ) -> Result<Option<u32>> {
         self.update_count(keys, permits, |count| {
-            let new = i64::from(count) + delta;
-            u32::try_from(new).ok().filter(|n| (1..=max).contains(n))
+            crate::raw::added_permits(count, delta, max)
         })
         .await
     }
@@ -457,16 +456,9 @@ fn is_writer(value: &[u8]) -> bool {
 impl Etcd {
     /// The key's value, mod revision and lease, if it exists.
     async fn read_versioned(&self, key: &str) -> Result<Option<(Vec<u8>, i64, i64)>> {
-        let key = key.to_owned();
-        let resp = self
-            .call(
-                "reading a lock",
-                |mut c| async move { c.get(key, None).await },
-            )
-            .await?;
-        Ok(resp
-            .kvs()
-            .first()
+        Ok(self
+            .read_kv(key)
+            .await?
             .map(|kv| (kv.value().to_vec(), kv.mod_revision(), kv.lease())))
     }
 

@@ -851,8 +851,8 @@ impl Etcd {
         });
     }
 
-    /// The key's value, create revision and lease, if it exists.
-    async fn read(&self, key: &str) -> Result<Option<(Vec<u8>, i64, i64)>> {
+    /// The key, if it exists.
+    pub(super) async fn read_kv(&self, key: &str) -> Result<Option<KeyValue>> {
         let key = key.to_owned();
         let resp = self
             .call(
@@ -860,9 +860,14 @@ impl Etcd {
                 |mut c| async move { c.get(key, None).await },
             )
             .await?;
-        Ok(resp
-            .kvs()
-            .first()
+        Ok(resp.kvs().first().cloned())
+    }
+
+    /// The key's value, create revision and lease, if it exists.
+    async fn read(&self, key: &str) -> Result<Option<(Vec<u8>, i64, i64)>> {
+        Ok(self
+            .read_kv(key)
+            .await?
             .map(|kv| (kv.value().to_vec(), kv.create_revision(), kv.lease())))
     }
 

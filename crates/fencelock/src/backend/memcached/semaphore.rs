@@ -301,8 +301,7 @@ impl RawSemaphore for Memcached {
         max: u32,
     ) -> Result<Option<u32>> {
         self.change_count(keys, |current| {
-            let next = i64::from(current.unwrap_or(permits)) + delta;
-            u32::try_from(next).ok().filter(|c| (1..=max).contains(c))
+            crate::raw::added_permits(current.unwrap_or(permits), delta, max)
         })
         .await
     }

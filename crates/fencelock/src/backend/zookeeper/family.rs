@@ -798,8 +798,7 @@ impl RawSemaphore for ZooKeeper {
         max: u32,
     ) -> Result<Option<u32>> {
         self.update_count(keys, permits, |count| {
-            let new = i64::from(count) + delta;
-            u32::try_from(new).ok().filter(|n| (1..=max).contains(n))
+            crate::raw::added_permits(count, delta, max)
         })
         .await
     }
