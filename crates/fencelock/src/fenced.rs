@@ -257,7 +257,7 @@ return {1}
         }
 
         proptest! {
-            #![proptest_config(crate::backend::hostile::cases(256))]
+            #![proptest_config(dlock_hostile::cases(256))]
 
             #[test]
             fn any_reply_decodes_or_is_a_backend_error(

@@ -995,7 +995,7 @@ mod tests {
     use super::glob_match;
 
     proptest::proptest! {
-        #![proptest_config(crate::backend::hostile::cases(48))]
+        #![proptest_config(dlock_hostile::cases(48))]
         /// No name reaches another lock's entries or channels (DESIGN.md principle 9).
         #[test]
         fn distinct_locks_share_no_entry_or_channel(

@@ -457,7 +457,7 @@ mod tests {
     }
 
     proptest! {
-        #![proptest_config(crate::backend::hostile::cases(256))]
+        #![proptest_config(dlock_hostile::cases(256))]
 
         /// Hostile input: any payload names one waiter or nobody, and hands over only a
         /// positive fence.
