@@ -319,6 +319,10 @@ impl RawLock for SimStore {
         self.inner.store_id()
     }
 
+    fn store_label(&self) -> &'static str {
+        self.inner.store_label()
+    }
+
     fn engine(&self) -> &Engine {
         self.inner.engine()
     }

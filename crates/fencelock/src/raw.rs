@@ -219,12 +219,12 @@ pub trait RawLock: Clone + Send + Sync + 'static {
         String::new()
     }
 
-    /// The kind of store, for the `store` label of spans and metrics (`"redis"`,
-    /// `"etcd"`, …; never an address). The built-in stores name themselves; the default
-    /// reads the kind from [`store_id`](RawLock::store_id) with
-    /// [`store_label`](crate::observe::store_label).
+    /// The kind of store, for the `store` label of spans and metrics: a short fixed
+    /// lowercase word (`"redis"`, `"etcd"`, …; never an address), declared by the store.
+    /// The built-in stores name themselves (a [`Quorum`](crate::backend::Quorum) of Redis
+    /// nodes is `"redlock"`); the default is `"other"`.
     fn store_label(&self) -> &'static str {
-        crate::observe::store_label(&self.store_id())
+        "other"
     }
 
     /// The client's engine: one lease registry and renewal task for every primitive on
@@ -782,8 +782,10 @@ impl Kind {
 /// Inspection and administration of locks, for operators and tooling.
 ///
 /// One [`inspect`](RawInspect::inspect) and one [`force_unlock`](RawInspect::force_unlock)
-/// serve every primitive: the [`Kind`] says which one's state is at `keys`. A store
-/// answers a kind it does not offer with
+/// serve every primitive: the [`Kind`] says which one's state is at `keys`. Every
+/// capability trait ([`RawSemaphore`], [`RawReentrant`], [`RawRwLock`], [`RawFair`])
+/// requires this one, so a store that offers a kind also inspects it. A store answers a
+/// kind it does not offer with
 /// [`ErrorKind::Unsupported`](crate::ErrorKind::Unsupported) ([`Kind::unsupported`]),
 /// sending nothing.
 ///
@@ -795,6 +797,16 @@ impl Kind {
 /// [`list`](RawInspect::list) must never block the store (iterate, e.g. `SCAN`, never
 /// `KEYS`), and lists only held lock keys (keys with an expiry), not companion keys.
 pub trait RawInspect: RawLock {
+    /// Whether one kind's [`inspect`](RawInspect::inspect) tells a hold of another kind at
+    /// the same lock key apart from its own: under one prefix every kind of a name has
+    /// the same lock key, and a tool that holds one kind there asks whether the name is
+    /// also held as another (`dlock run` under `--prefix`). `true` where a hold of
+    /// another kind there shows as that kind's, told apart from this one's (Redis: its
+    /// value is of another type; PostgreSQL; the in-memory store); `false` (the default:
+    /// the check is skipped) where the kinds share one queue or one item and read each
+    /// other's holds as their own (etcd, ZooKeeper's nodes, memcached's item).
+    const KINDS_TOLD_APART_UNDER_ONE_PREFIX: bool = false;
+
     /// The current state of the primitive of `kind` at `keys` (one consistent snapshot
     /// where the store allows):
     ///

@@ -74,7 +74,9 @@ pub(crate) async fn stored_permits<B: RawSemaphore>(
 /// a store that finds a value of another type there (Redis: this run's own value, of its
 /// own kind's type) is not an error. What other kinds keep beside the lock key (a
 /// read-write lock's readers) is still seen — except where that kind's state cannot be
-/// read past this run's own value: those kinds are returned second (not checked).
+/// read past this run's own value: those kinds are returned second (not checked). Under
+/// a `--prefix` of the user's, only on a store whose kinds are told apart there
+/// ([`RawInspect::KINDS_TOLD_APART_UNDER_ONE_PREFIX`]).
 pub(crate) async fn held_as_others<B: RawInspect>(
     backend: &B,
     mine: Kind,
@@ -103,21 +105,6 @@ pub(crate) async fn held_as_others<B: RawInspect>(
         }
     }
     Ok((held, unchecked))
-}
-
-/// Whether [`held_as_others`] is made under a `--prefix` of the user's on the store of
-/// `url` (`None`: the default Redis): on Redis and PostgreSQL, where the other kinds'
-/// view of the shared lock key tells this run's own hold apart. Not on zk:// (a read-write
-/// lock's reader shows there as a plain and a fair lock's holder), nor on etcd://, whose
-/// kinds share one queue under a shared prefix the same way, nor on memcache://, whose
-/// kinds share one item there (each kind reads the others' as held, or as not its own).
-pub(crate) fn checked_under_a_prefix(url: Option<&str>) -> bool {
-    !url.is_some_and(|url| {
-        url.starts_with("zk://")
-            || url.starts_with("etcd://")
-            || url.starts_with("memcache://")
-            || url.starts_with("memcached://")
-    })
 }
 
 /// `prefix` if the user chose one (whatever it is), else the kind's default.

@@ -404,6 +404,8 @@ impl RawElection for Memory {
 }
 
 impl RawInspect for Memory {
+    const KINDS_TOLD_APART_UNDER_ONE_PREFIX: bool = true;
+
     async fn inspect(&self, kind: Kind, keys: &LockKeys) -> Result<LockState> {
         match kind {
             Kind::Lock => self.inspect_plain(keys).await,

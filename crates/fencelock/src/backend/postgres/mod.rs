@@ -1406,6 +1406,8 @@ impl Postgres {
 impl RawFencing for Postgres {}
 
 impl RawInspect for Postgres {
+    const KINDS_TOLD_APART_UNDER_ONE_PREFIX: bool = true;
+
     async fn inspect(&self, kind: Kind, keys: &LockKeys) -> Result<LockState> {
         match kind {
             Kind::Lock => self.inspect_plain(keys).await,

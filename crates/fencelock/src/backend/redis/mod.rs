@@ -1456,6 +1456,8 @@ impl RawLock for Redis {
 impl RawFencing for Redis {}
 
 impl RawInspect for Redis {
+    const KINDS_TOLD_APART_UNDER_ONE_PREFIX: bool = true;
+
     async fn inspect(&self, kind: Kind, keys: &LockKeys) -> Result<LockState> {
         match kind {
             Kind::Lock => self.inspect_plain(keys).await,
