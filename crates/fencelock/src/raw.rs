@@ -748,15 +748,6 @@ pub enum Kind {
 }
 
 impl Kind {
-    /// Every kind, plain lock first.
-    pub const ALL: [Kind; 5] = [
-        Kind::Lock,
-        Kind::Semaphore,
-        Kind::Reentrant,
-        Kind::RwLock,
-        Kind::Fair,
-    ];
-
     /// The kind in a sentence: "a lock", "a semaphore", …
     pub fn described(self) -> &'static str {
         match self {
