@@ -18,9 +18,7 @@
 use std::time::Duration;
 
 use fencelock::keys::LockKeys;
-use fencelock::raw::{
-    Acquire, LockState, RawElection, RawFair, RawReentrant, RawRwLock, RawSemaphore,
-};
+use fencelock::raw::{Acquire, RawElection, RawFair, RawReentrant, RawRwLock, RawSemaphore};
 use fencelock::{Result, Token};
 
 use crate::Plant;
@@ -156,28 +154,6 @@ impl RawSemaphore for SimStore {
         )
         .await
     }
-
-    async fn inspect_permits(&self, keys: &LockKeys) -> Result<LockState> {
-        self.call(
-            "inspect-permits",
-            keys.lock(),
-            None,
-            |_| self.inner.inspect_permits(keys),
-            ok,
-        )
-        .await
-    }
-
-    async fn force_unlock_permits(&self, keys: &LockKeys) -> Result<bool> {
-        self.call(
-            "force-unlock-permits",
-            keys.lock(),
-            None,
-            |_| self.inner.force_unlock_permits(keys),
-            yes,
-        )
-        .await
-    }
 }
 
 impl RawReentrant for SimStore {
@@ -238,28 +214,6 @@ impl RawReentrant for SimStore {
             keys.lock(),
             Some(ttl),
             |t| self.inner.extend_reentrant(keys, token, t),
-            yes,
-        )
-        .await
-    }
-
-    async fn inspect_reentrant(&self, keys: &LockKeys) -> Result<LockState> {
-        self.call(
-            "inspect-reentrant",
-            keys.lock(),
-            None,
-            |_| self.inner.inspect_reentrant(keys),
-            ok,
-        )
-        .await
-    }
-
-    async fn force_unlock_reentrant(&self, keys: &LockKeys) -> Result<bool> {
-        self.call(
-            "force-unlock-reentrant",
-            keys.lock(),
-            None,
-            |_| self.inner.force_unlock_reentrant(keys),
             yes,
         )
         .await
@@ -345,28 +299,6 @@ impl RawRwLock for SimStore {
         )
         .await
     }
-
-    async fn inspect_rw(&self, keys: &LockKeys) -> Result<LockState> {
-        self.call(
-            "inspect-rw",
-            keys.lock(),
-            None,
-            |_| self.inner.inspect_rw(keys),
-            ok,
-        )
-        .await
-    }
-
-    async fn force_unlock_rw(&self, keys: &LockKeys) -> Result<bool> {
-        self.call(
-            "force-unlock-rw",
-            keys.lock(),
-            None,
-            |_| self.inner.force_unlock_rw(keys),
-            yes,
-        )
-        .await
-    }
 }
 
 impl RawFair for SimStore {
@@ -414,28 +346,6 @@ impl RawFair for SimStore {
             None,
             |_| self.inner.abandon_fair(keys, token),
             ok,
-        )
-        .await
-    }
-
-    async fn inspect_fair(&self, keys: &LockKeys) -> Result<LockState> {
-        self.call(
-            "inspect-fair",
-            keys.lock(),
-            None,
-            |_| self.inner.inspect_fair(keys),
-            ok,
-        )
-        .await
-    }
-
-    async fn force_unlock_fair(&self, keys: &LockKeys) -> Result<bool> {
-        self.call(
-            "force-unlock-fair",
-            keys.lock(),
-            None,
-            |_| self.inner.force_unlock_fair(keys),
-            yes,
         )
         .await
     }

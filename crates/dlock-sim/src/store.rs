@@ -10,7 +10,9 @@ use std::time::Duration;
 use fencelock::backend::Memory;
 use fencelock::engine::Engine;
 use fencelock::keys::LockKeys;
-use fencelock::raw::{Acquire, LockState, RawFencing, RawInspect, RawLock, ReleaseWatch, Renewal};
+use fencelock::raw::{
+    Acquire, Kind, LockState, RawFencing, RawInspect, RawLock, ReleaseWatch, Renewal,
+};
 use fencelock::{Error, ErrorKind, Result, Token};
 use tokio::sync::Notify;
 
@@ -149,6 +151,13 @@ fn acquired(r: &Result<Acquire>) -> String {
         Ok(Acquire::Acquired { fence }) => format!("acquired fence {fence}"),
         Ok(Acquire::Held { remaining }) => format!("held ({remaining:?} left)"),
         Ok(other) => format!("{other:?}"),
+        Err(e) => format!("error {e}"),
+    }
+}
+
+fn ok<T>(r: &Result<T>) -> String {
+    match r {
+        Ok(_) => String::from("ok"),
         Err(e) => format!("error {e}"),
     }
 }
@@ -310,6 +319,10 @@ impl RawLock for SimStore {
         self.inner.store_id()
     }
 
+    fn store_label(&self) -> &'static str {
+        self.inner.store_label()
+    }
+
     fn engine(&self) -> &Engine {
         self.inner.engine()
     }
@@ -318,25 +331,41 @@ impl RawLock for SimStore {
 impl RawFencing for SimStore {}
 
 impl RawInspect for SimStore {
-    async fn inspect(&self, keys: &LockKeys) -> Result<LockState> {
+    async fn inspect(&self, kind: Kind, keys: &LockKeys) -> Result<LockState> {
+        let (op, describe): (&str, fn(&Result<LockState>) -> String) = match kind {
+            Kind::Lock => ("inspect", |_| String::from("ok")),
+            Kind::Semaphore => ("inspect-permits", ok),
+            Kind::Reentrant => ("inspect-reentrant", ok),
+            Kind::RwLock => ("inspect-rw", ok),
+            Kind::Fair => ("inspect-fair", ok),
+            _ => return Err(kind.unsupported(self.store_label())),
+        };
         self.call(
-            "inspect",
+            op,
             keys.lock(),
             None,
-            |_| self.inner.inspect(keys),
-            |_| String::from("ok"),
+            |_| self.inner.inspect(kind, keys),
+            describe,
         )
         .await
     }
 
-    async fn force_unlock(&self, keys: &LockKeys) -> Result<bool> {
+    async fn force_unlock(&self, kind: Kind, keys: &LockKeys) -> Result<bool> {
+        let op = match kind {
+            Kind::Lock => "force-unlock",
+            Kind::Semaphore => "force-unlock-permits",
+            Kind::Reentrant => "force-unlock-reentrant",
+            Kind::RwLock => "force-unlock-rw",
+            Kind::Fair => "force-unlock-fair",
+            _ => return Err(kind.unsupported(self.store_label())),
+        };
         self.call(
-            "force-unlock",
+            op,
             keys.lock(),
             None,
             |_| async move {
-                let r = self.inner.force_unlock(keys).await;
-                if matches!(r, Ok(true)) {
+                let r = self.inner.force_unlock(kind, keys).await;
+                if kind == Kind::Lock && matches!(r, Ok(true)) {
                     self.world.broadcast(keys.channel(), keys.lock());
                 }
                 r

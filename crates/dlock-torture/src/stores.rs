@@ -364,7 +364,12 @@ pub(crate) async fn zookeeper_count(ensemble: &ZkEnsemble, keys: &[String]) -> u
             n += 1;
             continue;
         };
-        match tokio::time::timeout(ZOOKEEPER_AUDIT_TIMEOUT, admin.inspect(&lock_keys)).await {
+        match tokio::time::timeout(
+            ZOOKEEPER_AUDIT_TIMEOUT,
+            admin.inspect(fencelock::raw::Kind::Lock, &lock_keys),
+        )
+        .await
+        {
             Ok(Ok(state)) => {
                 let nodes =
                     usize::from(state.holder.is_some()) + state.queued.map_or(0, |q| q as usize);

@@ -54,8 +54,11 @@ impl Failure {
 impl From<fencelock::Error> for Failure {
     fn from(err: fencelock::Error) -> Failure {
         let code = match err.kind() {
-            // A semaphore's count other than the stored one: the command line's to change.
-            ErrorKind::InvalidArgument | ErrorKind::PermitsMismatch => USAGE,
+            // A semaphore's count other than the stored one, a kind the store does not
+            // offer: the command line's to change.
+            ErrorKind::InvalidArgument | ErrorKind::PermitsMismatch | ErrorKind::Unsupported => {
+                USAGE
+            }
             ErrorKind::LockLost => LOST,
             _ => UNAVAILABLE,
         };

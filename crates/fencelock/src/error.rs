@@ -55,6 +55,10 @@ pub enum ErrorKind {
     /// with [`Semaphore::set_permits`](crate::Semaphore::set_permits) (every client of the
     /// name shares it), or use the stored one.
     PermitsMismatch,
+    /// The store does not offer what was asked of it (an operator's inspection or
+    /// force-unlock of a kind of primitive the store has no recipe for). Nothing was sent
+    /// to the store.
+    Unsupported,
 }
 
 impl ErrorKind {
@@ -70,6 +74,7 @@ impl ErrorKind {
             ErrorKind::QuorumNotReached => "quorum not reached",
             ErrorKind::UnsafeConfig => "unsafe store configuration",
             ErrorKind::PermitsMismatch => "permit count mismatch",
+            ErrorKind::Unsupported => "unsupported",
         }
     }
 }

@@ -207,7 +207,10 @@ impl<B: RawFair> FairLock<B> {
             self.lock.name(),
             crate::observe::span::INSPECT,
             crate::observe::op::INSPECT,
-            self.lock.backend().backend.inspect_fair(self.keys())
+            self.lock
+                .backend()
+                .backend
+                .inspect(crate::raw::Kind::Fair, self.keys())
         )
     }
 
@@ -230,7 +233,10 @@ impl<B: RawFair> FairLock<B> {
             self.lock.name(),
             crate::observe::span::FORCE_UNLOCK,
             crate::observe::op::FORCE_UNLOCK,
-            self.lock.backend().backend.force_unlock_fair(self.keys())
+            self.lock
+                .backend()
+                .backend
+                .force_unlock(crate::raw::Kind::Fair, self.keys())
         )
     }
 }

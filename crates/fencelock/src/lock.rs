@@ -485,7 +485,7 @@ impl<B: RawInspect> Lock<B> {
             self.name(),
             span::INSPECT,
             op::INSPECT,
-            self.backend.inspect(&self.keys)
+            self.backend.inspect(crate::raw::Kind::Lock, &self.keys)
         )
     }
 
@@ -510,7 +510,8 @@ impl<B: RawInspect> Lock<B> {
             self.name(),
             span::FORCE_UNLOCK,
             op::FORCE_UNLOCK,
-            self.backend.force_unlock(&self.keys)
+            self.backend
+                .force_unlock(crate::raw::Kind::Lock, &self.keys)
         )
     }
 }

@@ -46,7 +46,7 @@
 //!
 //! | field | value |
 //! |---|---|
-//! | `store` | the kind of store, see [`store_label`]: `redis`, `redlock`, `memcached`, `etcd`, `postgres`, `postgres-advisory`, `zookeeper`, `memory`, … — never an address |
+//! | `store` | the kind of store, see [`RawLock::store_label`](crate::raw::RawLock::store_label): `redis`, `redlock`, `memcached`, `etcd`, `postgres`, `postgres-advisory`, `zookeeper`, `memory`, … — never an address |
 //! | `primitive` | see [`primitive`]: `lock`, `semaphore`, `reentrant`, `rwlock_read`, `rwlock_write`, `fair`, `election` |
 //! | `op` | the operation: the span name without `dlock.` — `acquire`, `release`, `extend`, `abandon`, `watch`, `inspect`, `force_unlock`, `downgrade`, `list` — or, where one span name covers several, see the table above (`watch_record`, `publish`, `record`, `permits_in_use`, `set_permits`, `add_permits`, `renew`) |
 //! | `lock` | the lock's name (not its key) |
@@ -208,7 +208,7 @@ pub mod span {
 
 /// Span field names.
 pub mod field {
-    /// The kind of store ([`store_label`](super::store_label)).
+    /// The kind of store ([`RawLock::store_label`](crate::raw::RawLock::store_label)).
     pub const STORE: &str = "store";
     /// The primitive ([`primitive`](super::primitive)).
     pub const PRIMITIVE: &str = "primitive";
@@ -377,7 +377,7 @@ pub mod metric {
 
 /// Metric label names.
 pub mod label {
-    /// The kind of store ([`store_label`](super::store_label)).
+    /// The kind of store ([`RawLock::store_label`](crate::raw::RawLock::store_label)).
     pub const STORE: &str = "store";
     /// The primitive ([`primitive`](super::primitive)).
     pub const PRIMITIVE: &str = "primitive";
@@ -460,79 +460,6 @@ pub fn describe_metrics() {
         Unit::Count,
         "dlock requests repeated because their outcome was unknown or the store was unreachable."
     );
-}
-
-/// The `store` label of a store id ([`RawLock::store_id`](crate::raw::RawLock::store_id)):
-/// the kind of store, never its address. `redis:10.0.0.5:6379` is `redis`, `memcache:…`
-/// `memcached`, `zk:…` `zookeeper`, a quorum of Redis nodes (`quorum[redis:…,redis:…]`)
-/// `redlock`, another quorum `quorum`, an empty id `unknown`. Another backend's prefix
-/// (the part before `:` or `[`) is kept if it is a short lowercase word, else it is
-/// `other`.
-pub fn store_label(store_id: &str) -> &'static str {
-    let kind = &store_id[..store_id.find([':', '[']).unwrap_or(store_id.len())];
-    match kind {
-        "redis" | "rediss" => "redis",
-        "memcache" | "memcached" => "memcached",
-        "etcd" => "etcd",
-        "zk" | "zookeeper" => "zookeeper",
-        "postgres" | "postgresql" => "postgres",
-        "postgres-advisory" => "postgres-advisory",
-        "memory" => "memory",
-        "quorum" if quorum_of_redis(store_id) => "redlock",
-        "quorum" => "quorum",
-        "" => "unknown",
-        other => intern_store(other),
-    }
-}
-
-/// Whether every member of `quorum[…]` is a Redis node (heuristically: the first member
-/// is, and no other kind of store appears after a comma; Redis members' own ids may hold
-/// comma-separated host lists).
-fn quorum_of_redis(id: &str) -> bool {
-    let inner = id
-        .strip_prefix("quorum[")
-        .map_or("", |s| s.strip_suffix(']').unwrap_or(s));
-    inner.starts_with("redis:")
-        && inner.split(',').all(|member| {
-            let kind = member.split([':', '[']).next().unwrap_or("");
-            !matches!(
-                kind,
-                "memcache"
-                    | "memcached"
-                    | "etcd"
-                    | "zk"
-                    | "zookeeper"
-                    | "postgres"
-                    | "postgresql"
-                    | "postgres-advisory"
-                    | "memory"
-                    | "quorum"
-            )
-        })
-}
-
-/// Third-party store kinds seen so far: a bounded set of leaked names.
-static STORE_KINDS: Mutex<Vec<&'static str>> = Mutex::new(Vec::new());
-const MAX_STORE_KINDS: usize = 32;
-
-fn intern_store(kind: &str) -> &'static str {
-    let word = kind.len() <= 32
-        && kind
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_');
-    if !word {
-        return "other";
-    }
-    let mut kinds = STORE_KINDS.lock().unwrap_or_else(PoisonError::into_inner);
-    if let Some(k) = kinds.iter().find(|k| **k == kind) {
-        return k;
-    }
-    if kinds.len() >= MAX_STORE_KINDS {
-        return "other";
-    }
-    let k: &'static str = Box::leak(kind.to_owned().into_boxed_str());
-    kinds.push(k);
-    k
 }
 
 /// The label pairs beyond `store` and `primitive` that a metric may carry. The index is
@@ -1148,28 +1075,6 @@ mod tests {
             EXTRA.iter().all(|(_, value)| *value != woken_by::CHANGE),
             "`change` is documented as a span field value only"
         );
-    }
-
-    #[test]
-    fn store_labels_name_the_kind_never_the_address() {
-        assert_eq!(store_label("redis:10.1.2.3:6379"), "redis");
-        assert_eq!(store_label("redis:cluster:a:1,b:2"), "redis");
-        assert_eq!(store_label("memcache:127.0.0.1:11211"), "memcached");
-        assert_eq!(store_label("etcd:a:2379,b:2379"), "etcd");
-        assert_eq!(store_label("zk:a:2181/chroot"), "zookeeper");
-        assert_eq!(store_label("postgres:h:5432/db/s"), "postgres");
-        assert_eq!(store_label("postgres-advisory:host=h"), "postgres-advisory");
-        assert_eq!(store_label("memory:0x55d0c0ffee"), "memory");
-        assert_eq!(
-            store_label("quorum[redis:a:1,redis:b:2,redis:c:3]"),
-            "redlock"
-        );
-        assert_eq!(store_label("quorum[memory:0x1,memory:0x2]"), "quorum");
-        assert_eq!(store_label("quorum[redis:a:1,etcd:b:2]"), "quorum");
-        assert_eq!(store_label(""), "unknown");
-        assert_eq!(store_label("tikv:pd1:2379"), "tikv");
-        assert_eq!(store_label("Secret Store With Spaces:x"), "other");
-        assert_eq!(store_label("noseparator"), "noseparator");
     }
 
     #[test]

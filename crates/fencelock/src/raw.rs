@@ -219,12 +219,12 @@ pub trait RawLock: Clone + Send + Sync + 'static {
         String::new()
     }
 
-    /// The kind of store, for the `store` label of spans and metrics (`"redis"`,
-    /// `"etcd"`, …; never an address). The built-in stores name themselves; the default
-    /// reads the kind from [`store_id`](RawLock::store_id) with
-    /// [`store_label`](crate::observe::store_label).
+    /// The kind of store, for the `store` label of spans and metrics: a short fixed
+    /// lowercase word (`"redis"`, `"etcd"`, …; never an address), declared by the store.
+    /// The built-in stores name themselves (a [`Quorum`](crate::backend::Quorum) of Redis
+    /// nodes is `"redlock"`); the default is `"other"`.
     fn store_label(&self) -> &'static str {
-        crate::observe::store_label(&self.store_id())
+        "other"
     }
 
     /// The client's engine: one lease registry and renewal task for every primitive on
@@ -306,20 +306,6 @@ macro_rules! fair_is_the_plain_lock {
                     .map(|_| ())
             }
 
-            async fn inspect_fair(
-                &self,
-                keys: &crate::keys::LockKeys,
-            ) -> crate::error::Result<crate::raw::LockState> {
-                crate::raw::RawInspect::inspect(self, keys).await
-            }
-
-            async fn force_unlock_fair(
-                &self,
-                keys: &crate::keys::LockKeys,
-            ) -> crate::error::Result<bool> {
-                crate::raw::RawInspect::force_unlock(self, keys).await
-            }
-
             async fn watch_fair(
                 &self,
                 keys: &crate::keys::LockKeys,
@@ -360,7 +346,7 @@ pub trait RawFencing: RawLock {}
 /// with [`ErrorKind::PermitsMismatch`](crate::ErrorKind::PermitsMismatch)
 /// ([`Error::permits_mismatch`](crate::Error::permits_mismatch)), decided in the same
 /// atomic step as the grant where the store can.
-pub trait RawSemaphore: RawLock {
+pub trait RawSemaphore: RawInspect {
     /// Takes `n` permits under `token` for `ttl`, if free; else reports when the earliest
     /// lease ends (`Held { remaining }`). `permits` is the count stored if none is yet;
     /// with `strict`, a stored count other than `permits` refuses the attempt
@@ -429,13 +415,6 @@ pub trait RawSemaphore: RawLock {
         permits: u32,
         max: u32,
     ) -> impl Future<Output = Result<Option<u32>>> + Send;
-
-    /// Permits in use, live holders and the latest lease's remaining ttl.
-    fn inspect_permits(&self, keys: &LockKeys) -> impl Future<Output = Result<LockState>> + Send;
-
-    /// Takes every permit back from every holder and wakes waiters (for operators).
-    /// Returns whether any live permit was held.
-    fn force_unlock_permits(&self, keys: &LockKeys) -> impl Future<Output = Result<bool>> + Send;
 }
 
 /// The permit count `delta` makes of `count` for [`RawSemaphore::add_permits`]: `None`
@@ -458,7 +437,7 @@ pub(crate) fn added_permits(count: u32, delta: i64, max: u32) -> Option<u32> {
 /// `token`: a repeat of a granted request finds its token and is granted again without
 /// counting twice; a release takes back only the hold of its token, so a repeated
 /// release changes nothing; renewal checks that the token's hold is live.
-pub trait RawReentrant: RawLock {
+pub trait RawReentrant: RawInspect {
     /// Takes one hold for `owner` under request `token`.
     ///
     /// # Errors
@@ -493,12 +472,6 @@ pub trait RawReentrant: RawLock {
         token: &Token,
         ttl: Duration,
     ) -> impl Future<Output = Result<bool>> + Send;
-
-    /// Holder (its owner string), hold count, remaining ttl and last fence.
-    fn inspect_reentrant(&self, keys: &LockKeys) -> impl Future<Output = Result<LockState>> + Send;
-
-    /// Deletes the lock whoever holds it, however many holds, and wakes waiters.
-    fn force_unlock_reentrant(&self, keys: &LockKeys) -> impl Future<Output = Result<bool>> + Send;
 }
 
 /// Readers and writers: many readers or one writer, writers first.
@@ -518,7 +491,7 @@ pub trait RawReentrant: RawLock {
 ///   bounded time only.
 ///
 /// Repeats of a granted request (same token) are granted again, not twice.
-pub trait RawRwLock: RawLock {
+pub trait RawRwLock: RawInspect {
     /// Whether a reader's attempt that finds the lock held leaves an entry in the store
     /// (ZooKeeper: the reader's node in the queue) that
     /// [`abandon_rw`](RawRwLock::abandon_rw) must withdraw. Writers always may.
@@ -582,12 +555,6 @@ pub trait RawRwLock: RawLock {
     /// Withdraws the waiting-writer entry of `token`.
     fn abandon_rw(&self, keys: &LockKeys, token: &Token)
     -> impl Future<Output = Result<()>> + Send;
-
-    /// Writer token, live readers, waiting writers, remaining ttl, last fence.
-    fn inspect_rw(&self, keys: &LockKeys) -> impl Future<Output = Result<LockState>> + Send;
-
-    /// Deletes the writer, every reader and every waiting writer, and wakes waiters.
-    fn force_unlock_rw(&self, keys: &LockKeys) -> impl Future<Output = Result<bool>> + Send;
 }
 
 /// First come, first served: a queue of waiters in the store.
@@ -602,7 +569,7 @@ pub trait RawRwLock: RawLock {
 /// plus `grace`, renewed at every attempt, so a crashed waiter leaves the queue by itself.
 /// [`release_fair`](RawFair::release_fair) announces the release to the head waiter only
 /// (on its own channel, see [`LockKeys::side`](crate::keys::LockKeys::side)).
-pub trait RawFair: RawLock {
+pub trait RawFair: RawInspect {
     /// Tries once, queueing `token` if it must wait.
     fn acquire_fair(
         &self,
@@ -625,12 +592,6 @@ pub trait RawFair: RawLock {
         keys: &LockKeys,
         token: &Token,
     ) -> impl Future<Output = Result<()>> + Send;
-
-    /// Holder, remaining ttl, last fence and the number of queued waiters.
-    fn inspect_fair(&self, keys: &LockKeys) -> impl Future<Output = Result<LockState>> + Send;
-
-    /// Deletes the holder whoever it is (the queue stays) and wakes the next in line.
-    fn force_unlock_fair(&self, keys: &LockKeys) -> impl Future<Output = Result<bool>> + Send;
 
     /// Starts listening for `token`'s turn. The default listens on the waiter's own
     /// channel ([`LockKeys::side`](crate::keys::LockKeys::side)), where
@@ -769,7 +730,55 @@ impl LockState {
     }
 }
 
+/// Which primitive an operator's [`RawInspect`] call is about: each keeps its state at
+/// its lock key its own way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Kind {
+    /// A plain lock ([`Lock`](crate::Lock), and an [`Election`](crate::Election)'s).
+    Lock,
+    /// A semaphore ([`RawSemaphore`]).
+    Semaphore,
+    /// A reentrant lock ([`RawReentrant`]).
+    Reentrant,
+    /// A read-write lock ([`RawRwLock`]).
+    RwLock,
+    /// A fair lock ([`RawFair`]).
+    Fair,
+}
+
+impl Kind {
+    /// The kind in a sentence: "a lock", "a semaphore", …
+    pub fn described(self) -> &'static str {
+        match self {
+            Kind::Lock => "a lock",
+            Kind::Semaphore => "a semaphore",
+            Kind::Reentrant => "a reentrant lock",
+            Kind::RwLock => "a read-write lock",
+            Kind::Fair => "a fair lock",
+        }
+    }
+
+    /// The error of a store that does not offer this kind:
+    /// [`ErrorKind::Unsupported`](crate::ErrorKind::Unsupported), naming the store's
+    /// label and the kind.
+    pub fn unsupported(self, store: &str) -> crate::Error {
+        crate::Error::new(
+            crate::ErrorKind::Unsupported,
+            format!("the {store} store does not offer {}", self.described()),
+        )
+    }
+}
+
 /// Inspection and administration of locks, for operators and tooling.
+///
+/// One [`inspect`](RawInspect::inspect) and one [`force_unlock`](RawInspect::force_unlock)
+/// serve every primitive: the [`Kind`] says which one's state is at `keys`. Every
+/// capability trait ([`RawSemaphore`], [`RawReentrant`], [`RawRwLock`], [`RawFair`])
+/// requires this one, so a store that offers a kind also inspects it. A store answers a
+/// kind it does not offer with
+/// [`ErrorKind::Unsupported`](crate::ErrorKind::Unsupported) ([`Kind::unsupported`]),
+/// sending nothing.
 ///
 /// # Correctness
 ///
@@ -779,12 +788,44 @@ impl LockState {
 /// [`list`](RawInspect::list) must never block the store (iterate, e.g. `SCAN`, never
 /// `KEYS`), and lists only held lock keys (keys with an expiry), not companion keys.
 pub trait RawInspect: RawLock {
-    /// The lock's current state (one consistent snapshot where the store allows).
-    fn inspect(&self, keys: &LockKeys) -> impl Future<Output = Result<LockState>> + Send;
+    /// Whether one kind's [`inspect`](RawInspect::inspect) tells a hold of another kind at
+    /// the same lock key apart from its own: under one prefix every kind of a name has
+    /// the same lock key, and a tool that holds one kind there asks whether the name is
+    /// also held as another (`dlock run` under `--prefix`). `true` where a hold of
+    /// another kind there shows as that kind's, told apart from this one's (Redis: its
+    /// value is of another type; PostgreSQL; the in-memory store); `false` (the default:
+    /// the check is skipped) where the kinds share one queue or one item and read each
+    /// other's holds as their own (etcd, ZooKeeper's nodes, memcached's item).
+    const KINDS_TOLD_APART_UNDER_ONE_PREFIX: bool = false;
 
-    /// Deletes the lock key whoever holds it and wakes waiters. Returns whether a held
-    /// key was deleted.
-    fn force_unlock(&self, keys: &LockKeys) -> impl Future<Output = Result<bool>> + Send;
+    /// The current state of the primitive of `kind` at `keys` (one consistent snapshot
+    /// where the store allows):
+    ///
+    /// * [`Kind::Lock`]: holder token, remaining ttl, last fence (and the waiting clients
+    ///   or queued waiters where the store can tell);
+    /// * [`Kind::Semaphore`]: permits in use (`hold_count`), live holders, the latest
+    ///   lease's remaining ttl;
+    /// * [`Kind::Reentrant`]: holder (its owner string), hold count, remaining ttl, last
+    ///   fence;
+    /// * [`Kind::RwLock`]: writer token, live readers (`holders`), waiting writers
+    ///   (`queued`), remaining ttl, last fence;
+    /// * [`Kind::Fair`]: holder, remaining ttl, last fence, queued waiters.
+    fn inspect(
+        &self,
+        kind: Kind,
+        keys: &LockKeys,
+    ) -> impl Future<Output = Result<LockState>> + Send;
+
+    /// Deletes every hold of the primitive of `kind` at `keys`, whoever holds it, and
+    /// wakes waiters: the lock key (a plain or fair lock: the fair lock's queue stays),
+    /// every permit of every holder (semaphore), the lock however many holds (reentrant),
+    /// the writer, every reader and every waiting writer (read-write lock). Returns
+    /// whether anything held was deleted.
+    fn force_unlock(
+        &self,
+        kind: Kind,
+        keys: &LockKeys,
+    ) -> impl Future<Output = Result<bool>> + Send;
 
     /// Names of the held locks under `prefix` (keys with the prefix stripped) that match
     /// the glob `pattern` (`*` any run, `?` one character), at most `limit` of them, in no

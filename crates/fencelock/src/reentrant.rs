@@ -356,7 +356,8 @@ impl<B: RawReentrant> ReentrantLock<B> {
             self.keys.name(),
             crate::observe::span::INSPECT,
             crate::observe::op::INSPECT,
-            self.backend.inspect_reentrant(&self.keys)
+            self.backend
+                .inspect(crate::raw::Kind::Reentrant, &self.keys)
         )
     }
 
@@ -389,7 +390,8 @@ impl<B: RawReentrant> ReentrantLock<B> {
             self.keys.name(),
             crate::observe::span::FORCE_UNLOCK,
             crate::observe::op::FORCE_UNLOCK,
-            self.backend.force_unlock_reentrant(&self.keys)
+            self.backend
+                .force_unlock(crate::raw::Kind::Reentrant, &self.keys)
         )
     }
 }

@@ -338,7 +338,10 @@ impl<B: RawRwLock> RwLock<B> {
             self.read.name(),
             crate::observe::span::INSPECT,
             crate::observe::op::INSPECT,
-            self.read.backend().backend.inspect_rw(self.keys())
+            self.read
+                .backend()
+                .backend
+                .inspect(crate::raw::Kind::RwLock, self.keys())
         )
     }
 
@@ -362,7 +365,10 @@ impl<B: RawRwLock> RwLock<B> {
             self.read.name(),
             crate::observe::span::FORCE_UNLOCK,
             crate::observe::op::FORCE_UNLOCK,
-            self.read.backend().backend.force_unlock_rw(self.keys())
+            self.read
+                .backend()
+                .backend
+                .force_unlock(crate::raw::Kind::RwLock, self.keys())
         )
     }
 }

@@ -485,7 +485,10 @@ impl<B: RawSemaphore> Semaphore<B> {
             self.one.name(),
             crate::observe::span::INSPECT,
             crate::observe::op::INSPECT,
-            self.one.backend().backend.inspect_permits(self.keys())
+            self.one
+                .backend()
+                .backend
+                .inspect(crate::raw::Kind::Semaphore, self.keys())
         )
     }
 
@@ -509,7 +512,10 @@ impl<B: RawSemaphore> Semaphore<B> {
             self.one.name(),
             crate::observe::span::FORCE_UNLOCK,
             crate::observe::op::FORCE_UNLOCK,
-            self.one.backend().backend.force_unlock_permits(self.keys())
+            self.one
+                .backend()
+                .backend
+                .force_unlock(crate::raw::Kind::Semaphore, self.keys())
         )
     }
 }

@@ -9,6 +9,7 @@ mod engine;
 mod etcd;
 mod fenced;
 mod hazards;
+mod inspect_kinds;
 mod kinds;
 mod memcached;
 mod memory;

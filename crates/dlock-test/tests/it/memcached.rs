@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use dlock_test::conformance::{Target, unique};
 use dlock_test::targets::MemcachedTarget;
-use fencelock::raw::RawElection;
+use fencelock::raw::{Kind, RawElection};
 use fencelock::{Election, ErrorKind, Lock};
 use tokio::time::{Instant, sleep, timeout};
 
@@ -704,11 +704,11 @@ async fn extend_many_renews_exactly_the_leases_still_ours() {
         Some(ErrorKind::InvalidArgument)
     );
     for r in renewals.iter().take(2000).step_by(100) {
-        let state = mc.inspect(&r.keys).await.expect("store");
+        let state = mc.inspect(Kind::Lock, &r.keys).await.expect("store");
         assert_eq!(state.holder.as_deref(), Some(r.token.as_str()));
         assert!(state.remaining > Some(short), "renewed: {state:?}");
     }
-    let state = mc.inspect(&foreign).await.expect("store");
+    let state = mc.inspect(Kind::Lock, &foreign).await.expect("store");
     assert_eq!(state.holder.as_deref(), Some(holder.as_str()));
     assert!(state.remaining <= Some(short), "not renewed: {state:?}");
 }

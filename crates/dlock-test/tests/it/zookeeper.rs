@@ -18,7 +18,7 @@ use dlock_test::conformance::unique;
 use dlock_test::proxy::{Fault, Proxy};
 use dlock_test::zookeeper::ZooKeeper as Server;
 use fencelock::backend::ZooKeeper;
-use fencelock::raw::RawInspect;
+use fencelock::raw::{Kind, RawInspect};
 use fencelock::{ErrorKind, Lock};
 use tokio::time::{Instant, sleep, timeout};
 
@@ -162,7 +162,10 @@ async fn sixty_four_waiters_are_woken_one_at_a_time_in_order() {
         // Queue in a known order: wait until this waiter's node is in line.
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
-            let state = clients[0].inspect(first.keys()).await.expect("inspect");
+            let state = clients[0]
+                .inspect(Kind::Lock, first.keys())
+                .await
+                .expect("inspect");
             if state.queued == Some(u32::try_from(i + 1).expect("small")) {
                 break;
             }
@@ -303,7 +306,7 @@ async fn digest_identities_own_their_nodes_and_passwords_are_never_printed() {
     assert_eq!(err.kind(), ErrorKind::Backend, "{err}");
     assert!(err.to_string().contains("permission"), "{err}");
     let err = anonymous
-        .force_unlock(lock.keys())
+        .force_unlock(Kind::Lock, lock.keys())
         .await
         .expect_err("no right to alice's nodes");
     assert_eq!(err.kind(), ErrorKind::Backend, "{err}");

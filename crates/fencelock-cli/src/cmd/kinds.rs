@@ -2,12 +2,13 @@
 //! `force-unlock`.
 
 use fencelock::raw::{LockState, RawFair, RawInspect, RawReentrant, RawRwLock, RawSemaphore};
-use fencelock::{FairLock, Lock, ReentrantLock, RwLock, Semaphore};
+use fencelock::{Lock, Semaphore};
 
 use crate::args::Kind;
 use crate::exit::Failure;
 
-/// Every store trait `status` and `force-unlock` need.
+/// Every primitive `run` can take (inspection and force-unlock need only
+/// [`RawInspect`], which takes the kind).
 pub(crate) trait AnyKind:
     RawInspect + RawSemaphore + RawReentrant + RawRwLock + RawFair
 {
@@ -28,12 +29,17 @@ impl Kind {
 
     /// The kind in a sentence: "a lock", "a fair lock", …
     pub(crate) fn described(self) -> &'static str {
+        self.raw().described()
+    }
+
+    /// The library's name of the kind, for [`RawInspect`].
+    pub(crate) fn raw(self) -> fencelock::raw::Kind {
         match self {
-            Kind::Lock => "a lock",
-            Kind::Semaphore => "a semaphore",
-            Kind::Reentrant => "a reentrant lock",
-            Kind::Rwlock => "a read-write lock",
-            Kind::Fair => "a fair lock",
+            Kind::Lock => fencelock::raw::Kind::Lock,
+            Kind::Semaphore => fencelock::raw::Kind::Semaphore,
+            Kind::Reentrant => fencelock::raw::Kind::Reentrant,
+            Kind::Rwlock => fencelock::raw::Kind::RwLock,
+            Kind::Fair => fencelock::raw::Kind::Fair,
         }
     }
 }
@@ -48,7 +54,7 @@ pub(crate) const ALL: [Kind; 5] = [
 ];
 
 /// The permit count stored for the semaphore `name` (`None`: none is stored).
-pub(crate) async fn stored_permits<B: AnyKind>(
+pub(crate) async fn stored_permits<B: RawSemaphore>(
     backend: B,
     prefix: Option<&str>,
     name: &str,
@@ -68,8 +74,10 @@ pub(crate) async fn stored_permits<B: AnyKind>(
 /// a store that finds a value of another type there (Redis: this run's own value, of its
 /// own kind's type) is not an error. What other kinds keep beside the lock key (a
 /// read-write lock's readers) is still seen — except where that kind's state cannot be
-/// read past this run's own value: those kinds are returned second (not checked).
-pub(crate) async fn held_as_others<B: AnyKind>(
+/// read past this run's own value: those kinds are returned second (not checked). Under
+/// a `--prefix` of the user's, only on a store whose kinds are told apart there
+/// ([`RawInspect::KINDS_TOLD_APART_UNDER_ONE_PREFIX`]).
+pub(crate) async fn held_as_others<B: RawInspect>(
     backend: &B,
     mine: Kind,
     prefix: Option<&str>,
@@ -99,21 +107,6 @@ pub(crate) async fn held_as_others<B: AnyKind>(
     Ok((held, unchecked))
 }
 
-/// Whether [`held_as_others`] is made under a `--prefix` of the user's on the store of
-/// `url` (`None`: the default Redis): on Redis and PostgreSQL, where the other kinds'
-/// view of the shared lock key tells this run's own hold apart. Not on zk:// (a read-write
-/// lock's reader shows there as a plain and a fair lock's holder), nor on etcd://, whose
-/// kinds share one queue under a shared prefix the same way, nor on memcache://, whose
-/// kinds share one item there (each kind reads the others' as held, or as not its own).
-pub(crate) fn checked_under_a_prefix(url: Option<&str>) -> bool {
-    !url.is_some_and(|url| {
-        url.starts_with("zk://")
-            || url.starts_with("etcd://")
-            || url.starts_with("memcache://")
-            || url.starts_with("memcached://")
-    })
-}
-
 /// `prefix` if the user chose one (whatever it is), else the kind's default.
 pub(crate) fn prefix_for(kind: Kind, prefix: Option<&str>) -> String {
     if let Some(prefix) = prefix {
@@ -130,7 +123,7 @@ pub(crate) fn prefix_for(kind: Kind, prefix: Option<&str>) -> String {
 }
 
 /// The primitive's lock key and what the store says about it.
-pub(crate) async fn state_of<B: AnyKind>(
+pub(crate) async fn state_of<B: RawInspect>(
     backend: B,
     kind: Kind,
     prefix: Option<&str>,
@@ -140,39 +133,29 @@ pub(crate) async fn state_of<B: AnyKind>(
 }
 
 /// [`state_of`], with the store's error as it is.
-async fn state_raw<B: AnyKind>(
+async fn state_raw<B: RawInspect>(
     backend: B,
     kind: Kind,
     prefix: Option<&str>,
     name: &str,
 ) -> fencelock::Result<(String, LockState)> {
-    let prefix = prefix_for(kind, prefix);
-    Ok(match kind {
-        Kind::Lock => {
-            let lock = Lock::builder(backend, name).prefix(prefix).build()?;
-            (lock.keys().lock().to_owned(), lock.state().await?)
-        }
-        Kind::Semaphore => {
-            let sem = Semaphore::builder(backend, name, 1)
-                .prefix(prefix)
-                .build()?;
-            (sem.keys().lock().to_owned(), sem.state().await?)
-        }
-        Kind::Reentrant => {
-            let lock = ReentrantLock::builder(backend, name)
-                .prefix(prefix)
-                .build()?;
-            (lock.keys().lock().to_owned(), lock.state().await?)
-        }
-        Kind::Rwlock => {
-            let rw = RwLock::builder(backend, name).prefix(prefix).build()?;
-            (rw.keys().lock().to_owned(), rw.state().await?)
-        }
-        Kind::Fair => {
-            let fair = FairLock::builder(backend, name).prefix(prefix).build()?;
-            (fair.keys().lock().to_owned(), fair.state().await?)
-        }
-    })
+    let keys = keys_of(backend.clone(), kind, prefix, name)?;
+    let state = backend.inspect(kind.raw(), &keys).await?;
+    Ok((keys.lock().to_owned(), state))
+}
+
+/// The keys of the primitive `name` of `kind` (every kind lays out its keys as a lock
+/// does, under its own default prefix), checked as its builder checks them.
+fn keys_of<B: RawInspect>(
+    backend: B,
+    kind: Kind,
+    prefix: Option<&str>,
+    name: &str,
+) -> fencelock::Result<fencelock::keys::LockKeys> {
+    let lock = Lock::builder(backend, name)
+        .prefix(prefix_for(kind, prefix))
+        .build()?;
+    Ok(lock.keys().clone())
 }
 
 /// Whether the primitive is held (by anyone) in `state`.
@@ -181,48 +164,12 @@ pub(crate) fn is_held(state: &LockState) -> bool {
 }
 
 /// Deletes every hold of the primitive; whether anything was held.
-pub(crate) async fn force_unlock<B: AnyKind>(
+pub(crate) async fn force_unlock<B: RawInspect>(
     backend: B,
     kind: Kind,
     prefix: Option<&str>,
     name: &str,
 ) -> Result<bool, Failure> {
-    let prefix = prefix_for(kind, prefix);
-    Ok(match kind {
-        Kind::Lock => {
-            Lock::builder(backend, name)
-                .prefix(prefix)
-                .build()?
-                .force_unlock()
-                .await?
-        }
-        Kind::Semaphore => {
-            Semaphore::builder(backend, name, 1)
-                .prefix(prefix)
-                .build()?
-                .force_unlock()
-                .await?
-        }
-        Kind::Reentrant => {
-            ReentrantLock::builder(backend, name)
-                .prefix(prefix)
-                .build()?
-                .force_unlock()
-                .await?
-        }
-        Kind::Rwlock => {
-            RwLock::builder(backend, name)
-                .prefix(prefix)
-                .build()?
-                .force_unlock()
-                .await?
-        }
-        Kind::Fair => {
-            FairLock::builder(backend, name)
-                .prefix(prefix)
-                .build()?
-                .force_unlock()
-                .await?
-        }
-    })
+    let keys = keys_of(backend.clone(), kind, prefix, name)?;
+    Ok(backend.force_unlock(kind.raw(), &keys).await?)
 }

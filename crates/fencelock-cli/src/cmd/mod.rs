@@ -18,7 +18,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use fencelock::backend::Etcd;
 use fencelock::backend::{Memcached, Memory, PgAdvisory, Postgres, Quorum, Redis, ZooKeeper};
 use fencelock::keys::LockKeys;
-use fencelock::raw::{RawInspect, RawLock};
+use fencelock::raw::{RawInspect, RawLock, RawSemaphore};
 use fencelock::{ErrorKind, HolderInfo, Lock, LockGuard, Token};
 use serde::Serialize;
 
@@ -404,7 +404,9 @@ impl Holder {
     }
 }
 
-async fn status_of<B: kinds::AnyKind>(
+/// A semaphore's status shows its stored permit count: the one thing beyond
+/// [`RawInspect`] that status asks of a store.
+async fn status_of<B: RawInspect + RawSemaphore>(
     backend: B,
     kind: Kind,
     prefix: Option<&str>,
@@ -656,7 +658,7 @@ fn last_cell(v: Option<&str>) -> String {
     }
 }
 
-pub(crate) async fn status_cmd<B: kinds::AnyKind>(
+pub(crate) async fn status_cmd<B: RawInspect + RawSemaphore>(
     backend: B,
     args: StatusArgs,
 ) -> Result<u8, Failure> {
@@ -770,7 +772,7 @@ fn listed_kinds(args: &ListArgs) -> Result<Vec<Kind>, Failure> {
 /// `dlock list` on a store with every kind of lock: each held lock of each kind (one
 /// name may be held as several kinds: separate locks), by name, then kind. `layout` is
 /// where the store keeps a plain lock; `redis` where companion keys can look like locks.
-pub(crate) async fn list_every_kind<B: kinds::AnyKind>(
+pub(crate) async fn list_every_kind<B: RawInspect + RawSemaphore>(
     backend: B,
     layout: Layout,
     redis: bool,
@@ -814,7 +816,7 @@ pub(crate) async fn list_every_kind<B: kinds::AnyKind>(
 }
 
 /// `dlock set-permits NAME N`: the semaphore's stored count, for every client.
-pub(crate) async fn set_permits_cmd<B: kinds::AnyKind>(
+pub(crate) async fn set_permits_cmd<B: RawSemaphore>(
     backend: B,
     args: SetPermitsArgs,
 ) -> Result<u8, Failure> {
@@ -906,7 +908,7 @@ fn print_list(rows: &[Status], json: bool) -> Result<u8, Failure> {
     Ok(exit::SUCCESS)
 }
 
-pub(crate) async fn force_unlock_cmd<B: kinds::AnyKind>(
+pub(crate) async fn force_unlock_cmd<B: RawInspect + RawSemaphore>(
     backend: B,
     args: ForceUnlockArgs,
 ) -> Result<u8, Failure> {

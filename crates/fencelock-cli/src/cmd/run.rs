@@ -158,7 +158,7 @@ async fn alone<X: RawLock, B: AnyKind>(
     mine: Kind,
     args: &RunArgs,
 ) -> Option<LockGuard<X>> {
-    if args.store.prefix.is_some() && !kinds::checked_under_a_prefix(args.store.url.as_deref()) {
+    if args.store.prefix.is_some() && !B::KINDS_TOLD_APART_UNDER_ONE_PREFIX {
         if !args.quiet {
             eprintln!(
                 "dlock: note: whether {:?} is also held as another kind of lock was not \

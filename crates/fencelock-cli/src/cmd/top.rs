@@ -15,7 +15,7 @@ use std::os::fd::AsFd;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fencelock::HolderInfo;
-use fencelock::raw::LockState;
+use fencelock::raw::{LockState, RawInspect};
 use nix::sys::signal::Signal;
 use nix::sys::termios::{
     LocalFlags, SetArg, SpecialCharacterIndices, Termios, tcgetattr, tcsetattr,
@@ -78,7 +78,7 @@ fn kind_name(kind: Kind) -> &'static str {
 
 /// `dlock top` on a store with every kind of primitive; `redis` where companion keys can
 /// look like locks (see [`redis_companion`]).
-pub(crate) async fn every_kind<B: kinds::AnyKind>(
+pub(crate) async fn every_kind<B: RawInspect>(
     backend: B,
     redis: bool,
     args: TopArgs,
@@ -142,7 +142,7 @@ fn redis_companion<'a>(prefix: &str, name: &'a str) -> Option<(&'a str, &'a str)
         .then_some((base, word))
 }
 
-impl<B: kinds::AnyKind> Inspector for EveryKind<B> {
+impl<B: RawInspect> Inspector for EveryKind<B> {
     const KINDS: &'static [Kind] = ALL_KINDS;
 
     async fn names(
@@ -203,7 +203,7 @@ impl<B: kinds::AnyKind> Inspector for EveryKind<B> {
 
 /// The names of the held locks of `kind` matching `pattern` (at most `limit`, sorted,
 /// each once), as `top` finds them: for `dlock list`.
-pub(crate) async fn names_of<B: kinds::AnyKind>(
+pub(crate) async fn names_of<B: RawInspect>(
     backend: &B,
     redis: bool,
     kind: Kind,

@@ -13,7 +13,7 @@ use crate::error::Error;
 use crate::error::Result;
 use crate::keys::LockKeys;
 use crate::raw::{
-    Acquire, LockState, RawElection, RawFair, RawFencing, RawInspect, RawLock, RawReentrant,
+    Acquire, Kind, LockState, RawElection, RawFair, RawFencing, RawInspect, RawLock, RawReentrant,
     RawRwLock, RawSemaphore, ReleaseWatch,
 };
 use crate::reentrant::ReentrantEntry;
@@ -404,19 +404,26 @@ impl RawElection for Memory {
 }
 
 impl RawInspect for Memory {
-    async fn inspect(&self, keys: &LockKeys) -> Result<LockState> {
-        let now = Instant::now();
-        let mut state = self.state();
-        let (holder, remaining) = match state.live(keys.lock(), now) {
-            Some(h) => (Some(h.token.as_str().to_owned()), Some(h.expires - now)),
-            None => (None, None),
-        };
-        let fence = state.fences.get(keys.lock()).copied();
-        Ok(LockState::new(holder, remaining, fence))
+    const KINDS_TOLD_APART_UNDER_ONE_PREFIX: bool = true;
+
+    async fn inspect(&self, kind: Kind, keys: &LockKeys) -> Result<LockState> {
+        match kind {
+            Kind::Lock => self.inspect_plain(keys).await,
+            Kind::Semaphore => self.inspect_permits(keys).await,
+            Kind::Reentrant => self.inspect_reentrant(keys).await,
+            Kind::RwLock => self.inspect_rw(keys).await,
+            Kind::Fair => self.inspect_fair(keys).await,
+        }
     }
 
-    async fn force_unlock(&self, keys: &LockKeys) -> Result<bool> {
-        Ok(self.force_delete(keys.lock()))
+    async fn force_unlock(&self, kind: Kind, keys: &LockKeys) -> Result<bool> {
+        match kind {
+            Kind::Lock => self.force_unlock_plain(keys).await,
+            Kind::Semaphore => self.force_unlock_permits(keys).await,
+            Kind::Reentrant => self.force_unlock_reentrant(keys).await,
+            Kind::RwLock => self.force_unlock_rw(keys).await,
+            Kind::Fair => self.force_unlock_fair(keys).await,
+        }
     }
 
     async fn list(&self, prefix: &str, pattern: &str, limit: usize) -> Result<Vec<String>> {
@@ -434,6 +441,24 @@ impl RawInspect for Memory {
                 .collect())
         })
         .await
+    }
+}
+
+/// The plain lock's inspection, for [`RawInspect`].
+impl Memory {
+    pub(crate) async fn inspect_plain(&self, keys: &LockKeys) -> Result<LockState> {
+        let now = Instant::now();
+        let mut state = self.state();
+        let (holder, remaining) = match state.live(keys.lock(), now) {
+            Some(h) => (Some(h.token.as_str().to_owned()), Some(h.expires - now)),
+            None => (None, None),
+        };
+        let fence = state.fences.get(keys.lock()).copied();
+        Ok(LockState::new(holder, remaining, fence))
+    }
+
+    pub(crate) async fn force_unlock_plain(&self, keys: &LockKeys) -> Result<bool> {
+        Ok(self.force_delete(keys.lock()))
     }
 }
 
@@ -533,27 +558,6 @@ impl RawSemaphore for Memory {
         })
     }
 
-    async fn inspect_permits(&self, keys: &LockKeys) -> Result<LockState> {
-        let now = Instant::now();
-        let mut state = self.state();
-        let Some(sem) = state.semaphores.get_mut(keys.lock()) else {
-            return Ok(LockState::new(None, None, None)
-                .with_hold_count(0)
-                .with_holders(0));
-        };
-        let live = sem.live(now);
-        let used: u32 = live.values().map(|(n, _)| n).sum();
-        let last = live.values().map(|(_, e)| *e - now).max();
-        let holders = u32::try_from(live.len()).unwrap_or(u32::MAX);
-        Ok(LockState::new(None, last, None)
-            .with_hold_count(used)
-            .with_holders(holders))
-    }
-
-    async fn force_unlock_permits(&self, keys: &LockKeys) -> Result<bool> {
-        Ok(self.force_delete(keys.lock()))
-    }
-
     async fn add_permits(
         &self,
         keys: &LockKeys,
@@ -586,6 +590,30 @@ impl RawSemaphore for Memory {
             .count = Some(permits);
         state.notify_one(keys.channel());
         Ok(())
+    }
+}
+
+/// Semaphore kind's inspection, for [`RawInspect`](crate::raw::RawInspect).
+impl Memory {
+    pub(crate) async fn inspect_permits(&self, keys: &LockKeys) -> Result<LockState> {
+        let now = Instant::now();
+        let mut state = self.state();
+        let Some(sem) = state.semaphores.get_mut(keys.lock()) else {
+            return Ok(LockState::new(None, None, None)
+                .with_hold_count(0)
+                .with_holders(0));
+        };
+        let live = sem.live(now);
+        let used: u32 = live.values().map(|(n, _)| n).sum();
+        let last = live.values().map(|(_, e)| *e - now).max();
+        let holders = u32::try_from(live.len()).unwrap_or(u32::MAX);
+        Ok(LockState::new(None, last, None)
+            .with_hold_count(used)
+            .with_holders(holders))
+    }
+
+    pub(crate) async fn force_unlock_permits(&self, keys: &LockKeys) -> Result<bool> {
+        Ok(self.force_delete(keys.lock()))
     }
 }
 
@@ -675,8 +703,11 @@ impl RawReentrant for Memory {
             _ => false,
         })
     }
+}
 
-    async fn inspect_reentrant(&self, keys: &LockKeys) -> Result<LockState> {
+/// Reentrant kind's inspection, for [`RawInspect`](crate::raw::RawInspect).
+impl Memory {
+    pub(crate) async fn inspect_reentrant(&self, keys: &LockKeys) -> Result<LockState> {
         let now = Instant::now();
         let mut state = self.state();
         let key = keys.lock();
@@ -688,7 +719,7 @@ impl RawReentrant for Memory {
         })
     }
 
-    async fn force_unlock_reentrant(&self, keys: &LockKeys) -> Result<bool> {
+    pub(crate) async fn force_unlock_reentrant(&self, keys: &LockKeys) -> Result<bool> {
         Ok(self.force_delete(keys.lock()))
     }
 }
@@ -832,8 +863,11 @@ impl RawRwLock for Memory {
         }
         Ok(())
     }
+}
 
-    async fn inspect_rw(&self, keys: &LockKeys) -> Result<LockState> {
+/// RwLock kind's inspection, for [`RawInspect`](crate::raw::RawInspect).
+impl Memory {
+    pub(crate) async fn inspect_rw(&self, keys: &LockKeys) -> Result<LockState> {
         let now = Instant::now();
         let mut state = self.state();
         let key = keys.lock();
@@ -855,7 +889,7 @@ impl RawRwLock for Memory {
             .with_queued(queued))
     }
 
-    async fn force_unlock_rw(&self, keys: &LockKeys) -> Result<bool> {
+    pub(crate) async fn force_unlock_rw(&self, keys: &LockKeys) -> Result<bool> {
         Ok(self.force_delete(keys.lock()))
     }
 }
@@ -966,10 +1000,13 @@ impl RawFair for Memory {
         }
         Ok(())
     }
+}
 
-    async fn inspect_fair(&self, keys: &LockKeys) -> Result<LockState> {
+/// Fair kind's inspection, for [`RawInspect`](crate::raw::RawInspect).
+impl Memory {
+    pub(crate) async fn inspect_fair(&self, keys: &LockKeys) -> Result<LockState> {
         let now = Instant::now();
-        let base = self.inspect(keys).await?;
+        let base = self.inspect_plain(keys).await?;
         let mut state = self.state();
         let queued = state.fair.get_mut(keys.lock()).map_or(0, |q| {
             q.purge(now);
@@ -978,7 +1015,7 @@ impl RawFair for Memory {
         Ok(base.with_queued(u32::try_from(queued).unwrap_or(u32::MAX)))
     }
 
-    async fn force_unlock_fair(&self, keys: &LockKeys) -> Result<bool> {
+    pub(crate) async fn force_unlock_fair(&self, keys: &LockKeys) -> Result<bool> {
         let now = Instant::now();
         let mut state = self.state();
         let live = state

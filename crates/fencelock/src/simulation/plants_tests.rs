@@ -14,7 +14,7 @@ use crate::backend::Memory;
 use crate::engine::{Engine, Renewal};
 use crate::error::{Error, ErrorKind, Result};
 use crate::keys::LockKeys;
-use crate::raw::{Acquire, LockState, RawFair, RawLock, ReleaseWatch};
+use crate::raw::{Acquire, Kind, LockState, RawFair, RawInspect, RawLock, ReleaseWatch};
 use crate::token::Token;
 
 /// A client of an in-process store over a network: requests and replies take as long
@@ -122,6 +122,20 @@ impl RawLock for Net {
     }
 }
 
+impl RawInspect for Net {
+    async fn inspect(&self, kind: Kind, keys: &LockKeys) -> Result<LockState> {
+        self.call(self.store.inspect(kind, keys)).await
+    }
+
+    async fn force_unlock(&self, kind: Kind, keys: &LockKeys) -> Result<bool> {
+        self.call(self.store.force_unlock(kind, keys)).await
+    }
+
+    async fn list(&self, prefix: &str, pattern: &str, limit: usize) -> Result<Vec<String>> {
+        self.store.list(prefix, pattern, limit).await
+    }
+}
+
 impl RawFair for Net {
     async fn acquire_fair(
         &self,
@@ -140,14 +154,6 @@ impl RawFair for Net {
 
     async fn abandon_fair(&self, keys: &LockKeys, token: &Token) -> Result<()> {
         self.call(self.store.abandon_fair(keys, token)).await
-    }
-
-    async fn inspect_fair(&self, keys: &LockKeys) -> Result<LockState> {
-        self.call(self.store.inspect_fair(keys)).await
-    }
-
-    async fn force_unlock_fair(&self, keys: &LockKeys) -> Result<bool> {
-        self.call(self.store.force_unlock_fair(keys)).await
     }
 }
 

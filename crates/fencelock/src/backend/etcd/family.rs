@@ -381,8 +381,11 @@ impl RawSemaphore for Etcd {
         })
         .await
     }
+}
 
-    async fn inspect_permits(&self, keys: &LockKeys) -> Result<LockState> {
+/// Semaphore kind's inspection, for [`RawInspect`](crate::raw::RawInspect).
+impl Etcd {
+    pub(crate) async fn inspect_permits(&self, keys: &LockKeys) -> Result<LockState> {
         let (queue, stored) = self.permit_line(keys).await?;
         let count = stored.map_or(u32::MAX, |(c, _)| c);
         let holds = holding(&queue, count);
@@ -404,7 +407,7 @@ impl RawSemaphore for Etcd {
             .with_queued(u32::try_from(queue.len() - held.len()).unwrap_or(u32::MAX)))
     }
 
-    async fn force_unlock_permits(&self, keys: &LockKeys) -> Result<bool> {
+    pub(crate) async fn force_unlock_permits(&self, keys: &LockKeys) -> Result<bool> {
         // Every key, waiters' too (they queue again): which keys hold cannot be told from
         // the count alone once it was lowered below what is held.
         let (queue, _) = self.permit_line(keys).await?;
@@ -719,8 +722,11 @@ impl RawReentrant for Etcd {
         })
         .await
     }
+}
 
-    async fn inspect_reentrant(&self, keys: &LockKeys) -> Result<LockState> {
+/// Reentrant kind's inspection, for [`RawInspect`](crate::raw::RawInspect).
+impl Etcd {
+    pub(crate) async fn inspect_reentrant(&self, keys: &LockKeys) -> Result<LockState> {
         let queue = self.full_queue(keys).await?;
         let prefix = queue_prefix(keys);
         let Some(head) = queue.first() else {
@@ -735,7 +741,7 @@ impl RawReentrant for Etcd {
         .with_queued(u32::try_from(queue.len() - 1).unwrap_or(u32::MAX)))
     }
 
-    async fn force_unlock_reentrant(&self, keys: &LockKeys) -> Result<bool> {
+    pub(crate) async fn force_unlock_reentrant(&self, keys: &LockKeys) -> Result<bool> {
         let queue = self.full_queue(keys).await?;
         let Some(head) = queue.into_iter().next() else {
             return Ok(false);
@@ -818,7 +824,14 @@ impl RawRwLock for Etcd {
         self.release_rw(keys, token).await.map(|_| ())
     }
 
-    async fn inspect_rw(&self, keys: &LockKeys) -> Result<LockState> {
+    async fn watch_rw(&self, keys: &LockKeys, token: &Token, _write: bool) -> Result<ReleaseWatch> {
+        self.watch_for(keys, token).await
+    }
+}
+
+/// RwLock kind's inspection, for [`RawInspect`](crate::raw::RawInspect).
+impl Etcd {
+    pub(crate) async fn inspect_rw(&self, keys: &LockKeys) -> Result<LockState> {
         let queue = self.full_queue(keys).await?;
         let prefix = queue_prefix(keys);
         let writer = queue.first().filter(|q| is_writer(&q.value));
@@ -845,12 +858,8 @@ impl RawRwLock for Etcd {
         .with_queued(u32::try_from(waiting).unwrap_or(u32::MAX)))
     }
 
-    async fn force_unlock_rw(&self, keys: &LockKeys) -> Result<bool> {
+    pub(crate) async fn force_unlock_rw(&self, keys: &LockKeys) -> Result<bool> {
         let queue = self.full_queue(keys).await?;
         self.delete_all(queue).await
-    }
-
-    async fn watch_rw(&self, keys: &LockKeys, token: &Token, _write: bool) -> Result<ReleaseWatch> {
-        self.watch_for(keys, token).await
     }
 }

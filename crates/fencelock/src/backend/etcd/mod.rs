@@ -148,8 +148,8 @@ use crate::engine::wake::{Registration, Wakes, Watches};
 use crate::error::{Error, ErrorKind, Result};
 use crate::keys::LockKeys;
 use crate::raw::{
-    Acquire, LeaseKind, LockState, RECORD, RawElection, RawFencing, RawInspect, RawLock,
-    RawReentrant, ReleaseWatch, Renewal,
+    Acquire, Kind as Primitive, LeaseKind, LockState, RECORD, RawElection, RawFencing, RawInspect,
+    RawLock, RawReentrant, ReleaseWatch, Renewal,
 };
 use crate::token::Token;
 
@@ -1765,49 +1765,22 @@ pub(crate) fn key_set(primitive: &str, keys: &LockKeys) -> Vec<String> {
 }
 
 impl RawInspect for Etcd {
-    async fn inspect(&self, keys: &LockKeys) -> Result<LockState> {
-        let (prefix, queue) = self.queue(keys).await?;
-        let Some(head) = queue.first() else {
-            return Ok(LockState::new(None, None, None)
-                .with_queued(0)
-                .with_waiting_clients(0));
-        };
-        // Every queued key is a waiting client (each waiter has its own).
-        let waiting = queue.len() - 1;
-        Ok(LockState::new(
-            Some(head.owner(&prefix)),
-            self.lease_remaining(head.lease).await?,
-            u64::try_from(head.created).ok(),
-        )
-        .with_queued(u32::try_from(waiting).unwrap_or(u32::MAX))
-        .with_waiting_clients(waiting as u64))
+    async fn inspect(&self, kind: Primitive, keys: &LockKeys) -> Result<LockState> {
+        match kind {
+            Primitive::Lock | Primitive::Fair => self.inspect_plain(keys).await,
+            Primitive::Semaphore => self.inspect_permits(keys).await,
+            Primitive::Reentrant => self.inspect_reentrant(keys).await,
+            Primitive::RwLock => self.inspect_rw(keys).await,
+        }
     }
 
-    async fn force_unlock(&self, keys: &LockKeys) -> Result<bool> {
-        // The holder may release (and the next take over) between our read and the delete:
-        // then read again.
-        for _ in 0..3 {
-            let (_, queue) = self.queue(keys).await?;
-            let Some(head) = queue.into_iter().next() else {
-                return Ok(false);
-            };
-            let txn = Txn::new()
-                .when([Compare::create_revision(
-                    head.key.clone(),
-                    CompareOp::Equal,
-                    head.created,
-                )])
-                .and_then([TxnOp::delete(head.key.clone(), None)]);
-            let resp = self
-                .call("force-unlocking", |mut c| async move { c.txn(txn).await })
-                .await?;
-            // The key's lease stays: it is its client's session lease (dlock's or etcd's
-            // lock service's), which its other keys may be on.
-            if resp.succeeded() {
-                return Ok(true);
-            }
+    async fn force_unlock(&self, kind: Primitive, keys: &LockKeys) -> Result<bool> {
+        match kind {
+            Primitive::Lock | Primitive::Fair => self.force_unlock_plain(keys).await,
+            Primitive::Semaphore => self.force_unlock_permits(keys).await,
+            Primitive::Reentrant => self.force_unlock_reentrant(keys).await,
+            Primitive::RwLock => self.force_unlock_rw(keys).await,
         }
-        Ok(false)
     }
 
     async fn list(&self, prefix: &str, pattern: &str, limit: usize) -> Result<Vec<String>> {
@@ -1845,6 +1818,54 @@ impl RawInspect for Etcd {
             Ok(names.into_iter().collect())
         })
         .await
+    }
+}
+
+/// The plain lock's inspection, for [`RawInspect`].
+impl Etcd {
+    pub(crate) async fn inspect_plain(&self, keys: &LockKeys) -> Result<LockState> {
+        let (prefix, queue) = self.queue(keys).await?;
+        let Some(head) = queue.first() else {
+            return Ok(LockState::new(None, None, None)
+                .with_queued(0)
+                .with_waiting_clients(0));
+        };
+        // Every queued key is a waiting client (each waiter has its own).
+        let waiting = queue.len() - 1;
+        Ok(LockState::new(
+            Some(head.owner(&prefix)),
+            self.lease_remaining(head.lease).await?,
+            u64::try_from(head.created).ok(),
+        )
+        .with_queued(u32::try_from(waiting).unwrap_or(u32::MAX))
+        .with_waiting_clients(waiting as u64))
+    }
+
+    pub(crate) async fn force_unlock_plain(&self, keys: &LockKeys) -> Result<bool> {
+        // The holder may release (and the next take over) between our read and the delete:
+        // then read again.
+        for _ in 0..3 {
+            let (_, queue) = self.queue(keys).await?;
+            let Some(head) = queue.into_iter().next() else {
+                return Ok(false);
+            };
+            let txn = Txn::new()
+                .when([Compare::create_revision(
+                    head.key.clone(),
+                    CompareOp::Equal,
+                    head.created,
+                )])
+                .and_then([TxnOp::delete(head.key.clone(), None)]);
+            let resp = self
+                .call("force-unlocking", |mut c| async move { c.txn(txn).await })
+                .await?;
+            // The key's lease stays: it is its client's session lease (dlock's or etcd's
+            // lock service's), which its other keys may be on.
+            if resp.succeeded() {
+                return Ok(true);
+            }
+        }
+        Ok(false)
     }
 }
 

@@ -19,7 +19,7 @@ use super::items::{self, CAS_ROUNDS};
 use super::{Memcached, expiry_seconds, get_reply, lease_key, memcached_key, unexpected};
 use crate::error::Result;
 use crate::keys::LockKeys;
-use crate::raw::{Acquire, LockState, RawFair, RawInspect, RawLock};
+use crate::raw::{Acquire, LockState, RawFair, RawLock};
 use crate::token::Token;
 
 /// The line's item: the lock's mapped key plus `~queue`.
@@ -201,16 +201,19 @@ impl RawFair for Memcached {
     async fn abandon_fair(&self, keys: &LockKeys, token: &Token) -> Result<()> {
         self.leave_line(keys, token).await
     }
+}
 
-    async fn inspect_fair(&self, keys: &LockKeys) -> Result<LockState> {
-        let mut state = self.inspect(keys).await?;
+/// Fair kind's inspection, for [`RawInspect`](crate::raw::RawInspect).
+impl Memcached {
+    pub(crate) async fn inspect_fair(&self, keys: &LockKeys) -> Result<LockState> {
+        let mut state = self.inspect_plain(keys).await?;
         let seen = self.see_line(keys).await?;
         state.queued = Some(u32::try_from(seen.live().count()).unwrap_or(u32::MAX));
         Ok(state)
     }
 
-    async fn force_unlock_fair(&self, keys: &LockKeys) -> Result<bool> {
-        self.force_unlock(keys).await
+    pub(crate) async fn force_unlock_fair(&self, keys: &LockKeys) -> Result<bool> {
+        self.force_unlock_plain(keys).await
     }
 }
 

@@ -111,7 +111,7 @@ use crate::engine::Engine;
 use crate::error::{Error, ErrorKind, Result};
 use crate::keys::LockKeys;
 use crate::raw::{
-    Acquire, LockState, RawElection, RawFencing, RawInspect, RawLock, ReleaseWatch, Renewal,
+    Acquire, Kind, LockState, RawElection, RawFencing, RawInspect, RawLock, ReleaseWatch, Renewal,
 };
 use crate::token::Token;
 use crate::validity::Drift;
@@ -979,7 +979,40 @@ impl RawElection for Memcached {
 }
 
 impl RawInspect for Memcached {
-    async fn inspect(&self, keys: &LockKeys) -> Result<LockState> {
+    async fn inspect(&self, kind: Kind, keys: &LockKeys) -> Result<LockState> {
+        match kind {
+            Kind::Lock => self.inspect_plain(keys).await,
+            Kind::Semaphore => self.inspect_permits(keys).await,
+            Kind::Reentrant => self.inspect_reentrant(keys).await,
+            Kind::RwLock => self.inspect_rw(keys).await,
+            Kind::Fair => self.inspect_fair(keys).await,
+        }
+    }
+
+    async fn force_unlock(&self, kind: Kind, keys: &LockKeys) -> Result<bool> {
+        match kind {
+            Kind::Lock => self.force_unlock_plain(keys).await,
+            Kind::Semaphore => self.force_unlock_permits(keys).await,
+            Kind::Reentrant => self.force_unlock_reentrant(keys).await,
+            Kind::RwLock => self.force_unlock_rw(keys).await,
+            Kind::Fair => self.force_unlock_fair(keys).await,
+        }
+    }
+
+    /// Memcached cannot enumerate keys without walking its whole LRU.
+    async fn list(&self, _prefix: &str, pattern: &str, _limit: usize) -> Result<Vec<String>> {
+        crate::observe::listed(self.store_label(), pattern, async move {
+            Err(Error::invalid(
+                "memcached cannot list locks (it has no key iteration)",
+            ))
+        })
+        .await
+    }
+}
+
+/// The plain lock's inspection, for [`RawInspect`].
+impl Memcached {
+    pub(crate) async fn inspect_plain(&self, keys: &LockKeys) -> Result<LockState> {
         let key = memcached_key(keys.lock());
         let held = self.get(&key).await?;
         let fence = self
@@ -998,20 +1031,10 @@ impl RawInspect for Memcached {
         })
     }
 
-    async fn force_unlock(&self, keys: &LockKeys) -> Result<bool> {
+    pub(crate) async fn force_unlock_plain(&self, keys: &LockKeys) -> Result<bool> {
         let key = memcached_key(keys.lock());
         let reply = self.one(format!("md {key}\r\n").into_bytes()).await?;
         Ok(reply.code == "HD")
-    }
-
-    /// Memcached cannot enumerate keys without walking its whole LRU.
-    async fn list(&self, _prefix: &str, pattern: &str, _limit: usize) -> Result<Vec<String>> {
-        crate::observe::listed(self.store_label(), pattern, async move {
-            Err(Error::invalid(
-                "memcached cannot list locks (it has no key iteration)",
-            ))
-        })
-        .await
     }
 }
 

@@ -252,8 +252,11 @@ impl RawReentrant for Memcached {
         }
         Err(items::contended(WHAT))
     }
+}
 
-    async fn inspect_reentrant(&self, keys: &LockKeys) -> Result<LockState> {
+/// Reentrant kind's inspection, for [`RawInspect`](crate::raw::RawInspect).
+impl Memcached {
+    pub(crate) async fn inspect_reentrant(&self, keys: &LockKeys) -> Result<LockState> {
         let fence = self
             .get(&fence_key(keys.lock()))
             .await?
@@ -271,7 +274,7 @@ impl RawReentrant for Memcached {
         })
     }
 
-    async fn force_unlock_reentrant(&self, keys: &LockKeys) -> Result<bool> {
+    pub(crate) async fn force_unlock_reentrant(&self, keys: &LockKeys) -> Result<bool> {
         self.delete_item(&memcached_key(keys.lock())).await
     }
 }

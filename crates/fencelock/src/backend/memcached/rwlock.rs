@@ -25,7 +25,7 @@ use super::items::{self, CAS_ROUNDS};
 use super::{Memcached, Reply, expiry_seconds, get_reply, lease_key, memcached_key, unexpected};
 use crate::error::Result;
 use crate::keys::LockKeys;
-use crate::raw::{Acquire, LockState, RawInspect, RawLock, RawRwLock};
+use crate::raw::{Acquire, LockState, RawLock, RawRwLock};
 use crate::token::Token;
 
 /// The index item: the lock's mapped key plus `~rw`.
@@ -367,9 +367,12 @@ impl RawRwLock for Memcached {
             .await?;
         self.unlist_rw(keys, token.as_str()).await
     }
+}
 
-    async fn inspect_rw(&self, keys: &LockKeys) -> Result<LockState> {
-        let mut state = self.inspect(keys).await?;
+/// RwLock kind's inspection, for [`RawInspect`](crate::raw::RawInspect).
+impl Memcached {
+    pub(crate) async fn inspect_rw(&self, keys: &LockKeys) -> Result<LockState> {
+        let mut state = self.inspect_plain(keys).await?;
         let seen = self.see_rw(keys).await?;
         let live = seen.live();
         state.holders = Some(u32::try_from(live.readers.len()).unwrap_or(u32::MAX));
@@ -385,7 +388,7 @@ impl RawRwLock for Memcached {
         Ok(state)
     }
 
-    async fn force_unlock_rw(&self, keys: &LockKeys) -> Result<bool> {
+    pub(crate) async fn force_unlock_rw(&self, keys: &LockKeys) -> Result<bool> {
         let seen = self.see_rw(keys).await?;
         let live = seen.live();
         let any = seen.writer.is_some() || !live.readers.is_empty();

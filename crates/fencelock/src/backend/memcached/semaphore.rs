@@ -305,8 +305,11 @@ impl RawSemaphore for Memcached {
         })
         .await
     }
+}
 
-    async fn inspect_permits(&self, keys: &LockKeys) -> Result<LockState> {
+/// Semaphore kind's inspection, for [`RawInspect`](crate::raw::RawInspect).
+impl Memcached {
+    pub(crate) async fn inspect_permits(&self, keys: &LockKeys) -> Result<LockState> {
         let read = self.read_semaphore(keys).await?;
         let live = read.alive.iter().flatten().count();
         let latest = read
@@ -330,7 +333,7 @@ impl RawSemaphore for Memcached {
         Ok(state)
     }
 
-    async fn force_unlock_permits(&self, keys: &LockKeys) -> Result<bool> {
+    pub(crate) async fn force_unlock_permits(&self, keys: &LockKeys) -> Result<bool> {
         let read = self.read_semaphore(keys).await?;
         let Some((index, _)) = &read.index else {
             return Ok(false);

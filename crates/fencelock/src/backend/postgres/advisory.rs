@@ -10,7 +10,7 @@ use super::{CALL_TIMEOUT, Connector, check_key, check_read_write, map_err, parse
 use crate::engine::Engine;
 use crate::error::{Error, ErrorKind, Result};
 use crate::keys::LockKeys;
-use crate::raw::{Acquire, LockState, RawInspect, RawLock};
+use crate::raw::{Acquire, Kind, LockState, RawInspect, RawLock};
 use crate::token::Token;
 
 /// A PostgreSQL client whose locks are session advisory locks: exclusive by default,
@@ -369,10 +369,39 @@ impl RawLock for PgAdvisory {
 }
 
 impl RawInspect for PgAdvisory {
+    /// Only the plain lock: advisory locks have no other kind.
+    async fn inspect(&self, kind: Kind, keys: &LockKeys) -> Result<LockState> {
+        match kind {
+            Kind::Lock => self.inspect_plain(keys).await,
+            _ => Err(kind.unsupported(self.store_label())),
+        }
+    }
+
+    /// Only the plain lock: advisory locks have no other kind.
+    async fn force_unlock(&self, kind: Kind, keys: &LockKeys) -> Result<bool> {
+        match kind {
+            Kind::Lock => self.force_unlock_plain(keys).await,
+            _ => Err(kind.unsupported(self.store_label())),
+        }
+    }
+
+    /// Advisory keys are hashes: the names behind them cannot be listed.
+    async fn list(&self, _prefix: &str, pattern: &str, _limit: usize) -> Result<Vec<String>> {
+        crate::observe::listed(self.store_label(), pattern, async move {
+            Err(Error::invalid(
+                "advisory locks cannot be listed: PostgreSQL keeps only their 64-bit hashes",
+            ))
+        })
+        .await
+    }
+}
+
+/// The plain lock's inspection, for [`RawInspect`].
+impl PgAdvisory {
     /// The holder is shown as its session's backend pid (`pid <n>`, or `<n> sessions` for
     /// shared holders); waiting clients are sessions blocked in `pg_advisory_lock` on the
     /// same key (dlock's own waiters poll, and are not counted). No ttl, no fence.
-    async fn inspect(&self, keys: &LockKeys) -> Result<LockState> {
+    pub(crate) async fn inspect_plain(&self, keys: &LockKeys) -> Result<LockState> {
         check_key(keys)?;
         let session = self.session().await?;
         let sql = format!(
@@ -406,7 +435,7 @@ impl RawInspect for PgAdvisory {
 
     /// Terminates the sessions holding the lock (`pg_terminate_backend`): the only way to
     /// take an advisory lock from its holder. Needs the privilege to signal those backends.
-    async fn force_unlock(&self, keys: &LockKeys) -> Result<bool> {
+    pub(crate) async fn force_unlock_plain(&self, keys: &LockKeys) -> Result<bool> {
         check_key(keys)?;
         let session = self.session().await?;
         let sql = format!(
@@ -427,15 +456,5 @@ impl RawInspect for PgAdvisory {
         .map_err(|e| map_err(&e, "force-unlocking an advisory lock"))?;
         self.park(session);
         Ok(row.get::<_, bool>(0))
-    }
-
-    /// Advisory keys are hashes: the names behind them cannot be listed.
-    async fn list(&self, _prefix: &str, pattern: &str, _limit: usize) -> Result<Vec<String>> {
-        crate::observe::listed(self.store_label(), pattern, async move {
-            Err(Error::invalid(
-                "advisory locks cannot be listed: PostgreSQL keeps only their 64-bit hashes",
-            ))
-        })
-        .await
     }
 }

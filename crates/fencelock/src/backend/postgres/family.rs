@@ -10,9 +10,7 @@ use super::{Postgres, WAKE_GRACE, check_key, check_text, fence_of, granted, ttl_
 use crate::engine::LeaseKind;
 use crate::error::{Error, ErrorKind, Result};
 use crate::keys::LockKeys;
-use crate::raw::{
-    Acquire, LockState, RawFair, RawInspect, RawLock, RawReentrant, RawRwLock, RawSemaphore,
-};
+use crate::raw::{Acquire, LockState, RawFair, RawLock, RawReentrant, RawRwLock, RawSemaphore};
 use crate::token::Token;
 
 /// A count from SQL as a `u32`, saturating.
@@ -333,8 +331,11 @@ impl RawSemaphore for Postgres {
         check_key(keys)?;
         self.sem_resize(keys, None, delta, permits, max).await
     }
+}
 
-    async fn inspect_permits(&self, keys: &LockKeys) -> Result<LockState> {
+/// Semaphore kind's inspection, for [`RawInspect`](crate::raw::RawInspect).
+impl Postgres {
+    pub(crate) async fn inspect_permits(&self, keys: &LockKeys) -> Result<LockState> {
         check_key(keys)?;
         let rows = self
             .query(
@@ -352,7 +353,7 @@ impl RawSemaphore for Postgres {
             .with_queued(count(row, 4)))
     }
 
-    async fn force_unlock_permits(&self, keys: &LockKeys) -> Result<bool> {
+    pub(crate) async fn force_unlock_permits(&self, keys: &LockKeys) -> Result<bool> {
         check_key(keys)?;
         self.sem_release(keys, "", "force").await
     }
@@ -404,8 +405,11 @@ impl RawReentrant for Postgres {
         self.extend_kind(LeaseKind::Reentrant, keys, token, ttl)
             .await
     }
+}
 
-    async fn inspect_reentrant(&self, keys: &LockKeys) -> Result<LockState> {
+/// Reentrant kind's inspection, for [`RawInspect`](crate::raw::RawInspect).
+impl Postgres {
+    pub(crate) async fn inspect_reentrant(&self, keys: &LockKeys) -> Result<LockState> {
         check_key(keys)?;
         let rows = self
             .query(
@@ -429,7 +433,7 @@ impl RawReentrant for Postgres {
         })
     }
 
-    async fn force_unlock_reentrant(&self, keys: &LockKeys) -> Result<bool> {
+    pub(crate) async fn force_unlock_reentrant(&self, keys: &LockKeys) -> Result<bool> {
         check_key(keys)?;
         self.re_release(keys, "", "", "force").await
     }
@@ -485,8 +489,11 @@ impl RawRwLock for Postgres {
             .await
             .map(|_| ())
     }
+}
 
-    async fn inspect_rw(&self, keys: &LockKeys) -> Result<LockState> {
+/// RwLock kind's inspection, for [`RawInspect`](crate::raw::RawInspect).
+impl Postgres {
+    pub(crate) async fn inspect_rw(&self, keys: &LockKeys) -> Result<LockState> {
         check_key(keys)?;
         let rows = self
             .query(
@@ -512,7 +519,7 @@ impl RawRwLock for Postgres {
         })
     }
 
-    async fn force_unlock_rw(&self, keys: &LockKeys) -> Result<bool> {
+    pub(crate) async fn force_unlock_rw(&self, keys: &LockKeys) -> Result<bool> {
         check_key(keys)?;
         self.rw_release(keys, "", "force", WAKE_GRACE).await
     }
@@ -553,14 +560,17 @@ impl RawFair for Postgres {
         check_key(keys)?;
         self.abandon(keys, token, Duration::ZERO).await
     }
+}
 
-    async fn inspect_fair(&self, keys: &LockKeys) -> Result<LockState> {
+/// Fair kind's inspection, for [`RawInspect`](crate::raw::RawInspect).
+impl Postgres {
+    pub(crate) async fn inspect_fair(&self, keys: &LockKeys) -> Result<LockState> {
         check_key(keys)?;
-        self.inspect(keys).await
+        self.inspect_plain(keys).await
     }
 
-    async fn force_unlock_fair(&self, keys: &LockKeys) -> Result<bool> {
+    pub(crate) async fn force_unlock_fair(&self, keys: &LockKeys) -> Result<bool> {
         check_key(keys)?;
-        self.force_unlock(keys).await
+        self.force_unlock_plain(keys).await
     }
 }

@@ -175,7 +175,9 @@ use crate::engine::LeaseKind;
 use crate::engine::acquire::{Detached, Gone};
 use crate::error::{Error, ErrorKind, Result};
 use crate::keys::LockKeys;
-use crate::raw::{Acquire, LockState, RawFencing, RawInspect, RawLock, ReleaseWatch, Renewal};
+use crate::raw::{
+    Acquire, Kind, LockState, RawFencing, RawInspect, RawLock, ReleaseWatch, Renewal,
+};
 use crate::token::Token;
 
 mod advisory;
@@ -1404,7 +1406,52 @@ impl Postgres {
 impl RawFencing for Postgres {}
 
 impl RawInspect for Postgres {
-    async fn inspect(&self, keys: &LockKeys) -> Result<LockState> {
+    const KINDS_TOLD_APART_UNDER_ONE_PREFIX: bool = true;
+
+    async fn inspect(&self, kind: Kind, keys: &LockKeys) -> Result<LockState> {
+        match kind {
+            Kind::Lock => self.inspect_plain(keys).await,
+            Kind::Semaphore => self.inspect_permits(keys).await,
+            Kind::Reentrant => self.inspect_reentrant(keys).await,
+            Kind::RwLock => self.inspect_rw(keys).await,
+            Kind::Fair => self.inspect_fair(keys).await,
+        }
+    }
+
+    async fn force_unlock(&self, kind: Kind, keys: &LockKeys) -> Result<bool> {
+        match kind {
+            Kind::Lock => self.force_unlock_plain(keys).await,
+            Kind::Semaphore => self.force_unlock_permits(keys).await,
+            Kind::Reentrant => self.force_unlock_reentrant(keys).await,
+            Kind::RwLock => self.force_unlock_rw(keys).await,
+            Kind::Fair => self.force_unlock_fair(keys).await,
+        }
+    }
+
+    async fn list(&self, prefix: &str, pattern: &str, limit: usize) -> Result<Vec<String>> {
+        check_text(prefix, "key prefix")?;
+        check_text(pattern, "pattern")?;
+        crate::observe::listed(self.store_label(), pattern, async move {
+            let rows = self
+                .query(&self.inner.sql.list, &[&prefix], "listing locks")
+                .await?;
+            Ok(rows
+                .iter()
+                .filter_map(|row| {
+                    let key: String = row.get(0);
+                    let name = key.strip_prefix(prefix)?.to_owned();
+                    super::glob_match(pattern.as_bytes(), name.as_bytes()).then_some(name)
+                })
+                .take(limit)
+                .collect())
+        })
+        .await
+    }
+}
+
+/// The plain lock's inspection, for [`RawInspect`].
+impl Postgres {
+    pub(crate) async fn inspect_plain(&self, keys: &LockKeys) -> Result<LockState> {
         check_key(keys)?;
         let rows = self
             .query(
@@ -1431,29 +1478,9 @@ impl RawInspect for Postgres {
         })
     }
 
-    async fn force_unlock(&self, keys: &LockKeys) -> Result<bool> {
+    pub(crate) async fn force_unlock_plain(&self, keys: &LockKeys) -> Result<bool> {
         check_key(keys)?;
         self.release_lock(keys, "", "force").await
-    }
-
-    async fn list(&self, prefix: &str, pattern: &str, limit: usize) -> Result<Vec<String>> {
-        check_text(prefix, "key prefix")?;
-        check_text(pattern, "pattern")?;
-        crate::observe::listed(self.store_label(), pattern, async move {
-            let rows = self
-                .query(&self.inner.sql.list, &[&prefix], "listing locks")
-                .await?;
-            Ok(rows
-                .iter()
-                .filter_map(|row| {
-                    let key: String = row.get(0);
-                    let name = key.strip_prefix(prefix)?.to_owned();
-                    super::glob_match(pattern.as_bytes(), name.as_bytes()).then_some(name)
-                })
-                .take(limit)
-                .collect())
-        })
-        .await
     }
 }
 

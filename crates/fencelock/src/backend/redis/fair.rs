@@ -9,7 +9,7 @@ use super::decode::typed;
 use super::{Ending, Redis, map_err, not_replicated, parse_acquire, ttl_ms};
 use crate::error::Result;
 use crate::keys::LockKeys;
-use crate::raw::{Acquire, LockState, RawFair, RawInspect};
+use crate::raw::{Acquire, LockState, RawFair};
 use crate::token::Token;
 
 pub(super) fn queue(keys: &LockKeys) -> String {
@@ -73,9 +73,12 @@ impl RawFair for Redis {
             .await
             .map(|_| ())
     }
+}
 
-    async fn inspect_fair(&self, keys: &LockKeys) -> Result<LockState> {
-        let base = self.inspect(keys).await?;
+/// Fair kind's inspection, for [`RawInspect`](crate::raw::RawInspect).
+impl Redis {
+    pub(crate) async fn inspect_fair(&self, keys: &LockKeys) -> Result<LockState> {
+        let base = self.inspect_plain(keys).await?;
         // Waiters whose place lapsed but was not purged yet are counted too.
         let queued: Value = redis::cmd("ZCARD")
             .arg(queue(keys))
@@ -85,7 +88,7 @@ impl RawFair for Redis {
         fair_state(base, &queued)
     }
 
-    async fn force_unlock_fair(&self, keys: &LockKeys) -> Result<bool> {
+    pub(crate) async fn force_unlock_fair(&self, keys: &LockKeys) -> Result<bool> {
         self.fair_release(keys, "", Ending::Force).await
     }
 }

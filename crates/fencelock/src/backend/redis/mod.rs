@@ -79,7 +79,9 @@ use crate::backend::hazard::{self, ConfigHazard};
 use crate::engine::{Engine, LeaseKind};
 use crate::error::{Error, ErrorKind, Result};
 use crate::keys::LockKeys;
-use crate::raw::{Acquire, LockState, RawFencing, RawInspect, RawLock, ReleaseWatch, Renewal};
+use crate::raw::{
+    Acquire, Kind, LockState, RawFencing, RawInspect, RawLock, ReleaseWatch, Renewal,
+};
 use crate::token::Token;
 
 use pubsub::PubSub;
@@ -1454,24 +1456,26 @@ impl RawLock for Redis {
 impl RawFencing for Redis {}
 
 impl RawInspect for Redis {
-    async fn inspect(&self, keys: &LockKeys) -> Result<LockState> {
-        let reply: Vec<redis::Value> = redis::pipe()
-            .atomic()
-            .get(keys.lock())
-            .pttl(keys.lock())
-            .get(keys.fence())
-            .zcard(waiters(keys))
-            .query_async(&mut self.conn())
-            .await
-            .map_err(|e| map_err(e, "inspecting"))?;
-        decode::lock_state(reply)
+    const KINDS_TOLD_APART_UNDER_ONE_PREFIX: bool = true;
+
+    async fn inspect(&self, kind: Kind, keys: &LockKeys) -> Result<LockState> {
+        match kind {
+            Kind::Lock => self.inspect_plain(keys).await,
+            Kind::Semaphore => self.inspect_permits(keys).await,
+            Kind::Reentrant => self.inspect_reentrant(keys).await,
+            Kind::RwLock => self.inspect_rw(keys).await,
+            Kind::Fair => self.inspect_fair(keys).await,
+        }
     }
 
-    /// Deletes the holder (a plain lock's string or a reentrant lock's hash) and hands the
-    /// lock over to the head of the queue (or wakes it), in one script.
-    async fn force_unlock(&self, keys: &LockKeys) -> Result<bool> {
-        self.release_lock(keys, "", Ending::Force, Duration::ZERO)
-            .await
+    async fn force_unlock(&self, kind: Kind, keys: &LockKeys) -> Result<bool> {
+        match kind {
+            Kind::Lock => self.force_unlock_plain(keys).await,
+            Kind::Semaphore => self.force_unlock_permits(keys).await,
+            Kind::Reentrant => self.force_unlock_reentrant(keys).await,
+            Kind::RwLock => self.force_unlock_rw(keys).await,
+            Kind::Fair => self.force_unlock_fair(keys).await,
+        }
     }
 
     async fn list(&self, prefix: &str, pattern: &str, limit: usize) -> Result<Vec<String>> {
@@ -1544,6 +1548,29 @@ impl RawInspect for Redis {
             Ok(names)
         })
         .await
+    }
+}
+
+/// The plain lock's inspection, for [`RawInspect`].
+impl Redis {
+    pub(crate) async fn inspect_plain(&self, keys: &LockKeys) -> Result<LockState> {
+        let reply: Vec<redis::Value> = redis::pipe()
+            .atomic()
+            .get(keys.lock())
+            .pttl(keys.lock())
+            .get(keys.fence())
+            .zcard(waiters(keys))
+            .query_async(&mut self.conn())
+            .await
+            .map_err(|e| map_err(e, "inspecting"))?;
+        decode::lock_state(reply)
+    }
+
+    /// Deletes the holder (a plain lock's string or a reentrant lock's hash) and hands the
+    /// lock over to the head of the queue (or wakes it), in one script.
+    pub(crate) async fn force_unlock_plain(&self, keys: &LockKeys) -> Result<bool> {
+        self.release_lock(keys, "", Ending::Force, Duration::ZERO)
+            .await
     }
 }
 

@@ -12,7 +12,7 @@ use super::{
 };
 use crate::error::{Error, ErrorKind, Result};
 use crate::keys::LockKeys;
-use crate::raw::{Acquire, LockState, RawInspect, RawReentrant};
+use crate::raw::{Acquire, LockState, RawReentrant};
 use crate::token::Token;
 
 impl RawReentrant for Redis {
@@ -108,8 +108,11 @@ impl RawReentrant for Redis {
         }
         Ok(extended == 1)
     }
+}
 
-    async fn inspect_reentrant(&self, keys: &LockKeys) -> Result<LockState> {
+/// Reentrant kind's inspection, for [`RawInspect`](crate::raw::RawInspect).
+impl Redis {
+    pub(crate) async fn inspect_reentrant(&self, keys: &LockKeys) -> Result<LockState> {
         let reply: Vec<Value> = redis::pipe()
             .atomic()
             .hgetall(keys.lock())
@@ -121,8 +124,8 @@ impl RawReentrant for Redis {
         reentrant_state(reply)
     }
 
-    async fn force_unlock_reentrant(&self, keys: &LockKeys) -> Result<bool> {
-        self.force_unlock(keys).await
+    pub(crate) async fn force_unlock_reentrant(&self, keys: &LockKeys) -> Result<bool> {
+        self.force_unlock_plain(keys).await
     }
 }
 

@@ -118,8 +118,11 @@ impl RawRwLock for Redis {
             .map_err(|e| map_err(e, "withdrawing a waiting writer"))?;
         Ok(())
     }
+}
 
-    async fn inspect_rw(&self, keys: &LockKeys) -> Result<LockState> {
+/// RwLock kind's inspection, for [`RawInspect`](crate::raw::RawInspect).
+impl Redis {
+    pub(crate) async fn inspect_rw(&self, keys: &LockKeys) -> Result<LockState> {
         let reply: Vec<Value> = redis::pipe()
             .atomic()
             .get(keys.lock())
@@ -142,7 +145,7 @@ impl RawRwLock for Redis {
         rw_state(reply)
     }
 
-    async fn force_unlock_rw(&self, keys: &LockKeys) -> Result<bool> {
+    pub(crate) async fn force_unlock_rw(&self, keys: &LockKeys) -> Result<bool> {
         let reply: Vec<Value> = redis::pipe()
             .atomic()
             .del(&[keys.lock().to_owned(), readers(keys), writers(keys)])

@@ -148,27 +148,6 @@ impl RawSemaphore for Redis {
         decode::permit_count(&reply, permits)
     }
 
-    async fn inspect_permits(&self, keys: &LockKeys) -> Result<LockState> {
-        let reply: Vec<redis::Value> = redis::pipe()
-            .atomic()
-            .cmd("TIME")
-            .cmd("ZRANGE")
-            .arg(keys.lock())
-            .arg(0)
-            .arg(-1)
-            .arg("WITHSCORES")
-            .hgetall(holders(keys))
-            .query_async(&mut self.conn())
-            .await
-            .map_err(|e| map_err(e, "inspecting a semaphore"))?;
-        decode::permit_snapshot(reply)
-    }
-
-    async fn force_unlock_permits(&self, keys: &LockKeys) -> Result<bool> {
-        self.sem_release(keys, "", Ending::Force, (0, Duration::ZERO))
-            .await
-    }
-
     async fn add_permits(
         &self,
         keys: &LockKeys,
@@ -198,6 +177,30 @@ impl RawSemaphore for Redis {
             )));
         }
         Ok(())
+    }
+}
+
+/// Semaphore kind's inspection, for [`RawInspect`](crate::raw::RawInspect).
+impl Redis {
+    pub(crate) async fn inspect_permits(&self, keys: &LockKeys) -> Result<LockState> {
+        let reply: Vec<redis::Value> = redis::pipe()
+            .atomic()
+            .cmd("TIME")
+            .cmd("ZRANGE")
+            .arg(keys.lock())
+            .arg(0)
+            .arg(-1)
+            .arg("WITHSCORES")
+            .hgetall(holders(keys))
+            .query_async(&mut self.conn())
+            .await
+            .map_err(|e| map_err(e, "inspecting a semaphore"))?;
+        decode::permit_snapshot(reply)
+    }
+
+    pub(crate) async fn force_unlock_permits(&self, keys: &LockKeys) -> Result<bool> {
+        self.sem_release(keys, "", Ending::Force, (0, Duration::ZERO))
+            .await
     }
 }
 

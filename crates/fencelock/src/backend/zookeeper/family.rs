@@ -35,7 +35,7 @@ use super::{parse_node, unescape};
 use crate::error::{Error, ErrorKind, Result};
 use crate::keys::LockKeys;
 use crate::raw::{
-    Acquire, LockState, RawInspect, RawLock, RawReentrant, RawRwLock, RawSemaphore, ReleaseWatch,
+    Acquire, LockState, RawLock, RawReentrant, RawRwLock, RawSemaphore, ReleaseWatch,
 };
 use crate::token::Token;
 
@@ -519,8 +519,11 @@ impl RawReentrant for ZooKeeper {
     ) -> Result<bool> {
         self.extend(keys, token, ttl).await
     }
+}
 
-    async fn inspect_reentrant(&self, keys: &LockKeys) -> Result<LockState> {
+/// Reentrant kind's inspection, for [`RawInspect`](crate::raw::RawInspect).
+impl ZooKeeper {
+    pub(crate) async fn inspect_reentrant(&self, keys: &LockKeys) -> Result<LockState> {
         let s = self.live().await?;
         let dir = dir_path(keys);
         let children = self.children(&s, &dir).await?;
@@ -540,8 +543,8 @@ impl RawReentrant for ZooKeeper {
             .with_queued(u32::try_from(line.len() - 1).unwrap_or(u32::MAX)))
     }
 
-    async fn force_unlock_reentrant(&self, keys: &LockKeys) -> Result<bool> {
-        self.force_unlock(keys).await
+    pub(crate) async fn force_unlock_reentrant(&self, keys: &LockKeys) -> Result<bool> {
+        self.force_unlock_plain(keys).await
     }
 }
 
@@ -639,7 +642,14 @@ impl RawRwLock for ZooKeeper {
         self.release(keys, token).await.map(|_| ())
     }
 
-    async fn inspect_rw(&self, keys: &LockKeys) -> Result<LockState> {
+    async fn watch_rw(&self, keys: &LockKeys, token: &Token, _write: bool) -> Result<ReleaseWatch> {
+        self.watch_for(keys, token).await
+    }
+}
+
+/// RwLock kind's inspection, for [`RawInspect`](crate::raw::RawInspect).
+impl ZooKeeper {
+    pub(crate) async fn inspect_rw(&self, keys: &LockKeys) -> Result<LockState> {
         let s = self.live().await?;
         let dir = dir_path(keys);
         let children = self.children(&s, &dir).await?;
@@ -681,7 +691,7 @@ impl RawRwLock for ZooKeeper {
             .with_queued(waiting))
     }
 
-    async fn force_unlock_rw(&self, keys: &LockKeys) -> Result<bool> {
+    pub(crate) async fn force_unlock_rw(&self, keys: &LockKeys) -> Result<bool> {
         let s = self.live().await?;
         let dir = dir_path(keys);
         let children = self.children(&s, &dir).await?;
@@ -690,10 +700,6 @@ impl RawRwLock for ZooKeeper {
             .map(|(_, n)| n.to_owned())
             .collect();
         self.delete_all(&s, &dir, &names).await
-    }
-
-    async fn watch_rw(&self, keys: &LockKeys, token: &Token, _write: bool) -> Result<ReleaseWatch> {
-        self.watch_for(keys, token).await
     }
 }
 
@@ -802,8 +808,11 @@ impl RawSemaphore for ZooKeeper {
         })
         .await
     }
+}
 
-    async fn inspect_permits(&self, keys: &LockKeys) -> Result<LockState> {
+/// Semaphore kind's inspection, for [`RawInspect`](crate::raw::RawInspect).
+impl ZooKeeper {
+    pub(crate) async fn inspect_permits(&self, keys: &LockKeys) -> Result<LockState> {
         let s = self.live().await?;
         let dir = dir_path(keys);
         let count = self.permit_count(&s, &dir).await?.0;
@@ -821,7 +830,7 @@ impl RawSemaphore for ZooKeeper {
             .with_queued(u32::try_from(line.len() - holding.len()).unwrap_or(u32::MAX)))
     }
 
-    async fn force_unlock_permits(&self, keys: &LockKeys) -> Result<bool> {
+    pub(crate) async fn force_unlock_permits(&self, keys: &LockKeys) -> Result<bool> {
         let s = self.live().await?;
         let dir = dir_path(keys);
         // Every node, waiters' too (they queue again): which nodes hold cannot be told

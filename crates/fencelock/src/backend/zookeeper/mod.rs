@@ -112,7 +112,7 @@ use crate::engine::wake::{Registration, Wakes, Watches};
 use crate::engine::{Engine, Renewal};
 use crate::error::{Error, ErrorKind, Result};
 use crate::keys::LockKeys;
-use crate::raw::{Acquire, LockState, RawFencing, RawInspect, RawLock, ReleaseWatch};
+use crate::raw::{Acquire, Kind, LockState, RawFencing, RawInspect, RawLock, ReleaseWatch};
 use crate::token::Token;
 
 mod election;
@@ -1541,52 +1541,22 @@ impl Drop for Following {
 impl RawFencing for ZooKeeper {}
 
 impl RawInspect for ZooKeeper {
-    async fn inspect(&self, keys: &LockKeys) -> Result<LockState> {
-        let s = self.live().await?;
-        let dir = dir_path(keys);
-        let children = self.children(&s, &dir).await?;
-        let line = in_line(&children);
-        let Some((_, head)) = line.first() else {
-            return Ok(LockState::new(None, None, None)
-                .with_queued(0)
-                .with_waiting_clients(0));
-        };
-        let fence = self
-            .call(
-                "reading a lock node",
-                s.client.check_stat(&format!("{dir}/{head}")),
-            )
-            .await?
-            .map(|st| u64::try_from(st.czxid).unwrap_or(0));
-        let holder = parse_child(head).and_then(|(t, _)| unescape(t));
-        let waiting = line.len() - 1;
-        Ok(LockState::new(holder, None, fence)
-            .with_queued(u32::try_from(waiting).unwrap_or(u32::MAX))
-            .with_waiting_clients(waiting as u64))
+    async fn inspect(&self, kind: Kind, keys: &LockKeys) -> Result<LockState> {
+        match kind {
+            Kind::Lock | Kind::Fair => self.inspect_plain(keys).await,
+            Kind::Semaphore => self.inspect_permits(keys).await,
+            Kind::Reentrant => self.inspect_reentrant(keys).await,
+            Kind::RwLock => self.inspect_rw(keys).await,
+        }
     }
 
-    async fn force_unlock(&self, keys: &LockKeys) -> Result<bool> {
-        let s = self.live().await?;
-        let dir = dir_path(keys);
-        for _ in 0..3 {
-            let children = self.children(&s, &dir).await?;
-            let Some((_, head)) = in_line(&children).first().copied() else {
-                return Ok(false);
-            };
-            match self
-                .call(
-                    "force-unlocking",
-                    s.client.delete(&format!("{dir}/{head}"), None),
-                )
-                .await
-            {
-                Ok(()) => return Ok(true),
-                // Released meanwhile: look again.
-                Err(e) if is(&e, &zk::Error::NoNode) => {}
-                Err(e) => return Err(e),
-            }
+    async fn force_unlock(&self, kind: Kind, keys: &LockKeys) -> Result<bool> {
+        match kind {
+            Kind::Lock | Kind::Fair => self.force_unlock_plain(keys).await,
+            Kind::Semaphore => self.force_unlock_permits(keys).await,
+            Kind::Reentrant => self.force_unlock_reentrant(keys).await,
+            Kind::RwLock => self.force_unlock_rw(keys).await,
         }
-        Ok(false)
     }
 
     async fn list(&self, prefix: &str, pattern: &str, limit: usize) -> Result<Vec<String>> {
@@ -1630,6 +1600,57 @@ impl RawInspect for ZooKeeper {
             Ok(names)
         })
         .await
+    }
+}
+
+/// The plain lock's inspection, for [`RawInspect`].
+impl ZooKeeper {
+    pub(crate) async fn inspect_plain(&self, keys: &LockKeys) -> Result<LockState> {
+        let s = self.live().await?;
+        let dir = dir_path(keys);
+        let children = self.children(&s, &dir).await?;
+        let line = in_line(&children);
+        let Some((_, head)) = line.first() else {
+            return Ok(LockState::new(None, None, None)
+                .with_queued(0)
+                .with_waiting_clients(0));
+        };
+        let fence = self
+            .call(
+                "reading a lock node",
+                s.client.check_stat(&format!("{dir}/{head}")),
+            )
+            .await?
+            .map(|st| u64::try_from(st.czxid).unwrap_or(0));
+        let holder = parse_child(head).and_then(|(t, _)| unescape(t));
+        let waiting = line.len() - 1;
+        Ok(LockState::new(holder, None, fence)
+            .with_queued(u32::try_from(waiting).unwrap_or(u32::MAX))
+            .with_waiting_clients(waiting as u64))
+    }
+
+    pub(crate) async fn force_unlock_plain(&self, keys: &LockKeys) -> Result<bool> {
+        let s = self.live().await?;
+        let dir = dir_path(keys);
+        for _ in 0..3 {
+            let children = self.children(&s, &dir).await?;
+            let Some((_, head)) = in_line(&children).first().copied() else {
+                return Ok(false);
+            };
+            match self
+                .call(
+                    "force-unlocking",
+                    s.client.delete(&format!("{dir}/{head}"), None),
+                )
+                .await
+            {
+                Ok(()) => return Ok(true),
+                // Released meanwhile: look again.
+                Err(e) if is(&e, &zk::Error::NoNode) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(false)
     }
 }
 
