@@ -11,6 +11,7 @@ mod fenced;
 mod hazards;
 mod kinds;
 mod memcached;
+mod memcached_eviction;
 mod memory;
 mod namespace;
 mod observe;
