@@ -65,7 +65,9 @@
 //! counter lives in memcached's memory — a restart, `flush_all` or an LRU eviction of the
 //! counter resets it to 1, and fences then repeat. Eviction can also drop a held lock key
 //! early under memory pressure: the holder learns it at its next renewal (`lost()`
-//! fires), while another holder may already have been granted. Run memcached with `-M`
+//! fires), while another holder may already have been granted. So does the eviction of
+//! a semaphore's or a read-write lock's index item for the permit holders and readers it
+//! listed: they renew only while the index lists them. Run memcached with `-M`
 //! (no evictions: a full cache refuses new items, so acquires fail instead of held locks
 //! vanishing) and memory to spare, or use Redis with persistence where fencing must
 //! survive. On connect the client reads `stats settings` and reports a server that

@@ -17,6 +17,14 @@
 //! holder's remaining ttl plus the writer grace, renewed by its attempts), which holds new
 //! readers back (writers first) and lapses by itself if the writer crashed.
 //!
+//! **A lost index** (evicted, flushed or deleted while readers hold): the next attempt
+//! finds none and starts a new one, without them. A reader renews its lease only while
+//! the index lists it, so each loses its hold at its next renewal (`lost()` fires, its
+//! lease item is deleted); until then — at most a third of the ttl, the watchdog's
+//! interval — a writer granted since may hold beside them, as a plain lock's evicted key
+//! may (see [fences](crate::backend::memcached#fences)). A writer's hold lives in its own item, which readers
+//! check directly: a lost index lets no reader beside it.
+//!
 //! Waiters poll (memcached has no notifications).
 
 use std::time::Duration;
@@ -331,13 +339,29 @@ impl RawRwLock for Memcached {
         Ok(released)
     }
 
+    /// The writer renews the plain lock's item (readers check that item itself, not the
+    /// index). A reader renews its lease item only while the index still lists it as a
+    /// reader: one the index no longer lists (the index was evicted, flushed or deleted,
+    /// and maybe started again by a writer's grant) loses its hold (its lease item is
+    /// deleted) rather than read beside a writer granted since.
     async fn extend_rw(&self, keys: &LockKeys, token: &Token, ttl: Duration) -> Result<bool> {
         let secs = expiry_seconds(ttl)?;
         if self.extend(keys, token, ttl).await? {
             return Ok(true);
         }
-        self.extend_item(&reader_key(keys.lock(), token.as_str()), token, secs)
-            .await
+        let me = reader_key(keys.lock(), token.as_str());
+        let listed = match self.get(&index_key(keys.lock())).await? {
+            Some((value, _, _)) => Index::decode(&value)?
+                .readers
+                .iter()
+                .any(|t| t == token.as_str()),
+            None => false,
+        };
+        if !listed {
+            self.release_item(&me, token).await?;
+            return Ok(false);
+        }
+        self.extend_item(&me, token, secs).await
     }
 
     async fn downgrade_rw(&self, keys: &LockKeys, token: &Token, ttl: Duration) -> Result<bool> {
