@@ -19,7 +19,10 @@ const TTL: Duration = Duration::from_secs(3);
 
 /// Deletes memcached item `item` (already a memcached key) with a raw `md`.
 fn delete_item(target: &MemcachedTarget, item: &str) {
-    let reply = target.server.command(&format!("md {item}\r\n")).expect("md");
+    let reply = target
+        .server
+        .command(&format!("md {item}\r\n"))
+        .expect("md");
     assert!(reply.starts_with("HD"), "the item was there: {reply}");
 }
 

@@ -692,7 +692,11 @@ mod tests {
             let f = run(kind, &history, &[], &[], &none);
             assert_eq!((f.overlaps, f.unexcused_overlaps), (1, 1), "{kind:?}");
             // The reader overlaps both writers.
-            assert_eq!((f.read_overlaps, f.unexcused_read_overlaps), (2, 2), "{kind:?}");
+            assert_eq!(
+                (f.read_overlaps, f.unexcused_read_overlaps),
+                (2, 2),
+                "{kind:?}"
+            );
             assert!(!f.verdict_ok, "{kind:?}: {}", f.verdict);
             // memcached's expiry follows its monotonic clock: a jump excuses nothing.
             let f = run(kind, &history, &at(Fault::ClockJump), &[], &none);

@@ -821,9 +821,7 @@ impl RawLock for Memcached {
         for (i, r) in renewals.iter().enumerate() {
             let family = match r.kind {
                 LeaseKind::Permits => Some(self.extend_permits(&r.keys, &r.token, r.ttl).await),
-                LeaseKind::Reentrant => {
-                    Some(self.extend_reentrant(&r.keys, &r.token, r.ttl).await)
-                }
+                LeaseKind::Reentrant => Some(self.extend_reentrant(&r.keys, &r.token, r.ttl).await),
                 LeaseKind::ReadWrite => Some(self.extend_rw(&r.keys, &r.token, r.ttl).await),
                 _ => None,
             };
