@@ -163,15 +163,23 @@ impl Seen {
 }
 
 impl Memcached {
-    /// The writer's item and the index in one round trip, the listed items in another.
+    /// The index and the writer's item in one round trip, the listed items in another.
+    ///
+    /// The index is read **before** the writer's item (memcached runs the two reads one
+    /// after the other, not at once): a writer adds its item before it lists itself, so a
+    /// reader that then finds no item under the version it read either writes before the
+    /// writer's listing (which then fails its CAS) or fails its own. Read the other way
+    /// round, a reader could miss the item of a writer granted between its two reads and
+    /// write the index without it, under the version the writer had just written — a
+    /// reader beside a writer (`memcached-family-fenced` in the torture harness found it).
     async fn see_rw(&self, keys: &LockKeys) -> Result<Seen> {
         let request = format!(
-            "mg {} v t\r\nmg {} v c\r\n",
-            memcached_key(keys.lock()),
-            index_key(keys.lock())
+            "mg {} v c\r\nmg {} v t\r\n",
+            index_key(keys.lock()),
+            memcached_key(keys.lock())
         );
         let replies = self.call(request.into_bytes(), 2).await?;
-        let [held, listed] =
+        let [listed, held] =
             <[Reply; 2]>::try_from(replies).map_err(|_| unexpected("mg", "too few replies"))?;
         let writer = get_reply(held)?.map(|(v, _, t)| (v, t.and_then(|t| u64::try_from(t).ok())));
         let Some((value, cas, _)) = get_reply(listed)? else {
