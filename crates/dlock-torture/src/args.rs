@@ -142,6 +142,8 @@ pub(crate) struct TortureArgs {
     /// RedLock quorum over 5 redis-servers of its own, unfenced; 24 s under --quick),
     /// memcached-fenced (a memcached of its own,
     /// ttl at least 2 s; 30 s under --quick; skipped by `all` if memcached is missing),
+    /// memcached-family-fenced (the same server and faults, the read-write lock: writers
+    /// fenced, readers beside them),
     /// etcd-fenced (a 3-member etcd cluster of its own whose leader is killed and
     /// restarted, ttl at least 2 s; 30 s under --quick; skipped by `all` if etcd is
     /// missing; only in a harness built with `--features etcd`), etcd-family-fenced (the

@@ -51,6 +51,7 @@ pub(crate) enum Kind {
     RunSupervisedZookeeper,
     RunUnsupervised,
     EtcdFamilyFenced,
+    MemcachedFamilyFenced,
 }
 
 /// How many independent masters the `redlock` kinds run over.
@@ -115,7 +116,7 @@ pub(crate) const NO_ETCD: &str = "this dlock-torture was built without etcd supp
      etcd`), which needs protoc, the Protocol Buffers compiler, on PATH";
 
 impl Kind {
-    pub(crate) const ALL: [Kind; 25] = [
+    pub(crate) const ALL: [Kind; 26] = [
         Kind::Dlock,
         Kind::DlockFenced,
         Kind::FairFenced,
@@ -128,6 +129,7 @@ impl Kind {
         Kind::SentinelWaitFenced,
         Kind::ClusterFenced,
         Kind::MemcachedFenced,
+        Kind::MemcachedFamilyFenced,
         Kind::EtcdFenced,
         Kind::EtcdFamilyFenced,
         Kind::PostgresFenced,
@@ -158,6 +160,7 @@ impl Kind {
             Kind::SentinelWaitFenced => "sentinel-wait-fenced",
             Kind::ClusterFenced => "cluster-fenced",
             Kind::MemcachedFenced => "memcached-fenced",
+            Kind::MemcachedFamilyFenced => "memcached-family-fenced",
             Kind::EtcdFenced => "etcd-fenced",
             Kind::EtcdFamilyFenced => "etcd-family-fenced",
             Kind::PostgresFenced => "postgres-fenced",
@@ -213,6 +216,7 @@ impl Kind {
                 | Kind::ReentrantFenced
                 | Kind::ElectionFenced
                 | Kind::MemcachedFenced
+                | Kind::MemcachedFamilyFenced
                 | Kind::EtcdFenced
                 | Kind::EtcdFamilyFenced
                 | Kind::PostgresFenced
@@ -236,6 +240,7 @@ impl Kind {
                 | Kind::SentinelWaitFenced
                 | Kind::ClusterFenced
                 | Kind::MemcachedFenced
+                | Kind::MemcachedFamilyFenced
                 | Kind::EtcdFenced
                 | Kind::EtcdFamilyFenced
                 | Kind::PostgresFenced
@@ -251,7 +256,9 @@ impl Kind {
     pub(crate) fn ttl(self, ttl: Duration) -> Duration {
         match self {
             k if k.runs_commands() => ttl.max(RUN_MIN_TTL),
-            Kind::MemcachedFenced => ttl.max(fencelock::backend::memcached::MIN_TTL),
+            Kind::MemcachedFenced | Kind::MemcachedFamilyFenced => {
+                ttl.max(fencelock::backend::memcached::MIN_TTL)
+            }
             Kind::EtcdFenced | Kind::EtcdFamilyFenced => ttl.max(ETCD_MIN_TTL),
             Kind::ZookeeperFenced => ttl.max(ZOOKEEPER_MIN_TTL),
             Kind::RedlockImmediateRestart | Kind::RedlockDelayedRestart => {
@@ -270,6 +277,7 @@ impl Kind {
     pub(crate) fn expiry_slack(self) -> Duration {
         match self {
             Kind::MemcachedFenced
+            | Kind::MemcachedFamilyFenced
             | Kind::EtcdFenced
             | Kind::EtcdFamilyFenced
             | Kind::ZookeeperFenced
@@ -287,7 +295,7 @@ impl Kind {
             Kind::Memory => fault == Fault::Pause,
             // The `dlock` process paused (not its command), or cut off from the store.
             k if k.runs_commands() => matches!(fault, Fault::Pause | Fault::Blackhole),
-            Kind::MemcachedFenced => !matches!(
+            Kind::MemcachedFenced | Kind::MemcachedFamilyFenced => !matches!(
                 fault,
                 Fault::Freeze | Fault::ClientPause | Fault::ScriptFlush | Fault::Failover
             ),
@@ -350,6 +358,7 @@ impl Kind {
             ),
             Kind::PostgresFenced => !matches!(fault, Fault::Close | Fault::Delay),
             Kind::MemcachedFenced
+            | Kind::MemcachedFamilyFenced
             | Kind::EtcdFenced
             | Kind::EtcdFamilyFenced
             | Kind::ZookeeperFenced => matches!(
@@ -434,7 +443,9 @@ impl Kind {
     pub(crate) fn lock_prefix(self) -> &'static str {
         match self {
             Kind::FairFenced => fencelock::DEFAULT_FAIR_PREFIX,
-            Kind::RwlockFenced | Kind::EtcdFamilyFenced => fencelock::DEFAULT_RWLOCK_PREFIX,
+            Kind::RwlockFenced | Kind::EtcdFamilyFenced | Kind::MemcachedFamilyFenced => {
+                fencelock::DEFAULT_RWLOCK_PREFIX
+            }
             Kind::ReentrantFenced => fencelock::DEFAULT_REENTRANT_PREFIX,
             Kind::ElectionFenced => fencelock::DEFAULT_ELECTION_PREFIX,
             _ => "",

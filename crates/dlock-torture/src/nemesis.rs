@@ -52,6 +52,7 @@ pub(crate) fn plan(config: &Config, kind: Kind) -> (Vec<Fault>, Duration) {
         Kind::Redlock => Duration::from_secs(24),
         // Room for their four quick faults, three of their 2 s ttls apart.
         Kind::MemcachedFenced
+        | Kind::MemcachedFamilyFenced
         | Kind::EtcdFenced
         | Kind::EtcdFamilyFenced
         | Kind::ZookeeperFenced => Duration::from_secs(30),

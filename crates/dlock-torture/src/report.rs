@@ -202,7 +202,7 @@ pub(crate) fn print_summary(reports: &[KindReport]) {
                 "", f.late_writes, f.late_writes_background, f.latest_late_write_ms,
             );
         }
-        if f.kind == Kind::MemcachedFenced {
+        if matches!(f.kind, Kind::MemcachedFenced | Kind::MemcachedFamilyFenced) {
             println!(
                 "{:<16} restarts {} (fences start over at 1), fenced writes refused after one {}, overlaps only a restart explains {}",
                 "",

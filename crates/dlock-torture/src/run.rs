@@ -102,9 +102,9 @@ pub(crate) async fn setup(args: &TortureArgs) -> Result<Setup, Failure> {
             let own = match given {
                 Some(Given::Postgres) => "",
                 _ => {
-                    " (the redlock, sentinel, cluster, memcached-fenced, etcd-fenced, \
-                     etcd-family-fenced, postgres-fenced and zookeeper-fenced kinds run on \
-                     servers of their own)"
+                    " (the redlock, sentinel, cluster, memcached-fenced, \
+                     memcached-family-fenced, etcd-fenced, etcd-family-fenced, \
+                     postgres-fenced and zookeeper-fenced kinds run on servers of their own)"
                 }
             };
             eprintln!(
@@ -373,6 +373,10 @@ pub(crate) async fn run_kinds(
                 "  (a memcached of its own, ttl {})",
                 humantime::format_duration(kind.ttl(config.ttl))
             ),
+            Kind::MemcachedFamilyFenced => format!(
+                "  (a read-write lock on a memcached of its own, ttl {})",
+                humantime::format_duration(kind.ttl(config.ttl))
+            ),
             Kind::PostgresFenced if config.on_given(kind) => format!(
                 "  (on {}: not restarted, frozen or its clock moved, as dlock does not own it)",
                 exit::redact(&lock_server.url())
@@ -452,7 +456,7 @@ pub(crate) async fn run_kinds(
                 let store = Store::Cluster(cluster);
                 run_workers(config, kind, &kind_faults, duration, store, resource_server).await?
             }
-            Kind::MemcachedFenced => {
+            Kind::MemcachedFenced | Kind::MemcachedFamilyFenced => {
                 let started = match &kind_clock {
                     Some(clock) => MemcachedServer::start_with_clock(clock, &[]),
                     None => MemcachedServer::start(),

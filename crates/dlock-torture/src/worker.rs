@@ -231,6 +231,19 @@ pub(crate) async fn run(args: TortureWorkerArgs) -> Result<u8, Failure> {
             worker.run_dlock(&lock, None, false, fence_of).await;
             return Ok(exit::SUCCESS);
         }
+        // The read-write lock (writers fenced, readers beside them) on memcached's index
+        // item and lease items.
+        Kind::MemcachedFamilyFenced => {
+            let memcached = Memcached::connect(&args.lock_url).await?;
+            let rw = RwLock::builder(memcached, name)
+                .prefix(prefix)
+                .ttl(ttl)
+                .build()?;
+            worker
+                .run_dlock_with(rw.write_lock(), Some(rw.read_lock()), false, fence_of)
+                .await;
+            return Ok(exit::SUCCESS);
+        }
         Kind::PostgresFenced => {
             let postgres = connect_retrying(|| Postgres::connect(&args.lock_url)).await?;
             let lock = Lock::builder(postgres, name)

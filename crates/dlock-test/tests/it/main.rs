@@ -12,6 +12,7 @@ mod hazards;
 mod inspect_kinds;
 mod kinds;
 mod memcached;
+mod memcached_eviction;
 mod memory;
 mod namespace;
 mod observe;

@@ -675,6 +675,47 @@ mod tests {
     }
 
     #[test]
+    fn the_family_kinds_fail_on_a_planted_overlap_that_no_fault_of_theirs_excuses() {
+        // A reader inside a writer's hold, and a second writer inside it.
+        let mut history = vec![
+            (0, acq(10, 1)),
+            (0, Step::Releasing { t: 20 }),
+            (1, Step::ReadAcquired { t: 15 }),
+            (1, Step::ReadReleasing { t: 25 }),
+            (2, acq(18, 2)),
+            (2, Step::Releasing { t: 30 }),
+        ];
+        history.sort_by_key(|(_, s)| step_time(s));
+        let none = Resources::default();
+        let at = |fault| [window(fault, None, 12, 16)];
+        for kind in [Kind::MemcachedFamilyFenced, Kind::EtcdFamilyFenced] {
+            let f = run(kind, &history, &[], &[], &none);
+            assert_eq!((f.overlaps, f.unexcused_overlaps), (1, 1), "{kind:?}");
+            // The reader overlaps both writers.
+            assert_eq!(
+                (f.read_overlaps, f.unexcused_read_overlaps),
+                (2, 2),
+                "{kind:?}"
+            );
+            assert!(!f.verdict_ok, "{kind:?}: {}", f.verdict);
+            // memcached's expiry follows its monotonic clock: a jump excuses nothing.
+            let f = run(kind, &history, &at(Fault::ClockJump), &[], &none);
+            assert_eq!(f.unexcused_read_overlaps, 2, "{kind:?}");
+            assert!(!f.verdict_ok, "{kind:?}: {}", f.verdict);
+        }
+        // A memcached restart forgets every item: the overlaps it explains are excused.
+        let f = run(
+            Kind::MemcachedFamilyFenced,
+            &history,
+            &at(Fault::Restart),
+            &[],
+            &none,
+        );
+        assert_eq!((f.unexcused_overlaps, f.unexcused_read_overlaps), (0, 0));
+        assert!(f.verdict_ok, "{}", f.verdict);
+    }
+
+    #[test]
     fn a_reentry_under_another_fence_fails_unless_the_hold_lapsed_or_a_restart_explains_it() {
         let reentered = |fence: Option<u64>, lapsed: bool| {
             vec![

@@ -50,6 +50,7 @@ pub(crate) fn verdict(f: &mut Findings) {
             | Kind::ElectionFenced
             | Kind::Redlock
             | Kind::MemcachedFenced
+            | Kind::MemcachedFamilyFenced
             | Kind::EtcdFenced
             | Kind::EtcdFamilyFenced
             | Kind::PostgresFenced

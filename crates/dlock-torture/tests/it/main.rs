@@ -8,6 +8,7 @@ use std::time::Duration;
 use dlock_test::server::{RedisServer, free_port};
 
 mod etcd_family;
+mod memcached_family;
 mod secrets;
 mod supervised;
 

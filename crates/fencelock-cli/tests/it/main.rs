@@ -10,7 +10,7 @@ use dlock_test::server::{RedisServer, free_port};
 mod contact;
 mod elect;
 mod elect_supervise;
-mod etcd_family;
+mod family;
 mod first_contact;
 mod harness;
 mod hazards;

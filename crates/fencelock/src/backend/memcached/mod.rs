@@ -11,8 +11,9 @@
 //! * **Extend** is compare-and-set by CAS: `ms <key> … C<cas> MS` with our token again and
 //!   the new expiry.
 //! * **Renewal** of many leases (the watchdog's [`extend_many`](RawLock::extend_many)) is
-//!   two pipelined round trips on one connection for the whole batch: every `mg`, then
-//!   every CAS-checked `ms`.
+//!   two pipelined round trips on one connection for the batch's plain locks: every
+//!   `mg`, then every CAS-checked `ms` (the family's leases, in items of their own, are
+//!   renewed each by its primitive's extend).
 //! * **No notification**: memcached has no pub/sub; waiters retry with jittered
 //!   exponential backoff (10 ms doubling to 500 ms, [`Retry`](crate::Retry)) and at the
 //!   holder's remaining ttl.
@@ -64,7 +65,9 @@
 //! counter lives in memcached's memory — a restart, `flush_all` or an LRU eviction of the
 //! counter resets it to 1, and fences then repeat. Eviction can also drop a held lock key
 //! early under memory pressure: the holder learns it at its next renewal (`lost()`
-//! fires), while another holder may already have been granted. Run memcached with `-M`
+//! fires), while another holder may already have been granted. So does the eviction of
+//! a semaphore's or a read-write lock's index item for the permit holders and readers it
+//! listed: they renew only while the index lists them. Run memcached with `-M`
 //! (no evictions: a full cache refuses new items, so acquires fail instead of held locks
 //! vanishing) and memory to spare, or use Redis with persistence where fencing must
 //! survive. On connect the client reads `stats settings` and reports a server that
@@ -107,11 +110,12 @@ use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
 use crate::backend::hazard::{self, ConfigHazard};
-use crate::engine::Engine;
+use crate::engine::{Engine, LeaseKind};
 use crate::error::{Error, ErrorKind, Result};
 use crate::keys::LockKeys;
 use crate::raw::{
-    Acquire, Kind, LockState, RawElection, RawFencing, RawInspect, RawLock, ReleaseWatch, Renewal,
+    Acquire, Kind, LockState, RawElection, RawFencing, RawInspect, RawLock, RawReentrant,
+    RawRwLock, RawSemaphore, ReleaseWatch, Renewal,
 };
 use crate::token::Token;
 use crate::validity::Drift;
@@ -805,14 +809,26 @@ impl RawLock for Memcached {
             .await
     }
 
-    /// Two pipelined round trips on one connection for the whole batch: every `mg`
-    /// (value + CAS), then a CAS-checked `ms` for each key that still holds its token. A
-    /// key that changed between the two (rare: `EX`) is renewed on its own by
-    /// [`extend`](RawLock::extend).
+    /// Two pipelined round trips on one connection for the plain locks of the batch:
+    /// every `mg` (value + CAS), then a CAS-checked `ms` for each key that still holds its
+    /// token. A key that changed between the two (rare: `EX`) is renewed on its own by
+    /// [`extend`](RawLock::extend). The family's leases (a permit holder's, a reader's
+    /// or a writer's, a reentrant hold) live in other items: each is renewed by its
+    /// primitive's own extend.
     async fn extend_many(&self, renewals: &[Renewal]) -> Vec<Result<bool>> {
         let mut out: Vec<Option<Result<bool>>> = Vec::with_capacity(renewals.len());
         let mut todo = Vec::new(); // (index, key, secs)
         for (i, r) in renewals.iter().enumerate() {
+            let family = match r.kind {
+                LeaseKind::Permits => Some(self.extend_permits(&r.keys, &r.token, r.ttl).await),
+                LeaseKind::Reentrant => Some(self.extend_reentrant(&r.keys, &r.token, r.ttl).await),
+                LeaseKind::ReadWrite => Some(self.extend_rw(&r.keys, &r.token, r.ttl).await),
+                _ => None,
+            };
+            if family.is_some() {
+                out.push(family);
+                continue;
+            }
             match expiry_seconds(r.ttl) {
                 Ok(secs) => {
                     todo.push((i, memcached_key(r.keys.lock()), secs));

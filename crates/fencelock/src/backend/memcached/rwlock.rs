@@ -17,6 +17,14 @@
 //! holder's remaining ttl plus the writer grace, renewed by its attempts), which holds new
 //! readers back (writers first) and lapses by itself if the writer crashed.
 //!
+//! **A lost index** (evicted, flushed or deleted while readers hold): the next attempt
+//! finds none and starts a new one, without them. A reader renews its lease only while
+//! the index lists it, so each loses its hold at its next renewal (`lost()` fires, its
+//! lease item is deleted); until then — at most a third of the ttl, the watchdog's
+//! interval — a writer granted since may hold beside them, as a plain lock's evicted key
+//! may (see [fences](crate::backend::memcached#fences)). A writer's hold lives in its own item, which readers
+//! check directly: a lost index lets no reader beside it.
+//!
 //! Waiters poll (memcached has no notifications).
 
 use std::time::Duration;
@@ -155,15 +163,23 @@ impl Seen {
 }
 
 impl Memcached {
-    /// The writer's item and the index in one round trip, the listed items in another.
+    /// The index and the writer's item in one round trip, the listed items in another.
+    ///
+    /// The index is read **before** the writer's item (memcached runs the two reads one
+    /// after the other, not at once): a writer adds its item before it lists itself, so a
+    /// reader that then finds no item under the version it read either writes before the
+    /// writer's listing (which then fails its CAS) or fails its own. Read the other way
+    /// round, a reader could miss the item of a writer granted between its two reads and
+    /// write the index without it, under the version the writer had just written — a
+    /// reader beside a writer (`memcached-family-fenced` in the torture harness found it).
     async fn see_rw(&self, keys: &LockKeys) -> Result<Seen> {
         let request = format!(
-            "mg {} v t\r\nmg {} v c\r\n",
-            memcached_key(keys.lock()),
-            index_key(keys.lock())
+            "mg {} v c\r\nmg {} v t\r\n",
+            index_key(keys.lock()),
+            memcached_key(keys.lock())
         );
         let replies = self.call(request.into_bytes(), 2).await?;
-        let [held, listed] =
+        let [listed, held] =
             <[Reply; 2]>::try_from(replies).map_err(|_| unexpected("mg", "too few replies"))?;
         let writer = get_reply(held)?.map(|(v, _, t)| (v, t.and_then(|t| u64::try_from(t).ok())));
         let Some((value, cas, _)) = get_reply(listed)? else {
@@ -331,13 +347,29 @@ impl RawRwLock for Memcached {
         Ok(released)
     }
 
+    /// The writer renews the plain lock's item (readers check that item itself, not the
+    /// index). A reader renews its lease item only while the index still lists it as a
+    /// reader: one the index no longer lists (the index was evicted, flushed or deleted,
+    /// and maybe started again by a writer's grant) loses its hold (its lease item is
+    /// deleted) rather than read beside a writer granted since.
     async fn extend_rw(&self, keys: &LockKeys, token: &Token, ttl: Duration) -> Result<bool> {
         let secs = expiry_seconds(ttl)?;
         if self.extend(keys, token, ttl).await? {
             return Ok(true);
         }
-        self.extend_item(&reader_key(keys.lock(), token.as_str()), token, secs)
-            .await
+        let me = reader_key(keys.lock(), token.as_str());
+        let listed = match self.get(&index_key(keys.lock())).await? {
+            Some((value, _, _)) => Index::decode(&value)?
+                .readers
+                .iter()
+                .any(|t| t == token.as_str()),
+            None => false,
+        };
+        if !listed {
+            self.release_item(&me, token).await?;
+            return Ok(false);
+        }
+        self.extend_item(&me, token, secs).await
     }
 
     async fn downgrade_rw(&self, keys: &LockKeys, token: &Token, ttl: Duration) -> Result<bool> {

@@ -22,6 +22,13 @@
 //! counts only while it is listed, and it is listed only after it was added, so an attempt
 //! that dies half-way leaves nothing that counts.
 //!
+//! **A lost index** (evicted, flushed or deleted while holders hold): the next attempt
+//! finds none and starts a new one, without the holders. A holder renews its lease only
+//! while the index lists it, so each of them loses its permits at its next renewal
+//! (`lost()` fires, its lease item is deleted); until then — at most a third of the ttl,
+//! the watchdog's interval — the permits granted since may be held beside theirs, as a
+//! plain lock's evicted key may (see [fences](crate::backend::memcached#fences)).
+//!
 //! Waiters poll (jittered backoff, and the earliest holder's remaining ttl): there is no
 //! queue, so the semaphore is not fair, and permits carry no fence (as on every store).
 
@@ -277,10 +284,25 @@ impl RawSemaphore for Memcached {
         Ok(released)
     }
 
+    /// Renews the holder's lease item only while the index still lists the holder: one
+    /// the index no longer lists (the index was evicted, flushed or deleted, and maybe
+    /// started again by a later grant) counts against no permit, so it loses its permits
+    /// (its lease item is deleted) rather than hold beside the permits granted since.
     async fn extend_permits(&self, keys: &LockKeys, token: &Token, ttl: Duration) -> Result<bool> {
         let secs = expiry_seconds(ttl)?;
-        self.extend_item(&holder_key(keys.lock(), token.as_str()), token, secs)
-            .await
+        let me = holder_key(keys.lock(), token.as_str());
+        let listed = match self.get(&memcached_key(keys.lock())).await? {
+            Some((value, _, _)) => Index::decode(&value)?
+                .holders
+                .iter()
+                .any(|(_, t)| t == token.as_str()),
+            None => false,
+        };
+        if !listed {
+            self.release_item(&me, token).await?;
+            return Ok(false);
+        }
+        self.extend_item(&me, token, secs).await
     }
 
     async fn permits_in_use(&self, keys: &LockKeys, permits: u32) -> Result<(u32, u32)> {
