@@ -82,10 +82,10 @@
 //! | primitive | offered | how, or why not |
 //! |---|---|---|
 //! | [`Lock`](crate::Lock) | yes | `add` + fence, CAS release and renewal (above) |
-//! | [`Semaphore`](crate::Semaphore) | yes | CAS on one index item, a lease item per holder ([`RawSemaphore`](crate::raw::RawSemaphore) impl) |
-//! | [`ReentrantLock`](crate::ReentrantLock) | yes | one item changed by CAS: fence, owner, a token per hold ([`RawReentrant`](crate::raw::RawReentrant) impl) |
+//! | [`Semaphore`](crate::Semaphore) | yes | CAS on one index item, a lease item per holder ([`RawSemaphore`] impl) |
+//! | [`ReentrantLock`](crate::ReentrantLock) | yes | one item changed by CAS: fence, owner, a token per hold ([`RawReentrant`] impl) |
 //! | [`Election`](crate::Election) | yes | the lock plus a record item (below) |
-//! | [`RwLock`](crate::RwLock) | yes | the plain lock's item for the writer; readers and waiting writers listed in one index item changed by CAS, each alive while its lease item is; every grant a CAS on the index ([`RawRwLock`](crate::raw::RawRwLock) impl) |
+//! | [`RwLock`](crate::RwLock) | yes | the plain lock's item for the writer; readers and waiting writers listed in one index item changed by CAS, each alive while its lease item is; every grant a CAS on the index ([`RawRwLock`] impl) |
 //! | [`FairLock`](crate::FairLock) | yes | the plain lock's item, and a line of waiters in one item changed by CAS, each waiter alive while its claim item (renewed by its attempts) is ([`RawFair`](crate::raw::RawFair) impl) |
 //!
 //! What cannot be had on memcached is a wake-up: waiters of every primitive poll (jittered
