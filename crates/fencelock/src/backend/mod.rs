@@ -136,6 +136,32 @@ pub fn redact_url(url: &str) -> String {
     out
 }
 
+/// Polls every future at once; their outputs in order.
+pub(crate) async fn join_all<F: std::future::Future>(
+    futures: impl IntoIterator<Item = F>,
+) -> Vec<F::Output> {
+    let mut pending: Vec<std::pin::Pin<Box<F>>> = futures.into_iter().map(Box::pin).collect();
+    let mut out: Vec<Option<F::Output>> = pending.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut done = true;
+        for (fut, slot) in pending.iter_mut().zip(out.iter_mut()) {
+            if slot.is_none() {
+                match fut.as_mut().poll(cx) {
+                    std::task::Poll::Ready(v) => *slot = Some(v),
+                    std::task::Poll::Pending => done = false,
+                }
+            }
+        }
+        if done {
+            std::task::Poll::Ready(())
+        } else {
+            std::task::Poll::Pending
+        }
+    })
+    .await;
+    out.into_iter().flatten().collect()
+}
+
 /// Strategies and checks shared by the backends' property tests of hostile input.
 #[cfg(test)]
 #[cfg(any(

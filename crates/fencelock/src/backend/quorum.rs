@@ -1,13 +1,12 @@
 //! RedLock: one lock over several independent stores, held while a majority holds it.
 
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::Poll;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::backend::join_all;
 use crate::engine::Engine;
 use crate::error::{Error, ErrorKind, NodeErrors, Result};
 use crate::keys::LockKeys;
@@ -251,26 +250,6 @@ impl<B: RawLock> Quorum<B> {
 /// A copy of a node's error for one renewal of a batch (errors do not clone).
 fn copy_error(e: &Error) -> Error {
     Error::new(e.kind(), e.message().to_owned()).retryable(e.is_retryable())
-}
-
-/// Polls every future at once; their outputs in order.
-async fn join_all<F: Future>(futures: impl IntoIterator<Item = F>) -> Vec<F::Output> {
-    let mut pending: Vec<Pin<Box<F>>> = futures.into_iter().map(Box::pin).collect();
-    let mut out: Vec<Option<F::Output>> = pending.iter().map(|_| None).collect();
-    std::future::poll_fn(|cx| {
-        let mut done = true;
-        for (fut, slot) in pending.iter_mut().zip(out.iter_mut()) {
-            if slot.is_none() {
-                match fut.as_mut().poll(cx) {
-                    Poll::Ready(v) => *slot = Some(v),
-                    Poll::Pending => done = false,
-                }
-            }
-        }
-        if done { Poll::Ready(()) } else { Poll::Pending }
-    })
-    .await;
-    out.into_iter().flatten().collect()
 }
 
 impl<B: RawLock> RawLock for Quorum<B> {

@@ -13,7 +13,7 @@
 //! * **Renewal** of many leases (the watchdog's [`extend_many`](RawLock::extend_many)) is
 //!   two pipelined round trips on one connection for the batch's plain locks: every
 //!   `mg`, then every CAS-checked `ms` (the family's leases, in items of their own, are
-//!   renewed each by its primitive's extend).
+//!   renewed each by its primitive's extend, all of them at once).
 //! * **No notification**: memcached has no pub/sub; waiters retry with jittered
 //!   exponential backoff (10 ms doubling to 500 ms, [`Retry`](crate::Retry)) and at the
 //!   holder's remaining ttl.
@@ -110,6 +110,7 @@ use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
 use crate::backend::hazard::{self, ConfigHazard};
+use crate::backend::join_all;
 use crate::engine::{Engine, LeaseKind};
 use crate::error::{Error, ErrorKind, Result};
 use crate::keys::LockKeys;
@@ -814,19 +815,18 @@ impl RawLock for Memcached {
     /// token. A key that changed between the two (rare: `EX`) is renewed on its own by
     /// [`extend`](RawLock::extend). The family's leases (a permit holder's, a reader's
     /// or a writer's, a reentrant hold) live in other items: each is renewed by its
-    /// primitive's own extend.
+    /// primitive's own extend, all of them at once.
     async fn extend_many(&self, renewals: &[Renewal]) -> Vec<Result<bool>> {
         let mut out: Vec<Option<Result<bool>>> = Vec::with_capacity(renewals.len());
         let mut todo = Vec::new(); // (index, key, secs)
+        let mut family = Vec::new(); // indexes of the family's leases
         for (i, r) in renewals.iter().enumerate() {
-            let family = match r.kind {
-                LeaseKind::Permits => Some(self.extend_permits(&r.keys, &r.token, r.ttl).await),
-                LeaseKind::Reentrant => Some(self.extend_reentrant(&r.keys, &r.token, r.ttl).await),
-                LeaseKind::ReadWrite => Some(self.extend_rw(&r.keys, &r.token, r.ttl).await),
-                _ => None,
-            };
-            if family.is_some() {
-                out.push(family);
+            if matches!(
+                r.kind,
+                LeaseKind::Permits | LeaseKind::Reentrant | LeaseKind::ReadWrite
+            ) {
+                family.push(i);
+                out.push(None);
                 continue;
             }
             match expiry_seconds(r.ttl) {
@@ -881,6 +881,21 @@ impl RawLock for Memcached {
                     }
                 }
             }
+        }
+        // The family's leases, each by its primitive's own extend, all at once.
+        let renewed = join_all(family.iter().map(|&i| {
+            let r = &renewals[i];
+            async move {
+                match r.kind {
+                    LeaseKind::Permits => self.extend_permits(&r.keys, &r.token, r.ttl).await,
+                    LeaseKind::Reentrant => self.extend_reentrant(&r.keys, &r.token, r.ttl).await,
+                    _ => self.extend_rw(&r.keys, &r.token, r.ttl).await,
+                }
+            }
+        }))
+        .await;
+        for (&i, result) in family.iter().zip(renewed) {
+            out[i] = Some(result);
         }
         let mut results = Vec::with_capacity(renewals.len());
         for (r, done) in renewals.iter().zip(out) {
