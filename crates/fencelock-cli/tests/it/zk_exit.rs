@@ -83,10 +83,7 @@ fn a_dlock_on_zookeeper_cut_from_the_ensemble_exits_promptly_as_lost() {
             zk.members[0].addr().parse().expect("member address"),
         ))
         .expect("proxy");
-    let url = format!(
-        "zk://{}/dlock-cli-zk-exit?session_timeout=3s",
-        proxy.addr()
-    );
+    let url = format!("zk://{}/dlock-cli-zk-exit?session_timeout=3s", proxy.addr());
     let dir = scratch("zk-cut");
     let (log, pidfile) = (dir.join("log"), dir.join("pid"));
     let mut first = dlock(&url)

@@ -629,19 +629,16 @@ impl ZooKeeper {
         }
     }
 
-    /// Forgets this client's node for `token`, whose session ZooKeeper said expired (the
-    /// current one, or an earlier one this client replaced because it had ended): the
-    /// ensemble deleted it with its session. `false` if this client made no such node
-    /// (a token of another client's: its session is not ours to judge).
-    fn forget_expired(&self, keys: &LockKeys, token: &Token) -> bool {
-        let prefix = node_prefix(&dir_path(keys), token);
-        let Some(place) = self.places().remove(&prefix) else {
-            return false;
-        };
-        self.unsure().remove(&prefix);
-        self.inner.reaper.remove(&place.node);
-        place.moved.notify_one();
-        true
+    /// Forgets `place`, this client's node for `prefix`, whose session ZooKeeper said
+    /// expired (the current one, or an earlier one this client replaced because it had
+    /// ended): the ensemble deleted it with its session.
+    fn forget_expired(&self, prefix: &str, place: Option<Place>) {
+        self.unsure().remove(prefix);
+        let removed = self.places().remove(prefix);
+        if let Some(place) = removed.or(place) {
+            self.inner.reaper.remove(&place.node);
+            place.moved.notify_one();
+        }
     }
 
     /// Tries a failed release again in the background, every 200 ms for two session
@@ -1383,9 +1380,12 @@ impl RawLock for ZooKeeper {
     /// node this client made expired reports it not held, and tries nothing again:
     /// ZooKeeper deleted the session's nodes with it.
     async fn release(&self, keys: &LockKeys, token: &Token) -> Result<bool> {
+        let prefix = node_prefix(&dir_path(keys), token);
+        let made_here = self.place(&prefix);
         match self.release_once(keys, token).await {
             Ok(released) => Ok(released),
-            Err(err) if is(&err, &zk::Error::SessionExpired) && self.forget_expired(keys, token) => {
+            Err(err) if is(&err, &zk::Error::SessionExpired) && made_here.is_some() => {
+                self.forget_expired(&prefix, made_here);
                 tracing::debug!(
                     lock = keys.name(),
                     "releasing: the session that held the lock has expired; its node is gone"
