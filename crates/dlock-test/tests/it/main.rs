@@ -24,6 +24,7 @@ mod redis_grant;
 mod sentinel;
 mod shared_watch;
 mod vacancy;
+mod zk_exit;
 mod zookeeper;
 
 /// One `#[tokio::test]` per conformance behaviour, against a fresh target each.

@@ -357,6 +357,20 @@ pub(crate) async fn supervise_run<X: RawLock>(
             .deadline(monotonic_ns().saturating_add(nanos(kill_at.saturating_duration_since(now))));
     }
     let status = status.expect("the loop ends after the command's exit");
+    // The lease ran out before this process saw the command's whole group end: it was
+    // stopped (its reaper killed the group at the lease's end), or the group's end and
+    // the lease's came together. Lost, as when the loss is seen first: the command's
+    // status (137 for the reaper's SIGKILL) is not the run's.
+    if ending.is_none() && guard.is_lost() {
+        eprintln!(
+            "dlock: {} {:?} lost while the command ran (its lease ran out; the command \
+             ended with {})",
+            job.what,
+            job.name,
+            describe(status)
+        );
+        ending = Some(Ending::Lost);
+    }
     if ending.is_some() {
         reaper.disarm();
         drop(guard.release().await);

@@ -24,6 +24,7 @@ mod supervise;
 mod supervise_holders;
 mod terminal;
 mod top;
+mod zk_exit;
 
 const LOST: i32 = 76;
 const CONFLICT: i32 = 75;

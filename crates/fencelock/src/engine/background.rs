@@ -5,7 +5,11 @@
 //!
 //! Every such task runs on the current tokio runtime and is bounded: by
 //! [`BACKGROUND_TIMEOUT`] for one call, by its [`Repeat`] for a series. Without a runtime
-//! nothing is sent: the lease (or the waiter's entry) then runs out by itself.
+//! nothing is sent: the lease (or the waiter's entry) then runs out by itself. Nothing
+//! here keeps a process alive: a runtime that shuts down (a `dlock` process at its exit)
+//! drops what is still pending at its next pause, a repeat included, without waiting for
+//! it; what it would have deleted then goes with its lease (on ZooKeeper, with the
+//! session, which ends when the process's connection does and the session times out).
 
 use std::future::Future;
 use std::time::Duration;
@@ -261,6 +265,37 @@ mod tests {
         });
         tokio::time::sleep(Duration::from_secs(5)).await;
         tries.load(Ordering::SeqCst)
+    }
+
+    /// A process at its exit (its runtime shut down) does not wait for a retry that is
+    /// still pending: the retry is dropped at its next pause.
+    #[test]
+    fn a_pending_retry_does_not_hold_up_the_runtimes_shutdown() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .expect("runtime");
+        let tries = Arc::new(AtomicU32::new(0));
+        let counted = Arc::clone(&tries);
+        runtime.block_on(async move {
+            let policy = Repeat::every(Duration::from_millis(10), Duration::from_secs(3600));
+            retry(policy, move || {
+                counted.fetch_add(1, Ordering::SeqCst);
+                async { Err::<(), _>(Error::new(ErrorKind::Unavailable, "down")) }
+            });
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        });
+        assert!(tries.load(Ordering::SeqCst) > 0, "the retry ran");
+        let (done, shut) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            drop(runtime);
+            let _ = done.send(());
+        });
+        // A liveness bound, far below the retry's hour.
+        assert!(
+            shut.recv_timeout(Duration::from_secs(60)).is_ok(),
+            "the runtime's shutdown waited for the retry"
+        );
     }
 
     #[tokio::test(start_paused = true)]

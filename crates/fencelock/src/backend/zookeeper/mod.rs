@@ -629,6 +629,18 @@ impl ZooKeeper {
         }
     }
 
+    /// Forgets `place`, this client's node for `prefix`, whose session ZooKeeper said
+    /// expired (the current one, or an earlier one this client replaced because it had
+    /// ended): the ensemble deleted it with its session.
+    fn forget_expired(&self, prefix: &str, place: Option<Place>) {
+        self.unsure().remove(prefix);
+        let removed = self.places().remove(prefix);
+        if let Some(place) = removed.or(place) {
+            self.inner.reaper.remove(&place.node);
+            place.moved.notify_one();
+        }
+    }
+
     /// Tries a failed release again in the background, every 200 ms for two session
     /// timeouts, until ZooKeeper answers: `attempt` is one release (its node found by
     /// token or owner), made anew for each try.
@@ -1364,10 +1376,22 @@ impl RawLock for ZooKeeper {
 
     /// Deletes our node for `token` (or takes its hold out of a reentrant owner's node).
     /// A failed release is tried again in the background: a node left behind would hold
-    /// the lock for as long as our session lives.
+    /// the lock for as long as our session lives. A release that finds the session of a
+    /// node this client made expired reports it not held, and tries nothing again:
+    /// ZooKeeper deleted the session's nodes with it.
     async fn release(&self, keys: &LockKeys, token: &Token) -> Result<bool> {
+        let prefix = node_prefix(&dir_path(keys), token);
+        let made_here = self.place(&prefix);
         match self.release_once(keys, token).await {
             Ok(released) => Ok(released),
+            Err(err) if is(&err, &zk::Error::SessionExpired) && made_here.is_some() => {
+                self.forget_expired(&prefix, made_here);
+                tracing::debug!(
+                    lock = keys.name(),
+                    "releasing: the session that held the lock has expired; its node is gone"
+                );
+                Ok(false)
+            }
             Err(err) => {
                 let (keys, token) = (keys.clone(), token.clone());
                 self.retry_release(move |zk| {
