@@ -903,6 +903,11 @@ pub(crate) async fn run_workers(
                 r.alive = false;
                 r.holding = false;
                 if !kind.runs_commands() && !status.success() {
+                    eprintln!(
+                        "dlock: torture: {}: worker {} ended with {status}",
+                        kind.id(),
+                        r.id
+                    );
                     worker_failures += 1;
                 } else if kind.runs_commands() && !crate::command::exit_ok(status) {
                     eprintln!(
@@ -935,6 +940,11 @@ pub(crate) async fn run_workers(
             n.resume(now, true);
             n.heal(now, true);
             for r in n.running.iter_mut().filter(|r| r.alive) {
+                eprintln!(
+                    "dlock: torture: {}: worker {} still ran past the run's hard stop: killed",
+                    kind.id(),
+                    r.id
+                );
                 let _ = r.child.start_kill();
                 let _ = r.child.wait().await;
                 r.alive = false;
