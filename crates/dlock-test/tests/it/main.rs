@@ -20,6 +20,7 @@ mod quorum;
 mod redis;
 mod redis_grant;
 mod sentinel;
+mod sem_total;
 mod shared_watch;
 mod vacancy;
 mod zookeeper;
