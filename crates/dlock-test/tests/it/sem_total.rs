@@ -22,14 +22,17 @@ struct Snapshot {
     live: i64,
 }
 
+/// The server's time, the total, the holders' counts and their leases.
+type Reads = (
+    (i64, i64),
+    Option<i64>,
+    Vec<(String, i64)>,
+    Vec<(String, i64)>,
+);
+
 async fn snapshot(admin: &mut MultiplexedConnection, sem: &Semaphore<Redis>) -> Snapshot {
     let keys = sem.keys();
-    let (time, total, counts, leases): (
-        (i64, i64),
-        Option<i64>,
-        Vec<(String, i64)>,
-        Vec<(String, i64)>,
-    ) = redis::pipe()
+    let (time, total, counts, leases): Reads = redis::pipe()
         .atomic()
         .cmd("TIME")
         .cmd("GET")
@@ -92,7 +95,11 @@ async fn expired_holders_leave_the_running_total() {
     let name = unique("sem-total");
     let short = semaphore(t.client().await, &name, 4, Duration::from_millis(200));
     let long = semaphore(t.client().await, &name, 4, Duration::from_secs(30));
-    let a = short.try_acquire_many(2).await.expect("store").expect("free");
+    let a = short
+        .try_acquire_many(2)
+        .await
+        .expect("store")
+        .expect("free");
     let b = long.try_acquire().await.expect("store").expect("free");
     assert_eq!(stored_total(&mut admin, &long).await, 3);
     sleep(Duration::from_millis(350)).await;
@@ -113,7 +120,11 @@ async fn expired_holders_leave_the_running_total() {
     assert_eq!(stored_total(&mut admin, &long).await, 3);
     c.release().await.expect("live");
     let s = snapshot(&mut admin, &long).await;
-    assert_eq!((s.total, s.counted), (None, 0), "an empty semaphore keeps no total");
+    assert_eq!(
+        (s.total, s.counted),
+        (None, 0),
+        "an empty semaphore keeps no total"
+    );
 }
 
 /// A bounded random walk over acquires (short and long leases), releases, hand-overs to
@@ -263,7 +274,11 @@ async fn a_semaphore_without_a_total_is_summed_once_and_kept() {
         .query_async(&mut admin)
         .await
         .expect("ZADD");
-    let two = sem.try_acquire_many(2).await.expect("store").expect("2 free");
+    let two = sem
+        .try_acquire_many(2)
+        .await
+        .expect("store")
+        .expect("2 free");
     assert_eq!(stored_total(&mut admin, &sem).await, 3);
     assert!(sem.force_unlock().await.expect("store"));
     let s = snapshot(&mut admin, &sem).await;
