@@ -32,7 +32,7 @@ use indicatif::ProgressBar;
 use redis::AsyncConnectionConfig;
 use redis::aio::MultiplexedConnection;
 
-use crate::measure::{self, Latencies};
+use crate::measure::{self, CpuMeter, Latencies};
 use crate::report::{fmt_dur, fmt_rate};
 use crate::svg::{self, Panel, Series};
 use crate::targets::{Goal, HandoffFigures, Targets, ratio_text};
@@ -470,6 +470,11 @@ pub(crate) struct Run {
     pub(crate) fairness: f64,
     pub(crate) to_self: f64,
     pub(crate) handoffs: Latencies,
+    /// This process's CPU time (every waiter's client) per acquisition; zero if not
+    /// measured.
+    pub(crate) client_cpu: Duration,
+    /// redis-server's CPU time per acquisition; zero if not measured.
+    pub(crate) server_cpu: Duration,
 }
 
 struct Cell {
@@ -499,6 +504,11 @@ pub(crate) struct Section {
     run: Duration,
     rtt: Duration,
     cells: Vec<Cell>,
+}
+
+/// `12.3 µs`.
+fn fmt_cpu(d: Duration) -> String {
+    format!("{:.1} µs", d.as_secs_f64() * 1e6)
 }
 
 /// Runs the contended benchmark, clients interleaved within each round.
@@ -546,15 +556,16 @@ pub(crate) async fn bench(profile: &Profile, bar: &ProgressBar) -> Result<Sectio
             );
             let (waiters, _) =
                 contend(waiters, &format!("bench:warm:{tag}"), cell.mode, WARM_UP).await?;
-            let (waiters, stats) = contend(
+            let (waiters, run) = contend_measured(
                 waiters,
                 &format!("bench:hot:{tag}"),
                 cell.mode,
                 profile.contended_run,
+                server.pid(),
             )
             .await?;
             drop(waiters);
-            cell.runs.push(summarise(&stats, profile.contended_run));
+            cell.runs.push(run);
             bar.inc(1);
         }
     }
@@ -596,7 +607,37 @@ pub(crate) fn summarise(stats: &[WaiterStats], length: Duration) -> Run {
             to_self as f64 / total as f64
         },
         handoffs,
+        client_cpu: Duration::ZERO,
+        server_cpu: Duration::ZERO,
     }
+}
+
+/// [`contend`], with this process's and the server `server_pid`'s CPU time over the run
+/// divided by the acquisitions (in step-aside mode every acquisition but a run's first
+/// is a hand-off), from `/proc/<pid>/stat` before and after.
+pub(crate) async fn contend_measured(
+    waiters: Vec<BoxWaiter>,
+    name: &str,
+    mode: Mode,
+    length: Duration,
+    server_pid: Option<u32>,
+) -> Result<(Vec<BoxWaiter>, Run)> {
+    let client = CpuMeter::start(None)?;
+    let server = match server_pid {
+        Some(pid) => Some(CpuMeter::start(Some(pid))?),
+        None => None,
+    };
+    let (waiters, stats) = contend(waiters, name, mode, length).await?;
+    let client_secs = client.cpu_seconds()?;
+    let server_secs = match &server {
+        Some(m) => m.cpu_seconds()?,
+        None => 0.0,
+    };
+    let mut run = summarise(&stats, length);
+    let acquisitions = (run.rate * length.as_secs_f64()).max(1.0);
+    run.client_cpu = Duration::from_secs_f64(client_secs / acquisitions);
+    run.server_cpu = Duration::from_secs_f64(server_secs / acquisitions);
+    Ok((waiters, run))
 }
 
 impl Section {
@@ -672,7 +713,10 @@ impl Section {
              interleaved, each after a {:.1} s warm-up on another name (which opens \
              dlock's pub/sub connections). Every waiter runs in this one process on the \
              same machine as redis-server, so a client per waiter also means their CPU work \
-             competes with redis-server's. PING round trip: p50 {}.\n",
+             competes with redis-server's. CPU per hand-off = CPU time over the run \
+             (this whole process for the client, from `/proc/self/stat`; redis-server's \
+             from `/proc/<pid>/stat`) divided by the acquisitions; in the hand-off mode \
+             every acquisition is a hand-off. PING round trip: p50 {}.\n",
             self.rounds,
             self.run.as_secs_f64(),
             WARM_UP.as_secs_f64(),
@@ -692,8 +736,9 @@ impl Section {
             });
             md.push_str(
                 "| waiters | client | acquisitions/s | hand-off p50 | p50 in round trips \
-                 | hand-off p99 | wait p50 | wait p99 | fairness max/min | to self |\n\
-                 |---:|---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+                 | hand-off p99 | wait p50 | wait p99 | fairness max/min | to self \
+                 | client CPU/hand-off | redis CPU/hand-off |\n\
+                 |---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
             );
             for n in self.waiter_counts() {
                 for client in CLIENTS {
@@ -706,7 +751,7 @@ impl Section {
                     let p50 = dur(|r| r.p50);
                     let fairness = cell.median(|r| r.fairness);
                     md.push_str(&format!(
-                        "| {n} | {} | {} | {} | {:.1} | {} | {} | {} | {} | {:.0} % |\n",
+                        "| {n} | {} | {} | {} | {:.1} | {} | {} | {} | {} | {:.0} % | {} | {} |\n",
                         client.label(),
                         fmt_rate(cell.median(|r| r.rate)),
                         fmt_dur(p50),
@@ -720,6 +765,8 @@ impl Section {
                             "∞".to_owned()
                         },
                         cell.median(|r| r.to_self) * 100.0,
+                        fmt_cpu(dur(|r| r.client_cpu)),
+                        fmt_cpu(dur(|r| r.server_cpu)),
                     ));
                 }
             }

@@ -450,6 +450,7 @@ impl Contender {
 struct ContendedRun {
     run: contended::Run,
     server_cpu: Duration,
+    client_cpu: Duration,
 }
 
 struct ContendedCell {
@@ -779,20 +780,18 @@ async fn contend(
         contended::WARM_UP,
     )
     .await?;
-    let server_cpu = CpuMeter::start(clients.server_pid)?;
-    let (waiters, stats) = contended::contend(
+    let (waiters, run) = contended::contend_measured(
         waiters,
         &format!("bench:hot:{tag}"),
         Mode::StepAside,
         length,
+        clients.server_pid,
     )
     .await?;
-    let server_secs = server_cpu.cpu_seconds()?;
     drop(waiters);
-    let run = contended::summarise(&stats, length);
-    let acquisitions = (run.rate * length.as_secs_f64()).max(1.0);
     Ok(ContendedRun {
-        server_cpu: Duration::from_secs_f64(server_secs / acquisitions),
+        server_cpu: run.server_cpu,
+        client_cpu: run.client_cpu,
         run,
     })
 }
@@ -930,12 +929,14 @@ impl Section {
              next acquisition by another waiter (oldest release first); a semaphore of ONE \
              permit is a lock by another name, held to the lock's targets. `× BLPOP` = \
              acquisitions/s over the `BLPOP` hand-off's in the same round's run; `p50 × \
-             reference` = hand-off p50 over the plain `Lock`'s. Redis CPU per acquisition \
-             shows what waking waiters costs the server.\n\n\
+             reference` = hand-off p50 over the plain `Lock`'s. CPU per acquisition = CPU \
+             time over the run divided by the acquisitions: the client's is this whole \
+             process (every waiter's client), redis-server's shows what waking waiters \
+             costs the server.\n\n\
              | waiters | client | acquisitions/s | × BLPOP | hand-off p50 | p50 in round trips | \
              hand-off p99 | p50 × reference | wait p50 | wait p99 | fairness max/min | \
-             to self | redis CPU/acquisition | peer |\n\
-             |---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
+             to self | client CPU/acquisition | redis CPU/acquisition | peer |\n\
+             |---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
             self.contended_run.as_secs_f64(),
             contended::WARM_UP.as_secs_f64(),
         ));
@@ -954,7 +955,7 @@ impl Section {
                 let fairness = cell.median(|r| r.run.fairness);
                 let rate = cell.median(|r| r.run.rate);
                 md.push_str(&format!(
-                    "| {n} | {} | {} | {} | {} | {:.1} | {} | {} | {} | {} | {} | {:.0} % | {} | {} |\n",
+                    "| {n} | {} | {} | {} | {} | {:.1} | {} | {} | {} | {} | {} | {:.0} % | {} | {} | {} |\n",
                     client.label(),
                     fmt_rate(rate),
                     if client == Contender::Blpop {
@@ -974,6 +975,9 @@ impl Section {
                     fmt_dur(cell.median_dur(|r| r.wait_p99)),
                     fairness_text(fairness),
                     cell.median(|r| r.run.to_self) * 100.0,
+                    fmt_us(Duration::from_secs_f64(
+                        cell.median(|r| r.client_cpu.as_secs_f64()),
+                    )),
                     fmt_us(Duration::from_secs_f64(
                         cell.median(|r| r.server_cpu.as_secs_f64()),
                     )),

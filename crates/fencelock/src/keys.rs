@@ -41,6 +41,12 @@
 //! two versions do not share those companions, so they must not run side by side on a
 //! hash-tagged name (untagged names did not move at all).
 //!
+//! A Redis semaphore keeps the permits its holders hold as a running total (the companion
+//! `used`), which versions before it did not. A semaphore written by such a version works
+//! as it stands: the first script that finds no total sums the holders once and keeps the
+//! total from then on. An older client changes the holders without the total, though, so
+//! stop the older version's clients on a semaphore before this version's start on it.
+//!
 //! A key containing `}` without forming a hash tag cannot be wrapped in a tag and is
 //! rejected.
 
@@ -61,7 +67,8 @@ pub const DEFAULT_PREFIX: &str = "dlock:";
 /// A lock key that is the companion key of another lock key under one of these suffixes is
 /// refused.
 pub const COMPANION_SUFFIXES: &[&str] = &[
-    "fence", "claims", "holders", "permits", "q", "queue", "readers", "waiters", "writers", RECORD,
+    "fence", "claims", "holders", "permits", "used", "q", "queue", "readers", "waiters", "writers",
+    RECORD,
 ];
 
 /// The suffix of an election's record: the companion key ([`LockKeys::companion`])
@@ -475,7 +482,7 @@ pub(crate) mod namespace {
     #[rustfmt::skip]
     const PARTS: &[&str] = &[
         "{", "}", "{o}", "{u}", "o", ":", "/", "%", "%2F", "-", "~", ".", "fence", ":fence",
-        ":waiters", ":claims", ":holders", ":permits", ":q", ":queue", ":readers", ":writers",
+        ":waiters", ":claims", ":holders", ":permits", ":used", ":q", ":queue", ":readers", ":writers",
         ":released", ":leader", ":w", ":r", "1", "12", "dlock:", "dlock-sem:", "{dlock:o}",
         "\u{e9}", " ", "\"", "dlock-gate:\"dlock\":", LONG,
     ];

@@ -21,6 +21,7 @@ mod postgres;
 mod quorum;
 mod redis;
 mod redis_grant;
+mod sem_total;
 mod sentinel;
 mod shared_watch;
 mod vacancy;

@@ -1171,6 +1171,7 @@ pub(crate) fn key_set(primitive: &str, keys: &LockKeys) -> Vec<String> {
             all.extend([
                 holders(keys),
                 semaphore::permit_count(keys),
+                semaphore::permits_used(keys),
                 waiters(keys),
                 claims(keys),
             ]);
@@ -1867,7 +1868,11 @@ mod tests {
     fn keys_of(primitive: &str, keys: &LockKeys) -> Vec<String> {
         let mut all = vec![keys.lock().to_owned(), keys.fence().to_owned()];
         match primitive {
-            "semaphore" => all.extend([super::holders(keys), super::semaphore::permit_count(keys)]),
+            "semaphore" => all.extend([
+                super::holders(keys),
+                super::semaphore::permit_count(keys),
+                super::semaphore::permits_used(keys),
+            ]),
             "rwlock" => all.extend([super::rwlock::readers(keys), super::rwlock::writers(keys)]),
             "fair" => all.extend([super::fair::queue(keys), super::fair::claims(keys)]),
             "election" => all.push(super::election::record(keys)),

@@ -1,6 +1,17 @@
 //! Semaphores on Redis: the holders' leases in a sorted set at the lock key (token ->
 //! expiry by the server's clock), their permits in a hash, the permit count beside them;
 //! waiters queue as the plain lock's do, and a release hands freed permits to the head.
+//!
+//! The permits held are kept as a running total beside the holders
+//! ([`permits_used`]): every script that adds or removes a holder — a grant, a hand-over,
+//! a release, a lease that ran out and is cleaned up, a force-unlock — changes the total
+//! in the same atomic step, so an acquire reads one number instead of summing the
+//! holders. A lease that ran out leaves the total as its entry leaves the holders (the
+//! cleanup subtracts its permits before dropping it). The total's key runs out no later
+//! than the latest lease as it stood when the total was written, so it never outlives the
+//! holders it counts; a missing total (it ran out before a renewed lease, or the semaphore
+//! was written by a version that kept none) is summed again from the holders once and
+//! kept from then on.
 
 use std::time::Duration;
 
@@ -43,6 +54,11 @@ pub(super) fn permit_count(keys: &LockKeys) -> String {
     keys.companion("permits")
 }
 
+/// The permits a semaphore's holders hold now: the running total of [`holders`]' counts.
+pub(super) fn permits_used(keys: &LockKeys) -> String {
+    keys.companion("used")
+}
+
 impl RawSemaphore for Redis {
     async fn acquire_permits(
         &self,
@@ -54,7 +70,7 @@ impl RawSemaphore for Redis {
         ttl: Duration,
         queue: bool,
     ) -> Result<Acquire> {
-        let (holders, count) = (holders(keys), permit_count(keys));
+        let (holders, count, used) = (holders(keys), permit_count(keys), permits_used(keys));
         let (q, c) = (waiters(keys), claims(keys));
         let (reply, replicated): (Vec<i64>, bool) = self
             .write(
@@ -65,6 +81,7 @@ impl RawSemaphore for Redis {
                     &count,
                     &q,
                     &c,
+                    &used,
                     keys.fence(),
                     &keys.legacy_fence(),
                 ],
@@ -223,6 +240,7 @@ impl Redis {
             .key(waiters(keys))
             .key(claims(keys))
             .key(permit_count(keys))
+            .key(permits_used(keys))
             .key(keys.fence())
             .key(keys.legacy_fence().as_ref())
             .arg(token)
@@ -257,6 +275,7 @@ impl Redis {
             .key(claims(keys))
             .key(keys.lock())
             .key(holders(keys))
+            .key(permits_used(keys))
             .key(keys.fence())
             .key(keys.legacy_fence().as_ref())
             .arg(value)

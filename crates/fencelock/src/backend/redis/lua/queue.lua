@@ -97,18 +97,59 @@ local function q_wake(q, c, channel, grace, publish)
 end
 
 
--- The permits of a semaphore that are free now, after the leases that ran out gave theirs
--- back. holders: token -> lease expiry; counts: token -> permits; count: the permit count.
-local function q_permits_free(holders, counts, count, now)
-  for _, gone in ipairs(redis.call('ZRANGEBYSCORE', holders, '-inf', now)) do
-    redis.call('HDEL', counts, gone)
-  end
-  redis.call('ZREMRANGEBYSCORE', holders, '-inf', now)
-  local free = tonumber(redis.call('GET', count)) or 0
+-- The permits of a semaphore held now: its running total, kept at `used` beside the
+-- holders (holders: token -> lease expiry; counts: token -> permits) by every script that
+-- changes them, after the leases that ran out gave theirs back (their permits leave the
+-- total as their entries leave the holders). A missing total is rebuilt from the counts:
+-- a semaphore written before the total was kept, and a total whose key ran out (it never
+-- outlives the leases it counts, q_store_used) start again from what the holders hold.
+-- Returns the total and the value stored (nil if none): a script that ends with another
+-- total stores it (q_store_used) before it returns, whatever it returns.
+-- The permits the holders of a semaphore hold, summed from their counts.
+local function q_sum_counts(counts)
+  local total = 0
   for _, n in ipairs(redis.call('HVALS', counts)) do
-    free = free - tonumber(n)
+    total = total + tonumber(n)
   end
-  return free
+  return total
+end
+
+local function q_permits_used(holders, counts, used, now)
+  local stored = tonumber(redis.call('GET', used))
+  local total = stored
+  local gone = redis.call('ZRANGEBYSCORE', holders, '-inf', now)
+  if #gone > 0 then
+    for _, token in ipairs(gone) do
+      if total then
+        total = total - (tonumber(redis.call('HGET', counts, token)) or 0)
+      end
+      redis.call('HDEL', counts, token)
+    end
+    redis.call('ZREMRANGEBYSCORE', holders, '-inf', now)
+  end
+  return total or q_sum_counts(counts), stored
+end
+
+-- Adds the permits q_hand_permits granted to the running total `total` (a grant to a
+-- token that held permits already: the total is summed again from the counts).
+local function q_add_granted(counts, total, granted)
+  if granted < 0 then
+    return q_sum_counts(counts)
+  end
+  return total + granted
+end
+
+-- Stores `total` as the permits held (q_permits_used). The key runs out when the latest
+-- lease does as the holders stand now (a renewal does not touch it, so it may run out
+-- first and be rebuilt): a total never outlives the holders it counts.
+local function q_store_used(holders, used, total)
+  local last = redis.call('ZRANGE', holders, -1, -1, 'WITHSCORES')[2]
+  if total <= 0 or not last then
+    redis.call('DEL', used)
+    return
+  end
+  redis.call('SET', used, total)
+  redis.call('PEXPIREAT', used, last)
 end
 
 -- Splits a hand-over member '<id>:=<wanted>:<token>' into its client's waiter id, what it
@@ -148,38 +189,45 @@ end
 -- ttl) in this very step (q_offer); a head whose client does not listen is dropped and
 -- the next one tried. A head that does not fit stops the hand-over; a head of the other
 -- form ('<id>:<token>': its client waits for replicas) is woken to come and take its
--- permits itself.
+-- permits itself. The caller has seen the queue `q` exist. Returns the permits granted
+-- (the caller adds them to the running total, q_permits_used), or -1 if a grant went to a
+-- token that held permits already (the caller rebuilds the total from the counts).
 local function q_hand_permits(holders, counts, q, c, counter, channel, grace, publish, free, now)
-  if redis.call('EXISTS', q) == 0 then
-    return
-  end
+  local granted_total = 0
   while free > 0 do
     local head = q_head(q, c, now)
     if not head then
-      return
+      break
     end
     local id, wanted, token = q_hand_parts(head)
     if not id then
       q_wake(q, c, channel, grace, publish)
-      return
+      break
     end
     local comma = string.find(wanted, ',', 1, true)
     local ttl = tonumber(string.sub(wanted, 1, comma - 1))
     local n = tonumber(string.sub(wanted, comma + 1))
     if n > free then
-      return
+      break
     end
     local granted = q_offer(q, c, counter, channel, publish, head, id, token)
     if granted == nil then
-      return
+      break
     end
     if granted then
       redis.call('ZADD', holders, now + ttl, token)
-      redis.call('HSET', counts, token, n)
+      if redis.call('HSET', counts, token, n) == 0 then
+        granted_total = -1 / 0
+      end
       local last = tonumber(redis.call('ZRANGE', holders, -1, -1, 'WITHSCORES')[2])
       redis.call('PEXPIREAT', holders, last)
       redis.call('PEXPIREAT', counts, last)
       free = free - n
+      granted_total = granted_total + n
     end
   end
+  if granted_total < 0 then
+    return -1
+  end
+  return granted_total
 end

@@ -4,8 +4,9 @@
 -- KEYS[2]  hash: holder token -> permits held
 -- KEYS[3]  the permit count (set on first use from ARGV[3]; `set_permits` changes it)
 -- KEYS[4]  the waiter queue: token -> arrival      KEYS[5]  token -> claim expiry
--- KEYS[6]  the name's hand-over counter (see q_hand_permits)
--- KEYS[7]  the counter's place before the key layout changed (fence.lua)
+-- KEYS[6]  the permits held: the running total of KEYS[2] (q_permits_used)
+-- KEYS[7]  the name's hand-over counter (see q_hand_permits)
+-- KEYS[8]  the counter's place before the key layout changed (fence.lua)
 -- ARGV[1]  the holder token
 -- ARGV[2]  permits wanted (N >= 1)
 -- ARGV[3]  the permit count to start with, if none is stored yet
@@ -27,23 +28,28 @@
 -- Waiters are served in arrival order; a grant that leaves permits free hands them on.
 local now, arrival = q_now()
 -- Leases that ran out give their permits back.
-for _, token in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)) do
-  redis.call('HDEL', KEYS[2], token)
+local used, stored = q_permits_used(KEYS[1], KEYS[2], KEYS[6], now)
+-- Every return below stores the total first.
+local function done(reply)
+  if used ~= stored then
+    q_store_used(KEYS[1], KEYS[6], used)
+  end
+  return reply
 end
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-redis.call('SET', KEYS[3], ARGV[3], 'NX')
-local capacity = tonumber(redis.call('GET', KEYS[3]))
+local raw = redis.call('GET', KEYS[3])
+if not raw then
+  redis.call('SET', KEYS[3], ARGV[3])
+  raw = ARGV[3]
+end
+local capacity = tonumber(raw)
 if ARGV[11] == '1' and capacity ~= tonumber(ARGV[3]) then
-  return {-2, capacity or -1}
-end
-local used = 0
-for _, n in ipairs(redis.call('HVALS', KEYS[2])) do
-  used = used + tonumber(n)
+  return done({-2, capacity or -1})
 end
 local want = tonumber(ARGV[2])
 local mine = redis.call('HGET', KEYS[2], ARGV[1])
+local others = used
 if mine then
-  used = used - tonumber(mine)
+  others = used - tonumber(mine)
 end
 local me
 if ARGV[10] == '1' then
@@ -55,23 +61,24 @@ local head = nil
 if redis.call('EXISTS', KEYS[4]) == 1 then
   head = q_head(KEYS[4], KEYS[5], now)
 end
-local fits = used + want <= capacity
+local fits = others + want <= capacity
 if mine or (fits and (head == nil or head == me)) then
   local ttl = tonumber(ARGV[4])
   redis.call('ZADD', KEYS[1], now + ttl, ARGV[1])
   redis.call('HSET', KEYS[2], ARGV[1], want)
+  used = others + want
   -- The holder keys vanish with the last lease; the permit count stays.
   local last = tonumber(redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')[2])
   redis.call('PEXPIREAT', KEYS[1], last)
   redis.call('PEXPIREAT', KEYS[2], last)
   if head ~= nil then
     q_leave(KEYS[4], KEYS[5], me)
-    if used + want < capacity then
-      q_hand_permits(KEYS[1], KEYS[2], KEYS[4], KEYS[5], KEYS[6], ARGV[7], tonumber(ARGV[8]),
-        ARGV[#ARGV], capacity - used - want, now)
+    if used < capacity and redis.call('EXISTS', KEYS[4]) == 1 then
+      used = q_add_granted(KEYS[2], used, q_hand_permits(KEYS[1], KEYS[2], KEYS[4], KEYS[5],
+        KEYS[7], ARGV[7], tonumber(ARGV[8]), ARGV[#ARGV], capacity - used, now))
     end
   end
-  return {1, 0}
+  return done({1, 0})
 end
 local wait = -1
 if fits then
@@ -85,4 +92,4 @@ end
 if ARGV[5] == 'wait' then
   q_join(KEYS[4], KEYS[5], me, now, arrival, wait, tonumber(ARGV[6]))
 end
-return {0, wait, tonumber(redis.pcall('GET', KEYS[6])) or 0}
+return done({0, wait, tonumber(redis.pcall('GET', KEYS[7])) or 0})

@@ -4,8 +4,9 @@
 -- KEYS[1]  the permit count
 -- KEYS[2]  the waiter queue: token -> arrival      KEYS[3]  token -> claim expiry
 -- KEYS[4]  zset: holder token -> lease expiry       KEYS[5]  hash: holder token -> permits
--- KEYS[6]  the hand-over counter
--- KEYS[7]  the counter's place before the key layout changed (fence.lua)
+-- KEYS[6]  the permits held: the running total of KEYS[5] (q_permits_used)
+-- KEYS[7]  the hand-over counter
+-- KEYS[8]  the counter's place before the key layout changed (fence.lua)
 -- ARGV[1]  the delta ('add') or the new count ('set')
 -- ARGV[2]  the count to start from if none is stored yet
 -- ARGV[3]  the largest count allowed
@@ -24,7 +25,11 @@ end
 redis.call('SET', KEYS[1], count)
 if count > old and redis.call('EXISTS', KEYS[2]) == 1 then
   local now = q_now()
-  q_hand_permits(KEYS[4], KEYS[5], KEYS[2], KEYS[3], KEYS[6], ARGV[4], tonumber(ARGV[6]),
-    ARGV[#ARGV], q_permits_free(KEYS[4], KEYS[5], KEYS[1], now), now)
+  local used, stored = q_permits_used(KEYS[4], KEYS[5], KEYS[6], now)
+  used = q_add_granted(KEYS[5], used, q_hand_permits(KEYS[4], KEYS[5], KEYS[2], KEYS[3],
+    KEYS[7], ARGV[4], tonumber(ARGV[6]), ARGV[#ARGV], count - used, now))
+  if used ~= stored then
+    q_store_used(KEYS[4], KEYS[6], used)
+  end
 end
 return count
