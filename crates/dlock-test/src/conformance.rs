@@ -997,7 +997,22 @@ where
     );
     assert_eq!(sem.available_permits().await.expect("store"), 0);
     three.release().await.expect("release");
-    assert_eq!(sem.available_permits().await.expect("store"), 3);
+    // The cancelled waiter leaves the queue in the background: until it has, the release
+    // may hand it a permit, which it gives back. The three come back within a bound, and
+    // no more than three are ever free.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let free = sem.available_permits().await.expect("store");
+        assert!(free <= 3, "{free} permits free of 5 with 2 held");
+        if free == 3 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the released permits were not free after 5 s: {free}"
+        );
+        sleep(Duration::from_millis(20)).await;
+    }
     let err = sem.acquire_many(6).await.expect_err("more than exist");
     assert_eq!(err.kind(), ErrorKind::InvalidArgument);
     assert_eq!(

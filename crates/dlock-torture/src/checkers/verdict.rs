@@ -16,7 +16,9 @@ pub(crate) fn verdict(f: &mut Findings) {
     let (ok, text) = if f.holds == 0 {
         fail("no worker ever held the lock: the run tested nothing")
     } else if f.worker_failures > 0 {
-        fail("a worker failed: it exited with an error, or still ran past the run's hard stop (the harness printed which, with its exit status)")
+        fail(
+            "a worker failed: it exited with an error, or still ran past the run's hard stop (the harness printed which, with its exit status)",
+        )
     } else if !required.is_empty()
         && !required
             .iter()
