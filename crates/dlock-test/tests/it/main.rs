@@ -12,6 +12,7 @@ mod hazards;
 mod kinds;
 mod memcached;
 mod memory;
+mod multi_at_once;
 mod namespace;
 mod observe;
 mod pg_waiters;

@@ -256,7 +256,10 @@ async fn run<H: Hooks>(
             Ok(attempt) => {
                 outage = None;
                 waiting.unsettled = false;
-                if in_store && store_wait.is_none() && (cut || probe.as_ref().is_some_and(observe::StoreWait::waited)) {
+                if in_store
+                    && store_wait.is_none()
+                    && (cut || probe.as_ref().is_some_and(observe::StoreWait::waited))
+                {
                     // A wait the store told of in its reply: recorded now.
                     let woken_by = match (&attempt, cut) {
                         (_, true) => Extra::WokenDeadline,
