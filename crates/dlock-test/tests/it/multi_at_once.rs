@@ -94,8 +94,22 @@ async fn holder(lock: &Lock<Redis>) -> Option<String> {
     lock.state().await.expect("store").holder
 }
 
+/// Pauses the server's command processing for 300 ms: no reply comes back meanwhile, so
+/// what a client sends in that time is in flight together.
+async fn pause(t: &RedisTarget) {
+    let mut admin = t.admin().await;
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(300)
+        .arg("ALL")
+        .query_async(&mut admin)
+        .await
+        .expect("CLIENT PAUSE");
+}
+
 /// Ten free members on one client: all ten attempts are in flight together (one round
 /// trip's worth, pipelined on the client's connection), and so are the ten releases.
+/// (While the server is paused, so that no reply can end one before the next is sent.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_multi_lock_asks_for_and_releases_every_member_at_once() {
     let t = RedisTarget::start();
@@ -114,6 +128,7 @@ async fn a_multi_lock_asks_for_and_releases_every_member_at_once() {
         });
     }
     let multi = builder.build().expect("valid");
+    pause(&t).await;
     let held = timeout(Duration::from_secs(10), multi.lock())
         .await
         .expect("free names are granted")
@@ -126,6 +141,7 @@ async fn a_multi_lock_asks_for_and_releases_every_member_at_once() {
     for lock in &locks {
         assert!(holder(lock).await.is_some(), "every member is held");
     }
+    pause(&t).await;
     held.release().await.expect("released");
     assert_eq!(
         releasing.most(),
