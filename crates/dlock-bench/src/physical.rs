@@ -11,9 +11,10 @@
 //!   as it is made, without waiting for the replies before it; "in flight" (cycles/s ×
 //!   p50, Little's law) shows how many cycles overlap.
 //! * **dlock `MultiLock` of 100 names**: tasks each taking a `MultiLock` of 100 names of
-//!   its own and releasing it; counted per lock (per name) cycle. A `MultiLock` takes its
-//!   members one after another (in order), so one of them is 200 sequential round trips;
-//!   several of them run side by side on the one client.
+//!   its own and releasing it; counted per lock (per name) cycle. A `MultiLock` asks for
+//!   all its members at once (pipelined on the one connection) and releases them all at
+//!   once, so an uncontended one is about two round trips; several of them run side by
+//!   side on the one client.
 //! * **rslock, 1 000 tasks**: the peer, the same way on one `LockManager`.
 
 use std::sync::Arc;
@@ -313,9 +314,9 @@ impl Section {
              client, one multiplexed connection, default options (30 s ttl, watchdog on); \
              every task's requests are written to the connection as they are made, \
              without waiting for the replies of the others (pipelined). \"In flight\" = \
-             cycles/s × p50 (Little's law): the cycles that overlap. A `MultiLock` takes \
-             its names one after another, so its cycles are counted per name and its p50 \
-             is of all {NAMES} names. Median of {} runs of {:.1} s.\n\n\
+             cycles/s × p50 (Little's law): the cycles that overlap. A `MultiLock` asks \
+             for all its names at once (pipelined) and releases them all at once; its \
+             cycles are counted per name and its p50 is of all {NAMES} names. Median of {} runs of {:.1} s.\n\n\
              | client | lock cycles/s | × redis-benchmark | p50 | in flight | client CPU/cycle | redis CPU/cycle |\n\
              |---|---:|---:|---:|---:|---:|---:|\n",
             self.requests,

@@ -79,7 +79,13 @@ impl<B: RawLock> Held for LockGuard<B> {
 
 /// Several locks — any primitives, on any backends — taken all or nothing.
 ///
-/// Members are always taken in one global order (by lock key, then by store), so two
+/// Every member is first asked for at once: one attempt each, all sent together (on a
+/// shared connection, such as a Redis client's, they travel pipelined, so a multi-lock of
+/// free names costs about one round trip however many it has). If every member is
+/// granted, that is the hold. Otherwise the members are ordered one global way (by lock
+/// key, then by store): the multi-lock keeps the members granted before the first one
+/// that was not, gives back the others at once, and waits for the rest one after another
+/// in that order. It never waits while holding a member out of that order, so two
 /// multi-locks over overlapping sets cannot deadlock each other: whoever gets the first
 /// common member first gets the rest. If a member cannot be had (an error, or the time
 /// ran out), the members already taken are released before the call returns.
@@ -110,9 +116,10 @@ impl<B: RawLock> Held for LockGuard<B> {
 /// While held, every member is held, with its own lease, watchdog and guarantees;
 /// [`MultiGuard::lost`] fires when any of them is lost. All-or-nothing holds for the
 /// caller: it never gets a guard for a subset. Other processes may see the members taken
-/// one after another (the acquisition is not one atomic step across stores). Members
-/// taken in different processes are ordered the same only if both name every store the
-/// same way (the same Redis address).
+/// one after another (the acquisition is not one atomic step across stores), and may see
+/// a member taken and given back at once by a multi-lock that then waits for an earlier
+/// member. Members taken in different processes are ordered the same only if both name
+/// every store the same way (the same Redis address).
 pub struct MultiLock {
     members: Vec<Box<dyn Lockable>>,
 }
@@ -200,7 +207,8 @@ impl MultiLock {
     /// Waits until every member is held.
     ///
     /// # Errors
-    /// The first member's error (the members taken before it are released first).
+    /// The first member's error, in the members' order (the members taken are released
+    /// first).
     ///
     /// # Cancel safety
     /// Cancel-safe: members already taken are released in the background, a member being
@@ -242,7 +250,47 @@ impl MultiLock {
     async fn acquire_until(&self, deadline: Option<Instant>) -> Result<Option<MultiGuard>> {
         // Dropped on every early exit: releases what was taken.
         let mut taken = MultiGuard { held: Vec::new() };
-        for member in &self.members {
+        // One attempt at every member, all at once.
+        let now = Instant::now();
+        let tries = join_all(
+            self.members
+                .iter()
+                .map(|m| m.acquire_until(Some(now)))
+                .collect(),
+        )
+        .await;
+        // The members granted in order up to the first that was not are kept; those
+        // granted after it are given back before any wait (holding them while waiting
+        // for an earlier one could deadlock another multi-lock).
+        let mut first_err = None;
+        let mut next = None;
+        let mut out_of_order = MultiGuard { held: Vec::new() };
+        for (i, tried) in tries.into_iter().enumerate() {
+            match tried {
+                Ok(Some(held)) if next.is_none() => taken.held.push(held),
+                Ok(Some(held)) => out_of_order.held.push(held),
+                Ok(None) => {
+                    next.get_or_insert(i);
+                }
+                Err(err) => {
+                    next.get_or_insert(i);
+                    first_err.get_or_insert(err);
+                }
+            }
+        }
+        out_of_order.release_quietly().await;
+        if let Some(err) = first_err {
+            taken.release_quietly().await;
+            return Err(err);
+        }
+        let Some(next) = next else {
+            return Ok(Some(taken));
+        };
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            taken.release_quietly().await;
+            return Ok(None);
+        }
+        for member in &self.members[next..] {
             match member.acquire_until(deadline).await {
                 Ok(Some(held)) => taken.held.push(held),
                 Ok(None) => {
@@ -296,26 +344,51 @@ impl MultiGuard {
         })
     }
 
-    /// Releases every member (in reverse order of taking).
+    /// Releases every member, all at once (on a shared connection, pipelined).
     ///
     /// # Errors
-    /// The first error among the members' releases (`LockLost` if one was no longer
-    /// ours); the other members are released all the same.
+    /// The first error among the members' releases, in the members' order (`LockLost`
+    /// if one was no longer ours); the other members are released all the same.
     pub async fn release(mut self) -> Result<()> {
-        let mut first_err = None;
-        while let Some(held) = self.held.pop() {
-            if let Err(err) = held.release().await {
-                first_err.get_or_insert(err);
-            }
-        }
-        first_err.map_or(Ok(()), Err)
+        let released = join_all(self.held.drain(..).map(|h| h.release()).collect()).await;
+        released
+            .into_iter()
+            .find_map(Result::err)
+            .map_or(Ok(()), Err)
     }
 
     async fn release_quietly(&mut self) {
-        while let Some(held) = self.held.pop() {
-            if let Err(err) = held.release().await {
+        if self.held.is_empty() {
+            return;
+        }
+        for released in join_all(self.held.drain(..).map(|h| h.release()).collect()).await {
+            if let Err(err) = released {
                 tracing::debug!(error = %err, "releasing a partial multi-lock");
             }
         }
     }
+}
+
+/// Runs `futures` side by side; their outputs in their order.
+async fn join_all<'a, T>(futures: Vec<BoxFuture<'a, T>>) -> Vec<T> {
+    let mut slots: Vec<(BoxFuture<'a, T>, Option<T>)> =
+        futures.into_iter().map(|f| (f, None)).collect();
+    let mut pending = slots.len();
+    std::future::poll_fn(|cx| {
+        for (future, out) in &mut slots {
+            if out.is_none()
+                && let Poll::Ready(v) = future.as_mut().poll(cx)
+            {
+                *out = Some(v);
+                pending -= 1;
+            }
+        }
+        if pending == 0 {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    })
+    .await;
+    slots.into_iter().filter_map(|(_, out)| out).collect()
 }

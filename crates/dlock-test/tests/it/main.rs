@@ -14,6 +14,7 @@ mod kinds;
 mod memcached;
 mod memcached_eviction;
 mod memory;
+mod multi_at_once;
 mod namespace;
 mod observe;
 mod pg_waiters;

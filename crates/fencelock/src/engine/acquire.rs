@@ -224,29 +224,42 @@ async fn run<H: Hooks>(
         // Whether the store waited before answering: a queueing attempt made before
         // the lock was found held (a client that still listens queues from its first
         // attempt) learns it only from the store, once the reply is in.
-        let probe = observe::StoreWait::default();
-        let request = attempt(h, &token, queue, acquisition);
-        let request = async {
-            match &store_wait {
-                Some((span, _)) => request.instrument(span.clone()).await,
-                None if in_store => probe.scope(request).await,
-                None => request.await,
-            }
-        };
-        let (attempt, cut) = match deadline.filter(|_| in_store) {
-            // A wait inside the store ends at the caller's deadline: the lock was
-            // held all along.
-            Some(d) => match tokio::time::timeout_at(d, request).await {
-                Ok(attempt) => (attempt, false),
-                Err(_) => (Ok(Attempt::Held(None)), true),
-            },
-            None => (request.await, false),
+        // (Made only for such an attempt: it is an allocation.)
+        let probe = in_store.then(observe::StoreWait::default);
+        let (attempt, cut) = if in_store || store_wait.is_some() {
+            // Boxed, as every step off the uncontended path: the acquisition's future
+            // stays small (it is moved, whole, wherever it is awaited).
+            Box::pin(async {
+                let request = attempt(h, &token, queue, acquisition);
+                let request = async {
+                    match (&store_wait, &probe) {
+                        (Some((span, _)), _) => request.instrument(span.clone()).await,
+                        (None, Some(probe)) => probe.scope(request).await,
+                        (None, None) => request.await,
+                    }
+                };
+                match deadline.filter(|_| in_store) {
+                    // A wait inside the store ends at the caller's deadline: the lock
+                    // was held all along.
+                    Some(d) => match tokio::time::timeout_at(d, request).await {
+                        Ok(attempt) => (attempt, false),
+                        Err(_) => (Ok(Attempt::Held(None)), true),
+                    },
+                    None => (request.await, false),
+                }
+            })
+            .await
+        } else {
+            (attempt(h, &token, queue, acquisition).await, false)
         };
         let attempt = match attempt {
             Ok(attempt) => {
                 outage = None;
                 waiting.unsettled = false;
-                if in_store && store_wait.is_none() && (cut || probe.waited()) {
+                if in_store
+                    && store_wait.is_none()
+                    && (cut || probe.as_ref().is_some_and(observe::StoreWait::waited))
+                {
                     // A wait the store told of in its reply: recorded now.
                     let woken_by = match (&attempt, cut) {
                         (_, true) => Extra::WokenDeadline,
@@ -282,7 +295,9 @@ async fn run<H: Hooks>(
                 tracing::debug!(lock = h.keys().name(), error = %err, "store unavailable while waiting; retrying");
                 h.obs().count(metric::RETRIES, Some(Extra::RetryAcquire), 1);
                 acquisition.waiting();
-                ride_out(h, backoff.next(), deadline).await;
+                // Boxed, as every step off the uncontended path: the acquisition's
+                // future stays small (it is moved, whole, wherever it is awaited).
+                Box::pin(ride_out(h, backoff.next(), deadline)).await;
                 continue;
             }
             Err(Failed { err, unsettled }) => {
@@ -326,7 +341,7 @@ async fn run<H: Hooks>(
                 // Withdraw before returning, so that our entry is gone when the caller
                 // looks (the background withdrawal is for cancellation only).
                 waiting.queued = false;
-                withdraw(h, &token).await;
+                Box::pin(withdraw(h, &token)).await;
             }
             return Ok(None);
         }
@@ -335,7 +350,7 @@ async fn run<H: Hooks>(
             // subscription would otherwise go unheard.
             subscribe_again = false;
             acquisition.waiting();
-            let (subscribed, failed) = subscribe(h, &token, deadline).await;
+            let (subscribed, failed) = Box::pin(subscribe(h, &token, deadline)).await;
             (watch, watch_failed) = (Some(subscribed), failed);
             continue;
         }
@@ -378,13 +393,17 @@ async fn run<H: Hooks>(
         // In order (no draw from the runtime's generator, so a seed replays): a
         // release announced by the time the timer fires is taken, not left for the
         // timer's attempt to find by chance.
-        tokio::select! {
-            biased;
-            () = watch.released() => {
-                woken = Some(PassOn::new(watch.notifier(), h.obs()));
-                woken_by = Extra::WokenRelease;
+        let released = Box::pin(async {
+            tokio::select! {
+                biased;
+                () = watch.released() => true,
+                () = tokio::time::sleep(sleep) => false,
             }
-            () = tokio::time::sleep(sleep) => {}
+        })
+        .await;
+        if released {
+            woken = Some(PassOn::new(watch.notifier(), h.obs()));
+            woken_by = Extra::WokenRelease;
         }
         h.obs().waited(&wait, woken_by, slept.elapsed());
         if std::mem::take(&mut watch_failed) {
@@ -512,7 +531,9 @@ async fn attempt<H: Hooks>(
         ));
         let sent = Instant::now();
         let acquire = if queue {
-            h.acquire_or_queue(token).instrument(call.span()).await
+            // Boxed: only a waiter queues, and the uncontended attempt's future stays
+            // half the size.
+            Box::pin(h.acquire_or_queue(token).instrument(call.span())).await
         } else {
             h.acquire(token).instrument(call.span()).await
         };

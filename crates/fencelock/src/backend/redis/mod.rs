@@ -661,7 +661,8 @@ impl Redis {
                         .cmd("WAIT")
                         .arg(r.replicas)
                         .arg(r.timeout_ms);
-                    self.query_waiting::<(T, i64)>(&pipe, &mut conn)
+                    // Boxed: only with `min_replicas` (see `acquire_lock`).
+                    Box::pin(self.query_waiting::<(T, i64)>(&pipe, &mut conn))
                         .await
                         .map(|(t, acks)| (t, acks >= i64::from(r.replicas)))
                 }
@@ -671,9 +672,9 @@ impl Redis {
                     if round == 0
                         && e.kind() == redis::ErrorKind::Server(ServerErrorKind::NoScript) =>
                 {
-                    script
-                        .prepare_invoke()
-                        .load_async(&mut conn)
+                    // Boxed: rare, and inline it would make every script call's future
+                    // larger.
+                    Box::pin(script.prepare_invoke().load_async(&mut conn))
                         .await
                         .map_err(|e| map_err(e, "reloading a script"))?;
                 }
@@ -1048,8 +1049,9 @@ impl Redis {
             })),
             [Value::Okay, _] => {
                 // Granted, but the counter is broken: give the grant back; the script's
-                // attempt reports why.
-                self.release_lock(keys, token.as_str(), Ending::Own, Duration::ZERO)
+                // attempt reports why. (Boxed: off the uncontended path, it would make
+                // every grant's future larger.)
+                Box::pin(self.release_lock(keys, token.as_str(), Ending::Own, Duration::ZERO))
                     .await?;
                 Ok(None)
             }
@@ -1073,6 +1075,20 @@ impl Redis {
         {
             return Ok(granted);
         }
+        // Boxed: the script's attempt (a waiter's, or one that found the lock held) is off
+        // the uncontended path, and inline it would double the size of every grant's
+        // future (moved, whole, wherever it is awaited).
+        Box::pin(self.acquire_script(keys, token, ttl, mode)).await
+    }
+
+    /// [`acquire_lock`](Redis::acquire_lock)'s attempt through the acquire script.
+    async fn acquire_script(
+        &self,
+        keys: &LockKeys,
+        token: &Token,
+        ttl: Duration,
+        mode: Attempt,
+    ) -> Result<Acquire> {
         let (q, c) = (waiters(keys), claims(keys));
         // A release hands the lock over to a queued waiter in its own step, unless the
         // waiter's client waits for replicas (the hand-over is not followed by WAIT): it
@@ -1279,8 +1295,8 @@ impl RawLock for Redis {
                 return Ok(released == 1);
             }
         }
-        self.release_lock(keys, token.as_str(), Ending::Own, Duration::ZERO)
-            .await
+        // Boxed: the hand-over is off the uncontended path (see `acquire_lock`).
+        Box::pin(self.release_lock(keys, token.as_str(), Ending::Own, Duration::ZERO)).await
     }
 
     /// RedLock's own request: a bare `SET NX PX` (no script, no fence, no queue). A
