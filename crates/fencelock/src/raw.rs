@@ -319,6 +319,44 @@ macro_rules! fair_is_the_plain_lock {
 #[cfg(any(feature = "etcd", feature = "zookeeper"))]
 pub(crate) use fair_is_the_plain_lock;
 
+/// [`RawInspect::inspect`] and [`RawInspect::force_unlock`] for a store that keeps every
+/// kind its own way: each kind goes to the store's inherent `inspect_<kind>` /
+/// `force_unlock_<kind>` (`plain`, `permits`, `reentrant`, `rw`, `fair`).
+macro_rules! inspect_each_kind {
+    () => {
+        async fn inspect(
+            &self,
+            kind: $crate::raw::Kind,
+            keys: &$crate::keys::LockKeys,
+        ) -> $crate::error::Result<$crate::raw::LockState> {
+            use $crate::raw::Kind;
+            match kind {
+                Kind::Lock => self.inspect_plain(keys).await,
+                Kind::Semaphore => self.inspect_permits(keys).await,
+                Kind::Reentrant => self.inspect_reentrant(keys).await,
+                Kind::RwLock => self.inspect_rw(keys).await,
+                Kind::Fair => self.inspect_fair(keys).await,
+            }
+        }
+
+        async fn force_unlock(
+            &self,
+            kind: $crate::raw::Kind,
+            keys: &$crate::keys::LockKeys,
+        ) -> $crate::error::Result<bool> {
+            use $crate::raw::Kind;
+            match kind {
+                Kind::Lock => self.force_unlock_plain(keys).await,
+                Kind::Semaphore => self.force_unlock_permits(keys).await,
+                Kind::Reentrant => self.force_unlock_reentrant(keys).await,
+                Kind::RwLock => self.force_unlock_rw(keys).await,
+                Kind::Fair => self.force_unlock_fair(keys).await,
+            }
+        }
+    };
+}
+pub(crate) use inspect_each_kind;
+
 /// Marker: the fence returned by [`RawLock::acquire`] strictly increases with every grant
 /// of the same lock name, across all clients of the store, and is minted atomically with
 /// the grant.

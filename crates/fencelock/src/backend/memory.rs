@@ -13,7 +13,7 @@ use crate::error::Error;
 use crate::error::Result;
 use crate::keys::LockKeys;
 use crate::raw::{
-    Acquire, Kind, LockState, RawElection, RawFair, RawFencing, RawInspect, RawLock, RawReentrant,
+    Acquire, LockState, RawElection, RawFair, RawFencing, RawInspect, RawLock, RawReentrant,
     RawRwLock, RawSemaphore, ReleaseWatch,
 };
 use crate::reentrant::ReentrantEntry;
@@ -406,25 +406,7 @@ impl RawElection for Memory {
 impl RawInspect for Memory {
     const KINDS_TOLD_APART_UNDER_ONE_PREFIX: bool = true;
 
-    async fn inspect(&self, kind: Kind, keys: &LockKeys) -> Result<LockState> {
-        match kind {
-            Kind::Lock => self.inspect_plain(keys).await,
-            Kind::Semaphore => self.inspect_permits(keys).await,
-            Kind::Reentrant => self.inspect_reentrant(keys).await,
-            Kind::RwLock => self.inspect_rw(keys).await,
-            Kind::Fair => self.inspect_fair(keys).await,
-        }
-    }
-
-    async fn force_unlock(&self, kind: Kind, keys: &LockKeys) -> Result<bool> {
-        match kind {
-            Kind::Lock => self.force_unlock_plain(keys).await,
-            Kind::Semaphore => self.force_unlock_permits(keys).await,
-            Kind::Reentrant => self.force_unlock_reentrant(keys).await,
-            Kind::RwLock => self.force_unlock_rw(keys).await,
-            Kind::Fair => self.force_unlock_fair(keys).await,
-        }
-    }
+    crate::raw::inspect_each_kind!();
 
     async fn list(&self, prefix: &str, pattern: &str, limit: usize) -> Result<Vec<String>> {
         crate::observe::listed(self.store_label(), pattern, async move {

@@ -115,8 +115,8 @@ use crate::engine::{Engine, LeaseKind};
 use crate::error::{Error, ErrorKind, Result};
 use crate::keys::LockKeys;
 use crate::raw::{
-    Acquire, Kind, LockState, RawElection, RawFencing, RawInspect, RawLock, RawReentrant,
-    RawRwLock, RawSemaphore, ReleaseWatch, Renewal,
+    Acquire, LockState, RawElection, RawFencing, RawInspect, RawLock, RawReentrant, RawRwLock,
+    RawSemaphore, ReleaseWatch, Renewal,
 };
 use crate::token::Token;
 use crate::validity::Drift;
@@ -1010,25 +1010,7 @@ impl RawElection for Memcached {
 }
 
 impl RawInspect for Memcached {
-    async fn inspect(&self, kind: Kind, keys: &LockKeys) -> Result<LockState> {
-        match kind {
-            Kind::Lock => self.inspect_plain(keys).await,
-            Kind::Semaphore => self.inspect_permits(keys).await,
-            Kind::Reentrant => self.inspect_reentrant(keys).await,
-            Kind::RwLock => self.inspect_rw(keys).await,
-            Kind::Fair => self.inspect_fair(keys).await,
-        }
-    }
-
-    async fn force_unlock(&self, kind: Kind, keys: &LockKeys) -> Result<bool> {
-        match kind {
-            Kind::Lock => self.force_unlock_plain(keys).await,
-            Kind::Semaphore => self.force_unlock_permits(keys).await,
-            Kind::Reentrant => self.force_unlock_reentrant(keys).await,
-            Kind::RwLock => self.force_unlock_rw(keys).await,
-            Kind::Fair => self.force_unlock_fair(keys).await,
-        }
-    }
+    crate::raw::inspect_each_kind!();
 
     /// Memcached cannot enumerate keys without walking its whole LRU.
     async fn list(&self, _prefix: &str, pattern: &str, _limit: usize) -> Result<Vec<String>> {

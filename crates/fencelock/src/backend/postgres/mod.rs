@@ -175,9 +175,7 @@ use crate::engine::LeaseKind;
 use crate::engine::acquire::{Detached, Gone};
 use crate::error::{Error, ErrorKind, Result};
 use crate::keys::LockKeys;
-use crate::raw::{
-    Acquire, Kind, LockState, RawFencing, RawInspect, RawLock, ReleaseWatch, Renewal,
-};
+use crate::raw::{Acquire, LockState, RawFencing, RawInspect, RawLock, ReleaseWatch, Renewal};
 use crate::token::Token;
 
 mod advisory;
@@ -1408,25 +1406,7 @@ impl RawFencing for Postgres {}
 impl RawInspect for Postgres {
     const KINDS_TOLD_APART_UNDER_ONE_PREFIX: bool = true;
 
-    async fn inspect(&self, kind: Kind, keys: &LockKeys) -> Result<LockState> {
-        match kind {
-            Kind::Lock => self.inspect_plain(keys).await,
-            Kind::Semaphore => self.inspect_permits(keys).await,
-            Kind::Reentrant => self.inspect_reentrant(keys).await,
-            Kind::RwLock => self.inspect_rw(keys).await,
-            Kind::Fair => self.inspect_fair(keys).await,
-        }
-    }
-
-    async fn force_unlock(&self, kind: Kind, keys: &LockKeys) -> Result<bool> {
-        match kind {
-            Kind::Lock => self.force_unlock_plain(keys).await,
-            Kind::Semaphore => self.force_unlock_permits(keys).await,
-            Kind::Reentrant => self.force_unlock_reentrant(keys).await,
-            Kind::RwLock => self.force_unlock_rw(keys).await,
-            Kind::Fair => self.force_unlock_fair(keys).await,
-        }
-    }
+    crate::raw::inspect_each_kind!();
 
     async fn list(&self, prefix: &str, pattern: &str, limit: usize) -> Result<Vec<String>> {
         check_text(prefix, "key prefix")?;

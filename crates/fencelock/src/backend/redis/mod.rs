@@ -79,9 +79,7 @@ use crate::backend::hazard::{self, ConfigHazard};
 use crate::engine::{Engine, LeaseKind};
 use crate::error::{Error, ErrorKind, Result};
 use crate::keys::LockKeys;
-use crate::raw::{
-    Acquire, Kind, LockState, RawFencing, RawInspect, RawLock, ReleaseWatch, Renewal,
-};
+use crate::raw::{Acquire, LockState, RawFencing, RawInspect, RawLock, ReleaseWatch, Renewal};
 use crate::token::Token;
 
 use pubsub::PubSub;
@@ -1475,25 +1473,7 @@ impl RawFencing for Redis {}
 impl RawInspect for Redis {
     const KINDS_TOLD_APART_UNDER_ONE_PREFIX: bool = true;
 
-    async fn inspect(&self, kind: Kind, keys: &LockKeys) -> Result<LockState> {
-        match kind {
-            Kind::Lock => self.inspect_plain(keys).await,
-            Kind::Semaphore => self.inspect_permits(keys).await,
-            Kind::Reentrant => self.inspect_reentrant(keys).await,
-            Kind::RwLock => self.inspect_rw(keys).await,
-            Kind::Fair => self.inspect_fair(keys).await,
-        }
-    }
-
-    async fn force_unlock(&self, kind: Kind, keys: &LockKeys) -> Result<bool> {
-        match kind {
-            Kind::Lock => self.force_unlock_plain(keys).await,
-            Kind::Semaphore => self.force_unlock_permits(keys).await,
-            Kind::Reentrant => self.force_unlock_reentrant(keys).await,
-            Kind::RwLock => self.force_unlock_rw(keys).await,
-            Kind::Fair => self.force_unlock_fair(keys).await,
-        }
-    }
+    crate::raw::inspect_each_kind!();
 
     async fn list(&self, prefix: &str, pattern: &str, limit: usize) -> Result<Vec<String>> {
         crate::observe::listed(self.store_label(), pattern, async move {
