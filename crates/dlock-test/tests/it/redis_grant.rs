@@ -10,6 +10,25 @@ use fencelock::raw::{Acquire, RawLock};
 use fencelock::{FairLock, Lock, Token};
 use tokio::time::{sleep, timeout};
 
+/// The lease of every lock here: long enough never to run out during a test.
+const TTL: Duration = Duration::from_secs(30);
+
+/// A plain lock on `name`, on a client of its own.
+async fn lock_on(t: &RedisTarget, name: &str) -> Lock<fencelock::backend::Redis> {
+    Lock::builder(t.client().await, name)
+        .ttl(TTL)
+        .build()
+        .expect("valid")
+}
+
+/// A fair lock on `name`, on a client of its own.
+async fn fair_on(t: &RedisTarget, name: &str) -> FairLock<fencelock::backend::Redis> {
+    FairLock::builder(t.client().await, name)
+        .ttl(TTL)
+        .build()
+        .expect("valid")
+}
+
 async fn wait_queued(lock: &Lock<fencelock::backend::Redis>, n: u32) {
     let queued = async {
         while lock.state().await.expect("store").queued != Some(n) {
@@ -28,19 +47,12 @@ async fn wait_queued(lock: &Lock<fencelock::backend::Redis>, n: u32) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lock_freed_by_expiry_may_go_to_a_newcomer_whose_release_serves_the_queue() {
     let t = RedisTarget::start();
-    let ttl = Duration::from_secs(30);
     let name = unique("barge");
-    let lock = Lock::builder(t.client().await, &name)
-        .ttl(ttl)
-        .build()
-        .expect("valid");
+    let lock = lock_on(&t, &name).await;
     let holder = lock.try_lock().await.expect("store").expect("free");
     let first_fence = holder.fencing_token().get();
     // A waiter of a client of its own queues (and listens).
-    let waiter = Lock::builder(t.client().await, &name)
-        .ttl(ttl)
-        .build()
-        .expect("valid");
+    let waiter = lock_on(&t, &name).await;
     let waiting = tokio::spawn(async move { waiter.lock().await });
     wait_queued(&lock, 1).await;
     // The holder "crashes": its lease ends without a release.
@@ -53,10 +65,7 @@ async fn a_lock_freed_by_expiry_may_go_to_a_newcomer_whose_release_serves_the_qu
     assert_eq!(deleted, 1);
     std::mem::forget(holder);
     // A newcomer's first attempt takes the free lock; the waiter keeps its place.
-    let newcomer = Lock::builder(t.client().await, &name)
-        .ttl(ttl)
-        .build()
-        .expect("valid");
+    let newcomer = lock_on(&t, &name).await;
     let barged = newcomer
         .try_lock()
         .await
@@ -82,24 +91,14 @@ async fn a_lock_freed_by_expiry_may_go_to_a_newcomer_whose_release_serves_the_qu
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hand_over_is_never_overtaken_by_a_first_attempt() {
     let t = RedisTarget::start();
-    let ttl = Duration::from_secs(30);
     let name = unique("no-overtake");
-    let lock = Lock::builder(t.client().await, &name)
-        .ttl(ttl)
-        .build()
-        .expect("valid");
+    let lock = lock_on(&t, &name).await;
     for _ in 0..20 {
         let holder = lock.try_lock().await.expect("store").expect("free");
-        let waiter = Lock::builder(t.client().await, &name)
-            .ttl(ttl)
-            .build()
-            .expect("valid");
+        let waiter = lock_on(&t, &name).await;
         let waiting = tokio::spawn(async move { waiter.lock().await });
         wait_queued(&lock, 1).await;
-        let newcomer = Lock::builder(t.client().await, &name)
-            .ttl(ttl)
-            .build()
-            .expect("valid");
+        let newcomer = lock_on(&t, &name).await;
         // Released and tried at once, from two clients.
         let (released, tried) = tokio::join!(holder.release(), newcomer.try_lock());
         released.expect("release");
@@ -124,17 +123,10 @@ async fn a_hand_over_is_never_overtaken_by_a_first_attempt() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fair_lock_freed_by_expiry_still_goes_to_the_queue() {
     let t = RedisTarget::start();
-    let ttl = Duration::from_secs(30);
     let name = unique("fair-barge");
-    let fair = FairLock::builder(t.client().await, &name)
-        .ttl(ttl)
-        .build()
-        .expect("valid");
+    let fair = fair_on(&t, &name).await;
     let holder = fair.try_lock().await.expect("store").expect("free");
-    let waiter = FairLock::builder(t.client().await, &name)
-        .ttl(ttl)
-        .build()
-        .expect("valid");
+    let waiter = fair_on(&t, &name).await;
     let waiting = tokio::spawn(async move { waiter.lock().await });
     let queued = async {
         while fair.state().await.expect("store").queued != Some(1) {
@@ -151,10 +143,7 @@ async fn a_fair_lock_freed_by_expiry_still_goes_to_the_queue() {
         .await
         .expect("DEL");
     std::mem::forget(holder);
-    let newcomer = FairLock::builder(t.client().await, &name)
-        .ttl(ttl)
-        .build()
-        .expect("valid");
+    let newcomer = fair_on(&t, &name).await;
     assert!(
         newcomer.try_lock().await.expect("store").is_none(),
         "a fair lock's newcomer waits its turn"
@@ -176,16 +165,15 @@ async fn a_repeated_first_attempt_is_granted_again() {
     let client = t.client().await;
     let lock = Lock::new(client.clone(), unique("repeat")).expect("valid");
     let token = Token::random().expect("token");
-    let ttl = Duration::from_secs(30);
     let Acquire::Acquired { fence: first } = client
-        .acquire(lock.keys(), &token, ttl)
+        .acquire(lock.keys(), &token, TTL)
         .await
         .expect("store")
     else {
         panic!("free");
     };
     let Acquire::Acquired { fence: again } = client
-        .acquire(lock.keys(), &token, ttl)
+        .acquire(lock.keys(), &token, TTL)
         .await
         .expect("store")
     else {
@@ -195,7 +183,7 @@ async fn a_repeated_first_attempt_is_granted_again() {
     let other = Token::random().expect("token");
     assert!(matches!(
         client
-            .acquire(lock.keys(), &other, ttl)
+            .acquire(lock.keys(), &other, TTL)
             .await
             .expect("store"),
         Acquire::Held { .. }
